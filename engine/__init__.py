@@ -1,0 +1,28 @@
+"""SpecDeck's engine: speculative and plain decoding on Hugging Face causal LMs, Qt-free.
+
+Front ends use `load_model`, `make_drafter`, `encode_prompt` and `generate`, and read the typed
+events that `generate` yields.
+"""
+
+from engine.config import DecodeConfig
+from engine.decoding import generate
+from engine.drafters import DRAFTER_KINDS, DraftModelDrafter, Drafter, PromptLookupDrafter, Proposal
+from engine.errors import SpecDeckError
+from engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState, event_to_dict
+from engine.models import (
+    BUILTIN_MODELS,
+    DEFAULT_TARGET,
+    LoadedModel,
+    LoadOptions,
+    check_vocabularies,
+    encode_prompt,
+    load_model,
+)
+from engine.stats import SessionStats, expected_tokens_per_round, predicted_speedup
+
+__all__ = [
+    "BUILTIN_MODELS", "DEFAULT_TARGET", "DRAFTER_KINDS", "DecodeConfig", "DraftModelDrafter", "Drafter",
+    "Event", "LoadOptions", "LoadedModel", "PromptLookupDrafter", "Proposal", "RoundEvent", "SessionStarted",
+    "SessionStats", "SpecDeckError", "SummaryEvent", "TokenEvent", "TokenState", "check_vocabularies",
+    "encode_prompt", "event_to_dict", "expected_tokens_per_round", "generate", "load_model", "predicted_speedup",
+]

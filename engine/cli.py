@@ -1,0 +1,162 @@
+"""The `specdeck` command: `run` (terminal), `gui` (the window), `bench`, `train-draft`.
+
+Bare `specdeck` opens the window. Every user error ends in one clear line and exit status 2, never
+a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+from engine.errors import SpecDeckError
+
+_COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "resampled": "\033[33m", "bonus": "\033[34m", "plain": ""}
+_RESET = "\033[0m"
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    from engine.models import DEFAULT_TARGET
+
+    parser.add_argument("--target", default=None, help=f"target model: alias, Hugging Face id, folder or .gguf (default {DEFAULT_TARGET})")
+    parser.add_argument("--draft", default=None, help="draft model (same vocabulary as the target)")
+    parser.add_argument("--drafter", choices=("draft-model", "prompt-lookup"), default=None,
+                        help="what proposes tokens (default: draft-model when --draft is given, else the default pair's)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run model code from the model's files")
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per round")
+    parser.add_argument("--schedule", choices=("constant", "heuristic"), default="constant")
+    parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting below this top probability")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--no-chat", action="store_true", help="raw completion: no chat template")
+
+
+def decode_config(args):
+    from engine.config import DecodeConfig
+
+    return DecodeConfig(k=args.k, schedule=args.schedule, confidence_threshold=args.confidence,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                        max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
+
+
+def _read_prompt(args) -> str:
+    if args.prompt_file:
+        try:
+            return Path(args.prompt_file).read_text(encoding="utf-8")
+        except OSError as error:
+            raise SpecDeckError(f"Cannot read the prompt file {args.prompt_file}: {error.strerror}.") from error
+    return args.prompt
+
+
+def _cmd_run(args) -> int:
+    from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
+    from engine.session import DEFAULT_PROMPT, load_pair, run_session
+
+    config = decode_config(args)  # validate before the slow part
+    prompt = _read_prompt(args) if (args.prompt is not None or args.prompt_file) else DEFAULT_PROMPT
+    if not prompt.strip():
+        raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
+    progress = None if args.jsonl else (lambda stage: print(f"[{stage}]", file=sys.stderr, flush=True))
+    pair = load_pair(args.target, args.draft, args.drafter, args.device, args.dtype, args.trust_remote_code,
+                     plain=args.plain, progress=progress)
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    summary = None
+    for event in run_session(pair, prompt, config, chat=not args.no_chat, plain=args.plain, cancel=threading.Event()):
+        if args.jsonl:
+            print(json.dumps(event_to_dict(event), ensure_ascii=False), flush=isinstance(event, RoundEvent))
+        elif isinstance(event, TokenEvent):
+            if event.state.value == "rejected" and not colour:
+                continue
+            start = _COLOURS[event.state.value] if colour else ""
+            print(f"{start}{event.text}{_RESET if start else ''}", end="", flush=True)
+        if isinstance(event, SummaryEvent):
+            summary = event
+    if summary is not None and not args.jsonl:
+        print("\n")
+        print(format_summary(summary, pair.description))
+    return 0
+
+
+def format_summary(s, description: str) -> str:
+    lines = [
+        f"pair                  {description}",
+        f"new tokens            {s.new_tokens} in {s.rounds} rounds ({s.stop_reason})",
+        f"tokens/s              {s.tokens_per_s:.1f} (prefill {s.prefill_ms:.0f} ms excluded)",
+        f"acceptance rate       {s.acceptance_rate:.3f} ({s.accepted}/{s.drafted} drafts)",
+        f"mean accepted length  {s.mean_accepted_length:.2f} tokens per target forward",
+        f"target forwards/token {s.target_forwards_per_token:.3f}",
+    ]
+    if s.accepted_by_position:
+        lines.append("acceptance by position " + " ".join(f"{a:.2f}" for a in s.accepted_by_position))
+    if s.predicted_speedup is not None:
+        lines.append(f"predicted speedup     {s.predicted_speedup:.2f}x (Leviathan et al. 2023, from a, K and draft cost)")
+    return "\n".join(lines)
+
+
+def _cmd_gui(args) -> int:
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY") \
+            and os.environ.get("QT_QPA_PLATFORM") != "offscreen" and sys.platform.startswith("linux"):
+        if args.demo:
+            os.environ["QT_QPA_PLATFORM"] = "offscreen"
+        else:
+            print("No display found: running the default pair in the terminal instead "
+                  "(`specdeck run`; set QT_QPA_PLATFORM=offscreen to force the window).", file=sys.stderr)
+            return main(["run"])
+    try:
+        from app.main import run_gui
+    except ImportError as error:
+        raise SpecDeckError(f"The window needs PySide6, pyqtgraph and qasync ({error}): pip install specdeck[gui].") from error
+    return run_gui(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdeck", description="A playground for speculative decoding.")
+    commands = parser.add_subparsers(dest="command")
+
+    run = commands.add_parser("run", help="generate in the terminal, token states in colour")
+    add_model_arguments(run)
+    run.add_argument("--plain", action="store_true", help="plain decoding, no drafter")
+    add_decode_arguments(run)
+    source = run.add_mutually_exclusive_group()
+    source.add_argument("--prompt", default=None)
+    source.add_argument("--prompt-file", default=None)
+    run.add_argument("--jsonl", action="store_true", help="one JSON object per event on stdout")
+    run.set_defaults(handler=_cmd_run)
+
+    gui = commands.add_parser("gui", help="open the window")
+    gui.add_argument("--demo", action="store_true", help="load the default pair and run a compare session")
+    gui.add_argument("--screenshot", default=None, help="with --demo: save a PNG of the window and exit")
+    gui.add_argument("--export-csv", default=None, help="with --demo: save the session's CSV")
+    gui.set_defaults(handler=_cmd_gui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["gui"])
+    try:
+        return args.handler(args)
+    except SpecDeckError as error:
+        print(f"specdeck: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

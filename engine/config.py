@@ -1,0 +1,53 @@
+"""Settings of a decoding session, validated once so that the loop can trust them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.errors import SpecDeckError
+
+SCHEDULES = ("constant", "heuristic")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How to decode. `temperature == 0` is greedy; the other sampling knobs then do nothing.
+
+    Draft length: `constant` drafts `k` tokens every round; `heuristic` starts at `k` and moves
+    to K+2 after a fully accepted round and K-1 otherwise, within [1, max_k]. With
+    `confidence_threshold > 0` the drafter also stops early once its top probability falls
+    below it.
+    """
+
+    k: int = 4
+    schedule: str = "constant"
+    max_k: int = 16
+    confidence_threshold: float = 0.0
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 128
+    stop_strings: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise SpecDeckError(f"K must be at least 1 (got {self.k}): it is how many tokens the drafter proposes per round.")
+        if self.max_k < self.k:
+            raise SpecDeckError(f"max K ({self.max_k}) must be at least K ({self.k}).")
+        if self.schedule not in SCHEDULES:
+            raise SpecDeckError(f"Unknown draft-length schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}.")
+        if not 0.0 <= self.confidence_threshold < 1.0:
+            raise SpecDeckError(f"The confidence threshold must be in [0, 1) (got {self.confidence_threshold}).")
+        if self.temperature < 0:
+            raise SpecDeckError(f"Temperature must be 0 (greedy) or positive (got {self.temperature}).")
+        if self.top_k < 0:
+            raise SpecDeckError(f"top-k must be 0 (off) or positive (got {self.top_k}).")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SpecDeckError(f"top-p must be in (0, 1] (got {self.top_p}); 1 turns it off.")
+        if self.max_new_tokens < 1:
+            raise SpecDeckError(f"Max new tokens must be at least 1 (got {self.max_new_tokens}).")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

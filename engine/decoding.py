@@ -1,0 +1,170 @@
+"""The decoding loop: speculative decoding (Leviathan et al. 2023; Chen et al. 2023) and plain
+decoding through the same machinery, streaming every token's fate as events.
+
+One round: the drafter proposes up to K tokens; the target scores all of them in ONE forward over
+its KV cache; drafts are kept while the rejection rule accepts them; the first rejected one is
+replaced by a token from the corrected distribution, or, when every draft passed, the target's
+next token comes free from the same forward. Plain decoding is the same round with no drafter.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import torch
+
+from engine.config import DecodeConfig
+from engine.detok import Detokenizer
+from engine.drafters import Drafter, Proposal
+from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
+from engine.kvcache import CachedModel, synchronize
+from engine.models import LoadedModel
+from engine.sampling import logits_to_probs, residual, sample
+from engine.stats import SessionStats
+
+
+def verify(proposal: Proposal, logits: torch.Tensor, config: DecodeConfig,
+           generator: torch.Generator | None) -> tuple[int, int, torch.Tensor]:
+    """Judge the drafts against the target's logits (len(drafts) + 1 rows).
+
+    Returns (accepted count m, the target's own next token, p for every row).
+    Greedy: accept while the draft equals the target's argmax; the next token is the argmax at
+    the first mismatch, or after the last draft (the bonus).
+    Sampling: target prob p, draft prob q: accept with min(1, p/q); on rejection draw from
+    norm(max(0, p - q)); if all pass, the bonus comes from p at the last row, which is the
+    target's distribution given every accepted token, so the output follows p exactly.
+    """
+    p = logits_to_probs(logits, config)
+    n = len(proposal.tokens)
+    if config.greedy:
+        best = logits.argmax(dim=-1).tolist()
+        m = 0
+        while m < n and proposal.tokens[m] == best[m]:
+            m += 1
+        return m, best[m], p
+    drafts = torch.tensor(proposal.tokens, device=p.device, dtype=torch.long)
+    rows = torch.arange(n, device=p.device)
+    p_draft = p[rows, drafts]
+    q_draft = proposal.q[rows, drafts]
+    r = torch.rand(n, generator=generator, device=p.device)
+    rejected = (r * q_draft > p_draft).nonzero()
+    m = int(rejected[0]) if rejected.numel() else n
+    if m < n:
+        token = sample(residual(p[m], proposal.q[m]), generator, greedy=False)
+    else:
+        token = sample(p[n], generator, greedy=False)
+    return m, int(token), p
+
+
+def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
+             drafter: Drafter | None = None, cancel: threading.Event | None = None) -> Iterator[Event]:
+    """Run one session and yield its events; the last is a `SummaryEvent`.
+
+    Setting `cancel` stops the session at the next round boundary, keeping what was generated.
+    """
+    device = target.device
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    lm = CachedModel(target.model)
+    eos = target.eos_ids
+    detok = Detokenizer(target.tokenizer)
+    stats = SessionStats()
+
+    synchronize(device)
+    started = time.perf_counter()
+    if len(prompt_ids) > 1:
+        lm.forward(prompt_ids[:-1], last_only=True)  # cache: every kept token but the newest
+    if drafter is not None:
+        drafter.begin(prompt_ids, config, target.vocab_width, generator)
+    synchronize(device)
+    prefill_ms = (time.perf_counter() - started) * 1e3
+    start = SessionStarted("speculative" if drafter else "plain", drafter.name if drafter else "",
+                           len(prompt_ids), prefill_ms)
+    stats.add(start)
+    yield start
+
+    ids = list(prompt_ids)
+    new_tokens = 0
+    k = config.k
+    stop_reason = "max_new_tokens"
+    decode_started = time.perf_counter()
+    round_no = 0
+    while new_tokens < config.max_new_tokens:
+        if cancel is not None and cancel.is_set():
+            stop_reason = "cancelled"
+            break
+        round_no += 1
+        round_started = time.perf_counter()
+        room = config.max_new_tokens - new_tokens - 1  # drafts beyond this could never be kept
+        if drafter is not None and room > 0:
+            proposal = drafter.propose(ids, min(k, room))
+        else:
+            proposal = Proposal([], torch.zeros(0, target.vocab_width, device=device))
+        synchronize(device)
+        verify_started = time.perf_counter()
+        logits = lm.forward([ids[-1]] + proposal.tokens)
+        m, token, p = verify(proposal, logits, config, generator)
+        lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
+        synchronize(device)
+        verify_ms = (time.perf_counter() - verify_started) * 1e3
+        draft_ms = (verify_started - round_started) * 1e3
+
+        n = len(proposal.tokens)
+        kept = proposal.tokens[:m] + [token]
+        p_kept = p[torch.arange(m + 1, device=p.device), torch.tensor(kept, device=p.device)].tolist()
+        q_kept = proposal.q[torch.arange(m), torch.tensor(kept[:m], device=p.device)].tolist() if m else []
+        if n == 0:
+            last_state = TokenState.PLAIN
+        else:
+            last_state = TokenState.BONUS if m == n else TokenState.RESAMPLED
+
+        events: list[Event] = []
+        stopped = None
+        for i, token_id in enumerate(kept):
+            if i < m:
+                state, q = TokenState.ACCEPTED, q_kept[i]
+            else:
+                if m < n:  # show every rejected draft where it was proposed, before its replacement
+                    events.extend(_rejected_events(proposal, p, m, detok, new_tokens, round_no))
+                state, q = last_state, (float(proposal.q[m, token_id]) if m < n else None)
+            events.append(TokenEvent(state, token_id, detok.push(token_id), new_tokens, round_no, p_kept[i], q))
+            ids.append(token_id)
+            new_tokens += 1
+            if token_id in eos:
+                stopped = "eos"
+            elif config.stop_strings and any(s in detok.text[-64 - len(s):] for s in config.stop_strings):
+                stopped = "stop_string"
+            if stopped:
+                break
+        # a stop inside the round cuts it short: count only the drafts whose fate was shown
+        accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
+        drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
+        round_event = RoundEvent(round_no, drafted, accepted, draft_ms, verify_ms, new_tokens,
+                                 time.perf_counter() - decode_started)
+        for event in events:
+            stats.add(event)
+            yield event
+        stats.add(round_event)
+        yield round_event
+        if stopped:
+            stop_reason = stopped
+            break
+        if config.schedule == "heuristic" and n:
+            k = min(k + 2, config.max_k) if m == n else max(1, k - 1)
+
+    detok.flush()
+    yield stats.summary(detok.text, stop_reason)
+
+
+def _rejected_events(proposal: Proposal, p: torch.Tensor, m: int, detok: Detokenizer,
+                     pos: int, round_no: int) -> list[TokenEvent]:
+    """Events for drafts m.. of a round: the first was refused, the rest were never reachable."""
+    rejected = proposal.tokens[m:]
+    rows = torch.arange(m, len(proposal.tokens), device=p.device)
+    index = torch.tensor(rejected, device=p.device)
+    p_values = p[rows, index].tolist()
+    q_values = proposal.q[rows, index].tolist()
+    pieces = detok.peek(rejected)
+    return [TokenEvent(TokenState.REJECTED, t, piece, pos, round_no, pv, qv)
+            for t, piece, pv, qv in zip(rejected, pieces, p_values, q_values)]

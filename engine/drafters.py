@@ -1,0 +1,131 @@
+"""Drafters: whatever proposes the tokens the target verifies.
+
+A drafter sees every kept token and proposes up to k more, with the distribution q each was
+drawn from. The decoding loop needs nothing else, so new drafters (a trained head, an early exit)
+slot in by implementing `Drafter`.
+- `DraftModelDrafter`: a smaller model of the same vocabulary, with its own KV cache.
+- `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
+  transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import DecodeConfig
+from engine.kvcache import CachedModel
+from engine.sampling import logits_to_probs, sample
+
+DRAFTER_KINDS = ("draft-model", "prompt-lookup")
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    q: torch.Tensor  # (len(tokens), vocab_width): the distribution each token was drawn from
+
+
+class Drafter(ABC):
+    name: str
+
+    def begin(self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int,
+              generator: torch.Generator | None) -> None:
+        """A new session: remember its settings (and prefill, for model drafters)."""
+        self.config = config
+        self.vocab_width = vocab_width
+        self.generator = generator
+
+    @abstractmethod
+    def propose(self, ids: list[int], k: int) -> Proposal:
+        """Up to k tokens to follow `ids` (every kept token, prompt included)."""
+
+    def _empty(self, device: torch.device) -> Proposal:
+        return Proposal([], torch.zeros(0, self.vocab_width, device=device))
+
+
+class DraftModelDrafter(Drafter):
+    """A small causal LM. Its cache follows the same invariant as the target's (`engine.kvcache`)."""
+
+    def __init__(self, model: torch.nn.Module, name: str = "draft model") -> None:
+        self.name = name
+        self._lm = CachedModel(model)
+        self._cached: list[int] = []  # token ids whose keys/values are in the cache
+
+    def begin(self, prompt_ids, config, vocab_width, generator) -> None:
+        super().begin(prompt_ids, config, vocab_width, generator)
+        self._lm.reset()
+        self._cached = []
+        if len(prompt_ids) > 1:
+            self._lm.forward(prompt_ids[:-1], last_only=True)
+            self._cached = list(prompt_ids[:-1])
+
+    def _sync(self, ids: list[int]) -> list[int]:
+        """Crop the cache to its longest prefix still in `ids`; return the ids left to feed."""
+        valid = 0
+        limit = min(len(self._cached), len(ids) - 1)
+        while valid < limit and self._cached[valid] == ids[valid]:
+            valid += 1
+        self._lm.crop(valid)
+        del self._cached[valid:]
+        return ids[valid:]
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary width: ids the draft cannot emit get q = 0."""
+        width = logits.shape[-1]
+        if width == self.vocab_width:
+            return logits
+        if width > self.vocab_width:
+            return logits[..., : self.vocab_width]
+        pad = logits.new_full((*logits.shape[:-1], self.vocab_width - width), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+    def propose(self, ids: list[int], k: int) -> Proposal:
+        feed = self._sync(ids)
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        for _ in range(k):
+            logits = self._fit(self._lm.forward(feed, last_only=True)[-1])
+            self._cached.extend(feed)
+            q = logits_to_probs(logits, self.config)
+            token = int(sample(q, self.generator, self.config.greedy))
+            if tokens and self.config.confidence_threshold and float(q.max()) < self.config.confidence_threshold:
+                break  # the draft is unsure: stop here rather than spend draft and verify time
+            tokens.append(token)
+            dists.append(q)
+            feed = [token]
+        if not tokens:
+            return self._empty(self._lm.device)
+        return Proposal(tokens, torch.stack(dists))
+
+
+class PromptLookupDrafter(Drafter):
+    """Copy what followed the latest earlier occurrence of the last n tokens (n = max_ngram..1)."""
+
+    name = "prompt lookup"
+
+    def __init__(self, max_ngram: int = 3, device: torch.device | str = "cpu") -> None:
+        self.max_ngram = max_ngram
+        self.device = torch.device(device)
+
+    def _match(self, ids: torch.Tensor, k: int) -> list[int]:
+        length = ids.shape[0]
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            windows = ids[: length - 1].unfold(0, n, 1)  # every earlier n-gram, the tail excluded
+            hits = (windows == ids[length - n:]).all(dim=1).nonzero().flatten()
+            if hits.numel():
+                # the latest match that still has k tokens after it, else the earliest (longest)
+                full = hits[hits + n + k <= length]
+                start = int(full[-1] if full.numel() else hits[0]) + n
+                return ids[start: start + k].tolist()
+        return []
+
+    def propose(self, ids: list[int], k: int) -> Proposal:
+        tokens = self._match(torch.tensor(ids), k)
+        if not tokens:
+            return self._empty(self.device)
+        q = torch.zeros(len(tokens), self.vocab_width, device=self.device)
+        q[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+        return Proposal(tokens, q)

@@ -1,0 +1,113 @@
+"""Typed, immutable events that a decoding session streams out.
+
+This is the seam between the engine and every front end (terminal, window, benchmark): a session
+is a generator of these events, in order. Per round: the round's token events (drafted tokens that
+were accepted or rejected, then the target's own token: resampled after a rejection, bonus after a
+fully accepted draft, or plain when there is no drafter), then one `RoundEvent`. The last event is a
+`SummaryEvent`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+
+class TokenState(str, enum.Enum):
+    """What happened to one token."""
+
+    ACCEPTED = "accepted"  # drafted, and the target agreed: kept
+    REJECTED = "rejected"  # drafted, and the target refused it: not kept
+    RESAMPLED = "resampled"  # the target's replacement for the first rejected draft token: kept
+    BONUS = "bonus"  # every draft token passed; the target's next token comes free: kept
+    PLAIN = "plain"  # plain decoding, one target forward per token: kept
+
+    @property
+    def kept(self) -> bool:
+        return self is not TokenState.REJECTED
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStarted:
+    """The prompt is tokenized and both models are prefilled."""
+
+    mode: str  # "plain" or "speculative"
+    drafter: str  # drafter name, "" for plain decoding
+    prompt_tokens: int
+    prefill_ms: float
+    type: str = "start"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One token's fate.
+
+    `pos` is the index among generated tokens where the token stands (kept) or was proposed
+    (rejected: the same `pos` as the resampled token that replaces it). `p` is the target's
+    probability of the token and `q` the drafter's (None when nothing drafted it), both under the
+    session's sampling settings (temperature 1 for greedy sessions).
+    """
+
+    state: TokenState
+    token_id: int
+    text: str
+    pos: int
+    round: int
+    p: float
+    q: float | None
+    type: str = "token"
+
+    @property
+    def acceptance_probability(self) -> float | None:
+        """min(1, p/q): the chance the rejection rule keeps a drafted token."""
+        if self.q is None:
+            return None
+        return 1.0 if self.q <= 0 else min(1.0, self.p / self.q)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundEvent:
+    """One verify round: `drafted` tokens proposed, the first `accepted` of them kept."""
+
+    round: int
+    drafted: int
+    accepted: int
+    draft_ms: float
+    verify_ms: float
+    new_tokens: int  # kept tokens generated so far, this round's included
+    elapsed_s: float  # decoding time so far, prefill excluded
+    type: str = "round"
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryEvent:
+    """The session's end: its text and figures (see `engine.stats`)."""
+
+    text: str
+    new_tokens: int
+    rounds: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float
+    mean_accepted_length: float
+    tokens_per_s: float
+    decode_s: float
+    prefill_ms: float
+    target_forwards_per_token: float
+    accepted_by_position: tuple[float, ...]
+    predicted_speedup: float | None
+    stop_reason: str  # "max_new_tokens", "eos", "stop_string", "cancelled"
+    type: str = "summary"
+
+
+Event = SessionStarted | TokenEvent | RoundEvent | SummaryEvent
+
+
+def event_to_dict(event: Event) -> dict:
+    """A JSON-ready dict of an event (used by `--jsonl` and the CSV export)."""
+    row = asdict(event)
+    if isinstance(event, TokenEvent):
+        row["state"] = event.state.value
+    if isinstance(event, SummaryEvent):
+        row["accepted_by_position"] = list(event.accepted_by_position)
+    return row

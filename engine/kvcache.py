@@ -1,0 +1,49 @@
+"""A model plus its KV cache, with the one invariant the decoding loop relies on.
+
+Invariant (target and draft model alike): between rounds the cache holds every kept token except
+the newest one. The newest kept token is fed first in the next forward, so each round is a single
+forward over [newest kept token, drafted tokens...]; after a rejection the cache is cropped back
+to the kept prefix, so no round ever re-reads the context.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class CachedModel:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache(config=model.config)
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
+    def __len__(self) -> int:
+        return self.cache.get_seq_length()
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        """Logits (n, vocab) for `token_ids` appended after the cached tokens; (1, vocab) if last_only."""
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        out = self.model(
+            input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0
+        )
+        self.cache = out.past_key_values
+        return out.logits[0]
+
+    def crop(self, length: int) -> None:
+        """Forget cached positions from `length` on (rejected drafts)."""
+        excess = len(self) - length
+        if excess > 0:
+            self.cache.crop(-excess)  # transformers 5: a negative count removes that many positions
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so that perf_counter() measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

