@@ -128,7 +128,8 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
                 if m < n:  # show every rejected draft where it was proposed, before its replacement
                     events.extend(_rejected_events(proposal, p, m, detok, new_tokens, round_no))
                 state, q = last_state, (float(proposal.q[m, token_id]) if m < n else None)
-            events.append(TokenEvent(state, token_id, detok.push(token_id), new_tokens, round_no, p_kept[i], q))
+            final = token_id in eos or new_tokens + 1 == config.max_new_tokens
+            events.append(TokenEvent(state, token_id, detok.push(token_id, final), new_tokens, round_no, p_kept[i], q))
             ids.append(token_id)
             new_tokens += 1
             if token_id in eos:

@@ -31,11 +31,12 @@ class Detokenizer:
             return full[len(left_text):]
         return self._decode(ids)[len(self.text):]  # rare: fall back to the whole text
 
-    def push(self, token_id: int) -> str:
-        """Add a kept token; return the text it completes ("" while a character is unfinished)."""
+    def push(self, token_id: int, final: bool = False) -> str:
+        """Add a kept token; return the text it completes ("" while a character is unfinished,
+        unless `final`: the session ends with this token, so nothing may stay held back)."""
         self._ids.append(token_id)
         piece = self._added_text(self._ids)
-        if piece.endswith("\ufffd"):
+        if piece.endswith("\ufffd") and not final:
             return ""
         self._emitted = len(self._ids)
         self.text += piece

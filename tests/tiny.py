@@ -41,7 +41,7 @@ def build_model(directory: Path, arch: str, vocab_size: int, seed: int, layers: 
         model = LlamaForCausalLM(config)
     elif arch == "gpt2":
         config = GPT2Config(vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=4, n_positions=512,
-                            eos_token_id=eos_token_id, bos_token_id=eos_token_id)
+                            eos_token_id=eos_token_id, bos_token_id=eos_token_id, tie_word_embeddings=False)
         model = GPT2LMHeadModel(config)
     else:
         raise ValueError(arch)

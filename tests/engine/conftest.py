@@ -1,0 +1,28 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tiny import build_pair  # noqa: E402
+
+from engine.models import LoadedModel, load_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session", params=["llama", "gpt2"])
+def tiny_pair(request, tiny_root) -> tuple[LoadedModel, LoadedModel]:
+    """A tiny seeded target and a noisy copy of it as draft (agrees often, not always)."""
+    target_dir, draft_dir = build_pair(tiny_root, request.param, noise=0.2)
+    return load_model(str(target_dir)), load_model(str(draft_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_root) -> tuple[LoadedModel, LoadedModel]:
+    target_dir, draft_dir = build_pair(tiny_root / "llama-only", "llama", noise=0.2)
+    return load_model(str(target_dir)), load_model(str(draft_dir))

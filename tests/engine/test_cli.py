@@ -1,0 +1,95 @@
+"""`specdeck run`: bad input gets one clear line and exit status 2, never a traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import main
+from tiny import build_model, build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tiny_root):
+    from tiny import build_pair
+
+    return build_pair(tiny_root / "cli", "llama", noise=0.2)
+
+
+@pytest.fixture(scope="module")
+def foreign_model(tiny_root):
+    """A model whose tokenizer was trained on other text: its vocabulary differs."""
+    directory = tiny_root / "foreign"
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["zebra yak xylophone " * 20, "walrus vole"], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    fast.save_pretrained(directory)
+    return build_model(directory, "llama", len(fast), seed=5, eos_token_id=fast.eos_token_id)
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["run", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--k", "0"], "K must be at least 1"),
+    (["--temperature", "-0.5"], "Temperature must be 0"),
+    (["--top-p", "0"], "top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], "top-p must be in (0, 1]"),
+    (["--prompt", "   "], "The prompt is empty"),
+])
+def test_nonsense_parameters_are_refused(capsys, tiny_dirs, argv, message):
+    """Each bad parameter gets a message naming it."""
+    target, _ = tiny_dirs
+    code, _, err = run_cli(capsys, "--target", str(target), "--no-chat", "--prompt", "hi", *argv)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_missing_model(capsys, tmp_path):
+    """A model path that does not exist is named in the message."""
+    code, _, err = run_cli(capsys, "--target", str(tmp_path / "nowhere"), "--prompt", "hi")
+    assert code == 2 and "No model at" in err and "nowhere" in err
+
+
+def test_corrupt_gguf(capsys, tmp_path):
+    """A damaged GGUF file is reported as such."""
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    code, _, err = run_cli(capsys, "--target", str(bad), "--prompt", "hi")
+    assert code == 2 and "not a readable GGUF model" in err and "broken.gguf" in err
+
+
+def test_mismatched_tokenizers(capsys, tiny_dirs, foreign_model):
+    """A draft with another vocabulary is refused, naming both models and the first differing token."""
+    target, _ = tiny_dirs
+    code, _, err = run_cli(capsys, "--target", str(target), "--draft", str(foreign_model), "--prompt", "hi")
+    assert code == 2 and "Tokenizers do not match" in err and "differ first at id" in err
+    assert str(foreign_model) in err and str(target) in err
+
+
+def test_jsonl_stream(tiny_dirs):
+    """`--jsonl` writes one parseable object per event, with the documented fields."""
+    target, draft = tiny_dirs
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "--target", str(target), "--draft", str(draft),
+         "--no-chat", "--prompt", "The quick brown fox", "--max-new-tokens", "16", "--jsonl"],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.splitlines()
+    events = [json.loads(line) for line in out]
+    tokens = [e for e in events if e["type"] == "token"]
+    rounds = [e for e in events if e["type"] == "round"]
+    assert {"state", "token_id", "text", "pos", "round", "p", "q"} <= tokens[0].keys()
+    assert {"round", "drafted", "accepted", "draft_ms", "verify_ms"} <= rounds[0].keys()
+    summary = events[-1]
+    assert summary["type"] == "summary" and summary["new_tokens"] == 16
+    assert summary["text"] == "".join(t["text"] for t in tokens if t["state"] != "rejected")
+    assert {"acceptance_rate", "mean_accepted_length", "tokens_per_s", "rounds"} <= summary.keys()

@@ -1,0 +1,97 @@
+"""The event stream is the engine's contract with every front end."""
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from engine import DecodeConfig, DraftModelDrafter, RoundEvent, SummaryEvent, TokenEvent, encode_prompt, generate
+from engine.detok import Detokenizer
+from tiny import CORPUS
+
+
+def session(target, draft, **settings):
+    ids = encode_prompt(target.tokenizer, "Café, naïve, 東京 and the quick brown fox", chat=False)
+    config = DecodeConfig(**{"k": 4, "max_new_tokens": 40, **settings})
+    return list(generate(target, ids, config, DraftModelDrafter(draft.model)))
+
+
+def test_kept_pieces_join_to_decoded_text(tiny_pair):
+    """Joining the kept tokens' pieces gives exactly tokenizer.decode of the kept ids."""
+    target, draft = tiny_pair
+    for temperature in (0.0, 1.0):
+        events = session(target, draft, temperature=temperature)
+        kept = [e for e in events if isinstance(e, TokenEvent) and e.state.kept]
+        decoded = target.tokenizer.decode([e.token_id for e in kept], skip_special_tokens=True,
+                                          clean_up_tokenization_spaces=False)
+        assert "".join(e.text for e in kept) == decoded == events[-1].text
+
+
+def test_round_counts_add_up(tiny_pair):
+    """Per round accepted + rejected = drafted; the summary's counts match the events."""
+    target, draft = tiny_pair
+    events = session(target, draft, temperature=1.0, seed=3)
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    for r in rounds:
+        mine = [e for e in tokens if e.round == r.round]
+        accepted = sum(e.state.value == "accepted" for e in mine)
+        rejected = sum(e.state.value == "rejected" for e in mine)
+        assert (accepted, accepted + rejected) == (r.accepted, r.drafted)
+        assert sum(e.state.kept for e in mine) == (accepted + 1 if rejected or r.drafted == accepted else 1)
+    summary = events[-1]
+    assert isinstance(summary, SummaryEvent)
+    assert summary.rounds == len(rounds)
+    assert summary.new_tokens == sum(e.state.kept for e in tokens) == rounds[-1].new_tokens
+    assert summary.drafted == sum(r.drafted for r in rounds)
+    assert summary.accepted == sum(r.accepted for r in rounds)
+    assert summary.mean_accepted_length == summary.new_tokens / summary.rounds
+
+
+def test_plain_decoding_scores_one_token_per_forward(tiny_llama):
+    """Plain decoding goes through the same events: every token plain, mean accepted length 1."""
+    target, _ = tiny_llama
+    ids = encode_prompt(target.tokenizer, "The quick", chat=False)
+    events = list(generate(target, ids, DecodeConfig(max_new_tokens=12)))
+    assert {e.state.value for e in events if isinstance(e, TokenEvent)} == {"plain"}
+    assert events[-1].mean_accepted_length == 1.0 and events[-1].target_forwards_per_token == 1.0
+
+
+def test_stop_string_and_cancel(tiny_llama):
+    """A stop string ends the session at the token that completes it; cancel keeps the text so far."""
+    import threading
+
+    target, draft = tiny_llama
+    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
+    full = list(generate(target, ids, DecodeConfig(max_new_tokens=40)))[-1].text
+    stop = full[10:13]
+    stopped = list(generate(target, ids, DecodeConfig(max_new_tokens=40, stop_strings=(stop,))))[-1]
+    assert stopped.stop_reason == "stop_string" and stop in stopped.text and full.startswith(stopped.text)
+    cancel = threading.Event()
+    kept_before_cancel = ""
+    for event in generate(target, ids, DecodeConfig(k=3, max_new_tokens=40), DraftModelDrafter(draft.model), cancel):
+        if isinstance(event, RoundEvent) and event.round == 3:
+            cancel.set()
+            kept_before_cancel = event.new_tokens
+        if isinstance(event, SummaryEvent):
+            assert event.stop_reason == "cancelled" and event.new_tokens == kept_before_cancel
+            assert full.startswith(event.text) and event.text
+
+
+def sentencepiece_like_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>"] + [f"<0x{b:02X}>" for b in range(256)])
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+def test_detokenizer_handles_multibyte_and_sentencepiece_spaces():
+    """Piece by piece, byte-fallback characters and ▁ spaces come out exactly as a full decode."""
+    tokenizer = sentencepiece_like_tokenizer()
+    text = "Zürich 東京 🙂 quick  brown fox ✓"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert any(tokenizer.convert_ids_to_tokens(i).startswith("<0x") for i in ids)  # byte fallback in play
+    detok = Detokenizer(tokenizer)
+    pieces = [detok.push(i) for i in ids]
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert "\ufffd" not in "".join(pieces)

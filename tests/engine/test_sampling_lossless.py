@@ -1,0 +1,105 @@
+"""Speculative sampling must follow the target's distribution exactly (Leviathan et al. 2023, thm 3.5).
+
+Chi-square goodness of fit against the exact target distribution, at a false-alarm rate of 0.1%
+(Wilson-Hilferty quantile); a control checks that the same test does reject a wrong sampler.
+"""
+
+import math
+
+import torch
+
+from engine import DecodeConfig, DraftModelDrafter, Proposal, TokenEvent, encode_prompt, generate
+from engine.decoding import verify
+from engine.sampling import logits_to_probs
+
+Z_999 = 3.090  # standard normal 99.9% quantile
+
+
+def chi_square_quantile(df: int, z: float = Z_999) -> float:
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def chi_square(counts: dict, expected_probs: dict, n: int) -> tuple[float, int]:
+    """Statistic and degrees of freedom, pooling cells expected fewer than 5 times into one."""
+    stat, df, pooled_obs, pooled_exp = 0.0, -1, 0, 0.0
+    for cell, prob in expected_probs.items():
+        exp = prob * n
+        if exp < 5:
+            pooled_obs += counts.get(cell, 0)
+            pooled_exp += exp
+        else:
+            stat += (counts.get(cell, 0) - exp) ** 2 / exp
+            df += 1
+    pooled_obs += sum(c for cell, c in counts.items() if cell not in expected_probs)
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        df += 1
+    elif pooled_obs:
+        return math.inf, max(df, 1)
+    return stat, df
+
+
+def test_rejection_rule_reproduces_target_distribution():
+    """Drafts from q judged by min(1, p/q), residual norm(max(0, p - q)) on rejection: output ~ p."""
+    p = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
+    q = torch.tensor([0.10, 0.40, 0.05, 0.30, 0.15, 0.00])
+    config = DecodeConfig(temperature=1.0)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.log(torch.stack([p, p]))
+    n = 5000
+    counts: dict = {}
+    for _ in range(n):
+        draft = int(torch.multinomial(q, 1, generator=gen))
+        m, token, _ = verify(Proposal([draft], q[None]), logits, config, gen)
+        first = draft if m == 1 else token
+        counts[first] = counts.get(first, 0) + 1
+    stat, df = chi_square(counts, dict(enumerate(p.tolist())), n)
+    assert stat < chi_square_quantile(df)
+    wrong, _ = chi_square({i: int(v * n) for i, v in enumerate(q.tolist())}, dict(enumerate(p.tolist())), n)
+    assert wrong > chi_square_quantile(df)  # control: the test tells q from p
+
+
+def exact_two_token_distribution(target, ids, config) -> dict:
+    """p(t1) p(t2 | t1) under the session's temperature / top-k / top-p."""
+    with torch.inference_mode():
+        p1 = logits_to_probs(target.model(input_ids=torch.tensor([ids])).logits[0, -1], config)
+        joint = {}
+        for t1 in p1.nonzero().flatten().tolist():
+            p2 = logits_to_probs(target.model(input_ids=torch.tensor([ids + [t1]])).logits[0, -1], config)
+            for t2 in p2.nonzero().flatten().tolist():
+                joint[(t1, t2)] = float(p1[t1] * p2[t2])
+    return joint
+
+
+def test_speculative_sampling_follows_target(tiny_llama):
+    """Over 1000 seeds, the first two tokens of speculative sampling follow the target exactly."""
+    target, draft = tiny_llama
+    ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
+    base = DecodeConfig(k=3, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2)
+    exact = exact_two_token_distribution(target, ids, base)
+    n = 1000
+    counts: dict = {}
+    rejections = 0
+    for seed in range(n):
+        config = DecodeConfig(k=3, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2, seed=seed)
+        events = list(generate(target, ids, config, DraftModelDrafter(draft.model)))
+        kept = tuple(e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept)
+        rejections += any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)
+        counts[kept] = counts.get(kept, 0) + 1
+    assert 0.05 * n < rejections < 0.95 * n  # both branches of the rule were taken often
+    stat, df = chi_square(counts, exact, n)
+    assert df >= 5
+    assert stat < chi_square_quantile(df)
+
+
+def test_seed_makes_sampling_reproducible(tiny_llama):
+    """The same seed gives the same sampled text; another seed gives another."""
+    target, draft = tiny_llama
+    ids = encode_prompt(target.tokenizer, "Once upon a time", chat=False)
+
+    def text(seed):
+        config = DecodeConfig(k=3, temperature=1.0, max_new_tokens=24, seed=seed)
+        return list(generate(target, ids, config, DraftModelDrafter(draft.model)))[-1].text
+
+    assert text(1) == text(1)
+    assert text(1) != text(2)
