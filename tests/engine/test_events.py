@@ -1,11 +1,10 @@
 """The event stream is the engine's contract with every front end."""
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from engine import DecodeConfig, DraftModelDrafter, RoundEvent, SummaryEvent, TokenEvent, encode_prompt, generate
 from engine.detok import Detokenizer
-from tiny import CORPUS
 
 
 def session(target, draft, **settings):
@@ -77,11 +76,13 @@ def test_stop_string_and_cancel(tiny_llama):
 
 
 def sentencepiece_like_tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    """Llama-style: ▁ marks spaces, characters outside the vocabulary fall back to <0xNN> bytes."""
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
+    for ch in "▁abcdefghijklmnopqrstuvwxyzü":
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
-    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>"] + [f"<0x{b:02X}>" for b in range(256)])
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), decoders.Metaspace()])
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
 
 
@@ -91,6 +92,8 @@ def test_detokenizer_handles_multibyte_and_sentencepiece_spaces():
     text = "Zürich 東京 🙂 quick  brown fox ✓"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert any(tokenizer.convert_ids_to_tokens(i).startswith("<0x") for i in ids)  # byte fallback in play
+    naive = "".join(tokenizer.decode([i]) for i in ids)
+    assert naive != tokenizer.decode(ids)  # token-by-token decoding would get this text wrong
     detok = Detokenizer(tokenizer)
     pieces = [detok.push(i) for i in ids]
     assert "".join(pieces) == tokenizer.decode(ids)
