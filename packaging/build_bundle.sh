@@ -20,4 +20,7 @@ PY
 start=$(date +%s)
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m PyInstaller --noconfirm --clean \
     --distpath dist --workpath build/pyinstaller packaging/specdeck.spec
+# The menu entry, its metadata and the script that installs them travel with the bundle.
+cp packaging/install_desktop_entry.sh packaging/io.github.specdeck.SpecDeck.desktop \
+    packaging/io.github.specdeck.SpecDeck.metainfo.xml dist/specdeck/
 echo "built dist/specdeck in $(( $(date +%s) - start )) s: $(du -sh dist/specdeck | cut -f1)"

@@ -61,6 +61,19 @@ def test_icon_ships_in_every_usual_size():
         assert _png_size(icons / f"specdeck-{size}.png") == (size, size)
 
 
+def test_menu_entry_installs_with_its_icon_in_every_size(tmp_path):
+    """install_desktop_entry.sh puts a valid menu entry and the icon it names under XDG_DATA_HOME."""
+    subprocess.run(["bash", str(ROOT / "packaging" / "install_desktop_entry.sh")], check=True,
+                   capture_output=True, env={"XDG_DATA_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    entry = tmp_path / "applications" / DESKTOP.name
+    fields = dict(line.split("=", 1) for line in entry.read_text().splitlines() if "=" in line)
+    assert fields["Exec"] == "specdeck gui"
+    hicolor = tmp_path / "icons" / "hicolor"
+    assert (hicolor / "scalable" / "apps" / f"{fields['Icon']}.svg").is_file()
+    for size in ICON_SIZES:
+        assert _png_size(hicolor / f"{size}x{size}" / "apps" / f"{fields['Icon']}.png") == (size, size)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """A wheel built from a copy of the checkout, so the build leaves no files in the tree."""
