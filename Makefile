@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: run test gui bench clean
+.PHONY: run test gui bench clean package validators
 
 $(BIN)/specdeck: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -17,9 +17,22 @@ $(BIN)/specdeck: pyproject.toml
 run: $(BIN)/specdeck
 	$(BIN)/specdeck
 
-test: $(BIN)/specdeck
+# The packaging tests validate the desktop entry and AppStream file with Debian's validators;
+# without root or apt-get those tests are skipped.
+validators:
+	@command -v desktop-file-validate >/dev/null && command -v appstreamcli >/dev/null \
+	|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	     && apt-get update -qq && apt-get install -y -qq desktop-file-utils appstream >/dev/null; } \
+	|| echo "desktop-file-validate or appstreamcli missing: their tests will be skipped"
+
+test: $(BIN)/specdeck validators
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 	$(BIN)/lint-imports
+
+# One-folder Linux bundle in dist/specdeck/ (see packaging/README.md); needs the CPU build of torch.
+package: $(BIN)/specdeck
+	$(BIN)/pip install -q "pyinstaller>=6.10,<7"
+	PYTHON=$(BIN)/python packaging/build_bundle.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,8 @@
+"""Entry point of the PyInstaller bundle: the same `specdeck` command the wheel installs."""
+
+import sys
+
+from engine.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
