@@ -118,7 +118,7 @@ def _cmd_gui(args) -> int:
     try:
         from app.main import run_gui
     except ImportError as error:
-        raise SpecDeckError(f"The window needs PySide6, pyqtgraph and qasync ({error}): pip install specdeck[gui].") from error
+        raise SpecDeckError(f"The window needs PySide6, pyqtgraph and qasync ({error}): reinstall SpecDeck with its dependencies.") from error
     return run_gui(args)
 
 
