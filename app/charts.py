@@ -91,6 +91,8 @@ def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
     widget.showGrid(x=True, y=True, alpha=0.2)
     widget.setMenuEnabled(False)
     widget.setMinimumSize(220, 150)
+    for side in ("left", "bottom"):
+        widget.getAxis(side).enableAutoSIPrefix(False)
     return widget
 
 
@@ -101,24 +103,26 @@ class SessionCharts(QWidget):
         super().__init__(parent)
         self.acceptance_plot = _plot("Acceptance per round", "accepted / drafted", "round")
         self.acceptance_plot.setYRange(0, 1.05)
-        self.acceptance_plot.addLegend(offset=(-5, -5))
+        self.acceptance_plot.addLegend(offset=(-5, -5), brush=pg.mkBrush(255, 255, 255, 220))
         self._per_round = self.acceptance_plot.plot(pen=None, symbol="o", symbolSize=5, symbolBrush="#1b8a2f",
                                                     symbolPen=None, name="round")
         self._cumulative = self.acceptance_plot.plot(pen=pg.mkPen("#222", width=2), name="cumulative")
 
         self.speed_plot = _plot("Tokens/s over time", "tokens/s", "decoding time (s)")
-        self.speed_plot.addLegend(offset=(-5, 5))
+        self.speed_plot.addLegend(offset=(-5, 5), brush=pg.mkBrush(255, 255, 255, 220))
         self._spec_speed = self.speed_plot.plot(pen=SPEC_PEN, name="speculative")
         self._plain_speed = self.speed_plot.plot(pen=PLAIN_PEN, name="plain")
 
         self.histogram_plot = _plot("Tokens kept per round", "rounds", "tokens kept")
         self._histogram = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#1b8a2f")
         self.histogram_plot.addItem(self._histogram)
+        self.histogram_plot.getAxis("bottom").setTickSpacing(1, 1)
 
         self.position_plot = _plot("Acceptance by draft position", "acceptance", "draft position")
         self.position_plot.setYRange(0, 1.05)
         self._by_position = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#1f5fd1")
         self.position_plot.addItem(self._by_position)
+        self.position_plot.getAxis("bottom").setTickSpacing(1, 1)
 
         self.figures = {name: QLabel("–") for name in (
             "acceptance rate", "mean accepted length", "tokens/s", "plain tokens/s", "rounds",
@@ -198,9 +202,9 @@ class SessionCharts(QWidget):
         has_drafts = stats.drafted > 0
         f["acceptance rate"].setText(f"{stats.acceptance_rate:.3f}  ({stats.accepted}/{stats.drafted})" if has_drafts else "–")
         f["mean accepted length"].setText(f"{stats.mean_accepted_length:.2f}" if stats.rounds else "–")
-        f["tokens/s"].setText(f"{stats.tokens_per_s:.1f}" if stats.rounds else "–")
+        f["tokens/s"].setText(_rate(stats.tokens_per_s) if stats.rounds else "–")
         plain = self.plain.stats if self.plain is not None else None
-        f["plain tokens/s"].setText(f"{plain.tokens_per_s:.1f}" if plain and plain.rounds else "–")
+        f["plain tokens/s"].setText(_rate(plain.tokens_per_s) if plain and plain.rounds else "–")
         f["rounds"].setText(str(stats.rounds) if stats.rounds else "–")
         predicted = stats.predicted_speedup
         f["predicted speedup"].setText(f"{predicted:.2f}x" if predicted is not None else "–")
@@ -220,3 +224,7 @@ class SessionCharts(QWidget):
             return None
         plain = self.plain.summary.tokens_per_s
         return self.speculative.summary.tokens_per_s / plain if plain > 0 else None
+
+
+def _rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s:.1f}" if tokens_per_s >= 10 else f"{tokens_per_s:.2f}"

@@ -80,6 +80,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     except OSError as error:
         raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it private; give it a normal file's mode
         with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
         os.replace(temporary, target)
