@@ -2,8 +2,10 @@
 (speculative and plain on one chart), tokens kept per round as a histogram, and acceptance by
 draft position, with the headline figures beside them.
 
-Events only append to preallocated float64 buffers (`SessionSeries`); a timer redraws at 8 Hz
-when something changed, so drawing costs the same however fast tokens arrive. The predicted
+Events only append to preallocated float64 buffers (`SessionSeries`); a timer redraws each chart
+at 8 Hz when something changed (one chart per tick, so no single pass of the event loop repaints
+all four), from at most `MAX_POINTS` points per curve, so drawing costs the same however fast
+tokens arrive and however long the session runs. The predicted
 speedup is Leviathan et al. 2023, eq. 1 (see `engine.stats`); the measured one is speculative
 tokens/s over plain tokens/s from a compare run.
 """
@@ -21,6 +23,8 @@ from engine.events import RoundEvent, SummaryEvent
 from engine.stats import SessionStats
 
 REDRAW_HZ = 8
+SYMBOL_LIMIT = 300  # rounds: beyond this, per-round points are drawn as a line (symbols cost per point)
+MAX_POINTS = 500  # per curve: a chart is a few hundred pixels wide, so more points only cost paint time
 SPEC_PEN = pg.mkPen("#1f5fd1", width=2)
 PLAIN_PEN = pg.mkPen("#777777", width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
 
@@ -81,6 +85,27 @@ class SessionSeries:
         counts = np.bincount(kept)
         lengths = np.arange(counts.size)
         return lengths[1:].astype(np.float64), counts[1:].astype(np.float64)
+
+
+def thinned(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Every stride-th point (and the last), at most about `limit`: enough for a smooth curve."""
+    if x.size <= limit:
+        return x, y
+    index = np.arange(x.size - 1, -1, -(-x.size // limit))[::-1]
+    return x[index], y[index]
+
+
+def block_means(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Means over consecutive blocks of points (NaNs skipped), at most `limit` blocks."""
+    if x.size <= limit:
+        return x, y
+    stride = -(-x.size // limit)
+    usable = x.size // stride * stride
+    values = y[:usable].reshape(-1, stride)
+    counts = np.isfinite(values).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, np.nansum(values, axis=1) / counts, np.nan)
+    return x[:usable].reshape(-1, stride).mean(axis=1), means
 
 
 def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
@@ -148,8 +173,10 @@ class SessionCharts(QWidget):
         layout.addWidget(figures)
 
         self._dirty = False
+        self._parts = (self._draw_acceptance, self._draw_speed, self._draw_histogram, self._draw_by_position)
+        self._next_part = 0
         self._timer = QTimer(self)
-        self._timer.setInterval(1000 // REDRAW_HZ)
+        self._timer.setInterval(1000 // (REDRAW_HZ * len(self._parts)))
         self._timer.timeout.connect(self._on_redraw_timer)
         self._timer.start()
         self.reset()
@@ -176,25 +203,50 @@ class SessionCharts(QWidget):
         self._dirty = True
 
     def _on_redraw_timer(self) -> None:
-        if self._dirty:
-            self.redraw()
+        """One chart per tick, in turn, so one pass of the event loop never repaints all four."""
+        if not self._dirty:
+            return
+        part = self._parts[self._next_part]
+        self._next_part = (self._next_part + 1) % len(self._parts)
+        part()
+        self._update_figures()
+        if self._next_part == 0:
+            self._dirty = False
 
     def redraw(self) -> None:
+        """Every chart and figure, now (the end of a session, a screenshot)."""
         self._dirty = False
+        self._next_part = 0
+        for part in self._parts:
+            part()
+        self._update_figures()
+
+    def _draw_acceptance(self) -> None:
         spec = self.speculative
         rounds = spec.column("round")
-        self._per_round.setData(rounds, spec.acceptance_per_round, connect="finite")
-        self._cumulative.setData(rounds, spec.cumulative_acceptance, connect="finite")
-        self._spec_speed.setData(spec.column("elapsed_s"), spec.tokens_per_s, connect="finite")
+        if rounds.size > SYMBOL_LIMIT:
+            self._per_round.setData(*block_means(rounds, spec.acceptance_per_round), connect="finite", symbol=None,
+                                    pen=pg.mkPen("#1b8a2f88"))
+        else:
+            self._per_round.setData(rounds, spec.acceptance_per_round, connect="finite", symbol="o", pen=None)
+        self._cumulative.setData(*thinned(rounds, spec.cumulative_acceptance), connect="finite")
+
+    def _draw_speed(self) -> None:
+        spec = self.speculative
+        self._spec_speed.setData(*thinned(spec.column("elapsed_s"), spec.tokens_per_s), connect="finite")
         if self.plain is not None:
-            self._plain_speed.setData(self.plain.column("elapsed_s"), self.plain.tokens_per_s, connect="finite")
+            self._plain_speed.setData(*thinned(self.plain.column("elapsed_s"), self.plain.tokens_per_s),
+                                      connect="finite")
         else:
             self._plain_speed.setData([], [])
-        lengths, counts = spec.kept_histogram()
+
+    def _draw_histogram(self) -> None:
+        lengths, counts = self.speculative.kept_histogram()
         self._histogram.setOpts(x=lengths, height=counts)
-        by_position = np.asarray(spec.stats.accepted_by_position, dtype=np.float64)
+
+    def _draw_by_position(self) -> None:
+        by_position = np.asarray(self.speculative.stats.accepted_by_position, dtype=np.float64)
         self._by_position.setOpts(x=np.arange(1, by_position.size + 1, dtype=np.float64), height=by_position)
-        self._update_figures()
 
     def _update_figures(self) -> None:
         stats = self.speculative.stats
