@@ -126,12 +126,11 @@ class SessionCharts(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.acceptance_plot = _plot("Acceptance per round", "accepted / drafted", "round")
+        self.acceptance_plot = _plot("Acceptance per round (dots), cumulative (line)", "accepted / drafted", "round")
         self.acceptance_plot.setYRange(0, 1.05)
-        self.acceptance_plot.addLegend(offset=(-5, -5), brush=pg.mkBrush(255, 255, 255, 220))
         self._per_round = self.acceptance_plot.plot(pen=None, symbol="o", symbolSize=5, symbolBrush="#1b8a2f",
-                                                    symbolPen=None, name="round")
-        self._cumulative = self.acceptance_plot.plot(pen=pg.mkPen("#222", width=2), name="cumulative")
+                                                    symbolPen=None)
+        self._cumulative = self.acceptance_plot.plot(pen=pg.mkPen("#222", width=2))
 
         self.speed_plot = _plot("Tokens/s over time", "tokens/s", "decoding time (s)")
         self.speed_plot.addLegend(offset=(-5, 5), brush=pg.mkBrush(255, 255, 255, 220))

@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
@@ -41,7 +41,7 @@ class LoadRequest:
     device: str = "auto"
     dtype: str = "auto"
     trust_remote_code: bool = False
-    load_id: int = 0
+    load_id: int = field(default=0, compare=False)
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
@@ -185,7 +185,7 @@ class ModelHost(QObject):
         """Load a pair in the model thread; the future gives its `PairInfo` or raises SpecDeckError."""
         self.cancel_load()
         self._next_id += 1
-        self._load = LoadRequest(**{**request.__dict__, "load_id": self._next_id, "cancel": threading.Event()})
+        self._load = replace(request, load_id=self._next_id, cancel=threading.Event())
         self._load_future = asyncio.get_event_loop().create_future()
         self._request_load.emit(self._load)
         return self._load_future
