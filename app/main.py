@@ -4,9 +4,10 @@ on the default pair headlessly, save a screenshot and the CSV, and exit (0, or 2
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtWidgets import QApplication
 
 import qasync
@@ -61,5 +62,10 @@ def run_gui(args) -> int:
             raise SpecDeckError("--screenshot and --export-csv go with --demo.")
         window = MainWindow(settings=QSettings())
         window.show()
+        # Ctrl+C in the terminal closes the window cleanly; the timer lets Python see the signal
+        signal.signal(signal.SIGINT, lambda *_: window.close())
+        wake = QTimer(interval=250)
+        wake.timeout.connect(lambda: None)
+        wake.start()
         loop.run_forever()
     return 0

@@ -78,3 +78,23 @@ def test_text_flushed_at_the_end_is_shown(qtbot):
     view.add_events((TokenEvent(P, 1, "ab", 0, 1, 1.0, None), RoundEvent(1, 0, 0, 0, 1, 1, 0.1)))
     view.add_events((SummaryEvent("ab\ufffd", 2, 2, 0, 0, 0, 1, 1, 1, 0, 1, (), None, "max_new_tokens"),))
     assert view.shown_text() == view.kept_text() == "ab\ufffd"
+
+
+def test_tooltip_event_shows_the_hovered_token(qtbot, monkeypatch):
+    """A tooltip request over a rejected draft shows that draft's figures."""
+    from PySide6.QtCore import QEvent, QPoint
+    from PySide6.QtGui import QHelpEvent, QTextCursor
+
+    shown: list[str] = []
+    monkeypatch.setattr("app.token_view.QToolTip.showText", lambda pos, text, widget=None: shown.append(text))
+    view = TokenView()
+    qtbot.addWidget(view)
+    view.resize(600, 300)
+    view.show()
+    view.add_events(_session())
+    cursor = QTextCursor(view.text.document())
+    cursor.setPosition(len("The cat do"))
+    point = view.text.cursorRect(cursor).center() + QPoint(-2, 0)
+    event = QHelpEvent(QEvent.Type.ToolTip, point, view.text.viewport().mapToGlobal(point))
+    view.eventFilter(view.text.viewport(), event)
+    assert shown and shown[-1].startswith("rejected  ' dog'")

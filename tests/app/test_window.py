@@ -125,3 +125,12 @@ def test_token_events_arrive_in_order_and_complete(qtbot, window):
     _run(qtbot, window, window.run_button)
     kept = [e.pos for e in window.records[0].tokens if isinstance(e, TokenEvent) and e.state.kept]
     assert kept == list(range(window.records[0].summary.new_tokens))
+
+
+def test_about_lists_the_versions(qtbot, window):
+    """The About text names SpecDeck, torch, transformers, Qt and the device."""
+    from app.dialogs import about_text
+
+    text = about_text("cpu")
+    for name in ("SpecDeck", "torch", "transformers", "Qt", "device", "cpu"):
+        assert name in text
