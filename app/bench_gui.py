@@ -1,0 +1,223 @@
+"""Responsiveness benchmark of the window: feed it synthetic events at a fixed token rate through
+the real path (model thread, batched signals, token view, charts) and report the longest stall of
+the GUI event loop, the drawing cost per token, and whether any event was lost.
+
+    python -m app.bench_gui [--rate 2000] [--seconds 20]
+
+A 2 ms precise timer in the GUI thread records the gap between its ticks; a gap well beyond 2 ms
+is time the event loop could not answer (a stall). On a busy machine the operating system causes
+stalls too, so the same probe first runs for 2 s with no session, and the GUI thread's CPU time
+per handled event is reported as well. Drawing cost is the time spent in the token
+view, the chart buffers and the chart redraws (Python side; Qt's painting shows in the stall and
+in the GUI thread's CPU share), divided by the tokens shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from PySide6.QtCore import QElapsedTimer, Qt, QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+import qasync  # noqa: E402
+
+from app.main_window import MainWindow  # noqa: E402
+from app.worker import ModelHost  # noqa: E402
+from engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState  # noqa: E402
+from engine.stats import SessionStats  # noqa: E402
+
+PROBE_MS = 2
+IDLE_S = 2.0  # probe the idle window first: stalls the machine causes, not the window
+WORDS = (" the", " model", " drafts", " tokens", " and", " checks", " them", ".", "\n")
+
+
+@dataclass
+class SyntheticSource:
+    """A fake session: rounds of K=4 drafts (accepted, then rejected with a resample, or a bonus),
+    paced so that `rate` kept tokens are emitted per second for `seconds`."""
+
+    rate: float
+    seconds: float
+    token_events: int = 0
+
+    def __call__(self, pair, prompt, config, chat=True, plain=False, cancel: threading.Event | None = None):
+        stats = SessionStats()
+        start = SessionStarted("speculative", "synthetic", 8, 0.0)
+        stats.add(start)
+        yield start
+        began = time.perf_counter()
+        pos = round_no = 0
+        while True:
+            elapsed = time.perf_counter() - began
+            if elapsed >= self.seconds or (cancel is not None and cancel.is_set()):
+                break
+            ahead = pos / self.rate - elapsed
+            if ahead > 0:
+                time.sleep(ahead)
+            round_no += 1
+            accepted = round_no % 5  # 0..4 of 4 drafts: every outcome, in turn
+            events = [TokenEvent(TokenState.ACCEPTED, 1, WORDS[(pos + i) % len(WORDS)], pos + i, round_no, 0.9, 0.8)
+                      for i in range(min(accepted, 4))]
+            if accepted < 4:
+                events += [TokenEvent(TokenState.REJECTED, 2, " draft", pos + accepted, round_no, 0.1, 0.6)
+                           for _ in range(4 - accepted)]
+                events.append(TokenEvent(TokenState.RESAMPLED, 3, " fix", pos + accepted, round_no, 0.5, 0.1))
+            else:
+                events.append(TokenEvent(TokenState.BONUS, 4, " more", pos + 4, round_no, 0.7, None))
+            kept = sum(e.state.kept for e in events)
+            pos += kept
+            self.token_events += len(events)
+            events.append(RoundEvent(round_no, 4, min(accepted, 4), 0.1, 0.4, pos, time.perf_counter() - began))
+            for event in events:
+                stats.add(event)
+                yield event
+        yield stats.summary("", "max_new_tokens")
+
+
+class _FakePair:
+    description = "synthetic events"
+    drafter_kind = None
+    draft = None
+
+    class target:  # noqa: N801 - stands in for a LoadedModel
+        name = "synthetic"
+        device = "cpu"
+        dtype = "float32"
+
+
+class TimedApplication(QApplication):
+    """Records the GUI thread's CPU time for each event it handles: the work a stall is made of,
+    apart from time the operating system gave to other processes."""
+
+    def __init__(self, argv: list[str]) -> None:
+        super().__init__(argv)
+        self.gui_thread = threading.get_ident()
+        self.longest_event_cpu_ms = 0.0
+        self.longest_event = ""
+        self.recording = False
+
+    def notify(self, receiver, event) -> bool:  # noqa: N802 - Qt override
+        if not self.recording or threading.get_ident() != self.gui_thread:
+            return super().notify(receiver, event)
+        started = time.thread_time()
+        try:
+            return super().notify(receiver, event)
+        finally:
+            cpu_ms = 1e3 * (time.thread_time() - started)
+            if cpu_ms > self.longest_event_cpu_ms:
+                self.longest_event_cpu_ms = cpu_ms
+                self.longest_event = f"{event.type().name} to {type(receiver).__name__}"
+
+
+class StallProbe:
+    """Records the longest gap between ticks of a precise 2 ms timer in the GUI thread."""
+
+    def __init__(self) -> None:
+        self.clock = QElapsedTimer()
+        self.gaps_ms: list[float] = []
+        self.timer = QTimer()
+        self.timer.setTimerType(Qt.TimerType.PreciseTimer)
+        self.timer.setInterval(PROBE_MS)
+        self.timer.timeout.connect(self._on_tick)
+
+    def start(self) -> None:
+        self.clock.start()
+        self.timer.start()
+
+    def stop(self) -> None:
+        self.timer.stop()
+
+    def _on_tick(self) -> None:
+        self.gaps_ms.append(self.clock.nsecsElapsed() / 1e6)
+        self.clock.restart()
+
+
+def _timed(accumulator: list[float], function):
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            accumulator[0] += time.perf_counter() - started
+    return wrapper
+
+
+async def measure(window: MainWindow, source: SyntheticSource) -> dict:
+    view, buffers, redraw = [0.0], [0.0], [0.0]
+    window.speculative_view.add_events = _timed(view, window.speculative_view.add_events)
+    window.charts.add_events = _timed(buffers, window.charts.add_events)
+    window.charts.redraw = _timed(redraw, window.charts.redraw)
+    window.charts._parts = tuple(_timed(redraw, part) for part in window.charts._parts)
+    probe = StallProbe()
+    idle = StallProbe()
+    idle.start()
+    await asyncio.sleep(IDLE_S)
+    idle.stop()
+    app = QApplication.instance()
+    probe.start()
+    app.recording = True
+    cpu_started = time.thread_time()
+    await window.run(compare=False)
+    gui_cpu_s = time.thread_time() - cpu_started
+    app.recording = False
+    probe.stop()
+    drawing = [view[0] + buffers[0] + redraw[0]]
+    record = window.records[0]
+    shown = len(window.speculative_view.tokens)
+    kept = [e.pos for e in window.speculative_view.tokens if e.state.kept]
+    gaps = sorted(probe.gaps_ms)
+    return {
+        "token events sent": source.token_events,
+        "token events shown": shown,
+        "kept tokens": len(kept),
+        "lost events": source.token_events - shown,
+        "kept positions contiguous": kept == list(range(len(kept))),
+        "rounds": record.summary.rounds,
+        "tokens/s (kept)": record.summary.tokens_per_s,
+        "longest event-loop stall ms": gaps[-1] if gaps else float("nan"),
+        "99.9th percentile gap ms": gaps[int(0.999 * (len(gaps) - 1))] if gaps else float("nan"),
+        "longest stall with no session ms": max(idle.gaps_ms, default=float("nan")),
+        "longest event handled, GUI CPU ms": app.longest_event_cpu_ms,
+        "  which was": app.longest_event,
+        "GUI thread CPU share of wall time": gui_cpu_s / max(1e-9, record.summary.decode_s),
+        "drawing cost per kept token us": 1e6 * drawing[0] / max(1, len(kept)),
+        "drawing cost per token event us": 1e6 * drawing[0] / max(1, shown),
+        "  of which token view us": 1e6 * view[0] / max(1, shown),
+        "  of which chart buffers us": 1e6 * buffers[0] / max(1, shown),
+        "  of which chart redraws us": 1e6 * redraw[0] / max(1, shown),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.bench_gui", description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=2000.0, help="kept tokens per second")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    app = QApplication.instance() or TimedApplication(sys.argv[:1])
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    source = SyntheticSource(args.rate, args.seconds)
+    host = ModelHost(session_fn=source, load_fn=lambda *a, **k: _FakePair())
+    with loop:
+        window = MainWindow(settings=None, host=host)
+        window.decoding_panel.max_new_tokens.setValue(8192)
+        window.show()
+        result = loop.run_until_complete(measure(window, source))
+        window.close()
+    print(f"window responsiveness at {args.rate:.0f} tokens/s for {args.seconds:.0f} s "
+          f"(Qt platform {app.platformName()}, {os.cpu_count()} CPUs):")
+    for name, value in result.items():
+        print(f"  {name:34s} {value:.2f}" if isinstance(value, float) else f"  {name:34s} {value}")
+    return 0 if result["lost events"] == 0 and result["kept positions contiguous"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Live charts of a session: acceptance per round (with the cumulative rate), tokens/s over time
+(speculative and plain on one chart), tokens kept per round as a histogram, and acceptance by
+draft position, with the headline figures beside them.
+
+Events only append to preallocated float64 buffers (`SessionSeries`); a timer redraws each chart
+at 8 Hz when something changed (one chart per tick, so no single pass of the event loop repaints
+all four), from at most `MAX_POINTS` points per curve, so drawing costs the same however fast
+tokens arrive and however long the session runs. The predicted
+speedup is Leviathan et al. 2023, eq. 1 (see `engine.stats`); the measured one is speculative
+tokens/s over plain tokens/s from a compare run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QFormLayout, QGridLayout, QHBoxLayout, QLabel, QWidget
+
+import pyqtgraph as pg  # after PySide6, so pyqtgraph binds to it
+
+from engine.events import RoundEvent, SummaryEvent
+from engine.stats import SessionStats
+
+REDRAW_HZ = 8
+SYMBOL_LIMIT = 300  # rounds: beyond this, per-round points are drawn as a line (symbols cost per point)
+MAX_POINTS = 500  # per curve: a chart is a few hundred pixels wide, so more points only cost paint time
+SPEC_PEN = pg.mkPen("#1f5fd1", width=2)
+PLAIN_PEN = pg.mkPen("#777777", width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
+
+_FIELDS = ("round", "drafted", "accepted", "kept", "elapsed_s", "new_tokens")
+
+
+class SessionSeries:
+    """One session's per-round figures, in float64 buffers that grow by doubling (never per event)."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._data = np.full((len(_FIELDS), capacity), np.nan, dtype=np.float64)
+        self.size = 0
+        self.stats = SessionStats()
+        self.summary: SummaryEvent | None = None
+
+    def add(self, event) -> None:
+        self.stats.add(event)
+        if isinstance(event, SummaryEvent):
+            self.summary = event
+        if not isinstance(event, RoundEvent):
+            return
+        if self.size == self._data.shape[1]:
+            grown = np.full((len(_FIELDS), 2 * self.size), np.nan, dtype=np.float64)
+            grown[:, : self.size] = self._data
+            self._data = grown
+        before = self._data[5, self.size - 1] if self.size else 0.0
+        self._data[:, self.size] = (event.round, event.drafted, event.accepted, event.new_tokens - before,
+                                    event.elapsed_s, event.new_tokens)
+        self.size += 1
+
+    def column(self, name: str) -> np.ndarray:
+        return self._data[_FIELDS.index(name), : self.size]
+
+    @property
+    def acceptance_per_round(self) -> np.ndarray:
+        """accepted / drafted per round; NaN where nothing was drafted (prompt lookup found no match)."""
+        drafted = self.column("drafted")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(drafted > 0, self.column("accepted") / drafted, np.nan)
+
+    @property
+    def cumulative_acceptance(self) -> np.ndarray:
+        drafted = np.cumsum(self.column("drafted"))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(drafted > 0, np.cumsum(self.column("accepted")) / drafted, np.nan)
+
+    @property
+    def tokens_per_s(self) -> np.ndarray:
+        elapsed = self.column("elapsed_s")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(elapsed > 0, self.column("new_tokens") / elapsed, np.nan)
+
+    def kept_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """(kept tokens per round, number of rounds that kept that many)."""
+        kept = self.column("kept").astype(np.int64)
+        if not kept.size:
+            return np.zeros(0), np.zeros(0)
+        counts = np.bincount(kept)
+        lengths = np.arange(counts.size)
+        return lengths[1:].astype(np.float64), counts[1:].astype(np.float64)
+
+
+def thinned(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Every stride-th point (and the last), at most about `limit`: enough for a smooth curve."""
+    if x.size <= limit:
+        return x, y
+    index = np.arange(x.size - 1, -1, -(-x.size // limit))[::-1]
+    return x[index], y[index]
+
+
+def block_means(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Means over consecutive blocks of points (NaNs skipped), at most `limit` blocks."""
+    if x.size <= limit:
+        return x, y
+    stride = -(-x.size // limit)
+    usable = x.size // stride * stride
+    values = y[:usable].reshape(-1, stride)
+    counts = np.isfinite(values).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, np.nansum(values, axis=1) / counts, np.nan)
+    return x[:usable].reshape(-1, stride).mean(axis=1), means
+
+
+def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
+    widget = pg.PlotWidget(background="w")
+    widget.setTitle(title, color="#222", size="10pt")
+    widget.setLabel("left", left)
+    widget.setLabel("bottom", bottom)
+    widget.showGrid(x=True, y=True, alpha=0.2)
+    widget.setMenuEnabled(False)
+    widget.setMinimumSize(220, 150)
+    for side in ("left", "bottom"):
+        widget.getAxis(side).enableAutoSIPrefix(False)
+    return widget
+
+
+class SessionCharts(QWidget):
+    """The four charts and the figures. `speculative` and `plain` are the two sessions' series."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.acceptance_plot = _plot("Acceptance per round (dots), cumulative (line)", "accepted / drafted", "round")
+        self.acceptance_plot.setYRange(0, 1.05)
+        self._per_round = self.acceptance_plot.plot(pen=None, symbol="o", symbolSize=5, symbolBrush="#1b8a2f",
+                                                    symbolPen=None)
+        self._cumulative = self.acceptance_plot.plot(pen=pg.mkPen("#222", width=2))
+
+        self.speed_plot = _plot("Tokens/s over time", "tokens/s", "decoding time (s)")
+        self.speed_plot.addLegend(offset=(-5, 5), brush=pg.mkBrush(255, 255, 255, 220))
+        self._spec_speed = self.speed_plot.plot(pen=SPEC_PEN, name="speculative")
+        self._plain_speed = self.speed_plot.plot(pen=PLAIN_PEN, name="plain")
+
+        self.histogram_plot = _plot("Tokens kept per round", "rounds", "tokens kept")
+        self._histogram = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#1b8a2f")
+        self.histogram_plot.addItem(self._histogram)
+        self.histogram_plot.getAxis("bottom").setTickSpacing(1, 1)
+
+        self.position_plot = _plot("Acceptance by draft position", "acceptance", "draft position")
+        self.position_plot.setYRange(0, 1.05)
+        self._by_position = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#1f5fd1")
+        self.position_plot.addItem(self._by_position)
+        self.position_plot.getAxis("bottom").setTickSpacing(1, 1)
+
+        self.figures = {name: QLabel("–") for name in (
+            "acceptance rate", "mean accepted length", "tokens/s", "plain tokens/s", "rounds",
+            "predicted speedup", "measured speedup", "greedy outputs")}
+        form = QFormLayout()
+        bold = QFont()
+        bold.setBold(True)
+        for name, label in self.figures.items():
+            label.setFont(bold)
+            form.addRow(name, label)
+        figures = QWidget()
+        figures.setLayout(form)
+        figures.setMinimumWidth(230)
+
+        grid = QGridLayout()
+        grid.addWidget(self.acceptance_plot, 0, 0)
+        grid.addWidget(self.speed_plot, 0, 1)
+        grid.addWidget(self.histogram_plot, 1, 0)
+        grid.addWidget(self.position_plot, 1, 1)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(grid, 1)
+        layout.addWidget(figures)
+
+        self._dirty = False
+        self._parts = (self._draw_acceptance, self._draw_speed, self._draw_histogram, self._draw_by_position)
+        self._next_part = 0
+        self._timer = QTimer(self)
+        self._timer.setInterval(1000 // (REDRAW_HZ * len(self._parts)))
+        self._timer.timeout.connect(self._on_redraw_timer)
+        self._timer.start()
+        self.reset()
+
+    def reset(self) -> None:
+        self.speculative = SessionSeries()
+        self.plain: SessionSeries | None = None
+        self.identical: bool | None = None
+        self._dirty = True
+        self.redraw()
+
+    def start_plain(self) -> None:
+        """A compare run's second half begins: its events go to the plain series."""
+        self.plain = SessionSeries()
+
+    def add_events(self, batch: tuple, plain: bool = False) -> None:
+        series = self.plain if plain else self.speculative
+        for event in batch:
+            series.add(event)
+        self._dirty = True
+
+    def set_identical(self, identical: bool | None) -> None:
+        self.identical = identical
+        self._dirty = True
+
+    def _on_redraw_timer(self) -> None:
+        """One chart per tick, in turn, so one pass of the event loop never repaints all four."""
+        if not self._dirty:
+            return
+        part = self._parts[self._next_part]
+        self._next_part = (self._next_part + 1) % len(self._parts)
+        part()
+        self._update_figures()
+        if self._next_part == 0:
+            self._dirty = False
+
+    def redraw(self) -> None:
+        """Every chart and figure, now (the end of a session, a screenshot)."""
+        self._dirty = False
+        self._next_part = 0
+        for part in self._parts:
+            part()
+        self._update_figures()
+
+    def _draw_acceptance(self) -> None:
+        spec = self.speculative
+        rounds = spec.column("round")
+        if rounds.size > SYMBOL_LIMIT:
+            self._per_round.setData(*block_means(rounds, spec.acceptance_per_round), connect="finite", symbol=None,
+                                    pen=pg.mkPen("#1b8a2f88"))
+        else:
+            self._per_round.setData(rounds, spec.acceptance_per_round, connect="finite", symbol="o", pen=None)
+        self._cumulative.setData(*thinned(rounds, spec.cumulative_acceptance), connect="finite")
+
+    def _draw_speed(self) -> None:
+        spec = self.speculative
+        self._spec_speed.setData(*thinned(spec.column("elapsed_s"), spec.tokens_per_s), connect="finite")
+        if self.plain is not None:
+            self._plain_speed.setData(*thinned(self.plain.column("elapsed_s"), self.plain.tokens_per_s),
+                                      connect="finite")
+        else:
+            self._plain_speed.setData([], [])
+
+    def _draw_histogram(self) -> None:
+        lengths, counts = self.speculative.kept_histogram()
+        self._histogram.setOpts(x=lengths, height=counts)
+
+    def _draw_by_position(self) -> None:
+        by_position = np.asarray(self.speculative.stats.accepted_by_position, dtype=np.float64)
+        self._by_position.setOpts(x=np.arange(1, by_position.size + 1, dtype=np.float64), height=by_position)
+
+    def _update_figures(self) -> None:
+        stats = self.speculative.stats
+        f = self.figures
+        has_drafts = stats.drafted > 0
+        f["acceptance rate"].setText(f"{stats.acceptance_rate:.3f}  ({stats.accepted}/{stats.drafted})" if has_drafts else "–")
+        f["mean accepted length"].setText(f"{stats.mean_accepted_length:.2f}" if stats.rounds else "–")
+        f["tokens/s"].setText(_rate(stats.tokens_per_s) if stats.rounds else "–")
+        plain = self.plain.stats if self.plain is not None else None
+        f["plain tokens/s"].setText(_rate(plain.tokens_per_s) if plain and plain.rounds else "–")
+        f["rounds"].setText(str(stats.rounds) if stats.rounds else "–")
+        predicted = stats.predicted_speedup
+        f["predicted speedup"].setText(f"{predicted:.2f}x" if predicted is not None else "–")
+        measured = self.measured_speedup
+        f["measured speedup"].setText(f"{measured:.2f}x" if measured is not None else "–")
+        if self.identical is None:
+            f["greedy outputs"].setText("–")
+            f["greedy outputs"].setStyleSheet("")
+        else:
+            f["greedy outputs"].setText("identical ✓" if self.identical else "differ ✗")
+            f["greedy outputs"].setStyleSheet(f"color: {'#1b8a2f' if self.identical else '#c62828'};")
+
+    @property
+    def measured_speedup(self) -> float | None:
+        """Speculative over plain tokens/s, once both sessions of a compare run have ended."""
+        if self.plain is None or self.speculative.summary is None or self.plain.summary is None:
+            return None
+        plain = self.plain.summary.tokens_per_s
+        return self.speculative.summary.tokens_per_s / plain if plain > 0 else None
+
+
+def _rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s:.1f}" if tokens_per_s >= 10 else f"{tokens_per_s:.2f}"

@@ -1,0 +1,33 @@
+"""The window's message boxes, in one place so that every error reaches the user the same way."""
+
+from __future__ import annotations
+
+import platform
+
+from PySide6 import __version__ as pyside_version
+from PySide6.QtCore import qVersion
+from PySide6.QtWidgets import QMessageBox, QWidget
+
+from engine.export import library_versions
+
+
+def show_error(parent: QWidget | None, title: str, message: str) -> None:
+    QMessageBox.critical(parent, title, message)
+
+
+def versions(device: str | None) -> dict[str, str]:
+    import pyqtgraph
+
+    return {**library_versions(), "Qt": qVersion(), "PySide6": pyside_version, "pyqtgraph": pyqtgraph.__version__,
+            "platform": platform.platform(terse=True), "device": device or "no models loaded"}
+
+
+def about_text(device: str | None) -> str:
+    rows = "".join(f"<tr><td>{name}</td><td>&nbsp;<b>{value}</b></td></tr>" for name, value in versions(device).items())
+    return ("<h3>SpecDeck</h3><p>A playground for speculative decoding: watch every drafted token being "
+            "accepted or rejected, live, next to plain decoding.</p>"
+            f"<table>{rows}</table>")
+
+
+def show_about(parent: QWidget | None, device: str | None) -> None:
+    QMessageBox.about(parent, "About SpecDeck", about_text(device))

@@ -1,0 +1,288 @@
+"""The two settings panels: which models to load (`ModelPanel`) and how to decode (`DecodingPanel`).
+
+Both read and write their values through QSettings so that a launch starts where the last ended.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings, Signal
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.worker import LoadRequest
+from engine.config import SCHEDULES, DecodeConfig
+from engine.models import BUILTIN_MODELS, DEFAULT_TARGET
+from engine.resources import resource_path
+
+DRAFTERS = {"prompt lookup": "prompt-lookup", "draft model": "draft-model"}
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+RECENT_LIMIT = 10
+
+
+def load_presets() -> dict[str, str]:
+    """Prompt presets: resources/presets/<name>.txt, by name. Lines are wrapped in the files; a blank
+    line separates paragraphs, and an indented line (code) keeps its line break."""
+    folder = resource_path("presets")
+    if not folder.is_dir():
+        return {}
+    return {path.stem: _unwrap(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("*.txt"))}
+
+
+def _unwrap(text: str) -> str:
+    out: list[str] = []
+    for line in text.strip().splitlines():
+        if out and line.strip() and not line.startswith((" ", "\t")) and out[-1].strip():
+            out[-1] = out[-1] + " " + line.strip()
+        else:
+            out.append(line.rstrip())
+    return "\n".join(out)
+
+
+class ModelPicker(QWidget):
+    """An editable combo (built-in aliases, then recently used ids and paths) with Browse..."""
+
+    def __init__(self, allow_empty: bool = False, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.combo = QComboBox()
+        self.combo.setEditable(True)
+        self.combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+        self.combo.setMinimumContentsLength(18)
+        self.combo.lineEdit().setPlaceholderText("alias, Hugging Face id, folder or .gguf")
+        self._allow_empty = allow_empty
+        self.browse = QToolButton()
+        self.browse.setText("Browse…")
+        self.browse.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        menu = QMenu(self.browse)
+        folder, gguf = QAction("Model folder…", menu), QAction(".gguf file…", menu)
+        folder.triggered.connect(self._on_browse_folder)
+        gguf.triggered.connect(self._on_browse_gguf)
+        menu.addActions([folder, gguf])
+        self.browse.setMenu(menu)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.combo, 1)
+        layout.addWidget(self.browse)
+        self.set_recent([])
+
+    def set_recent(self, recent: list[str]) -> None:
+        text = self.combo.currentText()
+        self.combo.clear()
+        if self._allow_empty:
+            self.combo.addItem("")
+        self.combo.addItems(list(BUILTIN_MODELS) + [r for r in recent if r not in BUILTIN_MODELS])
+        self.combo.setCurrentText(text)
+
+    @property
+    def value(self) -> str:
+        return self.combo.currentText().strip()
+
+    def set_value(self, value: str) -> None:
+        self.combo.setCurrentText(value)
+
+    def _on_browse_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose a model folder")
+        if path:
+            self.combo.setCurrentText(path)
+
+    def _on_browse_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model", "", "GGUF models (*.gguf)")
+        if path:
+            self.combo.setCurrentText(path)
+
+
+class ModelPanel(QGroupBox):
+    load_clicked = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Models", parent)
+        self.target = ModelPicker()
+        self.target.set_value(DEFAULT_TARGET)
+        self.drafter = QComboBox()
+        self.drafter.addItems(list(DRAFTERS))
+        self.draft = ModelPicker(allow_empty=True)
+        self.device = QComboBox()
+        self.device.setEditable(True)
+        self.device.addItems(DEVICES)
+        self.dtype = QComboBox()
+        self.dtype.addItems(DTYPES)
+        self.trust_remote_code = QCheckBox("Trust remote code")
+        self.trust_remote_code.setToolTip("Run Python code shipped with the model's files. Only for models you trust.")
+        self.load_button = QPushButton("Load")
+        self.load_button.clicked.connect(self.load_clicked)
+        self.loaded = QLabel("No models loaded.")
+        self.loaded.setWordWrap(True)
+        self.loaded.setStyleSheet("color: #555;")
+        self.drafter.currentTextChanged.connect(self._on_drafter_changed)
+        form = QFormLayout(self)
+        form.addRow("Target", self.target)
+        form.addRow("Drafter", self.drafter)
+        form.addRow("Draft", self.draft)
+        row = QHBoxLayout()
+        row.addWidget(self.device, 1)
+        row.addWidget(QLabel("dtype"))
+        row.addWidget(self.dtype, 1)
+        form.addRow("Device", row)
+        form.addRow(self.trust_remote_code)
+        form.addRow(self.load_button)
+        form.addRow(self.loaded)
+        self.recent: list[str] = []
+        self._on_drafter_changed(self.drafter.currentText())
+
+    def _on_drafter_changed(self, text: str) -> None:
+        self.draft.setEnabled(DRAFTERS[text] == "draft-model")
+
+    def request(self) -> LoadRequest:
+        kind = DRAFTERS[self.drafter.currentText()]
+        return LoadRequest(self.target.value or None, self.draft.value if kind == "draft-model" else None, kind,
+                           self.device.currentText().strip() or "auto", self.dtype.currentText(),
+                           self.trust_remote_code.isChecked())
+
+    def remember(self, *names: str | None) -> None:
+        for name in names:
+            if name and name not in BUILTIN_MODELS:
+                self.recent = [name] + [r for r in self.recent if r != name]
+        self.recent = self.recent[:RECENT_LIMIT]
+        self.target.set_recent(self.recent)
+        self.draft.set_recent(self.recent)
+
+    def save(self, settings: QSettings) -> None:
+        settings.setValue("models/target", self.target.value)
+        settings.setValue("models/draft", self.draft.value)
+        settings.setValue("models/drafter", self.drafter.currentText())
+        settings.setValue("models/device", self.device.currentText())
+        settings.setValue("models/dtype", self.dtype.currentText())
+        settings.setValue("models/recent", self.recent)
+
+    def restore(self, settings: QSettings) -> None:
+        recent = settings.value("models/recent", [])
+        self.recent = [recent] if isinstance(recent, str) else list(recent or [])
+        self.remember()
+        self.target.set_value(str(settings.value("models/target", DEFAULT_TARGET)))
+        self.draft.set_value(str(settings.value("models/draft", "")))
+        self.drafter.setCurrentText(str(settings.value("models/drafter", "prompt lookup")))
+        self.device.setCurrentText(str(settings.value("models/device", "auto")))
+        self.dtype.setCurrentText(str(settings.value("models/dtype", "auto")))
+
+
+class DecodingPanel(QGroupBox):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Decoding", parent)
+        defaults = DecodeConfig()
+        self.k = _spin(1, 16, defaults.k)
+        self.schedule = QComboBox()
+        self.schedule.addItems(SCHEDULES)
+        self.temperature = _double(0.0, 5.0, defaults.temperature, 0.1)
+        self.temperature.setSpecialValueText("0 (greedy)")
+        self.top_k = _spin(0, 100000, defaults.top_k)
+        self.top_k.setSpecialValueText("off")
+        self.top_p = _double(0.01, 1.0, defaults.top_p, 0.05)
+        self.seed = _spin(0, 2**31 - 1, defaults.seed)
+        self.max_new_tokens = _spin(1, 8192, defaults.max_new_tokens)
+        self.chat = QCheckBox("Chat template")
+        self.chat.setChecked(True)
+        self.presets = load_presets()
+        self.preset = QComboBox()
+        self.preset.addItems(list(self.presets))
+        self.preset.activated.connect(self._on_preset_chosen)
+        self.prompt = QPlainTextEdit()
+        self.prompt.setPlaceholderText("Type a prompt, or pick a preset.")
+        self.prompt.setMinimumHeight(90)
+        if self.presets:
+            self.prompt.setPlainText(next(iter(self.presets.values())))
+
+        form = QFormLayout()
+        row = QHBoxLayout()
+        row.addWidget(self.k)
+        row.addWidget(self.schedule, 1)
+        form.addRow("K", row)
+        form.addRow("Temperature", self.temperature)
+        row = QHBoxLayout()
+        row.addWidget(self.top_k, 1)
+        row.addWidget(QLabel("top-p"))
+        row.addWidget(self.top_p, 1)
+        form.addRow("top-k", row)
+        row = QHBoxLayout()
+        row.addWidget(self.seed, 1)
+        row.addWidget(QLabel("max new"))
+        row.addWidget(self.max_new_tokens, 1)
+        form.addRow("Seed", row)
+        row = QHBoxLayout()
+        row.addWidget(self.chat)
+        row.addStretch(1)
+        row.addWidget(QLabel("Preset"))
+        row.addWidget(self.preset)
+        form.addRow(row)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.prompt, 1)
+
+    def _on_preset_chosen(self, index: int) -> None:
+        self.prompt.setPlainText(self.presets[self.preset.itemText(index)])
+
+    def choose_preset(self, name: str) -> None:
+        self.preset.setCurrentText(name)
+        self.prompt.setPlainText(self.presets[name])
+
+    def config(self) -> DecodeConfig:
+        """The settings as a DecodeConfig; raises SpecDeckError with the reason if they are invalid."""
+        return DecodeConfig(k=self.k.value(), schedule=self.schedule.currentText(),
+                            temperature=self.temperature.value(), top_k=self.top_k.value(),
+                            top_p=self.top_p.value(), seed=self.seed.value(),
+                            max_new_tokens=self.max_new_tokens.value())
+
+    def prompt_text(self) -> str:
+        return self.prompt.toPlainText()
+
+    def save(self, settings: QSettings) -> None:
+        for name in ("k", "top_k", "seed", "max_new_tokens"):
+            settings.setValue(f"decoding/{name}", getattr(self, name).value())
+        settings.setValue("decoding/temperature", self.temperature.value())
+        settings.setValue("decoding/top_p", self.top_p.value())
+        settings.setValue("decoding/schedule", self.schedule.currentText())
+        settings.setValue("decoding/chat", self.chat.isChecked())
+        settings.setValue("decoding/prompt", self.prompt_text())
+
+    def restore(self, settings: QSettings) -> None:
+        for name in ("k", "top_k", "seed", "max_new_tokens"):
+            widget = getattr(self, name)
+            widget.setValue(int(settings.value(f"decoding/{name}", widget.value())))
+        self.temperature.setValue(float(settings.value("decoding/temperature", self.temperature.value())))
+        self.top_p.setValue(float(settings.value("decoding/top_p", self.top_p.value())))
+        self.schedule.setCurrentText(str(settings.value("decoding/schedule", self.schedule.currentText())))
+        self.chat.setChecked(str(settings.value("decoding/chat", "true")).lower() == "true")
+        prompt = settings.value("decoding/prompt", "")
+        if prompt:
+            self.prompt.setPlainText(str(prompt))
+
+
+def _spin(low: int, high: int, value: int) -> QSpinBox:
+    spin = QSpinBox()
+    spin.setRange(low, high)
+    spin.setValue(value)
+    return spin
+
+
+def _double(low: float, high: float, value: float, step: float) -> QDoubleSpinBox:
+    spin = QDoubleSpinBox()
+    spin.setRange(low, high)
+    spin.setDecimals(2)
+    spin.setSingleStep(step)
+    spin.setValue(value)
+    return spin

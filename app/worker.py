@@ -1,0 +1,282 @@
+"""The model thread: one long-lived `QThread` whose worker owns the loaded models and runs sessions.
+
+Threads: `ModelWorker` lives in the model thread (moveToThread) and is the only code that touches
+torch. `ModelHost` lives in the GUI thread; it sends requests to the worker through queued signals
+and re-emits the worker's reports only for the current load or session, so a stopped or superseded
+session's late events never reach the views.
+
+Events cross in batches: the worker collects a session's events and emits one tuple at most every
+`BATCH_INTERVAL_S` (and at the end), so the GUI thread handles ~40 signals a second however fast
+tokens come, and every event arrives exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from engine.config import DecodeConfig
+from engine.errors import SpecDeckError
+from engine.events import SummaryEvent
+from engine.session import ModelPair, load_pair, run_session
+
+BATCH_INTERVAL_S = 0.025
+
+
+class LoadCancelled(Exception):
+    """The user cancelled loading; raised from the progress callback at the next stage."""
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    target: str | None
+    draft: str | None
+    drafter: str | None
+    device: str = "auto"
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    load_id: int = field(default=0, compare=False)
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class PairInfo:
+    """What the GUI may know about the resident pair (never the models themselves)."""
+
+    description: str
+    target: str
+    draft: str | None
+    drafter: str | None
+    device: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    prompt: str
+    config: DecodeConfig
+    chat: bool = True
+    plain: bool = False
+    session_id: int = 0
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+def describe(pair: ModelPair) -> PairInfo:
+    return PairInfo(pair.description, pair.target.name, pair.draft.name if pair.draft else None,
+                    pair.drafter_kind, str(pair.target.device), str(pair.target.dtype).removeprefix("torch."))
+
+
+def error_message(error: BaseException) -> str:
+    """A SpecDeckError's message as-is; anything else with its type, since it is a bug or a bad model."""
+    if isinstance(error, SpecDeckError):
+        return str(error)
+    detail = traceback.format_exception_only(type(error), error)[-1].strip()
+    return f"Unexpected error: {detail}"
+
+
+class ModelWorker(QObject):
+    """Lives in the model thread. Owns the `ModelPair`; every slot catches every exception."""
+
+    load_progress = Signal(int, str)  # load id, stage
+    loaded = Signal(int, object)  # load id, PairInfo
+    load_failed = Signal(int, str, bool)  # load id, message, cancelled
+    events = Signal(int, tuple)  # session id, events in order
+    session_failed = Signal(int, str)  # session id, message
+
+    def __init__(self, session_fn: Callable = run_session, load_fn: Callable = load_pair) -> None:
+        super().__init__()
+        self._session_fn = session_fn
+        self._load_fn = load_fn
+        self._pair: ModelPair | None = None
+
+    @Slot(object)
+    def load(self, request: LoadRequest) -> None:
+        def progress(stage: str) -> None:
+            if request.cancel.is_set():
+                raise LoadCancelled
+            self.load_progress.emit(request.load_id, stage)
+
+        try:
+            progress("Starting")
+            pair = self._load_fn(request.target, request.draft, request.drafter, request.device, request.dtype,
+                                 request.trust_remote_code, progress=progress)
+            if request.cancel.is_set():
+                raise LoadCancelled
+        except LoadCancelled:
+            self.load_failed.emit(request.load_id, "Loading was cancelled.", True)
+            return
+        except BaseException as error:  # noqa: BLE001 - every failure becomes a message, never a dead thread
+            self.load_failed.emit(request.load_id, error_message(error), False)
+            return
+        self._pair = pair  # the previous pair is released only once the new one loaded
+        self.loaded.emit(request.load_id, describe(pair))
+
+    @Slot(object)
+    def run(self, request: SessionRequest) -> None:
+        if self._pair is None:
+            self.session_failed.emit(request.session_id, "No models are loaded: press Load first.")
+            return
+        batch: list = []
+        last_emit = time.perf_counter()
+        try:
+            for event in self._session_fn(self._pair, request.prompt, request.config, chat=request.chat,
+                                          plain=request.plain, cancel=request.cancel):
+                batch.append(event)
+                now = time.perf_counter()
+                if now - last_emit >= BATCH_INTERVAL_S or isinstance(event, SummaryEvent):
+                    self.events.emit(request.session_id, tuple(batch))
+                    batch = []
+                    last_emit = now
+        except BaseException as error:  # noqa: BLE001
+            if batch:
+                self.events.emit(request.session_id, tuple(batch))
+            self.session_failed.emit(request.session_id, error_message(error))
+            return
+        if batch:
+            self.events.emit(request.session_id, tuple(batch))
+
+
+class ModelHost(QObject):
+    """Lives in the GUI thread: starts the model thread, sends it requests, filters its reports.
+
+    `load` and `run` return asyncio futures (qasync's loop) that resolve when the load or the
+    session ends, so orchestration reads as straight-line `await`s.
+    """
+
+    load_progress = Signal(str)
+    events = Signal(int, tuple)  # session id, batch: only the current session's
+    session_finished = Signal(int, object)  # session id, SummaryEvent
+    session_failed = Signal(int, str)
+    _request_load = Signal(object)
+    _request_run = Signal(object)
+
+    def __init__(self, parent: QObject | None = None, session_fn: Callable = run_session,
+                 load_fn: Callable = load_pair) -> None:
+        super().__init__(parent)
+        self._thread = QThread()
+        self._thread.setObjectName("specdeck-models")
+        self._worker = ModelWorker(session_fn, load_fn)
+        self._worker.moveToThread(self._thread)
+        self._thread.finished.connect(self._worker.deleteLater)
+        self._request_load.connect(self._worker.load)
+        self._request_run.connect(self._worker.run)
+        self._worker.load_progress.connect(self._on_load_progress)
+        self._worker.loaded.connect(self._on_loaded)
+        self._worker.load_failed.connect(self._on_load_failed)
+        self._worker.events.connect(self._on_events)
+        self._worker.session_failed.connect(self._on_session_failed)
+        self._thread.start()
+        self._load: LoadRequest | None = None
+        self._load_future: asyncio.Future | None = None
+        self._session: SessionRequest | None = None
+        self._session_future: asyncio.Future | None = None
+        self._next_id = 0
+        self.pair: PairInfo | None = None
+
+    # requests ---------------------------------------------------------------------------------
+
+    def load(self, request: LoadRequest) -> asyncio.Future:
+        """Load a pair in the model thread; the future gives its `PairInfo` or raises SpecDeckError."""
+        self.cancel_load()
+        self._next_id += 1
+        self._load = replace(request, load_id=self._next_id, cancel=threading.Event())
+        self._load_future = asyncio.get_event_loop().create_future()
+        self._request_load.emit(self._load)
+        return self._load_future
+
+    def cancel_load(self) -> None:
+        """Stop waiting for the current load; the model thread drops it at its next stage."""
+        if self._load is not None:
+            self._load.cancel.set()
+            self._resolve(self._load_future, error=LoadCancelled("Loading was cancelled."))
+            self._load = None
+
+    def run(self, prompt: str, config: DecodeConfig, chat: bool = True, plain: bool = False) -> tuple[int, asyncio.Future]:
+        """Start a session (after any earlier one has stopped); returns its id and a future of its
+        `SummaryEvent`, which raises SpecDeckError if the session failed."""
+        self.stop()
+        if self._session_future is not None and not self._session_future.done():
+            self._session_future.cancel()
+        self._next_id += 1
+        self._session = SessionRequest(prompt, config, chat, plain, self._next_id)
+        self._session_future = asyncio.get_event_loop().create_future()
+        self._request_run.emit(self._session)
+        return self._session.session_id, self._session_future
+
+    def stop(self) -> None:
+        """Ask the current session to stop at its next round; its events up to there still arrive."""
+        if self._session is not None:
+            self._session.cancel.set()
+
+    @property
+    def busy(self) -> bool:
+        return self._session is not None or self._load is not None
+
+    def shutdown(self) -> None:
+        """Stop whatever runs, end the model thread and wait for it (window closing)."""
+        self.stop()
+        if self._load is not None:
+            self._load.cancel.set()
+        for future in (self._load_future, self._session_future):
+            if future is not None and not future.done():
+                future.cancel()
+        self._session = self._load = None
+        self._thread.quit()
+        self._thread.wait()
+
+    @property
+    def thread_running(self) -> bool:
+        return self._thread.isRunning()
+
+    # reports from the model thread ------------------------------------------------------------------
+
+    @staticmethod
+    def _resolve(future: asyncio.Future | None, result=None, error: BaseException | None = None) -> None:
+        if future is None or future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    @Slot(int, str)
+    def _on_load_progress(self, load_id: int, stage: str) -> None:
+        if self._load is not None and load_id == self._load.load_id:
+            self.load_progress.emit(stage)
+
+    @Slot(int, object)
+    def _on_loaded(self, load_id: int, info: PairInfo) -> None:
+        self.pair = info  # the worker holds this pair now, even if nobody waits for it any more
+        if self._load is not None and load_id == self._load.load_id:
+            self._load = None
+            self._resolve(self._load_future, info)
+
+    @Slot(int, str, bool)
+    def _on_load_failed(self, load_id: int, message: str, cancelled: bool) -> None:
+        if self._load is not None and load_id == self._load.load_id:
+            self._load = None
+            self._resolve(self._load_future, error=LoadCancelled(message) if cancelled else SpecDeckError(message))
+
+    @Slot(int, tuple)
+    def _on_events(self, session_id: int, batch: tuple) -> None:
+        if self._session is None or session_id != self._session.session_id:
+            return  # a stopped session's late events
+        self.events.emit(session_id, batch)
+        if isinstance(batch[-1], SummaryEvent):
+            self._session = None
+            self.session_finished.emit(session_id, batch[-1])
+            self._resolve(self._session_future, batch[-1])
+
+    @Slot(int, str)
+    def _on_session_failed(self, session_id: int, message: str) -> None:
+        if self._session is None or session_id != self._session.session_id:
+            return
+        self._session = None
+        self.session_failed.emit(session_id, message)
+        self._resolve(self._session_future, error=SpecDeckError(message))

@@ -1,0 +1,157 @@
+"""Session statistics to files: one CSV row per round, a JSON file of what produced them
+(models, device, dtype, parameters, seed, library versions, summary figures) and, optionally, one
+CSV row per token. Shared by the window and the benchmark.
+
+Every write is atomic: the text goes to a temporary file in the same folder, then `os.replace`
+puts it in place, so a failed or interrupted export never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import tempfile
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from engine.config import DecodeConfig
+from engine.errors import SpecDeckError
+from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
+
+ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "draft_ms", "verify_ms", "tokens_so_far", "elapsed_s")
+TOKEN_COLUMNS = ("session", "mode", "round", "pos", "state", "token_id", "text", "p", "q", "acceptance_probability")
+
+
+@dataclass
+class SessionRecord:
+    """Everything one session streamed, kept for export."""
+
+    session: int
+    mode: str  # "speculative" or "plain"
+    rounds: list[RoundEvent] = field(default_factory=list)
+    tokens: list[TokenEvent] = field(default_factory=list)
+    summary: SummaryEvent | None = None
+
+    def add(self, event) -> None:
+        if isinstance(event, RoundEvent):
+            self.rounds.append(event)
+        elif isinstance(event, TokenEvent):
+            self.tokens.append(event)
+        elif isinstance(event, SummaryEvent):
+            self.summary = event
+
+
+@dataclass
+class RunInfo:
+    """What produced the sessions: the pair, where it ran, and the settings."""
+
+    target: str
+    draft: str | None
+    drafter: str | None
+    device: str
+    dtype: str
+    config: DecodeConfig
+    chat: bool
+    prompt: str
+    extra_versions: dict[str, str] = field(default_factory=dict)
+
+
+def library_versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    try:
+        specdeck = metadata.version("specdeck")
+    except metadata.PackageNotFoundError:
+        specdeck = "unknown"
+    return {"specdeck": specdeck, "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` all at once, or raise SpecDeckError and leave `path` as it was."""
+    target = Path(path)
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as error:
+        raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it private; give it a normal file's mode
+        with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        os.replace(temporary, target)
+    except OSError as error:
+        Path(temporary).unlink(missing_ok=True)
+        raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
+
+
+def rounds_csv(records: list[SessionRecord]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(ROUND_COLUMNS)
+    for record in records:
+        for r in record.rounds:
+            writer.writerow((record.session, record.mode, r.round, r.drafted, r.accepted, f"{r.draft_ms:.3f}",
+                             f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}"))
+    return out.getvalue()
+
+
+def tokens_csv(records: list[SessionRecord]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(TOKEN_COLUMNS)
+    for record in records:
+        for t in record.tokens:
+            a = t.acceptance_probability
+            writer.writerow((record.session, record.mode, t.round, t.pos, t.state.value, t.token_id, t.text,
+                             f"{t.p:.6g}", "" if t.q is None else f"{t.q:.6g}", "" if a is None else f"{a:.6g}"))
+    return out.getvalue()
+
+
+def metadata_json(info: RunInfo, records: list[SessionRecord]) -> str:
+    sessions = []
+    for record in records:
+        summary = event_to_dict(record.summary) if record.summary else None
+        sessions.append({"session": record.session, "mode": record.mode, "summary": summary})
+    speedup = None
+    by_mode = {r.mode: r.summary for r in records if r.summary}
+    if "speculative" in by_mode and "plain" in by_mode and by_mode["plain"].tokens_per_s > 0:
+        speedup = by_mode["speculative"].tokens_per_s / by_mode["plain"].tokens_per_s
+    document = {
+        "models": {"target": info.target, "draft": info.draft, "drafter": info.drafter},
+        "device": info.device,
+        "dtype": info.dtype,
+        "parameters": {**asdict(info.config), "chat": info.chat},
+        "seed": info.config.seed,
+        "prompt": info.prompt,
+        "versions": {**library_versions(), **info.extra_versions},
+        "measured_speedup": speedup,
+        "sessions": sessions,
+    }
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+def export_paths(csv_path: str | os.PathLike) -> tuple[Path, Path, Path]:
+    """The round CSV, its metadata JSON and the per-token CSV, side by side."""
+    path = Path(csv_path)
+    stem = path.with_suffix("") if path.suffix.lower() == ".csv" else path
+    return path, stem.with_name(stem.name + ".meta.json"), stem.with_name(stem.name + ".tokens.csv")
+
+
+def export_sessions(csv_path: str | os.PathLike, info: RunInfo, records: list[SessionRecord],
+                    per_token: bool = False) -> list[Path]:
+    """Write the round CSV and its metadata (and the token CSV when asked); return the paths written."""
+    rounds_path, meta_path, tokens_path = export_paths(csv_path)
+    atomic_write_text(rounds_path, rounds_csv(records))
+    atomic_write_text(meta_path, metadata_json(info, records))
+    written = [rounds_path, meta_path]
+    if per_token:
+        atomic_write_text(tokens_path, tokens_csv(records))
+        written.append(tokens_path)
+    return written

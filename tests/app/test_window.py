@@ -1,0 +1,136 @@
+"""The window end to end with a tiny model pair: sessions, compare, stop, errors, closing."""
+
+from __future__ import annotations
+
+from engine.events import TokenEvent, TokenState
+
+TIMEOUT_MS = 60_000
+
+
+def _run(qtbot, window, button) -> None:
+    button.click()
+    qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
+
+
+def test_session_view_shows_the_kept_text_in_its_colours(qtbot, window, errors):
+    """After a run the view holds exactly the summary's text, and each token's colour matches its event."""
+    _run(qtbot, window, window.run_button)
+    assert errors == []
+    record = window.records[0]
+    view = window.speculative_view
+    assert record.summary is not None and record.summary.new_tokens > 0
+    view.show_rejected.setChecked(False)
+    assert view.shown_text() == view.kept_text() == record.summary.text
+    drawn = "".join(text for text, state in view.formats() if state is TokenState.ACCEPTED)
+    assert drawn == "".join(e.text for e in record.tokens if e.state is TokenState.ACCEPTED).replace("\n", "")
+    states = {e.state for e in record.tokens}
+    assert TokenState.ACCEPTED in states and (TokenState.RESAMPLED in states or TokenState.BONUS in states)
+
+
+def test_charts_match_the_session_statistics(qtbot, window):
+    """The charts' buffers give the summary's acceptance rate, per-position acceptance, rounds and tokens."""
+    _run(qtbot, window, window.run_button)
+    summary = window.records[0].summary
+    series = window.charts.speculative
+    assert series.size == summary.rounds
+    assert abs(series.cumulative_acceptance[-1] - summary.acceptance_rate) < 1e-12
+    assert series.column("accepted").sum() == summary.accepted
+    lengths, counts = series.kept_histogram()
+    assert counts.sum() == summary.rounds
+    assert (lengths * counts).sum() == summary.new_tokens
+    assert series.stats.accepted_by_position == summary.accepted_by_position
+    assert abs(series.tokens_per_s[-1] - summary.tokens_per_s) < 1e-9
+    assert window.charts.figures["rounds"].text() == str(summary.rounds)
+
+
+def test_compare_fills_both_views_and_marks_greedy_runs_identical(qtbot, window, errors):
+    """Compare runs speculative then plain; greedy outputs are equal and the window says so."""
+    _run(qtbot, window, window.compare_button)
+    assert errors == []
+    speculative, plain = window.records
+    assert (speculative.mode, plain.mode) == ("speculative", "plain")
+    assert all(e.state is TokenState.PLAIN for e in plain.tokens)
+    assert window.plain_view.kept_text() == plain.summary.text == speculative.summary.text
+    assert window.speculative_view.kept_text() == speculative.summary.text
+    assert window.charts.identical is True
+    assert "identical" in window.comparison.text()
+    assert window.charts.plain.size == plain.summary.rounds
+
+
+def test_stop_mid_run_keeps_the_text(qtbot, window):
+    """Stop ends the session within a round; what was generated stays in the view."""
+    window.decoding_panel.max_new_tokens.setValue(4000)
+    window.run_button.click()
+    qtbot.waitUntil(lambda: len(window.speculative_view.tokens) > 10, timeout=TIMEOUT_MS)
+    window.stop_button.click()
+    qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
+    summary = window.records[0].summary
+    assert summary.stop_reason == "cancelled"
+    assert 0 < summary.new_tokens < 4000
+    assert window.speculative_view.kept_text() == summary.text
+
+
+def test_bad_model_path_gives_a_dialog_and_the_window_still_works(qtbot, window, errors, tmp_path):
+    """A missing model folder is reported in a dialog; fixing it, the next run succeeds."""
+    good = window.model_panel.target.value
+    window.model_panel.target.set_value(str(tmp_path / "no-such-model"))
+    _run(qtbot, window, window.model_panel.load_button)
+    assert len(errors) == 1 and "no-such-model" in errors[0][1] and "does not exist" in errors[0][1]
+    window.model_panel.target.set_value(good)
+    _run(qtbot, window, window.run_button)
+    assert len(errors) == 1
+    assert window.records[0].summary.new_tokens > 0
+
+
+def test_mismatched_pair_refused_with_the_engine_message(qtbot, window, errors, tmp_path):
+    """A draft with another vocabulary is refused; the dialog carries the engine's explanation."""
+    from tiny import build_model, build_tokenizer
+
+    other = tmp_path / "other"
+    tokenizer = build_tokenizer(other, vocab_size=400)  # more tokens than the target knows
+    build_model(other, "gpt2", len(tokenizer), seed=3, layers=1)
+    window.model_panel.draft.set_value(str(other))
+    _run(qtbot, window, window.model_panel.load_button)
+    assert len(errors) == 1 and "do not share a vocabulary" in errors[0][1]
+
+
+def test_closing_during_a_run_leaves_no_thread_running(qtbot, window):
+    """Closing the window mid-session stops the session and ends the model thread."""
+    window.decoding_panel.max_new_tokens.setValue(4000)
+    window.run_button.click()
+    qtbot.waitUntil(lambda: len(window.speculative_view.tokens) > 5, timeout=TIMEOUT_MS)
+    window.close()
+    assert not window.host.thread_running
+
+
+def test_settings_persist_between_launches(qtbot, loop, window, settings):
+    """Parameters and models chosen in one launch are there in the next."""
+    from app.main_window import MainWindow
+
+    window.decoding_panel.k.setValue(7)
+    window.decoding_panel.temperature.setValue(0.7)
+    window.close()
+    again = MainWindow(settings=settings)
+    qtbot.addWidget(again)
+    assert again.decoding_panel.k.value() == 7
+    assert again.decoding_panel.temperature.value() == 0.7
+    assert again.model_panel.target.value == window.model_panel.target.value
+    assert again.model_panel.drafter.currentText() == "draft model"
+    again.close()
+
+
+def test_token_events_arrive_in_order_and_complete(qtbot, window):
+    """Batches lose nothing: token positions of kept tokens run 0..n-1 without gaps."""
+    window.decoding_panel.max_new_tokens.setValue(120)
+    _run(qtbot, window, window.run_button)
+    kept = [e.pos for e in window.records[0].tokens if isinstance(e, TokenEvent) and e.state.kept]
+    assert kept == list(range(window.records[0].summary.new_tokens))
+
+
+def test_about_lists_the_versions(qtbot, window):
+    """The About text names SpecDeck, torch, transformers, Qt and the device."""
+    from app.dialogs import about_text
+
+    text = about_text("cpu")
+    for name in ("SpecDeck", "torch", "transformers", "Qt", "device", "cpu"):
+        assert name in text
