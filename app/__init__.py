@@ -3,6 +3,4 @@
 PySide6 is imported here, before any module imports pyqtgraph, so that pyqtgraph binds to it.
 """
 
-from app import refcount_guard
-
-refcount_guard.install()
+import PySide6.QtCore  # noqa: F401

@@ -1,4 +1,5 @@
-"""Long sessions do not abort the interpreter through PySide6's emit() reference bug."""
+"""Long sessions do not abort the interpreter: PySide6 6.12.0's emit() drops a reference to True
+on every call (fatal on Python < 3.12), so pyproject.toml excludes that release."""
 
 from __future__ import annotations
 
