@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 
-from PySide6.QtCore import QEvent, Qt
+from PySide6.QtCore import QEvent
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QToolTip, QVBoxLayout, QWidget
 
@@ -123,6 +123,9 @@ class TokenView(QWidget):
                     self._insert(self._tail, TokenState.PLAIN)
 
     def _render(self, first: int) -> None:
+        """Append tokens[first:]; a view scrolled to its end follows the new text."""
+        bar = self.text.verticalScrollBar()
+        following = bar.value() >= bar.maximum() - 2
         show = self.show_rejected.isChecked()
         cursor = QTextCursor(self.text.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
@@ -142,6 +145,8 @@ class TokenView(QWidget):
         if run_text:
             self._write(cursor, "".join(run_text), run_state)
         cursor.endEditBlock()
+        if following:
+            bar.setValue(bar.maximum())
 
     def _write(self, cursor: QTextCursor, text: str, state: TokenState) -> None:
         cursor.insertText(text, _format(state))
