@@ -58,7 +58,7 @@ class ProgressBar:
         end = "\n" if label == "done" else ""
         if self.stream.isatty():
             self.stream.write("\r" + line[:120].ljust(120) + end)
-        elif label == "done" or label.startswith("warm-up") or done % 10 == 0:
+        else:  # a log file: one line per run
             self.stream.write(line + "\n")
         self.stream.flush()
 

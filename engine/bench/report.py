@@ -155,6 +155,26 @@ def sweep_rows(results: list[PromptResult], settings: BenchSettings) -> list[dic
     return rows
 
 
+ROUND_TIME_COLUMNS = ("method", "k", "rounds", "draft_ms", "verify_ms", "other_ms", "other_share")
+
+
+def round_time_rows(results: list[PromptResult], settings: BenchSettings) -> list[dict]:
+    """Mean milliseconds per round in each phase of SpecDeck's loop."""
+    rows = []
+    for method in settings.methods():
+        if method[0] not in ("plain", "speculative"):
+            continue
+        t = totals(results, method)
+        if not t.rounds:
+            continue
+        round_ms = t.decode_s * 1e3 / t.rounds
+        other = max(0.0, round_ms - (t.draft_ms + t.verify_ms) / t.rounds)
+        rows.append({"method": method[0], "k": method[1] or "", "rounds": t.rounds,
+                     "draft_ms": _num(t.draft_ms / t.rounds, 2), "verify_ms": _num(t.verify_ms / t.rounds, 2),
+                     "other_ms": _num(other, 2), "other_share": _num(other / round_ms if round_ms else None)})
+    return rows
+
+
 def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)
@@ -207,6 +227,10 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         "", "## All prompts", "", markdown_table(overview, SUMMARY_COLUMNS),
         "", "## Per category", "", markdown_table(summary, SUMMARY_COLUMNS),
         "", "## K sweep", "", markdown_table(sweep, SWEEP_COLUMNS),
+        "", "## Where a round's time goes (SpecDeck, all prompts)", "",
+        "draft: the drafter's proposal; verify: the target's forward, the acceptance test and the cache crop; "
+        "other: everything else in the loop (event building, detokenisation, stop checks).", "",
+        markdown_table(round_time_rows(results, settings), ROUND_TIME_COLUMNS),
         "", "## Greedy identity with plain decoding", "",
     ]
     if not settings.decode.greedy:
