@@ -193,7 +193,8 @@ def machine_description(device: torch.device) -> str:
                 break
     except OSError:
         pass
-    return f"{os.cpu_count()}-core {cpu}, no GPU used ({platform.system()} {platform.release()})"
+    load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
+    return f"{os.cpu_count()}-core {cpu}, no GPU used ({platform.system()} {platform.release()}{load})"
 
 
 def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
