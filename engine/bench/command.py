@@ -96,7 +96,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     context = {
         "command": "specdeck bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"]
         else "specdeck bench",
-        "target": pair.target.name, "drafter": pair.description.split(" + ", 1)[1].split(" on ")[0],
+        "target": pair.target.name, "drafter": f"draft {pair.draft.name}" if pair.drafter_kind == "draft-model" else "prompt lookup",
         "device": str(pair.target.device), "dtype": str(pair.target.dtype).removeprefix("torch."),
         "prompts": str(prompts_path),
     }
