@@ -1,0 +1,159 @@
+"""The timed methods a benchmark compares, each giving one `Run` per prompt.
+
+- `plain`, `speculative`: SpecDeck's own loop (`engine.decoding.generate`); prefill and decoding
+  are timed apart by the loop itself.
+- `hf`: Hugging Face `generate()`, greedy or sampling with the same settings.
+- `hf-assisted`: Hugging Face's own speculative decoding with the same drafter and a fixed K:
+  `assistant_model=` with `num_assistant_tokens_schedule="constant"` and
+  `assistant_confidence_threshold=0`, or `prompt_lookup_num_tokens=K`.
+
+Hugging Face does not time prefill apart, so its prefill is measured as a generate() of one new
+token, and its decoding rate is (new tokens - 1) / (total time - that prefill): the first token
+comes out of the prefill forward in both loops.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import DecodeConfig
+from engine.decoding import generate
+from engine.drafters import PromptLookupDrafter
+from engine.events import RoundEvent, SummaryEvent, TokenEvent
+from engine.kvcache import synchronize
+from engine.session import ModelPair
+
+SPECDECK_METHODS = ("plain", "speculative")
+HF_METHODS = ("hf", "hf-assisted")
+METHODS = SPECDECK_METHODS + HF_METHODS
+
+
+@dataclass
+class Run:
+    """One timed generation of one method on one prompt."""
+
+    method: str
+    k: int  # drafts per round; 0 for plain methods
+    token_ids: list[int]  # the kept new tokens
+    text: str
+    decode_tokens: int  # tokens the decode time covers
+    decode_s: float
+    prefill_ms: float
+    rounds: int  # target forwards after prefill
+    drafted: int = 0
+    accepted: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, speculative: bool) -> Run:
+    drafter = pair.make_drafter() if speculative else None
+    token_ids: list[int] = []
+    summary = None
+    draft_ms = verify_ms = 0.0
+    for event in generate(pair.target, prompt_ids, config, drafter):
+        if isinstance(event, TokenEvent) and event.state.kept:
+            token_ids.append(event.token_id)
+        elif isinstance(event, RoundEvent):
+            draft_ms += event.draft_ms
+            verify_ms += event.verify_ms
+        elif isinstance(event, SummaryEvent):
+            summary = event
+    return Run("speculative" if speculative else "plain", config.k if speculative else 0, token_ids,
+               summary.text, summary.new_tokens, summary.decode_s, summary.prefill_ms, summary.rounds,
+               summary.drafted, summary.accepted, draft_ms, verify_ms)
+
+
+class _ForwardCounter:
+    """Counts the target's forwards inside generate() and how many tokens each one scored."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.lengths: list[int] = []
+        self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            self.lengths.append(int(ids.shape[-1]))
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def _generation_config(pair: ModelPair, config: DecodeConfig, max_new_tokens: int, method: str):
+    from transformers import GenerationConfig
+
+    eos = sorted(pair.target.eos_ids)
+    options = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=eos or None,
+                   pad_token_id=eos[0] if eos else 0, do_sample=not config.greedy)
+    if not config.greedy:
+        options.update(temperature=config.temperature, top_k=config.top_k or None, top_p=config.top_p)
+    if method == "hf-assisted" and pair.drafter_kind == "prompt-lookup":
+        options.update(prompt_lookup_num_tokens=config.k, max_matching_ngram_size=PromptLookupDrafter().max_ngram)
+    return GenerationConfig(**options)
+
+
+def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str,
+                 max_new_tokens: int) -> tuple[list[int], float]:
+    """(new token ids, seconds) of one Hugging Face generate()."""
+    target = pair.target
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
+    kwargs = {}
+    if method == "hf-assisted" and pair.drafter_kind == "draft-model":
+        assistant = pair.draft.model
+        assistant.generation_config.num_assistant_tokens = config.k
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        assistant.generation_config.assistant_confidence_threshold = 0.0
+        kwargs["assistant_model"] = assistant
+    if not config.greedy:
+        torch.manual_seed(config.seed)
+    synchronize(target.device)
+    started = time.perf_counter()
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                generation_config=_generation_config(pair, config, max_new_tokens, method), **kwargs)
+    synchronize(target.device)
+    return out[0, len(prompt_ids):].tolist(), time.perf_counter() - started
+
+
+def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:
+    _, prefill_s = _hf_generate(pair, prompt_ids, config, method, max_new_tokens=1)
+    counter = _ForwardCounter(pair.target.model)
+    try:
+        token_ids, total_s = _hf_generate(pair, prompt_ids, config, method, config.max_new_tokens)
+    finally:
+        counter.close()
+    token_ids = _cut_at_eos(token_ids, pair.target.eos_ids)
+    rounds = len(counter.lengths)
+    drafted = 0
+    if method == "hf-assisted" and rounds:
+        # the first forward scores the prompt and its drafts, every later one the newest kept token and its drafts
+        drafted = counter.lengths[0] - len(prompt_ids) + sum(n - 1 for n in counter.lengths[1:])
+    accepted = max(0, len(token_ids) - rounds) if drafted else 0
+    text = pair.target.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return Run(method, config.k if method == "hf-assisted" else 0, token_ids, text,
+               max(0, len(token_ids) - 1), max(total_s - prefill_s, 1e-9), prefill_s * 1e3, rounds,
+               drafted, accepted)
+
+
+def _cut_at_eos(token_ids: list[int], eos: frozenset[int]) -> list[int]:
+    for i, token in enumerate(token_ids):
+        if token in eos:
+            return token_ids[: i + 1]
+    return token_ids
+
+
+def run_method(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:
+    if method in SPECDECK_METHODS:
+        return run_specdeck(pair, prompt_ids, config, speculative=method == "speculative")
+    return run_hf(pair, prompt_ids, config, method)

@@ -1,0 +1,75 @@
+"""PNG plots of a benchmark, drawn with matplotlib's Agg backend (no display, no Qt).
+
+- speedup per category, one bar per method, plain decoding at 1.0;
+- with several K: measured speedup and Leviathan et al. (2023)'s prediction against K, and the
+  acceptance rate against K.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.errors import SpecDeckError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise SpecDeckError("Plots need matplotlib: pip install matplotlib (or pass --no-plots).") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(row: dict) -> str:
+    return f"{row['method']} K={row['k']}" if row["k"] else row["method"]
+
+
+def plot_speedup_by_category(summary: list[dict], path: Path) -> None:
+    plt = _pyplot()
+    cats = list(dict.fromkeys(r["category"] for r in summary))
+    methods = list(dict.fromkeys(_label(r) for r in summary if r["method"] != "plain"))
+    width = 0.8 / max(len(methods), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(cats) + 2), 4.0), dpi=100)
+    for i, method in enumerate(methods):
+        values = [next((float(r["speedup_vs_plain"] or 0) for r in summary
+                        if _label(r) == method and r["category"] == c), 0.0) for c in cats]
+        ax.bar([x + (i - (len(methods) - 1) / 2) * width for x in range(len(cats))], values, width, label=method)
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--", label="plain decoding")
+    ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
+    ax.set_ylabel("speedup over SpecDeck plain (tokens/s)")
+    ax.set_title("Speedup per category")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_k_sweep(sweep: list[dict], path: Path) -> None:
+    plt = _pyplot()
+    ks = [int(r["k"]) for r in sweep]
+
+    def series(key: str) -> list[float]:
+        return [float(r[key]) if r[key] else float("nan") for r in sweep]
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.0), dpi=100)
+    left.plot(ks, series("speedup"), marker="o", label="measured")
+    left.plot(ks, series("predicted_speedup"), marker="s", linestyle="--", label="predicted (Leviathan et al.)")
+    if any(r["hf_assisted_speedup"] for r in sweep):
+        left.plot(ks, series("hf_assisted_speedup"), marker="^", linestyle=":", label="hf-assisted, measured")
+    left.axhline(1.0, color="grey", linewidth=1)
+    left.set_xlabel("K (drafts per round)")
+    left.set_ylabel("speedup over plain decoding")
+    left.legend(fontsize="small")
+    right.plot(ks, series("acceptance_rate"), marker="o", color="tab:green")
+    right.set_ylim(0, 1)
+    right.set_xlabel("K (drafts per round)")
+    right.set_ylabel("acceptance rate")
+    for ax in (left, right):
+        ax.set_xticks(ks)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

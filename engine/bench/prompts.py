@@ -1,0 +1,84 @@
+"""Benchmark prompt files, recognised from their fields.
+
+- Spec-Bench jsonl (Xia et al. 2024): `turns[0]` is the prompt, `category` its category; sent
+  through the chat template.
+- HumanEval jsonl (Chen et al. 2021): `prompt` is a function signature and docstring, completed raw
+  (no chat template), category `humaneval`.
+- Anything else: one prompt per non-empty line, category `text`, through the chat template.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import SpecDeckError
+from engine.resources import resource_path
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    name: str  # where it came from: question_id, task_id or line number
+    category: str
+    text: str
+    chat: bool  # False: raw completion, no chat template
+
+
+def sample_prompts() -> Path:
+    """The bundled Spec-Bench sample: a few prompts per category, so `bench` runs anywhere."""
+    return resource_path("bench", "spec_bench_sample.jsonl")
+
+
+def _from_record(record: dict, line_no: int) -> BenchPrompt:
+    if isinstance(record.get("turns"), list) and record["turns"]:
+        return BenchPrompt(str(record.get("question_id", line_no)), str(record.get("category", "spec-bench")),
+                           str(record["turns"][0]), chat=True)
+    if isinstance(record.get("prompt"), str):
+        return BenchPrompt(str(record.get("task_id", line_no)), "humaneval", record["prompt"], chat=False)
+    raise SpecDeckError(
+        f"Line {line_no} is a JSON record without `turns` (Spec-Bench) or `prompt` (HumanEval): "
+        f"it has {', '.join(sorted(record)) or 'no fields'}."
+    )
+
+
+def read_prompts(path: str | Path, categories: list[str] | None = None, limit: int | None = None) -> list[BenchPrompt]:
+    """The prompts of a file, in file order; with `limit`, at most that many per category."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise SpecDeckError(f"Cannot read the prompt file {path}: {error.strerror}.") from error
+    except UnicodeDecodeError as error:
+        raise SpecDeckError(f"The prompt file {path} is not UTF-8 text.") from error
+    prompts: list[BenchPrompt] = []
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise SpecDeckError(f"{path}, line {line_no}: not valid JSON ({error.msg}).") from error
+            prompts.append(_from_record(record, line_no))
+        else:
+            prompts.append(BenchPrompt(f"line {line_no}", "text", line.strip(), chat=True))
+    found = sorted({p.category for p in prompts})
+    if categories:
+        unknown = [c for c in categories if c not in found]
+        if unknown:
+            raise SpecDeckError(f"No prompts of category {', '.join(unknown)} in {path}: it has {', '.join(found)}.")
+        prompts = [p for p in prompts if p.category in categories]
+    if limit is not None:
+        if limit < 1:
+            raise SpecDeckError(f"--limit must be at least 1 (got {limit}).")
+        taken: dict[str, int] = {}
+        kept = []
+        for prompt in prompts:
+            taken[prompt.category] = taken.get(prompt.category, 0) + 1
+            if taken[prompt.category] <= limit:
+                kept.append(prompt)
+        prompts = kept
+    if not prompts:
+        raise SpecDeckError(f"{path} holds no prompts.")
+    return prompts

@@ -1,0 +1,245 @@
+"""Benchmark figures and files: per-prompt and per-category tables, the K sweep, report.md.
+
+Rates are totals, not means of rates: tokens/s of a category is its decoded tokens over its
+decode time, each prompt taking its median-time repeat. Speedups divide by plain decoding's
+rate on the same prompts. The predicted speedup is Leviathan et al. (2023)'s, from the measured
+acceptance rate, drafts per round and draft/target cost ratio (`engine.stats`).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.bench.runner import BenchSettings, PromptResult
+from engine.stats import predicted_speedup
+
+SUMMARY_COLUMNS = ("method", "k", "category", "prompts", "new_tokens", "tokens_per_s", "speedup_vs_plain",
+                   "acceptance_rate", "mean_accepted_length", "identical_to_plain", "prefill_ms",
+                   "predicted_speedup", "cost_ratio")
+PER_PROMPT_COLUMNS = ("method", "k", "category", "prompt", "prompt_tokens", "new_tokens", "decode_s", "tokens_per_s",
+                      "prefill_ms", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
+                      "identical_to_plain", "mismatch", "repeat_tokens_per_s")
+SWEEP_COLUMNS = ("k", "speedup", "predicted_speedup", "acceptance_rate", "mean_accepted_length", "cost_ratio",
+                 "hf_assisted_speedup", "vs_hf_assisted")
+
+
+@dataclass
+class Totals:
+    """Sums over the median runs of some prompts for one method."""
+
+    prompts: int = 0
+    new_tokens: int = 0
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+    prefill_ms: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    identical: bool = True
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def cost_ratio(self) -> float | None:
+        """Draft forward time over target forward time (SpecDeck runs: the loop times both)."""
+        if not self.drafted or not self.rounds or self.verify_ms <= 0:
+            return None
+        return (self.draft_ms / self.drafted) / (self.verify_ms / self.rounds)
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        if self.cost_ratio is None or self.acceptance_rate is None:
+            return None
+        return predicted_speedup(self.acceptance_rate, self.drafted / self.rounds, self.cost_ratio)
+
+
+def totals(results: list[PromptResult], method: tuple[str, int], category: str = "all") -> Totals:
+    t = Totals()
+    for result in results:
+        if category != "all" and result.prompt.category != category:
+            continue
+        run = result.median_run(method)
+        t.prompts += 1
+        t.new_tokens += run.new_tokens
+        t.decode_tokens += run.decode_tokens
+        t.decode_s += run.decode_s
+        t.prefill_ms += result.median_prefill_ms(method)
+        t.rounds += run.rounds
+        t.drafted += run.drafted
+        t.accepted += run.accepted
+        t.draft_ms += run.draft_ms
+        t.verify_ms += run.verify_ms
+        t.identical &= method not in result.mismatch
+    return t
+
+
+def categories(results: list[PromptResult]) -> list[str]:
+    seen = dict.fromkeys(r.prompt.category for r in results)
+    return list(seen) + ["all"]
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def summary_rows(results: list[PromptResult], settings: BenchSettings) -> list[dict]:
+    rows = []
+    for method in settings.methods():
+        for category in categories(results):
+            t = totals(results, method, category)
+            plain = totals(results, ("plain", 0), category).tokens_per_s
+            rows.append({
+                "method": method[0], "k": method[1] or "", "category": category, "prompts": t.prompts,
+                "new_tokens": t.new_tokens, "tokens_per_s": _num(t.tokens_per_s, 2),
+                "speedup_vs_plain": _num(t.tokens_per_s / plain if plain else None),
+                "acceptance_rate": _num(t.acceptance_rate), "mean_accepted_length": _num(t.mean_accepted_length),
+                "identical_to_plain": str(t.identical).lower() if settings.decode.greedy else "",
+                "prefill_ms": _num(t.prefill_ms / t.prompts if t.prompts else None, 1),
+                "predicted_speedup": _num(t.predicted_speedup), "cost_ratio": _num(t.cost_ratio, 4),
+            })
+    return rows
+
+
+def per_prompt_rows(results: list[PromptResult], settings: BenchSettings) -> list[dict]:
+    rows = []
+    for result in results:
+        for method in settings.methods():
+            run = result.median_run(method)
+            rows.append({
+                "method": method[0], "k": method[1] or "", "category": result.prompt.category,
+                "prompt": result.prompt.name, "prompt_tokens": result.prompt_tokens, "new_tokens": run.new_tokens,
+                "decode_s": f"{run.decode_s:.4f}", "tokens_per_s": _num(run.tokens_per_s, 2),
+                "prefill_ms": _num(result.median_prefill_ms(method), 1), "rounds": run.rounds,
+                "drafted": run.drafted, "accepted": run.accepted,
+                "acceptance_rate": _num(run.accepted / run.drafted if run.drafted else None),
+                "mean_accepted_length": _num(run.new_tokens / run.rounds if run.rounds else None),
+                "identical_to_plain": str(method not in result.mismatch).lower() if settings.decode.greedy else "",
+                "mismatch": result.mismatch.get(method, ""),
+                "repeat_tokens_per_s": " ".join(f"{r.tokens_per_s:.2f}" for r in result.runs[method]),
+            })
+    return rows
+
+
+def sweep_rows(results: list[PromptResult], settings: BenchSettings) -> list[dict]:
+    plain = totals(results, ("plain", 0)).tokens_per_s
+    rows = []
+    for k in settings.ks:
+        t = totals(results, ("speculative", k))
+        hf = totals(results, ("hf-assisted", k)).tokens_per_s if "hf-assisted" in settings.baselines else None
+        rows.append({
+            "k": k, "speedup": _num(t.tokens_per_s / plain if plain else None),
+            "predicted_speedup": _num(t.predicted_speedup), "acceptance_rate": _num(t.acceptance_rate),
+            "mean_accepted_length": _num(t.mean_accepted_length), "cost_ratio": _num(t.cost_ratio, 4),
+            "hf_assisted_speedup": _num(hf / plain if hf and plain else None),
+            "vs_hf_assisted": _num(t.tokens_per_s / hf if hf else None),
+        })
+    return rows
+
+
+ROUND_TIME_COLUMNS = ("method", "k", "rounds", "draft_ms", "verify_ms", "other_ms", "other_share")
+
+
+def round_time_rows(results: list[PromptResult], settings: BenchSettings) -> list[dict]:
+    """Mean milliseconds per round in each phase of SpecDeck's loop."""
+    rows = []
+    for method in settings.methods():
+        if method[0] not in ("plain", "speculative"):
+            continue
+        t = totals(results, method)
+        if not t.rounds:
+            continue
+        round_ms = t.decode_s * 1e3 / t.rounds
+        other = max(0.0, round_ms - (t.draft_ms + t.verify_ms) / t.rounds)
+        rows.append({"method": method[0], "k": method[1] or "", "rounds": t.rounds,
+                     "draft_ms": _num(t.draft_ms / t.rounds, 2), "verify_ms": _num(t.verify_ms / t.rounds, 2),
+                     "other_ms": _num(other, 2), "other_share": _num(other / round_ms if round_ms else None)})
+    return rows
+
+
+def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def machine_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
+    return f"{os.cpu_count()}-core {cpu}, no GPU used ({platform.system()} {platform.release()}{load})"
+
+
+def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_report(path: Path, results: list[PromptResult], settings: BenchSettings, context: dict[str, str],
+                 summary: list[dict], sweep: list[dict], plots: list[str]) -> None:
+    import transformers
+
+    device = torch.device(context["device"])
+    overview = [r for r in summary if r["category"] == "all"]
+    flagged = [(r.prompt, m, reason) for r in results for m, reason in r.mismatch.items()]
+    lines = [
+        "# SpecDeck benchmark", "",
+        f"Command: `{context['command']}`", "",
+        "## Machine and versions", "",
+        f"- machine: {machine_description(device)}",
+        f"- device {device}, dtype {context['dtype']}, torch threads {torch.get_num_threads()}",
+        f"- Python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}",
+        "", "## Settings", "",
+        f"- target {context['target']}, drafter {context['drafter']}",
+        f"- prompts: {len(results)} from {context['prompts']} ({', '.join(categories(results)[:-1])})",
+        f"- K {', '.join(map(str, settings.ks))}; temperature {settings.decode.temperature}; "
+        f"max new tokens {settings.decode.max_new_tokens}; repeats {settings.repeats} (median-time repeat kept)",
+        "- order: methods rotate by one place per prompt and repeat; one untimed warm-up per method",
+        "- SpecDeck times prefill and decoding apart; Hugging Face's prefill is a 1-new-token generate(), "
+        "and its rate is (new tokens - 1) / (total - prefill)",
+        "", "## All prompts", "", markdown_table(overview, SUMMARY_COLUMNS),
+        "", "## Per category", "", markdown_table(summary, SUMMARY_COLUMNS),
+        "", "## K sweep", "", markdown_table(sweep, SWEEP_COLUMNS),
+        "", "## Where a round's time goes (SpecDeck, all prompts)", "",
+        "draft: the drafter's proposal; verify: the target's forward, the acceptance test and the cache crop; "
+        "other: everything else in the loop (event building, detokenisation, stop checks).", "",
+        markdown_table(round_time_rows(results, settings), ROUND_TIME_COLUMNS),
+        "", "## Greedy identity with plain decoding", "",
+    ]
+    if not settings.decode.greedy:
+        lines.append("Not checked: sampling runs differ from plain decoding by design.")
+    elif not flagged:
+        lines.append("Every method produced exactly plain decoding's tokens on every prompt.")
+    else:
+        lines += [f"- {p.category} {p.name}, {m[0]}{f' K={m[1]}' if m[1] else ''}: {reason}" for p, m, reason in flagged]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in plots]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -1,0 +1,139 @@
+"""One benchmark run: every method on every prompt, in an order that alternates methods, so that
+machine noise (other processes, thermal limits) hits all of them alike.
+
+Per prompt and repeat the method list is rotated by one more place, so no method always runs
+first or right after another. Warm-up runs (one short generation per method) are left out of
+every figure. Greedy runs check that each method's tokens equal plain decoding's; a prompt where
+they do not is flagged with the reason (`explain_mismatch`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from engine.bench.methods import Run, run_method
+from engine.bench.prompts import BenchPrompt
+from engine.config import DecodeConfig
+from engine.errors import SpecDeckError
+from engine.models import encode_prompt
+from engine.session import ModelPair
+
+Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    ks: tuple[int, ...] = (4,)
+    baselines: tuple[str, ...] = ("plain", "hf", "hf-assisted")
+    repeats: int = 3
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.baselines if b not in ("plain", "hf", "hf-assisted")]
+        if unknown:
+            raise SpecDeckError(f"Unknown baseline {', '.join(unknown)}: choose from plain, hf, hf-assisted.")
+        if not self.ks or min(self.ks) < 1:
+            raise SpecDeckError("--k takes positive draft lengths, e.g. 4 or 1,2,3,4,6,8.")
+        if self.repeats < 1:
+            raise SpecDeckError(f"--repeats must be at least 1 (got {self.repeats}).")
+
+    def methods(self) -> list[tuple[str, int]]:
+        """(method, K) pairs in their base order; plain decoding always runs: speedups refer to it."""
+        methods = [("plain", 0)]
+        methods += [("speculative", k) for k in self.ks]
+        if "hf" in self.baselines:
+            methods.append(("hf", 0))
+        if "hf-assisted" in self.baselines:
+            methods += [("hf-assisted", k) for k in self.ks]
+        return methods
+
+
+@dataclass
+class PromptResult:
+    """Every method's runs on one prompt; identity with plain decoding is judged on the first run."""
+
+    prompt: BenchPrompt
+    prompt_tokens: int
+    runs: dict[tuple[str, int], list[Run]] = field(default_factory=dict)
+    mismatch: dict[tuple[str, int], str] = field(default_factory=dict)  # reason, for greedy runs that differ
+
+    def median_run(self, method: tuple[str, int]) -> Run:
+        """The run with the median decode time (figures of one real run, not a blend)."""
+        runs = sorted(self.runs[method], key=lambda r: r.decode_s)
+        return runs[(len(runs) - 1) // 2]
+
+    def median_prefill_ms(self, method: tuple[str, int]) -> float:
+        return statistics.median(r.prefill_ms for r in self.runs[method])
+
+
+def _config_for(settings: BenchSettings, method: tuple[str, int], max_new_tokens: int | None = None) -> DecodeConfig:
+    k = method[1] or settings.decode.k
+    return replace(settings.decode, k=k, schedule="constant", confidence_threshold=0.0,
+                   max_new_tokens=max_new_tokens or settings.decode.max_new_tokens)
+
+
+def run_bench(pair: ModelPair, prompts: list[BenchPrompt], settings: BenchSettings,
+              progress: Progress | None = None) -> list[PromptResult]:
+    if pair.drafter_kind is None:
+        raise SpecDeckError("The benchmark compares speculative decoding with plain decoding: it needs a drafter.")
+    methods = settings.methods()
+    encoded = [encode_prompt(pair.target.tokenizer, p.text, chat=p.chat) for p in prompts]
+    total = len(prompts) * settings.repeats * len(methods)
+    done = 0
+    for method in methods:  # warm-up: kernels, allocator and HF's generation setup, untimed
+        if progress:
+            progress(done, total, f"warm-up {_label(method)}")
+        run_method(pair, encoded[0], _config_for(settings, method, max_new_tokens=8), method[0])
+    results = []
+    for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded)):
+        result = PromptResult(prompt, len(prompt_ids))
+        for repeat in range(settings.repeats):
+            shift = (index + repeat) % len(methods)
+            for method in methods[shift:] + methods[:shift]:
+                if progress:
+                    progress(done, total, f"{prompt.category} {prompt.name}: {_label(method)}")
+                run = run_method(pair, prompt_ids, _config_for(settings, method), method[0])
+                result.runs.setdefault(method, []).append(run)
+                done += 1
+        if settings.decode.greedy:
+            plain = result.runs[("plain", 0)][0].token_ids
+            for method, runs in result.runs.items():
+                if runs[0].token_ids != plain:
+                    result.mismatch[method] = explain_mismatch(pair, prompt_ids, plain, runs[0].token_ids)
+        results.append(result)
+    if progress:
+        progress(done, total, "done")
+    return results
+
+
+def _label(method: tuple[str, int]) -> str:
+    return f"{method[0]} K={method[1]}" if method[1] else method[0]
+
+
+def explain_mismatch(pair: ModelPair, prompt_ids: list[int], plain: list[int], other: list[int]) -> str:
+    """Why a greedy method's tokens differ from plain decoding's, judged at the first difference.
+
+    Batched verification and one-token decoding add the same numbers in another order, so where
+    the target's top two logits are within rounding of each other either choice is the argmax
+    (common in float16/bfloat16, rare in float32). A clear gap means a real bug.
+    """
+    decode = pair.target.tokenizer.decode
+    at = next((i for i, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
+    if at == min(len(plain), len(other)):
+        shorter = "plain" if len(plain) < len(other) else "this method"
+        return f"{shorter} stopped after {at} tokens while the other went on (same tokens up to there)"
+    with torch.inference_mode():
+        ids = torch.tensor([prompt_ids + plain[:at]], device=pair.target.device)
+        logits = pair.target.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+    gap = float(logits[plain[at]] - logits[other[at]])
+    scale = float(logits.abs().max())
+    dtype = str(pair.target.dtype).removeprefix("torch.")
+    eps = torch.finfo(pair.target.dtype).eps
+    words = f"token {at}: plain chose {decode([plain[at]])!r}, this method {decode([other[at]])!r}"
+    if abs(gap) <= 32 * eps * max(scale, 1.0):
+        return f"near-tie at {words}; their logits differ by {gap:.2g}, within {dtype} rounding (not a bug)"
+    return f"{words}; their logits differ by {gap:.3g}, more than {dtype} rounding: a decoding bug"

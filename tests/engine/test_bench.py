@@ -1,0 +1,126 @@
+"""The benchmark harness on tiny models: the files it writes and the greedy identity check."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from engine.bench.command import run_and_write
+from engine.bench.prompts import read_prompts, sample_prompts
+from engine.bench.report import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
+from engine.bench.runner import BenchSettings
+from engine.cli import main
+from engine.config import DecodeConfig
+from engine.errors import SpecDeckError
+from engine.session import load_pair
+from tests.tiny import build_pair
+
+
+@pytest.fixture(scope="module")
+def bench_models(tmp_path_factory):
+    return build_pair(tmp_path_factory.mktemp("models"), "llama", noise=0.3)
+
+
+@pytest.fixture
+def two_prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    records = [
+        {"question_id": 1, "category": "summarization", "turns": ["The quick brown fox jumps over the lazy dog. The quick"]},
+        {"question_id": 2, "category": "qa", "turns": ["def add(a, b):\n    return a + b"]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def _read(path):
+    with path.open(encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _run(pair, prompts_path, out, ks=(2,), baselines=("plain", "hf", "hf-assisted")):
+    prompts = read_prompts(prompts_path)
+    settings = BenchSettings(ks=ks, baselines=baselines, repeats=1,
+                             decode=DecodeConfig(k=ks[0], max_new_tokens=12))
+    context = {"command": "test", "target": "tiny", "drafter": pair.drafter_kind, "device": "cpu",
+               "dtype": "float32", "prompts": str(prompts_path)}
+    run_and_write(pair, prompts, settings, out, context, plots=False)
+    return out
+
+
+def test_summary_has_a_row_per_method_and_category_and_all(bench_models, two_prompts, tmp_path):
+    """summary.csv: the promised columns, one row per method and category plus `all`."""
+    target, draft = bench_models
+    pair = load_pair(str(target), str(draft), "draft-model", device="cpu")
+    out = _run(pair, two_prompts, tmp_path / "out")
+    rows = _read(out / "summary.csv")
+    assert tuple(rows[0]) == SUMMARY_COLUMNS
+    methods = ["plain", "speculative", "hf", "hf-assisted"]
+    assert [(r["method"], r["category"]) for r in rows] == [
+        (m, c) for m in methods for c in ("summarization", "qa", "all")]
+    assert all(int(r["prompts"]) == (2 if r["category"] == "all" else 1) for r in rows)
+    per_prompt = _read(out / "per_prompt.csv")
+    assert tuple(per_prompt[0]) == PER_PROMPT_COLUMNS
+    assert len(per_prompt) == 2 * len(methods)
+
+
+def test_greedy_methods_are_identical_to_plain(bench_models, two_prompts, tmp_path):
+    """Greedy: SpecDeck speculative and both Hugging Face methods reproduce plain decoding's text."""
+    target, draft = bench_models
+    pair = load_pair(str(target), str(draft), "draft-model", device="cpu")
+    rows = _read(_run(pair, two_prompts, tmp_path / "out") / "per_prompt.csv")
+    assert all(r["identical_to_plain"] == "true" for r in rows), [r["mismatch"] for r in rows]
+    speculative = [r for r in rows if r["method"] == "speculative"]
+    assert sum(int(r["drafted"]) for r in speculative) > 0
+
+
+def test_k_sweep_gives_one_row_per_k(bench_models, two_prompts, tmp_path):
+    """A K sweep with prompt lookup writes one k_sweep.csv row per K and runs each K for both loops."""
+    target, _ = bench_models
+    pair = load_pair(str(target), None, "prompt-lookup", device="cpu")
+    out = _run(pair, two_prompts, tmp_path / "out", ks=(1, 2, 3))
+    sweep = _read(out / "k_sweep.csv")
+    assert tuple(sweep[0]) == SWEEP_COLUMNS
+    assert [int(r["k"]) for r in sweep] == [1, 2, 3]
+    summary = _read(out / "summary.csv")
+    assert sorted(int(r["k"]) for r in summary if r["method"] == "speculative" and r["category"] == "all") == [1, 2, 3]
+    assert all(r["identical_to_plain"] == "true" for r in summary)
+    assert "Machine and versions" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_bench_command_writes_plots(bench_models, two_prompts, tmp_path, capsys):
+    """`specdeck bench` end to end: exit status 0, the CSVs, the report and PNG plots."""
+    target, _ = bench_models
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out"
+    status = main(["bench", "--target", str(target), "--drafter", "prompt-lookup", "--prompts", str(two_prompts),
+                   "--k", "1,2", "--repeats", "1", "--max-new-tokens", "8", "--device", "cpu", "--out", str(out)])
+    assert status == 0
+    for name in ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md", "speedup_by_category.png", "k_sweep.png"):
+        assert (out / name).stat().st_size > 0
+    assert (out / "k_sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_prompt_files_are_recognised_from_their_fields(tmp_path):
+    """Spec-Bench takes turns[0] with its category, HumanEval is raw completion, text is one prompt per line."""
+    humaneval = tmp_path / "he.jsonl"
+    humaneval.write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n", encoding="utf-8")
+    [prompt] = read_prompts(humaneval)
+    assert (prompt.category, prompt.chat, prompt.text) == ("humaneval", False, "def f():\n")
+    text = tmp_path / "lines.txt"
+    text.write_text("first prompt\n\nsecond prompt\n", encoding="utf-8")
+    assert [p.text for p in read_prompts(text)] == ["first prompt", "second prompt"]
+    sample = read_prompts(sample_prompts(), categories=["rag", "summarization"], limit=2)
+    assert [p.category for p in sample].count("rag") == 2 and len(sample) == 4
+    assert sample[0].text and sample[0].chat
+
+
+def test_bad_prompt_files_get_a_clear_error(tmp_path):
+    """A record of neither format, or an unknown category, is refused with a message."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no turns"}\n', encoding="utf-8")
+    with pytest.raises(SpecDeckError, match="turns"):
+        read_prompts(bad)
+    with pytest.raises(SpecDeckError, match="category"):
+        read_prompts(sample_prompts(), categories=["poetry"])
