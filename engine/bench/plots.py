@@ -16,7 +16,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError as error:
-        raise SpecDeckError("Plots need matplotlib: pip install matplotlib (or pass --no-plots).") from error
+        raise SpecDeckError("Plots need matplotlib, which SpecDeck depends on: reinstall SpecDeck, or pass --no-plots.") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
