@@ -1,4 +1,5 @@
-"""The main window: settings panels on the left, token views and charts on the right.
+"""The main window: settings panels on the left; on the right, a Session tab (token views and
+charts) and a Benchmark tab (the `specdeck bench` harness on the loaded pair).
 
 Orchestration (load, run, compare) is written as coroutines on qasync's loop: each awaits the
 model thread's futures (`ModelHost`), so the GUI thread never runs model code and never blocks.
@@ -21,15 +22,17 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from app import dialogs
+from app.bench_tab import BenchmarkTab
 from app.charts import SessionCharts
 from app.panels import DecodingPanel, ModelPanel
 from app.token_view import Legend, TokenView
-from app.worker import LoadCancelled, LoadRequest, ModelHost, PairInfo, error_message
+from app.worker import BenchCancelled, LoadCancelled, LoadRequest, ModelHost, PairInfo, error_message
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent
 from engine.export import RunInfo, SessionRecord, export_sessions
@@ -44,6 +47,7 @@ class MainWindow(QMainWindow):
         self.host.setParent(self)
         self.host.events.connect(self._on_session_events)
         self.host.load_progress.connect(self._on_load_progress)
+        self.host.bench_progress.connect(self._on_bench_progress)
 
         self.model_panel = ModelPanel()
         self.model_panel.load_clicked.connect(self._on_load_clicked)
@@ -63,6 +67,9 @@ class MainWindow(QMainWindow):
         self.plain_view.show_rejected.hide()
         self.plain_view.hide()
         self.charts = SessionCharts()
+        self.bench_tab = BenchmarkTab()
+        self.bench_tab.run_button.clicked.connect(self._on_bench_clicked)
+        self.bench_tab.cancel_button.clicked.connect(self._on_bench_cancel_clicked)
         self._build_layout()
         self._build_menus()
 
@@ -73,6 +80,7 @@ class MainWindow(QMainWindow):
         self._progress: QProgressDialog | None = None
         self._stop_requested = False
         self._busy = False
+        self._benchmarking = False
         self._tasks: set[asyncio.Task] = set()
         self._update_buttons()
         self.resize(1440, 900)
@@ -113,9 +121,12 @@ class MainWindow(QMainWindow):
         self.right.addWidget(top)
         self.right.addWidget(self.charts)
         self.right.setSizes([430, 470])
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.right, "Session")
+        self.tabs.addTab(self.bench_tab, "Benchmark")
         self.main_splitter = QSplitter(Qt.Orientation.Horizontal)
         self.main_splitter.addWidget(scroll)
-        self.main_splitter.addWidget(self.right)
+        self.main_splitter.addWidget(self.tabs)
         self.main_splitter.setStretchFactor(1, 1)
         self.main_splitter.setSizes([400, 1040])
         self.setCentralWidget(self.main_splitter)
@@ -139,10 +150,12 @@ class MainWindow(QMainWindow):
         help_menu.addAction(about)
 
     def _update_buttons(self) -> None:
-        for button in (self.run_button, self.compare_button, self.model_panel.load_button):
+        for button in (self.run_button, self.compare_button, self.model_panel.load_button, self.bench_tab.run_button):
             button.setEnabled(not self._busy)
-        self.stop_button.setEnabled(self._busy)
+        self.stop_button.setEnabled(self._busy and not self._benchmarking)
         self.export_button.setEnabled(not self._busy and bool(self.records))
+        self.bench_tab.cancel_button.setEnabled(self._benchmarking)
+        self.bench_tab.export_button.setEnabled(not self._benchmarking and self.bench_tab.outcome is not None)
 
     # orchestration ----------------------------------------------------------------------------------
 
@@ -179,8 +192,7 @@ class MainWindow(QMainWindow):
             prompt = self.decoding_panel.prompt_text()
             if not prompt.strip():
                 raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
-            if self.host.pair is None or self._loaded_request != self.model_panel.request():
-                await self.load_models()
+            await self._ensure_loaded()
             pair = self.host.pair
             chat = self.decoding_panel.chat.isChecked()
             self.run_info = RunInfo(pair.target, pair.draft, pair.drafter, pair.device, pair.dtype, config, chat,
@@ -201,6 +213,41 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(self._describe(speculative))
         finally:
             self._busy = False
+            self._update_buttons()
+
+    async def _ensure_loaded(self) -> None:
+        """Load the pair the model panel names unless it is the resident one."""
+        if self.host.pair is None or self._loaded_request != self.model_panel.request():
+            await self.load_models()
+
+    async def run_benchmark(self) -> None:
+        """The benchmark tab's harness on the resident pair (loaded first if needed), in the model thread."""
+        self._busy = True
+        self._update_buttons()
+        try:
+            prompts = self.bench_tab.prompts()
+            settings = self.bench_tab.settings()
+            command = self.bench_tab.command_line(self.model_panel.request())
+            await self._ensure_loaded()
+            self._benchmarking = True
+            self._update_buttons()
+            self.bench_tab.start()
+            self.statusBar().showMessage(f"Benchmarking {len(prompts)} prompts…")
+            try:
+                outcome = await self.host.bench(prompts, settings, str(self.bench_tab.prompt_file), command)
+            except BenchCancelled as cancelled:
+                self.bench_tab.show_stopped(str(cancelled))
+                self.statusBar().showMessage(str(cancelled))
+                return
+            except SpecDeckError:
+                self.bench_tab.show_stopped("The benchmark failed.")
+                raise
+            self.bench_tab.show_outcome(outcome)
+            self.statusBar().showMessage("Benchmark done: " + ", ".join(
+                f"{r['method']}{' K=' + str(r['k']) if r['k'] else ''} {r['speedup_vs_plain']}x"
+                for r in outcome.summary if r["category"] == "all" and r["method"] != "plain"))
+        finally:
+            self._busy = self._benchmarking = False
             self._update_buttons()
 
     async def _session(self, view: TokenView, prompt, config, chat, plain: bool) -> SummaryEvent:
@@ -283,6 +330,15 @@ class MainWindow(QMainWindow):
     def _on_compare_clicked(self) -> None:
         self._spawn(self.run(compare=True), "The compare run failed")
 
+    def _on_bench_clicked(self) -> None:
+        self._spawn(self.run_benchmark(), "The benchmark failed")
+
+    def _on_bench_cancel_clicked(self) -> None:
+        self.host.cancel_bench()
+
+    def _on_bench_progress(self, done: int, total: int, label: str) -> None:
+        self.bench_tab.show_progress(done, total, label)
+
     def _on_stop_clicked(self) -> None:
         self._stop_requested = True
         self.host.stop()
@@ -328,6 +384,8 @@ class MainWindow(QMainWindow):
     def _restore_settings(self, settings: QSettings) -> None:
         self.model_panel.restore(settings)
         self.decoding_panel.restore(settings)
+        self.bench_tab.restore(settings)
+        self.tabs.setCurrentIndex(int(settings.value("window/tab", 0)))
         for key, widget in (("window/geometry", self), ("window/main_splitter", self.main_splitter),
                             ("window/right_splitter", self.right)):
             state = settings.value(key)
@@ -339,6 +397,8 @@ class MainWindow(QMainWindow):
             return
         self.model_panel.save(self.settings)
         self.decoding_panel.save(self.settings)
+        self.bench_tab.save(self.settings)
+        self.settings.setValue("window/tab", self.tabs.currentIndex())
         self.settings.setValue("window/geometry", self.saveGeometry())
         self.settings.setValue("window/main_splitter", self.main_splitter.saveState())
         self.settings.setValue("window/right_splitter", self.right.saveState())

@@ -3,7 +3,8 @@
 Threads: `ModelWorker` lives in the model thread (moveToThread) and is the only code that touches
 torch. `ModelHost` lives in the GUI thread; it sends requests to the worker through queued signals
 and re-emits the worker's reports only for the current load or session, so a stopped or superseded
-session's late events never reach the views.
+session's late events never reach the views. A benchmark (`engine.bench`) runs there too, on the
+resident pair, like a long session: progress comes back as it goes, its files come back at the end.
 
 Events cross in batches: the worker collects a session's events and emits one tuple at most every
 `BATCH_INTERVAL_S` (and at the end), so the GUI thread handles ~40 signals a second however fast
@@ -13,14 +14,19 @@ tokens come, and every event arrives exactly once, in order.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from engine.bench.command import report_context, run_and_write
+from engine.bench.prompts import BenchPrompt
+from engine.bench.runner import BenchSettings
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent
@@ -31,6 +37,10 @@ BATCH_INTERVAL_S = 0.025
 
 class LoadCancelled(Exception):
     """The user cancelled loading; raised from the progress callback at the next stage."""
+
+
+class BenchCancelled(Exception):
+    """The user cancelled a benchmark; raised from the harness's progress callback before its next run."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,24 @@ class SessionRequest:
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
+@dataclass(frozen=True)
+class BenchRequest:
+    prompts: tuple[BenchPrompt, ...]
+    settings: BenchSettings
+    source: str  # the prompt file, as the report names it
+    command: str  # the `specdeck bench` command line that reproduces the run
+    bench_id: int = 0
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    """A finished benchmark: summary.csv's rows, and every file `specdeck bench` writes, by name."""
+
+    summary: list[dict]
+    files: dict[str, bytes]
+
+
 def describe(pair: ModelPair) -> PairInfo:
     return PairInfo(pair.description, pair.target.name, pair.draft.name if pair.draft else None,
                     pair.drafter_kind, str(pair.target.device), str(pair.target.dtype).removeprefix("torch."))
@@ -88,6 +116,9 @@ class ModelWorker(QObject):
     load_failed = Signal(int, str, bool)  # load id, message, cancelled
     events = Signal(int, tuple)  # session id, events in order
     session_failed = Signal(int, str)  # session id, message
+    bench_progress = Signal(int, int, int, str)  # bench id, runs done, runs in all, what runs now
+    bench_finished = Signal(int, object)  # bench id, BenchOutcome
+    bench_failed = Signal(int, str, bool)  # bench id, message, cancelled
 
     def __init__(self, session_fn: Callable = run_session, load_fn: Callable = load_pair) -> None:
         super().__init__()
@@ -141,6 +172,35 @@ class ModelWorker(QObject):
         if batch:
             self.events.emit(request.session_id, tuple(batch))
 
+    @Slot(object)
+    def bench(self, request: BenchRequest) -> None:
+        """Run the benchmark harness and write its files into a temporary folder, then send them back.
+
+        The harness reports progress once before each timed generation, so its signals are as rare
+        as generations; the cancel check there stops it before the next one."""
+        if self._pair is None:
+            self.bench_failed.emit(request.bench_id, "No models are loaded: press Load first.", False)
+            return
+
+        def progress(done: int, total: int, label: str) -> None:
+            if request.cancel.is_set():
+                raise BenchCancelled
+            self.bench_progress.emit(request.bench_id, done, total, label)
+
+        try:
+            context = report_context(self._pair, request.source, request.command)
+            with tempfile.TemporaryDirectory(prefix="specdeck-bench-") as folder:
+                summary = run_and_write(self._pair, list(request.prompts), request.settings, Path(folder), context,
+                                        progress=progress)
+                files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir())}
+        except BenchCancelled:
+            self.bench_failed.emit(request.bench_id, "The benchmark was cancelled.", True)
+            return
+        except BaseException as error:  # noqa: BLE001
+            self.bench_failed.emit(request.bench_id, error_message(error), False)
+            return
+        self.bench_finished.emit(request.bench_id, BenchOutcome(summary, files))
+
 
 class ModelHost(QObject):
     """Lives in the GUI thread: starts the model thread, sends it requests, filters its reports.
@@ -153,8 +213,10 @@ class ModelHost(QObject):
     events = Signal(int, tuple)  # session id, batch: only the current session's
     session_finished = Signal(int, object)  # session id, SummaryEvent
     session_failed = Signal(int, str)
+    bench_progress = Signal(int, int, str)  # runs done, runs in all, what runs now: the current benchmark's
     _request_load = Signal(object)
     _request_run = Signal(object)
+    _request_bench = Signal(object)
 
     def __init__(self, parent: QObject | None = None, session_fn: Callable = run_session,
                  load_fn: Callable = load_pair) -> None:
@@ -166,16 +228,22 @@ class ModelHost(QObject):
         self._thread.finished.connect(self._worker.deleteLater)
         self._request_load.connect(self._worker.load)
         self._request_run.connect(self._worker.run)
+        self._request_bench.connect(self._worker.bench)
         self._worker.load_progress.connect(self._on_load_progress)
         self._worker.loaded.connect(self._on_loaded)
         self._worker.load_failed.connect(self._on_load_failed)
         self._worker.events.connect(self._on_events)
         self._worker.session_failed.connect(self._on_session_failed)
+        self._worker.bench_progress.connect(self._on_bench_progress)
+        self._worker.bench_finished.connect(self._on_bench_finished)
+        self._worker.bench_failed.connect(self._on_bench_failed)
         self._thread.start()
         self._load: LoadRequest | None = None
         self._load_future: asyncio.Future | None = None
         self._session: SessionRequest | None = None
         self._session_future: asyncio.Future | None = None
+        self._bench: BenchRequest | None = None
+        self._bench_future: asyncio.Future | None = None
         self._next_id = 0
         self.pair: PairInfo | None = None
 
@@ -214,19 +282,38 @@ class ModelHost(QObject):
         if self._session is not None:
             self._session.cancel.set()
 
+    def bench(self, prompts: list[BenchPrompt], settings: BenchSettings, source: str, command: str) -> asyncio.Future:
+        """Benchmark the resident pair in the model thread; the future gives a `BenchOutcome`, or raises
+        SpecDeckError if the harness failed, or BenchCancelled."""
+        self.cancel_bench()
+        self._next_id += 1
+        self._bench = BenchRequest(tuple(prompts), settings, source, command, self._next_id)
+        self._bench_future = asyncio.get_event_loop().create_future()
+        self._request_bench.emit(self._bench)
+        return self._bench_future
+
+    def cancel_bench(self) -> None:
+        """Stop waiting for the current benchmark; the model thread drops it before its next generation,
+        and anything sent to the model thread after this runs once that generation is over."""
+        if self._bench is not None:
+            self._bench.cancel.set()
+            self._resolve(self._bench_future, error=BenchCancelled("The benchmark was cancelled."))
+            self._bench = None
+
     @property
     def busy(self) -> bool:
-        return self._session is not None or self._load is not None
+        return self._session is not None or self._load is not None or self._bench is not None
 
     def shutdown(self) -> None:
         """Stop whatever runs, end the model thread and wait for it (window closing)."""
         self.stop()
-        if self._load is not None:
-            self._load.cancel.set()
-        for future in (self._load_future, self._session_future):
+        for request in (self._load, self._bench):
+            if request is not None:
+                request.cancel.set()
+        for future in (self._load_future, self._session_future, self._bench_future):
             if future is not None and not future.done():
                 future.cancel()
-        self._session = self._load = None
+        self._session = self._load = self._bench = None
         self._thread.quit()
         self._thread.wait()
 
@@ -280,3 +367,20 @@ class ModelHost(QObject):
         self._session = None
         self.session_failed.emit(session_id, message)
         self._resolve(self._session_future, error=SpecDeckError(message))
+
+    @Slot(int, int, int, str)
+    def _on_bench_progress(self, bench_id: int, done: int, total: int, label: str) -> None:
+        if self._bench is not None and bench_id == self._bench.bench_id:
+            self.bench_progress.emit(done, total, label)
+
+    @Slot(int, object)
+    def _on_bench_finished(self, bench_id: int, outcome: BenchOutcome) -> None:
+        if self._bench is not None and bench_id == self._bench.bench_id:
+            self._bench = None
+            self._resolve(self._bench_future, outcome)
+
+    @Slot(int, str, bool)
+    def _on_bench_failed(self, bench_id: int, message: str, cancelled: bool) -> None:
+        if self._bench is not None and bench_id == self._bench.bench_id:
+            self._bench = None
+            self._resolve(self._bench_future, error=BenchCancelled(message) if cancelled else SpecDeckError(message))

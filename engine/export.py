@@ -74,6 +74,11 @@ def library_versions() -> dict[str, str]:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` all at once, or raise SpecDeckError and leave `path` as it was."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` all at once, or raise SpecDeckError and leave `path` as it was."""
     target = Path(path)
     try:
         descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -83,8 +88,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it private; give it a normal file's mode
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
         os.replace(temporary, target)
     except OSError as error:
         Path(temporary).unlink(missing_ok=True)

@@ -93,13 +93,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     progress = lambda stage: print(f"[{stage}]", file=sys.stderr, flush=True)  # noqa: E731
     pair = load_pair(args.target, args.draft, args.drafter, args.device, args.dtype, args.trust_remote_code,
                      progress=progress)
-    context = {
-        "command": "specdeck bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"]
-        else "specdeck bench",
-        "target": pair.target.name, "drafter": f"draft {pair.draft.name}" if pair.drafter_kind == "draft-model" else "prompt lookup",
-        "device": str(pair.target.device), "dtype": str(pair.target.dtype).removeprefix("torch."),
-        "prompts": str(prompts_path),
-    }
+    command = ("specdeck bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"]
+               else "specdeck bench")
+    context = report_context(pair, prompts_path, command)
     summary = run_and_write(pair, prompts, settings, out, context, plots=not args.no_plots, progress=ProgressBar())
     overview = [r for r in summary if r["category"] == "all"]
     from engine.bench.report import markdown_table
@@ -108,6 +104,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                     "acceptance_rate", "mean_accepted_length", "identical_to_plain")))
     print(f"\nWrote {out}/summary.csv, per_prompt.csv, k_sweep.csv, report.md and plots.")
     return 0
+
+
+def report_context(pair, prompts_path: str | Path, command: str) -> dict[str, str]:
+    """What report.md says produced the figures: the command, the models, the device and the prompts."""
+    return {
+        "command": command, "target": pair.target.name,
+        "drafter": f"draft {pair.draft.name}" if pair.drafter_kind == "draft-model" else "prompt lookup",
+        "device": str(pair.target.device), "dtype": str(pair.target.dtype).removeprefix("torch."),
+        "prompts": str(prompts_path),
+    }
 
 
 def run_and_write(pair, prompts, settings, out: Path, context: dict[str, str], plots: bool = True,

@@ -1,0 +1,317 @@
+"""The Benchmark tab: the `specdeck bench` harness on the loaded pair, from the window.
+
+The tab holds the options (prompt file, categories, K or a K sweep, baselines, lengths), a progress
+bar, the summary table (summary.csv's columns) and the plots the harness draws. It never runs the
+harness itself: the window sends it to the model thread and hands the tab progress and the
+outcome. Export writes the files the harness wrote (CSVs, report.md, plots) into a chosen folder.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QBrush, QColor, QFont, QPixmap
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import dialogs
+from app.panels import _double, _spin
+from app.worker import BenchOutcome, LoadRequest
+from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
+from engine.bench.report import SUMMARY_COLUMNS
+from engine.bench.runner import BenchSettings
+from engine.config import DecodeConfig
+from engine.errors import SpecDeckError
+from engine.export import atomic_write_bytes
+
+BASELINES = ("plain", "hf", "hf-assisted")
+SAMPLE_LABEL = "bundled Spec-Bench sample"
+IDENTICAL_COLOURS = {"true": "#1b8a2f", "false": "#c62828"}
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    """'4' or a sweep '1,2,4' as draft lengths, in the order given, without repeats."""
+    try:
+        ks = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as error:
+        raise SpecDeckError(f"K takes whole numbers, e.g. 4 or a sweep 1,2,4 (got {text!r}).") from error
+    if not ks or min(ks) < 1:
+        raise SpecDeckError(f"K takes positive draft lengths, e.g. 4 or a sweep 1,2,4 (got {text!r}).")
+    return tuple(dict.fromkeys(ks))
+
+
+class BenchmarkTab(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.prompts_path: Path | None = None  # None: the bundled sample
+        self.outcome: BenchOutcome | None = None
+        self.source = QLineEdit(SAMPLE_LABEL)
+        self.source.setReadOnly(True)
+        self.browse_button = QPushButton("Browse…")
+        self.browse_button.setToolTip("Spec-Bench jsonl, HumanEval jsonl, or one prompt per line")
+        self.sample_button = QPushButton("Sample")
+        self.sample_button.setToolTip("The bundled Spec-Bench sample: a few prompts per category")
+        self.browse_button.clicked.connect(self._on_browse_clicked)
+        self.sample_button.clicked.connect(self._on_sample_clicked)
+        self.categories = QLineEdit()
+        self.categories.setToolTip("Comma-separated categories to keep; empty keeps all")
+        self.limit = _spin(0, 100000, 0)
+        self.limit.setSpecialValueText("all")
+        self.ks = QLineEdit("4")
+        self.ks.setToolTip("Draft tokens per round, or a sweep: 1,2,4")
+        self.baselines = {name: QCheckBox(name) for name in BASELINES}
+        for box in self.baselines.values():
+            box.setChecked(True)
+        self.baselines["plain"].setEnabled(False)  # the harness always runs it: speedups refer to it
+        self.baselines["plain"].setToolTip("SpecDeck's plain decoding always runs: speedups refer to it")
+        self.temperature = _double(0.0, 5.0, 0.0, 0.1)
+        self.temperature.setSpecialValueText("0 (greedy)")
+        self.max_new_tokens = _spin(1, 8192, 128)
+        self.repeats = _spin(1, 100, 3)
+        self.repeats.setToolTip("Timed runs per prompt and method; the median-time run is kept")
+        self.run_button = QPushButton("Run benchmark")
+        self.cancel_button = QPushButton("Cancel")
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip("Write summary.csv, per_prompt.csv, k_sweep.csv, report.md and the plots")
+        self.export_button.clicked.connect(self._on_export_clicked)
+        self.progress = QProgressBar()
+        self.progress.setFormat("%v/%m runs")
+        self.progress.setValue(0)
+        self.stage = QLabel("Load a model pair, choose prompts, then Run benchmark.")
+        self.stage.setWordWrap(True)
+        self.table = QTableWidget(0, len(SUMMARY_COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(SUMMARY_COLUMNS))
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().hide()
+        self.plots = QWidget()
+        self.plot_labels: list[QLabel] = []
+        self._build_layout()
+        self._on_source_changed()
+
+    def _build_layout(self) -> None:
+        options = QGroupBox("Benchmark")
+        form = QFormLayout(options)
+        source_row = QHBoxLayout()
+        source_row.addWidget(self.source, 1)
+        source_row.addWidget(self.browse_button)
+        source_row.addWidget(self.sample_button)
+        form.addRow("Prompts", source_row)
+        form.addRow("Categories", self.categories)
+        form.addRow("Limit per category", self.limit)
+        form.addRow("K", self.ks)
+        baseline_row = QHBoxLayout()
+        for box in self.baselines.values():
+            baseline_row.addWidget(box)
+        form.addRow("Baselines", baseline_row)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Max new tokens", self.max_new_tokens)
+        form.addRow("Repeats", self.repeats)
+        buttons = QHBoxLayout()
+        for button in (self.run_button, self.cancel_button, self.export_button):
+            buttons.addWidget(button)
+        form.addRow(buttons)
+        form.addRow(self.progress)
+        form.addRow(self.stage)
+        options.setMaximumWidth(520)
+
+        QVBoxLayout(self.plots)
+        plot_scroll = QScrollArea()
+        plot_scroll.setWidget(self.plots)
+        plot_scroll.setWidgetResizable(True)
+        results = QSplitter(Qt.Orientation.Vertical)
+        results.addWidget(self.table)
+        results.addWidget(plot_scroll)
+        results.setSizes([300, 500])
+        layout = QHBoxLayout(self)
+        layout.addWidget(options, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addWidget(results, 1)
+
+    # what to run ------------------------------------------------------------------------------------
+
+    @property
+    def prompt_file(self) -> Path:
+        return self.prompts_path or sample_prompts()
+
+    def prompts(self) -> list[BenchPrompt]:
+        """The chosen prompts; raises SpecDeckError if the file, categories or limit are wrong."""
+        categories = [c.strip() for c in self.categories.text().split(",") if c.strip()] or None
+        return read_prompts(self.prompt_file, categories, self.limit.value() or None)
+
+    def settings(self) -> BenchSettings:
+        ks = parse_ks(self.ks.text())
+        return BenchSettings(
+            ks=ks, baselines=tuple(name for name, box in self.baselines.items() if box.isChecked()),
+            repeats=self.repeats.value(),
+            decode=DecodeConfig(k=ks[0], temperature=self.temperature.value(),
+                                max_new_tokens=self.max_new_tokens.value()),
+        )
+
+    def command_line(self, models: LoadRequest) -> str:
+        """The `specdeck bench` command that runs the same benchmark from a terminal."""
+        parts = ["specdeck", "bench"]
+        for flag, value in (("--target", models.target), ("--drafter", models.drafter), ("--draft", models.draft)):
+            if value:
+                parts += [flag, value]
+        for flag, value, default in (("--device", models.device, "auto"), ("--dtype", models.dtype, "auto")):
+            if value != default:
+                parts += [flag, value]
+        if models.trust_remote_code:
+            parts.append("--trust-remote-code")
+        if self.prompts_path:
+            parts += ["--prompts", str(self.prompts_path)]
+        if self.categories.text().strip():
+            parts += ["--categories", ",".join(c.strip() for c in self.categories.text().split(",") if c.strip())]
+        if self.limit.value():
+            parts += ["--limit", str(self.limit.value())]
+        settings = self.settings()
+        parts += ["--k", ",".join(map(str, settings.ks)), "--temperature", f"{settings.decode.temperature:g}",
+                  "--max-new-tokens", str(settings.decode.max_new_tokens), "--repeats", str(settings.repeats),
+                  "--baselines", ",".join(settings.baselines), "--out", "."]
+        return " ".join(shlex.quote(part) for part in parts)
+
+    # progress and results ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.outcome = None
+        self.table.setRowCount(0)
+        self._show_plots({})
+        self.progress.setRange(0, 0)  # busy until the harness counts its runs
+        self.stage.setText("Starting…")
+
+    def show_progress(self, done: int, total: int, label: str) -> None:
+        self.progress.setRange(0, total)
+        self.progress.setValue(done)
+        self.stage.setText("Writing the tables and plots…" if label == "done" else label)
+
+    def show_outcome(self, outcome: BenchOutcome) -> None:
+        self.outcome = outcome
+        self.stage.setText(f"Done: {len(outcome.summary)} summary rows. Export… writes the CSVs, report and plots.")
+        self.table.setRowCount(len(outcome.summary))
+        bold = QFont()
+        bold.setBold(True)
+        for row, values in enumerate(outcome.summary):
+            for column, name in enumerate(SUMMARY_COLUMNS):
+                item = QTableWidgetItem(str(values[name]))
+                if name == "identical_to_plain" and values[name] in IDENTICAL_COLOURS:
+                    item.setForeground(QBrush(QColor(IDENTICAL_COLOURS[values[name]])))
+                if values["category"] == "all":
+                    item.setFont(bold)
+                self.table.setItem(row, column, item)
+        self.table.resizeColumnsToContents()
+        self._show_plots({name: data for name, data in outcome.files.items() if name.endswith(".png")})
+
+    def show_stopped(self, message: str) -> None:
+        self.progress.setRange(0, max(self.progress.maximum(), 1))
+        self.stage.setText(message)
+
+    def _show_plots(self, images: dict[str, bytes]) -> None:
+        layout = self.plots.layout()
+        for label in self.plot_labels:
+            layout.removeWidget(label)
+            label.deleteLater()
+        self.plot_labels = []
+        for name, data in images.items():
+            pixmap = QPixmap()
+            pixmap.loadFromData(data, "PNG")
+            label = QLabel()
+            label.setPixmap(pixmap)
+            label.setToolTip(name)
+            layout.addWidget(label)
+            self.plot_labels.append(label)
+
+    def export(self, folder: str | Path) -> list[Path]:
+        """Write the last benchmark's files into `folder` (each atomically); raises SpecDeckError."""
+        if self.outcome is None:
+            raise SpecDeckError("Nothing to export yet: run a benchmark first.")
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise SpecDeckError(f"Cannot write into {folder}: it is not a folder.")
+        written = []
+        for name, data in self.outcome.files.items():
+            atomic_write_bytes(folder / name, data)
+            written.append(folder / name)
+        return written
+
+    # slots ------------------------------------------------------------------------------------------
+
+    def _on_browse_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose benchmark prompts", "",
+                                              "Prompt files (*.jsonl *.txt);;All files (*)")
+        if path:
+            self._set_prompts_path(Path(path))
+
+    def _on_sample_clicked(self) -> None:
+        self._set_prompts_path(None)
+
+    def _set_prompts_path(self, path: Path | None) -> None:
+        previous = self.prompts_path
+        self.prompts_path = path
+        if not self._on_source_changed():
+            self.prompts_path = previous
+            self._on_source_changed()
+
+    def _on_source_changed(self) -> bool:
+        """Show the chosen file and its categories; a file that cannot be read gets a dialog."""
+        self.source.setText(str(self.prompts_path) if self.prompts_path else SAMPLE_LABEL)
+        try:
+            found = read_prompts(self.prompt_file)
+        except SpecDeckError as error:
+            dialogs.show_error(self, "Cannot use these prompts", str(error))
+            return False
+        categories = list(dict.fromkeys(p.category for p in found))
+        self.categories.setPlaceholderText("all: " + ", ".join(categories))
+        self.source.setToolTip(f"{len(found)} prompts in {len(categories)} categories")
+        return True
+
+    def _on_export_clicked(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Export the benchmark into a folder")
+        if not folder:
+            return
+        try:
+            written = self.export(folder)
+        except SpecDeckError as error:
+            dialogs.show_error(self, "Export failed", f"{error}\nThe benchmark's results are kept: try another folder.")
+            return
+        self.stage.setText("Wrote " + ", ".join(p.name for p in written))
+
+    # settings ---------------------------------------------------------------------------------------
+
+    def save(self, settings: QSettings) -> None:
+        settings.setValue("bench/prompts", str(self.prompts_path) if self.prompts_path else "")
+        settings.setValue("bench/categories", self.categories.text())
+        settings.setValue("bench/ks", self.ks.text())
+        settings.setValue("bench/baselines", ",".join(n for n, box in self.baselines.items() if box.isChecked()))
+        for name in ("limit", "max_new_tokens", "repeats"):
+            settings.setValue(f"bench/{name}", getattr(self, name).value())
+        settings.setValue("bench/temperature", self.temperature.value())
+
+    def restore(self, settings: QSettings) -> None:
+        path = str(settings.value("bench/prompts", ""))
+        self._set_prompts_path(Path(path) if path and Path(path).is_file() else None)
+        self.categories.setText(str(settings.value("bench/categories", "")))
+        self.ks.setText(str(settings.value("bench/ks", self.ks.text())))
+        chosen = str(settings.value("bench/baselines", ",".join(BASELINES))).split(",")
+        for name, box in self.baselines.items():
+            box.setChecked(name in chosen or not box.isEnabled())
+        for name in ("limit", "max_new_tokens", "repeats"):
+            widget = getattr(self, name)
+            widget.setValue(int(settings.value(f"bench/{name}", widget.value())))
+        self.temperature.setValue(float(settings.value("bench/temperature", self.temperature.value())))

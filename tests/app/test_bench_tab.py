@@ -1,0 +1,114 @@
+"""The Benchmark tab with a tiny model pair: the summary table, progress, cancel, export, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from engine.bench.report import SUMMARY_COLUMNS
+
+TIMEOUT_MS = 60_000
+
+
+@pytest.fixture
+def two_prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    records = [
+        {"question_id": 1, "category": "summarization", "turns": ["The quick brown fox jumps over the lazy dog. The quick"]},
+        {"question_id": 2, "category": "qa", "turns": ["def add(a, b):\n    return a + b"]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def bench(window, two_prompts, monkeypatch):
+    """The window's Benchmark tab, on the two-prompt file chosen with Browse..., short runs."""
+    tab = window.bench_tab
+    window.tabs.setCurrentWidget(tab)
+    monkeypatch.setattr("app.bench_tab.QFileDialog.getOpenFileName", lambda *a, **k: (str(two_prompts), ""))
+    tab.browse_button.click()
+    tab.ks.setText("2")
+    tab.max_new_tokens.setValue(10)
+    tab.repeats.setValue(1)
+    return tab
+
+
+def _table(tab) -> list[dict]:
+    header = [tab.table.horizontalHeaderItem(c).text() for c in range(tab.table.columnCount())]
+    return [{name: tab.table.item(r, c).text() for c, name in enumerate(header)} for r in range(tab.table.rowCount())]
+
+
+def _run(qtbot, window) -> None:
+    window.bench_tab.run_button.click()
+    qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
+
+
+def test_table_has_a_row_per_method_and_category_and_greedy_runs_are_identical(qtbot, window, bench, errors):
+    """One row per method and category plus `all`; greedy methods match plain; the bar ends full."""
+    _run(qtbot, window)
+    assert errors == []
+    rows = _table(bench)
+    assert tuple(rows[0]) == SUMMARY_COLUMNS
+    methods = ["plain", "speculative", "hf", "hf-assisted"]
+    assert [(r["method"], r["category"]) for r in rows] == [(m, c) for m in methods for c in ("summarization", "qa", "all")]
+    assert all(r["identical_to_plain"] == "true" for r in rows)
+    assert all(int(r["prompts"]) == (2 if r["category"] == "all" else 1) for r in rows)
+    assert bench.progress.maximum() == 2 * len(methods) and bench.progress.value() == bench.progress.maximum()
+    assert [label.toolTip() for label in bench.plot_labels] == ["speedup_by_category.png"]
+    assert not bench.plot_labels[0].pixmap().isNull()
+    assert bench.export_button.isEnabled()
+
+
+def test_export_writes_the_files_of_a_k_sweep(qtbot, window, bench, errors, tmp_path, monkeypatch):
+    """A sweep K=1,2 exports summary.csv matching the table, k_sweep.csv with a row per K, report and plots."""
+    bench.ks.setText("1,2")
+    bench.baselines["hf"].setChecked(False)
+    bench.baselines["hf-assisted"].setChecked(False)
+    _run(qtbot, window)
+    assert errors == []
+    out = tmp_path / "exported"
+    out.mkdir()
+    monkeypatch.setattr("app.bench_tab.QFileDialog.getExistingDirectory", lambda *a, **k: str(out))
+    bench.export_button.click()
+    assert errors == []
+    assert {p.name for p in out.iterdir()} == {"summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md",
+                                               "speedup_by_category.png", "k_sweep.png"}
+    with open(out / "summary.csv", newline="", encoding="utf-8") as handle:
+        assert list(csv.DictReader(handle)) == _table(bench)
+    with open(out / "k_sweep.csv", newline="", encoding="utf-8") as handle:
+        assert [row["k"] for row in csv.DictReader(handle)] == ["1", "2"]
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "specdeck bench" in report and "--k 1,2" in report and str(bench.prompt_file) in report
+
+
+def test_cancel_stops_the_benchmark_and_a_session_runs_after(qtbot, window, bench, errors):
+    """Cancel ends the benchmark without a table or a dialog; the next session runs normally."""
+    bench.repeats.setValue(100)  # thousands of runs: only a real cancel lets the session below start in time
+    bench.run_button.click()
+    qtbot.waitUntil(lambda: bench.progress.value() > 2, timeout=TIMEOUT_MS)
+    assert bench.cancel_button.isEnabled()
+    bench.cancel_button.click()
+    qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
+    assert errors == []
+    assert bench.table.rowCount() == 0 and not bench.export_button.isEnabled()
+    assert bench.progress.value() < bench.progress.maximum()
+    assert "cancelled" in bench.stage.text()
+    window.run_button.click()
+    qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
+    assert errors == []
+    assert window.records[0].summary.new_tokens > 0
+
+
+def test_bad_options_give_a_dialog_and_run_nothing(qtbot, window, bench, errors):
+    """A K that is not a number, or a category the file lacks, is refused with the reason."""
+    bench.ks.setText("two")
+    _run(qtbot, window)
+    assert len(errors) == 1 and "K takes whole numbers" in errors[0][1]
+    bench.ks.setText("2")
+    bench.categories.setText("coding")
+    _run(qtbot, window)
+    assert len(errors) == 2 and "No prompts of category coding" in errors[1][1]
+    assert bench.table.rowCount() == 0 and window.host.pair is None
