@@ -11,8 +11,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QBrush, QColor, QFont, QPixmap
+from PySide6.QtCore import QRect, QSettings, QSize, Qt
+from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -24,8 +24,9 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
-    QScrollArea,
+    QSizePolicy,
     QSplitter,
+    QTabWidget,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -44,6 +45,7 @@ from engine.export import atomic_write_bytes
 
 BASELINES = ("plain", "hf", "hf-assisted")
 SAMPLE_LABEL = "bundled Spec-Bench sample"
+SPEEDUP_PLOT = "speedup_by_category.png"  # shown first: the figure the benchmark is for
 IDENTICAL_COLOURS = {"true": "#1b8a2f", "false": "#c62828"}
 
 
@@ -56,6 +58,33 @@ def parse_ks(text: str) -> tuple[int, ...]:
     if not ks or min(ks) < 1:
         raise SpecDeckError(f"K takes positive draft lengths, e.g. 4 or a sweep 1,2,4 (got {text!r}).")
     return tuple(dict.fromkeys(ks))
+
+
+class PlotImage(QWidget):
+    """A PNG drawn as large as the widget allows, keeping its proportions (the plots are wider than tall)."""
+
+    def __init__(self, name: str, data: bytes, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.name = name
+        self.pixmap = QPixmap()
+        self.pixmap.loadFromData(data, "PNG")
+        self.setToolTip(name)
+        self.setMinimumSize(160, 80)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return self.pixmap.size()
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if self.pixmap.isNull():
+            return
+        size = self.pixmap.size().scaled(self.size(), Qt.AspectRatioMode.KeepAspectRatio)
+        area = QRect((self.width() - size.width()) // 2, (self.height() - size.height()) // 2,
+                     size.width(), size.height())
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform)
+        painter.drawPixmap(area, self.pixmap)
+        painter.end()
 
 
 class BenchmarkTab(QWidget):
@@ -101,8 +130,8 @@ class BenchmarkTab(QWidget):
         self.table.setHorizontalHeaderLabels(list(SUMMARY_COLUMNS))
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().hide()
-        self.plots = QWidget()
-        self.plot_labels: list[QLabel] = []
+        self.plots = QTabWidget()  # one page per plot, each as wide as the tab
+        self.plot_images: list[PlotImage] = []
         self._build_layout()
         self._on_source_changed()
 
@@ -130,19 +159,18 @@ class BenchmarkTab(QWidget):
         form.addRow(buttons)
         form.addRow(self.progress)
         form.addRow(self.stage)
-        options.setMaximumWidth(520)
+        options.setMaximumWidth(460)
 
-        QVBoxLayout(self.plots)
-        plot_scroll = QScrollArea()
-        plot_scroll.setWidget(self.plots)
-        plot_scroll.setWidgetResizable(True)
-        results = QSplitter(Qt.Orientation.Vertical)
-        results.addWidget(self.table)
-        results.addWidget(plot_scroll)
-        results.setSizes([300, 500])
-        layout = QHBoxLayout(self)
-        layout.addWidget(options, 0, Qt.AlignmentFlag.AlignTop)
-        layout.addWidget(results, 1)
+        top = QWidget()
+        row = QHBoxLayout(top)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(options, 0, Qt.AlignmentFlag.AlignTop)
+        row.addWidget(self.table, 1)
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.addWidget(top)
+        self.splitter.addWidget(self.plots)
+        self.splitter.setSizes([380, 420])
+        QVBoxLayout(self).addWidget(self.splitter)
 
     # what to run ------------------------------------------------------------------------------------
 
@@ -216,26 +244,20 @@ class BenchmarkTab(QWidget):
                     item.setFont(bold)
                 self.table.setItem(row, column, item)
         self.table.resizeColumnsToContents()
-        self._show_plots({name: data for name, data in outcome.files.items() if name.endswith(".png")})
+        plots = sorted((name for name in outcome.files if name.endswith(".png")), key=lambda n: n != SPEEDUP_PLOT)
+        self._show_plots({name: outcome.files[name] for name in plots})
 
     def show_stopped(self, message: str) -> None:
         self.progress.setRange(0, max(self.progress.maximum(), 1))
         self.stage.setText(message)
 
     def _show_plots(self, images: dict[str, bytes]) -> None:
-        layout = self.plots.layout()
-        for label in self.plot_labels:
-            layout.removeWidget(label)
-            label.deleteLater()
-        self.plot_labels = []
-        for name, data in images.items():
-            pixmap = QPixmap()
-            pixmap.loadFromData(data, "PNG")
-            label = QLabel()
-            label.setPixmap(pixmap)
-            label.setToolTip(name)
-            layout.addWidget(label)
-            self.plot_labels.append(label)
+        self.plots.clear()
+        for image in self.plot_images:
+            image.deleteLater()
+        self.plot_images = [PlotImage(name, data) for name, data in images.items()]
+        for image in self.plot_images:
+            self.plots.addTab(image, image.name.removesuffix(".png").replace("_", " "))
 
     def export(self, folder: str | Path) -> list[Path]:
         """Write the last benchmark's files into `folder` (each atomically); raises SpecDeckError."""

@@ -57,8 +57,8 @@ def test_table_has_a_row_per_method_and_category_and_greedy_runs_are_identical(q
     assert all(r["identical_to_plain"] == "true" for r in rows)
     assert all(int(r["prompts"]) == (2 if r["category"] == "all" else 1) for r in rows)
     assert bench.progress.maximum() == 2 * len(methods) and bench.progress.value() == bench.progress.maximum()
-    assert [label.toolTip() for label in bench.plot_labels] == ["speedup_by_category.png"]
-    assert not bench.plot_labels[0].pixmap().isNull()
+    assert [image.name for image in bench.plot_images] == ["speedup_by_category.png"]
+    assert not bench.plot_images[0].pixmap.isNull()
     assert bench.export_button.isEnabled()
 
 
