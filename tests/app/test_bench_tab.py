@@ -112,3 +112,12 @@ def test_bad_options_give_a_dialog_and_run_nothing(qtbot, window, bench, errors)
     _run(qtbot, window)
     assert len(errors) == 2 and "No prompts of category coding" in errors[1][1]
     assert bench.table.rowCount() == 0 and window.host.pair is None
+
+
+def test_closing_during_a_benchmark_leaves_no_thread_running(qtbot, window, bench):
+    """Closing the window mid-benchmark stops the harness and ends the model thread."""
+    bench.repeats.setValue(100)
+    bench.run_button.click()
+    qtbot.waitUntil(lambda: bench.progress.value() > 2, timeout=TIMEOUT_MS)
+    window.close()
+    assert not window.host.thread_running
