@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--screenshot", default=None, help="with --demo: save a PNG of the window and exit")
     gui.add_argument("--export-csv", default=None, help="with --demo: save the session's CSV")
     gui.set_defaults(handler=_cmd_gui)
+
+    from engine.distill.command import add_train_draft_command
+
+    add_train_draft_command(commands)
     return parser
 
 

@@ -51,6 +51,11 @@ BUILTIN_MODELS = {
     ),
 }
 
+# Models that ship in SpecDeck's own resources/models/ folder (see each folder's README.md).
+BUILTIN_FOLDERS = {
+    "smollm2-135m-draft": "smollm2-135m-draft",  # a draft distilled from smollm2-135m-instruct
+}
+
 
 @dataclass(frozen=True)
 class LoadOptions:
@@ -182,6 +187,13 @@ def locate(name: str, progress: Progress | None = None) -> str:
     """A folder or Hugging Face id that `from_pretrained` can read for `name`."""
     if name in BUILTIN_MODELS:
         return str(convert_gguf(BUILTIN_MODELS[name].path(), progress))
+    if name in BUILTIN_FOLDERS:
+        from engine.resources import resource_path
+
+        folder = resource_path("models", BUILTIN_FOLDERS[name])
+        if not (folder / "config.json").exists():
+            raise SpecDeckError(f"The built-in model {name!r} is missing from {folder}: reinstall SpecDeck.")
+        return str(folder)
     path = Path(name).expanduser()
     if path.exists():
         if path.is_file():
@@ -233,7 +245,7 @@ def _hub_message(name: str, error: OSError) -> str:
             f"Could not download {name!r}: the Hugging Face Hub could not be reached. "
             "Download the model on a machine with network access (`huggingface-cli download "
             f"{name} --local-dir DIR`) and pass that local folder instead, or use a built-in model "
-            f"({', '.join(BUILTIN_MODELS)})."
+            f"({', '.join([*BUILTIN_MODELS, *BUILTIN_FOLDERS])})."
         )
     return f"Could not load {name!r}: {text.splitlines()[0] if text else type(error).__name__}"
 
