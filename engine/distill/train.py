@@ -14,6 +14,7 @@ Checkpoints hold the model, the optimiser and the step, and the batch order is a
 
 from __future__ import annotations
 
+import copy
 import math
 import shutil
 import time
@@ -123,8 +124,7 @@ def evaluate(model, data: Shard, rows: list[int], batch: int) -> tuple[float, fl
 def export_draft(model, target_source: str, folder: Path, card: str | None = None) -> None:
     """Save the draft in float16 safetensors with the target's tokenizer files beside it."""
     folder.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(folder, safe_serialization=True)
-    model.to(torch.float32)
+    copy.deepcopy(model).to(torch.float16).save_pretrained(folder)  # the training copy stays float32
     for name in TOKENIZER_FILES:
         if (Path(target_source) / name).exists():
             shutil.copy(Path(target_source) / name, folder / name)
@@ -134,7 +134,8 @@ def export_draft(model, target_source: str, folder: Path, card: str | None = Non
 
 def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool = False,
                 progress: Progress = print, until: int | None = None) -> Path:
-    """Run both stages into `out`; return the folder of the exported draft (`out/draft`).
+    """Run both stages into `out`; return the folder of the exported draft (`out/draft`): the
+    checkpoint with the best held-out top-1 agreement so far.
 
     `until` stops this call after that step (a checkpoint is written there) without changing the
     learning-rate schedule, which always spans `config.steps`."""
@@ -153,12 +154,12 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, betas=(0.9, 0.98))
     checkpoint = out / "checkpoint.pt"
-    step = 0
+    step, best = 0, -1.0
     if resume and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=True)
         draft.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step = state["step"]
+        step, best = state["step"], state["best_agreement"]
         progress(f"resumed at step {step}")
     per_epoch = max(1, len(training) // config.batch_sequences)
     draft.train()
@@ -181,8 +182,10 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
         if step % config.eval_every == 0 or step == stop:
             held_loss, held_agree = evaluate(draft, data, held_out, config.batch_sequences)
             progress(f"held-out loss {held_loss:.3f} top-1 agreement {held_agree:.3f}")
+            if held_agree > best:  # the exported draft is the one that agrees most on unseen text
+                best = held_agree
+                export_draft(draft, source, out / "draft")
             torch.save({"model": draft.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                        "config": asdict(config)}, checkpoint.with_suffix(".partial"))
+                        "best_agreement": best, "config": asdict(config)}, checkpoint.with_suffix(".partial"))
             checkpoint.with_suffix(".partial").replace(checkpoint)
-            export_draft(draft, source, out / "draft")
     return out / "draft"
