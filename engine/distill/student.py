@@ -28,7 +28,7 @@ class DraftShape:
 def pca_embedding(target_embedding: torch.Tensor, width: int) -> torch.Tensor:
     """The rows of E projected on E's `width` leading principal directions (uncentred)."""
     e = target_embedding.detach().float()
-    eigenvalues, eigenvectors = torch.linalg.eigh(e.T @ e)  # ascending order
+    _, eigenvectors = torch.linalg.eigh(e.T @ e)  # eigenvalues in ascending order
     basis = eigenvectors[:, -width:].flip(-1)
     return e @ basis
 

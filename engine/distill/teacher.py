@@ -9,15 +9,13 @@ interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from engine.models import LoadedModel, encode_prompt
-
-Progress = Callable[[str], None]
 
 
 @dataclass
