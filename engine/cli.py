@@ -143,8 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     gui.set_defaults(handler=_cmd_gui)
 
     from engine.bench.command import add_bench_command
+    from engine.distill.command import add_train_draft_command
 
     add_bench_command(commands)
+    add_train_draft_command(commands)
     return parser
 
 

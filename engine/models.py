@@ -54,7 +54,6 @@ BUILTIN_MODELS = {
     ),
 }
 
-
 @dataclass(frozen=True)
 class LoadOptions:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps

@@ -1,0 +1,61 @@
+"""`specdeck train-draft`: distil a draft model for a target, on the terminal."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from engine.errors import SpecDeckError
+
+
+def add_train_draft_command(commands) -> None:
+    from engine.distill.train import TrainConfig
+
+    defaults = TrainConfig()
+    shape = defaults.shape
+    parser = commands.add_parser("train-draft", help="distil a small draft model from a target")
+    parser.add_argument("--target", default=None, help="target model (default: the built-in target)")
+    parser.add_argument("--out", required=True, help="output folder: teacher shards, checkpoint, draft/")
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    parser.add_argument("--until", type=int, default=None,
+                        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--hidden", type=int, default=shape.hidden)
+    parser.add_argument("--layers", type=int, default=shape.layers)
+    parser.add_argument("--intermediate", type=int, default=shape.intermediate)
+    parser.add_argument("--answers", type=int, default=defaults.answers,
+                        help="instructions the target answers itself (slow on a CPU)")
+    parser.add_argument("--documents", type=int, default=defaults.documents,
+                        help="standard-library passages the target scores")
+    parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="sequences per step")
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--max-length", type=int, default=defaults.max_length)
+    parser.add_argument("--train-embedding", action="store_true", help="also train the tied embedding")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    parser.set_defaults(handler=run_train_draft)
+
+
+def run_train_draft(args) -> int:
+    from engine.distill.student import DraftShape
+    from engine.distill.train import TrainConfig, train_draft
+    from engine.models import DEFAULT_TARGET
+
+    if args.steps < 1 or args.batch < 1 or args.hidden < 8 or args.layers < 1:
+        raise SpecDeckError("--steps, --batch and --layers must be at least 1, --hidden at least 8.")
+    config = TrainConfig(
+        shape=DraftShape(hidden=args.hidden, layers=args.layers, intermediate=args.intermediate),
+        seed=args.seed, answers=args.answers, documents=args.documents, max_length=args.max_length,
+        steps=args.steps, batch_sequences=args.batch, lr=args.lr, train_embedding=args.train_embedding,
+        threads=args.threads,
+    )
+    out = Path(args.out).expanduser()
+    if (out / "checkpoint.pt").exists() and not args.resume:
+        raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
+    draft = train_draft(args.target or DEFAULT_TARGET, out, config, resume=args.resume,
+                        progress=lambda line: print(line, file=sys.stderr, flush=True), until=args.until)
+    print(f"draft saved in {draft}")
+    return 0
+
+
+__all__ = ["add_train_draft_command"]

@@ -1,0 +1,191 @@
+"""Distil a draft from a target (Hinton et al. 2015; for drafts, Zhou et al. 2024, DistillSpec).
+
+Two stages, both resumable from what they left in the output folder:
+1. teacher: the target scores chat-formatted text (teacher forcing) and its top-k next-token
+   log-probabilities are stored in shards (`engine.distill.teacher`);
+2. student: the draft minimises the cross-entropy to the target's distribution at temperature 1,
+   -sum_i p_i log q_i over the stored top-k tokens (p renormalised over them), which is the
+   forward KL(p || q) up to a constant. Greedy speculative decoding accepts a draft token when
+   the draft's argmax equals the target's, so the held-out top-1 agreement is reported as the
+   figure to watch.
+Checkpoints hold the model, the optimiser and the step, and the batch order is a function of
+(seed, step), so a resumed run continues exactly as an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.distill.corpus import instructions, stdlib_documents
+from engine.distill.student import DraftShape, build_draft
+from engine.distill.teacher import Shard, answer, chat_ids, load_shards, save_shard, score
+from engine.models import LoadedModel, LoadOptions, load_model, locate
+
+Progress = Callable[[str], None]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    shape: DraftShape = field(default_factory=DraftShape)
+    seed: int = 0
+    answers: int = 0  # instructions the target answers itself (generation: slow on a CPU)
+    answer_tokens: int = 160
+    documents: int = 600  # standard-library passages the target scores
+    max_length: int = 256
+    top_k: int = 64
+    steps: int = 400
+    batch_sequences: int = 8
+    lr: float = 2e-3
+    warmup: int = 20
+    train_embedding: bool = False
+    eval_every: int = 25
+    threads: int = 0  # 0: torch's default
+
+
+def build_teacher_data(target: LoadedModel, folder: Path, config: TrainConfig, progress: Progress) -> Shard:
+    """Score the training text with the target, one shard per batch; skip shards already written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    batch = config.batch_sequences
+    asked = instructions(config.seed)[: config.answers]
+    documents = [chat_ids(target, question, text)[: config.max_length]
+                 for question, text in stdlib_documents(config.documents, config.seed)]
+    jobs = [("answers", asked[i: i + batch]) for i in range(0, len(asked), batch)]
+    jobs += [("documents", documents[i: i + batch]) for i in range(0, len(documents), batch)]
+    started = time.perf_counter()
+    for index, (kind, items) in enumerate(jobs):
+        path = folder / f"shard-{index:05d}.pt"
+        if path.exists():
+            continue
+        if kind == "answers":
+            sequences = answer(target, items, config.answer_tokens, greedy=index % 2 == 0, seed=config.seed + index)
+        else:
+            sequences = items
+        save_shard(score(target, [s[: config.max_length] for s in sequences], config.top_k), path)
+        progress(f"teacher {index + 1}/{len(jobs)} shards ({kind}), {time.perf_counter() - started:.0f} s")
+    return load_shards(folder)
+
+
+def _batches(count: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+    order = torch.randperm(count, generator=generator).tolist()
+    return [order[i: i + batch] for i in range(0, count - batch + 1, batch)]
+
+
+def _collate(data: Shard, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded inputs, the teacher's top-k ids and probabilities, and the mask of real positions."""
+    width = max(len(data.ids[r]) - 1 for r in rows)
+    k = data.top_ids[rows[0]].shape[1]
+    inputs = torch.zeros(len(rows), width, dtype=torch.long)
+    top_ids = torch.zeros(len(rows), width, k, dtype=torch.long)
+    top_p = torch.zeros(len(rows), width, k)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        n = len(data.ids[r]) - 1
+        inputs[i, :n] = data.ids[r][:n].long()
+        top_ids[i, :n] = data.top_ids[r].long()
+        p = data.top_logp[r].float().exp()
+        top_p[i, :n] = p / p.sum(-1, keepdim=True)
+        mask[i, :n] = True
+    return inputs, top_ids, top_p, mask
+
+
+def distill_loss(model, inputs, top_ids, top_p, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy to the teacher's top-k distribution, and whether the argmaxes agree, per position."""
+    logits = model(input_ids=inputs, attention_mask=mask.long()).logits.float()
+    logq = torch.log_softmax(logits, dim=-1)
+    ce = -(top_p * logq.gather(-1, top_ids)).sum(-1)
+    loss = ce[mask].mean()
+    agree = (logits.argmax(-1) == top_ids[..., 0])[mask].float()
+    return loss, agree
+
+
+@torch.no_grad()
+def evaluate(model, data: Shard, rows: list[int], batch: int) -> tuple[float, float]:
+    model.eval()
+    losses, agrees = [], []
+    for i in range(0, len(rows), batch):
+        loss, agree = distill_loss(model, *_collate(data, rows[i: i + batch]))
+        losses.append(loss.item())
+        agrees.append(agree.mean().item())
+    model.train()
+    return sum(losses) / len(losses), sum(agrees) / len(agrees)
+
+
+def export_draft(model, target_source: str, folder: Path, card: str | None = None) -> None:
+    """Save the draft in float16 safetensors with the target's tokenizer files beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copy.deepcopy(model).to(torch.float16).save_pretrained(folder)  # the training copy stays float32
+    for name in TOKENIZER_FILES:
+        if (Path(target_source) / name).exists():
+            shutil.copy(Path(target_source) / name, folder / name)
+    if card is not None:
+        (folder / "README.md").write_text(card, encoding="utf-8")
+
+
+def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool = False,
+                progress: Progress = print, until: int | None = None) -> Path:
+    """Run both stages into `out`; return the folder of the exported draft (`out/draft`): the
+    checkpoint with the best held-out top-1 agreement so far.
+
+    `until` stops this call after that step (a checkpoint is written there) without changing the
+    learning-rate schedule, which always spans `config.steps`."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    out.mkdir(parents=True, exist_ok=True)
+    target = load_model(target_name, LoadOptions(device="cpu", dtype="float32"), progress)
+    data = build_teacher_data(target, out / "teacher", config, progress)
+    draft = build_draft(target, config.shape, config.seed)
+    draft.get_input_embeddings().weight.requires_grad_(config.train_embedding)
+    source = locate(target_name)
+    del target
+    count = len(data.ids)
+    held_out = list(range(0, count, 20))  # every 20th sequence measures, never trains
+    training = [i for i in range(count) if i % 20]
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    checkpoint = out / "checkpoint.pt"
+    step, best = 0, -1.0
+    if resume and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=True)
+        draft.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, best = state["step"], state["best_agreement"]
+        progress(f"resumed at step {step}")
+    per_epoch = max(1, len(training) // config.batch_sequences)
+    draft.train()
+    started = time.perf_counter()
+    stop = min(config.steps, until or config.steps)
+    while step < stop:
+        epoch, index = divmod(step, per_epoch)
+        rows = [training[r] for r in _batches(len(training), config.batch_sequences, config.seed, epoch)[index]]
+        scale = min(1.0, (step + 1) / config.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / config.steps)))
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * scale
+        loss, agree = distill_loss(draft, *_collate(data, rows))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        step += 1
+        progress(f"step {step}/{config.steps} loss {loss.item():.3f} top-1 agreement {agree.mean().item():.3f} "
+                 f"({time.perf_counter() - started:.0f} s)")
+        if step % config.eval_every == 0 or step == stop:
+            held_loss, held_agree = evaluate(draft, data, held_out, config.batch_sequences)
+            progress(f"held-out loss {held_loss:.3f} top-1 agreement {held_agree:.3f}")
+            if held_agree > best:  # the exported draft is the one that agrees most on unseen text
+                best = held_agree
+                export_draft(draft, source, out / "draft")
+            torch.save({"model": draft.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                        "best_agreement": best, "config": asdict(config)}, checkpoint.with_suffix(".partial"))
+            checkpoint.with_suffix(".partial").replace(checkpoint)
+    return out / "draft"
