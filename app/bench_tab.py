@@ -34,8 +34,9 @@ from PySide6.QtWidgets import (
 )
 
 from app import dialogs
-from app.panels import _double, _spin
+from app.panels import double_spin_box, spin_box
 from app.worker import BenchOutcome, LoadRequest
+from engine.bench.command import parse_ks
 from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
 from engine.bench.report import SUMMARY_COLUMNS
 from engine.bench.runner import BenchSettings
@@ -47,17 +48,6 @@ BASELINES = ("plain", "hf", "hf-assisted")
 SAMPLE_LABEL = "bundled Spec-Bench sample"
 SPEEDUP_PLOT = "speedup_by_category.png"  # shown first: the figure the benchmark is for
 IDENTICAL_COLOURS = {"true": "#1b8a2f", "false": "#c62828"}
-
-
-def parse_ks(text: str) -> tuple[int, ...]:
-    """'4' or a sweep '1,2,4' as draft lengths, in the order given, without repeats."""
-    try:
-        ks = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError as error:
-        raise SpecDeckError(f"K takes whole numbers, e.g. 4 or a sweep 1,2,4 (got {text!r}).") from error
-    if not ks or min(ks) < 1:
-        raise SpecDeckError(f"K takes positive draft lengths, e.g. 4 or a sweep 1,2,4 (got {text!r}).")
-    return tuple(dict.fromkeys(ks))
 
 
 class PlotImage(QWidget):
@@ -102,7 +92,7 @@ class BenchmarkTab(QWidget):
         self.sample_button.clicked.connect(self._on_sample_clicked)
         self.categories = QLineEdit()
         self.categories.setToolTip("Comma-separated categories to keep; empty keeps all")
-        self.limit = _spin(0, 100000, 0)
+        self.limit = spin_box(0, 100000, 0)
         self.limit.setSpecialValueText("all")
         self.ks = QLineEdit("4")
         self.ks.setToolTip("Draft tokens per round, or a sweep: 1,2,4")
@@ -111,10 +101,10 @@ class BenchmarkTab(QWidget):
             box.setChecked(True)
         self.baselines["plain"].setEnabled(False)  # the harness always runs it: speedups refer to it
         self.baselines["plain"].setToolTip("SpecDeck's plain decoding always runs: speedups refer to it")
-        self.temperature = _double(0.0, 5.0, 0.0, 0.1)
+        self.temperature = double_spin_box(0.0, 5.0, 0.0, 0.1)
         self.temperature.setSpecialValueText("0 (greedy)")
-        self.max_new_tokens = _spin(1, 8192, 128)
-        self.repeats = _spin(1, 100, 3)
+        self.max_new_tokens = spin_box(1, 8192, 128)
+        self.repeats = spin_box(1, 100, 3)
         self.repeats.setToolTip("Timed runs per prompt and method; the median-time run is kept")
         self.run_button = QPushButton("Run benchmark")
         self.cancel_button = QPushButton("Cancel")

@@ -185,16 +185,16 @@ class DecodingPanel(QGroupBox):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Decoding", parent)
         defaults = DecodeConfig()
-        self.k = _spin(1, 16, defaults.k)
+        self.k = spin_box(1, 16, defaults.k)
         self.schedule = QComboBox()
         self.schedule.addItems(SCHEDULES)
-        self.temperature = _double(0.0, 5.0, defaults.temperature, 0.1)
+        self.temperature = double_spin_box(0.0, 5.0, defaults.temperature, 0.1)
         self.temperature.setSpecialValueText("0 (greedy)")
-        self.top_k = _spin(0, 100000, defaults.top_k)
+        self.top_k = spin_box(0, 100000, defaults.top_k)
         self.top_k.setSpecialValueText("off")
-        self.top_p = _double(0.01, 1.0, defaults.top_p, 0.05)
-        self.seed = _spin(0, 2**31 - 1, defaults.seed)
-        self.max_new_tokens = _spin(1, 8192, defaults.max_new_tokens)
+        self.top_p = double_spin_box(0.01, 1.0, defaults.top_p, 0.05)
+        self.seed = spin_box(0, 2**31 - 1, defaults.seed)
+        self.max_new_tokens = spin_box(1, 8192, defaults.max_new_tokens)
         self.chat = QCheckBox("Chat template")
         self.chat.setChecked(True)
         self.presets = load_presets()
@@ -272,14 +272,14 @@ class DecodingPanel(QGroupBox):
             self.prompt.setPlainText(str(prompt))
 
 
-def _spin(low: int, high: int, value: int) -> QSpinBox:
+def spin_box(low: int, high: int, value: int) -> QSpinBox:
     spin = QSpinBox()
     spin.setRange(low, high)
     spin.setValue(value)
     return spin
 
 
-def _double(low: float, high: float, value: float, step: float) -> QDoubleSpinBox:
+def double_spin_box(low: float, high: float, value: float, step: float) -> QDoubleSpinBox:
     spin = QDoubleSpinBox()
     spin.setRange(low, high)
     spin.setDecimals(2)

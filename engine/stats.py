@@ -28,16 +28,44 @@ def predicted_speedup(a: float, k: float, cost_ratio: float) -> float:
 
 
 @dataclass
-class SessionStats:
-    """Running totals of one session; feed it every event with `add`."""
+class RoundTotals:
+    """Sums over rounds and the figures derived from them: one session's, or a benchmark's."""
 
-    prefill_ms: float = 0.0
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
     new_tokens: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def cost_ratio(self) -> float | None:
+        """c: time of one draft forward over time of one target (verify) forward."""
+        if not self.drafted or not self.rounds or self.verify_ms <= 0:
+            return None
+        return (self.draft_ms / self.drafted) / (self.verify_ms / self.rounds)
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        c = self.cost_ratio
+        if c is None:
+            return None
+        return predicted_speedup(self.acceptance_rate, self.drafted / self.rounds, c)
+
+
+@dataclass
+class SessionStats(RoundTotals):
+    """Running totals of one session; feed it every event with `add`."""
+
+    prefill_ms: float = 0.0
     decode_s: float = 0.0
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times a token was drafted there
     accepted_at: list[int] = field(default_factory=list)
@@ -66,34 +94,12 @@ class SessionStats:
             self._round_position = 0
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return self.new_tokens / self.rounds if self.rounds else 0.0
-
-    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
     def accepted_by_position(self) -> tuple[float, ...]:
         return tuple(a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at))
-
-    @property
-    def cost_ratio(self) -> float | None:
-        """c: time of one draft forward over time of one target (verify) forward."""
-        if not self.drafted or not self.rounds or self.verify_ms <= 0:
-            return None
-        return (self.draft_ms / self.drafted) / (self.verify_ms / self.rounds)
-
-    @property
-    def predicted_speedup(self) -> float | None:
-        c = self.cost_ratio
-        if c is None:
-            return None
-        return predicted_speedup(self.acceptance_rate, self.drafted / self.rounds, c)
 
     def summary(self, text: str, stop_reason: str) -> SummaryEvent:
         return SummaryEvent(

@@ -33,13 +33,14 @@ def add_bench_command(commands) -> None:
     bench.set_defaults(handler=cmd_bench)
 
 
-def _parse_ks(text: str) -> tuple[int, ...]:
+def parse_ks(text: str) -> tuple[int, ...]:
+    """'4' or a sweep '1,2,4' as draft lengths, in the order given, without repeats."""
     try:
         ks = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError as error:
-        raise SpecDeckError(f"--k takes whole numbers, e.g. 4 or 1,2,3,4,6,8 (got {text!r}).") from error
+        raise SpecDeckError(f"K takes whole numbers, e.g. 4 or a sweep 1,2,3,4,6,8 (got {text!r}).") from error
     if not ks or min(ks) < 1:
-        raise SpecDeckError(f"--k takes positive draft lengths (got {text!r}).")
+        raise SpecDeckError(f"K takes positive draft lengths, e.g. 4 or a sweep 1,2,4 (got {text!r}).")
     return tuple(dict.fromkeys(ks))
 
 
@@ -72,7 +73,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from engine.config import DecodeConfig
     from engine.session import load_pair
 
-    ks = _parse_ks(args.k)
+    ks = parse_ks(args.k)
     settings = BenchSettings(
         ks=ks, baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()), repeats=args.repeats,
         decode=DecodeConfig(k=ks[0], temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens),

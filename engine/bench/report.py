@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.bench.runner import BenchSettings, PromptResult
-from engine.stats import predicted_speedup
+from engine.stats import RoundTotals
 
 SUMMARY_COLUMNS = ("method", "k", "category", "prompts", "new_tokens", "tokens_per_s", "speedup_vs_plain",
                    "acceptance_rate", "mean_accepted_length", "identical_to_plain", "prefill_ms",
@@ -31,19 +31,13 @@ SWEEP_COLUMNS = ("k", "speedup", "predicted_speedup", "acceptance_rate", "mean_a
 
 
 @dataclass
-class Totals:
+class Totals(RoundTotals):
     """Sums over the median runs of some prompts for one method."""
 
     prompts: int = 0
-    new_tokens: int = 0
     decode_tokens: int = 0
     decode_s: float = 0.0
     prefill_ms: float = 0.0
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    draft_ms: float = 0.0
-    verify_ms: float = 0.0
     identical: bool = True
 
     @property
@@ -52,24 +46,8 @@ class Totals:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return self.new_tokens / self.rounds if self.rounds else 0.0
-
-    @property
-    def cost_ratio(self) -> float | None:
-        """Draft forward time over target forward time (SpecDeck runs: the loop times both)."""
-        if not self.drafted or not self.rounds or self.verify_ms <= 0:
-            return None
-        return (self.draft_ms / self.drafted) / (self.verify_ms / self.rounds)
-
-    @property
-    def predicted_speedup(self) -> float | None:
-        if self.cost_ratio is None or self.acceptance_rate is None:
-            return None
-        return predicted_speedup(self.acceptance_rate, self.drafted / self.rounds, self.cost_ratio)
+        """None (a blank cell) for methods that draft nothing."""
+        return super().acceptance_rate if self.drafted else None
 
 
 def totals(results: list[PromptResult], method: tuple[str, int], category: str = "all") -> Totals:
