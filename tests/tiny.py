@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -69,3 +70,13 @@ def build_pair(root: Path, arch: str, draft_seed: int = 1, noise: float = 0.0) -
     else:
         build_model(draft_dir, arch, len(tokenizer), seed=draft_seed, layers=1, eos_token_id=eos)
     return target_dir, draft_dir
+
+
+def write_two_prompts(path: Path) -> Path:
+    """A two-prompt Spec-Bench-style file in two categories, for benchmark tests."""
+    records = [
+        {"question_id": 1, "category": "summarization", "turns": ["The quick brown fox jumps over the lazy dog. The quick"]},
+        {"question_id": 2, "category": "qa", "turns": ["def add(a, b):\n    return a + b"]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path

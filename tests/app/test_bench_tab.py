@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import csv
-import json
 
 import pytest
 
 from engine.bench.report import SUMMARY_COLUMNS
+from tiny import write_two_prompts
 
 TIMEOUT_MS = 60_000
 
 
 @pytest.fixture
 def two_prompts(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    records = [
-        {"question_id": 1, "category": "summarization", "turns": ["The quick brown fox jumps over the lazy dog. The quick"]},
-        {"question_id": 2, "category": "qa", "turns": ["def add(a, b):\n    return a + b"]},
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
+    return write_two_prompts(tmp_path / "prompts.jsonl")
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from engine.cli import main
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.session import load_pair
-from tests.tiny import build_pair
+from tiny import build_pair, write_two_prompts
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +25,7 @@ def bench_models(tmp_path_factory):
 
 @pytest.fixture
 def two_prompts(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    records = [
-        {"question_id": 1, "category": "summarization", "turns": ["The quick brown fox jumps over the lazy dog. The quick"]},
-        {"question_id": 2, "category": "qa", "turns": ["def add(a, b):\n    return a + b"]},
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
+    return write_two_prompts(tmp_path / "prompts.jsonl")
 
 
 def _read(path):
