@@ -25,9 +25,17 @@ def add_train_draft_command(commands) -> None:
     parser.add_argument("--layers", type=int, default=shape.layers)
     parser.add_argument("--intermediate", type=int, default=shape.intermediate)
     parser.add_argument("--answers", type=int, default=defaults.answers,
-                        help="instructions the target answers itself (slow on a CPU)")
+                        help="chat instructions the target answers itself")
+    parser.add_argument("--passages", type=int, default=defaults.passages,
+                        help="documentation passages the target summarises or answers questions on")
+    parser.add_argument("--code", type=int, default=defaults.code,
+                        help="code beginnings the target continues without a chat template")
+    parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens,
+                        help="longest answer the target writes")
+    parser.add_argument("--generation-batch", type=int, default=defaults.generation_batch,
+                        help="prompts the target answers at once")
     parser.add_argument("--documents", type=int, default=defaults.documents,
-                        help="standard-library passages the target scores")
+                        help="standard-library passages the target scores as given text")
     parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="sequences per step")
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--max-length", type=int, default=defaults.max_length)
@@ -45,7 +53,9 @@ def run_train_draft(args) -> int:
         raise SpecDeckError("--steps, --batch and --layers must be at least 1, --hidden at least 8.")
     config = TrainConfig(
         shape=DraftShape(hidden=args.hidden, layers=args.layers, intermediate=args.intermediate),
-        seed=args.seed, answers=args.answers, documents=args.documents, max_length=args.max_length,
+        seed=args.seed, answers=args.answers, passages=args.passages, code=args.code,
+        answer_tokens=args.answer_tokens, generation_batch=args.generation_batch,
+        documents=args.documents, max_length=args.max_length,
         steps=args.steps, batch_sequences=args.batch, lr=args.lr, train_embedding=args.train_embedding,
         threads=args.threads,
     )

@@ -13,12 +13,14 @@ from __future__ import annotations
 import ast
 import random
 import sysconfig
+import textwrap
 from pathlib import Path
 
 SOURCES = {
-    "instructions": "chat instructions composed from the topic/task lists in engine/distill/corpus.py (project license)",
-    "answers": "the target's own replies to those instructions (generated; the target model's license)",
-    "python-stdlib": "docstrings and source of the Python standard library (PSF License 2.0)",
+    "instructions": "chat instructions composed from the topic/task/role lists in engine/distill/corpus.py (project license)",
+    "answers": "the target's own replies and code continuations (generated; the target model's license)",
+    "python-stdlib": "docstrings and source of the Python standard library, as passages to summarise or "
+                     "question and as code to continue (PSF License 2.0)",
 }
 
 TOPICS = [
@@ -35,6 +37,51 @@ TOPICS = [
     "the Great Wall of China", "jazz music", "photography", "marathon training", "urban planning",
     "bicycles", "quantum computing", "the theory of evolution", "forests", "deserts", "wolves",
     "tea ceremonies", "volunteering", "email etiquette", "project planning", "budgeting for a trip",
+    "the Industrial Revolution", "the Cold War", "ancient Greece", "the Silk Road", "the Vikings",
+    "the Olympic Games", "the history of writing", "the invention of the telephone", "medieval castles",
+    "the Moon", "Mars exploration", "comets", "the Big Bang", "light and color", "sound waves", "friction",
+    "nuclear energy", "wind turbines", "solar panels", "batteries", "semiconductors", "robots",
+    "self-driving cars", "3D printing", "virtual reality", "smartphones", "databases", "open source software",
+    "version control", "unit testing", "algorithms", "sorting algorithms", "recursion", "encryption",
+    "neural networks", "statistics", "probability", "fractions", "geometry", "prime numbers", "compound interest",
+    "taxes", "credit cards", "insurance", "starting a small business", "marketing", "customer service",
+    "negotiation", "leadership", "teamwork", "giving feedback", "writing a resume", "networking",
+    "mental health", "stress", "habits", "motivation", "procrastination", "mindfulness", "yoga", "running",
+    "swimming", "nutrition labels", "vitamins", "drinking water", "the human brain", "the digestive system",
+    "bones and muscles", "allergies", "the common cold", "first aid", "pets", "dogs", "cats", "birds migration",
+    "coral reefs", "rainforests", "the Arctic", "glaciers", "hurricanes", "tornadoes", "air pollution",
+    "plastic waste", "composting", "electric bikes", "public transport", "architecture", "bridges",
+    "skyscrapers", "painting", "sculpture", "classical music", "film making", "video games", "board games",
+    "soccer", "basketball", "tennis", "cooking pasta", "baking cookies", "spices", "chocolate", "cheese",
+    "wine making", "farming", "bees and pollination", "mushrooms", "trees in autumn", "camping",
+    "hiking safety", "travel in Japan", "visiting Paris", "learning to drive", "moving to a new city",
+    "parenting", "reading to children", "homework", "online learning", "libraries", "museums",
+    "the scientific method", "critical thinking", "philosophy", "ethics of AI", "privacy online",
+    "fake news", "human rights", "elections", "the United Nations", "world languages", "poetry",
+    "Shakespeare", "fairy tales", "science fiction", "mythology", "the history of money", "banks",
+]
+
+ROLES = [
+    "a friendly tour guide", "a pirate captain", "a medieval knight", "a detective", "a chef",
+    "a personal trainer", "a museum curator", "a space station astronaut", "a librarian", "a travel agent",
+    "a teacher on the first day of school", "a customer support agent", "a wise old wizard", "a news reporter",
+    "a park ranger", "a job interviewer", "a poet", "a robot learning about humans",
+]
+
+ROLE_TASKS = [
+    "Imagine you are {r}. Introduce yourself and describe your day.",
+    "Pretend to be {r} and give advice to a beginner.",
+    "You are {r}. Write a short speech for your audience about {t}.",
+    "Act as {r} and answer this question: what do you think about {t}?",
+]
+
+REASONING_TEMPLATES = [
+    "If all {a} are {b} and some {b} are green, can we conclude that some {a} are green? Explain.",
+    "Anna is older than Ben, and Ben is older than {n}. Who is the youngest? Explain your reasoning.",
+    "There are {x} people in a room and each shakes hands with every other person once. How many handshakes are there?",
+    "A farmer has {x} chickens and {y} cows. How many legs are there in total? Think step by step.",
+    "What comes next in the sequence {x}, {y}, {z}, ...? Explain the pattern.",
+    "I have {x} boxes with {y} books in each. I give away {z} books. How many books do I have left?",
 ]
 
 TASKS = [
@@ -52,6 +99,12 @@ TASKS = [
     "Write a blog post introduction about {t}.",
     "Answer briefly: why does {t} matter?",
     "Create a quiz with three questions about {t}, with answers.",
+    "Write an email to a colleague about {t}.",
+    "Compare {t} with something from everyday life.",
+    "Write a step-by-step guide related to {t}.",
+    "What are the most important terms to know about {t}? Define each one.",
+    "Write a persuasive paragraph about {t}.",
+    "Summarize the key ideas of {t} in three bullet points.",
 ]
 
 CODE_TASKS = [
@@ -98,17 +151,72 @@ QUESTIONS = [
 ]
 
 
+PASSAGE_TASKS = [
+    "Summarize the following text in a few sentences.\n\n{p}",
+    "Read the text below and list its main points.\n\n{p}",
+    "{p}\n\nBased on the text above, what is described and how is it used?",
+    "Rewrite the following text in simpler words.\n\n{p}",
+    "Extract the names of functions, parameters and values mentioned in this text.\n\n{p}",
+    "Here is some documentation:\n\n{p}\n\nAnswer briefly: what does it do, and what should a user watch out for?",
+]
+
+ANIMALS = ["cats", "birds", "robots", "teachers", "apples", "stars", "doctors", "boats"]
+QUALITIES = ["animals", "machines", "fruits", "people", "objects", "things that can fly"]
+NAMES = ["Carl", "Dana", "Eve", "Frank", "Gina"]
+
+
 def instructions(seed: int = 0) -> list[str]:
-    """Every instruction, in a seeded shuffled order (so any prefix mixes all kinds)."""
+    """Every chat instruction, in a seeded shuffled order (so any prefix mixes all kinds)."""
     rng = random.Random(seed)
     prompts = [task.format(t=topic) for topic in TOPICS for task in TASKS]
     prompts += [template.format(c=c) for c in CODE_TASKS for template in CODE_TEMPLATES]
-    for _ in range(120):
+    prompts += [template.format(r=role, t=rng.choice(TOPICS)) for role in ROLES for template in ROLE_TASKS]
+    for _ in range(400):
         a, b = rng.randint(2, 99), rng.randint(2, 99)
         prompts.append(rng.choice(MATH_TEMPLATES).format(a=a, b=b, c=a * rng.randint(2, 9) + b))
+    for _ in range(200):
+        x, y = rng.randint(2, 30), rng.randint(2, 30)
+        prompts.append(rng.choice(REASONING_TEMPLATES).format(
+            a=rng.choice(ANIMALS), b=rng.choice(QUALITIES), n=rng.choice(NAMES), x=x, y=y, z=x + 2 * y))
     prompts += QUESTIONS
     rng.shuffle(prompts)
     return prompts
+
+
+def passage_instructions(limit: int, seed: int = 0, max_chars: int = 1000) -> list[str]:
+    """Requests to summarise, question or rewrite a passage of standard-library documentation: the
+    answers copy from their context, as summaries and retrieval-augmented answers do."""
+    rng = random.Random(seed + 1)
+    docs = [text for question, text in stdlib_documents(2 * limit, seed + 1, max_chars)
+            if not text.startswith("```") and len(text) > 200]
+    return [rng.choice(PASSAGE_TASKS).format(p=doc) for doc in docs[:limit]]
+
+
+def code_prefixes(limit: int, seed: int = 0, max_chars: int = 700) -> list[str]:
+    """Beginnings of standard-library functions (signature and docstring) for the target to continue
+    as raw code, without a chat template, the way code-completion prompts are given."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rng = random.Random(seed + 2)
+    files = sorted(root.glob("*.py"))
+    rng.shuffle(files)
+    prefixes: list[str] = []
+    for path in files:
+        if len(prefixes) >= limit:
+            break
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.splitlines()
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.FunctionDef) and len(node.body) > 1 and not node.decorator_list
+                    and ast.get_docstring(node) is not None):
+                prefix = textwrap.dedent("\n".join(lines[node.lineno - 1: node.body[0].end_lineno])) + "\n"
+                if 60 < len(prefix) < max_chars:
+                    prefixes.append(prefix)
+    rng.shuffle(prefixes)
+    return prefixes[:limit]
 
 
 def stdlib_documents(limit: int, seed: int = 0, max_chars: int = 1200) -> list[tuple[str, str]]:

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from engine.distill.corpus import instructions, stdlib_documents
+from engine.distill.corpus import code_prefixes, instructions, passage_instructions, stdlib_documents
 from engine.distill.student import DraftShape, build_draft
-from engine.distill.teacher import Shard, answer, chat_ids, load_shards, save_shard, score
+from engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
 from engine.models import LoadedModel, LoadOptions, load_model, locate
 
 Progress = Callable[[str], None]
@@ -38,9 +38,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 class TrainConfig:
     shape: DraftShape = field(default_factory=DraftShape)
     seed: int = 0
-    answers: int = 0  # instructions the target answers itself (generation: slow on a CPU)
-    answer_tokens: int = 160
-    documents: int = 600  # standard-library passages the target scores
+    answers: int = 0  # chat instructions the target answers itself
+    passages: int = 0  # documentation passages the target summarises or answers questions on
+    code: int = 0  # code beginnings the target continues without a chat template
+    answer_tokens: int = 192
+    generation_batch: int = 128
+    sampled_every: int = 4  # every n-th generation batch samples at temperature 0.7, the rest is greedy
+    documents: int = 0  # standard-library passages the target scores as given text
+    teacher_dtype: str = "bfloat16"  # the target's dtype while it writes and scores
     max_length: int = 256
     top_k: int = 64
     steps: int = 400
@@ -52,26 +57,47 @@ class TrainConfig:
     threads: int = 0  # 0: torch's default
 
 
+def _generation_jobs(target: LoadedModel, config: TrainConfig) -> list[list[list[int]]]:
+    """Every prompt the target continues, as token ids, in batches of similar length (less padding)
+    whose order mixes all kinds, so that any prefix of the jobs is a fair sample."""
+    prompts = [chat_ids(target, text) for text in instructions(config.seed)[: config.answers]]
+    prompts += [chat_ids(target, text) for text in passage_instructions(config.passages, config.seed)]
+    prompts += [target.tokenizer(text, add_special_tokens=False)["input_ids"]
+                for text in code_prefixes(config.code, config.seed)]
+    prompts = [p[-config.max_length:] for p in prompts]
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(config.seed)).tolist()
+    batch, window = config.generation_batch, 4 * config.generation_batch
+    jobs = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start: start + window], key=lambda i: len(prompts[i]))
+        jobs += [[prompts[i] for i in chunk[j: j + batch]] for j in range(0, len(chunk), batch)]
+    return jobs
+
+
 def build_teacher_data(target: LoadedModel, folder: Path, config: TrainConfig, progress: Progress) -> Shard:
-    """Score the training text with the target, one shard per batch; skip shards already written."""
+    """Generate and score the training text with the target, one shard per batch; skip shards
+    already written."""
     folder.mkdir(parents=True, exist_ok=True)
-    batch = config.batch_sequences
-    asked = instructions(config.seed)[: config.answers]
+    jobs: list[tuple[str, list]] = [("answers", job) for job in _generation_jobs(target, config)]
     documents = [chat_ids(target, question, text)[: config.max_length]
                  for question, text in stdlib_documents(config.documents, config.seed)]
-    jobs = [("answers", asked[i: i + batch]) for i in range(0, len(asked), batch)]
-    jobs += [("documents", documents[i: i + batch]) for i in range(0, len(documents), batch)]
-    started = time.perf_counter()
+    jobs += [("documents", documents[i: i + config.batch_sequences])
+             for i in range(0, len(documents), config.batch_sequences)]
+    started, made = time.perf_counter(), 0
     for index, (kind, items) in enumerate(jobs):
         path = folder / f"shard-{index:05d}.pt"
         if path.exists():
             continue
         if kind == "answers":
-            sequences = answer(target, items, config.answer_tokens, greedy=index % 2 == 0, seed=config.seed + index)
+            shard = generate_scored(target, items, config.answer_tokens, greedy=index % config.sampled_every != 0,
+                                    seed=config.seed + index, top_k=config.top_k)
         else:
-            sequences = items
-        save_shard(score(target, [s[: config.max_length] for s in sequences], config.top_k), path)
-        progress(f"teacher {index + 1}/{len(jobs)} shards ({kind}), {time.perf_counter() - started:.0f} s")
+            shard = score(target, items, config.top_k)
+        save_shard(shard, path)
+        made += sum(len(t) for t in shard.top_ids)
+        elapsed = time.perf_counter() - started
+        progress(f"teacher {index + 1}/{len(jobs)} shards ({kind}), {made} target tokens, "
+                 f"{made / elapsed:.0f} tokens/s, {elapsed:.0f} s")
     return load_shards(folder)
 
 
@@ -90,23 +116,26 @@ def _collate(data: Shard, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, 
     top_p = torch.zeros(len(rows), width, k)
     mask = torch.zeros(len(rows), width, dtype=torch.bool)
     for i, r in enumerate(rows):
-        n = len(data.ids[r]) - 1
+        n, first = len(data.ids[r]) - 1, data.first[r]
         inputs[i, :n] = data.ids[r][:n].long()
-        top_ids[i, :n] = data.top_ids[r].long()
+        top_ids[i, first:n] = data.top_ids[r].long()
         p = data.top_logp[r].float().exp()
-        top_p[i, :n] = p / p.sum(-1, keepdim=True)
-        mask[i, :n] = True
+        top_p[i, first:n] = p / p.sum(-1, keepdim=True)
+        mask[i, first:n] = True
     return inputs, top_ids, top_p, mask
 
 
 def distill_loss(model, inputs, top_ids, top_p, mask) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy to the teacher's top-k distribution, and whether the argmaxes agree, per position."""
-    logits = model(input_ids=inputs, attention_mask=mask.long()).logits.float()
+    """Cross-entropy to the teacher's top-k distribution, and whether the argmaxes agree, at every
+    position that has a teacher distribution. The batch is right-padded, which a causal model never
+    sees from earlier positions, so no attention mask is needed; the output layer, the costliest
+    part of a small draft, runs on the target positions only."""
+    hidden = model.model(input_ids=inputs).last_hidden_state[mask]
+    logits = model.lm_head(hidden).float()
     logq = torch.log_softmax(logits, dim=-1)
-    ce = -(top_p * logq.gather(-1, top_ids)).sum(-1)
-    loss = ce[mask].mean()
-    agree = (logits.argmax(-1) == top_ids[..., 0])[mask].float()
-    return loss, agree
+    ce = -(top_p[mask] * logq.gather(-1, top_ids[mask])).sum(-1)
+    agree = (logits.argmax(-1) == top_ids[mask][:, 0]).float()
+    return ce.mean(), agree
 
 
 @torch.no_grad()
@@ -142,7 +171,7 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
     if config.threads:
         torch.set_num_threads(config.threads)
     out.mkdir(parents=True, exist_ok=True)
-    target = load_model(target_name, LoadOptions(device="cpu", dtype="float32"), progress)
+    target = load_model(target_name, LoadOptions(device="cpu", dtype=config.teacher_dtype), progress)
     data = build_teacher_data(target, out / "teacher", config, progress)
     draft = build_draft(target, config.shape, config.seed)
     draft.get_input_embeddings().weight.requires_grad_(config.train_embedding)

@@ -12,7 +12,8 @@ from engine.events import SummaryEvent, TokenEvent, TokenState
 from engine.session import load_pair, run_session
 from tiny import build_pair
 
-TINY = ["--hidden", "32", "--layers", "1", "--intermediate", "64", "--answers", "2", "--documents", "6",
+TINY = ["--hidden", "32", "--layers", "1", "--intermediate", "64", "--answers", "3", "--passages", "1",
+        "--code", "2", "--answer-tokens", "12", "--generation-batch", "2", "--documents", "4",
         "--batch", "2", "--max-length", "48", "--threads", "1"]
 
 
