@@ -47,12 +47,23 @@ class Drafter(ABC):
 
 
 class DraftModelDrafter(Drafter):
-    """A small causal LM. Its cache follows the same invariant as the target's (`engine.kvcache`)."""
+    """A small causal LM. Its cache follows the same invariant as the target's (`engine.kvcache`).
 
-    def __init__(self, model: torch.nn.Module, name: str = "draft model") -> None:
+    With `output_ids` the draft only ever proposes those tokens: its output layer is cut down to
+    their rows, which for a small draft with a large vocabulary is most of its cost per token.
+    Every other token gets q = 0, which rejection sampling allows (it stays exact for any q).
+    """
+
+    def __init__(self, model: torch.nn.Module, name: str = "draft model",
+                 output_ids: torch.Tensor | None = None) -> None:
         self.name = name
         self._lm = CachedModel(model)
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
+        self._output_ids = None
+        if output_ids is not None:
+            weight = model.get_output_embeddings().weight
+            self._output_ids = output_ids.to(weight.device, torch.long)
+            self._head = weight.detach()[self._output_ids].contiguous()
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -72,6 +83,15 @@ class DraftModelDrafter(Drafter):
         del self._cached[valid:]
         return ids[valid:]
 
+    def _next_logits(self, feed: list[int]) -> torch.Tensor:
+        """The draft's logits (over the target's vocabulary width) for the token after `feed`."""
+        if self._output_ids is None:
+            return self._fit(self._lm.forward(feed, last_only=True)[-1])
+        hidden = self._lm.forward_hidden(feed)[-1]
+        logits = hidden.new_full((self.vocab_width,), float("-inf"))
+        logits[self._output_ids] = torch.nn.functional.linear(hidden, self._head)
+        return logits
+
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits over the target's vocabulary width: ids the draft cannot emit get q = 0."""
         width = logits.shape[-1]
@@ -87,7 +107,7 @@ class DraftModelDrafter(Drafter):
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
         for _ in range(k):
-            logits = self._fit(self._lm.forward(feed, last_only=True)[-1])
+            logits = self._next_logits(feed)
             self._cached.extend(feed)
             q = logits_to_probs(logits, self.config)
             token = int(sample(q, self.generator, self.config.greedy))

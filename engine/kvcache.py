@@ -34,6 +34,15 @@ class CachedModel:
         self.cache = out.past_key_values
         return out.logits[0]
 
+    @torch.inference_mode()
+    def forward_hidden(self, token_ids: list[int]) -> torch.Tensor:
+        """The last layer's (normalised) hidden states (n, hidden) for `token_ids` appended after the
+        cached tokens: the output layer left to the caller."""
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        out = self.model.base_model(input_ids=ids, past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.last_hidden_state[0]
+
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on (rejected drafts)."""
         excess = len(self) - length

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -68,6 +69,7 @@ class LoadedModel:
     tokenizer: object
     device: torch.device
     dtype: torch.dtype
+    output_ids: torch.Tensor | None = None  # a draft's reduced output vocabulary (`OUTPUT_TOKENS_FILE`)
 
     @property
     def vocab_width(self) -> int:
@@ -227,7 +229,26 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
             ) from error
         raise SpecDeckError(f"Could not load {name}: {error}") from error
     model.to(device).eval()
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device, dtype=dtype)
+    output_ids = read_output_tokens(Path(source), model.get_output_embeddings().weight.shape[0])
+    return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
+
+
+OUTPUT_TOKENS_FILE = "output_tokens.json"
+
+
+def read_output_tokens(folder: Path, vocab_width: int) -> torch.Tensor | None:
+    """The token ids a draft proposes from, if its folder lists them in `output_tokens.json`
+    ({"token_ids": [...]}): the drafter then computes only those rows of the output layer."""
+    path = folder / OUTPUT_TOKENS_FILE
+    if not path.is_file():
+        return None
+    try:
+        ids = json.loads(path.read_text(encoding="utf-8"))["token_ids"]
+        if not ids or not all(isinstance(i, int) and 0 <= i < vocab_width for i in ids):
+            raise ValueError(f"token ids must be integers from 0 to {vocab_width - 1}")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SpecDeckError(f"{path} is not a valid output-token list ({error}): fix or delete it.") from error
+    return torch.tensor(sorted(set(ids)), dtype=torch.long)
 
 
 def _hub_source(name: str) -> str:

@@ -31,7 +31,7 @@ class ModelPair:
 
     def make_drafter(self) -> Drafter | None:
         if self.drafter_kind == "draft-model":
-            return DraftModelDrafter(self.draft.model, name=self.draft.name)
+            return DraftModelDrafter(self.draft.model, name=self.draft.name, output_ids=self.draft.output_ids)
         if self.drafter_kind == "prompt-lookup":
             return PromptLookupDrafter(device=self.target.device)
         return None

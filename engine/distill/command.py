@@ -34,6 +34,11 @@ def add_train_draft_command(commands) -> None:
                         help="longest answer the target writes")
     parser.add_argument("--generation-batch", type=int, default=defaults.generation_batch,
                         help="prompts the target answers at once")
+    parser.add_argument("--teacher-shards", type=int, default=defaults.teacher_shards,
+                        help="stop the teacher after this many shards and train on them (0: all)")
+    parser.add_argument("--output-vocab", type=int, default=defaults.output_vocab,
+                        help="tokens the draft may propose: the teacher's most likely ones (0: the whole vocabulary)")
+    parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
     parser.add_argument("--documents", type=int, default=defaults.documents,
                         help="standard-library passages the target scores as given text")
     parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="sequences per step")
@@ -51,10 +56,14 @@ def run_train_draft(args) -> int:
 
     if args.steps < 1 or args.batch < 1 or args.hidden < 8 or args.layers < 1:
         raise SpecDeckError("--steps, --batch and --layers must be at least 1, --hidden at least 8.")
+    if min(args.answers, args.passages, args.code, args.documents, args.teacher_shards, args.output_vocab) < 0:
+        raise SpecDeckError("--answers, --passages, --code, --documents, --teacher-shards and --output-vocab "
+                            "cannot be negative.")
     config = TrainConfig(
         shape=DraftShape(hidden=args.hidden, layers=args.layers, intermediate=args.intermediate),
         seed=args.seed, answers=args.answers, passages=args.passages, code=args.code,
         answer_tokens=args.answer_tokens, generation_batch=args.generation_batch,
+        teacher_shards=args.teacher_shards, output_vocab=args.output_vocab, bfloat16=not args.float32,
         documents=args.documents, max_length=args.max_length,
         steps=args.steps, batch_sequences=args.batch, lr=args.lr, train_embedding=args.train_embedding,
         threads=args.threads,

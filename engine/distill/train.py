@@ -15,6 +15,7 @@ Checkpoints hold the model, the optimiser and the step, and the batch order is a
 from __future__ import annotations
 
 import copy
+import json
 import math
 import shutil
 import time
@@ -27,7 +28,7 @@ import torch
 from engine.distill.corpus import code_prefixes, instructions, passage_instructions, stdlib_documents
 from engine.distill.student import DraftShape, build_draft
 from engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
-from engine.models import LoadedModel, LoadOptions, load_model, locate
+from engine.models import OUTPUT_TOKENS_FILE, LoadedModel, LoadOptions, load_model, locate
 
 Progress = Callable[[str], None]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -46,6 +47,9 @@ class TrainConfig:
     sampled_every: int = 4  # every n-th generation batch samples at temperature 0.7, the rest is greedy
     documents: int = 0  # standard-library passages the target scores as given text
     teacher_dtype: str = "bfloat16"  # the target's dtype while it writes and scores
+    teacher_shards: int = 0  # stop the teacher after this many shards and train on them (0: all)
+    output_vocab: int = 8192  # the tokens the draft may propose: the teacher's most likely ones (0: all)
+    bfloat16: bool = True  # train under bfloat16 autocast (float32 weights and optimizer)
     max_length: int = 256
     top_k: int = 64
     steps: int = 400
@@ -84,6 +88,8 @@ def build_teacher_data(target: LoadedModel, folder: Path, config: TrainConfig, p
     jobs += [("documents", documents[i: i + config.batch_sequences])
              for i in range(0, len(documents), config.batch_sequences)]
     started, made = time.perf_counter(), 0
+    if config.teacher_shards:
+        jobs = jobs[: config.teacher_shards]
     for index, (kind, items) in enumerate(jobs):
         path = folder / f"shard-{index:05d}.pt"
         if path.exists():
@@ -125,35 +131,70 @@ def _collate(data: Shard, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, 
     return inputs, top_ids, top_p, mask
 
 
-def distill_loss(model, inputs, top_ids, top_p, mask) -> tuple[torch.Tensor, torch.Tensor]:
+def choose_output_ids(data: Shard, rows: list[int], size: int, vocab: int, always: set[int]) -> torch.Tensor:
+    """The `size` tokens with the most teacher probability over `rows` (plus `always`, e.g. EOS):
+    the only tokens the draft will propose."""
+    mass = torch.zeros(vocab)
+    for r in rows:
+        mass.index_add_(0, data.top_ids[r].flatten().long(), data.top_logp[r].float().exp().flatten())
+    ids = set(mass.topk(min(size, vocab)).indices.tolist()) | always
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def distill_loss(model, inputs, top_ids, top_p, mask, output_ids: torch.Tensor | None = None,
+                 bfloat16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy to the teacher's top-k distribution, and whether the argmaxes agree, at every
     position that has a teacher distribution. The batch is right-padded, which a causal model never
     sees from earlier positions, so no attention mask is needed; the output layer, the costliest
-    part of a small draft, runs on the target positions only."""
-    hidden = model.model(input_ids=inputs).last_hidden_state[mask]
-    logits = model.lm_head(hidden).float()
-    logq = torch.log_softmax(logits, dim=-1)
-    ce = -(top_p[mask] * logq.gather(-1, top_ids[mask])).sum(-1)
-    agree = (logits.argmax(-1) == top_ids[mask][:, 0]).float()
+    part of a small draft, runs on the target positions only, and only over `output_ids` when given
+    (teacher mass outside them is dropped and the rest renormalised)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
+        hidden = model.model(input_ids=inputs).last_hidden_state[mask]
+        weight = model.lm_head.weight
+        targets, p = top_ids[mask], top_p[mask]
+        if output_ids is not None:
+            weight = weight[output_ids]
+            index = torch.full((model.lm_head.weight.shape[0],), -1, dtype=torch.long)
+            index[output_ids] = torch.arange(len(output_ids))
+            top1 = targets[:, 0]
+            targets = index[targets]
+            p = p * (targets >= 0)
+            p = p / p.sum(-1, keepdim=True).clamp_min(1e-9)
+            targets = targets.clamp_min(0)
+        logits = torch.nn.functional.linear(hidden, weight)
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    ce = -(p * logq.gather(-1, targets)).sum(-1)
+    guess = logits.argmax(-1)
+    if output_ids is not None:
+        agree = (output_ids[guess] == top1).float()
+    else:
+        agree = (guess == targets[:, 0]).float()
     return ce.mean(), agree
 
 
 @torch.no_grad()
-def evaluate(model, data: Shard, rows: list[int], batch: int) -> tuple[float, float]:
+def evaluate(model, data: Shard, rows: list[int], batch: int, output_ids: torch.Tensor | None = None,
+             bfloat16: bool = False) -> tuple[float, float]:
+    """Mean loss and top-1 agreement with the teacher over `rows`, per position."""
     model.eval()
     losses, agrees = [], []
     for i in range(0, len(rows), batch):
-        loss, agree = distill_loss(model, *_collate(data, rows[i: i + batch]))
-        losses.append(loss.item())
-        agrees.append(agree.mean().item())
+        loss, agree = distill_loss(model, *_collate(data, rows[i: i + batch]), output_ids, bfloat16)
+        losses.append(loss.item() * len(agree))
+        agrees.append(agree)
     model.train()
-    return sum(losses) / len(losses), sum(agrees) / len(agrees)
+    agree = torch.cat(agrees)
+    return sum(losses) / max(1, len(agree)), agree.mean().item()
 
 
-def export_draft(model, target_source: str, folder: Path, card: str | None = None) -> None:
-    """Save the draft in float16 safetensors with the target's tokenizer files beside it."""
+def export_draft(model, target_source: str, folder: Path, card: str | None = None,
+                 output_ids: torch.Tensor | None = None) -> None:
+    """Save the draft in float16 safetensors with the target's tokenizer files beside it, and the
+    tokens it proposes from (`output_tokens.json`) if they are a subset."""
     folder.mkdir(parents=True, exist_ok=True)
     copy.deepcopy(model).to(torch.float16).save_pretrained(folder)  # the training copy stays float32
+    if output_ids is not None:
+        (folder / OUTPUT_TOKENS_FILE).write_text(json.dumps({"token_ids": output_ids.tolist()}), encoding="utf-8")
     for name in TOKENIZER_FILES:
         if (Path(target_source) / name).exists():
             shutil.copy(Path(target_source) / name, folder / name)
@@ -176,10 +217,14 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
     draft = build_draft(target, config.shape, config.seed)
     draft.get_input_embeddings().weight.requires_grad_(config.train_embedding)
     source = locate(target_name)
-    del target
     count = len(data.ids)
     held_out = list(range(0, count, 20))  # every 20th sequence measures, never trains
     training = [i for i in range(count) if i % 20]
+    vocab = draft.get_output_embeddings().weight.shape[0]
+    output_ids = None
+    if 0 < config.output_vocab < vocab:
+        output_ids = choose_output_ids(data, training, config.output_vocab, vocab, set(target.eos_ids))
+    del target
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, betas=(0.9, 0.98))
     checkpoint = out / "checkpoint.pt"
@@ -200,7 +245,7 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
         scale = min(1.0, (step + 1) / config.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / config.steps)))
         for group in optimizer.param_groups:
             group["lr"] = config.lr * scale
-        loss, agree = distill_loss(draft, *_collate(data, rows))
+        loss, agree = distill_loss(draft, *_collate(data, rows), output_ids, config.bfloat16)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -209,11 +254,12 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
         progress(f"step {step}/{config.steps} loss {loss.item():.3f} top-1 agreement {agree.mean().item():.3f} "
                  f"({time.perf_counter() - started:.0f} s)")
         if step % config.eval_every == 0 or step == stop:
-            held_loss, held_agree = evaluate(draft, data, held_out, config.batch_sequences)
+            held_loss, held_agree = evaluate(draft, data, held_out, config.batch_sequences, output_ids,
+                                             config.bfloat16)
             progress(f"held-out loss {held_loss:.3f} top-1 agreement {held_agree:.3f}")
             if held_agree > best:  # the exported draft is the one that agrees most on unseen text
                 best = held_agree
-                export_draft(draft, source, out / "draft")
+                export_draft(draft, source, out / "draft", output_ids=output_ids)
             torch.save({"model": draft.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                         "best_agreement": best, "config": asdict(config)}, checkpoint.with_suffix(".partial"))
             checkpoint.with_suffix(".partial").replace(checkpoint)

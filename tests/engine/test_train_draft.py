@@ -13,7 +13,7 @@ from engine.session import load_pair, run_session
 from tiny import build_pair
 
 TINY = ["--hidden", "32", "--layers", "1", "--intermediate", "64", "--answers", "3", "--passages", "1",
-        "--code", "2", "--answer-tokens", "12", "--generation-batch", "2", "--documents", "4",
+        "--code", "2", "--answer-tokens", "12", "--generation-batch", "2", "--documents", "4", "--output-vocab", "200",
         "--batch", "2", "--max-length", "48", "--threads", "1"]
 
 
@@ -39,6 +39,18 @@ def test_trained_draft_keeps_greedy_output_exact(tiny_run):
     speculative = list(run_session(pair, "The quick brown fox", config))
     assert _kept_text(speculative) == _kept_text(plain)
     assert any(isinstance(e, SummaryEvent) and e.drafted > 0 for e in speculative)
+
+
+def test_trained_draft_proposes_only_its_output_tokens(tiny_run):
+    """A draft trained with a reduced output vocabulary ships the list, and proposes nothing else."""
+    target, out = tiny_run
+    pair = load_pair(str(target), str(out / "draft"), "draft-model", device="cpu")
+    allowed = set(pair.draft.output_ids.tolist())
+    assert 0 < len(allowed) < pair.target.vocab_width
+    events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=4, max_new_tokens=24, temperature=1.0, seed=3)))
+    drafted = [e.token_id for e in events if isinstance(e, TokenEvent) and e.state in (TokenState.ACCEPTED,
+                                                                                       TokenState.REJECTED)]
+    assert drafted and set(drafted) <= allowed
 
 
 def test_resumed_training_matches_an_uninterrupted_run(tiny_run, tmp_path):
