@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 import threading
@@ -32,7 +33,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 import qasync  # noqa: E402
 
 from app.main_window import MainWindow  # noqa: E402
-from app.worker import ModelHost  # noqa: E402
+from app.worker import ModelHost, freeze_long_lived_objects  # noqa: E402
 from engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState  # noqa: E402
 from engine.stats import SessionStats  # noqa: E402
 
@@ -187,6 +188,25 @@ class StallProbe:
         }
 
 
+class CollectionWatch:
+    """The longest garbage collection while recording (it holds the GIL, so it stalls the GUI
+    thread whichever thread ran it)."""
+
+    def __init__(self) -> None:
+        self.longest_ms = 0.0
+        self.generation = -1
+        self._started = 0.0
+        self.recording = False
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self.recording and 1e3 * (time.perf_counter() - self._started) > self.longest_ms:
+            self.longest_ms = 1e3 * (time.perf_counter() - self._started)
+            self.generation = info["generation"]
+
+
 def _timed(accumulator: list[float], function):
     def wrapper(*args, **kwargs):
         started = time.perf_counter()
@@ -211,12 +231,13 @@ async def measure(window: MainWindow, source: SyntheticSource) -> dict:
     idle.stop()
     app = QApplication.instance()
     probe = StallProbe()
+    collections = CollectionWatch()
     probe.start()
-    app.recording = True
+    app.recording = collections.recording = True
     cpu_started = time.thread_time()
     await window.run(compare=False)
     gui_cpu_s = time.thread_time() - cpu_started
-    app.recording = False
+    app.recording = collections.recording = False
     probe.stop()
     drawing = [view[0] + buffers[0] + redraw[0]]
     record = window.records[0]
@@ -232,6 +253,8 @@ async def measure(window: MainWindow, source: SyntheticSource) -> dict:
         "tokens/s (kept)": record.summary.tokens_per_s,
         **idle.figures(f"idle window, {IDLE_S:.0f} s: "),
         **probe.figures("session: "),
+        "longest garbage collection ms": collections.longest_ms,
+        "  of generation": collections.generation,
         "longest event handled, GUI CPU ms": app.longest_event_cpu_ms,
         "  which was": app.longest_event,
         "GUI thread CPU share of wall time": gui_cpu_s / max(1e-9, record.summary.decode_s),
@@ -257,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         window = MainWindow(settings=None, host=host)
         window.decoding_panel.max_new_tokens.setValue(8192)
         window.show()
+        freeze_long_lived_objects()
         result = loop.run_until_complete(measure(window, source))
         window.close()
     print(f"window responsiveness at {args.rate:.0f} tokens/s for {args.seconds:.0f} s "
