@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 from PySide6.QtCore import QTimer
-from PySide6.QtGui import QFont
+from PySide6.QtGui import QFont, QFontMetrics
 from PySide6.QtWidgets import QFormLayout, QGridLayout, QHBoxLayout, QLabel, QWidget
 
 import pyqtgraph as pg  # after PySide6, so pyqtgraph binds to it
@@ -24,6 +24,7 @@ from engine.stats import SessionStats
 
 REDRAW_HZ = 8
 SYMBOL_LIMIT = 300  # rounds: beyond this, per-round points are drawn as a line (symbols cost per point)
+WIDEST_FIGURE = "0.000  (0000000/0000000)"  # the acceptance rate of a 10-million-token session
 MAX_POINTS = 500  # per curve: a chart is a few hundred pixels wide, so more points only cost paint time
 SPEC_PEN = pg.mkPen("#1f5fd1", width=2)
 PLAIN_PEN = pg.mkPen("#777777", width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
@@ -118,6 +119,9 @@ def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
     widget.setMinimumSize(220, 150)
     for side in ("left", "bottom"):
         widget.getAxis(side).enableAutoSIPrefix(False)
+    # room for six-digit ticks from the start: an axis that widens as values grow relayouts its plot
+    widget.getAxis("left").setStyle(autoExpandTextSpace=False,
+                                    tickTextWidth=QFontMetrics(widget.font()).horizontalAdvance("000000"))
     return widget
 
 
@@ -156,10 +160,14 @@ class SessionCharts(QWidget):
         bold.setBold(True)
         for name, label in self.figures.items():
             label.setFont(bold)
+            # a fixed size, as wide as the widest figure: a label that grew with its text would
+            # relayout the panel and resize (so repaint) all four charts
+            label.setText(WIDEST_FIGURE)
+            label.setFixedSize(label.sizeHint())
+            label.setText("–")
             form.addRow(name, label)
         figures = QWidget()
         figures.setLayout(form)
-        figures.setMinimumWidth(230)
 
         grid = QGridLayout()
         grid.addWidget(self.acceptance_plot, 0, 0)
