@@ -92,7 +92,8 @@ def thinned(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.n
     """Every stride-th point (and the last), at most about `limit`: enough for a smooth curve."""
     if x.size <= limit:
         return x, y
-    index = np.arange(x.size - 1, -1, -(-x.size // limit))[::-1]
+    stride = -(-x.size // limit)
+    index = np.arange(x.size - 1, -1, -stride)[::-1]  # counted back from the last point, which stays
     return x[index], y[index]
 
 
