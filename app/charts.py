@@ -238,6 +238,7 @@ class SessionCharts(QWidget):
         else:
             self._per_round.setData(rounds, spec.acceptance_per_round, connect="finite", symbol="o", pen=None)
         self._cumulative.setData(*thinned(rounds, spec.cumulative_acceptance), connect="finite")
+        _fit_range(self.acceptance_plot)
 
     def _draw_speed(self) -> None:
         spec = self.speculative
@@ -247,14 +248,17 @@ class SessionCharts(QWidget):
                                       connect="finite")
         else:
             self._plain_speed.setData([], [])
+        _fit_range(self.speed_plot)
 
     def _draw_histogram(self) -> None:
         lengths, counts = self.speculative.kept_histogram()
         self._histogram.setOpts(x=lengths, height=counts)
+        _fit_range(self.histogram_plot)
 
     def _draw_by_position(self) -> None:
         by_position = np.asarray(self.speculative.stats.accepted_by_position, dtype=np.float64)
         self._by_position.setOpts(x=np.arange(1, by_position.size + 1, dtype=np.float64), height=by_position)
+        _fit_range(self.position_plot)
 
     def _update_figures(self) -> None:
         stats = self.speculative.stats
@@ -284,6 +288,12 @@ class SessionCharts(QWidget):
             return None
         plain = self.plain.summary.tokens_per_s
         return self.speculative.summary.tokens_per_s / plain if plain > 0 else None
+
+
+def _fit_range(plot: pg.PlotWidget) -> None:
+    """Auto-range and move the view now rather than when the plot paints: a range or transform set
+    while painting marks the axes or the data area again, which costs a second paint of the chart."""
+    plot.getViewBox().prepareForPaint()
 
 
 def _rate(tokens_per_s: float) -> str:
