@@ -99,6 +99,7 @@ class TokenView(QWidget):
 
     def clear(self) -> None:
         self.tokens: list[TokenEvent] = []
+        self._kept_pieces: list[str] = []  # each kept token's text, in order: the session's text grows here
         self.summary: SummaryEvent | None = None
         self._tail = ""  # text the session flushed at its end that no token event carried
         self._span_starts: list[int] = []  # document position where each shown token starts
@@ -113,6 +114,7 @@ class TokenView(QWidget):
         new = [e for e in batch if isinstance(e, TokenEvent)]
         first = len(self.tokens)
         self.tokens.extend(new)
+        self._kept_pieces.extend(e.text for e in new if e.state.kept)
         self._render(first)
         for event in batch:
             if isinstance(event, SummaryEvent):
@@ -168,7 +170,7 @@ class TokenView(QWidget):
 
     def kept_text(self) -> str:
         """The session's text: every kept token's piece, in order."""
-        return "".join(e.text for e in self.tokens if e.state.kept) + self._tail
+        return "".join(self._kept_pieces) + self._tail
 
     def shown_text(self) -> str:
         return self.text.document().toRawText().replace("\u2029", "\n")
