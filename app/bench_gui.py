@@ -9,7 +9,8 @@ is time the event loop could not answer (a stall). The (fake) pair is loaded and
 before anything is measured. On a shared machine the operating system causes stalls too, so the
 same probe first runs for 2 s on the idle window (the machine's own baseline), and every gap is
 split into the GUI thread's CPU time (work the window did), its run-queue wait (Linux: runnable
-but another process had the core) and the rest (blocked: the GIL, a lock). Drawing cost is the time
+but another process had the core) and the rest: waiting for the GIL or a lock, or time a virtual
+machine's hypervisor gave to other machines (reported as the stolen share). Drawing cost is the time
 spent in the token view, the chart buffers and the chart redraws (Python side; Qt's painting shows
 in the stall and in the GUI thread's CPU share), divided by the tokens shown.
 """
@@ -133,6 +134,15 @@ def _scheduler_ms() -> tuple[float, float]:
         return 1e3 * time.thread_time(), 0.0
 
 
+def _stolen_ms() -> float:
+    """CPU time the hypervisor gave to other machines, all cores together (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/stat") as stat:
+            return 1e3 * int(stat.readline().split()[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 @dataclass
 class Gap:
     """The time between two probe ticks, split by what the GUI thread was doing."""
@@ -142,7 +152,7 @@ class Gap:
     waiting_ms: float  # runnable, but the operating system ran something else
 
     @property
-    def blocked_ms(self) -> float:
+    def other_ms(self) -> float:
         return max(0.0, self.ms - self.cpu_ms - self.waiting_ms)
 
 
@@ -161,10 +171,13 @@ class StallProbe:
     def start(self) -> None:
         self.clock.start()
         self._scheduler = _scheduler_ms()
+        self._began = (time.perf_counter(), _stolen_ms())
         self.timer.start()
 
     def stop(self) -> None:
         self.timer.stop()
+        wall_ms = 1e3 * (time.perf_counter() - self._began[0])
+        self.stolen_share = (_stolen_ms() - self._began[1]) / max(1e-9, wall_ms * (os.cpu_count() or 1))
 
     def _on_tick(self) -> None:
         cpu, waiting = _scheduler_ms()
@@ -180,11 +193,12 @@ class StallProbe:
         longest = max(self.gaps, key=lambda g: g.ms)
         return {
             f"{prefix}longest stall ms": longest.ms,
-            f"{prefix}  GUI CPU / run-queue wait / blocked ms":
-                f"{longest.cpu_ms:.1f} / {longest.waiting_ms:.1f} / {longest.blocked_ms:.1f}",
+            f"{prefix}  GUI CPU / run-queue wait / other ms":
+                f"{longest.cpu_ms:.1f} / {longest.waiting_ms:.1f} / {longest.other_ms:.1f}",
             f"{prefix}99.9th percentile gap ms": ms[int(0.999 * (len(ms) - 1))],
             f"{prefix}gaps over {GOAL_MS} ms": sum(g.ms > GOAL_MS for g in self.gaps),
             f"{prefix}most GUI CPU in one gap ms": max(g.cpu_ms for g in self.gaps),
+            f"{prefix}CPU stolen by the hypervisor, share": self.stolen_share,
         }
 
 
@@ -208,18 +222,24 @@ class CollectionWatch:
 
 
 def _timed(accumulator: list[float], function):
+    """`function`, adding its wall time to accumulator[0]; accumulator[1] counts the timed calls
+    running, so that a call made from inside another one is not counted twice."""
     def wrapper(*args, **kwargs):
         started = time.perf_counter()
+        accumulator[1] += 1
         try:
             return function(*args, **kwargs)
         finally:
-            accumulator[0] += time.perf_counter() - started
+            accumulator[1] -= 1
+            if not accumulator[1]:
+                accumulator[0] += time.perf_counter() - started
     return wrapper
 
 
 async def measure(window: MainWindow, source: SyntheticSource) -> dict:
-    view, buffers, redraw = [0.0], [0.0], [0.0]
+    view, buffers, redraw = [0.0, 0], [0.0, 0], [0.0, 0]
     window.speculative_view.add_events = _timed(view, window.speculative_view.add_events)
+    window.speculative_view._render = _timed(view, window.speculative_view._render)
     window.charts.add_events = _timed(buffers, window.charts.add_events)
     window.charts.redraw = _timed(redraw, window.charts.redraw)
     window.charts._parts = tuple(_timed(redraw, part) for part in window.charts._parts)
