@@ -27,6 +27,8 @@ REDRAW_HZ = 8
 SYMBOL_LIMIT = 300  # rounds: beyond this, per-round points are drawn as a line (symbols cost per point)
 WIDEST_FIGURE = "0.000  (0000000/0000000)"  # the acceptance rate of a 10-million-token session
 MAX_POINTS = 500  # per curve: a chart is a few hundred pixels wide, so more points only cost paint time
+NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0)  # axis ends: one of these times a power of ten
+RANGE_MARGIN = 0.06  # beyond each end of an axis, so that the end ticks' labels still show
 SPEC_PEN = pg.mkPen("#1f5fd1", width=2)
 PLAIN_PEN = pg.mkPen("#777777", width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
 
@@ -294,10 +296,6 @@ class SessionCharts(QWidget):
         return self.speculative.summary.tokens_per_s / plain if plain > 0 else None
 
 
-NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0)
-RANGE_MARGIN = 0.06
-
-
 def nice_ceiling(value: float) -> float:
     """The smallest 1, 1.5, 2, 3, 5 or 7.5 times a power of ten that is at least `value`."""
     if not np.isfinite(value) or value <= 0:
@@ -317,7 +315,7 @@ def _show_range(plot: pg.PlotWidget, x: tuple[float, float] | None = None, y: tu
     for axis, wanted in enumerate((x, y)):
         if wanted is None:
             continue
-        margin = RANGE_MARGIN * (wanted[1] - wanted[0])  # so that the ticks at the ends still show
+        margin = RANGE_MARGIN * (wanted[1] - wanted[0])
         padded = (wanted[0] - margin, wanted[1] + margin)
         if not np.allclose(shown[axis], padded):
             (view.setXRange if axis == 0 else view.setYRange)(*padded, padding=0)
