@@ -4,7 +4,8 @@ draft position, with the headline figures beside them.
 
 Events only append to preallocated float64 buffers (`SessionSeries`); a timer redraws each chart
 at 8 Hz when something changed (one chart per tick, so no single pass of the event loop repaints
-all four), from at most `MAX_POINTS` points per curve, so drawing costs the same however fast
+all four), from at most `MAX_POINTS` points per curve, on axes that grow in steps (so their ticks
+are recomputed a few times per session, not at every redraw): drawing costs the same however fast
 tokens arrive and however long the session runs. The predicted
 speedup is Leviathan et al. 2023, eq. 1 (see `engine.stats`); the measured one is speculative
 tokens/s over plain tokens/s from a compare run.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 from PySide6.QtCore import QTimer
-from PySide6.QtGui import QFont
+from PySide6.QtGui import QFont, QFontMetrics
 from PySide6.QtWidgets import QFormLayout, QGridLayout, QHBoxLayout, QLabel, QWidget
 
 import pyqtgraph as pg  # after PySide6, so pyqtgraph binds to it
@@ -24,7 +25,10 @@ from engine.stats import SessionStats
 
 REDRAW_HZ = 8
 SYMBOL_LIMIT = 300  # rounds: beyond this, per-round points are drawn as a line (symbols cost per point)
+WIDEST_FIGURE = "0.000  (0000000/0000000)"  # the acceptance rate of a 10-million-token session
 MAX_POINTS = 500  # per curve: a chart is a few hundred pixels wide, so more points only cost paint time
+NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0)  # axis ends: one of these times a power of ten
+RANGE_MARGIN = 0.06  # beyond each end of an axis, so that the end ticks' labels still show
 SPEC_PEN = pg.mkPen("#1f5fd1", width=2)
 PLAIN_PEN = pg.mkPen("#777777", width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
 
@@ -91,7 +95,8 @@ def thinned(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.n
     """Every stride-th point (and the last), at most about `limit`: enough for a smooth curve."""
     if x.size <= limit:
         return x, y
-    index = np.arange(x.size - 1, -1, -(-x.size // limit))[::-1]
+    stride = -(-x.size // limit)
+    index = np.arange(x.size - 1, -1, -stride)[::-1]  # counted back from the last point, which stays
     return x[index], y[index]
 
 
@@ -118,6 +123,9 @@ def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
     widget.setMinimumSize(220, 150)
     for side in ("left", "bottom"):
         widget.getAxis(side).enableAutoSIPrefix(False)
+    # room for six-digit ticks from the start: an axis that widens as values grow relayouts its plot
+    widget.getAxis("left").setStyle(autoExpandTextSpace=False,
+                                    tickTextWidth=QFontMetrics(widget.font()).horizontalAdvance("000000"))
     return widget
 
 
@@ -127,13 +135,14 @@ class SessionCharts(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.acceptance_plot = _plot("Acceptance per round (dots), cumulative (line)", "accepted / drafted", "round")
-        self.acceptance_plot.setYRange(0, 1.05)
+        self.acceptance_plot.setYRange(0, 1.0, padding=RANGE_MARGIN)
         self._per_round = self.acceptance_plot.plot(pen=None, symbol="o", symbolSize=5, symbolBrush="#1b8a2f",
                                                     symbolPen=None)
         self._cumulative = self.acceptance_plot.plot(pen=pg.mkPen("#222", width=2))
 
         self.speed_plot = _plot("Tokens/s over time", "tokens/s", "decoding time (s)")
-        self.speed_plot.addLegend(offset=(-5, 5), brush=pg.mkBrush(255, 255, 255, 220))
+        # one row in the bottom right: the axis starts at 0, so the curves run through the upper part
+        self.speed_plot.addLegend(offset=(-5, -5), colCount=2, brush=pg.mkBrush(255, 255, 255, 220))
         self._spec_speed = self.speed_plot.plot(pen=SPEC_PEN, name="speculative")
         self._plain_speed = self.speed_plot.plot(pen=PLAIN_PEN, name="plain")
 
@@ -143,7 +152,7 @@ class SessionCharts(QWidget):
         self.histogram_plot.getAxis("bottom").setTickSpacing(1, 1)
 
         self.position_plot = _plot("Acceptance by draft position", "acceptance", "draft position")
-        self.position_plot.setYRange(0, 1.05)
+        self.position_plot.setYRange(0, 1.0, padding=RANGE_MARGIN)
         self._by_position = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#1f5fd1")
         self.position_plot.addItem(self._by_position)
         self.position_plot.getAxis("bottom").setTickSpacing(1, 1)
@@ -156,10 +165,14 @@ class SessionCharts(QWidget):
         bold.setBold(True)
         for name, label in self.figures.items():
             label.setFont(bold)
+            # a fixed size, as wide as the widest figure: a label that grew with its text would
+            # relayout the panel and resize (so repaint) all four charts
+            label.setText(WIDEST_FIGURE)
+            label.setFixedSize(label.sizeHint())
+            label.setText("–")
             form.addRow(name, label)
         figures = QWidget()
         figures.setLayout(form)
-        figures.setMinimumWidth(230)
 
         grid = QGridLayout()
         grid.addWidget(self.acceptance_plot, 0, 0)
@@ -229,23 +242,29 @@ class SessionCharts(QWidget):
         else:
             self._per_round.setData(rounds, spec.acceptance_per_round, connect="finite", symbol="o", pen=None)
         self._cumulative.setData(*thinned(rounds, spec.cumulative_acceptance), connect="finite")
+        _show_range(self.acceptance_plot, x=(0.0, nice_ceiling(rounds[-1] if rounds.size else 1.0)))
 
     def _draw_speed(self) -> None:
-        spec = self.speculative
-        self._spec_speed.setData(*thinned(spec.column("elapsed_s"), spec.tokens_per_s), connect="finite")
-        if self.plain is not None:
-            self._plain_speed.setData(*thinned(self.plain.column("elapsed_s"), self.plain.tokens_per_s),
-                                      connect="finite")
-        else:
-            self._plain_speed.setData([], [])
+        series = [s for s in (self.speculative, self.plain) if s is not None]
+        curves = [thinned(s.column("elapsed_s"), s.tokens_per_s) for s in series]
+        self._spec_speed.setData(*curves[0], connect="finite")
+        self._plain_speed.setData(*(curves[1] if len(curves) > 1 else ([], [])), connect="finite")
+        elapsed = max((float(s.column("elapsed_s")[-1]) for s in series if s.size), default=1.0)
+        rates = [y[np.isfinite(y)] for _, y in curves]
+        fastest = max((float(r.max()) for r in rates if r.size), default=1.0)
+        _show_range(self.speed_plot, x=(0.0, nice_ceiling(elapsed)), y=(0.0, nice_ceiling(1.05 * fastest)))
 
     def _draw_histogram(self) -> None:
         lengths, counts = self.speculative.kept_histogram()
         self._histogram.setOpts(x=lengths, height=counts)
+        longest = float(lengths[-1]) if lengths.size else 1.0
+        _show_range(self.histogram_plot, x=(0.4, longest + 0.6),
+                    y=(0.0, nice_ceiling(1.05 * float(counts.max())) if counts.size else 1.0))
 
     def _draw_by_position(self) -> None:
         by_position = np.asarray(self.speculative.stats.accepted_by_position, dtype=np.float64)
         self._by_position.setOpts(x=np.arange(1, by_position.size + 1, dtype=np.float64), height=by_position)
+        _show_range(self.position_plot, x=(0.4, max(1, by_position.size) + 0.6))
 
     def _update_figures(self) -> None:
         stats = self.speculative.stats
@@ -275,6 +294,32 @@ class SessionCharts(QWidget):
             return None
         plain = self.plain.summary.tokens_per_s
         return self.speculative.summary.tokens_per_s / plain if plain > 0 else None
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 1.5, 2, 3, 5 or 7.5 times a power of ten that is at least `value`."""
+    if not np.isfinite(value) or value <= 0:
+        return 1.0
+    decade = 10.0 ** np.floor(np.log10(value))
+    return next(step * decade for step in NICE_STEPS if step * decade >= value * (1 - 1e-12))
+
+
+def _show_range(plot: pg.PlotWidget, x: tuple[float, float] | None = None, y: tuple[float, float] | None = None) -> None:
+    """Set a chart's ranges, which grow in steps as the data does, and settle its view now.
+
+    A range that followed the data exactly would change at every redraw, and each change makes
+    pyqtgraph recompute and redraw both axes' ticks, labels and grid (most of a chart's paint time).
+    Settling now rather than while the chart paints keeps that to one paint per redraw."""
+    view = plot.getViewBox()
+    shown = view.viewRange()
+    for axis, wanted in enumerate((x, y)):
+        if wanted is None:
+            continue
+        margin = RANGE_MARGIN * (wanted[1] - wanted[0])
+        padded = (wanted[0] - margin, wanted[1] + margin)
+        if not np.allclose(shown[axis], padded):
+            (view.setXRange if axis == 0 else view.setYRange)(*padded, padding=0)
+    view.prepareForPaint()
 
 
 def _rate(tokens_per_s: float) -> str:

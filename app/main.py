@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QApplication
 import qasync
 
 from app.main_window import MainWindow
-from app.worker import error_message
+from app.worker import error_message, freeze_long_lived_objects
 from engine.errors import SpecDeckError
 
 DEMO_PRESET = "summarization"
@@ -57,11 +57,13 @@ def run_gui(args) -> int:
         if args.demo:
             window = MainWindow(settings=None)
             window.show()
+            freeze_long_lived_objects()
             return loop.run_until_complete(demo(window, args.screenshot, args.export_csv))
         if args.screenshot or args.export_csv:
             raise SpecDeckError("--screenshot and --export-csv go with --demo.")
         window = MainWindow(settings=QSettings())
         window.show()
+        freeze_long_lived_objects()
         # Ctrl+C in the terminal closes the window cleanly; the timer lets Python see the signal
         signal.signal(signal.SIGINT, lambda *_: window.close())
         wake = QTimer(interval=250)

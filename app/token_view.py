@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import bisect
 
-from PySide6.QtCore import QEvent
+from PySide6.QtCore import QEvent, QTimer
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QToolTip, QVBoxLayout, QWidget
 
 from engine.events import SummaryEvent, TokenEvent, TokenState
+
+RENDER_INTERVAL_MS = 50
 
 STATE_COLOURS = {
     TokenState.ACCEPTED: QColor("#1b8a2f"),
@@ -87,6 +89,12 @@ class TokenView(QWidget):
         self.text.setFont(QFont("DejaVu Sans Mono", 10))
         self.text.setMouseTracking(True)
         self.text.viewport().installEventFilter(self)
+        # batches arrive every ~25 ms; rendering at most this often keeps the view's repaints (a
+        # whole viewport each time it scrolls) fewer than the batches, however fast tokens come
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(RENDER_INTERVAL_MS)
+        self._render_timer.timeout.connect(self._flush)
         header = QHBoxLayout()
         header.addWidget(self.title)
         header.addStretch(1)
@@ -99,28 +107,40 @@ class TokenView(QWidget):
 
     def clear(self) -> None:
         self.tokens: list[TokenEvent] = []
+        self._kept_pieces: list[str] = []  # each kept token's text, in order: the session's text grows here
         self.summary: SummaryEvent | None = None
         self._tail = ""  # text the session flushed at its end that no token event carried
         self._span_starts: list[int] = []  # document position where each shown token starts
         self._span_tokens: list[int] = []  # index into self.tokens of each shown token
         self._length = 0
+        self._rendered = 0  # tokens[:_rendered] are in the document
+        self._render_timer.stop()
         self.text.clear()
 
     # feeding --------------------------------------------------------------------------------------
 
     def add_events(self, batch: tuple) -> None:
-        """Append a batch's token events, joining runs of the same state into one insertion."""
+        """Take a batch's token events; the document catches up within `RENDER_INTERVAL_MS`, in one
+        insertion per run of the same state, or at once when the session ends or the view is read."""
         new = [e for e in batch if isinstance(e, TokenEvent)]
-        first = len(self.tokens)
         self.tokens.extend(new)
-        self._render(first)
+        self._kept_pieces.extend(e.text for e in new if e.state.kept)
+        if new and not self._render_timer.isActive():
+            self._render_timer.start()
         for event in batch:
             if isinstance(event, SummaryEvent):
                 self.summary = event
+                self._flush()
                 kept = self.kept_text()
                 if event.text.startswith(kept) and len(event.text) > len(kept):
                     self._tail = event.text[len(kept):]
                     self._insert(self._tail, TokenState.PLAIN)
+
+    def _flush(self) -> None:
+        """Draw the tokens that arrived since the last render."""
+        self._render_timer.stop()
+        if self._rendered < len(self.tokens):
+            self._render(self._rendered)
 
     def _render(self, first: int) -> None:
         """Append tokens[first:]; a view scrolled to its end follows the new text."""
@@ -130,21 +150,23 @@ class TokenView(QWidget):
         cursor = QTextCursor(self.text.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         cursor.beginEditBlock()
-        run_state, run_text = None, []
+        run_state, run_text, run_length = None, [], 0
         for index in range(first, len(self.tokens)):
             event = self.tokens[index]
             if event.state is TokenState.REJECTED and not show:
                 continue
             if event.state is not run_state and run_text:
                 self._write(cursor, "".join(run_text), run_state)
-                run_text = []
+                run_text, run_length = [], 0
             run_state = event.state
-            self._span_starts.append(self._length + sum(len(t) for t in run_text))
+            self._span_starts.append(self._length + run_length)
             self._span_tokens.append(index)
             run_text.append(event.text)
+            run_length += len(event.text)
         if run_text:
             self._write(cursor, "".join(run_text), run_state)
         cursor.endEditBlock()
+        self._rendered = len(self.tokens)
         if following:
             bar.setValue(bar.maximum())
 
@@ -158,6 +180,7 @@ class TokenView(QWidget):
         self._write(cursor, text, state)
 
     def _on_show_rejected_toggled(self, _checked: bool) -> None:
+        self._render_timer.stop()
         self._span_starts, self._span_tokens, self._length = [], [], 0
         self.text.clear()
         self._render(0)
@@ -168,13 +191,15 @@ class TokenView(QWidget):
 
     def kept_text(self) -> str:
         """The session's text: every kept token's piece, in order."""
-        return "".join(e.text for e in self.tokens if e.state.kept) + self._tail
+        return "".join(self._kept_pieces) + self._tail
 
     def shown_text(self) -> str:
+        self._flush()
         return self.text.document().toRawText().replace("\u2029", "\n")
 
     def token_at(self, position: int) -> TokenEvent | None:
         """The token whose text covers document position `position`."""
+        self._flush()
         i = bisect.bisect_right(self._span_starts, position) - 1
         if i < 0:
             return None
@@ -199,6 +224,7 @@ class TokenView(QWidget):
 
     def formats(self) -> list[tuple[str, TokenState | None]]:
         """(text, state) for each run of characters of one format, as drawn: what a test reads."""
+        self._flush()
         runs: list[tuple[str, TokenState | None]] = []
         block = self.text.document().begin()
         while block.isValid():

@@ -14,6 +14,7 @@ tokens come, and every event arrives exactly once, in order.
 from __future__ import annotations
 
 import asyncio
+import gc
 import tempfile
 import threading
 import time
@@ -33,6 +34,20 @@ from engine.events import SummaryEvent
 from engine.session import ModelPair, load_pair, run_session
 
 BATCH_INTERVAL_S = 0.025
+
+
+def freeze_long_lived_objects() -> None:
+    """Collect garbage once, then leave every object alive now out of later collections (gc.freeze).
+
+    A full collection scans every tracked object while holding the GIL. With torch, transformers,
+    Qt and a loaded model that is ~400k objects and 150-400 ms in which the GUI thread cannot run,
+    and a fast session's events trigger one every few seconds, whichever thread allocates. The
+    objects alive after start-up or a load (modules, classes, widgets, the models) live as long as
+    the process or the pair, so they need no scanning. Unfreezing first lets the collection free a
+    replaced pair's reference cycles."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 class LoadCancelled(Exception):
@@ -146,6 +161,7 @@ class ModelWorker(QObject):
             self.load_failed.emit(request.load_id, error_message(error), False)
             return
         self._pair = pair  # the previous pair is released only once the new one loaded
+        freeze_long_lived_objects()
         self.loaded.emit(request.load_id, describe(pair))
 
     @Slot(object)

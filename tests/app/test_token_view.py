@@ -71,6 +71,19 @@ def test_hover_finds_the_token_and_its_figures(qtbot):
     assert view.token_at(len("The cat s")).text == " sat"
 
 
+def test_batches_are_drawn_together_soon_after_they_arrive(qtbot):
+    """Batches that arrive in quick succession reach the screen together, without anyone reading the view."""
+    view = TokenView()
+    qtbot.addWidget(view)
+    events = _session()
+    view.add_events(events[:4])
+    view.add_events(events[4:])
+    document = view.text.document()
+    assert document.toPlainText() == ""
+    qtbot.waitUntil(lambda: document.toPlainText() == "The cat dog ran sat on mat\né", timeout=2000)
+    assert view.formats()[:3] == [("The cat", A), (" dog ran", R), (" sat", S)]
+
+
 def test_text_flushed_at_the_end_is_shown(qtbot):
     """Text that only the summary carries (an unfinished character flushed at the end) still appears."""
     view = TokenView()
@@ -92,6 +105,7 @@ def test_tooltip_event_shows_the_hovered_token(qtbot, monkeypatch):
     view.resize(600, 300)
     view.show()
     view.add_events(_session())
+    qtbot.waitUntil(lambda: view.text.document().toPlainText() == "The cat dog ran sat on mat\né")
     cursor = QTextCursor(view.text.document())
     cursor.setPosition(len("The cat do"))
     point = view.text.cursorRect(cursor).center() + QPoint(-2, 0)

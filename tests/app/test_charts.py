@@ -1,0 +1,69 @@
+"""The charts of a long session still draw every curve, from a bounded number of points."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.charts import MAX_POINTS, SessionCharts, nice_ceiling, thinned
+from engine.events import RoundEvent, TokenEvent, TokenState
+
+
+def _long_session(rounds: int) -> tuple:
+    """`rounds` rounds of 4 drafts, 2 accepted, 2 rejected and a resample (3 tokens kept), 10 ms each."""
+    events = []
+    for i in range(1, rounds + 1):
+        pos = 3 * (i - 1)
+        events += [TokenEvent(TokenState.ACCEPTED, 1, "a", pos, i, 0.9, 0.8),
+                   TokenEvent(TokenState.ACCEPTED, 1, "b", pos + 1, i, 0.9, 0.8),
+                   TokenEvent(TokenState.REJECTED, 2, "c", pos + 2, i, 0.1, 0.6),
+                   TokenEvent(TokenState.REJECTED, 2, "d", pos + 2, i, 0.1, 0.6),
+                   TokenEvent(TokenState.RESAMPLED, 3, "e", pos + 2, i, 0.5, 0.1),
+                   RoundEvent(i, 4, 2, 1.0, 4.0, 3 * i, 0.01 * i)]
+    return tuple(events)
+
+
+def test_thinned_keeps_the_last_point_and_at_most_the_limit():
+    """Thinning a long curve keeps its last point, its order, and no more than the limit."""
+    x = np.arange(10_001, dtype=np.float64)
+    tx, ty = thinned(x, 2 * x, limit=500)
+    assert 0 < tx.size <= 500
+    assert tx[-1] == x[-1] and np.all(np.diff(tx) > 0)
+    assert np.array_equal(ty, 2 * tx)
+
+
+def test_long_session_curves_reach_the_last_round(qtbot):
+    """With more rounds than a curve draws points, the cumulative acceptance and tokens/s curves
+    still run to the last round with the session's figures."""
+    charts = SessionCharts()
+    qtbot.addWidget(charts)
+    rounds = 4 * MAX_POINTS + 3
+    charts.add_events(_long_session(rounds))
+    charts.redraw()
+    x, y = charts._cumulative.getData()
+    assert 0 < x.size <= MAX_POINTS and x[-1] == rounds and y[-1] == 0.5
+    x, y = charts._spec_speed.getData()
+    assert 0 < x.size <= MAX_POINTS and np.isclose(x[-1], 0.01 * rounds) and np.isclose(y[-1], 300.0)
+
+
+def test_every_curve_and_bar_stays_inside_its_chart(qtbot):
+    """As a session grows, each chart's axes grow with it: no point or bar is drawn outside the view."""
+    charts = SessionCharts()
+    qtbot.addWidget(charts)
+    for rounds in (3, 40, 1_000, 4_000):
+        charts.reset()
+        charts.add_events(_long_session(rounds))
+        charts.redraw()
+        for plot, items in ((charts.acceptance_plot, (charts._per_round, charts._cumulative)),
+                            (charts.speed_plot, (charts._spec_speed,)),
+                            (charts.histogram_plot, (charts._histogram,)),
+                            (charts.position_plot, (charts._by_position,))):
+            (x0, x1), (y0, y1) = plot.getViewBox().viewRange()
+            for item in items:
+                bounds = item.boundingRect() if hasattr(item, "setOpts") else item.curve.boundingRect()
+                assert x0 <= bounds.left() and bounds.right() <= x1, (plot.plotItem.titleLabel.text, rounds)
+                assert y0 <= bounds.top() and bounds.bottom() <= y1, (plot.plotItem.titleLabel.text, rounds)
+
+
+def test_nice_ceiling_steps():
+    """Axis ends are 1, 1.5, 2, 3, 5 or 7.5 times a power of ten, the first at or above the value."""
+    assert [nice_ceiling(v) for v in (0.7, 1, 1.2, 2.9, 4, 6, 9, 2668, 0.0)] == [0.75, 1, 1.5, 3, 5, 7.5, 10, 3000, 1.0]
