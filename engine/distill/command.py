@@ -45,6 +45,8 @@ def add_train_draft_command(commands) -> None:
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--max-length", type=int, default=defaults.max_length)
     parser.add_argument("--train-embedding", action="store_true", help="also train the tied embedding")
+    parser.add_argument("--eval-every", type=int, default=defaults.eval_every,
+                        help="steps between held-out evaluations (and checkpoints)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.set_defaults(handler=run_train_draft)
 
@@ -54,8 +56,8 @@ def run_train_draft(args) -> int:
     from engine.distill.train import TrainConfig, train_draft
     from engine.models import DEFAULT_TARGET
 
-    if args.steps < 1 or args.batch < 1 or args.hidden < 8 or args.layers < 1:
-        raise SpecDeckError("--steps, --batch and --layers must be at least 1, --hidden at least 8.")
+    if min(args.steps, args.batch, args.layers, args.eval_every) < 1 or args.hidden < 8:
+        raise SpecDeckError("--steps, --batch, --layers and --eval-every must be at least 1, --hidden at least 8.")
     if min(args.answers, args.passages, args.code, args.documents, args.teacher_shards, args.output_vocab) < 0:
         raise SpecDeckError("--answers, --passages, --code, --documents, --teacher-shards and --output-vocab "
                             "cannot be negative.")
@@ -66,7 +68,7 @@ def run_train_draft(args) -> int:
         teacher_shards=args.teacher_shards, output_vocab=args.output_vocab, bfloat16=not args.float32,
         documents=args.documents, max_length=args.max_length,
         steps=args.steps, batch_sequences=args.batch, lr=args.lr, train_embedding=args.train_embedding,
-        threads=args.threads,
+        threads=args.threads, eval_every=args.eval_every,
     )
     out = Path(args.out).expanduser()
     if (out / "checkpoint.pt").exists() and not args.resume:
