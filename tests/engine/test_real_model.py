@@ -1,8 +1,10 @@
 """The built-in SmolLM2-135M-Instruct: real tokenizer, real text."""
 
+from pathlib import Path
+
 import pytest
 
-from engine import DecodeConfig, PromptLookupDrafter, TokenEvent, encode_prompt, generate, load_model
+from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate, load_model
 
 
 @pytest.fixture(scope="module")
@@ -30,3 +32,23 @@ def test_chat_template_is_applied(smollm2):
     raw = smollm2.tokenizer.decode(encode_prompt(smollm2.tokenizer, "Hello", chat=False))
     assert "<|im_start|>user" in chat and chat.rstrip().endswith("assistant")
     assert "<|im_start|>" not in raw
+
+
+def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
+    """The bundled draft fits the size limit, passes the vocabulary check against the built-in
+    target, proposes from its reduced vocabulary, and leaves greedy output unchanged while
+    actually getting drafts accepted."""
+    from engine.models import DEFAULT_DRAFT, check_vocabularies, locate
+
+    folder = Path(locate(DEFAULT_DRAFT))
+    assert sum(f.stat().st_size for f in folder.glob("*.safetensors")) <= 32_000_000
+    assert (folder / "README.md").is_file()  # the model card
+    draft = load_model(DEFAULT_DRAFT)
+    check_vocabularies(smollm2, draft)
+    assert draft.output_ids is not None and len(draft.output_ids) < smollm2.vocab_width
+    ids = encode_prompt(smollm2.tokenizer, "Explain in simple terms why the sky is blue.")
+    config = DecodeConfig(k=3, max_new_tokens=64)
+    plain = [e.token_id for e in generate(smollm2, ids, config) if isinstance(e, TokenEvent)]
+    spec = list(generate(smollm2, ids, config, DraftModelDrafter(draft.model, output_ids=draft.output_ids)))
+    assert [e.token_id for e in spec if isinstance(e, TokenEvent) and e.state.kept] == plain
+    assert spec[-1].accepted > spec[-1].drafted / 4
