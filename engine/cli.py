@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 
 _COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "resampled": "\033[33m", "bonus": "\033[34m", "plain": ""}
@@ -32,7 +33,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--k", type=int, default=4, help="draft tokens per round")
+    parser.add_argument("--k", type=int, default=DecodeConfig.k, help="draft tokens per round")
     parser.add_argument("--schedule", choices=("constant", "heuristic"), default="constant")
     parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting below this top probability")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -45,7 +46,6 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def decode_config(args):
-    from engine.config import DecodeConfig
 
     return DecodeConfig(k=args.k, schedule=args.schedule, confidence_threshold=args.confidence,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 
 
@@ -21,7 +22,7 @@ def add_bench_command(commands) -> None:
                        help="Spec-Bench jsonl, HumanEval jsonl, or one prompt per line (default: the bundled sample)")
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
-    bench.add_argument("--k", default="4", help="draft tokens per round, or a sweep: 1,2,3,4,6,8")
+    bench.add_argument("--k", default=str(DecodeConfig.k), help="draft tokens per round, or a sweep: 1,2,3,4,6,8")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (texts are then checked)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3, help="timed runs per prompt and method (median kept)")
@@ -70,7 +71,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from engine.bench.prompts import read_prompts, sample_prompts
     from engine.bench.runner import BenchSettings
-    from engine.config import DecodeConfig
     from engine.session import load_pair
 
     ks = parse_ks(args.k)

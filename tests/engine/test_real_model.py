@@ -52,3 +52,16 @@ def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
     spec = list(generate(smollm2, ids, config, DraftModelDrafter(draft.model, output_ids=draft.output_ids)))
     assert [e.token_id for e in spec if isinstance(e, TokenEvent) and e.state.kept] == plain
     assert spec[-1].accepted > spec[-1].drafted / 4
+
+
+def test_default_pair_is_the_builtin_target_with_its_draft(tiny_llama):
+    """With nothing chosen the built-in target comes with the built-in draft; prompt lookup when
+    asked for it; a target of one's own without a draft gets prompt lookup."""
+    from engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+    from engine.session import load_pair
+
+    pair = load_pair(None, None, None, device="cpu")
+    assert (pair.target.name, pair.drafter_kind, pair.draft.name) == (DEFAULT_TARGET, "draft-model", DEFAULT_DRAFT)
+    assert load_pair(None, None, "prompt-lookup", device="cpu").draft is None
+    own = load_pair(tiny_llama[0].name, None, None, device="cpu")
+    assert own.drafter_kind == "prompt-lookup" and own.draft is None
