@@ -16,7 +16,7 @@ from app.main_window import MainWindow
 from app.worker import error_message, freeze_long_lived_objects
 from engine.errors import SpecDeckError
 
-DEMO_PRESET = "summarization"
+DEMO_PRESET = "chat"
 
 
 def application() -> QApplication:
