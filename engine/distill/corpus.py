@@ -14,6 +14,7 @@ import ast
 import random
 import sysconfig
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 SOURCES = {
@@ -192,22 +193,28 @@ def passage_instructions(limit: int, seed: int = 0, max_chars: int = 1000) -> li
     return [rng.choice(PASSAGE_TASKS).format(p=doc) for doc in docs[:limit]]
 
 
+def _stdlib_modules(rng: random.Random, private: bool) -> Iterator[tuple[Path, str, ast.Module]]:
+    """The standard library's top-level modules (with `_private` ones if `private`) in an order
+    shuffled by `rng`, as (path, source, syntax tree); unreadable files are skipped."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if private or not p.name.startswith("_"))
+    rng.shuffle(files)
+    for path in files:
+        try:
+            source = path.read_text(encoding="utf-8")
+            yield path, source, ast.parse(source)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+
+
 def code_prefixes(limit: int, seed: int = 0, max_chars: int = 700) -> list[str]:
     """Beginnings of standard-library functions (signature and docstring) for the target to continue
     as raw code, without a chat template, the way code-completion prompts are given."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     rng = random.Random(seed + 2)
-    files = sorted(root.glob("*.py"))
-    rng.shuffle(files)
     prefixes: list[str] = []
-    for path in files:
+    for _, source, tree in _stdlib_modules(rng, private=True):
         if len(prefixes) >= limit:
             break
-        try:
-            source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
         lines = source.splitlines()
         for node in ast.walk(tree):
             if (isinstance(node, ast.FunctionDef) and len(node.body) > 1 and not node.decorator_list
@@ -222,19 +229,11 @@ def code_prefixes(limit: int, seed: int = 0, max_chars: int = 700) -> list[str]:
 def stdlib_documents(limit: int, seed: int = 0, max_chars: int = 1200) -> list[tuple[str, str]]:
     """(instruction, text) pairs from the standard library: a docstring as the answer to a question
     about its function, class or module, or a slice of source as the answer to a request for code."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.glob("*.py") if not p.name.startswith("_"))
     rng = random.Random(seed)
-    rng.shuffle(files)
     pairs: list[tuple[str, str]] = []
-    for path in files:
+    for path, source, tree in _stdlib_modules(rng, private=False):
         if len(pairs) >= 3 * limit:
             break
-        try:
-            source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
         module = path.stem
         doc = ast.get_docstring(tree)
         if doc:
