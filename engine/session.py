@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 from engine.config import DecodeConfig
 from engine.decoding import generate
-from engine.drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
+from engine.drafters import DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter
 from engine.errors import SpecDeckError
 from engine.events import Event
-from engine.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, LoadOptions, Progress, check_vocabularies, encode_prompt, load_model
+from engine.heads import LoadedHead, load_feature_head, names_head
+from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions, Progress, check_vocabularies, encode_prompt, load_model
 
 DEFAULT_DRAFTER = "prompt-lookup"  # for targets without a built-in draft
 DEFAULT_PROMPT = (
@@ -27,20 +28,32 @@ DEFAULT_PROMPT = (
 class ModelPair:
     target: LoadedModel
     draft: LoadedModel | None = None
-    drafter_kind: str | None = None  # "draft-model", "prompt-lookup", or None: plain decoding only
+    drafter_kind: str | None = None  # "draft-model", "feature-head", "prompt-lookup", or None: plain only
+    head: LoadedHead | None = None
 
     def make_drafter(self) -> Drafter | None:
         if self.drafter_kind == "draft-model":
             return DraftModelDrafter(self.draft.model, name=self.draft.name, output_ids=self.draft.output_ids)
+        if self.drafter_kind == "feature-head":
+            return FeatureHeadDrafter(self.head.head, self.target.model, name=self.head.name,
+                                      output_ids=self.head.output_ids)
         if self.drafter_kind == "prompt-lookup":
             return PromptLookupDrafter(device=self.target.device)
         return None
 
     @property
     def description(self) -> str:
-        drafter = {"draft-model": f"draft {self.draft.name}" if self.draft else "", "prompt-lookup": "prompt lookup"}
-        tail = drafter.get(self.drafter_kind, "plain")
+        tail = self.drafter_description if self.drafter_kind else "plain"
         return f"target {self.target.name} + {tail} on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
+
+
+    @property
+    def drafter_description(self) -> str:
+        if self.drafter_kind == "draft-model":
+            return f"draft {self.draft.name}"
+        if self.drafter_kind == "feature-head":
+            return f"feature head {self.head.name}"
+        return "prompt lookup" if self.drafter_kind == "prompt-lookup" else ""
 
 
 def load_pair(target: str | None, draft: str | None, drafter: str | None, device: str = "auto",
@@ -48,23 +61,30 @@ def load_pair(target: str | None, draft: str | None, drafter: str | None, device
               progress: Progress | None = None) -> ModelPair:
     """Load the target and, if the session needs one, the draft; refuse mismatched vocabularies.
 
-    With nothing chosen the default pair is the built-in target and its built-in draft; another
-    target without a draft gets prompt lookup."""
+    With nothing chosen the default pair is the built-in target and its built-in feature head;
+    another target without a draft gets prompt lookup. A --draft that names a feature head (an
+    alias or a folder) picks the feature-head drafter by itself."""
     target = target or DEFAULT_TARGET
     if drafter == "prompt-lookup" and draft:
         raise SpecDeckError("Prompt lookup needs no draft model: drop --draft or choose --drafter draft-model.")
-    if not draft and drafter in (None, "draft-model") and target == DEFAULT_TARGET:
-        draft = DEFAULT_DRAFT
-    if drafter == "draft-model" and not draft:
-        raise SpecDeckError("The draft-model drafter needs a draft model: pass --draft.")
-    kind = None if plain else (drafter or ("draft-model" if draft else DEFAULT_DRAFTER))
+    if not draft and target == DEFAULT_TARGET:
+        draft = {None: DEFAULT_HEAD, "draft-model": DEFAULT_DRAFT, "feature-head": DEFAULT_HEAD}.get(drafter)
+    if drafter in ("draft-model", "feature-head") and not draft:
+        raise SpecDeckError(f"The {drafter} drafter needs a model: pass --draft.")
+    if drafter is None and draft:
+        drafter = "feature-head" if names_head(draft) else "draft-model"
+    kind = None if plain else (drafter or DEFAULT_DRAFTER)
     options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     target_model = load_model(target, options, progress)
-    draft_model = None
+    draft_model = head = None
     if kind == "draft-model":
+        if names_head(draft):
+            raise SpecDeckError(f"{draft} is a feature head, not a draft model: choose the feature-head drafter.")
         draft_model = load_model(draft, options, progress)
         check_vocabularies(target_model, draft_model)
-    return ModelPair(target_model, draft_model, kind)
+    elif kind == "feature-head":
+        head = load_feature_head(draft, target_model, progress)
+    return ModelPair(target_model, draft_model, kind, head)
 
 
 def run_session(pair: ModelPair, prompt: str, config: DecodeConfig, chat: bool = True, plain: bool = False,

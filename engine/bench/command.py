@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from engine.config import DecodeConfig
@@ -111,7 +112,7 @@ def report_context(pair, prompts_path: str | Path, command: str) -> dict[str, st
     """What report.md says produced the figures: the command, the models, the device and the prompts."""
     return {
         "command": command, "target": pair.target.name,
-        "drafter": f"draft {pair.draft.name}" if pair.drafter_kind == "draft-model" else "prompt lookup",
+        "drafter": pair.drafter_description,
         "device": str(pair.target.device), "dtype": str(pair.target.dtype).removeprefix("torch."),
         "prompts": str(prompts_path),
     }
@@ -126,6 +127,10 @@ def run_and_write(pair, prompts, settings, out: Path, context: dict[str, str], p
     from engine.bench.runner import run_bench
 
     out.mkdir(parents=True, exist_ok=True)
+    if pair.drafter_kind == "feature-head" and "hf-assisted" in settings.baselines:
+        # Hugging Face has no drafter that reads the target's hidden state: nothing to compare with
+        settings = replace(settings, baselines=tuple(b for b in settings.baselines if b != "hf-assisted"))
+        context = {**context, "note": "hf-assisted left out: Hugging Face generate() has no feature-head drafter."}
     results = run_bench(pair, prompts, settings, progress)
     summary = summary_rows(results, settings)
     sweep = sweep_rows(results, settings)

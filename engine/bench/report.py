@@ -197,6 +197,7 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         f"- Python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}",
         "", "## Settings", "",
         f"- target {context['target']}, drafter {context['drafter']}",
+        *([f"- {context['note']}"] if context.get("note") else []),
         f"- prompts: {len(results)} from {context['prompts']} ({', '.join(categories(results)[:-1])})",
         f"- K {', '.join(map(str, settings.ks))}; temperature {settings.decode.temperature}; "
         f"max new tokens {settings.decode.max_new_tokens}; repeats {settings.repeats} (median-time repeat kept)",

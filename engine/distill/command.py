@@ -1,4 +1,5 @@
-"""`specdeck train-draft`: distil a draft model for a target, on the terminal."""
+"""`specdeck train-draft` and `specdeck train-head`: distil a draft model or train a feature head
+for a target, on the terminal."""
 
 from __future__ import annotations
 
@@ -24,18 +25,7 @@ def add_train_draft_command(commands) -> None:
     parser.add_argument("--hidden", type=int, default=shape.hidden)
     parser.add_argument("--layers", type=int, default=shape.layers)
     parser.add_argument("--intermediate", type=int, default=shape.intermediate)
-    parser.add_argument("--answers", type=int, default=defaults.answers,
-                        help="chat instructions the target answers itself")
-    parser.add_argument("--passages", type=int, default=defaults.passages,
-                        help="documentation passages the target summarises or answers questions on")
-    parser.add_argument("--code", type=int, default=defaults.code,
-                        help="code beginnings the target continues without a chat template")
-    parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens,
-                        help="longest answer the target writes")
-    parser.add_argument("--generation-batch", type=int, default=defaults.generation_batch,
-                        help="prompts the target answers at once")
-    parser.add_argument("--teacher-shards", type=int, default=defaults.teacher_shards,
-                        help="stop the teacher after this many shards and train on them (0: all)")
+    _add_text_arguments(parser, defaults)
     parser.add_argument("--output-vocab", type=int, default=defaults.output_vocab,
                         help="tokens the draft may propose: the teacher's most likely ones (0: the whole vocabulary)")
     parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
@@ -79,4 +69,76 @@ def run_train_draft(args) -> int:
     return 0
 
 
-__all__ = ["add_train_draft_command"]
+def _add_text_arguments(parser, defaults) -> None:
+    """What the target writes for the student to learn from (shared by both commands)."""
+    parser.add_argument("--answers", type=int, default=defaults.answers,
+                        help="chat instructions the target answers itself")
+    parser.add_argument("--passages", type=int, default=defaults.passages,
+                        help="documentation passages the target summarises or answers questions on")
+    parser.add_argument("--code", type=int, default=defaults.code,
+                        help="code beginnings the target continues without a chat template")
+    parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens,
+                        help="longest answer the target writes")
+    parser.add_argument("--generation-batch", type=int, default=defaults.generation_batch,
+                        help="prompts the target answers at once")
+    parser.add_argument("--teacher-shards", type=int, default=defaults.teacher_shards,
+                        help="stop the teacher after this many shards (0: all)")
+
+
+def add_train_head_command(commands) -> None:
+    from engine.distill.head import HeadConfig
+    from engine.distill.train import TrainConfig
+
+    defaults = HeadConfig()
+    parser = commands.add_parser("train-head", help="train a feature head (EAGLE-style drafter) for a target")
+    parser.add_argument("--target", default=None, help="target model (default: the built-in target)")
+    parser.add_argument("--out", required=True, help="output folder: teacher shards, features, checkpoint, head/")
+    parser.add_argument("--teacher", default=None,
+                        help="teacher shards to learn from (default OUT/teacher), e.g. a train-draft run's")
+    _add_text_arguments(parser, TrainConfig())
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    parser.add_argument("--until", type=int, default=None,
+                        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--output-vocab", type=int, default=defaults.output_vocab,
+                        help="tokens the head may propose: the target's most frequent ones (0: the whole vocabulary)")
+    parser.add_argument("--unroll", type=int, default=defaults.unroll,
+                        help="passes per step; each later one reads the states the previous one predicted")
+    parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="sequences per step")
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--eval-every", type=int, default=defaults.eval_every,
+                        help="steps between held-out evaluations (and checkpoints)")
+    parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    parser.set_defaults(handler=run_train_head)
+
+
+def run_train_head(args) -> int:
+    from engine.distill.head import HeadConfig, train_head
+    from engine.distill.train import TrainConfig
+    from engine.models import DEFAULT_TARGET
+
+    if min(args.steps, args.batch, args.unroll, args.eval_every) < 1:
+        raise SpecDeckError("--steps, --batch, --unroll and --eval-every must be at least 1.")
+    if min(args.answers, args.passages, args.code, args.teacher_shards, args.output_vocab) < 0:
+        raise SpecDeckError("--answers, --passages, --code, --teacher-shards and --output-vocab cannot be negative.")
+    config = HeadConfig(seed=args.seed, output_vocab=args.output_vocab, unroll=args.unroll, steps=args.steps,
+                        batch_sequences=args.batch, lr=args.lr, eval_every=args.eval_every,
+                        bfloat16=not args.float32, threads=args.threads)
+    text = None
+    if args.answers or args.passages or args.code:
+        text = TrainConfig(seed=args.seed, answers=args.answers, passages=args.passages, code=args.code,
+                           answer_tokens=args.answer_tokens, generation_batch=args.generation_batch,
+                           teacher_shards=args.teacher_shards)
+    out = Path(args.out).expanduser()
+    if (out / "checkpoint.pt").exists() and not args.resume:
+        raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
+    head = train_head(args.target or DEFAULT_TARGET, out, config, text,
+                      Path(args.teacher).expanduser() if args.teacher else None, resume=args.resume,
+                      progress=lambda line: print(line, file=sys.stderr, flush=True), until=args.until)
+    print(f"feature head saved in {head}")
+    return 0
+
+
+__all__ = ["add_train_draft_command", "add_train_head_command"]

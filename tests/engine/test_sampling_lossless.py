@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from engine import DecodeConfig, DraftModelDrafter, Proposal, TokenEvent, encode_prompt, generate
+from engine.drafters import FeatureHeadDrafter
+from engine.heads import FeatureHead, head_config
 from engine.decoding import verify
 from engine.sampling import logits_to_probs
 
@@ -72,12 +74,20 @@ def exact_two_token_distribution(target, ids, config) -> dict:
     return joint
 
 
-@pytest.mark.parametrize("reduced_output", [False, True], ids=["full-vocabulary", "reduced-output-vocabulary"])
-def test_speculative_sampling_follows_target(tiny_llama, reduced_output):
+@pytest.mark.parametrize("drafter", ["draft-model", "reduced-output-vocabulary", "feature-head"])
+def test_speculative_sampling_follows_target(tiny_llama, drafter):
     """Over 1000 seeds, the first two tokens of speculative sampling follow the target exactly, also
-    when the draft may only propose half the vocabulary (q = 0 on the rest)."""
+    when the draft may only propose half the vocabulary (q = 0 on the rest), and with a feature head
+    (random: the rule must not depend on the head being good)."""
     target, draft = tiny_llama
-    output_ids = torch.arange(0, target.vocab_width, 2) if reduced_output else None
+    output_ids = torch.arange(0, target.vocab_width, 2) if drafter != "draft-model" else None
+    torch.manual_seed(0)
+    head = FeatureHead(head_config(target.model.config)).eval()
+
+    def make():
+        if drafter == "feature-head":
+            return FeatureHeadDrafter(head, target.model, output_ids=output_ids)
+        return DraftModelDrafter(draft.model, output_ids=output_ids)
     ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
     base = DecodeConfig(k=3, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2)
     exact = exact_two_token_distribution(target, ids, base)
@@ -86,7 +96,7 @@ def test_speculative_sampling_follows_target(tiny_llama, reduced_output):
     rejections = 0
     for seed in range(n):
         config = DecodeConfig(k=3, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2, seed=seed)
-        events = list(generate(target, ids, config, DraftModelDrafter(draft.model, output_ids=output_ids)))
+        events = list(generate(target, ids, config, make()))
         kept = tuple(e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept)
         rejections += any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)
         counts[kept] = counts.get(kept, 0) + 1

@@ -1,0 +1,158 @@
+"""A feature head: a one-layer drafter that reads the target's own last hidden state (EAGLE, Li et
+al. 2024).
+
+The target's last (normalised) hidden state f_i at position i already decides its next token
+through the output layer. The head takes the pair (f_i, embedding of token i+1) and predicts
+f_{i+1}, the state the target will have one token later; the target's own output layer turns the
+prediction into the draft distribution. Drafting K tokens feeds each predicted state back in.
+Everything vocabulary-sized (the embedding and the output layer) is the target's, so the head
+itself is small (one decoder layer): for a target with a 49k vocabulary it is a few MB and far
+cheaper per token than a separate draft model.
+
+On disk a head is a folder: `config.json` (a one-layer `LlamaConfig` plus `specdeck_head`, the
+target's hidden size and vocabulary width), `model.safetensors`, and optionally
+`output_tokens.json`, the tokens the head may propose.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaModel
+
+from engine.errors import SpecDeckError
+from engine.models import (BUILTIN_MODELS, HEAD_KEY, OUTPUT_TOKENS_FILE, BundledModel, LoadedModel, Progress, is_head_folder,
+                           locate, read_output_tokens)
+
+
+class FeatureHead(torch.nn.Module):
+    """fc(f_i ++ e_{i+1}) -> one Llama decoder layer (own KV cache) -> final norm -> predicted f_{i+1}."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        width = config.hidden_size
+        self.fc = torch.nn.Linear(2 * width, width, bias=False)
+        self.body = LlamaModel(config)  # its token embedding is unused (vocab_size 1): inputs are fc's output
+
+    def forward(self, features: torch.Tensor, embeddings: torch.Tensor, cache=None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Predicted next states (batch, n, hidden) for n (state, next-token embedding) pairs."""
+        mixed = self.fc(torch.cat([features, embeddings], dim=-1))
+        out = self.body(inputs_embeds=mixed, past_key_values=cache, use_cache=cache is not None,
+                        position_ids=position_ids)
+        return out.last_hidden_state
+
+
+def head_config(target_config, intermediate: int | None = None) -> LlamaConfig:
+    """A one-layer Llama shaped like the target's layers (same width, heads, RoPE)."""
+    heads = target_config.num_attention_heads
+    return LlamaConfig(
+        vocab_size=1, hidden_size=target_config.hidden_size,
+        intermediate_size=intermediate or target_config.intermediate_size, num_hidden_layers=1,
+        num_attention_heads=heads, num_key_value_heads=getattr(target_config, "num_key_value_heads", heads),
+        head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // heads,
+        max_position_embeddings=target_config.max_position_embeddings,
+        rope_parameters=getattr(target_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-5), pad_token_id=None, bos_token_id=None,
+        eos_token_id=None, tie_word_embeddings=False,
+    )
+
+
+def fingerprint(output_layer: torch.Tensor) -> torch.Tensor:
+    """256 values of the target's output layer: enough to tell its target from another model of the
+    same shape, loose enough (compared by cosine) for the same model in another dtype or quantization."""
+    rows = torch.linspace(0, output_layer.shape[0] - 1, 32).long()
+    return output_layer.detach()[rows.to(output_layer.device), :8].float().flatten().cpu()
+
+
+def save_head(head: FeatureHead, folder: Path, vocab_width: int, target_name: str, target_print: torch.Tensor,
+              output_ids: torch.Tensor | None = None, card: str | None = None) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = head.config.to_dict()
+    config[HEAD_KEY] = {"target": target_name, "hidden_size": head.config.hidden_size, "vocab_width": vocab_width,
+                        "fingerprint": [round(v, 5) for v in target_print.tolist()]}
+    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    state = {name: tensor.detach().to(torch.float16).contiguous() for name, tensor in head.state_dict().items()
+             if not name.startswith("body.embed_tokens")}
+    save_file(state, folder / "model.safetensors")
+    if output_ids is not None:
+        (folder / OUTPUT_TOKENS_FILE).write_text(json.dumps({"token_ids": output_ids.tolist()}), encoding="utf-8")
+    if card is not None:
+        (folder / "README.md").write_text(card, encoding="utf-8")
+
+
+def load_head(folder: Path, target_model: torch.nn.Module, target_name: str) -> tuple[FeatureHead, torch.Tensor | None]:
+    """The head in `folder`, on the target's device and dtype, checked against the target; with its
+    output tokens if it has a reduced list."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = folder / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        meta = raw.pop(HEAD_KEY)
+        config = LlamaConfig(**raw)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SpecDeckError(f"{folder} is not a feature head ({error}): it needs a config.json written by "
+                            "`specdeck train-head`.") from error
+    width = target_model.config.hidden_size
+    weight = target_model.get_output_embeddings().weight
+    vocab = weight.shape[0]
+    same = meta.get("hidden_size") == width and meta.get("vocab_width") == vocab
+    if same and meta.get("fingerprint"):
+        same = torch.nn.functional.cosine_similarity(fingerprint(weight), torch.tensor(meta["fingerprint"]), dim=0) > 0.9
+    if not same:
+        raise SpecDeckError(
+            f"The feature head in {folder} was trained for {meta.get('target', 'another target')} "
+            f"(hidden size {meta.get('hidden_size')}, vocabulary {meta.get('vocab_width')}), not for "
+            f"{target_name} (hidden size {width}, vocabulary {vocab}, other weights): a head only works with "
+            "its own target.")
+    head = FeatureHead(config)
+    try:
+        state = load_file(folder / "model.safetensors")
+    except (OSError, SafetensorError) as error:
+        raise SpecDeckError(f"Could not read the feature head's weights in {folder} ({error}): the file is "
+                            "missing or corrupt.") from error
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    missing = [name for name in missing if not name.startswith("body.embed_tokens")]
+    if missing or unexpected:
+        raise SpecDeckError(f"The feature head's weights in {folder} do not match its config "
+                            f"(missing {missing[:3]}, unexpected {unexpected[:3]}).")
+    head.to(device=weight.device, dtype=weight.dtype).eval()
+    return head, read_output_tokens(folder, vocab)
+
+
+@dataclass
+class LoadedHead:
+    name: str
+    head: FeatureHead
+    output_ids: torch.Tensor | None
+
+
+def names_head(name: str) -> bool:
+    """Whether `name` is a feature head we can tell without downloading: a built-in alias or a folder."""
+    if name in BUILTIN_MODELS:
+        entry = BUILTIN_MODELS[name]
+        return isinstance(entry, BundledModel) and is_head_folder(entry.path())
+    return is_head_folder(Path(name).expanduser())
+
+
+def load_feature_head(name: str, target: LoadedModel, progress: Progress | None = None) -> LoadedHead:
+    """The feature head `name` (alias, folder or Hugging Face id) bound to its target, or a clear error."""
+    folder = Path(locate(name.strip(), progress))
+    if progress:
+        progress(f"Loading {name}")
+    if not is_head_folder(folder):
+        raise SpecDeckError(f"{name} is not a feature head (its config.json has no {HEAD_KEY!r} entry). "
+                            "For a separate draft model choose the draft-model drafter.")
+    if any(getattr(target.model.config, key, None) for key in ("final_logit_softcapping", "logit_scale")):
+        raise SpecDeckError(f"{target.name} rescales its logits after the output layer, which feature heads do not support: "
+                            "use a draft model or prompt lookup.")
+    head, output_ids = load_head(folder, target.model, target.name)
+    return LoadedHead(name, head, output_ids)

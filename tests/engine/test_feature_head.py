@@ -1,0 +1,121 @@
+"""Feature heads (EAGLE-style drafters on the target's hidden state): `specdeck train-head` makes
+one that loads by itself, keeps decoding exact, and is refused with a clear message where it does
+not belong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.cli import main
+from engine.config import DecodeConfig
+from engine.decoding import generate
+from engine.drafters import FeatureHeadDrafter
+from engine.errors import SpecDeckError
+from engine.events import SummaryEvent, TokenEvent, TokenState
+from engine.heads import FeatureHead, head_config
+from engine.models import encode_prompt, load_model
+from engine.session import load_pair, run_session
+from tiny import build_pair
+
+TEXT = ["--answers", "4", "--passages", "1", "--code", "3", "--answer-tokens", "16", "--generation-batch", "4"]
+TRAIN = ["--output-vocab", "150", "--batch", "2", "--eval-every", "3", "--threads", "1"]
+
+
+def _kept(events) -> list[int]:
+    return [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
+
+
+@pytest.fixture(scope="module")
+def tiny_head(tmp_path_factory):
+    root = tmp_path_factory.mktemp("head")
+    target, _ = build_pair(root, "llama")
+    out = root / "run"
+    assert main(["train-head", "--target", str(target), "--out", str(out), "--steps", "6", *TEXT, *TRAIN]) == 0
+    return target, out
+
+
+def test_trained_head_is_picked_by_its_folder_and_keeps_greedy_exact(tiny_head):
+    """`--draft <head folder>` chooses the feature-head drafter; greedy output equals plain decoding
+    for K = 1..5, and the head did draft."""
+    target, out = tiny_head
+    pair = load_pair(str(target), str(out / "head"), None, device="cpu")
+    assert pair.drafter_kind == "feature-head"
+    for prompt in ("The quick brown fox", "d"):  # a one-token prompt: the first round has no state yet
+        plain = list(run_session(pair, prompt, DecodeConfig(max_new_tokens=40), chat=False, plain=True))
+        for k in range(1, 6):
+            events = list(run_session(pair, prompt, DecodeConfig(k=k, max_new_tokens=40), chat=False))
+            assert _kept(events) == _kept(plain), (prompt, k)
+            summary = events[-1]
+            assert isinstance(summary, SummaryEvent) and summary.drafted > 0
+
+
+def test_trained_head_proposes_only_its_output_tokens(tiny_head):
+    target, out = tiny_head
+    pair = load_pair(str(target), str(out / "head"), "feature-head", device="cpu")
+    allowed = set(pair.head.output_ids.tolist())
+    assert 0 < len(allowed) < pair.target.vocab_width
+    events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=3, max_new_tokens=30, temperature=1.0, seed=2),
+                              chat=False))
+    drafted = {e.token_id for e in events if isinstance(e, TokenEvent)
+               and e.state in (TokenState.ACCEPTED, TokenState.REJECTED)}
+    assert drafted and drafted <= allowed
+
+
+def test_training_resumes_where_it_stopped(tiny_head, tmp_path):
+    """Stopping after 3 steps and resuming to 6 gives the weights of 6 steps in one go."""
+    target, straight = tiny_head
+    out = tmp_path / "resumed"
+    args = ["train-head", "--target", str(target), "--out", str(out), "--teacher", str(straight / "teacher"),
+            "--steps", "6", *TRAIN]
+    assert main([*args, "--until", "3"]) == 0
+    assert main([*args, "--resume"]) == 0
+    a = torch.load(straight / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_head_for_another_target_is_refused(tiny_head, tmp_path):
+    """A head only works with the target it was trained on: another width is a clear error."""
+    _, out = tiny_head
+    other, _ = build_pair(tmp_path, "gpt2")
+    with pytest.raises(SpecDeckError, match="trained for"):
+        load_pair(str(other), str(out / "head"), None, device="cpu")
+
+
+def test_head_as_draft_model_and_corrupt_head_are_refused(tiny_head, tmp_path):
+    target, out = tiny_head
+    with pytest.raises(SpecDeckError, match="feature head, not a draft model"):
+        load_pair(str(target), str(out / "head"), "draft-model", device="cpu")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((out / "head" / "config.json").read_text())
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(SpecDeckError, match="missing or corrupt"):
+        load_pair(str(target), str(broken), None, device="cpu")
+
+
+def test_untrained_head_keeps_sampling_exact_too(tiny_llama):
+    """The rejection rule does not depend on the head being any good: with a random head and a
+    reduced output vocabulary, sampled output is reproducible per seed and differs across seeds,
+    and greedy output is exact (the distribution itself is tested in test_sampling_lossless)."""
+    target, _ = tiny_llama
+    torch.manual_seed(0)
+    head = FeatureHead(head_config(target.model.config)).eval()
+    ids = encode_prompt(target.tokenizer, "Once upon a time", chat=False)
+
+    def run(config):
+        drafter = FeatureHeadDrafter(head, target.model, output_ids=torch.arange(0, target.vocab_width, 2))
+        return _kept(generate(target, ids, config, drafter))
+
+    assert run(DecodeConfig(k=3, max_new_tokens=30)) == _kept(generate(target, ids, DecodeConfig(max_new_tokens=30)))
+    sampled = DecodeConfig(k=3, max_new_tokens=30, temperature=1.0, seed=5)
+    assert run(sampled) == run(sampled)
+    assert run(sampled) != run(DecodeConfig(k=3, max_new_tokens=30, temperature=1.0, seed=6))
+
+
+def test_real_target_loads_through_the_same_model_path(tiny_head):
+    """load_model refuses a head folder with a message instead of a transformers traceback."""
+    _, out = tiny_head
+    with pytest.raises(SpecDeckError):
+        load_model(str(out / "head"))
