@@ -35,6 +35,7 @@ class _FakePair:
     description = "fake pair"
     drafter_kind = None
     draft = None
+    head = None
 
     class target:  # noqa: N801 - stands in for a LoadedModel
         name = "fake"
