@@ -146,10 +146,10 @@ class LlamaForward:
     """A Llama model's forward plus its KV cache: the interface of `engine.kvcache.CachedModel`'s
     backends (`logits`, `hidden`, `crop`, `reset`, `len`)."""
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: LlamaForCausalLM, capacity: int = 256) -> None:
         self.shape = LlamaShape.of(model.config)
         self.weights = _weights_of(model)
-        self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device)
+        self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device, capacity)
 
     def reset(self) -> None:
         self.cache.length = 0
