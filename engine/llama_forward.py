@@ -204,13 +204,16 @@ class LlamaForward:
         cache.keys[i, :, :, start:end] = qk[:, :, s.heads:].transpose(1, 2)
         cache.values[i, :, :, start:end] = qkv[:, :, s.heads + s.kv_heads:].transpose(1, 2)
         keys, values = cache.keys[i, :, :, :end], cache.values[i, :, :, :end]
+        # The attention calls are Hugging Face's sdpa path, so that the same kernels run: no mask
+        # for one query or a first chunk; a chunk after cached positions, where query j sees
+        # positions up to start + j, gets a boolean mask and key/value heads repeated per group.
         if n == 1 or start == 0:
-            # one query sees every cached position; a first chunk is plain causal attention
             out = F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1, scale=s.head_dim ** -0.5,
                                                  enable_gqa=True)
         else:
-            # a chunk after cached positions: query j sees positions up to start + j
+            groups = s.heads // s.kv_heads
             mask = torch.ones(n, end, dtype=torch.bool, device=h.device).tril(start)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=s.head_dim ** -0.5,
-                                                 enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, keys.repeat_interleave(groups, dim=1),
+                                                 values.repeat_interleave(groups, dim=1), attn_mask=mask,
+                                                 scale=s.head_dim ** -0.5)
         return F.linear(out.transpose(1, 2).reshape(1, n, s.heads * s.head_dim), layer.out)
