@@ -48,6 +48,9 @@ class HFForward:
 
 
 class CachedModel:
+    """A causal LM and its KV cache, on the lean Llama forward when it reproduces the model, else
+    on Hugging Face's."""
+
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.device = next(model.parameters()).device
