@@ -4,6 +4,9 @@ Invariant (target and draft model alike): between rounds the cache holds every k
 the newest one. The newest kept token is fed first in the next forward, so each round is a single
 forward over [newest kept token, drafted tokens...]; after a rejection the cache is cropped back
 to the kept prefix, so no round ever re-reads the context.
+
+Llama-family models run on `engine.llama_forward` (same logits, far less overhead per step);
+every other model runs Hugging Face's own forward over a `DynamicCache`.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from engine import llama_forward
 
-class CachedModel:
+
+class HFForward:
+    """Hugging Face's forward over a `DynamicCache`: works for any causal LM."""
+
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
+        self.reset()
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
@@ -24,24 +30,49 @@ class CachedModel:
     def __len__(self) -> int:
         return self.cache.get_seq_length()
 
+    def logits(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        out = self.model(input_ids=ids[None], past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1 if last_only else 0)
+        self.cache = out.past_key_values
+        return out.logits[0]
+
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.model.base_model(input_ids=ids[None], past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.last_hidden_state[0]
+
+    def crop(self, length: int) -> None:
+        excess = len(self) - length
+        if excess > 0:
+            self.cache.crop(-excess)  # transformers 5: a negative count removes that many positions
+
+
+class CachedModel:
+    """A causal LM and its KV cache, on the lean Llama forward when it reproduces the model, else
+    on Hugging Face's."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.backend = (llama_forward.LlamaForward(model) if llama_forward.supports(model)
+                        else HFForward(model))
+
+    def reset(self) -> None:
+        self.backend.reset()
+
+    def __len__(self) -> int:
+        return len(self.backend)
+
     @torch.inference_mode()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         """Logits (n, vocab) for `token_ids` appended after the cached tokens; (1, vocab) if last_only."""
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        out = self.model(
-            input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0
-        )
-        self.cache = out.past_key_values
-        return out.logits[0]
+        return self.backend.logits(torch.tensor(token_ids, dtype=torch.long, device=self.device), last_only)
 
     @torch.inference_mode()
     def forward_hidden(self, token_ids: list[int]) -> torch.Tensor:
         """The last layer's (normalised) hidden states (n, hidden) for `token_ids` appended after the
         cached tokens: the output layer left to the caller."""
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        out = self.model.base_model(input_ids=ids, past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
-        return out.last_hidden_state[0]
+        return self.backend.hidden(torch.tensor(token_ids, dtype=torch.long, device=self.device))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -51,9 +82,7 @@ class CachedModel:
 
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on (rejected drafts)."""
-        excess = len(self) - length
-        if excess > 0:
-            self.cache.crop(-excess)  # transformers 5: a negative count removes that many positions
+        self.backend.crop(length)
 
 
 def synchronize(device: torch.device) -> None:

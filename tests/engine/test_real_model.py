@@ -89,3 +89,28 @@ def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
     assert load_pair(None, None, "prompt-lookup", device="cpu").draft is None
     own = load_pair(tiny_llama[0].name, None, None, device="cpu")
     assert own.drafter_kind == "prompt-lookup" and own.draft is None
+
+
+def test_lean_forward_keeps_hf_logits_and_greedy_text(smollm2):
+    """The built-in target runs on the lean Llama forward, whose logits equal Hugging Face's
+    forward after a prefill, steps, a verify chunk and a crop, and whose plain greedy text is
+    Hugging Face generate()'s."""
+    import torch
+
+    from engine.kvcache import CachedModel, HFForward
+    from engine.llama_forward import LlamaForward
+
+    assert isinstance(CachedModel(smollm2.model).backend, LlamaForward)
+    ids = encode_prompt(smollm2.tokenizer, "Summarize: the cat sat on the mat because the mat was warm.")
+    fast, hf = LlamaForward(smollm2.model), HFForward(smollm2.model)
+    with torch.inference_mode():
+        for tokens in (ids[:-1], ids[-1:], [330, 2017], [28, 29, 30, 31]):
+            torch.testing.assert_close(fast.logits(torch.tensor(tokens), False),
+                                       hf.logits(torch.tensor(tokens), False), rtol=1e-5, atol=1e-5)
+            fast.crop(len(fast) - 1)
+            hf.crop(len(hf) - 1)
+        out = smollm2.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                     max_new_tokens=48, do_sample=False, pad_token_id=smollm2.tokenizer.eos_token_id)
+    ours = list(generate(smollm2, ids, DecodeConfig(max_new_tokens=48)))
+    expected = smollm2.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+    assert ours[-1].text == expected

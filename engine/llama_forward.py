@@ -1,0 +1,219 @@
+"""A lean forward pass for Llama-family models over a preallocated KV cache.
+
+The arithmetic is Hugging Face's `LlamaForCausalLM` (Touvron et al. 2023): RMSNorm, rotary
+positions (Su et al. 2021), grouped-query attention (Ainslie et al. 2023) and a SwiGLU MLP, with
+the same operations in the same order, so the logits match Hugging Face's forward to float32
+rounding and greedy text stays identical. What it leaves out is the machinery around them: per
+module calls and hooks, mask building, and a cache that concatenates every layer's keys and values
+on each step. A decode step here is four matrix products per layer (query/key/value and gate/up
+fused into one each), a handful of element-wise operations, and one attention call.
+
+The weights are the loaded model's own tensors; only the fused projections are new, built once
+per model and rebuilt if its parameters change in place.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM
+
+# Rotary variants whose frequencies are fixed when the model loads ("dynamic" and "longrope"
+# change them with the sequence length, which this forward does not follow).
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether `LlamaForward` reproduces this model's forward."""
+    if not isinstance(model, LlamaForCausalLM):
+        return False
+    config = model.config
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    device = next(model.parameters()).device
+    return (config.model_type == "llama" and rope_type in STATIC_ROPE_TYPES
+            and not config.attention_bias and not config.mlp_bias and config.hidden_act == "silu"
+            and device.type in ("cpu", "cuda"))
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rms_eps: float
+
+    @classmethod
+    def of(cls, config) -> LlamaShape:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+                   head_dim, config.rms_norm_eps)
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # rows: query heads, then key heads, then value heads
+    out: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # rows: gate, then up
+    down: torch.Tensor
+
+
+@dataclass
+class LlamaWeights:
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    head: torch.Tensor
+    inv_freq: torch.Tensor
+    rope_scaling: float  # the rotary "attention factor" (1 except for yarn)
+
+    @classmethod
+    def read(cls, model: LlamaForCausalLM) -> LlamaWeights:
+        base = model.model
+        layers = []
+        for layer in base.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            layers.append(LayerWeights(
+                layer.input_layernorm.weight.detach(),
+                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
+                attn.o_proj.weight.detach(),
+                layer.post_attention_layernorm.weight.detach(),
+                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+                mlp.down_proj.weight.detach(),
+            ))
+        rotary = base.rotary_emb
+        return cls(base.embed_tokens.weight.detach(), layers, base.norm.weight.detach(),
+                   model.lm_head.weight.detach(), rotary.inv_freq.float(), float(rotary.attention_scaling))
+
+
+# Fused weights per model, kept while the model lives; the key of its parameters' storage and
+# in-place version tells when they must be read again (a model moved, or trained in place).
+_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _weights_of(model: LlamaForCausalLM) -> LlamaWeights:
+    key = tuple((p.data_ptr(), p._version) for p in model.parameters())
+    cached = _WEIGHTS.get(model)
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            cached = (key, LlamaWeights.read(model))
+        _WEIGHTS[model] = cached
+    return cached[1]
+
+
+class KVCache:
+    """Every layer's keys and values in two tensors (layers, 1, kv_heads, capacity, head_dim).
+
+    Positions [0, length) are valid. Cropping only lowers `length` (the stale rows beyond it are
+    overwritten by the next forward); running out of room doubles the capacity.
+    """
+
+    def __init__(self, shape: LlamaShape, dtype: torch.dtype, device: torch.device, capacity: int = 256) -> None:
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.keys = self._empty(capacity)
+        self.values = self._empty(capacity)
+        self.length = 0
+
+    def _empty(self, capacity: int) -> torch.Tensor:
+        s = self.shape
+        return torch.empty(s.layers, 1, s.kv_heads, capacity, s.head_dim, dtype=self.dtype, device=self.device)
+
+    def reserve(self, length: int) -> None:
+        capacity = self.keys.shape[3]
+        if length <= capacity:
+            return
+        while capacity < length:
+            capacity *= 2
+        keys, values = self._empty(capacity), self._empty(capacity)
+        keys[:, :, :, : self.length] = self.keys[:, :, :, : self.length]
+        values[:, :, :, : self.length] = self.values[:, :, :, : self.length]
+        self.keys, self.values = keys, values
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 as Hugging Face does."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class LlamaForward:
+    """A Llama model's forward plus its KV cache: the interface of `engine.kvcache.CachedModel`'s
+    backends (`logits`, `hidden`, `crop`, `reset`, `len`)."""
+
+    def __init__(self, model: LlamaForCausalLM, capacity: int = 256) -> None:
+        self.shape = LlamaShape.of(model.config)
+        self.weights = _weights_of(model)
+        self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device, capacity)
+
+    def reset(self) -> None:
+        self.cache.length = 0
+
+    def __len__(self) -> int:
+        return self.cache.length
+
+    def crop(self, length: int) -> None:
+        self.cache.length = min(self.cache.length, length)
+
+    def logits(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        """Logits (n, vocab) for token ids (n,) appended after the cached ones; (1, vocab) if last_only."""
+        hidden = self.hidden(ids)
+        return F.linear(hidden[-1:] if last_only else hidden, self.weights.head)
+
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """The final norm's output (n, hidden) for token ids (n,) appended after the cached ones."""
+        s, w, cache = self.shape, self.weights, self.cache
+        start, n = cache.length, ids.shape[0]
+        cache.reserve(start + n)
+        x = F.embedding(ids, w.embed).unsqueeze(0)  # (1, n, hidden)
+        cos, sin = self._rotary(start, n, x.dtype)
+        for i, layer in enumerate(w.layers):
+            x = x + self._attention(i, layer, rms_norm(x, layer.input_norm, s.rms_eps), start, cos, sin)
+            gate, up = F.linear(rms_norm(x, layer.post_norm, s.rms_eps), layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        cache.length = start + n
+        return rms_norm(x, w.norm, s.rms_eps)[0]
+
+    def _rotary(self, start: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (1, n, 1, head_dim) for positions start..start+n-1. The sin carries
+        rotate_half's sign, so rotate_half(x) * sin == x.roll(half) * signed_sin, exactly."""
+        w = self.weights
+        positions = torch.arange(start, start + n, device=w.inv_freq.device, dtype=torch.float32)
+        freqs = positions[:, None] * w.inv_freq
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos = angles.cos() * w.rope_scaling
+        sin = angles.sin() * w.rope_scaling
+        half = sin.shape[-1] // 2
+        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
+
+    def _attention(self, i: int, layer: LayerWeights, h: torch.Tensor, start: int,
+                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        s, cache = self.shape, self.cache
+        n = h.shape[1]
+        end = start + n
+        qkv = F.linear(h, layer.qkv).view(1, n, s.heads + 2 * s.kv_heads, s.head_dim)
+        qk = qkv[:, :, : s.heads + s.kv_heads]
+        qk = qk * cos + qk.roll(s.head_dim // 2, dims=-1) * sin  # rotary, query and key heads at once
+        q = qk[:, :, : s.heads].transpose(1, 2)
+        cache.keys[i, :, :, start:end] = qk[:, :, s.heads:].transpose(1, 2)
+        cache.values[i, :, :, start:end] = qkv[:, :, s.heads + s.kv_heads:].transpose(1, 2)
+        keys, values = cache.keys[i, :, :, :end], cache.values[i, :, :, :end]
+        # The attention calls are Hugging Face's sdpa path, so that the same kernels run: no mask
+        # for one query or a first chunk; a chunk after cached positions, where query j sees
+        # positions up to start + j, gets a boolean mask and key/value heads repeated per group.
+        if n == 1 or start == 0:
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1, scale=s.head_dim ** -0.5,
+                                                 enable_gqa=True)
+        else:
+            groups = s.heads // s.kv_heads
+            mask = torch.ones(n, end, dtype=torch.bool, device=h.device).tril(start)
+            out = F.scaled_dot_product_attention(q, keys.repeat_interleave(groups, dim=1),
+                                                 values.repeat_interleave(groups, dim=1), attn_mask=mask,
+                                                 scale=s.head_dim ** -0.5)
+        return F.linear(out.transpose(1, 2).reshape(1, n, s.heads * s.head_dim), layer.out)

@@ -1,0 +1,93 @@
+"""The lean Llama forward computes what Hugging Face's forward computes, so greedy text is unchanged."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from engine import DecodeConfig, TokenEvent, encode_prompt, generate
+from engine.kvcache import CachedModel, HFForward
+from engine.llama_forward import LlamaForward
+
+
+def test_logits_match_hf_through_prefill_steps_growth_and_crop(tiny_llama):
+    """Prefill, single steps, a draft chunk, cache growth past its capacity, a crop and a re-feed:
+    every forward's logits equal Hugging Face's forward over the same cached tokens."""
+    model = tiny_llama[0].model
+    fast, hf = LlamaForward(model, capacity=4), HFForward(model)
+    ids = encode_prompt(tiny_llama[0].tokenizer, "The quick brown fox jumps over", chat=False)
+
+    def feed(tokens: list[int], last_only: bool = False) -> None:
+        with torch.inference_mode():
+            got, expected = fast.logits(torch.tensor(tokens), last_only), hf.logits(torch.tensor(tokens), last_only)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        assert len(fast) == len(hf)
+
+    feed(ids[:-1], last_only=True)
+    for token in [ids[-1], 17, 42]:
+        feed([token])
+    feed([5, 6, 7, 8, 9, 10, 11])  # a verify chunk after cached positions, growing the cache twice
+    fast.crop(len(ids) + 3)
+    hf.crop(len(ids) + 3)
+    feed([99, 100])
+    feed([101])
+    fast.reset()
+    hf.reset()
+    feed(ids)
+
+
+def test_draft_hidden_states_match_hf(tiny_llama):
+    """The final-norm hidden states a reduced-vocabulary draft reads equal Hugging Face's."""
+    model = tiny_llama[1].model
+    fast, hf = LlamaForward(model), HFForward(model)
+    with torch.inference_mode():
+        for tokens in ([3, 4, 5, 6], [7], [8, 9]):
+            torch.testing.assert_close(fast.hidden(torch.tensor(tokens)), hf.hidden(torch.tensor(tokens)),
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_plain_greedy_equals_hf_generate(tiny_pair):
+    """Plain greedy decoding gives Hugging Face generate()'s tokens, on the fast path for Llama and
+    on Hugging Face's own forward for GPT-2."""
+    target, _ = tiny_pair
+    expected_backend = LlamaForward if target.model.config.model_type == "llama" else HFForward
+    assert isinstance(CachedModel(target.model).backend, expected_backend)
+    for prompt in ["The quick brown fox", "def add(a, b):\n    return"]:
+        ids = encode_prompt(target.tokenizer, prompt, chat=False)
+        ours = [e.token_id for e in generate(target, ids, DecodeConfig(max_new_tokens=40)) if isinstance(e, TokenEvent)]
+        with torch.inference_mode():
+            out = target.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                        max_new_tokens=40, do_sample=False, eos_token_id=None,
+                                        pad_token_id=target.tokenizer.eos_token_id)
+        assert ours == out[0, len(ids):].tolist()[: len(ours)]
+
+
+def tiny_config(**extra) -> LlamaConfig:
+    return LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2, **extra)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 16, "rope_theta": 500000.0},
+], ids=["linear", "llama3"])
+def test_scaled_rotary_variants_match_hf(rope):
+    """Rotary variants with fixed frequencies run on the fast path with Hugging Face's logits."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config(rope_parameters=rope, max_position_embeddings=64)).eval()
+    fast, hf = LlamaForward(model), HFForward(model)
+    with torch.inference_mode():
+        for tokens in (list(range(1, 40)), [40], [41, 42, 43]):
+            torch.testing.assert_close(fast.logits(torch.tensor(tokens), False), hf.logits(torch.tensor(tokens), False),
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_llama_variants_fall_back_to_hf():
+    """Attention biases and length-dependent rotary scaling are left to Hugging Face's forward."""
+    torch.manual_seed(0)
+    for extra in [dict(attention_bias=True),
+                  dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})]:
+        model = LlamaForCausalLM(tiny_config(**extra)).eval()
+        lm = CachedModel(model)
+        assert isinstance(lm.backend, HFForward)
+        assert lm.forward([1, 2, 3]).shape == (3, 64)
