@@ -30,7 +30,7 @@ from engine.config import SCHEDULES, DecodeConfig
 from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 from engine.resources import resource_path
 
-DRAFTERS = {"feature head": "feature-head", "draft model": "draft-model", "prompt lookup": "prompt-lookup"}
+DRAFTERS = {"draft model": "draft-model", "feature head": "feature-head", "prompt lookup": "prompt-lookup"}
 DEFAULT_MODELS = {"feature-head": DEFAULT_HEAD, "draft-model": DEFAULT_DRAFT}  # for the built-in target
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -118,7 +118,7 @@ class ModelPanel(QGroupBox):
         self.drafter = QComboBox()
         self.drafter.addItems(list(DRAFTERS))
         self.draft = ModelPicker(allow_empty=True)
-        self.draft.set_value(DEFAULT_HEAD)
+        self.draft.set_value(DEFAULT_DRAFT)
         self.device = QComboBox()
         self.device.setEditable(True)
         self.device.addItems(DEVICES)
@@ -180,8 +180,8 @@ class ModelPanel(QGroupBox):
         self.recent = [recent] if isinstance(recent, str) else list(recent or [])
         self.remember()
         self.target.set_value(str(settings.value("models/target", DEFAULT_TARGET)))
-        self.draft.set_value(str(settings.value("models/draft", DEFAULT_HEAD)))
-        self.drafter.setCurrentText(str(settings.value("models/drafter", "feature head")))
+        self.draft.set_value(str(settings.value("models/draft", DEFAULT_DRAFT)))
+        self.drafter.setCurrentText(str(settings.value("models/drafter", "draft model")))
         self.device.setCurrentText(str(settings.value("models/device", "auto")))
         self.dtype.setCurrentText(str(settings.value("models/dtype", "auto")))
 
