@@ -172,8 +172,11 @@ class LlamaForward:
         cache.reserve(start + n)
         x = F.embedding(ids, w.embed).unsqueeze(0)  # (1, n, hidden)
         cos, sin = self._rotary(start, n, x.dtype)
+        mask = None
+        if n > 1 and start > 0:  # a chunk after cached positions: query j sees up to start + j
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=ids.device).tril(start)
         for i, layer in enumerate(w.layers):
-            x = x + self._attention(i, layer, rms_norm(x, layer.input_norm, s.rms_eps), start, cos, sin)
+            x = x + self._attention(i, layer, rms_norm(x, layer.input_norm, s.rms_eps), start, cos, sin, mask)
             gate, up = F.linear(rms_norm(x, layer.post_norm, s.rms_eps), layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
         cache.length = start + n
@@ -193,7 +196,7 @@ class LlamaForward:
         return cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
 
     def _attention(self, i: int, layer: LayerWeights, h: torch.Tensor, start: int,
-                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+                   cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         s, cache = self.shape, self.cache
         n = h.shape[1]
         end = start + n
@@ -204,16 +207,10 @@ class LlamaForward:
         cache.keys[i, :, :, start:end] = qk[:, :, s.heads:].transpose(1, 2)
         cache.values[i, :, :, start:end] = qkv[:, :, s.heads + s.kv_heads:].transpose(1, 2)
         keys, values = cache.keys[i, :, :, :end], cache.values[i, :, :, :end]
-        # The attention calls are Hugging Face's sdpa path, so that the same kernels run: no mask
-        # for one query or a first chunk; a chunk after cached positions, where query j sees
-        # positions up to start + j, gets a boolean mask and key/value heads repeated per group.
-        if n == 1 or start == 0:
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1, scale=s.head_dim ** -0.5,
-                                                 enable_gqa=True)
-        else:
-            groups = s.heads // s.kv_heads
-            mask = torch.ones(n, end, dtype=torch.bool, device=h.device).tril(start)
-            out = F.scaled_dot_product_attention(q, keys.repeat_interleave(groups, dim=1),
-                                                 values.repeat_interleave(groups, dim=1), attn_mask=mask,
-                                                 scale=s.head_dim ** -0.5)
+        # No mask for one query or a first chunk (Hugging Face's sdpa path: the same kernels run);
+        # a chunk after cached positions, where query j sees positions up to start + j, gets a
+        # boolean mask. Grouped key/value heads go to the kernel as they are (enable_gqa), which
+        # gives the same numbers as repeating them per group, as Hugging Face does, at half the cost.
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1,
+                                             scale=s.head_dim ** -0.5, enable_gqa=True)
         return F.linear(out.transpose(1, 2).reshape(1, n, s.heads * s.head_dim), layer.out)
