@@ -19,7 +19,7 @@ class DecodeConfig:
     below it.
     """
 
-    k: int = 2  # the default pair on a CPU: a longer verify costs more than the draft earns (README)
+    k: int = 1  # the best K for the default pair on a CPU (README, "Benchmarks"); raise it on a GPU
     schedule: str = "constant"
     max_k: int = 16
     confidence_threshold: float = 0.0
