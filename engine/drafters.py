@@ -30,6 +30,17 @@ class Proposal:
     q: torch.Tensor  # (len(tokens), vocab_width): the distribution each token was drawn from
 
 
+def output_logits(hidden: torch.Tensor, weight: torch.Tensor, output_ids: torch.Tensor | None,
+                  width: int) -> torch.Tensor:
+    """Logits over `width` token ids from an output layer cut to the rows `output_ids` (all rows if
+    None): -inf, so q = 0, for every id outside them."""
+    if output_ids is None:
+        return torch.nn.functional.linear(hidden, weight)
+    logits = hidden.new_full((width,), float("-inf"))
+    logits[output_ids] = torch.nn.functional.linear(hidden, weight)
+    return logits
+
+
 class Drafter(ABC):
     name: str
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
@@ -94,10 +105,7 @@ class DraftModelDrafter(Drafter):
         """The draft's logits (over the target's vocabulary width) for the token after `feed`."""
         if self._output_ids is None:
             return self._fit(self._lm.forward(feed, last_only=True)[-1])
-        hidden = self._lm.forward_hidden(feed)[-1]
-        logits = hidden.new_full((self.vocab_width,), float("-inf"))
-        logits[self._output_ids] = torch.nn.functional.linear(hidden, self._head)
-        return logits
+        return output_logits(self._lm.forward_hidden(feed)[-1], self._head, self._output_ids, self.vocab_width)
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits over the target's vocabulary width: ids the draft cannot emit get q = 0."""
@@ -161,14 +169,6 @@ class FeatureHeadDrafter(Drafter):
     def observe(self, states: torch.Tensor) -> None:
         self._pending.append(states)
 
-    def _distribution(self, state: torch.Tensor) -> torch.Tensor:
-        if self._output_ids is None:
-            logits = torch.nn.functional.linear(state, self._weight)
-        else:
-            logits = state.new_full((self.vocab_width,), float("-inf"))
-            logits[self._output_ids] = torch.nn.functional.linear(state, self._weight)
-        return logits_to_probs(logits, self.config)
-
     @torch.inference_mode()
     def propose(self, ids: list[int], k: int) -> Proposal:
         if self._pending:
@@ -177,24 +177,21 @@ class FeatureHeadDrafter(Drafter):
         else:
             states = self._weight.new_zeros(0, self._weight.shape[1])
         known = self._paired + len(states)
-        if known != len(ids) - 1:
-            raise RuntimeError(f"the head has target states for {known} tokens, the session kept {len(ids) - 1}")
+        if known != len(ids) - 1 or (known and not len(states)):
+            raise RuntimeError(f"the head has target states for {known} tokens, the session kept {len(ids) - 1}: "
+                               "each proposal needs the states of the tokens kept since the last one")
         if known == 0:
             return self._empty(self.device)
-        if not len(states):  # a second proposal for the same tokens: feed the last real pair again
-            self._paired -= 1
-            states = self._last_state[None]
         excess = self._cache.get_seq_length() - self._paired
         if excess > 0:
             self._cache.crop(-excess)  # the states predicted last round
         following = torch.tensor(ids[self._paired + 1: known + 1], device=self.device)
-        self._last_state = states[-1]
         self._paired = known
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
         for _ in range(k):
             predicted = self.head(states[None], self._embedding(following)[None], self._cache)[0, -1]
-            q = self._distribution(predicted)
+            q = logits_to_probs(output_logits(predicted, self._weight, self._output_ids, self.vocab_width), self.config)
             token = int(sample(q, self.generator, self.config.greedy))
             if tokens and self.config.confidence_threshold and float(q.max()) < self.config.confidence_threshold:
                 break

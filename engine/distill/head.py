@@ -26,7 +26,7 @@ import torch
 
 from engine.distill.corpus import SOURCES
 from engine.distill.teacher import Shard, load_shards
-from engine.distill.train import TrainConfig, build_teacher_data
+from engine.distill.train import TrainConfig, _batches, build_teacher_data
 from engine.heads import FeatureHead, fingerprint, head_config, save_head
 from engine.errors import SpecDeckError
 from engine.models import LoadedModel, LoadOptions, load_model
@@ -103,7 +103,7 @@ def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_token
     return features  # type: ignore[return-value]
 
 
-def choose_output_ids(data: Shard, rows: list[int], size: int, vocab: int, always: set[int]) -> torch.Tensor:
+def frequent_tokens(data: Shard, rows: list[int], size: int, vocab: int, always: set[int]) -> torch.Tensor:
     """The `size` tokens the target writes most often in `rows` (plus `always`, e.g. EOS)."""
     counts = torch.zeros(vocab)
     for r in rows:
@@ -205,12 +205,6 @@ No benchmark prompts were used.
 """
 
 
-def _batches(count: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
-    order = torch.randperm(count, generator=generator).tolist()
-    return [order[i: i + batch] for i in range(0, count - batch + 1, batch)]
-
-
 @torch.no_grad()
 def evaluate(head, data, features, rows, embedding, weight, config) -> list[float]:
     head.eval()
@@ -250,7 +244,7 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
     training = [i for i in range(count) if i % 20]
     output_ids = None
     if 0 < config.output_vocab < vocab:
-        output_ids = choose_output_ids(data, training, config.output_vocab, vocab, set(target.eos_ids))
+        output_ids = frequent_tokens(data, training, config.output_vocab, vocab, set(target.eos_ids))
     full_weight = target.model.get_output_embeddings().weight.detach()
     weight = full_weight[output_ids] if output_ids is not None else full_weight
     head = build_head(target, config)
