@@ -16,7 +16,6 @@ Three stages, each resumable from what it left in the output folder:
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -26,7 +25,8 @@ import torch
 
 from engine.distill.corpus import SOURCES
 from engine.distill.teacher import Shard, load_shards
-from engine.distill.train import TrainConfig, _batches, build_teacher_data
+from engine.distill.train import (TrainConfig, _batches, build_teacher_data, resume_checkpoint, save_checkpoint,
+                                  set_learning_rate, split_rows)
 from engine.heads import FeatureHead, fingerprint, head_config, save_head
 from engine.errors import SpecDeckError
 from engine.models import LoadedModel, LoadOptions, load_model
@@ -240,8 +240,7 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
     embedding = target.model.get_input_embeddings().weight.detach()
     vocab = target.model.get_output_embeddings().weight.shape[0]
     count = len(data.ids)
-    held_out = list(range(0, count, 20))
-    training = [i for i in range(count) if i % 20]
+    held_out, training = split_rows(count)
     output_ids = None
     if 0 < config.output_vocab < vocab:
         output_ids = frequent_tokens(data, training, config.output_vocab, vocab, set(target.eos_ids))
@@ -252,11 +251,7 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
     checkpoint = out / "checkpoint.pt"
     step, best = 0, -1.0
     if resume and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=True)
-        head.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, best = state["step"], state["best_agreement"]
-        progress(f"resumed at step {step}")
+        step, best = resume_checkpoint(checkpoint, head, optimizer, progress)
     per_epoch = max(1, len(training) // config.batch_sequences)
     positions = sum(len(data.ids[r]) - 1 for r in range(count))
     started = time.perf_counter()
@@ -265,9 +260,7 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
     while step < stop:
         epoch, index = divmod(step, per_epoch)
         rows = [training[r] for r in _batches(len(training), config.batch_sequences, config.seed, epoch)[index]]
-        scale = min(1.0, (step + 1) / config.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / config.steps)))
-        for group in optimizer.param_groups:
-            group["lr"] = config.lr * scale
+        set_learning_rate(optimizer, config.lr, step, config.warmup, config.steps, floor=0.05)
         loss, agreements = head_loss(head, *_collate(data, features, rows, embedding), weight, config,
                                      noise_seed=config.seed * 1_000_003 + step)
         optimizer.zero_grad(set_to_none=True)
@@ -284,7 +277,5 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
                 best = agree[0]
                 card = model_card(target_name, config, head, positions, count, step, agree, output_ids)
                 save_head(head, out / "head", vocab, target_name, fingerprint(full_weight), output_ids, card)
-            torch.save({"model": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                        "best_agreement": best, "config": asdict(config)}, checkpoint.with_suffix(".partial"))
-            checkpoint.with_suffix(".partial").replace(checkpoint)
+            save_checkpoint(checkpoint, head, optimizer, step, best, config)
     return out / "head"

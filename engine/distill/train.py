@@ -107,6 +107,34 @@ def build_teacher_data(target: LoadedModel, folder: Path, config: TrainConfig, p
     return load_shards(folder)
 
 
+def split_rows(count: int) -> tuple[list[int], list[int]]:
+    """(held-out, training) sequence indices: every 20th sequence measures, never trains."""
+    return list(range(0, count, 20)), [i for i in range(count) if i % 20]
+
+
+def set_learning_rate(optimizer, lr: float, step: int, warmup: int, steps: int, floor: float) -> None:
+    """Linear warm-up, then a cosine from `lr` down to `floor * lr` at `steps`."""
+    scale = min(1.0, (step + 1) / warmup) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * step / steps)))
+    for group in optimizer.param_groups:
+        group["lr"] = lr * scale
+
+
+def resume_checkpoint(checkpoint: Path, model, optimizer, progress: Progress) -> tuple[int, float]:
+    """Load model and optimizer state; return (step, best held-out agreement so far)."""
+    state = torch.load(checkpoint, weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    progress(f"resumed at step {state['step']}")
+    return state["step"], state["best_agreement"]
+
+
+def save_checkpoint(checkpoint: Path, model, optimizer, step: int, best: float, config) -> None:
+    partial = checkpoint.with_suffix(".partial")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                "best_agreement": best, "config": asdict(config)}, partial)
+    partial.replace(checkpoint)
+
+
 def _batches(count: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed * 1000 + epoch)
     order = torch.randperm(count, generator=generator).tolist()
@@ -254,8 +282,7 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
     draft.get_input_embeddings().weight.requires_grad_(config.train_embedding)
     source = locate(target_name)
     count = len(data.ids)
-    held_out = list(range(0, count, 20))  # every 20th sequence measures, never trains
-    training = [i for i in range(count) if i % 20]
+    held_out, training = split_rows(count)
     vocab = draft.get_output_embeddings().weight.shape[0]
     output_ids = None
     if 0 < config.output_vocab < vocab:
@@ -266,11 +293,7 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
     checkpoint = out / "checkpoint.pt"
     step, best = 0, -1.0
     if resume and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=True)
-        draft.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, best = state["step"], state["best_agreement"]
-        progress(f"resumed at step {step}")
+        step, best = resume_checkpoint(checkpoint, draft, optimizer, progress)
     per_epoch = max(1, len(training) // config.batch_sequences)
     draft.train()
     started = time.perf_counter()
@@ -278,9 +301,7 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
     while step < stop:
         epoch, index = divmod(step, per_epoch)
         rows = [training[r] for r in _batches(len(training), config.batch_sequences, config.seed, epoch)[index]]
-        scale = min(1.0, (step + 1) / config.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / config.steps)))
-        for group in optimizer.param_groups:
-            group["lr"] = config.lr * scale
+        set_learning_rate(optimizer, config.lr, step, config.warmup, config.steps, floor=0.1)
         loss, agree = distill_loss(draft, *_collate(data, rows), output_ids, config.bfloat16)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -298,7 +319,5 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
                 card = model_card(target_name, config, sum(len(t) for t in data.top_ids), count, step, held_agree,
                                   output_ids)
                 export_draft(draft, target_name, source, out / "draft", card=card, output_ids=output_ids)
-            torch.save({"model": draft.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                        "best_agreement": best, "config": asdict(config)}, checkpoint.with_suffix(".partial"))
-            checkpoint.with_suffix(".partial").replace(checkpoint)
+            save_checkpoint(checkpoint, draft, optimizer, step, best, config)
     return out / "draft"
