@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import DecodeConfig
-from engine.kvcache import CachedModel
+from engine.kvcache import CachedModel, backend_for
 from engine.sampling import logits_to_probs, sample
 
 DRAFTER_KINDS = ("draft-model", "feature-head", "prompt-lookup")
@@ -149,11 +149,9 @@ class FeatureHeadDrafter(Drafter):
 
     def __init__(self, head: torch.nn.Module, target: torch.nn.Module, name: str = "feature head",
                  output_ids: torch.Tensor | None = None) -> None:
-        from transformers import DynamicCache
-
         self.name = name
         self.head = head
-        self._new_cache = lambda: DynamicCache(config=head.config)
+        self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         self._embedding = target.get_input_embeddings()
         weight = target.get_output_embeddings().weight.detach()
         self._output_ids = None if output_ids is None else output_ids.to(weight.device, torch.long)
@@ -162,7 +160,7 @@ class FeatureHeadDrafter(Drafter):
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
-        self._cache = self._new_cache()
+        self._body.reset()
         self._paired = 0  # pairs in the cache made from the target's real states
         self._pending: list[torch.Tensor] = []  # real states not paired yet
 
@@ -182,15 +180,14 @@ class FeatureHeadDrafter(Drafter):
                                "each proposal needs the states of the tokens kept since the last one")
         if known == 0:
             return self._empty(self.device)
-        excess = self._cache.get_seq_length() - self._paired
-        if excess > 0:
-            self._cache.crop(-excess)  # the states predicted last round
+        self._body.crop(self._paired)  # forget the states predicted last round
         following = torch.tensor(ids[self._paired + 1: known + 1], device=self.device)
         self._paired = known
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
         for _ in range(k):
-            predicted = self.head(states[None], self._embedding(following)[None], self._cache)[0, -1]
+            mixed = self.head.fc(torch.cat([states, self._embedding(following)], dim=-1))
+            predicted = self._body.hidden_from_inputs(mixed)[-1]
             q = logits_to_probs(output_logits(predicted, self._weight, self._output_ids, self.vocab_width), self.config)
             token = int(sample(q, self.generator, self.config.greedy))
             if tokens and self.config.confidence_threshold and float(q.max()) < self.config.confidence_threshold:

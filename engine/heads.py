@@ -38,13 +38,11 @@ class FeatureHead(torch.nn.Module):
         self.fc = torch.nn.Linear(2 * width, width, bias=False)
         self.body = LlamaModel(config)  # its token embedding is unused (vocab_size 1): inputs are fc's output
 
-    def forward(self, features: torch.Tensor, embeddings: torch.Tensor, cache=None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Predicted next states (batch, n, hidden) for n (state, next-token embedding) pairs."""
+    def forward(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """Predicted next states (batch, n, hidden) for n (state, next-token embedding) pairs, all at
+        once (training; drafting runs the same layers step by step over a KV cache)."""
         mixed = self.fc(torch.cat([features, embeddings], dim=-1))
-        out = self.body(inputs_embeds=mixed, past_key_values=cache, use_cache=cache is not None,
-                        position_ids=position_ids)
-        return out.last_hidden_state
+        return self.body(inputs_embeds=mixed, use_cache=False).last_hidden_state
 
 
 def head_config(target_config, intermediate: int | None = None) -> LlamaConfig:

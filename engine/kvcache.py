@@ -41,10 +41,20 @@ class HFForward:
         self.cache = out.past_key_values
         return out.last_hidden_state[0]
 
+    def hidden_from_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        out = self.model.base_model(inputs_embeds=inputs[None], past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.last_hidden_state[0]
+
     def crop(self, length: int) -> None:
         excess = len(self) - length
         if excess > 0:
             self.cache.crop(-excess)  # transformers 5: a negative count removes that many positions
+
+
+def backend_for(model: torch.nn.Module) -> llama_forward.LlamaForward | HFForward:
+    """The lean Llama forward where it reproduces `model`, else Hugging Face's."""
+    return llama_forward.LlamaForward(model) if llama_forward.supports(model) else HFForward(model)
 
 
 class CachedModel:
@@ -54,8 +64,7 @@ class CachedModel:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.device = next(model.parameters()).device
-        self.backend = (llama_forward.LlamaForward(model) if llama_forward.supports(model)
-                        else HFForward(model))
+        self.backend = backend_for(model)
 
     def reset(self) -> None:
         self.backend.reset()

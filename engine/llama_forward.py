@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaForCausalLM
+from transformers import LlamaForCausalLM, LlamaModel
 
 # Rotary variants whose frequencies are fixed when the model loads ("dynamic" and "longrope"
 # change them with the sequence length, which this forward does not follow).
@@ -27,8 +27,8 @@ STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """Whether `LlamaForward` reproduces this model's forward."""
-    if not isinstance(model, LlamaForCausalLM):
+    """Whether `LlamaForward` reproduces this model's forward (a Llama with or without its output layer)."""
+    if not isinstance(model, (LlamaForCausalLM, LlamaModel)):
         return False
     config = model.config
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
@@ -68,13 +68,13 @@ class LlamaWeights:
     embed: torch.Tensor
     layers: list[LayerWeights]
     norm: torch.Tensor
-    head: torch.Tensor
+    head: torch.Tensor | None  # the output layer; None for a bare `LlamaModel`
     inv_freq: torch.Tensor
     rope_scaling: float  # the rotary "attention factor" (1 except for yarn)
 
     @classmethod
-    def read(cls, model: LlamaForCausalLM) -> LlamaWeights:
-        base = model.model
+    def read(cls, model: LlamaForCausalLM | LlamaModel) -> LlamaWeights:
+        base = model.model if isinstance(model, LlamaForCausalLM) else model
         layers = []
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -88,7 +88,7 @@ class LlamaWeights:
             ))
         rotary = base.rotary_emb
         return cls(base.embed_tokens.weight.detach(), layers, base.norm.weight.detach(),
-                   model.lm_head.weight.detach(), rotary.inv_freq.float(), float(rotary.attention_scaling))
+                   model.lm_head.weight.detach() if base is not model else None, rotary.inv_freq.float(), float(rotary.attention_scaling))
 
 
 # Fused weights per model, kept while the model lives; the key of its parameters' storage and
@@ -96,7 +96,7 @@ class LlamaWeights:
 _WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _weights_of(model: LlamaForCausalLM) -> LlamaWeights:
+def _weights_of(model: LlamaForCausalLM | LlamaModel) -> LlamaWeights:
     key = tuple((p.data_ptr(), p._version) for p in model.parameters())
     cached = _WEIGHTS.get(model)
     if cached is None or cached[0] != key:
@@ -146,7 +146,7 @@ class LlamaForward:
     """A Llama model's forward plus its KV cache: the interface of `engine.kvcache.CachedModel`'s
     backends (`logits`, `hidden`, `crop`, `reset`, `len`)."""
 
-    def __init__(self, model: LlamaForCausalLM, capacity: int = 256) -> None:
+    def __init__(self, model: LlamaForCausalLM | LlamaModel, capacity: int = 256) -> None:
         self.shape = LlamaShape.of(model.config)
         self.weights = _weights_of(model)
         self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device, capacity)
@@ -167,14 +167,19 @@ class LlamaForward:
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """The final norm's output (n, hidden) for token ids (n,) appended after the cached ones."""
+        return self.hidden_from_inputs(F.embedding(ids, self.weights.embed))
+
+    def hidden_from_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The final norm's output (n, hidden) for input vectors (n, hidden) in place of token
+        embeddings (Hugging Face's `inputs_embeds`), appended after the cached positions."""
         s, w, cache = self.shape, self.weights, self.cache
-        start, n = cache.length, ids.shape[0]
+        start, n = cache.length, inputs.shape[0]
         cache.reserve(start + n)
-        x = F.embedding(ids, w.embed).unsqueeze(0)  # (1, n, hidden)
+        x = inputs.unsqueeze(0)  # (1, n, hidden)
         cos, sin = self._rotary(start, n, x.dtype)
         mask = None
         if n > 1 and start > 0:  # a chunk after cached positions: query j sees up to start + j
-            mask = torch.ones(n, start + n, dtype=torch.bool, device=ids.device).tril(start)
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=inputs.device).tril(start)
         for i, layer in enumerate(w.layers):
             x = x + self._attention(i, layer, rms_norm(x, layer.input_norm, s.rms_eps), start, cos, sin, mask)
             gate, up = F.linear(rms_norm(x, layer.post_norm, s.rms_eps), layer.gate_up).chunk(2, dim=-1)

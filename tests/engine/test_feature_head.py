@@ -119,3 +119,39 @@ def test_real_target_loads_through_the_same_model_path(tiny_head):
     _, out = tiny_head
     with pytest.raises(SpecDeckError):
         load_model(str(out / "head"))
+
+
+def test_drafts_step_by_step_equal_the_head_over_the_whole_sequence(tiny_llama):
+    """Drafting runs the head token by token over its own KV cache, feeding back predicted states,
+    and forgets those once the target's real states arrive: each draft's distribution equals the
+    head's prediction computed over the whole sequence at once, as in training."""
+    target, _ = tiny_llama
+    torch.manual_seed(0)
+    head = FeatureHead(head_config(target.model.config)).eval()
+    drafter = FeatureHeadDrafter(head, target.model)
+    weight = target.model.get_output_embeddings().weight
+    embed = target.model.get_input_embeddings()
+
+    def real_states(ids):
+        with torch.inference_mode():
+            return target.model.model(torch.tensor([ids])).last_hidden_state[0]
+
+    def expected_q(ids, drafts):
+        states, tokens, q = real_states(ids)[:-1], list(ids[1:]), []
+        with torch.inference_mode():
+            for draft in drafts:
+                predicted = head(states[None], embed(torch.tensor(tokens))[None])[0, -1]
+                q.append(torch.softmax(weight @ predicted, dim=-1))
+                states, tokens = torch.cat([states, predicted[None]]), tokens + [draft]
+        return torch.stack(q)
+
+    config = DecodeConfig(k=3, temperature=1.0)
+    ids = encode_prompt(target.tokenizer, "Once upon a time there", chat=False)
+    drafter.begin(ids, config, target.vocab_width, torch.Generator().manual_seed(0))
+    drafter.observe(real_states(ids)[:-1])
+    first = drafter.propose(ids, 3)
+    torch.testing.assert_close(first.q, expected_q(ids, first.tokens), rtol=1e-4, atol=1e-6)
+    kept = ids + [first.tokens[0], (first.tokens[1] + 1) % target.vocab_width]  # one draft kept, then another token
+    drafter.observe(real_states(kept)[len(ids) - 1: len(ids) + 1])
+    second = drafter.propose(kept, 3)
+    torch.testing.assert_close(second.q, expected_q(kept, second.tokens), rtol=1e-4, atol=1e-6)

@@ -45,6 +45,23 @@ def test_draft_hidden_states_match_hf(tiny_llama):
                                        rtol=1e-5, atol=1e-5)
 
 
+def test_bare_model_on_input_vectors_matches_hf(tiny_llama):
+    """A feature head's layer runs on vectors, not token ids: the lean forward of a bare LlamaModel
+    fed `inputs_embeds` equals Hugging Face's through steps, a chunk and a crop."""
+    body = tiny_llama[1].model.model
+    fast, hf = LlamaForward(body), HFForward(body)
+    vectors = torch.randn(9, body.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        for part in (vectors[:4], vectors[4:5], vectors[5:8]):
+            torch.testing.assert_close(fast.hidden_from_inputs(part), hf.hidden_from_inputs(part),
+                                       rtol=1e-5, atol=1e-5)
+        fast.crop(5)
+        hf.crop(5)
+        torch.testing.assert_close(fast.hidden_from_inputs(vectors[8:]), hf.hidden_from_inputs(vectors[8:]),
+                                   rtol=1e-5, atol=1e-5)
+        assert len(fast) == len(hf) == 6
+
+
 def test_plain_greedy_equals_hf_generate(tiny_pair):
     """Plain greedy decoding gives Hugging Face generate()'s tokens, on the fast path for Llama and
     on Hugging Face's own forward for GPT-2."""
