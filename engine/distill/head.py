@@ -127,8 +127,11 @@ def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
     return head
 
 
-def _collate(data: Shard, features: list[torch.Tensor], rows: list[int], embedding: torch.Tensor):
-    """Right-padded states (B, W, h), next-token embeddings for pairs (B, W-1, h), and the mask of real pairs."""
+def collate_pairs(data: Shard, features: list[torch.Tensor], rows: list[int], embedding: torch.Tensor):
+    """Right-padded states (B, W, h), next-token embeddings for pairs (B, W-1, h), and the mask of the
+    pairs that count: those in the answer. Pair i predicts the state after token i+1, which decides
+    token i+2; the head drafts from the token after the target's first answer token on, so pairs
+    before `first` (the prompt, which the head only reads) are left out of the loss."""
     width = max(len(data.ids[r]) for r in rows)
     hidden = embedding.shape[1]
     states = torch.zeros(len(rows), width, hidden)
@@ -138,7 +141,7 @@ def _collate(data: Shard, features: list[torch.Tensor], rows: list[int], embeddi
         n = len(data.ids[r])
         states[j, :n] = features[r].float()
         ids[j, :n] = data.ids[r].long()
-        mask[j, : n - 1] = True
+        mask[j, data.first[r]: n - 1] = True
     return states, embedding[ids[:, 1:]], mask
 
 
@@ -194,8 +197,8 @@ frequent tokens in the training text; q = 0 elsewhere keeps rejection sampling e
 Loss per pair: cross-entropy to the target's next-token distribution over the output tokens plus
 {config.feature_weight} x smooth-L1 to its next hidden state, over {config.unroll} unrolled passes (each
 later pass reads the states the previous one predicted). {step} steps of {config.batch_sequences}
-sequences, AdamW, lr {config.lr}, seed {config.seed}. Top-1 agreement with the target on held-out
-sequences (every 20th, never trained on), per pass: {', '.join(f'{a:.3f}' for a in agree)}.
+sequences, AdamW, lr {config.lr}, seed {config.seed}. Top-1 agreement with the target at the answer
+positions of held-out sequences (every 20th, never trained on), per pass: {', '.join(f'{a:.3f}' for a in agree)}.
 
 Settings: `{json.dumps(asdict(config))}`
 
@@ -210,7 +213,7 @@ def evaluate(head, data, features, rows, embedding, weight, config) -> list[floa
     head.eval()
     totals: list[list[torch.Tensor]] = [[] for _ in range(config.unroll)]
     for i in range(0, len(rows), config.batch_sequences):
-        _, agreements = head_loss(head, *_collate(data, features, rows[i: i + config.batch_sequences], embedding),
+        _, agreements = head_loss(head, *collate_pairs(data, features, rows[i: i + config.batch_sequences], embedding),
                                   weight, config)
         for pass_no, agree in enumerate(agreements):
             totals[pass_no].append(agree)
@@ -261,7 +264,7 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
         epoch, index = divmod(step, per_epoch)
         rows = [training[r] for r in _batches(len(training), config.batch_sequences, config.seed, epoch)[index]]
         set_learning_rate(optimizer, config.lr, step, config.warmup, config.steps, floor=0.05)
-        loss, agreements = head_loss(head, *_collate(data, features, rows, embedding), weight, config,
+        loss, agreements = head_loss(head, *collate_pairs(data, features, rows, embedding), weight, config,
                                      noise_seed=config.seed * 1_000_003 + step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

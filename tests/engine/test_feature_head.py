@@ -10,6 +10,8 @@ import torch
 from engine.cli import main
 from engine.config import DecodeConfig
 from engine.decoding import generate
+from engine.distill.head import collate_pairs
+from engine.distill.teacher import Shard
 from engine.drafters import FeatureHeadDrafter
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent, TokenEvent, TokenState
@@ -60,6 +62,18 @@ def test_trained_head_proposes_only_its_output_tokens(tiny_head):
     drafted = {e.token_id for e in events if isinstance(e, TokenEvent)
                and e.state in (TokenState.ACCEPTED, TokenState.REJECTED)}
     assert drafted and drafted <= allowed
+
+
+def test_loss_and_agreement_count_answer_pairs_only():
+    """The head drafts answers, never prompts: pairs before a sequence's `first` position are read
+    as context but left out of the loss and the held-out agreement."""
+    data = Shard(ids=[torch.arange(10, dtype=torch.int32), torch.arange(6, dtype=torch.int32)],
+                 top_ids=[], top_logp=[], first=[4, 0])
+    features = [torch.randn(10, 8), torch.randn(6, 8)]
+    states, embeds, mask = collate_pairs(data, features, [0, 1], torch.randn(16, 8))
+    assert states.shape == (2, 10, 8) and embeds.shape == (2, 9, 8)
+    assert mask[0].tolist() == [False] * 4 + [True] * 5
+    assert mask[1].tolist() == [True] * 5 + [False] * 4
 
 
 def test_training_resumes_where_it_stopped(tiny_head, tmp_path):
