@@ -57,12 +57,22 @@ class HeadConfig:
 @torch.inference_mode()
 def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_tokens: int,
                      progress: Progress) -> list[torch.Tensor]:
-    """The target's last hidden state (bfloat16, (L, hidden)) for every sequence; written in
-    parts of ~64k tokens, each kept once finished."""
+    """The target's last hidden state (bfloat16, (L, hidden)) for every sequence, computed once:
+    parts of ~64k tokens already in `folder` are kept, so an interrupted run resumes and a grown
+    teacher text (shards appended) only costs its new sequences."""
     folder.mkdir(parents=True, exist_ok=True)
-    order = sorted(range(len(data.ids)), key=lambda i: len(data.ids[i]))
+    features: list[torch.Tensor | None] = [None] * len(data.ids)
+    existing = sorted(folder.glob("part-*.pt"))
+    for path in existing:
+        saved = torch.load(path, weights_only=True)
+        for r, states in zip(saved["rows"], saved["states"]):
+            if r >= len(data.ids) or len(states) != len(data.ids[r]):
+                raise SpecDeckError(f"The hidden states in {folder} belong to other teacher text (sequence {r} "
+                                    "differs): delete that folder, or train into a new --out.")
+            features[r] = states
+    missing = sorted((i for i in range(len(data.ids)) if features[i] is None), key=lambda i: len(data.ids[i]))
     parts, part, size = [], [], 0
-    for i in order:
+    for i in missing:
         part.append(i)
         size += len(data.ids[i])
         if size >= 65536:
@@ -70,36 +80,33 @@ def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_token
             part, size = [], 0
     if part:
         parts.append(part)
-    features: list[torch.Tensor | None] = [None] * len(data.ids)
     started, done = time.perf_counter(), 0
-    for number, rows in enumerate(parts):
+    for number, rows in enumerate(parts, start=len(existing)):
+        saved = {"rows": rows, "states": []}
+        start = 0
+        while start < len(rows):
+            width = len(data.ids[rows[start]])
+            end = start
+            while end < len(rows) and (end - start + 1) * len(data.ids[rows[end]]) <= max(batch_tokens, width):
+                end += 1
+            batch = rows[start:end]
+            width = max(len(data.ids[r]) for r in batch)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            for j, r in enumerate(batch):
+                ids[j, : len(data.ids[r])] = data.ids[r].long()
+            hidden = target.model.base_model(input_ids=ids.to(target.device)).last_hidden_state
+            saved["states"] += [hidden[j, : len(data.ids[r])].to(torch.bfloat16).cpu().clone()
+                                for j, r in enumerate(batch)]
+            start = end
         path = folder / f"part-{number:05d}.pt"
-        if path.exists():
-            saved = torch.load(path, weights_only=True)
-        else:
-            saved = {"rows": rows, "states": []}
-            start = 0
-            while start < len(rows):
-                width = len(data.ids[rows[start]])
-                end = start
-                while end < len(rows) and (end - start + 1) * len(data.ids[rows[end]]) <= max(batch_tokens, width):
-                    end += 1
-                batch = rows[start:end]
-                width = max(len(data.ids[r]) for r in batch)
-                ids = torch.zeros(len(batch), width, dtype=torch.long)
-                for j, r in enumerate(batch):
-                    ids[j, : len(data.ids[r])] = data.ids[r].long()
-                hidden = target.model.base_model(input_ids=ids.to(target.device)).last_hidden_state
-                saved["states"] += [hidden[j, : len(data.ids[r])].to(torch.bfloat16).cpu().clone()
-                                    for j, r in enumerate(batch)]
-                start = end
-            torch.save(saved, path.with_suffix(".partial"))
-            path.with_suffix(".partial").replace(path)
-            done += sum(len(data.ids[r]) for r in rows)
-            elapsed = time.perf_counter() - started
-            progress(f"features {number + 1}/{len(parts)} parts, {done / elapsed:.0f} tokens/s, {elapsed:.0f} s")
-        for r, states in zip(saved["rows"], saved["states"]):
+        torch.save(saved, path.with_suffix(".partial"))
+        path.with_suffix(".partial").replace(path)
+        for r, states in zip(rows, saved["states"]):
             features[r] = states
+        done += sum(len(data.ids[r]) for r in rows)
+        elapsed = time.perf_counter() - started
+        progress(f"features {number + 1 - len(existing)}/{len(parts)} new parts, {done / elapsed:.0f} tokens/s, "
+                 f"{elapsed:.0f} s")
     return features  # type: ignore[return-value]
 
 

@@ -10,8 +10,8 @@ import torch
 from engine.cli import main
 from engine.config import DecodeConfig
 from engine.decoding import generate
-from engine.distill.head import collate_pairs
-from engine.distill.teacher import Shard
+from engine.distill.head import collate_pairs, extract_features
+from engine.distill.teacher import Shard, load_shards
 from engine.drafters import FeatureHeadDrafter
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent, TokenEvent, TokenState
@@ -74,6 +74,27 @@ def test_loss_and_agreement_count_answer_pairs_only():
     assert states.shape == (2, 10, 8) and embeds.shape == (2, 9, 8)
     assert mask[0].tolist() == [False] * 4 + [True] * 5
     assert mask[1].tolist() == [True] * 5 + [False] * 4
+
+
+def test_hidden_states_of_grown_teacher_text_are_computed_once(tiny_head, tmp_path):
+    """More teacher shards later: the states already on disk are kept and only the new sequences
+    are computed, with the same result as computing all at once; states of other text are refused."""
+    target_folder, out = tiny_head
+    target = load_model(str(target_folder))
+    data = load_shards(out / "teacher")
+    half = len(data.ids) // 2
+    first = Shard(data.ids[:half], data.top_ids[:half], data.top_logp[:half], data.first[:half])
+    extract_features(target, first, tmp_path / "grown", 64, lambda _: None)
+    before = {path: path.stat().st_mtime_ns for path in (tmp_path / "grown").glob("part-*.pt")}
+    grown = extract_features(target, data, tmp_path / "grown", 64, lambda _: None)
+    assert {path: path.stat().st_mtime_ns for path in before} == before  # kept, not rewritten
+    assert len(list((tmp_path / "grown").glob("part-*.pt"))) > len(before)
+    fresh = extract_features(target, data, tmp_path / "fresh", 64, lambda _: None)
+    for a, b in zip(grown, fresh):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+    other = Shard(data.ids[::-1], data.top_ids[::-1], data.top_logp[::-1], data.first[::-1])
+    with pytest.raises(SpecDeckError, match="belong to other teacher text"):
+        extract_features(target, other, tmp_path / "grown", 64, lambda _: None)
 
 
 def test_training_resumes_where_it_stopped(tiny_head, tmp_path):
