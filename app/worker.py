@@ -205,9 +205,9 @@ class ModelWorker(QObject):
             self.bench_progress.emit(request.bench_id, done, total, label)
 
         try:
-            context = report_context(self._pair, request.source, request.command)
+            context = report_context([self._pair], request.source, request.command)
             with tempfile.TemporaryDirectory(prefix="specdeck-bench-") as folder:
-                summary = run_and_write(self._pair, list(request.prompts), request.settings, Path(folder), context,
+                summary = run_and_write([self._pair], list(request.prompts), request.settings, Path(folder), context,
                                         progress=progress)
                 files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir())}
         except BenchCancelled:

@@ -4,7 +4,7 @@ benchmark share, so that all three decode the same way."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from engine.config import DecodeConfig
@@ -65,17 +65,44 @@ def load_pair(target: str | None, draft: str | None, drafter: str | None, device
     head with the feature-head drafter); another target without a draft gets prompt lookup. A --draft that names a feature head (an
     alias or a folder) picks the feature-head drafter by itself."""
     target = target or DEFAULT_TARGET
+    kind, draft = _choose_drafter(target, drafter, draft)
+    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    target_model = load_model(target, options, progress)
+    return _attach_drafter(target_model, None if plain else kind, draft, options, progress)
+
+
+def load_pairs(target: str | None, drafters: Sequence[tuple[str | None, str | None]], device: str = "auto",
+               dtype: str = "auto", trust_remote_code: bool = False,
+               progress: Progress | None = None) -> list[ModelPair]:
+    """One pair per (drafter kind, draft) entry, all sharing one loaded target; each entry is chosen
+    as `load_pair` chooses, and every entry is checked before anything loads."""
+    target = target or DEFAULT_TARGET
+    chosen = [_choose_drafter(target, drafter, draft) for drafter, draft in drafters]
+    repeated = [kind + (f" {draft}" if draft else "") for kind, draft in chosen if chosen.count((kind, draft)) > 1]
+    if repeated:
+        raise SpecDeckError(f"The drafter {repeated[0]} is named twice: name each drafter once.")
+    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    target_model = load_model(target, options, progress)
+    return [_attach_drafter(target_model, kind, draft, options, progress) for kind, draft in chosen]
+
+
+def _choose_drafter(target: str, drafter: str | None, draft: str | None) -> tuple[str, str | None]:
+    """The drafter kind and the draft or head it loads for `target`, or a clear error."""
     if drafter == "prompt-lookup" and draft:
         raise SpecDeckError("Prompt lookup needs no draft model: drop --draft or choose --drafter draft-model.")
     if not draft and target == DEFAULT_TARGET:
         draft = {None: DEFAULT_DRAFT, "draft-model": DEFAULT_DRAFT, "feature-head": DEFAULT_HEAD}.get(drafter)
     if drafter in ("draft-model", "feature-head") and not draft:
-        raise SpecDeckError(f"The {drafter} drafter needs a model: pass --draft.")
+        raise SpecDeckError(f"The {drafter} drafter needs a model: pass --draft "
+                            f"(in bench --drafters: {drafter}:MODEL).")
     if drafter is None and draft:
         drafter = "feature-head" if names_head(draft) else "draft-model"
-    kind = None if plain else (drafter or DEFAULT_DRAFTER)
-    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-    target_model = load_model(target, options, progress)
+    return drafter or DEFAULT_DRAFTER, draft
+
+
+def _attach_drafter(target_model: LoadedModel, kind: str | None, draft: str | None, options: LoadOptions,
+                    progress: Progress | None) -> ModelPair:
+    """The pair of the loaded target and drafter `kind` (None: plain only), loading its draft or head."""
     draft_model = head = None
     if kind == "draft-model":
         if names_head(draft):

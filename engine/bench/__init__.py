@@ -3,7 +3,7 @@
 
 from engine.bench.methods import METHODS, Run
 from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
-from engine.bench.runner import BenchSettings, PromptResult, explain_mismatch, run_bench
+from engine.bench.runner import BenchSettings, Method, PromptResult, explain_mismatch, run_bench
 
-__all__ = ["METHODS", "BenchPrompt", "BenchSettings", "PromptResult", "Run", "explain_mismatch", "read_prompts",
-           "run_bench", "sample_prompts"]
+__all__ = ["METHODS", "BenchPrompt", "BenchSettings", "Method", "PromptResult", "Run", "explain_mismatch",
+           "read_prompts", "run_bench", "sample_prompts"]

@@ -1,4 +1,7 @@
-"""The `specdeck bench` subcommand: arguments, a terminal progress bar, and the files it writes."""
+"""The `specdeck bench` subcommand: arguments, a terminal progress bar, and the files it writes.
+
+`--drafters draft-model,feature-head` times several drafters of one target in one run: the target
+loads once, each drafter's model once, and all of them alternate with the same plain runs."""
 
 from __future__ import annotations
 
@@ -6,11 +9,15 @@ import argparse
 import shlex
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
+
+if TYPE_CHECKING:
+    from engine.session import ModelPair
 
 
 def add_bench_command(commands) -> None:
@@ -19,6 +26,9 @@ def add_bench_command(commands) -> None:
 
     bench = commands.add_parser("bench", help="measure tokens/s of plain, speculative and Hugging Face decoding")
     add_model_arguments(bench)
+    bench.add_argument("--drafters", default=None,
+                       help="several drafters in one run instead of --drafter/--draft: comma-separated kinds, "
+                            "each optionally kind:MODEL, e.g. draft-model,feature-head:path/to/head,prompt-lookup")
     bench.add_argument("--prompts", default=None,
                        help="Spec-Bench jsonl, HumanEval jsonl, or one prompt per line (default: the bundled sample)")
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
@@ -44,6 +54,27 @@ def parse_ks(text: str) -> tuple[int, ...]:
     if not ks or min(ks) < 1:
         raise SpecDeckError(f"K takes positive draft lengths, e.g. 4 or a sweep 1,2,4 (got {text!r}).")
     return tuple(dict.fromkeys(ks))
+
+
+def parse_drafters(text: str) -> list[tuple[str, str | None]]:
+    """'draft-model,feature-head:path/to/head' as (drafter kind, model or None) entries, in order."""
+    from engine.drafters import DRAFTER_KINDS
+
+    entries = []
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        kind, _, model = (piece.strip() for piece in entry.partition(":"))
+        if kind not in DRAFTER_KINDS:
+            raise SpecDeckError(f"Unknown drafter {kind!r} in --drafters: choose from {', '.join(DRAFTER_KINDS)}, "
+                                "each optionally as kind:MODEL.")
+        if kind == "prompt-lookup" and model:
+            raise SpecDeckError(f"Prompt lookup needs no model: write prompt-lookup alone in --drafters "
+                                f"(got {entry!r}).")
+        entries.append((kind, model or None))
+    if not entries:
+        raise SpecDeckError("--drafters names no drafter: e.g. --drafters draft-model,feature-head.")
+    return entries
 
 
 class ProgressBar:
@@ -72,9 +103,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from engine.bench.prompts import read_prompts, sample_prompts
     from engine.bench.runner import BenchSettings
-    from engine.session import load_pair
+    from engine.session import load_pairs
 
     ks = parse_ks(args.k)
+    if args.drafters and (args.drafter or args.draft):
+        raise SpecDeckError("Choose drafters with --drafters or with --drafter/--draft, not both.")
+    drafters = parse_drafters(args.drafters) if args.drafters else [(args.drafter, args.draft)]
     settings = BenchSettings(
         ks=ks, baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()), repeats=args.repeats,
         decode=DecodeConfig(k=ks[0], temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens),
@@ -93,49 +127,53 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SpecDeckError(f"Cannot create the output folder {out}: {error.strerror}.") from error
     transformers.logging.set_verbosity_error()  # its assisted-generation notices would break the progress bar
     progress = lambda stage: print(f"[{stage}]", file=sys.stderr, flush=True)  # noqa: E731
-    pair = load_pair(args.target, args.draft, args.drafter, args.device, args.dtype, args.trust_remote_code,
-                     progress=progress)
+    pairs = load_pairs(args.target, drafters, args.device, args.dtype, args.trust_remote_code, progress=progress)
     command = ("specdeck bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"]
                else "specdeck bench")
-    context = report_context(pair, prompts_path, command)
-    summary = run_and_write(pair, prompts, settings, out, context, plots=not args.no_plots, progress=ProgressBar())
+    context = report_context(pairs, prompts_path, command)
+    summary = run_and_write(pairs, prompts, settings, out, context, plots=not args.no_plots, progress=ProgressBar())
     overview = [r for r in summary if r["category"] == "all"]
     from engine.bench.report import markdown_table
 
-    print(markdown_table(overview, ("method", "k", "new_tokens", "tokens_per_s", "speedup_vs_plain",
+    print(markdown_table(overview, ("method", "k", "drafter", "new_tokens", "tokens_per_s", "speedup_vs_plain",
                                     "acceptance_rate", "mean_accepted_length", "identical_to_plain")))
     print(f"\nWrote {out}/summary.csv, per_prompt.csv, k_sweep.csv, report.md and plots.")
     return 0
 
 
-def report_context(pair, prompts_path: str | Path, command: str) -> dict[str, str]:
-    """What report.md says produced the figures: the command, the models, the device and the prompts."""
+def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command: str) -> dict[str, str]:
+    """What report.md says produced the figures: the command, the target, the device and the prompts
+    (the drafters it names from the methods that ran)."""
+    target = pairs[0].target
     return {
-        "command": command, "target": pair.target.name,
-        "drafter": pair.drafter_description,
-        "device": str(pair.target.device), "dtype": str(pair.target.dtype).removeprefix("torch."),
+        "command": command, "target": target.name,
+        "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
         "prompts": str(prompts_path),
     }
 
 
-def run_and_write(pair, prompts, settings, out: Path, context: dict[str, str], plots: bool = True,
-                  progress=None) -> list[dict]:
-    """Run the benchmark and write every output file into `out`; return the summary rows."""
+def run_and_write(pairs: Sequence[ModelPair], prompts, settings, out: Path, context: dict[str, str],
+                  plots: bool = True, progress=None) -> list[dict]:
+    """Run the benchmark of `pairs` (one per drafter, sharing one target) and write every output file
+    into `out`; return the summary rows."""
     from engine.bench import plots as plotting
+    from engine.bench.methods import HF_DRAFTERS
     from engine.bench.report import (PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS, per_prompt_rows,
                                      summary_rows, sweep_rows, write_csv, write_report)
     from engine.bench.runner import run_bench
 
     out.mkdir(parents=True, exist_ok=True)
-    if pair.drafter_kind == "feature-head" and "hf-assisted" in settings.baselines:
+    without_hf = [pair.drafter_description for pair in pairs if pair.drafter_kind not in HF_DRAFTERS]
+    if without_hf and "hf-assisted" in settings.baselines:
         # Hugging Face has no drafter that reads the target's hidden state: nothing to compare with
-        settings = replace(settings, baselines=tuple(b for b in settings.baselines if b != "hf-assisted"))
-        context = {**context, "note": "hf-assisted left out: Hugging Face generate() has no feature-head drafter."}
-    results = run_bench(pair, prompts, settings, progress)
-    summary = summary_rows(results, settings)
-    sweep = sweep_rows(results, settings)
+        context = {**context, "note": f"hf-assisted left out for {', '.join(without_hf)}: "
+                                      "Hugging Face generate() has no feature-head drafter."}
+    results = run_bench(pairs, prompts, settings, progress)
+    methods = settings.methods(pairs)
+    summary = summary_rows(results, settings, methods)
+    sweep = sweep_rows(results, methods)
     write_csv(out / "summary.csv", SUMMARY_COLUMNS, summary)
-    write_csv(out / "per_prompt.csv", PER_PROMPT_COLUMNS, per_prompt_rows(results, settings))
+    write_csv(out / "per_prompt.csv", PER_PROMPT_COLUMNS, per_prompt_rows(results, settings, methods))
     write_csv(out / "k_sweep.csv", SWEEP_COLUMNS, sweep)
     drawn = []
     if plots:
@@ -144,5 +182,5 @@ def run_and_write(pair, prompts, settings, out: Path, context: dict[str, str], p
         if len(settings.ks) > 1:
             plotting.plot_k_sweep(sweep, out / "k_sweep.png")
             drawn.append("k_sweep.png")
-    write_report(out / "report.md", results, settings, context, summary, sweep, drawn)
+    write_report(out / "report.md", results, settings, methods, context, summary, sweep, drawn)
     return summary

@@ -29,6 +29,7 @@ from engine.session import ModelPair
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")
 METHODS = SPECDECK_METHODS + HF_METHODS
+HF_DRAFTERS = ("draft-model", "prompt-lookup")  # the drafter kinds hf-assisted can run
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """PNG plots of a benchmark, drawn with matplotlib's Agg backend (no display, no Qt).
 
-- speedup per category, one bar per method, plain decoding at 1.0;
+- speedup per category, one bar per method (and drafter), plain decoding at 1.0;
 - with several K: measured speedup and Leviathan et al. (2023)'s prediction against K, and the
-  acceptance rate against K.
+  acceptance rate against K, one line of each per drafter.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def _pyplot():
 
 
 def _label(row: dict) -> str:
-    return f"{row['method']} K={row['k']}" if row["k"] else row["method"]
+    text = f"{row['method']} K={row['k']}" if row["k"] else row["method"]
+    return f"{text} ({row['drafter']})" if row["drafter"] else text
 
 
 def plot_speedup_by_category(summary: list[dict], path: Path) -> None:
@@ -41,35 +42,43 @@ def plot_speedup_by_category(summary: list[dict], path: Path) -> None:
     ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
     ax.set_ylabel("speedup over SpecDeck plain (tokens/s)")
     ax.set_title("Speedup per category")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, not over them
+    fig.savefig(path, bbox_inches="tight")  # the saved image grows to hold the legend
     plt.close(fig)
+
+
+def _series(rows: list[dict], key: str) -> list[float]:
+    return [float(r[key]) if r[key] else float("nan") for r in rows]
 
 
 def plot_k_sweep(sweep: list[dict], path: Path) -> None:
     plt = _pyplot()
-    ks = [int(r["k"]) for r in sweep]
-
-    def series(key: str) -> list[float]:
-        return [float(r[key]) if r[key] else float("nan") for r in sweep]
-
+    drafters = list(dict.fromkeys(r["drafter"] for r in sweep))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.0), dpi=100)
-    left.plot(ks, series("speedup"), marker="o", label="measured")
-    left.plot(ks, series("predicted_speedup"), marker="s", linestyle="--", label="predicted (Leviathan et al.)")
-    if any(r["hf_assisted_speedup"] for r in sweep):
-        left.plot(ks, series("hf_assisted_speedup"), marker="^", linestyle=":", label="hf-assisted, measured")
+    for i, drafter in enumerate(drafters):
+        rows = [r for r in sweep if r["drafter"] == drafter]
+        ks = [int(r["k"]) for r in rows]
+        colour = f"C{i % 10}"  # one colour per drafter
+        name = f", {drafter}" if len(drafters) > 1 else ""
+        left.plot(ks, _series(rows, "speedup"), marker="o", color=colour, label=f"measured{name}")
+        left.plot(ks, _series(rows, "predicted_speedup"), marker="s", linestyle="--", color=colour,
+                  label=f"predicted (Leviathan et al.){name}")
+        if any(r["hf_assisted_speedup"] for r in rows):
+            left.plot(ks, _series(rows, "hf_assisted_speedup"), marker="^", linestyle=":", color=colour,
+                      label=f"hf-assisted, measured{name}")
+        right.plot(ks, _series(rows, "acceptance_rate"), marker="o", color=colour, label=drafter)
     left.axhline(1.0, color="grey", linewidth=1)
     left.set_xlabel("K (drafts per round)")
     left.set_ylabel("speedup over plain decoding")
-    left.legend(fontsize="small")
-    right.plot(ks, series("acceptance_rate"), marker="o", color="tab:green")
+    left.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below, not over the lines
     right.set_ylim(0, 1)
     right.set_xlabel("K (drafts per round)")
     right.set_ylabel("acceptance rate")
+    if len(drafters) > 1:
+        right.legend(fontsize="small")
     for ax in (left, right):
-        ax.set_xticks(ks)
+        ax.set_xticks(sorted({int(r["k"]) for r in sweep}))
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
+    fig.subplots_adjust(wspace=0.25)
+    fig.savefig(path, bbox_inches="tight")  # the saved image grows to hold the legend
     plt.close(fig)

@@ -2,8 +2,10 @@
 
 Rates are totals, not means of rates: tokens/s of a category is its decoded tokens over its
 decode time, each prompt taking its median-time repeat. Speedups divide by plain decoding's
-rate on the same prompts. The predicted speedup is Leviathan et al. (2023)'s, from the measured
-acceptance rate, drafts per round and draft/target cost ratio (`engine.stats`).
+rate on the same prompts. Speculative and hf-assisted rows name their drafter (`drafter` column):
+a run may compare several drafters against the same plain runs. The predicted speedup is Leviathan
+et al. (2023)'s, from the measured acceptance rate, drafts per round and draft/target cost ratio
+(`engine.stats`).
 """
 
 from __future__ import annotations
@@ -17,17 +19,17 @@ from pathlib import Path
 
 import torch
 
-from engine.bench.runner import BenchSettings, PromptResult
+from engine.bench.runner import BenchSettings, Method, PromptResult
 from engine.stats import RoundTotals
 
 SUMMARY_COLUMNS = ("method", "k", "category", "prompts", "new_tokens", "tokens_per_s", "speedup_vs_plain",
                    "acceptance_rate", "mean_accepted_length", "identical_to_plain", "prefill_ms",
-                   "predicted_speedup", "cost_ratio")
+                   "predicted_speedup", "cost_ratio", "drafter")
 PER_PROMPT_COLUMNS = ("method", "k", "category", "prompt", "prompt_tokens", "new_tokens", "decode_s", "tokens_per_s",
                       "prefill_ms", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
-                      "identical_to_plain", "mismatch", "repeat_tokens_per_s")
+                      "identical_to_plain", "mismatch", "repeat_tokens_per_s", "drafter")
 SWEEP_COLUMNS = ("k", "speedup", "predicted_speedup", "acceptance_rate", "mean_accepted_length", "cost_ratio",
-                 "hf_assisted_speedup", "vs_hf_assisted")
+                 "hf_assisted_speedup", "vs_hf_assisted", "drafter")
 
 
 @dataclass
@@ -50,7 +52,7 @@ class Totals(RoundTotals):
         return super().acceptance_rate if self.drafted else None
 
 
-def totals(results: list[PromptResult], method: tuple[str, int], category: str = "all") -> Totals:
+def totals(results: list[PromptResult], method: Method, category: str = "all") -> Totals:
     t = Totals()
     for result in results:
         if category != "all" and result.prompt.category != category:
@@ -79,31 +81,32 @@ def _num(value: float | None, digits: int = 3) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def summary_rows(results: list[PromptResult], settings: BenchSettings) -> list[dict]:
+def summary_rows(results: list[PromptResult], settings: BenchSettings, methods: list[Method]) -> list[dict]:
     rows = []
-    for method in settings.methods():
+    for method in methods:
         for category in categories(results):
             t = totals(results, method, category)
-            plain = totals(results, ("plain", 0), category).tokens_per_s
+            plain = totals(results, Method("plain"), category).tokens_per_s
             rows.append({
-                "method": method[0], "k": method[1] or "", "category": category, "prompts": t.prompts,
+                "method": method.name, "k": method.k or "", "category": category, "prompts": t.prompts,
                 "new_tokens": t.new_tokens, "tokens_per_s": _num(t.tokens_per_s, 2),
                 "speedup_vs_plain": _num(t.tokens_per_s / plain if plain else None),
                 "acceptance_rate": _num(t.acceptance_rate), "mean_accepted_length": _num(t.mean_accepted_length),
                 "identical_to_plain": str(t.identical).lower() if settings.decode.greedy else "",
                 "prefill_ms": _num(t.prefill_ms / t.prompts if t.prompts else None, 1),
                 "predicted_speedup": _num(t.predicted_speedup), "cost_ratio": _num(t.cost_ratio, 4),
+                "drafter": method.drafter,
             })
     return rows
 
 
-def per_prompt_rows(results: list[PromptResult], settings: BenchSettings) -> list[dict]:
+def per_prompt_rows(results: list[PromptResult], settings: BenchSettings, methods: list[Method]) -> list[dict]:
     rows = []
     for result in results:
-        for method in settings.methods():
+        for method in methods:
             run = result.median_run(method)
             rows.append({
-                "method": method[0], "k": method[1] or "", "category": result.prompt.category,
+                "method": method.name, "k": method.k or "", "category": result.prompt.category,
                 "prompt": result.prompt.name, "prompt_tokens": result.prompt_tokens, "new_tokens": run.new_tokens,
                 "decode_s": f"{run.decode_s:.4f}", "tokens_per_s": _num(run.tokens_per_s, 2),
                 "prefill_ms": _num(result.median_prefill_ms(method), 1), "rounds": run.rounds,
@@ -113,41 +116,45 @@ def per_prompt_rows(results: list[PromptResult], settings: BenchSettings) -> lis
                 "identical_to_plain": str(method not in result.mismatch).lower() if settings.decode.greedy else "",
                 "mismatch": result.mismatch.get(method, ""),
                 "repeat_tokens_per_s": " ".join(f"{r.tokens_per_s:.2f}" for r in result.runs[method]),
+                "drafter": method.drafter,
             })
     return rows
 
 
-def sweep_rows(results: list[PromptResult], settings: BenchSettings) -> list[dict]:
-    plain = totals(results, ("plain", 0)).tokens_per_s
+def sweep_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]:
+    """One row per drafter and K: speculative decoding against plain, and against hf-assisted with the
+    same drafter and K where that ran."""
+    plain = totals(results, Method("plain")).tokens_per_s
     rows = []
-    for k in settings.ks:
-        t = totals(results, ("speculative", k))
-        hf = totals(results, ("hf-assisted", k)).tokens_per_s if "hf-assisted" in settings.baselines else None
+    for method in (m for m in methods if m.name == "speculative"):
+        t = totals(results, method)
+        assisted = method._replace(name="hf-assisted")
+        hf = totals(results, assisted).tokens_per_s if assisted in methods else None
         rows.append({
-            "k": k, "speedup": _num(t.tokens_per_s / plain if plain else None),
+            "k": method.k, "speedup": _num(t.tokens_per_s / plain if plain else None),
             "predicted_speedup": _num(t.predicted_speedup), "acceptance_rate": _num(t.acceptance_rate),
             "mean_accepted_length": _num(t.mean_accepted_length), "cost_ratio": _num(t.cost_ratio, 4),
             "hf_assisted_speedup": _num(hf / plain if hf and plain else None),
-            "vs_hf_assisted": _num(t.tokens_per_s / hf if hf else None),
+            "vs_hf_assisted": _num(t.tokens_per_s / hf if hf else None), "drafter": method.drafter,
         })
     return rows
 
 
-ROUND_TIME_COLUMNS = ("method", "k", "rounds", "draft_ms", "verify_ms", "other_ms", "other_share")
+ROUND_TIME_COLUMNS = ("method", "k", "drafter", "rounds", "draft_ms", "verify_ms", "other_ms", "other_share")
 
 
-def round_time_rows(results: list[PromptResult], settings: BenchSettings) -> list[dict]:
+def round_time_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]:
     """Mean milliseconds per round in each phase of SpecDeck's loop."""
     rows = []
-    for method in settings.methods():
-        if method[0] not in ("plain", "speculative"):
+    for method in methods:
+        if method.name not in ("plain", "speculative"):
             continue
         t = totals(results, method)
         if not t.rounds:
             continue
         round_ms = t.decode_s * 1e3 / t.rounds
         other = max(0.0, round_ms - (t.draft_ms + t.verify_ms) / t.rounds)
-        rows.append({"method": method[0], "k": method[1] or "", "rounds": t.rounds,
+        rows.append({"method": method.name, "k": method.k or "", "drafter": method.drafter, "rounds": t.rounds,
                      "draft_ms": _num(t.draft_ms / t.rounds, 2), "verify_ms": _num(t.verify_ms / t.rounds, 2),
                      "other_ms": _num(other, 2), "other_share": _num(other / round_ms if round_ms else None)})
     return rows
@@ -181,13 +188,14 @@ def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def write_report(path: Path, results: list[PromptResult], settings: BenchSettings, context: dict[str, str],
-                 summary: list[dict], sweep: list[dict], plots: list[str]) -> None:
+def write_report(path: Path, results: list[PromptResult], settings: BenchSettings, methods: list[Method],
+                 context: dict[str, str], summary: list[dict], sweep: list[dict], plots: list[str]) -> None:
     import transformers
 
     device = torch.device(context["device"])
     overview = [r for r in summary if r["category"] == "all"]
     flagged = [(r.prompt, m, reason) for r in results for m, reason in r.mismatch.items()]
+    drafters = list(dict.fromkeys(m.drafter for m in methods if m.name == "speculative"))
     lines = [
         "# SpecDeck benchmark", "",
         f"Command: `{context['command']}`", "",
@@ -196,7 +204,7 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         f"- device {device}, dtype {context['dtype']}, torch threads {torch.get_num_threads()}",
         f"- Python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}",
         "", "## Settings", "",
-        f"- target {context['target']}, drafter {context['drafter']}",
+        f"- target {context['target']}, drafter{'s' if len(drafters) > 1 else ''} {'; '.join(drafters)}",
         *([f"- {context['note']}"] if context.get("note") else []),
         f"- prompts: {len(results)} from {context['prompts']} ({', '.join(categories(results)[:-1])})",
         f"- K {', '.join(map(str, settings.ks))}; temperature {settings.decode.temperature}; "
@@ -210,7 +218,7 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         "", "## Where a round's time goes (SpecDeck, all prompts)", "",
         "draft: the drafter's proposal; verify: the target's forward, the acceptance test and the cache crop; "
         "other: everything else in the loop (event building, detokenisation, stop checks).", "",
-        markdown_table(round_time_rows(results, settings), ROUND_TIME_COLUMNS),
+        markdown_table(round_time_rows(results, methods), ROUND_TIME_COLUMNS),
         "", "## Greedy identity with plain decoding", "",
     ]
     if not settings.decode.greedy:
@@ -218,7 +226,7 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
     elif not flagged:
         lines.append("Every method produced exactly plain decoding's tokens on every prompt.")
     else:
-        lines += [f"- {p.category} {p.name}, {m[0]}{f' K={m[1]}' if m[1] else ''}: {reason}" for p, m, reason in flagged]
+        lines += [f"- {p.category} {p.name}, {m.label}: {reason}" for p, m, reason in flagged]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in plots]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

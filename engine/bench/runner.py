@@ -1,6 +1,9 @@
 """One benchmark run: every method on every prompt, in an order that alternates methods, so that
 machine noise (other processes, thermal limits) hits all of them alike.
 
+Several drafters can share one run: they share one loaded target (one `ModelPair` each), and
+speculative and hf-assisted run per drafter and K against the same plain and hf runs.
+
 Per prompt and repeat the method list is rotated by one more place, so no method always runs
 first or right after another. Warm-up runs (one short generation per method) are left out of
 every figure. Greedy runs check that each method's tokens equal plain decoding's; a prompt where
@@ -10,12 +13,13 @@ they do not is flagged with the reason (`explain_mismatch`).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
-from engine.bench.methods import Run, run_method
+from engine.bench.methods import HF_DRAFTERS, Run, run_method
 from engine.bench.prompts import BenchPrompt
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
@@ -23,6 +27,19 @@ from engine.models import encode_prompt
 from engine.session import ModelPair
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
+
+
+class Method(NamedTuple):
+    """One timed way to decode; speculative and hf-assisted name their K and their drafter."""
+
+    name: str
+    k: int = 0  # drafts per round; 0 for plain and hf
+    drafter: str = ""  # the pair's drafter_description, e.g. "feature head smollm2-135m-head"
+
+    @property
+    def label(self) -> str:
+        text = f"{self.name} K={self.k}" if self.k else self.name
+        return f"{text} ({self.drafter})" if self.drafter else text
 
 
 @dataclass(frozen=True)
@@ -41,14 +58,16 @@ class BenchSettings:
         if self.repeats < 1:
             raise SpecDeckError(f"--repeats must be at least 1 (got {self.repeats}).")
 
-    def methods(self) -> list[tuple[str, int]]:
-        """(method, K) pairs in their base order; plain decoding always runs: speedups refer to it."""
-        methods = [("plain", 0)]
-        methods += [("speculative", k) for k in self.ks]
+    def methods(self, pairs: Sequence[ModelPair]) -> list[Method]:
+        """Methods in their base order; plain decoding always runs: speedups refer to it. Each pair's
+        drafter gets speculative per K, and hf-assisted per K where Hugging Face has that drafter."""
+        methods = [Method("plain")]
+        methods += [Method("speculative", k, pair.drafter_description) for pair in pairs for k in self.ks]
         if "hf" in self.baselines:
-            methods.append(("hf", 0))
+            methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
-            methods += [("hf-assisted", k) for k in self.ks]
+            methods += [Method("hf-assisted", k, pair.drafter_description)
+                        for pair in pairs if pair.drafter_kind in HF_DRAFTERS for k in self.ks]
         return methods
 
 
@@ -58,36 +77,45 @@ class PromptResult:
 
     prompt: BenchPrompt
     prompt_tokens: int
-    runs: dict[tuple[str, int], list[Run]] = field(default_factory=dict)
-    mismatch: dict[tuple[str, int], str] = field(default_factory=dict)  # reason, for greedy runs that differ
+    runs: dict[Method, list[Run]] = field(default_factory=dict)
+    mismatch: dict[Method, str] = field(default_factory=dict)  # reason, for greedy runs that differ
 
-    def median_run(self, method: tuple[str, int]) -> Run:
+    def median_run(self, method: Method) -> Run:
         """The run with the median decode time (figures of one real run, not a blend)."""
         runs = sorted(self.runs[method], key=lambda r: r.decode_s)
         return runs[(len(runs) - 1) // 2]
 
-    def median_prefill_ms(self, method: tuple[str, int]) -> float:
+    def median_prefill_ms(self, method: Method) -> float:
         return statistics.median(r.prefill_ms for r in self.runs[method])
 
 
-def _config_for(settings: BenchSettings, method: tuple[str, int], max_new_tokens: int | None = None) -> DecodeConfig:
-    k = method[1] or settings.decode.k
+def _config_for(settings: BenchSettings, method: Method, max_new_tokens: int | None = None) -> DecodeConfig:
+    k = method.k or settings.decode.k
     return replace(settings.decode, k=k, schedule="constant", confidence_threshold=0.0,
                    max_new_tokens=max_new_tokens or settings.decode.max_new_tokens)
 
 
-def run_bench(pair: ModelPair, prompts: list[BenchPrompt], settings: BenchSettings,
+def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: BenchSettings,
               progress: Progress | None = None) -> list[PromptResult]:
-    if pair.drafter_kind is None:
+    """Every method of `settings.methods(pairs)` on every prompt; the pairs share one target."""
+    if not pairs or any(pair.drafter_kind is None for pair in pairs):
         raise SpecDeckError("The benchmark compares speculative decoding with plain decoding: it needs a drafter.")
-    methods = settings.methods()
-    encoded = [encode_prompt(pair.target.tokenizer, p.text, chat=p.chat) for p in prompts]
+    pair_of = {pair.drafter_description: pair for pair in pairs}
+    if len(pair_of) < len(pairs):
+        raise SpecDeckError("Two drafters of the benchmark have the same name: name each drafter once.")
+
+    def run(method: Method, prompt_ids: list[int], max_new_tokens: int | None = None) -> Run:
+        pair = pair_of.get(method.drafter, pairs[0])  # plain and hf use the (shared) target alone
+        return run_method(pair, prompt_ids, _config_for(settings, method, max_new_tokens), method.name)
+
+    methods = settings.methods(pairs)
+    encoded = [encode_prompt(pairs[0].target.tokenizer, p.text, chat=p.chat) for p in prompts]
     total = len(prompts) * settings.repeats * len(methods)
     done = 0
     for method in methods:  # warm-up: kernels, allocator and HF's generation setup, untimed
         if progress:
-            progress(done, total, f"warm-up {_label(method)}")
-        run_method(pair, encoded[0], _config_for(settings, method, max_new_tokens=8), method[0])
+            progress(done, total, f"warm-up {method.label}")
+        run(method, encoded[0], max_new_tokens=8)
     results = []
     for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded)):
         result = PromptResult(prompt, len(prompt_ids))
@@ -95,23 +123,18 @@ def run_bench(pair: ModelPair, prompts: list[BenchPrompt], settings: BenchSettin
             shift = (index + repeat) % len(methods)
             for method in methods[shift:] + methods[:shift]:
                 if progress:
-                    progress(done, total, f"{prompt.category} {prompt.name}: {_label(method)}")
-                run = run_method(pair, prompt_ids, _config_for(settings, method), method[0])
-                result.runs.setdefault(method, []).append(run)
+                    progress(done, total, f"{prompt.category} {prompt.name}: {method.label}")
+                result.runs.setdefault(method, []).append(run(method, prompt_ids))
                 done += 1
         if settings.decode.greedy:
-            plain = result.runs[("plain", 0)][0].token_ids
+            plain = result.runs[Method("plain")][0].token_ids
             for method, runs in result.runs.items():
                 if runs[0].token_ids != plain:
-                    result.mismatch[method] = explain_mismatch(pair, prompt_ids, plain, runs[0].token_ids)
+                    result.mismatch[method] = explain_mismatch(pairs[0], prompt_ids, plain, runs[0].token_ids)
         results.append(result)
     if progress:
         progress(done, total, "done")
     return results
-
-
-def _label(method: tuple[str, int]) -> str:
-    return f"{method[0]} K={method[1]}" if method[1] else method[0]
 
 
 def explain_mismatch(pair: ModelPair, prompt_ids: list[int], plain: list[int], other: list[int]) -> str:

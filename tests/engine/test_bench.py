@@ -6,15 +6,18 @@ import csv
 import json
 
 import pytest
+import torch
+from transformers import LlamaForCausalLM
 
-from engine.bench.command import run_and_write
+from engine.bench.command import parse_drafters, run_and_write
 from engine.bench.prompts import read_prompts, sample_prompts
 from engine.bench.report import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
 from engine.bench.runner import BenchSettings
 from engine.cli import main
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
-from engine.session import load_pair
+from engine.heads import FeatureHead, fingerprint, head_config, save_head
+from engine.session import load_pair, load_pairs
 from tiny import build_pair, write_two_prompts
 
 
@@ -33,13 +36,12 @@ def _read(path):
         return list(csv.DictReader(handle))
 
 
-def _run(pair, prompts_path, out, ks=(2,), baselines=("plain", "hf", "hf-assisted")):
+def _run(pairs, prompts_path, out, ks=(2,), baselines=("plain", "hf", "hf-assisted")):
     prompts = read_prompts(prompts_path)
     settings = BenchSettings(ks=ks, baselines=baselines, repeats=1,
                              decode=DecodeConfig(k=ks[0], max_new_tokens=12))
-    context = {"command": "test", "target": "tiny", "drafter": pair.drafter_kind, "device": "cpu",
-               "dtype": "float32", "prompts": str(prompts_path)}
-    run_and_write(pair, prompts, settings, out, context, plots=False)
+    context = {"command": "test", "target": "tiny", "device": "cpu", "dtype": "float32", "prompts": str(prompts_path)}
+    run_and_write(pairs, prompts, settings, out, context, plots=False)
     return out
 
 
@@ -47,7 +49,7 @@ def test_summary_has_a_row_per_method_and_category_and_all(bench_models, two_pro
     """summary.csv: the promised columns, one row per method and category plus `all`."""
     target, draft = bench_models
     pair = load_pair(str(target), str(draft), "draft-model", device="cpu")
-    out = _run(pair, two_prompts, tmp_path / "out")
+    out = _run([pair], two_prompts, tmp_path / "out")
     rows = _read(out / "summary.csv")
     assert tuple(rows[0]) == SUMMARY_COLUMNS
     methods = ["plain", "speculative", "hf", "hf-assisted"]
@@ -63,7 +65,7 @@ def test_greedy_methods_are_identical_to_plain(bench_models, two_prompts, tmp_pa
     """Greedy: SpecDeck speculative and both Hugging Face methods reproduce plain decoding's text."""
     target, draft = bench_models
     pair = load_pair(str(target), str(draft), "draft-model", device="cpu")
-    rows = _read(_run(pair, two_prompts, tmp_path / "out") / "per_prompt.csv")
+    rows = _read(_run([pair], two_prompts, tmp_path / "out") / "per_prompt.csv")
     assert all(r["identical_to_plain"] == "true" for r in rows), [r["mismatch"] for r in rows]
     speculative = [r for r in rows if r["method"] == "speculative"]
     assert sum(int(r["drafted"]) for r in speculative) > 0
@@ -73,7 +75,7 @@ def test_k_sweep_gives_one_row_per_k(bench_models, two_prompts, tmp_path):
     """A K sweep with prompt lookup writes one k_sweep.csv row per K and runs each K for both loops."""
     target, _ = bench_models
     pair = load_pair(str(target), None, "prompt-lookup", device="cpu")
-    out = _run(pair, two_prompts, tmp_path / "out", ks=(1, 2, 3))
+    out = _run([pair], two_prompts, tmp_path / "out", ks=(1, 2, 3))
     sweep = _read(out / "k_sweep.csv")
     assert tuple(sweep[0]) == SWEEP_COLUMNS
     assert [int(r["k"]) for r in sweep] == [1, 2, 3]
@@ -94,6 +96,82 @@ def test_bench_command_writes_plots(bench_models, two_prompts, tmp_path, capsys)
     for name in ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md", "speedup_by_category.png", "k_sweep.png"):
         assert (out / name).stat().st_size > 0
     assert (out / "k_sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_two_drafters_run_against_the_same_plain_runs(bench_models, two_prompts, tmp_path):
+    """Draft model and prompt lookup in one run: one shared target, one plain run per prompt, speculative
+    and hf-assisted rows for each drafter, all with plain decoding's greedy text."""
+    target, draft = bench_models
+    pairs = load_pairs(str(target), [("draft-model", str(draft)), ("prompt-lookup", None)], device="cpu")
+    assert pairs[0].target is pairs[1].target
+    drafters = {f"draft {draft}", "prompt lookup"}
+    out = _run(pairs, two_prompts, tmp_path / "out")
+    rows = _read(out / "per_prompt.csv")
+    assert all(r["identical_to_plain"] == "true" for r in rows), [r["mismatch"] for r in rows]
+    by_method = {m: [r for r in rows if r["method"] == m] for m in ("plain", "hf", "speculative", "hf-assisted")}
+    assert len(by_method["plain"]) == len(by_method["hf"]) == 2
+    assert {r["drafter"] for r in by_method["plain"] + by_method["hf"]} == {""}
+    for method in ("speculative", "hf-assisted"):
+        assert sorted(r["drafter"] for r in by_method[method]) == sorted(list(drafters) * 2)
+    assert all(int(r["drafted"]) > 0 for r in by_method["speculative"])
+    assert {r["drafter"] for r in _read(out / "k_sweep.csv")} == drafters
+    assert f"drafters draft {draft}; prompt lookup" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_feature_head_beside_a_draft_model_skips_only_its_hf_assisted(bench_models, two_prompts, tmp_path):
+    """A feature head and a draft model in one run: hf-assisted runs for the draft model alone (with a
+    note), and both speculative methods keep greedy text exact."""
+    target, draft = bench_models
+    target_model = LlamaForCausalLM.from_pretrained(target)
+    weight = target_model.get_output_embeddings().weight
+    torch.manual_seed(0)
+    save_head(FeatureHead(head_config(target_model.config)), tmp_path / "head", weight.shape[0], "tiny",
+              fingerprint(weight))
+    pairs = load_pairs(str(target), [("draft-model", str(draft)), ("feature-head", str(tmp_path / "head"))],
+                       device="cpu")
+    out = _run(pairs, two_prompts, tmp_path / "out", baselines=("plain", "hf-assisted"))
+    summary = [r for r in _read(out / "summary.csv") if r["category"] == "all"]
+    assert [(r["method"], r["drafter"]) for r in summary] == [
+        ("plain", ""), ("speculative", f"draft {draft}"), ("speculative", f"feature head {tmp_path / 'head'}"),
+        ("hf-assisted", f"draft {draft}")]
+    assert all(r["identical_to_plain"] == "true" for r in summary)
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert f"hf-assisted left out for feature head {tmp_path / 'head'}" in report
+
+
+def test_bench_command_takes_several_drafters(bench_models, two_prompts, tmp_path):
+    """`specdeck bench --drafters draft-model:D,prompt-lookup` with a K sweep: both drafters in the
+    summary, one k_sweep row per drafter and K, and the sweep plot."""
+    target, draft = bench_models
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out"
+    status = main(["bench", "--target", str(target), "--drafters", f"draft-model:{draft},prompt-lookup",
+                   "--prompts", str(two_prompts), "--k", "1,2", "--baselines", "plain", "--repeats", "1",
+                   "--max-new-tokens", "8", "--device", "cpu", "--out", str(out)])
+    assert status == 0
+    sweep = _read(out / "k_sweep.csv")
+    assert [(r["drafter"], r["k"]) for r in sweep] == [
+        (f"draft {draft}", "1"), (f"draft {draft}", "2"), ("prompt lookup", "1"), ("prompt lookup", "2")]
+    assert (out / "k_sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_bad_drafters_entries_get_a_clear_error(bench_models, capsys):
+    """An unknown kind, prompt lookup with a model, an empty list, a drafter named twice, a model-less
+    feature head for a target without a built-in one, or --drafters with --drafter: one clear message."""
+    target, draft = bench_models
+    assert parse_drafters("draft-model, feature-head:heads/h1") == [("draft-model", None), ("feature-head", "heads/h1")]
+    with pytest.raises(SpecDeckError, match="Unknown drafter 'eagle'"):
+        parse_drafters("draft-model,eagle")
+    with pytest.raises(SpecDeckError, match="Prompt lookup needs no model"):
+        parse_drafters("prompt-lookup:some-model")
+    with pytest.raises(SpecDeckError, match="names no drafter"):
+        parse_drafters(" , ")
+    with pytest.raises(SpecDeckError, match="named twice"):
+        load_pairs(str(target), [("draft-model", str(draft)), ("draft-model", str(draft))], device="cpu")
+    with pytest.raises(SpecDeckError, match="feature-head:MODEL"):
+        load_pairs(str(target), [("prompt-lookup", None), ("feature-head", None)], device="cpu")
+    assert main(["bench", "--drafters", "prompt-lookup", "--drafter", "draft-model", "--out", "unused"]) == 2
+    assert "not both" in capsys.readouterr().err
 
 
 def test_prompt_files_are_recognised_from_their_fields(tmp_path):
