@@ -94,6 +94,30 @@ def test_mismatched_pair_refused_with_the_engine_message(qtbot, window, errors, 
     assert len(errors) == 1 and "do not share a vocabulary" in errors[0][1]
 
 
+def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pair, tmp_path):
+    """Choosing the feature-head drafter and a head folder: the session drafts from the head and
+    the view holds exactly the kept text."""
+    import torch
+
+    from engine.heads import FeatureHead, fingerprint, head_config, save_head
+    from engine.models import load_model
+
+    model = load_model(str(tiny_pair[0])).model
+    torch.manual_seed(0)
+    output_layer = model.get_output_embeddings().weight
+    save_head(FeatureHead(head_config(model.config)), tmp_path / "head", output_layer.shape[0], "tiny",
+              fingerprint(output_layer))
+    window.model_panel.drafter.setCurrentText("feature head")
+    window.model_panel.draft.set_value(str(tmp_path / "head"))
+    _run(qtbot, window, window.run_button)
+    assert errors == []
+    summary = window.records[0].summary
+    assert summary.new_tokens > 0 and summary.drafted > 0
+    window.speculative_view.show_rejected.setChecked(False)
+    assert window.speculative_view.kept_text() == summary.text
+    assert "feature head" in window.model_panel.loaded.text()
+
+
 def test_closing_during_a_run_leaves_no_thread_running(qtbot, window):
     """Closing the window mid-session stops the session and ends the model thread."""
     window.decoding_panel.max_new_tokens.setValue(4000)
