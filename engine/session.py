@@ -61,9 +61,9 @@ def load_pair(target: str | None, draft: str | None, drafter: str | None, device
               progress: Progress | None = None) -> ModelPair:
     """Load the target and, if the session needs one, the draft; refuse mismatched vocabularies.
 
-    With nothing chosen the default pair is the built-in target and its built-in draft (its feature
-    head with the feature-head drafter); another target without a draft gets prompt lookup. A --draft that names a feature head (an
-    alias or a folder) picks the feature-head drafter by itself."""
+    With nothing chosen the default pair is the built-in target and its feature head (its distilled
+    draft with the draft-model drafter); another target without a draft gets prompt lookup. A --draft
+    that names a feature head (an alias or a folder) picks the feature-head drafter by itself."""
     target = target or DEFAULT_TARGET
     kind, draft = _choose_drafter(target, drafter, draft)
     options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -91,7 +91,7 @@ def _choose_drafter(target: str, drafter: str | None, draft: str | None) -> tupl
     if drafter == "prompt-lookup" and draft:
         raise SpecDeckError("Prompt lookup needs no draft model: drop --draft or choose --drafter draft-model.")
     if not draft and target == DEFAULT_TARGET:
-        draft = {None: DEFAULT_DRAFT, "draft-model": DEFAULT_DRAFT, "feature-head": DEFAULT_HEAD}.get(drafter)
+        draft = {None: DEFAULT_HEAD, "draft-model": DEFAULT_DRAFT, "feature-head": DEFAULT_HEAD}.get(drafter)
     if drafter in ("draft-model", "feature-head") and not draft:
         raise SpecDeckError(f"The {drafter} drafter needs a model: pass --draft "
                             f"(in bench --drafters: {drafter}:MODEL).")

@@ -158,3 +158,21 @@ def test_about_lists_the_versions(qtbot, window):
     text = about_text("cpu")
     for name in ("SpecDeck", "torch", "transformers", "Qt", "device", "cpu"):
         assert name in text
+
+
+def test_fresh_window_offers_the_default_pair(qtbot, loop, settings):
+    """A first launch proposes the built-in target with its feature head; choosing the draft-model
+    drafter swaps in the built-in draft, and back."""
+    from app.main_window import MainWindow
+    from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+
+    fresh = MainWindow(settings=settings)
+    qtbot.addWidget(fresh)
+    panel = fresh.model_panel
+    assert (panel.target.value, panel.drafter.currentText(), panel.draft.value) == (DEFAULT_TARGET, "feature head",
+                                                                                    DEFAULT_HEAD)
+    panel.drafter.setCurrentText("draft model")
+    assert panel.draft.value == DEFAULT_DRAFT
+    panel.drafter.setCurrentText("feature head")
+    assert panel.draft.value == DEFAULT_HEAD
+    fresh.close()

@@ -75,16 +75,17 @@ def test_builtin_head_ships_small_and_keeps_greedy_exact(smollm2):
     assert spec[-1].accepted >= 0.15 * spec[-1].drafted  # an untrained head accepts ~0
 
 
-def test_default_pair_is_the_builtin_target_with_its_draft(tiny_llama):
-    """With nothing chosen the built-in target comes with its distilled draft; with its feature head
-    when that drafter is asked for or the head is named; prompt lookup when asked for it; a target
-    of one's own without a draft gets prompt lookup."""
+def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
+    """With nothing chosen the built-in target comes with its feature head (the faster of its two
+    drafters, README "Feature heads"); with its distilled draft when that drafter is asked for; the
+    head by itself when named; prompt lookup when asked for it; a target of one's own without a
+    draft gets prompt lookup."""
     from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
     from engine.session import load_pair
 
     pair = load_pair(None, None, None, device="cpu")
-    assert (pair.target.name, pair.drafter_kind, pair.draft.name) == (DEFAULT_TARGET, "draft-model", DEFAULT_DRAFT)
-    assert load_pair(None, None, "feature-head", device="cpu").head.name == DEFAULT_HEAD
+    assert (pair.target.name, pair.drafter_kind, pair.head.name) == (DEFAULT_TARGET, "feature-head", DEFAULT_HEAD)
+    assert load_pair(None, None, "draft-model", device="cpu").draft.name == DEFAULT_DRAFT
     assert load_pair(None, DEFAULT_HEAD, None, device="cpu").drafter_kind == "feature-head"
     assert load_pair(None, None, "prompt-lookup", device="cpu").draft is None
     own = load_pair(tiny_llama[0].name, None, None, device="cpu")
