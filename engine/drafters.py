@@ -186,8 +186,7 @@ class FeatureHeadDrafter(Drafter):
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
         for _ in range(k):
-            mixed = self.head.fc(torch.cat([states, self._embedding(following)], dim=-1))
-            predicted = self._body.hidden_from_inputs(mixed)[-1]
+            predicted = self._body.hidden_from_inputs(self.head.mix(states, self._embedding(following)))[-1]
             q = logits_to_probs(output_logits(predicted, self._weight, self._output_ids, self.vocab_width), self.config)
             token = int(sample(q, self.generator, self.config.greedy))
             if tokens and self.config.confidence_threshold and float(q.max()) < self.config.confidence_threshold:

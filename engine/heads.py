@@ -38,11 +38,14 @@ class FeatureHead(torch.nn.Module):
         self.fc = torch.nn.Linear(2 * width, width, bias=False)
         self.body = LlamaModel(config)  # its token embedding is unused (vocab_size 1): inputs are fc's output
 
+    def mix(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """The decoder layer's inputs (..., n, hidden) for n (state, next-token embedding) pairs."""
+        return self.fc(torch.cat([features, embeddings], dim=-1))
+
     def forward(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
-        """Predicted next states (batch, n, hidden) for n (state, next-token embedding) pairs, all at
-        once (training; drafting runs the same layers step by step over a KV cache)."""
-        mixed = self.fc(torch.cat([features, embeddings], dim=-1))
-        return self.body(inputs_embeds=mixed, use_cache=False).last_hidden_state
+        """Predicted next states (batch, n, hidden) for n pairs, all at once (training; drafting runs
+        the same layers step by step over a KV cache)."""
+        return self.body(inputs_embeds=self.mix(features, embeddings), use_cache=False).last_hidden_state
 
 
 def head_config(target_config, intermediate: int | None = None) -> LlamaConfig:

@@ -37,12 +37,13 @@ class HFForward:
         return out.logits[0]
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        out = self.model.base_model(input_ids=ids[None], past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
-        return out.last_hidden_state[0]
+        return self._last_hidden(input_ids=ids[None])
 
     def hidden_from_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
-        out = self.model.base_model(inputs_embeds=inputs[None], past_key_values=self.cache, use_cache=True)
+        return self._last_hidden(inputs_embeds=inputs[None])
+
+    def _last_hidden(self, **inputs) -> torch.Tensor:
+        out = self.model.base_model(**inputs, past_key_values=self.cache, use_cache=True)
         self.cache = out.past_key_values
         return out.last_hidden_state[0]
 
