@@ -48,12 +48,13 @@ def run_train_draft(args) -> int:
 
     if min(args.steps, args.batch, args.layers, args.eval_every) < 1 or args.hidden < 8:
         raise SpecDeckError("--steps, --batch, --layers and --eval-every must be at least 1, --hidden at least 8.")
-    if min(args.answers, args.passages, args.code, args.documents, args.teacher_shards, args.output_vocab) < 0:
-        raise SpecDeckError("--answers, --passages, --code, --documents, --teacher-shards and --output-vocab "
-                            "cannot be negative.")
+    if min(args.answers, args.passages, args.code, args.articles, args.documents, args.teacher_shards,
+           args.output_vocab) < 0:
+        raise SpecDeckError("--answers, --passages, --code, --articles, --documents, --teacher-shards and "
+                            "--output-vocab cannot be negative.")
     config = TrainConfig(
         shape=DraftShape(hidden=args.hidden, layers=args.layers, intermediate=args.intermediate),
-        seed=args.seed, answers=args.answers, passages=args.passages, code=args.code,
+        seed=args.seed, answers=args.answers, passages=args.passages, code=args.code, articles=args.articles,
         answer_tokens=args.answer_tokens, generation_batch=args.generation_batch,
         teacher_shards=args.teacher_shards, output_vocab=args.output_vocab, bfloat16=not args.float32,
         documents=args.documents, max_length=args.max_length,
@@ -77,6 +78,8 @@ def _add_text_arguments(parser, defaults) -> None:
                         help="documentation passages the target summarises or answers questions on")
     parser.add_argument("--code", type=int, default=defaults.code,
                         help="code beginnings the target continues without a chat template")
+    parser.add_argument("--articles", type=int, default=defaults.articles,
+                        help="articles the target writes, then summarises, extracts from or answers questions on")
     parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens,
                         help="longest answer the target writes")
     parser.add_argument("--generation-batch", type=int, default=defaults.generation_batch,
@@ -121,14 +124,16 @@ def run_train_head(args) -> int:
 
     if min(args.steps, args.batch, args.unroll, args.eval_every) < 1:
         raise SpecDeckError("--steps, --batch, --unroll and --eval-every must be at least 1.")
-    if min(args.answers, args.passages, args.code, args.teacher_shards, args.output_vocab) < 0:
-        raise SpecDeckError("--answers, --passages, --code, --teacher-shards and --output-vocab cannot be negative.")
+    if min(args.answers, args.passages, args.code, args.articles, args.teacher_shards, args.output_vocab) < 0:
+        raise SpecDeckError("--answers, --passages, --code, --articles, --teacher-shards and --output-vocab "
+                            "cannot be negative.")
     config = HeadConfig(seed=args.seed, output_vocab=args.output_vocab, unroll=args.unroll, steps=args.steps,
                         batch_sequences=args.batch, lr=args.lr, eval_every=args.eval_every,
                         bfloat16=not args.float32, threads=args.threads)
     text = None
-    if args.answers or args.passages or args.code:
+    if args.answers or args.passages or args.code or args.articles:
         text = TrainConfig(seed=args.seed, answers=args.answers, passages=args.passages, code=args.code,
+                           articles=args.articles,
                            answer_tokens=args.answer_tokens, generation_batch=args.generation_batch,
                            teacher_shards=args.teacher_shards)
     out = Path(args.out).expanduser()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
 import shutil
 import time
 from collections.abc import Callable
@@ -25,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from engine.distill.corpus import SOURCES, code_prefixes, instructions, passage_instructions, stdlib_documents
+from engine.distill.corpus import (SOURCES, article_instructions, code_prefixes, instructions, passage_instructions,
+                                   reading_instruction, stdlib_documents)
 from engine.distill.student import DraftShape, build_draft
 from engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
 from engine.models import BUILTIN_MODELS, OUTPUT_TOKENS_FILE, TOKENIZER_REFERENCE_FILE, LoadedModel, LoadOptions, load_model, locate
@@ -42,6 +44,8 @@ class TrainConfig:
     answers: int = 0  # chat instructions the target answers itself
     passages: int = 0  # documentation passages the target summarises or answers questions on
     code: int = 0  # code beginnings the target continues without a chat template
+    articles: int = 0  # articles the target writes, then reads back (summary, extraction, questions)
+    min_article_chars: int = 200  # a shorter article (the target stopped early) is not given back to read
     answer_tokens: int = 192
     generation_batch: int = 128
     sampled_every: int = 4  # every n-th generation batch samples at temperature 0.7, the rest is greedy
@@ -104,7 +108,43 @@ def build_teacher_data(target: LoadedModel, folder: Path, config: TrainConfig, p
         elapsed = time.perf_counter() - started
         progress(f"teacher {index + 1}/{len(jobs)} shards ({kind}), {made} target tokens, "
                  f"{made / elapsed:.0f} tokens/s, {elapsed:.0f} s")
+    _article_shards(target, folder, config, progress)
     return load_shards(folder)
+
+
+def _article_shards(target: LoadedModel, folder: Path, config: TrainConfig, progress: Progress) -> None:
+    """Articles in two steps per batch: the target writes them (sampled, for variety), then answers a
+    request to summarise, extract from or question each one (`reading_instruction`). Their shards
+    are named after the others (`shard-articles-NNNNN-1-write.pt`, `...-2-read.pt`), so they sort
+    after them and a later batch sorts after an earlier one."""
+    requests = article_instructions(config.articles, config.seed)
+    batch = config.generation_batch
+    started = time.perf_counter()
+    for number, start in enumerate(range(0, len(requests), batch)):
+        chunk = requests[start: start + batch]
+        write = folder / f"shard-articles-{number:05d}-1-write.pt"
+        read = folder / f"shard-articles-{number:05d}-2-read.pt"
+        if read.exists():
+            continue
+        if write.exists():
+            written = Shard(**torch.load(write, weights_only=True))
+        else:
+            written = generate_scored(target, [chat_ids(target, text) for _, text in chunk], config.answer_tokens,
+                                      greedy=False, seed=config.seed + 7919 * (number + 1), top_k=config.top_k)
+            save_shard(written, write)
+        topics = {tuple(chat_ids(target, text)): topic for topic, text in chunk}
+        rng = random.Random(config.seed * 1009 + number)
+        prompts = []
+        for ids, first in zip(written.ids, written.first):
+            article = target.tokenizer.decode(ids[first + 1:].tolist(), skip_special_tokens=True)
+            if len(article) >= config.min_article_chars:
+                topic = topics.get(tuple(ids[: first + 1].tolist()), "it")
+                prompts.append(chat_ids(target, reading_instruction(topic, article, rng))[-2 * config.max_length:])
+        if prompts:
+            save_shard(generate_scored(target, prompts, config.answer_tokens, greedy=number % config.sampled_every != 0,
+                                       seed=config.seed + 7919 * (number + 1) + 1, top_k=config.top_k), read)
+        progress(f"articles {min(start + batch, len(requests))}/{len(requests)} written and read, "
+                 f"{time.perf_counter() - started:.0f} s")
 
 
 def split_rows(count: int) -> tuple[list[int], list[int]]:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 from engine.cli import main
 from engine.config import DecodeConfig
 from engine.events import SummaryEvent, TokenEvent, TokenState
+from engine.distill.teacher import load_shards
+from engine.distill.train import TrainConfig, build_teacher_data
+from engine.models import LoadOptions, load_model
 from engine.session import load_pair, run_session
 from tiny import build_pair
 
@@ -72,3 +74,33 @@ def test_existing_run_is_not_overwritten(tiny_run, capsys):
     target, out = tiny_run
     assert main(["train-draft", "--target", str(target), "--out", str(out), "--steps", "4", *TINY]) == 2
     assert "--resume" in capsys.readouterr().err
+
+
+def test_articles_are_written_then_read_back(tmp_path):
+    """With --articles the target writes articles, then answers a request about each: every reading
+    prompt holds an article it wrote, both steps are scored as its own text, and a second call
+    (resuming) adds nothing."""
+    target_dir, _ = build_pair(tmp_path, "llama")
+    target = load_model(str(target_dir), LoadOptions(device="cpu"))
+    config = TrainConfig(articles=3, generation_batch=2, answer_tokens=40, min_article_chars=30)
+    data = build_teacher_data(target, tmp_path / "teacher", config, progress=lambda line: None)
+    names = sorted(p.name for p in (tmp_path / "teacher").glob("shard-*.pt"))
+    assert names == ["shard-articles-00000-1-write.pt", "shard-articles-00000-2-read.pt",
+                     "shard-articles-00001-1-write.pt", "shard-articles-00001-2-read.pt"]
+    decode = target.tokenizer.decode
+    for number in range(2):
+        written = torch.load(tmp_path / "teacher" / names[2 * number], weights_only=True)
+        read = torch.load(tmp_path / "teacher" / names[2 * number + 1], weights_only=True)
+        articles = [decode(ids[first + 1:].tolist(), skip_special_tokens=True)
+                    for ids, first in zip(written["ids"], written["first"])]
+        articles = [a.strip() for a in articles if len(a) >= config.min_article_chars]
+        prompts = [decode(ids[: first + 1].tolist()) for ids, first in zip(read["ids"], read["first"])]
+        assert len(prompts) == len(articles) > 0
+        assert all(any(a in prompt for a in articles) for prompt in prompts)
+        for part in (written, read):
+            assert all(len(top) == len(ids) - 1 - first
+                       for ids, top, first in zip(part["ids"], part["top_ids"], part["first"]))
+    again = build_teacher_data(target, tmp_path / "teacher", config, progress=lambda line: None)
+    assert sorted(p.name for p in (tmp_path / "teacher").glob("*")) == names
+    assert all(torch.equal(a, b) for a, b in zip(again.ids, data.ids)) and len(again.ids) == len(data.ids)
+    assert len(load_shards(tmp_path / "teacher").ids) == len(data.ids)
