@@ -1,6 +1,7 @@
 """The Benchmark tab: the `specdeck bench` harness on the loaded pair, from the window.
 
-The tab holds the options (prompt file, categories, K or a K sweep, baselines, lengths), a progress
+The tab holds the options (prompt file, categories, K or a K sweep, other drafters of the loaded
+target to time beside its own, baselines, lengths), a progress
 bar, the summary table (summary.csv's columns) and the plots the harness draws. It never runs the
 harness itself: the window sends it to the model thread and hands the tab progress and the
 outcome. Export writes the files the harness wrote (CSVs, report.md, plots) into a chosen folder.
@@ -36,7 +37,7 @@ from PySide6.QtWidgets import (
 from app import dialogs
 from app.panels import double_spin_box, spin_box
 from app.worker import BenchOutcome, LoadRequest
-from engine.bench.command import parse_ks
+from engine.bench.command import parse_drafters, parse_ks
 from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
 from engine.bench.report import SUMMARY_COLUMNS
 from engine.bench.runner import BenchSettings
@@ -96,6 +97,11 @@ class BenchmarkTab(QWidget):
         self.limit.setSpecialValueText("all")
         self.ks = QLineEdit("4")
         self.ks.setToolTip("Draft tokens per round, or a sweep: 1,2,4")
+        self.drafters = QLineEdit()
+        self.drafters.setPlaceholderText("e.g. draft-model,prompt-lookup")
+        self.drafters.setToolTip("Other drafters of the loaded target, timed in the same run against the same plain "
+                                 "runs: comma-separated kinds (draft-model, feature-head, prompt-lookup), each "
+                                 "optionally kind:MODEL. Empty: the loaded drafter only")
         self.baselines = {name: QCheckBox(name) for name in BASELINES}
         for box in self.baselines.values():
             box.setChecked(True)
@@ -136,6 +142,7 @@ class BenchmarkTab(QWidget):
         form.addRow("Categories", self.categories)
         form.addRow("Limit per category", self.limit)
         form.addRow("K", self.ks)
+        form.addRow("Also compare", self.drafters)
         baseline_row = QHBoxLayout()
         for box in self.baselines.values():
             baseline_row.addWidget(box)
@@ -173,6 +180,10 @@ class BenchmarkTab(QWidget):
         categories = [c.strip() for c in self.categories.text().split(",") if c.strip()] or None
         return read_prompts(self.prompt_file, categories, self.limit.value() or None)
 
+    def other_drafters(self) -> list[tuple[str, str | None]]:
+        """The drafters to time beside the loaded one; raises SpecDeckError for an unknown kind."""
+        return parse_drafters(self.drafters.text(), "Also compare") if self.drafters.text().strip() else []
+
     def settings(self) -> BenchSettings:
         ks = parse_ks(self.ks.text())
         return BenchSettings(
@@ -185,9 +196,16 @@ class BenchmarkTab(QWidget):
     def command_line(self, models: LoadRequest) -> str:
         """The `specdeck bench` command that runs the same benchmark from a terminal."""
         parts = ["specdeck", "bench"]
-        for flag, value in (("--target", models.target), ("--drafter", models.drafter), ("--draft", models.draft)):
-            if value:
-                parts += [flag, value]
+        others = self.other_drafters()
+        if models.target:
+            parts += ["--target", models.target]
+        if others and models.drafter:
+            entries = [(models.drafter, models.draft), *others]
+            parts += ["--drafters", ",".join(kind + (f":{draft}" if draft else "") for kind, draft in entries)]
+        else:
+            for flag, value in (("--drafter", models.drafter), ("--draft", models.draft)):
+                if value:
+                    parts += [flag, value]
         for flag, value, default in (("--device", models.device, "auto"), ("--dtype", models.dtype, "auto")):
             if value != default:
                 parts += [flag, value]
@@ -310,6 +328,7 @@ class BenchmarkTab(QWidget):
         settings.setValue("bench/prompts", str(self.prompts_path) if self.prompts_path else "")
         settings.setValue("bench/categories", self.categories.text())
         settings.setValue("bench/ks", self.ks.text())
+        settings.setValue("bench/drafters", self.drafters.text())
         settings.setValue("bench/baselines", ",".join(n for n, box in self.baselines.items() if box.isChecked()))
         for name in ("limit", "max_new_tokens", "repeats"):
             settings.setValue(f"bench/{name}", getattr(self, name).value())
@@ -320,6 +339,7 @@ class BenchmarkTab(QWidget):
         self._set_prompts_path(Path(path) if path and Path(path).is_file() else None)
         self.categories.setText(str(settings.value("bench/categories", "")))
         self.ks.setText(str(settings.value("bench/ks", self.ks.text())))
+        self.drafters.setText(str(settings.value("bench/drafters", self.drafters.text())))
         chosen = str(settings.value("bench/baselines", ",".join(BASELINES))).split(",")
         for name, box in self.baselines.items():
             box.setChecked(name in chosen or not box.isEnabled())

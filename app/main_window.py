@@ -227,6 +227,7 @@ class MainWindow(QMainWindow):
         try:
             prompts = self.bench_tab.prompts()
             settings = self.bench_tab.settings()
+            drafters = self.bench_tab.other_drafters()
             command = self.bench_tab.command_line(self.model_panel.request())
             await self._ensure_loaded()
             self._benchmarking = True
@@ -234,7 +235,8 @@ class MainWindow(QMainWindow):
             self.bench_tab.start()
             self.statusBar().showMessage(f"Benchmarking {len(prompts)} prompts…")
             try:
-                outcome = await self.host.bench(prompts, settings, str(self.bench_tab.prompt_file), command)
+                outcome = await self.host.bench(prompts, settings, str(self.bench_tab.prompt_file), command,
+                                                 tuple(drafters))
             except BenchCancelled as cancelled:
                 self.bench_tab.show_stopped(str(cancelled))
                 self.statusBar().showMessage(str(cancelled))

@@ -31,7 +31,7 @@ from engine.bench.runner import BenchSettings
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent
-from engine.session import ModelPair, load_pair, run_session
+from engine.session import ModelPair, add_drafters, load_pair, run_session
 
 BATCH_INTERVAL_S = 0.025
 
@@ -98,6 +98,7 @@ class BenchRequest:
     settings: BenchSettings
     source: str  # the prompt file, as the report names it
     command: str  # the `specdeck bench` command line that reproduces the run
+    drafters: tuple[tuple[str, str | None], ...] = ()  # more drafters of the resident target, timed beside its own
     bench_id: int = 0
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
@@ -141,6 +142,7 @@ class ModelWorker(QObject):
         self._session_fn = session_fn
         self._load_fn = load_fn
         self._pair: ModelPair | None = None
+        self._loaded: LoadRequest | None = None  # what the resident pair was loaded from
 
     @Slot(object)
     def load(self, request: LoadRequest) -> None:
@@ -161,7 +163,7 @@ class ModelWorker(QObject):
         except BaseException as error:  # noqa: BLE001 - every failure becomes a message, never a dead thread
             self.load_failed.emit(request.load_id, error_message(error), False)
             return
-        self._pair = pair  # the previous pair is released only once the new one loaded
+        self._pair, self._loaded = pair, request  # the previous pair is released only once the new one loaded
         freeze_long_lived_objects()
         self.loaded.emit(request.load_id, describe(pair))
 
@@ -205,9 +207,15 @@ class ModelWorker(QObject):
             self.bench_progress.emit(request.bench_id, done, total, label)
 
         try:
-            context = report_context([self._pair], request.source, request.command)
+            pairs = [self._pair]
+            if request.drafters:  # loaded for this benchmark only, on the resident target
+                progress(0, 0, "Loading the other drafters…")
+                loaded = self._loaded
+                pairs += add_drafters(self._pair, loaded.target, request.drafters, loaded.device, loaded.dtype,
+                                      loaded.trust_remote_code, progress=lambda stage: progress(0, 0, stage))
+            context = report_context(pairs, request.source, request.command)
             with tempfile.TemporaryDirectory(prefix="specdeck-bench-") as folder:
-                summary = run_and_write([self._pair], list(request.prompts), request.settings, Path(folder), context,
+                summary = run_and_write(pairs, list(request.prompts), request.settings, Path(folder), context,
                                         progress=progress)
                 files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir())}
         except BenchCancelled:
@@ -299,12 +307,14 @@ class ModelHost(QObject):
         if self._session is not None:
             self._session.cancel.set()
 
-    def bench(self, prompts: list[BenchPrompt], settings: BenchSettings, source: str, command: str) -> asyncio.Future:
-        """Benchmark the resident pair in the model thread; the future gives a `BenchOutcome`, or raises
-        SpecDeckError if the harness failed, or BenchCancelled."""
+    def bench(self, prompts: list[BenchPrompt], settings: BenchSettings, source: str, command: str,
+              drafters: tuple[tuple[str, str | None], ...] = ()) -> asyncio.Future:
+        """Benchmark the resident pair in the model thread, with `drafters` of its target beside its own
+        drafter; the future gives a `BenchOutcome`, or raises SpecDeckError if the harness failed, or
+        BenchCancelled."""
         self.cancel_bench()
         self._next_id += 1
-        self._bench = BenchRequest(tuple(prompts), settings, source, command, self._next_id)
+        self._bench = BenchRequest(tuple(prompts), settings, source, command, tuple(drafters), self._next_id)
         self._bench_future = asyncio.get_event_loop().create_future()
         self._request_bench.emit(self._bench)
         return self._bench_future

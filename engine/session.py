@@ -77,13 +77,28 @@ def load_pairs(target: str | None, drafters: Sequence[tuple[str | None, str | No
     """One pair per (drafter kind, draft) entry, all sharing one loaded target; each entry is chosen
     as `load_pair` chooses, and every entry is checked before anything loads."""
     target = target or DEFAULT_TARGET
+    chosen = _choose_drafters(target, drafters)
+    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    target_model = load_model(target, options, progress)
+    return [_attach_drafter(target_model, kind, draft, options, progress) for kind, draft in chosen]
+
+
+def add_drafters(pair: ModelPair, target: str | None, drafters: Sequence[tuple[str | None, str | None]],
+                 device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
+                 progress: Progress | None = None) -> list[ModelPair]:
+    """More pairs on `pair`'s loaded target (named `target` when it was loaded), one per (drafter
+    kind, draft) entry, chosen and loaded as `load_pairs` does; the target is not loaded again."""
+    chosen = _choose_drafters(target or DEFAULT_TARGET, drafters)
+    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    return [_attach_drafter(pair.target, kind, draft, options, progress) for kind, draft in chosen]
+
+
+def _choose_drafters(target: str, drafters: Sequence[tuple[str | None, str | None]]) -> list[tuple[str, str | None]]:
     chosen = [_choose_drafter(target, drafter, draft) for drafter, draft in drafters]
     repeated = [kind + (f" {draft}" if draft else "") for kind, draft in chosen if chosen.count((kind, draft)) > 1]
     if repeated:
         raise SpecDeckError(f"The drafter {repeated[0]} is named twice: name each drafter once.")
-    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-    target_model = load_model(target, options, progress)
-    return [_attach_drafter(target_model, kind, draft, options, progress) for kind, draft in chosen]
+    return chosen
 
 
 def _choose_drafter(target: str, drafter: str | None, draft: str | None) -> tuple[str, str | None]:

@@ -56,8 +56,9 @@ def parse_ks(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ks))
 
 
-def parse_drafters(text: str) -> list[tuple[str, str | None]]:
-    """'draft-model,feature-head:path/to/head' as (drafter kind, model or None) entries, in order."""
+def parse_drafters(text: str, where: str = "--drafters") -> list[tuple[str, str | None]]:
+    """'draft-model,feature-head:path/to/head' as (drafter kind, model or None) entries, in order;
+    `where` names the option in error messages."""
     from engine.drafters import DRAFTER_KINDS
 
     entries = []
@@ -66,14 +67,14 @@ def parse_drafters(text: str) -> list[tuple[str, str | None]]:
             continue
         kind, _, model = (piece.strip() for piece in entry.partition(":"))
         if kind not in DRAFTER_KINDS:
-            raise SpecDeckError(f"Unknown drafter {kind!r} in --drafters: choose from {', '.join(DRAFTER_KINDS)}, "
+            raise SpecDeckError(f"Unknown drafter {kind!r} in {where}: choose from {', '.join(DRAFTER_KINDS)}, "
                                 "each optionally as kind:MODEL.")
         if kind == "prompt-lookup" and model:
-            raise SpecDeckError(f"Prompt lookup needs no model: write prompt-lookup alone in --drafters "
+            raise SpecDeckError(f"Prompt lookup needs no model: write prompt-lookup alone in {where} "
                                 f"(got {entry!r}).")
         entries.append((kind, model or None))
     if not entries:
-        raise SpecDeckError("--drafters names no drafter: e.g. --drafters draft-model,feature-head.")
+        raise SpecDeckError(f"{where} names no drafter: e.g. draft-model,feature-head.")
     return entries
 
 

@@ -78,6 +78,29 @@ def test_export_writes_the_files_of_a_k_sweep(qtbot, window, bench, errors, tmp_
     assert "specdeck bench" in report and "--k 1,2" in report and str(bench.prompt_file) in report
 
 
+def test_other_drafters_are_timed_beside_the_loaded_one(qtbot, window, bench, errors, tmp_path, monkeypatch):
+    """'Also compare' times more drafters of the loaded target against the same plain runs: each has
+    its rows (the drafter column tells them apart), greedy outputs stay identical, and the report's
+    command names every drafter."""
+    bench.drafters.setText("prompt-lookup")
+    bench.baselines["hf"].setChecked(False)
+    bench.baselines["hf-assisted"].setChecked(False)
+    _run(qtbot, window)
+    assert errors == []
+    rows = _table(bench)
+    speculative = [r for r in rows if r["method"] == "speculative"]
+    assert [r["drafter"] for r in speculative if r["category"] == "all"] == [
+        f"draft {window.host.pair.draft}", "prompt lookup"]
+    assert len(speculative) == 2 * 3 and all(r["identical_to_plain"] == "true" for r in rows)
+    assert bench.progress.maximum() == 2 * 3
+    out = tmp_path / "exported"
+    out.mkdir()
+    monkeypatch.setattr("app.bench_tab.QFileDialog.getExistingDirectory", lambda *a, **k: str(out))
+    bench.export_button.click()
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert f"--drafters draft-model:{window.model_panel.request().draft},prompt-lookup" in report
+
+
 def test_cancel_stops_the_benchmark_and_a_session_runs_after(qtbot, window, bench, errors):
     """Cancel ends the benchmark without a table or a dialog; the next session runs normally."""
     bench.repeats.setValue(100)  # thousands of runs: only a real cancel lets the session below start in time
@@ -97,7 +120,7 @@ def test_cancel_stops_the_benchmark_and_a_session_runs_after(qtbot, window, benc
 
 
 def test_bad_options_give_a_dialog_and_run_nothing(qtbot, window, bench, errors):
-    """A K that is not a number, or a category the file lacks, is refused with the reason."""
+    """A K that is not a number, a category the file lacks, or an unknown drafter is refused with the reason."""
     bench.ks.setText("two")
     _run(qtbot, window)
     assert len(errors) == 1 and "K takes whole numbers" in errors[0][1]
@@ -105,6 +128,10 @@ def test_bad_options_give_a_dialog_and_run_nothing(qtbot, window, bench, errors)
     bench.categories.setText("coding")
     _run(qtbot, window)
     assert len(errors) == 2 and "No prompts of category coding" in errors[1][1]
+    bench.categories.setText("")
+    bench.drafters.setText("medusa")
+    _run(qtbot, window)
+    assert len(errors) == 3 and "Unknown drafter 'medusa' in Also compare" in errors[2][1]
     assert bench.table.rowCount() == 0 and window.host.pair is None
 
 
