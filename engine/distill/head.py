@@ -199,8 +199,8 @@ and a final RMSNorm; {params / 1e6:.1f}M parameters. It proposes only from {voca
 frequent tokens in the training text; q = 0 elsewhere keeps rejection sampling exact.
 
 ## Training
-{sequences} sequences, {positions} positions: the target's own answers to the instructions below
-(the teacher text of `specdeck train-draft`), with the target's hidden states computed once.
+{sequences} sequences, {positions} positions: the target's own text from the sources below (the
+teacher text of `specdeck train-draft`), with the target's hidden states computed once.
 Loss per pair: cross-entropy to the target's next-token distribution over the output tokens plus
 {config.feature_weight} x smooth-L1 to its next hidden state, over {config.unroll} unrolled passes (each
 later pass reads the states the previous one predicted). {step} steps of {config.batch_sequences}
