@@ -261,7 +261,7 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
     checkpoint = out / "checkpoint.pt"
     step, best = 0, -1.0
     if resume and checkpoint.exists():
-        step, best = resume_checkpoint(checkpoint, head, optimizer, progress)
+        step, best = resume_checkpoint(checkpoint, head, optimizer, progress, count)
     per_epoch = max(1, len(training) // config.batch_sequences)
     positions = sum(len(data.ids[r]) - 1 for r in range(count))
     started = time.perf_counter()
@@ -287,5 +287,5 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
                 best = agree[0]
                 card = model_card(target_name, config, head, positions, count, step, agree, output_ids)
                 save_head(head, out / "head", vocab, target_name, fingerprint(full_weight), output_ids, card)
-            save_checkpoint(checkpoint, head, optimizer, step, best, config)
+            save_checkpoint(checkpoint, head, optimizer, step, best, config, count)
     return out / "head"

@@ -159,19 +159,27 @@ def set_learning_rate(optimizer, lr: float, step: int, warmup: int, steps: int, 
         group["lr"] = lr * scale
 
 
-def resume_checkpoint(checkpoint: Path, model, optimizer, progress: Progress) -> tuple[int, float]:
-    """Load model and optimizer state; return (step, best held-out agreement so far)."""
+def resume_checkpoint(checkpoint: Path, model, optimizer, progress: Progress, sequences: int) -> tuple[int, float]:
+    """Load model and optimizer state; return (step, best held-out agreement so far). The best
+    agreement starts over if the teacher text has changed size since (`sequences`): it was measured
+    on another held-out set, so no agreement on this one can be compared with it."""
     state = torch.load(checkpoint, weights_only=True)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    progress(f"resumed at step {state['step']}")
-    return state["step"], state["best_agreement"]
+    best = state["best_agreement"]
+    if state.get("sequences") != sequences:
+        best = -1.0
+        progress(f"resumed at step {state['step']} on other teacher text ({sequences} sequences, "
+                 f"{state.get('sequences', 'unknown')} before): the next evaluation exports afresh")
+    else:
+        progress(f"resumed at step {state['step']}")
+    return state["step"], best
 
 
-def save_checkpoint(checkpoint: Path, model, optimizer, step: int, best: float, config) -> None:
+def save_checkpoint(checkpoint: Path, model, optimizer, step: int, best: float, config, sequences: int) -> None:
     partial = checkpoint.with_suffix(".partial")
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "best_agreement": best, "config": asdict(config)}, partial)
+                "best_agreement": best, "sequences": sequences, "config": asdict(config)}, partial)
     partial.replace(checkpoint)
 
 
@@ -333,7 +341,7 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
     checkpoint = out / "checkpoint.pt"
     step, best = 0, -1.0
     if resume and checkpoint.exists():
-        step, best = resume_checkpoint(checkpoint, draft, optimizer, progress)
+        step, best = resume_checkpoint(checkpoint, draft, optimizer, progress, count)
     per_epoch = max(1, len(training) // config.batch_sequences)
     draft.train()
     started = time.perf_counter()
@@ -359,5 +367,5 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
                 card = model_card(target_name, config, sum(len(t) for t in data.top_ids), count, step, held_agree,
                                   output_ids)
                 export_draft(draft, target_name, source, out / "draft", card=card, output_ids=output_ids)
-            save_checkpoint(checkpoint, draft, optimizer, step, best, config)
+            save_checkpoint(checkpoint, draft, optimizer, step, best, config, count)
     return out / "draft"

@@ -110,6 +110,30 @@ def test_training_resumes_where_it_stopped(tiny_head, tmp_path):
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
+def test_resuming_on_grown_text_exports_afresh(tiny_head, tmp_path):
+    """A best agreement measured on a smaller teacher text is not compared with agreements on the
+    grown one (another held-out set): resuming on more shards exports the next evaluation's head,
+    however high the old figure was."""
+    target, straight = tiny_head
+    out = tmp_path / "grown"
+    shards = sorted((straight / "teacher").glob("shard-*.pt"))
+    assert len(shards) > 1
+    (out / "teacher").mkdir(parents=True)
+    for shard in shards[:-1]:
+        (out / "teacher" / shard.name).write_bytes(shard.read_bytes())
+    args = ["train-head", "--target", str(target), "--out", str(out), "--steps", "6", *TRAIN]
+    assert main([*args, "--until", "3"]) == 0
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    state["best_agreement"] = 1.0  # no evaluation can beat it
+    torch.save(state, out / "checkpoint.pt")
+    (out / "teacher" / shards[-1].name).write_bytes(shards[-1].read_bytes())
+    assert main([*args, "--resume"]) == 0
+    sequences = len(load_shards(out / "teacher").ids)
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert state["sequences"] == sequences and state["best_agreement"] < 1.0
+    assert f"{sequences} sequences" in (out / "head" / "README.md").read_text(encoding="utf-8")
+
+
 def test_head_for_another_target_is_refused(tiny_head, tmp_path):
     """A head only works with the target it was trained on: another width is a clear error."""
     _, out = tiny_head
