@@ -126,13 +126,14 @@ def _article_shards(target: LoadedModel, folder: Path, config: TrainConfig, prog
         read = folder / f"shard-articles-{number:05d}-2-read.pt"
         if read.exists():
             continue
+        requests_ids = [chat_ids(target, text) for _, text in chunk]
         if write.exists():
             written = Shard(**torch.load(write, weights_only=True))
         else:
-            written = generate_scored(target, [chat_ids(target, text) for _, text in chunk], config.answer_tokens,
-                                      greedy=False, seed=config.seed + 7919 * (number + 1), top_k=config.top_k)
+            written = generate_scored(target, requests_ids, config.answer_tokens, greedy=False,
+                                      seed=config.seed + 7919 * (number + 1), top_k=config.top_k)
             save_shard(written, write)
-        topics = {tuple(chat_ids(target, text)): topic for topic, text in chunk}
+        topics = {tuple(ids): topic for ids, (topic, _) in zip(requests_ids, chunk)}
         rng = random.Random(config.seed * 1009 + number)
         prompts = []
         for ids, first in zip(written.ids, written.first):
