@@ -137,10 +137,11 @@ def _article_shards(target: LoadedModel, folder: Path, config: TrainConfig, prog
         rng = random.Random(config.seed * 1009 + number)
         prompts = []
         for ids, first in zip(written.ids, written.first):
-            article = target.tokenizer.decode(ids[first + 1:].tolist(), skip_special_tokens=True)
+            # at most max_length tokens of article, so a long one cannot push the request out of the prompt
+            article = target.tokenizer.decode(ids[first + 1:][: config.max_length].tolist(), skip_special_tokens=True)
             if len(article) >= config.min_article_chars:
                 topic = topics.get(tuple(ids[: first + 1].tolist()), "it")
-                prompts.append(chat_ids(target, reading_instruction(topic, article, rng))[-2 * config.max_length:])
+                prompts.append(chat_ids(target, reading_instruction(topic, article, rng)))
         if prompts:
             save_shard(generate_scored(target, prompts, config.answer_tokens, greedy=number % config.sampled_every != 0,
                                        seed=config.seed + 7919 * (number + 1) + 1, top_k=config.top_k), read)
