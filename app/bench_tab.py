@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
 from app import dialogs
 from app.panels import double_spin_box, spin_box
 from app.worker import BenchOutcome, LoadRequest
-from engine.bench.command import parse_drafters, parse_ks
+from engine.bench.command import parse_drafters, parse_ks, parse_lookups
 from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
 from engine.bench.report import SUMMARY_COLUMNS
 from engine.bench.runner import BenchSettings
@@ -97,6 +97,9 @@ class BenchmarkTab(QWidget):
         self.limit.setSpecialValueText("all")
         self.ks = QLineEdit("4")
         self.ks.setToolTip("Draft tokens per round, or a sweep: 1,2,4")
+        self.lookups = QLineEdit(str(DecodeConfig.lookup))
+        self.lookups.setToolTip("Tokens prompt lookup may copy per round where the text repeats, before asking the "
+                                "drafter; 0 is off; a sweep such as 0,2 times each")
         self.drafters = QLineEdit()
         self.drafters.setPlaceholderText("e.g. draft-model,prompt-lookup")
         self.drafters.setToolTip("Other drafters of the loaded target, timed in the same run against the same plain "
@@ -142,6 +145,7 @@ class BenchmarkTab(QWidget):
         form.addRow("Categories", self.categories)
         form.addRow("Limit per category", self.limit)
         form.addRow("K", self.ks)
+        form.addRow("Lookup", self.lookups)
         form.addRow("Also compare", self.drafters)
         baseline_row = QHBoxLayout()
         for box in self.baselines.values():
@@ -186,10 +190,11 @@ class BenchmarkTab(QWidget):
 
     def settings(self) -> BenchSettings:
         ks = parse_ks(self.ks.text())
+        lookups = parse_lookups(self.lookups.text())
         return BenchSettings(
-            ks=ks, baselines=tuple(name for name, box in self.baselines.items() if box.isChecked()),
+            ks=ks, lookups=lookups, baselines=tuple(name for name, box in self.baselines.items() if box.isChecked()),
             repeats=self.repeats.value(),
-            decode=DecodeConfig(k=ks[0], temperature=self.temperature.value(),
+            decode=DecodeConfig(k=ks[0], lookup=lookups[0], temperature=self.temperature.value(),
                                 max_new_tokens=self.max_new_tokens.value()),
         )
 
@@ -218,7 +223,7 @@ class BenchmarkTab(QWidget):
         if self.limit.value():
             parts += ["--limit", str(self.limit.value())]
         settings = self.settings()
-        parts += ["--k", ",".join(map(str, settings.ks)), "--temperature", f"{settings.decode.temperature:g}",
+        parts += ["--k", ",".join(map(str, settings.ks)), "--lookup", ",".join(map(str, settings.lookups)), "--temperature", f"{settings.decode.temperature:g}",
                   "--max-new-tokens", str(settings.decode.max_new_tokens), "--repeats", str(settings.repeats),
                   "--baselines", ",".join(settings.baselines), "--out", "."]
         return " ".join(shlex.quote(part) for part in parts)
@@ -328,6 +333,7 @@ class BenchmarkTab(QWidget):
         settings.setValue("bench/prompts", str(self.prompts_path) if self.prompts_path else "")
         settings.setValue("bench/categories", self.categories.text())
         settings.setValue("bench/ks", self.ks.text())
+        settings.setValue("bench/lookups", self.lookups.text())
         settings.setValue("bench/drafters", self.drafters.text())
         settings.setValue("bench/baselines", ",".join(n for n, box in self.baselines.items() if box.isChecked()))
         for name in ("limit", "max_new_tokens", "repeats"):
@@ -339,6 +345,7 @@ class BenchmarkTab(QWidget):
         self._set_prompts_path(Path(path) if path and Path(path).is_file() else None)
         self.categories.setText(str(settings.value("bench/categories", "")))
         self.ks.setText(str(settings.value("bench/ks", self.ks.text())))
+        self.lookups.setText(str(settings.value("bench/lookups", self.lookups.text())))
         self.drafters.setText(str(settings.value("bench/drafters", self.drafters.text())))
         chosen = str(settings.value("bench/baselines", ",".join(BASELINES))).split(",")
         for name, box in self.baselines.items():

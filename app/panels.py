@@ -194,6 +194,11 @@ class DecodingPanel(QGroupBox):
         self.k = spin_box(1, 16, defaults.k)
         self.schedule = QComboBox()
         self.schedule.addItems(SCHEDULES)
+        self.lookup = spin_box(0, 16, defaults.lookup)
+        self.lookup.setSpecialValueText("off")
+        self.lookup.setToolTip("Where the text repeats (a summary quoting its article, edited code), copy up to this "
+                               "many tokens from what followed the earlier occurrence instead of asking the drafter. "
+                               "Copies cost no model call and keep decoding exact.")
         self.temperature = double_spin_box(0.0, 5.0, defaults.temperature, 0.1)
         self.temperature.setSpecialValueText("0 (greedy)")
         self.top_k = spin_box(0, 100000, defaults.top_k)
@@ -218,6 +223,10 @@ class DecodingPanel(QGroupBox):
         row.addWidget(self.k)
         row.addWidget(self.schedule, 1)
         form.addRow("K", row)
+        row = QHBoxLayout()
+        row.addWidget(self.lookup)
+        row.addWidget(QLabel("tokens copied where the text repeats"), 1)
+        form.addRow("Lookup", row)
         form.addRow("Temperature", self.temperature)
         row = QHBoxLayout()
         row.addWidget(self.top_k, 1)
@@ -248,7 +257,7 @@ class DecodingPanel(QGroupBox):
 
     def config(self) -> DecodeConfig:
         """The settings as a DecodeConfig; raises SpecDeckError with the reason if they are invalid."""
-        return DecodeConfig(k=self.k.value(), schedule=self.schedule.currentText(),
+        return DecodeConfig(k=self.k.value(), schedule=self.schedule.currentText(), lookup=self.lookup.value(),
                             temperature=self.temperature.value(), top_k=self.top_k.value(),
                             top_p=self.top_p.value(), seed=self.seed.value(),
                             max_new_tokens=self.max_new_tokens.value())
@@ -257,7 +266,7 @@ class DecodingPanel(QGroupBox):
         return self.prompt.toPlainText()
 
     def save(self, settings: QSettings) -> None:
-        for name in ("k", "top_k", "seed", "max_new_tokens"):
+        for name in ("k", "lookup", "top_k", "seed", "max_new_tokens"):
             settings.setValue(f"decoding/{name}", getattr(self, name).value())
         settings.setValue("decoding/temperature", self.temperature.value())
         settings.setValue("decoding/top_p", self.top_p.value())
@@ -266,7 +275,7 @@ class DecodingPanel(QGroupBox):
         settings.setValue("decoding/prompt", self.prompt_text())
 
     def restore(self, settings: QSettings) -> None:
-        for name in ("k", "top_k", "seed", "max_new_tokens"):
+        for name in ("k", "lookup", "top_k", "seed", "max_new_tokens"):
             widget = getattr(self, name)
             widget.setValue(int(settings.value(f"decoding/{name}", widget.value())))
         self.temperature.setValue(float(settings.value("decoding/temperature", self.temperature.value())))

@@ -1,8 +1,8 @@
 """The live token view: every token of a session in the colour of its fate.
 
 Accepted drafts green, rejected drafts red and struck through where they were proposed (before
-the target's replacement), resampled tokens orange, bonus tokens blue, plain tokens uncoloured.
-The view keeps every `TokenEvent` so that hiding or showing rejected drafts re-renders it, and
+the target's replacement), resampled tokens orange, bonus tokens blue, plain tokens uncoloured;
+drafts that prompt lookup copied from earlier text are dotted underneath. The view keeps every `TokenEvent` so that hiding or showing rejected drafts re-renders it, and
 so that hovering a token can show its state, position, round, p, q and min(1, p/q).
 """
 
@@ -26,8 +26,12 @@ STATE_COLOURS = {
 }
 
 
-def token_format(state: TokenState) -> QTextCharFormat:
+def token_format(state: TokenState, copied: bool = False) -> QTextCharFormat:
+    """The look of a token: its state's colour; rejected struck through; a copy by prompt lookup
+    (rather than the drafter's own guess) dotted underneath."""
     fmt = QTextCharFormat()
+    if copied:
+        fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DotLine)
     if state in STATE_COLOURS:
         fmt.setForeground(STATE_COLOURS[state])
     if state is TokenState.REJECTED:
@@ -38,20 +42,22 @@ def token_format(state: TokenState) -> QTextCharFormat:
     return fmt
 
 
-_FORMATS: dict[TokenState, QTextCharFormat] = {}
+_FORMATS: dict[tuple[TokenState, bool], QTextCharFormat] = {}
 
 
-def _format(state: TokenState) -> QTextCharFormat:
-    if state not in _FORMATS:
-        _FORMATS[state] = token_format(state)
-    return _FORMATS[state]
+def _format(state: TokenState, copied: bool = False) -> QTextCharFormat:
+    if (state, copied) not in _FORMATS:
+        _FORMATS[state, copied] = token_format(state, copied)
+    return _FORMATS[state, copied]
 
 
 def describe_token(event: TokenEvent) -> str:
     lines = [f"{event.state.value}  {event.text!r}", f"position {event.pos}, round {event.round}",
              f"p (target) = {event.p:.4f}"]
+    if event.copied:
+        lines.append("copied by prompt lookup")
     if event.q is not None:
-        lines.append(f"q (draft) = {event.q:.4f}")
+        lines.append(f"q ({'copy' if event.copied else 'draft'}) = {event.q:.4f}")
         lines.append(f"min(1, p/q) = {event.acceptance_probability:.4f}")
     return "\n".join(lines)
 
@@ -71,6 +77,10 @@ class Legend(QWidget):
                 style += "text-decoration: line-through;"
             label.setStyleSheet(style + "font-weight: bold;")
             layout.addWidget(label)
+        copied = QLabel("copied")
+        copied.setStyleSheet("text-decoration: underline; font-weight: bold;")
+        copied.setToolTip("Drafts that prompt lookup copied from earlier text (Lookup > 0) are underlined")
+        layout.addWidget(copied)
         layout.addStretch(1)
 
 
@@ -150,28 +160,29 @@ class TokenView(QWidget):
         cursor = QTextCursor(self.text.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         cursor.beginEditBlock()
-        run_state, run_text, run_length = None, [], 0
+        run_look, run_text, run_length = None, [], 0
         for index in range(first, len(self.tokens)):
             event = self.tokens[index]
             if event.state is TokenState.REJECTED and not show:
                 continue
-            if event.state is not run_state and run_text:
-                self._write(cursor, "".join(run_text), run_state)
+            look = (event.state, event.copied)
+            if look != run_look and run_text:
+                self._write(cursor, "".join(run_text), *run_look)
                 run_text, run_length = [], 0
-            run_state = event.state
+            run_look = look
             self._span_starts.append(self._length + run_length)
             self._span_tokens.append(index)
             run_text.append(event.text)
             run_length += len(event.text)
         if run_text:
-            self._write(cursor, "".join(run_text), run_state)
+            self._write(cursor, "".join(run_text), *run_look)
         cursor.endEditBlock()
         self._rendered = len(self.tokens)
         if following:
             bar.setValue(bar.maximum())
 
-    def _write(self, cursor: QTextCursor, text: str, state: TokenState) -> None:
-        cursor.insertText(text, _format(state))
+    def _write(self, cursor: QTextCursor, text: str, state: TokenState, copied: bool = False) -> None:
+        cursor.insertText(text, _format(state, copied))
         self._length += len(text)
 
     def _insert(self, text: str, state: TokenState) -> None:

@@ -38,6 +38,9 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=DecodeConfig.k, help="draft tokens per round")
     parser.add_argument("--schedule", choices=("constant", "heuristic"), default="constant")
     parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting below this top probability")
+    parser.add_argument("--lookup", type=int, default=DecodeConfig.lookup,
+                        help="where the text repeats, copy up to this many tokens by prompt lookup before asking "
+                             "the drafter (0: off)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -48,8 +51,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def decode_config(args):
-
-    return DecodeConfig(k=args.k, schedule=args.schedule, confidence_threshold=args.confidence,
+    return DecodeConfig(k=args.k, schedule=args.schedule, confidence_threshold=args.confidence, lookup=args.lookup,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                         max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
 

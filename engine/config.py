@@ -17,12 +17,19 @@ class DecodeConfig:
     to K+2 after a fully accepted round and K-1 otherwise, within [1, max_k]. With
     `confidence_threshold > 0` the drafter also stops early once its top probability falls
     below it.
+
+    With `lookup > 0` a round first tries prompt lookup: when the text so far ends with two or
+    more tokens that occurred earlier (in the prompt or the answer), it proposes up to `lookup`
+    tokens copied from what followed them, and asks the drafter only when nothing repeats. Copies
+    cost no model call, so summaries, quotes and edited code gain; q is one-hot on each copied
+    token, which keeps rejection sampling exact.
     """
 
     k: int = 1  # the best K for the default pair on a CPU (README, "Benchmarks"); raise it on a GPU
     schedule: str = "constant"
     max_k: int = 16
     confidence_threshold: float = 0.0
+    lookup: int = 2  # tokens copied per round where the text repeats, 0 = off (README, "Feature heads")
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -37,6 +44,8 @@ class DecodeConfig:
             raise SpecDeckError(f"max K ({self.max_k}) must be at least K ({self.k}).")
         if self.schedule not in SCHEDULES:
             raise SpecDeckError(f"Unknown draft-length schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}.")
+        if self.lookup < 0:
+            raise SpecDeckError(f"Lookup must be 0 (off) or the most tokens to copy per round (got {self.lookup}).")
         if not 0.0 <= self.confidence_threshold < 1.0:
             raise SpecDeckError(f"The confidence threshold must be in [0, 1) (got {self.confidence_threshold}).")
         if self.temperature < 0:

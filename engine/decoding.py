@@ -1,7 +1,8 @@
 """The decoding loop: speculative decoding (Leviathan et al. 2023; Chen et al. 2023) and plain
 decoding through the same machinery, streaming every token's fate as events.
 
-One round: the drafter proposes up to K tokens; the target scores all of them in ONE forward over
+One round: the drafter proposes up to K tokens (or, with `lookup`, prompt lookup copies tokens
+where the text repeats itself); the target scores all of them in ONE forward over
 its KV cache; drafts are kept while the rejection rule accepts them; the first rejected one is
 replaced by a token from the corrected distribution, or, when every draft passed, the target's
 next token comes free from the same forward. Plain decoding is the same round with no drafter.
@@ -17,7 +18,7 @@ import torch
 
 from engine.config import DecodeConfig
 from engine.detok import Detokenizer
-from engine.drafters import Drafter, Proposal
+from engine.drafters import Drafter, PromptLookupDrafter, Proposal
 from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
 from engine.kvcache import CachedModel, synchronize
 from engine.models import LoadedModel
@@ -76,6 +77,10 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
     states = drafter is not None and drafter.needs_states
     if drafter is not None:
         drafter.begin(prompt_ids, config, target.vocab_width, generator)
+    copier = None  # prompt lookup, tried before the drafter each round
+    if drafter is not None and config.lookup and not isinstance(drafter, PromptLookupDrafter):
+        copier = PromptLookupDrafter(device=device, min_ngram=2)
+        copier.begin(prompt_ids, config, target.vocab_width, generator)
     if len(prompt_ids) > 1:  # cache: every kept token but the newest
         if states:
             drafter.observe(lm.forward_hidden(prompt_ids[:-1]))
@@ -83,8 +88,8 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             lm.forward(prompt_ids[:-1], last_only=True)
     synchronize(device)
     prefill_ms = (time.perf_counter() - started) * 1e3
-    start = SessionStarted("speculative" if drafter else "plain", drafter.name if drafter else "",
-                           len(prompt_ids), prefill_ms)
+    name = (drafter.name + (" + prompt lookup" if copier else "")) if drafter else ""
+    start = SessionStarted("speculative" if drafter else "plain", name, len(prompt_ids), prefill_ms)
     stats.add(start)
     yield start
 
@@ -101,8 +106,12 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         round_no += 1
         round_started = time.perf_counter()
         room = config.max_new_tokens - new_tokens - 1  # drafts beyond this could never be kept
+        copied = False
         if drafter is not None and room > 0:
-            proposal = drafter.propose(ids, min(k, room))
+            proposal = copier.propose(ids, min(config.lookup, room)) if copier else None
+            copied = proposal is not None and bool(proposal.tokens)
+            if not copied:
+                proposal = drafter.propose(ids, min(k, room))
         else:
             proposal = Proposal([], torch.zeros(0, target.vocab_width, device=device))
         synchronize(device)
@@ -136,10 +145,11 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
                 state, q = TokenState.ACCEPTED, q_kept[i]
             else:
                 if m < n:  # show every rejected draft where it was proposed, before its replacement
-                    events.extend(_rejected_events(proposal, p, m, detok, new_tokens, round_no))
+                    events.extend(_rejected_events(proposal, p, m, detok, new_tokens, round_no, copied))
                 state, q = last_state, (float(proposal.q[m, token_id]) if m < n else None)
             final = token_id in eos or new_tokens + 1 == config.max_new_tokens
-            events.append(TokenEvent(state, token_id, detok.push(token_id, final), new_tokens, round_no, p_kept[i], q))
+            events.append(TokenEvent(state, token_id, detok.push(token_id, final), new_tokens, round_no, p_kept[i], q,
+                                     copied=copied and i < m))
             ids.append(token_id)
             new_tokens += 1
             if token_id in eos:
@@ -152,7 +162,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
         drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
         round_event = RoundEvent(round_no, drafted, accepted, draft_ms, verify_ms, new_tokens,
-                                 time.perf_counter() - decode_started)
+                                 time.perf_counter() - decode_started, copied=copied)
         for event in events:
             stats.add(event)
             yield event
@@ -161,7 +171,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         if stopped:
             stop_reason = stopped
             break
-        if config.schedule == "heuristic" and n:
+        if config.schedule == "heuristic" and n and not copied:
             k = min(k + 2, config.max_k) if m == n else max(1, k - 1)
 
     detok.flush()
@@ -169,7 +179,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
 
 
 def _rejected_events(proposal: Proposal, p: torch.Tensor, m: int, detok: Detokenizer,
-                     pos: int, round_no: int) -> list[TokenEvent]:
+                     pos: int, round_no: int, copied: bool) -> list[TokenEvent]:
     """Events for drafts m.. of a round: the first was refused, the rest were never reachable."""
     rejected = proposal.tokens[m:]
     rows = torch.arange(m, len(proposal.tokens), device=p.device)
@@ -177,5 +187,5 @@ def _rejected_events(proposal: Proposal, p: torch.Tensor, m: int, detok: Detoken
     p_values = p[rows, index].tolist()
     q_values = proposal.q[rows, index].tolist()
     pieces = detok.peek(rejected)
-    return [TokenEvent(TokenState.REJECTED, t, piece, pos, round_no, pv, qv)
+    return [TokenEvent(TokenState.REJECTED, t, piece, pos, round_no, pv, qv, copied=copied)
             for t, piece, pv, qv in zip(rejected, pieces, p_values, q_values)]

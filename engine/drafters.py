@@ -199,17 +199,18 @@ class FeatureHeadDrafter(Drafter):
 
 
 class PromptLookupDrafter(Drafter):
-    """Copy what followed the latest earlier occurrence of the last n tokens (n = max_ngram..1)."""
+    """Copy what followed the latest earlier occurrence of the last n tokens (n = max_ngram..min_ngram)."""
 
     name = "prompt lookup"
 
-    def __init__(self, max_ngram: int = 3, device: torch.device | str = "cpu") -> None:
+    def __init__(self, max_ngram: int = 3, device: torch.device | str = "cpu", min_ngram: int = 1) -> None:
         self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
         self.device = torch.device(device)
 
     def _match(self, ids: torch.Tensor, k: int) -> list[int]:
         length = ids.shape[0]
-        for n in range(min(self.max_ngram, length - 1), 0, -1):
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             windows = ids[: length - 1].unfold(0, n, 1)  # every earlier n-gram, the tail excluded
             hits = (windows == ids[length - n:]).all(dim=1).nonzero().flatten()
             if hits.numel():

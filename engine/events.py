@@ -45,7 +45,8 @@ class TokenEvent:
     `pos` is the index among generated tokens where the token stands (kept) or was proposed
     (rejected: the same `pos` as the resampled token that replaces it). `p` is the target's
     probability of the token and `q` the drafter's (None when nothing drafted it), both under the
-    session's sampling settings (temperature 1 for greedy sessions).
+    session's sampling settings (temperature 1 for greedy sessions). `copied`: a draft that prompt
+    lookup copied from earlier text (`DecodeConfig.lookup`) rather than one the drafter proposed.
     """
 
     state: TokenState
@@ -56,6 +57,7 @@ class TokenEvent:
     p: float
     q: float | None
     type: str = "token"
+    copied: bool = False
 
     @property
     def acceptance_probability(self) -> float | None:
@@ -67,7 +69,8 @@ class TokenEvent:
 
 @dataclass(frozen=True, slots=True)
 class RoundEvent:
-    """One verify round: `drafted` tokens proposed, the first `accepted` of them kept."""
+    """One verify round: `drafted` tokens proposed (copied by prompt lookup if `copied`), the first
+    `accepted` of them kept."""
 
     round: int
     drafted: int
@@ -77,6 +80,7 @@ class RoundEvent:
     new_tokens: int  # kept tokens generated so far, this round's included
     elapsed_s: float  # decoding time so far, prefill excluded
     type: str = "round"
+    copied: bool = False
 
 
 @dataclass(frozen=True, slots=True)

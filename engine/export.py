@@ -22,8 +22,10 @@ from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
-ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "draft_ms", "verify_ms", "tokens_so_far", "elapsed_s")
-TOKEN_COLUMNS = ("session", "mode", "round", "pos", "state", "token_id", "text", "p", "q", "acceptance_probability")
+ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "draft_ms", "verify_ms", "tokens_so_far", "elapsed_s",
+                 "copied")
+TOKEN_COLUMNS = ("session", "mode", "round", "pos", "state", "token_id", "text", "p", "q", "acceptance_probability",
+                 "copied")
 
 
 @dataclass
@@ -103,7 +105,7 @@ def rounds_csv(records: list[SessionRecord]) -> str:
     for record in records:
         for r in record.rounds:
             writer.writerow((record.session, record.mode, r.round, r.drafted, r.accepted, f"{r.draft_ms:.3f}",
-                             f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}"))
+                             f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}", str(r.copied).lower()))
     return out.getvalue()
 
 
@@ -115,7 +117,8 @@ def tokens_csv(records: list[SessionRecord]) -> str:
         for t in record.tokens:
             a = t.acceptance_probability
             writer.writerow((record.session, record.mode, t.round, t.pos, t.state.value, t.token_id, t.text,
-                             f"{t.p:.6g}", "" if t.q is None else f"{t.q:.6g}", "" if a is None else f"{a:.6g}"))
+                             f"{t.p:.6g}", "" if t.q is None else f"{t.q:.6g}", "" if a is None else f"{a:.6g}",
+                             str(t.copied).lower()))
     return out.getvalue()
 
 

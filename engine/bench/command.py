@@ -34,6 +34,8 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
     bench.add_argument("--k", default=str(DecodeConfig.k), help="draft tokens per round, or a sweep: 1,2,3,4,6,8")
+    bench.add_argument("--lookup", default=str(DecodeConfig.lookup),
+                       help="tokens prompt lookup may copy per round before the drafter (0: off), or a sweep: 0,2")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (texts are then checked)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3, help="timed runs per prompt and method (median kept)")
@@ -54,6 +56,17 @@ def parse_ks(text: str) -> tuple[int, ...]:
     if not ks or min(ks) < 1:
         raise SpecDeckError(f"K takes positive draft lengths, e.g. 4 or a sweep 1,2,4 (got {text!r}).")
     return tuple(dict.fromkeys(ks))
+
+
+def parse_lookups(text: str) -> tuple[int, ...]:
+    """'2' or a sweep '0,2' as lookup lengths (0: off), in the order given, without repeats."""
+    try:
+        lookups = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as error:
+        raise SpecDeckError(f"--lookup takes whole numbers, e.g. 2 or a sweep 0,2 (got {text!r}).") from error
+    if not lookups or min(lookups) < 0:
+        raise SpecDeckError(f"--lookup takes tokens to copy per round, 0 for off, e.g. 0,2 (got {text!r}).")
+    return tuple(dict.fromkeys(lookups))
 
 
 def parse_drafters(text: str, where: str = "--drafters") -> list[tuple[str, str | None]]:
@@ -107,12 +120,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from engine.session import load_pairs
 
     ks = parse_ks(args.k)
+    lookups = parse_lookups(args.lookup)
     if args.drafters and (args.drafter or args.draft):
         raise SpecDeckError("Choose drafters with --drafters or with --drafter/--draft, not both.")
     drafters = parse_drafters(args.drafters) if args.drafters else [(args.drafter, args.draft)]
     settings = BenchSettings(
-        ks=ks, baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()), repeats=args.repeats,
-        decode=DecodeConfig(k=ks[0], temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens),
+        ks=ks, lookups=lookups, baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()), repeats=args.repeats,
+        decode=DecodeConfig(k=ks[0], lookup=lookups[0], temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens),
     )
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
     prompts_path = Path(args.prompts) if args.prompts else sample_prompts()

@@ -95,7 +95,7 @@ def summary_rows(results: list[PromptResult], settings: BenchSettings, methods: 
                 "identical_to_plain": str(t.identical).lower() if settings.decode.greedy else "",
                 "prefill_ms": _num(t.prefill_ms / t.prompts if t.prompts else None, 1),
                 "predicted_speedup": _num(t.predicted_speedup), "cost_ratio": _num(t.cost_ratio, 4),
-                "drafter": method.drafter,
+                "drafter": method.shown_drafter,
             })
     return rows
 
@@ -116,7 +116,7 @@ def per_prompt_rows(results: list[PromptResult], settings: BenchSettings, method
                 "identical_to_plain": str(method not in result.mismatch).lower() if settings.decode.greedy else "",
                 "mismatch": result.mismatch.get(method, ""),
                 "repeat_tokens_per_s": " ".join(f"{r.tokens_per_s:.2f}" for r in result.runs[method]),
-                "drafter": method.drafter,
+                "drafter": method.shown_drafter,
             })
     return rows
 
@@ -135,7 +135,7 @@ def sweep_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]
             "predicted_speedup": _num(t.predicted_speedup), "acceptance_rate": _num(t.acceptance_rate),
             "mean_accepted_length": _num(t.mean_accepted_length), "cost_ratio": _num(t.cost_ratio, 4),
             "hf_assisted_speedup": _num(hf / plain if hf and plain else None),
-            "vs_hf_assisted": _num(t.tokens_per_s / hf if hf else None), "drafter": method.drafter,
+            "vs_hf_assisted": _num(t.tokens_per_s / hf if hf else None), "drafter": method.shown_drafter,
         })
     return rows
 
@@ -154,7 +154,7 @@ def round_time_rows(results: list[PromptResult], methods: list[Method]) -> list[
             continue
         round_ms = t.decode_s * 1e3 / t.rounds
         other = max(0.0, round_ms - (t.draft_ms + t.verify_ms) / t.rounds)
-        rows.append({"method": method.name, "k": method.k or "", "drafter": method.drafter, "rounds": t.rounds,
+        rows.append({"method": method.name, "k": method.k or "", "drafter": method.shown_drafter, "rounds": t.rounds,
                      "draft_ms": _num(t.draft_ms / t.rounds, 2), "verify_ms": _num(t.verify_ms / t.rounds, 2),
                      "other_ms": _num(other, 2), "other_share": _num(other / round_ms if round_ms else None)})
     return rows
@@ -195,7 +195,7 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
     device = torch.device(context["device"])
     overview = [r for r in summary if r["category"] == "all"]
     flagged = [(r.prompt, m, reason) for r in results for m, reason in r.mismatch.items()]
-    drafters = list(dict.fromkeys(m.drafter for m in methods if m.name == "speculative"))
+    drafters = list(dict.fromkeys(m.shown_drafter for m in methods if m.name == "speculative"))
     lines = [
         "# SpecDeck benchmark", "",
         f"Command: `{context['command']}`", "",

@@ -30,21 +30,29 @@ Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs
 
 
 class Method(NamedTuple):
-    """One timed way to decode; speculative and hf-assisted name their K and their drafter."""
+    """One timed way to decode; speculative and hf-assisted name their K and their drafter, and
+    speculative how many tokens prompt lookup may copy first (`DecodeConfig.lookup`)."""
 
     name: str
     k: int = 0  # drafts per round; 0 for plain and hf
     drafter: str = ""  # the pair's drafter_description, e.g. "feature head smollm2-135m-head"
+    lookup: int = 0
+
+    @property
+    def shown_drafter(self) -> str:
+        """The drafter as reports name it: with prompt lookup first where that ran."""
+        return f"{self.drafter} + prompt lookup {self.lookup}" if self.lookup else self.drafter
 
     @property
     def label(self) -> str:
         text = f"{self.name} K={self.k}" if self.k else self.name
-        return f"{text} ({self.drafter})" if self.drafter else text
+        return f"{text} ({self.shown_drafter})" if self.drafter else text
 
 
 @dataclass(frozen=True)
 class BenchSettings:
     ks: tuple[int, ...] = (4,)
+    lookups: tuple[int, ...] = (0,)  # prompt lookup first, per speculative method (0: off)
     baselines: tuple[str, ...] = ("plain", "hf", "hf-assisted")
     repeats: int = 3
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -55,14 +63,19 @@ class BenchSettings:
             raise SpecDeckError(f"Unknown baseline {', '.join(unknown)}: choose from plain, hf, hf-assisted.")
         if not self.ks or min(self.ks) < 1:
             raise SpecDeckError("--k takes positive draft lengths, e.g. 4 or 1,2,3,4,6,8.")
+        if not self.lookups or min(self.lookups) < 0:
+            raise SpecDeckError("--lookup takes tokens to copy per round, 0 for off, e.g. 0,2.")
         if self.repeats < 1:
             raise SpecDeckError(f"--repeats must be at least 1 (got {self.repeats}).")
 
     def methods(self, pairs: Sequence[ModelPair]) -> list[Method]:
         """Methods in their base order; plain decoding always runs: speedups refer to it. Each pair's
-        drafter gets speculative per K, and hf-assisted per K where Hugging Face has that drafter."""
+        drafter gets speculative per K and lookup (prompt lookup itself only without), and
+        hf-assisted per K where Hugging Face has that drafter."""
         methods = [Method("plain")]
-        methods += [Method("speculative", k, pair.drafter_description) for pair in pairs for k in self.ks]
+        for pair in pairs:
+            lookups = (0,) if pair.drafter_kind == "prompt-lookup" else self.lookups
+            methods += [Method("speculative", k, pair.drafter_description, lookup) for k in self.ks for lookup in lookups]
         if "hf" in self.baselines:
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
@@ -91,7 +104,7 @@ class PromptResult:
 
 def _config_for(settings: BenchSettings, method: Method, max_new_tokens: int | None = None) -> DecodeConfig:
     k = method.k or settings.decode.k
-    return replace(settings.decode, k=k, schedule="constant", confidence_threshold=0.0,
+    return replace(settings.decode, k=k, lookup=method.lookup, schedule="constant", confidence_threshold=0.0,
                    max_new_tokens=max_new_tokens or settings.decode.max_new_tokens)
 
 

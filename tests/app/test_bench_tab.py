@@ -7,6 +7,7 @@ import csv
 import pytest
 
 from engine.bench.report import SUMMARY_COLUMNS
+from engine.config import DecodeConfig
 from tiny import write_two_prompts
 
 TIMEOUT_MS = 60_000
@@ -57,8 +58,10 @@ def test_table_has_a_row_per_method_and_category_and_greedy_runs_are_identical(q
 
 
 def test_export_writes_the_files_of_a_k_sweep(qtbot, window, bench, errors, tmp_path, monkeypatch):
-    """A sweep K=1,2 exports summary.csv matching the table, k_sweep.csv with a row per K, report and plots."""
+    """A sweep K=1,2 with lookup 0,2 exports summary.csv matching the table, k_sweep.csv with a row per K and
+    lookup, report and plots."""
     bench.ks.setText("1,2")
+    bench.lookups.setText("0,2")
     bench.baselines["hf"].setChecked(False)
     bench.baselines["hf-assisted"].setChecked(False)
     _run(qtbot, window)
@@ -73,9 +76,9 @@ def test_export_writes_the_files_of_a_k_sweep(qtbot, window, bench, errors, tmp_
     with open(out / "summary.csv", newline="", encoding="utf-8") as handle:
         assert list(csv.DictReader(handle)) == _table(bench)
     with open(out / "k_sweep.csv", newline="", encoding="utf-8") as handle:
-        assert [row["k"] for row in csv.DictReader(handle)] == ["1", "2"]
+        assert [row["k"] for row in csv.DictReader(handle)] == ["1", "1", "2", "2"]
     report = (out / "report.md").read_text(encoding="utf-8")
-    assert "specdeck bench" in report and "--k 1,2" in report and str(bench.prompt_file) in report
+    assert "specdeck bench" in report and "--k 1,2 --lookup 0,2" in report and str(bench.prompt_file) in report
 
 
 def test_other_drafters_are_timed_beside_the_loaded_one(qtbot, window, bench, errors, tmp_path, monkeypatch):
@@ -90,7 +93,7 @@ def test_other_drafters_are_timed_beside_the_loaded_one(qtbot, window, bench, er
     rows = _table(bench)
     speculative = [r for r in rows if r["method"] == "speculative"]
     assert [r["drafter"] for r in speculative if r["category"] == "all"] == [
-        f"draft {window.host.pair.draft}", "prompt lookup"]
+        f"draft {window.host.pair.draft} + prompt lookup {DecodeConfig.lookup}", "prompt lookup"]
     assert len(speculative) == 2 * 3 and all(r["identical_to_plain"] == "true" for r in rows)
     assert bench.progress.maximum() == 2 * 3
     out = tmp_path / "exported"

@@ -112,3 +112,27 @@ def test_tooltip_event_shows_the_hovered_token(qtbot, monkeypatch):
     event = QHelpEvent(QEvent.Type.ToolTip, point, view.text.viewport().mapToGlobal(point))
     view.eventFilter(view.text.viewport(), event)
     assert shown and shown[-1].startswith("rejected  ' dog'")
+
+
+def test_copied_drafts_are_underlined_and_say_so(qtbot):
+    """Drafts that prompt lookup copied are dotted underneath in their state's colour, and their tooltip
+    names the copy; the drafter's own drafts are not underlined."""
+    view = TokenView()
+    qtbot.addWidget(view)
+    view.add_events((
+        TokenEvent(A, 1, "The", 0, 1, 0.9, 0.8),
+        TokenEvent(A, 2, " cat", 1, 2, 0.7, 1.0, copied=True),
+        TokenEvent(R, 3, " dog", 2, 2, 0.1, 1.0, copied=True),
+        TokenEvent(S, 4, " sat", 2, 2, 0.6, 0.0),
+    ))
+    assert view.formats() == [("The", A), (" cat", A), (" dog", R), (" sat", S)]
+    underlined = []
+    it = view.text.document().begin().begin()
+    while not it.atEnd():
+        fragment = it.fragment()
+        if fragment.charFormat().fontUnderline() or fragment.charFormat().underlineStyle().value:
+            underlined.append(fragment.text())
+        it += 1
+    assert underlined == [" cat", " dog"]
+    tip = describe_token(view.token_at(len("The c")))
+    assert "copied by prompt lookup" in tip and "q (copy) = 1.0000" in tip

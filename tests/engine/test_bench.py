@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from engine.bench.command import parse_drafters, run_and_write
+from engine.bench.command import parse_drafters, parse_lookups, run_and_write
 from engine.bench.prompts import read_prompts, sample_prompts
 from engine.bench.report import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
 from engine.bench.runner import BenchSettings
@@ -36,9 +36,9 @@ def _read(path):
         return list(csv.DictReader(handle))
 
 
-def _run(pairs, prompts_path, out, ks=(2,), baselines=("plain", "hf", "hf-assisted")):
+def _run(pairs, prompts_path, out, ks=(2,), baselines=("plain", "hf", "hf-assisted"), lookups=(0,)):
     prompts = read_prompts(prompts_path)
-    settings = BenchSettings(ks=ks, baselines=baselines, repeats=1,
+    settings = BenchSettings(ks=ks, lookups=lookups, baselines=baselines, repeats=1,
                              decode=DecodeConfig(k=ks[0], max_new_tokens=12))
     context = {"command": "test", "target": "tiny", "device": "cpu", "dtype": "float32", "prompts": str(prompts_path)}
     run_and_write(pairs, prompts, settings, out, context, plots=False)
@@ -139,6 +139,22 @@ def test_feature_head_beside_a_draft_model_skips_only_its_hf_assisted(bench_mode
     assert f"hf-assisted left out for feature head {tmp_path / 'head'}" in report
 
 
+def test_lookup_sweep_times_model_drafters_with_and_without_it(bench_models, two_prompts, tmp_path):
+    """--lookup 0,2: the draft model runs without and with prompt lookup first, named apart in every
+    file, both with plain decoding's greedy text; prompt lookup itself runs once."""
+    target, draft = bench_models
+    pairs = load_pairs(str(target), [("draft-model", str(draft)), ("prompt-lookup", None)], device="cpu")
+    out = _run(pairs, two_prompts, tmp_path / "out", baselines=("plain",), lookups=(0, 2))
+    summary = [r for r in _read(out / "summary.csv") if r["category"] == "all"]
+    assert [(r["method"], r["drafter"]) for r in summary] == [
+        ("plain", ""), ("speculative", f"draft {draft}"), ("speculative", f"draft {draft} + prompt lookup 2"),
+        ("speculative", "prompt lookup")]
+    assert all(r["identical_to_plain"] == "true" for r in summary)
+    assert [r["drafter"] for r in _read(out / "k_sweep.csv")] == [r["drafter"] for r in summary[1:]]
+    with pytest.raises(SpecDeckError, match="--lookup takes"):
+        parse_lookups("2,-1")
+
+
 def test_bench_command_takes_several_drafters(bench_models, two_prompts, tmp_path):
     """`specdeck bench --drafters draft-model:D,prompt-lookup` with a K sweep: both drafters in the
     summary, one k_sweep row per drafter and K, and the sweep plot."""
@@ -150,8 +166,9 @@ def test_bench_command_takes_several_drafters(bench_models, two_prompts, tmp_pat
                    "--max-new-tokens", "8", "--device", "cpu", "--out", str(out)])
     assert status == 0
     sweep = _read(out / "k_sweep.csv")
+    with_lookup = f"draft {draft} + prompt lookup {DecodeConfig.lookup}"  # the default --lookup
     assert [(r["drafter"], r["k"]) for r in sweep] == [
-        (f"draft {draft}", "1"), (f"draft {draft}", "2"), ("prompt lookup", "1"), ("prompt lookup", "2")]
+        (with_lookup, "1"), (with_lookup, "2"), ("prompt lookup", "1"), ("prompt lookup", "2")]
     assert (out / "k_sweep.png").read_bytes().startswith(b"\x89PNG")
 
 
