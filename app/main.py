@@ -26,11 +26,15 @@ def application() -> QApplication:
     return app
 
 
-async def demo(window: MainWindow, screenshot: str | None, export_csv: str | None) -> int:
-    """Load the default pair, compare speculative and plain decoding, save what was asked for."""
+async def demo(window: MainWindow, screenshot: str | None, export_csv: str | None, preset: str | None = None) -> int:
+    """Load the default pair, compare speculative and plain decoding on a preset prompt, save what
+    was asked for."""
     try:
-        if DEMO_PRESET in window.decoding_panel.presets:
-            window.decoding_panel.choose_preset(DEMO_PRESET)
+        presets = window.decoding_panel.presets
+        if preset is not None and preset not in presets:
+            raise SpecDeckError(f"There is no preset {preset!r}: choose one of {', '.join(presets)}.")
+        if (preset or DEMO_PRESET) in presets:
+            window.decoding_panel.choose_preset(preset or DEMO_PRESET)
         await window.run(compare=True)
         window.charts.redraw()
         QApplication.processEvents()
@@ -58,9 +62,9 @@ def run_gui(args) -> int:
             window = MainWindow(settings=None)
             window.show()
             freeze_long_lived_objects()
-            return loop.run_until_complete(demo(window, args.screenshot, args.export_csv))
-        if args.screenshot or args.export_csv:
-            raise SpecDeckError("--screenshot and --export-csv go with --demo.")
+            return loop.run_until_complete(demo(window, args.screenshot, args.export_csv, args.preset))
+        if args.screenshot or args.export_csv or args.preset:
+            raise SpecDeckError("--screenshot, --export-csv and --preset go with --demo.")
         window = MainWindow(settings=QSettings())
         window.show()
         freeze_long_lived_objects()

@@ -17,6 +17,7 @@ from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 
 _COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "resampled": "\033[33m", "bonus": "\033[34m", "plain": ""}
+_UNDERLINE = "\033[4m"  # drafts copied by prompt lookup
 _RESET = "\033[0m"
 
 
@@ -84,7 +85,7 @@ def _cmd_run(args) -> int:
         elif isinstance(event, TokenEvent):
             if event.state.value == "rejected" and not colour:
                 continue
-            start = _COLOURS[event.state.value] if colour else ""
+            start = (_COLOURS[event.state.value] + (_UNDERLINE if event.copied else "")) if colour else ""
             print(f"{start}{event.text}{_RESET if start else ''}", end="", flush=True)
         if isinstance(event, SummaryEvent):
             summary = event
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--demo", action="store_true", help="load the default pair and run a compare session")
     gui.add_argument("--screenshot", default=None, help="with --demo: save a PNG of the window and exit")
     gui.add_argument("--export-csv", default=None, help="with --demo: save the session's CSV")
+    gui.add_argument("--preset", default=None, help="with --demo: the prompt preset to run (default chat)")
     gui.set_defaults(handler=_cmd_gui)
 
     from engine.bench.command import add_bench_command

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from engine.events import TokenEvent, TokenState
 
 TIMEOUT_MS = 60_000
@@ -178,3 +180,20 @@ def test_fresh_window_offers_the_default_pair(qtbot, loop, settings):
     panel.drafter.setCurrentText("feature head")
     assert panel.draft.value == DEFAULT_HEAD
     fresh.close()
+
+
+def test_demo_refuses_an_unknown_preset_before_loading(qtbot, loop, settings, capsys):
+    """`specdeck gui --demo --preset NAME` names the presets there are when NAME is not one of them,
+    exits with status 2 without loading a model, and closes its window."""
+    from app.main import demo
+    from app.main_window import MainWindow
+
+    demo_window = MainWindow(settings=settings)
+    qtbot.addWidget(demo_window)
+    demo_window.show()
+    task = asyncio.ensure_future(demo(demo_window, None, None, "poetry"))
+    qtbot.waitUntil(task.done, timeout=5000)
+    assert task.result() == 2
+    err = capsys.readouterr().err
+    assert "no preset 'poetry'" in err and "summarization" in err
+    assert demo_window.host.pair is None and not demo_window.isVisible()
