@@ -223,7 +223,8 @@ class BenchmarkTab(QWidget):
         if self.limit.value():
             parts += ["--limit", str(self.limit.value())]
         settings = self.settings()
-        parts += ["--k", ",".join(map(str, settings.ks)), "--lookup", ",".join(map(str, settings.lookups)), "--temperature", f"{settings.decode.temperature:g}",
+        parts += ["--k", ",".join(map(str, settings.ks)), "--lookup", ",".join(map(str, settings.lookups)),
+                  "--temperature", f"{settings.decode.temperature:g}",
                   "--max-new-tokens", str(settings.decode.max_new_tokens), "--repeats", str(settings.repeats),
                   "--baselines", ",".join(settings.baselines), "--out", "."]
         return " ".join(shlex.quote(part) for part in parts)

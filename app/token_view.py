@@ -2,8 +2,8 @@
 
 Accepted drafts green, rejected drafts red and struck through where they were proposed (before
 the target's replacement), resampled tokens orange, bonus tokens blue, plain tokens uncoloured;
-drafts that prompt lookup copied from earlier text are dotted underneath. The view keeps every `TokenEvent` so that hiding or showing rejected drafts re-renders it, and
-so that hovering a token can show its state, position, round, p, q and min(1, p/q).
+drafts that prompt lookup copied from earlier text are dotted underneath. The view keeps every
+`TokenEvent` so that hiding or showing rejected drafts re-renders it, and so that hovering a token can show its state, position, round, p, q and min(1, p/q).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
-ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "draft_ms", "verify_ms", "tokens_so_far", "elapsed_s",
-                 "copied")
+ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "draft_ms", "verify_ms", "tokens_so_far",
+                 "elapsed_s", "copied")
 TOKEN_COLUMNS = ("session", "mode", "round", "pos", "state", "token_id", "text", "p", "q", "acceptance_probability",
                  "copied")
 

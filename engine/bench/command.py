@@ -125,8 +125,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SpecDeckError("Choose drafters with --drafters or with --drafter/--draft, not both.")
     drafters = parse_drafters(args.drafters) if args.drafters else [(args.drafter, args.draft)]
     settings = BenchSettings(
-        ks=ks, lookups=lookups, baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()), repeats=args.repeats,
-        decode=DecodeConfig(k=ks[0], lookup=lookups[0], temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens),
+        ks=ks, lookups=lookups, baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()),
+        repeats=args.repeats,
+        decode=DecodeConfig(k=ks[0], lookup=lookups[0], temperature=args.temperature, seed=args.seed,
+                            max_new_tokens=args.max_new_tokens),
     )
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
     prompts_path = Path(args.prompts) if args.prompts else sample_prompts()

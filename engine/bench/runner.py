@@ -52,7 +52,7 @@ class Method(NamedTuple):
 @dataclass(frozen=True)
 class BenchSettings:
     ks: tuple[int, ...] = (4,)
-    lookups: tuple[int, ...] = (0,)  # prompt lookup first, per speculative method (0: off)
+    lookups: tuple[int, ...] = (DecodeConfig.lookup,)  # prompt lookup first per speculative method, 0: off
     baselines: tuple[str, ...] = ("plain", "hf", "hf-assisted")
     repeats: int = 3
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -75,7 +75,8 @@ class BenchSettings:
         methods = [Method("plain")]
         for pair in pairs:
             lookups = (0,) if pair.drafter_kind == "prompt-lookup" else self.lookups
-            methods += [Method("speculative", k, pair.drafter_description, lookup) for k in self.ks for lookup in lookups]
+            methods += [Method("speculative", k, pair.drafter_description, lookup)
+                        for k in self.ks for lookup in lookups]
         if "hf" in self.baselines:
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
