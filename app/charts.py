@@ -158,7 +158,7 @@ class SessionCharts(QWidget):
         self.position_plot.getAxis("bottom").setTickSpacing(1, 1)
 
         self.figures = {name: QLabel("–") for name in (
-            "acceptance rate", "mean accepted length", "tokens/s", "plain tokens/s", "rounds",
+            "acceptance rate", "copied drafts", "mean accepted length", "tokens/s", "plain tokens/s", "rounds",
             "predicted speedup", "measured speedup", "greedy outputs")}
         form = QFormLayout()
         bold = QFont()
@@ -271,6 +271,8 @@ class SessionCharts(QWidget):
         f = self.figures
         has_drafts = stats.drafted > 0
         f["acceptance rate"].setText(f"{stats.acceptance_rate:.3f}  ({stats.accepted}/{stats.drafted})" if has_drafts else "–")
+        f["copied drafts"].setText(f"{stats.copied_accepted}/{stats.copied_drafted} accepted" if stats.copied_drafted
+                                   else "–")
         f["mean accepted length"].setText(f"{stats.mean_accepted_length:.2f}" if stats.rounds else "–")
         f["tokens/s"].setText(_rate(stats.tokens_per_s) if stats.rounds else "–")
         plain = self.plain.stats if self.plain is not None else None

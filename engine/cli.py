@@ -101,6 +101,8 @@ def format_summary(s, description: str) -> str:
         f"new tokens            {s.new_tokens} in {s.rounds} rounds ({s.stop_reason})",
         f"tokens/s              {s.tokens_per_s:.1f} (prefill {s.prefill_ms:.0f} ms excluded)",
         f"acceptance rate       {s.acceptance_rate:.3f} ({s.accepted}/{s.drafted} drafts)",
+        *([f"copied drafts         {s.copied_accepted}/{s.copied_drafted} accepted (prompt lookup)"]
+          if s.copied_drafted else []),
         f"mean accepted length  {s.mean_accepted_length:.2f} tokens per target forward",
         f"target forwards/token {s.target_forwards_per_token:.3f}",
     ]

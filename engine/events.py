@@ -102,6 +102,8 @@ class SummaryEvent:
     predicted_speedup: float | None
     stop_reason: str  # "max_new_tokens", "eos", "stop_string", "cancelled"
     type: str = "summary"
+    copied_drafted: int = 0  # of `drafted`, those prompt lookup copied (`DecodeConfig.lookup`)
+    copied_accepted: int = 0  # of `accepted`, those copied
 
 
 Event = SessionStarted | TokenEvent | RoundEvent | SummaryEvent

@@ -69,6 +69,8 @@ class SessionStats(RoundTotals):
     decode_s: float = 0.0
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times a token was drafted there
     accepted_at: list[int] = field(default_factory=list)
+    copied_drafted: int = 0  # drafts that prompt lookup copied (among `drafted`)
+    copied_accepted: int = 0
     _round_position: int = 0
 
     def add(self, event) -> None:
@@ -83,6 +85,8 @@ class SessionStats(RoundTotals):
                 self.drafted_at[i] += 1
                 self.accepted_at[i] += event.state is TokenState.ACCEPTED
                 self._round_position += 1
+                self.copied_drafted += event.copied
+                self.copied_accepted += event.copied and event.state is TokenState.ACCEPTED
         elif isinstance(event, RoundEvent):
             self.rounds += 1
             self.drafted += event.drafted
@@ -117,4 +121,6 @@ class SessionStats(RoundTotals):
             accepted_by_position=self.accepted_by_position,
             predicted_speedup=self.predicted_speedup,
             stop_reason=stop_reason,
+            copied_drafted=self.copied_drafted,
+            copied_accepted=self.copied_accepted,
         )

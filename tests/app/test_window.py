@@ -43,6 +43,8 @@ def test_charts_match_the_session_statistics(qtbot, window):
     assert series.stats.accepted_by_position == summary.accepted_by_position
     assert abs(series.tokens_per_s[-1] - summary.tokens_per_s) < 1e-9
     assert window.charts.figures["rounds"].text() == str(summary.rounds)
+    copied = f"{summary.copied_accepted}/{summary.copied_drafted} accepted" if summary.copied_drafted else "–"
+    assert window.charts.figures["copied drafts"].text() == copied
 
 
 def test_compare_fills_both_views_and_marks_greedy_runs_identical(qtbot, window, errors):

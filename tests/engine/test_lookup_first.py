@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, encode_prompt, generate
+from engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, TokenState, encode_prompt, generate
 from engine.drafters import FeatureHeadDrafter, PromptLookupDrafter
 from engine.errors import SpecDeckError
 from engine.heads import FeatureHead, head_config
@@ -61,6 +61,8 @@ def test_copied_rounds_keep_greedy_exact_and_skip_the_drafter(tiny_llama, kind):
             assert copied and drafter.asked + len(copied) <= summary.rounds, (lookup, k)
             copies = [e for e in events if isinstance(e, TokenEvent) and e.copied]
             assert copies and {e.round for e in copies} <= copied
+            assert summary.copied_drafted == len(copies)
+            assert summary.copied_accepted == sum(e.state is TokenState.ACCEPTED for e in copies)
             assert summary.drafted > sum(e.drafted for e in events if isinstance(e, RoundEvent) and e.copied)
             assert events[0].drafter.endswith("+ prompt lookup")
 
