@@ -49,24 +49,26 @@ def add_bench_command(commands) -> None:
 
 def parse_ks(text: str) -> tuple[int, ...]:
     """'4' or a sweep '1,2,4' as draft lengths, in the order given, without repeats."""
-    try:
-        ks = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError as error:
-        raise SpecDeckError(f"K takes whole numbers, e.g. 4 or a sweep 1,2,3,4,6,8 (got {text!r}).") from error
-    if not ks or min(ks) < 1:
-        raise SpecDeckError(f"K takes positive draft lengths, e.g. 4 or a sweep 1,2,4 (got {text!r}).")
-    return tuple(dict.fromkeys(ks))
+    return _parse_sweep(text, 1, "K takes whole numbers, e.g. 4 or a sweep 1,2,3,4,6,8",
+                        "K takes positive draft lengths, e.g. 4 or a sweep 1,2,4")
 
 
 def parse_lookups(text: str) -> tuple[int, ...]:
     """'2' or a sweep '0,2' as lookup lengths (0: off), in the order given, without repeats."""
+    return _parse_sweep(text, 0, "--lookup takes whole numbers, e.g. 2 or a sweep 0,2",
+                        "--lookup takes tokens to copy per round, 0 for off, e.g. 0,2")
+
+
+def _parse_sweep(text: str, lowest: int, not_numbers: str, too_small: str) -> tuple[int, ...]:
+    """Comma-separated whole numbers of at least `lowest`, in order, without repeats; the messages
+    say what is wrong otherwise."""
     try:
-        lookups = tuple(int(part) for part in text.split(",") if part.strip())
+        values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError as error:
-        raise SpecDeckError(f"--lookup takes whole numbers, e.g. 2 or a sweep 0,2 (got {text!r}).") from error
-    if not lookups or min(lookups) < 0:
-        raise SpecDeckError(f"--lookup takes tokens to copy per round, 0 for off, e.g. 0,2 (got {text!r}).")
-    return tuple(dict.fromkeys(lookups))
+        raise SpecDeckError(f"{not_numbers} (got {text!r}).") from error
+    if not values or min(values) < lowest:
+        raise SpecDeckError(f"{too_small} (got {text!r}).")
+    return tuple(dict.fromkeys(values))
 
 
 def parse_drafters(text: str, where: str = "--drafters") -> list[tuple[str, str | None]]:
