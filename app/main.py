@@ -31,10 +31,11 @@ async def demo(window: MainWindow, screenshot: str | None, export_csv: str | Non
     was asked for."""
     try:
         presets = window.decoding_panel.presets
-        if preset is not None and preset not in presets:
+        name = preset or DEMO_PRESET
+        if name in presets:
+            window.decoding_panel.choose_preset(name)
+        elif preset is not None:
             raise SpecDeckError(f"There is no preset {preset!r}: choose one of {', '.join(presets)}.")
-        if (preset or DEMO_PRESET) in presets:
-            window.decoding_panel.choose_preset(preset or DEMO_PRESET)
         await window.run(compare=True)
         window.charts.redraw()
         QApplication.processEvents()
