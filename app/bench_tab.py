@@ -95,8 +95,8 @@ class BenchmarkTab(QWidget):
         self.categories.setToolTip("Comma-separated categories to keep; empty keeps all")
         self.limit = spin_box(0, 100000, 0)
         self.limit.setSpecialValueText("all")
-        self.ks = QLineEdit("4")
-        self.ks.setToolTip("Draft tokens per round, or a sweep: 1,2,4")
+        self.ks = QLineEdit("auto")
+        self.ks.setToolTip("Draft tokens per round, auto (chosen each round from measured costs), or a sweep: auto,1,2,4")
         self.lookups = QLineEdit(str(DecodeConfig.lookup))
         self.lookups.setToolTip("Tokens prompt lookup may copy per round where the text repeats, before asking the "
                                 "drafter; 0 is off; a sweep such as 0,2 times each")
@@ -194,7 +194,7 @@ class BenchmarkTab(QWidget):
         return BenchSettings(
             ks=ks, lookups=lookups, baselines=tuple(name for name, box in self.baselines.items() if box.isChecked()),
             repeats=self.repeats.value(),
-            decode=DecodeConfig(k=ks[0], lookup=lookups[0], temperature=self.temperature.value(),
+            decode=DecodeConfig(k=next((k for k in ks if k), DecodeConfig.k), lookup=lookups[0], temperature=self.temperature.value(),
                                 max_new_tokens=self.max_new_tokens.value()),
         )
 
@@ -223,7 +223,7 @@ class BenchmarkTab(QWidget):
         if self.limit.value():
             parts += ["--limit", str(self.limit.value())]
         settings = self.settings()
-        parts += ["--k", ",".join(map(str, settings.ks)), "--lookup", ",".join(map(str, settings.lookups)),
+        parts += ["--k", ",".join(str(k) if k else "auto" for k in settings.ks), "--lookup", ",".join(map(str, settings.lookups)),
                   "--temperature", f"{settings.decode.temperature:g}",
                   "--max-new-tokens", str(settings.decode.max_new_tokens), "--repeats", str(settings.repeats),
                   "--baselines", ",".join(settings.baselines), "--out", "."]

@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from engine.config import DecodeConfig
+from engine.config import SCHEDULES, DecodeConfig
 from engine.errors import SpecDeckError
 
 _COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "resampled": "\033[33m", "bonus": "\033[34m", "plain": ""}
@@ -36,8 +36,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--k", type=int, default=DecodeConfig.k, help="draft tokens per round")
-    parser.add_argument("--schedule", choices=("constant", "heuristic"), default="constant")
+    parser.add_argument("--k", type=int, default=DecodeConfig.k,
+                        help="draft tokens per round (constant schedule; where the heuristic one starts)")
+    parser.add_argument("--schedule", choices=SCHEDULES, default=DecodeConfig.schedule,
+                        help="auto: each round's K (0..--max-k) and copy length chosen from this machine's "
+                             "measured costs and the session's acceptance")
+    parser.add_argument("--max-k", type=int, default=DecodeConfig.max_k, help="the longest draft the schedule may choose")
     parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting below this top probability")
     parser.add_argument("--lookup", type=int, default=DecodeConfig.lookup,
                         help="where the text repeats, copy up to this many tokens by prompt lookup before asking "
@@ -52,7 +56,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def decode_config(args):
-    return DecodeConfig(k=args.k, schedule=args.schedule, confidence_threshold=args.confidence, lookup=args.lookup,
+    return DecodeConfig(k=args.k, schedule=args.schedule, max_k=args.max_k, confidence_threshold=args.confidence, lookup=args.lookup,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                         max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
 
@@ -110,6 +114,8 @@ def format_summary(s, description: str) -> str:
         lines.append("acceptance by position " + " ".join(f"{a:.2f}" for a in s.accepted_by_position))
     if s.predicted_speedup is not None:
         lines.append(f"predicted speedup     {s.predicted_speedup:.2f}x (Leviathan et al. 2023, from a, K and draft cost)")
+    if s.plan:
+        lines.append("auto schedule         " + "\n                      ".join(s.plan.split("; ")))
     return "\n".join(lines)
 
 

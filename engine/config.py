@@ -6,30 +6,34 @@ from dataclasses import dataclass, field
 
 from engine.errors import SpecDeckError
 
-SCHEDULES = ("constant", "heuristic")
+SCHEDULES = ("auto", "constant", "heuristic")
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     """How to decode. `temperature == 0` is greedy; the other sampling knobs then do nothing.
 
-    Draft length: `constant` drafts `k` tokens every round; `heuristic` starts at `k` and moves
-    to K+2 after a fully accepted round and K-1 otherwise, within [1, max_k]. With
+    Draft length: `auto` (the default) chooses each round's K in [0, max_k], 0 meaning a plain
+    step, and each copy's length in [1, lookup], to maximise expected tokens per second from the
+    target's measured cost curve on this machine and the session's measured acceptance by depth
+    (`engine.autotune`); `constant` drafts `k` tokens every round; `heuristic` starts at `k` and
+    moves to K+2 after a fully accepted round and K-1 otherwise, within [1, max_k]. With
     `confidence_threshold > 0` the drafter also stops early once its top probability falls
     below it.
 
     With `lookup > 0` a round first tries prompt lookup: when the text so far ends with two or
     more tokens that occurred earlier (in the prompt or the answer), it proposes up to `lookup`
-    tokens copied from what followed them, and asks the drafter only when nothing repeats. Copies
-    cost no model call, so summaries, quotes and edited code gain; q is one-hot on each copied
-    token, which keeps rejection sampling exact.
+    tokens copied from what followed them, and asks the drafter only when nothing repeats (or,
+    under `auto`, when the drafter's measured rate beats the copies'). Copies cost no model call,
+    so summaries, quotes and edited code gain; q is one-hot on each copied token, which keeps
+    rejection sampling exact.
     """
 
-    k: int = 1  # the best K for the default pair on a CPU (README, "Benchmarks"); raise it on a GPU
-    schedule: str = "constant"
-    max_k: int = 16
+    k: int = 1  # the draft length of the constant schedule, and where the heuristic one starts
+    schedule: str = "auto"
+    max_k: int = 8
     confidence_threshold: float = 0.0
-    lookup: int = 2  # tokens copied per round where the text repeats, 0 = off (README, "Feature heads")
+    lookup: int = 8  # the most tokens copied per round where the text repeats, 0 = off
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0

@@ -16,12 +16,13 @@ from collections.abc import Iterator
 
 import torch
 
+from engine.autotune import RoundPlanner, Shape, cost_curve, draft_cost
 from engine.config import DecodeConfig
 from engine.detok import Detokenizer
 from engine.drafters import Drafter, PromptLookupDrafter, Proposal
 from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
 from engine.kvcache import CachedModel, synchronize
-from engine.models import LoadedModel
+from engine.models import LoadedModel, cache_root
 from engine.sampling import logits_to_probs, residual, sample
 from engine.stats import SessionStats
 
@@ -72,14 +73,16 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
     detok = Detokenizer(target.tokenizer)
     stats = SessionStats()
 
+    copies = drafter is not None and config.lookup > 0 and not isinstance(drafter, PromptLookupDrafter)
+    planner = _planner(target, drafter, config, copies) if drafter is not None and config.schedule == "auto" else None
+
     synchronize(device)
     started = time.perf_counter()
     states = drafter is not None and drafter.needs_states
     if drafter is not None:
         drafter.begin(prompt_ids, config, target.vocab_width, generator)
-    copier = None  # prompt lookup, tried before the drafter each round
-    if drafter is not None and config.lookup and not isinstance(drafter, PromptLookupDrafter):
-        copier = PromptLookupDrafter(device=device, min_ngram=2)
+    copier = PromptLookupDrafter(device=device, min_ngram=2) if copies else None  # tried before the drafter
+    if copier:
         copier.begin(prompt_ids, config, target.vocab_width, generator)
     if len(prompt_ids) > 1:  # cache: every kept token but the newest
         if states:
@@ -106,13 +109,9 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         round_no += 1
         round_started = time.perf_counter()
         room = config.max_new_tokens - new_tokens - 1  # drafts beyond this could never be kept
-        copied = False
-        if drafter is not None and room > 0:
-            proposal = copier.propose(ids, min(config.lookup, room)) if copier else None
-            copied = proposal is not None and bool(proposal.tokens)
-            if not copied:
-                proposal = drafter.propose(ids, min(k, room))
-        else:
+        shape = planner.plan() if planner else Shape(config.lookup if copier else 0, k)
+        proposal, copied = _draft(ids, drafter, copier, shape, room)
+        if proposal is None:
             proposal = Proposal([], torch.zeros(0, target.vocab_width, device=device))
         synchronize(device)
         verify_started = time.perf_counter()
@@ -161,8 +160,10 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         # a stop inside the round cuts it short: count only the drafts whose fate was shown
         accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
         drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
+        if planner:
+            planner.record(shape, copied, n, m, draft_ms, verify_ms, (time.perf_counter() - round_started) * 1e3)
         round_event = RoundEvent(round_no, drafted, accepted, draft_ms, verify_ms, new_tokens,
-                                 time.perf_counter() - decode_started, copied=copied)
+                                 time.perf_counter() - decode_started, copied=copied, shape=_label(n, copied))
         for event in events:
             stats.add(event)
             yield event
@@ -175,7 +176,40 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             k = min(k + 2, config.max_k) if m == n else max(1, k - 1)
 
     detok.flush()
-    yield stats.summary(detok.text, stop_reason)
+    yield stats.summary(detok.text, stop_reason, planner.describe() if planner else "")
+
+
+def _planner(target: LoadedModel, drafter: Drafter, config: DecodeConfig, copies: bool) -> RoundPlanner:
+    """The auto schedule: each round's shape chosen from the costs measured on this machine (cached)
+    and the session's acceptance. Greedy sessions also adapt the costs to what their rounds take
+    (their text cannot change with the shape); sampled ones plan from the cached costs alone, so a
+    seed gives the same text on this machine."""
+    costs = cache_root() / "costs"
+    per_token = draft_cost(drafter, target.vocab_width, target.model.config.hidden_size, costs)
+    return RoundPlanner(cost_curve(target.model, costs), per_token, config.max_k, config.lookup if copies else 0,
+                        adapt=config.greedy)
+
+
+def _draft(ids: list[int], drafter: Drafter | None, copier: PromptLookupDrafter | None, shape: Shape,
+           room: int) -> tuple[Proposal | None, bool]:
+    """This round's drafts: copied by prompt lookup where the text repeats, else the drafter's;
+    (None, False) when the round drafts nothing. Never more than `room`, what could still be kept."""
+    if drafter is None or room <= 0:
+        return None, False
+    if copier is not None and shape.copy:
+        proposal = copier.propose(ids, min(shape.copy, room))
+        if proposal.tokens:
+            return proposal, True
+    if shape.k:
+        return drafter.propose(ids, min(shape.k, room)), False
+    return None, False
+
+
+def _label(drafted: int, copied: bool) -> str:
+    """A round's shape as shown in events: "K=2", "copy 3" or "none"."""
+    if not drafted:
+        return "none"
+    return f"copy {drafted}" if copied else f"K={drafted}"
 
 
 def _rejected_events(proposal: Proposal, p: torch.Tensor, m: int, detok: Detokenizer,

@@ -19,6 +19,7 @@ import torch
 
 from engine.config import DecodeConfig
 from engine.kvcache import CachedModel, backend_for
+from engine.linear import Linear, make_linear
 from engine.sampling import logits_to_probs, sample
 
 DRAFTER_KINDS = ("draft-model", "feature-head", "prompt-lookup")
@@ -30,20 +31,21 @@ class Proposal:
     q: torch.Tensor  # (len(tokens), vocab_width): the distribution each token was drawn from
 
 
-def output_logits(hidden: torch.Tensor, weight: torch.Tensor, output_ids: torch.Tensor | None,
+def output_logits(hidden: torch.Tensor, layer: Linear, output_ids: torch.Tensor | None,
                   width: int) -> torch.Tensor:
     """Logits over `width` token ids from an output layer cut to the rows `output_ids` (all rows if
     None): -inf, so q = 0, for every id outside them."""
     if output_ids is None:
-        return torch.nn.functional.linear(hidden, weight)
+        return layer(hidden)
     logits = hidden.new_full((width,), float("-inf"))
-    logits[output_ids] = torch.nn.functional.linear(hidden, weight)
+    logits[output_ids] = layer(hidden)
     return logits
 
 
 class Drafter(ABC):
     name: str
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
+    module: torch.nn.Module | None = None  # the model that drafts (what its measured cost is cached by)
 
     def begin(self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int,
               generator: torch.Generator | None) -> None:
@@ -75,13 +77,14 @@ class DraftModelDrafter(Drafter):
     def __init__(self, model: torch.nn.Module, name: str = "draft model",
                  output_ids: torch.Tensor | None = None) -> None:
         self.name = name
+        self.module = model
         self._lm = CachedModel(model)
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
         self._output_ids = None
         if output_ids is not None:
             weight = model.get_output_embeddings().weight
             self._output_ids = output_ids.to(weight.device, torch.long)
-            self._head = weight.detach()[self._output_ids].contiguous()
+            self._head = make_linear(weight.detach()[self._output_ids].contiguous())
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -150,12 +153,12 @@ class FeatureHeadDrafter(Drafter):
     def __init__(self, head: torch.nn.Module, target: torch.nn.Module, name: str = "feature head",
                  output_ids: torch.Tensor | None = None) -> None:
         self.name = name
-        self.head = head
+        self.head = self.module = head
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         self._embedding = target.get_input_embeddings()
         weight = target.get_output_embeddings().weight.detach()
         self._output_ids = None if output_ids is None else output_ids.to(weight.device, torch.long)
-        self._weight = weight if output_ids is None else weight[self._output_ids].contiguous()
+        self._output = make_linear(weight if output_ids is None else weight[self._output_ids].contiguous())
         self.device = weight.device
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
@@ -173,7 +176,7 @@ class FeatureHeadDrafter(Drafter):
             states = torch.cat(self._pending)
             self._pending = []
         else:
-            states = self._weight.new_zeros(0, self._weight.shape[1])
+            states = self._output.weight.new_zeros(0, self._output.weight.shape[1])
         known = self._paired + len(states)
         if known != len(ids) - 1 or (known and not len(states)):
             raise RuntimeError(f"the head has target states for {known} tokens, the session kept {len(ids) - 1}: "
@@ -187,7 +190,7 @@ class FeatureHeadDrafter(Drafter):
         dists: list[torch.Tensor] = []
         for _ in range(k):
             predicted = self._body.hidden_from_inputs(self.head.mix(states, self._embedding(following)))[-1]
-            q = logits_to_probs(output_logits(predicted, self._weight, self._output_ids, self.vocab_width), self.config)
+            q = logits_to_probs(output_logits(predicted, self._output, self._output_ids, self.vocab_width), self.config)
             token = int(sample(q, self.generator, self.config.greedy))
             if tokens and self.config.confidence_threshold and float(q.max()) < self.config.confidence_threshold:
                 break

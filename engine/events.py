@@ -70,7 +70,8 @@ class TokenEvent:
 @dataclass(frozen=True, slots=True)
 class RoundEvent:
     """One verify round: `drafted` tokens proposed (copied by prompt lookup if `copied`), the first
-    `accepted` of them kept."""
+    `accepted` of them kept. `shape` names what the round drafted: "K=2", "copy 3", or "none" (a
+    plain step, which the auto schedule chooses where drafting would not pay)."""
 
     round: int
     drafted: int
@@ -81,6 +82,7 @@ class RoundEvent:
     elapsed_s: float  # decoding time so far, prefill excluded
     type: str = "round"
     copied: bool = False
+    shape: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,7 @@ class SummaryEvent:
     type: str = "summary"
     copied_drafted: int = 0  # of `drafted`, those prompt lookup copied (`DecodeConfig.lookup`)
     copied_accepted: int = 0  # of `accepted`, those copied
+    plan: str = ""  # the auto schedule: what it chose and why (measured costs, acceptance by depth)
 
 
 Event = SessionStarted | TokenEvent | RoundEvent | SummaryEvent

@@ -42,6 +42,9 @@ class HFForward:
     def hidden_from_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
         return self._last_hidden(inputs_embeds=inputs[None])
 
+    def output_layer(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
     def _last_hidden(self, **inputs) -> torch.Tensor:
         out = self.model.base_model(**inputs, past_key_values=self.cache, use_cache=True)
         self.cache = out.past_key_values
@@ -87,8 +90,8 @@ class CachedModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output layer applied to `forward_hidden`'s states: the same logits `forward` gives for
-        Llama-family models, whose logits are exactly that."""
-        return self.model.get_output_embeddings()(hidden)
+        Llama-family models, whose logits are exactly that (through the same product path)."""
+        return self.backend.output_layer(hidden)
 
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on (rejected drafts)."""

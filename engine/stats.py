@@ -105,7 +105,7 @@ class SessionStats(RoundTotals):
     def accepted_by_position(self) -> tuple[float, ...]:
         return tuple(a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at))
 
-    def summary(self, text: str, stop_reason: str) -> SummaryEvent:
+    def summary(self, text: str, stop_reason: str, plan: str = "") -> SummaryEvent:
         return SummaryEvent(
             text=text,
             new_tokens=self.new_tokens,
@@ -123,4 +123,5 @@ class SessionStats(RoundTotals):
             stop_reason=stop_reason,
             copied_drafted=self.copied_drafted,
             copied_accepted=self.copied_accepted,
+            plan=plan,
         )

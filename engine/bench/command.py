@@ -33,7 +33,9 @@ def add_bench_command(commands) -> None:
                        help="Spec-Bench jsonl, HumanEval jsonl, or one prompt per line (default: the bundled sample)")
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
-    bench.add_argument("--k", default=str(DecodeConfig.k), help="draft tokens per round, or a sweep: 1,2,3,4,6,8")
+    bench.add_argument("--k", default="auto",
+                       help="draft tokens per round, auto (chosen each round from measured costs), "
+                            "or a sweep: auto,1,2,4")
     bench.add_argument("--lookup", default=str(DecodeConfig.lookup),
                        help="tokens prompt lookup may copy per round before the drafter (0: off), or a sweep: 0,2")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (texts are then checked)")
@@ -48,9 +50,20 @@ def add_bench_command(commands) -> None:
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
-    """'4' or a sweep '1,2,4' as draft lengths, in the order given, without repeats."""
-    return _parse_sweep(text, 1, "K takes whole numbers, e.g. 4 or a sweep 1,2,3,4,6,8",
-                        "K takes positive draft lengths, e.g. 4 or a sweep 1,2,4")
+    """'4', 'auto' or a sweep 'auto,1,2,4' as draft lengths (`AUTO_K` for auto), in the order given,
+    without repeats."""
+    from engine.bench.runner import AUTO_K
+
+    ks: list[int] = []
+    for part in (part.strip().lower() for part in text.split(",")):
+        if part == "auto":
+            ks.append(AUTO_K)
+        elif part:
+            ks += _parse_sweep(part, 1, "K takes whole numbers or auto, e.g. 4, auto or a sweep auto,1,2,4",
+                               "K takes positive draft lengths or auto, e.g. 4, auto or a sweep auto,1,2")
+    if not ks:
+        raise SpecDeckError(f"K takes whole numbers or auto, e.g. 4, auto or a sweep auto,1,2,4 (got {text!r}).")
+    return tuple(dict.fromkeys(ks))
 
 
 def parse_lookups(text: str) -> tuple[int, ...]:
@@ -129,7 +142,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         ks=ks, lookups=lookups, baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()),
         repeats=args.repeats,
-        decode=DecodeConfig(k=ks[0], lookup=lookups[0], temperature=args.temperature, seed=args.seed,
+        decode=DecodeConfig(k=next((k for k in ks if k), DecodeConfig.k), lookup=lookups[0], temperature=args.temperature, seed=args.seed,
                             max_new_tokens=args.max_new_tokens),
     )
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
@@ -187,6 +200,10 @@ def run_and_write(pairs: Sequence[ModelPair], prompts, settings, out: Path, cont
         # Hugging Face has no drafter that reads the target's hidden state: nothing to compare with
         context = {**context, "note": f"hf-assisted left out for {', '.join(without_hf)}: "
                                       "Hugging Face generate() has no feature-head drafter."}
+    from engine.autotune import cost_curve
+    from engine.models import cache_root
+
+    context = {**context, "cost_curve": cost_curve(pairs[0].target.model, cache_root() / "costs")}
     results = run_bench(pairs, prompts, settings, progress)
     methods = settings.methods(pairs)
     summary = summary_rows(results, settings, methods)

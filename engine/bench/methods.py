@@ -15,7 +15,7 @@ comes out of the prefill forward in both loops.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -48,6 +48,7 @@ class Run:
     accepted: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    shapes: dict[str, int] = field(default_factory=dict)  # rounds per shape ("K=2", "copy 3", "none")
 
     @property
     def new_tokens(self) -> int:
@@ -63,17 +64,19 @@ def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, s
     token_ids: list[int] = []
     summary = None
     draft_ms = verify_ms = 0.0
+    shapes: dict[str, int] = {}
     for event in generate(pair.target, prompt_ids, config, drafter):
         if isinstance(event, TokenEvent) and event.state.kept:
             token_ids.append(event.token_id)
         elif isinstance(event, RoundEvent):
             draft_ms += event.draft_ms
             verify_ms += event.verify_ms
+            shapes[event.shape] = shapes.get(event.shape, 0) + 1
         elif isinstance(event, SummaryEvent):
             summary = event
     return Run("speculative" if speculative else "plain", config.k if speculative else 0, token_ids,
                summary.text, summary.new_tokens, summary.decode_s, summary.prefill_ms, summary.rounds,
-               summary.drafted, summary.accepted, draft_ms, verify_ms)
+               summary.drafted, summary.accepted, draft_ms, verify_ms, shapes)
 
 
 class _ForwardCounter:

@@ -56,10 +56,12 @@ def plot_k_sweep(sweep: list[dict], path: Path) -> None:
     drafters = list(dict.fromkeys(r["drafter"] for r in sweep))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.0), dpi=100)
     for i, drafter in enumerate(drafters):
-        rows = [r for r in sweep if r["drafter"] == drafter]
-        ks = [int(r["k"]) for r in rows]
         colour = f"C{i % 10}"  # one colour per drafter
         name = f", {drafter}" if len(drafters) > 1 else ""
+        for row in (r for r in sweep if r["drafter"] == drafter and r["k"] == "auto" and r["speedup"]):
+            left.axhline(float(row["speedup"]), color=colour, linestyle="-.", label=f"K auto, measured{name}")
+        rows = [r for r in sweep if r["drafter"] == drafter and r["k"] != "auto"]
+        ks = [int(r["k"]) for r in rows]
         left.plot(ks, _series(rows, "speedup"), marker="o", color=colour, label=f"measured{name}")
         left.plot(ks, _series(rows, "predicted_speedup"), marker="s", linestyle="--", color=colour,
                   label=f"predicted (Leviathan et al.){name}")
@@ -77,7 +79,7 @@ def plot_k_sweep(sweep: list[dict], path: Path) -> None:
     if len(drafters) > 1:
         right.legend(fontsize="small")
     for ax in (left, right):
-        ax.set_xticks(sorted({int(r["k"]) for r in sweep}))
+        ax.set_xticks(sorted({int(r["k"]) for r in sweep if r["k"] != "auto"}))
         ax.grid(alpha=0.3)
     fig.subplots_adjust(wspace=0.25)
     fig.savefig(path, bbox_inches="tight")  # the saved image grows to hold the legend

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from engine.autotune import CURVE_CONTEXT
+
 from engine.bench.runner import BenchSettings, Method, PromptResult
 from engine.stats import RoundTotals
 
@@ -88,7 +90,7 @@ def summary_rows(results: list[PromptResult], settings: BenchSettings, methods: 
             t = totals(results, method, category)
             plain = totals(results, Method("plain"), category).tokens_per_s
             rows.append({
-                "method": method.name, "k": method.k or "", "category": category, "prompts": t.prompts,
+                "method": method.name, "k": method.shown_k, "category": category, "prompts": t.prompts,
                 "new_tokens": t.new_tokens, "tokens_per_s": _num(t.tokens_per_s, 2),
                 "speedup_vs_plain": _num(t.tokens_per_s / plain if plain else None),
                 "acceptance_rate": _num(t.acceptance_rate), "mean_accepted_length": _num(t.mean_accepted_length),
@@ -106,7 +108,7 @@ def per_prompt_rows(results: list[PromptResult], settings: BenchSettings, method
         for method in methods:
             run = result.median_run(method)
             rows.append({
-                "method": method.name, "k": method.k or "", "category": result.prompt.category,
+                "method": method.name, "k": method.shown_k, "category": result.prompt.category,
                 "prompt": result.prompt.name, "prompt_tokens": result.prompt_tokens, "new_tokens": run.new_tokens,
                 "decode_s": f"{run.decode_s:.4f}", "tokens_per_s": _num(run.tokens_per_s, 2),
                 "prefill_ms": _num(result.median_prefill_ms(method), 1), "rounds": run.rounds,
@@ -131,7 +133,7 @@ def sweep_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]
         assisted = method._replace(name="hf-assisted")
         hf = totals(results, assisted).tokens_per_s if assisted in methods else None
         rows.append({
-            "k": method.k, "speedup": _num(t.tokens_per_s / plain if plain else None),
+            "k": method.shown_k, "speedup": _num(t.tokens_per_s / plain if plain else None),
             "predicted_speedup": _num(t.predicted_speedup), "acceptance_rate": _num(t.acceptance_rate),
             "mean_accepted_length": _num(t.mean_accepted_length), "cost_ratio": _num(t.cost_ratio, 4),
             "hf_assisted_speedup": _num(hf / plain if hf and plain else None),
@@ -154,10 +156,35 @@ def round_time_rows(results: list[PromptResult], methods: list[Method]) -> list[
             continue
         round_ms = t.decode_s * 1e3 / t.rounds
         other = max(0.0, round_ms - (t.draft_ms + t.verify_ms) / t.rounds)
-        rows.append({"method": method.name, "k": method.k or "", "drafter": method.shown_drafter, "rounds": t.rounds,
+        rows.append({"method": method.name, "k": method.shown_k, "drafter": method.shown_drafter, "rounds": t.rounds,
                      "draft_ms": _num(t.draft_ms / t.rounds, 2), "verify_ms": _num(t.verify_ms / t.rounds, 2),
                      "other_ms": _num(other, 2), "other_share": _num(other / round_ms if round_ms else None)})
     return rows
+
+
+def shape_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]:
+    """How often each round shape ran, per speculative method (median-time runs, all prompts)."""
+    rows = []
+    for method in (m for m in methods if m.name == "speculative"):
+        counts: dict[str, int] = {}
+        for result in results:
+            for shape, rounds in result.median_run(method).shapes.items():
+                counts[shape] = counts.get(shape, 0) + rounds
+        total = sum(counts.values()) or 1
+        shown = ", ".join(f"{shape} {rounds / total:.0%}" for shape, rounds in
+                          sorted(counts.items(), key=lambda item: -item[1])[:8])
+        rows.append({"method": method.name, "k": method.shown_k, "drafter": method.shown_drafter, "shapes": shown})
+    return rows
+
+
+def cost_curve_lines(curve) -> list[str]:
+    """The target's measured forward cost by new tokens (`engine.autotune.CostCurve`), as report lines."""
+    header = "| new tokens | " + " | ".join(map(str, curve.tokens)) + " |"
+    ms = "| ms | " + " | ".join(f"{t:.1f}" for t in curve.forward_ms) + " |"
+    ratio = "| x one token | " + " | ".join(f"{t / curve.forward_ms[0]:.2f}" for t in curve.forward_ms) + " |"
+    return [f"Measured on {curve.machine}, after {CURVE_CONTEXT} cached tokens, best of 3 "
+            "(the auto schedule plans with it, scaled by what each session's verifies take):", "",
+            header, "|---|" + "---|" * len(curve.tokens), ms, ratio]
 
 
 def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
@@ -207,7 +234,7 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         f"- target {context['target']}, drafter{'s' if len(drafters) > 1 else ''} {'; '.join(drafters)}",
         *([f"- {context['note']}"] if context.get("note") else []),
         f"- prompts: {len(results)} from {context['prompts']} ({', '.join(categories(results)[:-1])})",
-        f"- K {', '.join(map(str, settings.ks))}; temperature {settings.decode.temperature}; "
+        f"- K {', '.join(m.shown_k for m in methods if m.name == 'speculative' and m.shown_k) or 'none'}; temperature {settings.decode.temperature}; "
         f"max new tokens {settings.decode.max_new_tokens}; repeats {settings.repeats} (median-time repeat kept)",
         "- order: methods rotate by one place per prompt and repeat; one untimed warm-up per method",
         "- SpecDeck times prefill and decoding apart; Hugging Face's prefill is a 1-new-token generate(), "
@@ -219,6 +246,12 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         "draft: the drafter's proposal; verify: the target's forward, the acceptance test and the cache crop; "
         "other: everything else in the loop (event building, detokenisation, stop checks).", "",
         markdown_table(round_time_rows(results, methods), ROUND_TIME_COLUMNS),
+        "", "## Round shapes (share of rounds)", "",
+        "K=n: the drafter proposed n tokens; copy n: prompt lookup copied n; none: a plain step, which the "
+        "auto schedule takes where drafting would not pay.", "",
+        markdown_table(shape_rows(results, methods), ("method", "k", "drafter", "shapes")),
+        *(["", "## The target's forward on this machine", "", *cost_curve_lines(context["cost_curve"])]
+          if context.get("cost_curve") else []),
         "", "## Greedy identity with plain decoding", "",
     ]
     if not settings.decode.greedy:

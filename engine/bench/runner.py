@@ -27,6 +27,7 @@ from engine.models import encode_prompt
 from engine.session import ModelPair
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
+AUTO_K = 0  # a speculative method's K when the auto schedule chooses it each round
 
 
 class Method(NamedTuple):
@@ -34,7 +35,7 @@ class Method(NamedTuple):
     speculative how many tokens prompt lookup may copy first (`DecodeConfig.lookup`)."""
 
     name: str
-    k: int = 0  # drafts per round; 0 for plain and hf
+    k: int = 0  # drafts per round; 0 for plain and hf, AUTO_K (0) for speculative under the auto schedule
     drafter: str = ""  # the pair's drafter_description, e.g. "feature head smollm2-135m-head"
     lookup: int = 0
 
@@ -44,14 +45,23 @@ class Method(NamedTuple):
         return f"{self.drafter} + prompt lookup {self.lookup}" if self.lookup else self.drafter
 
     @property
+    def auto(self) -> bool:
+        return self.name == "speculative" and self.k == AUTO_K
+
+    @property
+    def shown_k(self) -> str:
+        """K as reports write it: a number, "auto", or "" for methods without drafts."""
+        return "auto" if self.auto else (str(self.k) if self.k else "")
+
+    @property
     def label(self) -> str:
-        text = f"{self.name} K={self.k}" if self.k else self.name
+        text = f"{self.name} K={self.shown_k}" if self.shown_k else self.name
         return f"{text} ({self.shown_drafter})" if self.drafter else text
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    ks: tuple[int, ...] = (4,)
+    ks: tuple[int, ...] = (AUTO_K,)
     lookups: tuple[int, ...] = (DecodeConfig.lookup,)  # prompt lookup first per speculative method, 0: off
     baselines: tuple[str, ...] = ("plain", "hf", "hf-assisted")
     repeats: int = 3
@@ -61,8 +71,8 @@ class BenchSettings:
         unknown = [b for b in self.baselines if b not in ("plain", "hf", "hf-assisted")]
         if unknown:
             raise SpecDeckError(f"Unknown baseline {', '.join(unknown)}: choose from plain, hf, hf-assisted.")
-        if not self.ks or min(self.ks) < 1:
-            raise SpecDeckError("--k takes positive draft lengths, e.g. 4 or 1,2,3,4,6,8.")
+        if not self.ks or min(self.ks) < AUTO_K:
+            raise SpecDeckError("--k takes positive draft lengths or auto, e.g. 4 or auto,1,2,4.")
         if not self.lookups or min(self.lookups) < 0:
             raise SpecDeckError("--lookup takes tokens to copy per round, 0 for off, e.g. 0,2.")
         if self.repeats < 1:
@@ -81,7 +91,7 @@ class BenchSettings:
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
             methods += [Method("hf-assisted", k, pair.drafter_description)
-                        for pair in pairs if pair.drafter_kind in HF_DRAFTERS for k in self.ks]
+                        for pair in pairs if pair.drafter_kind in HF_DRAFTERS for k in self.ks if k != AUTO_K]
         return methods
 
 
@@ -105,7 +115,8 @@ class PromptResult:
 
 def _config_for(settings: BenchSettings, method: Method, max_new_tokens: int | None = None) -> DecodeConfig:
     k = method.k or settings.decode.k
-    return replace(settings.decode, k=k, lookup=method.lookup, schedule="constant", confidence_threshold=0.0,
+    schedule = "auto" if method.auto else "constant"
+    return replace(settings.decode, k=k, lookup=method.lookup, schedule=schedule, confidence_threshold=0.0,
                    max_new_tokens=max_new_tokens or settings.decode.max_new_tokens)
 
 

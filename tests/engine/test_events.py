@@ -9,7 +9,7 @@ from engine.detok import Detokenizer
 
 def session(target, draft, **settings):
     ids = encode_prompt(target.tokenizer, "Café, naïve, 東京 and the quick brown fox", chat=False)
-    config = DecodeConfig(**{"k": 4, "max_new_tokens": 40, **settings})
+    config = DecodeConfig(**{"k": 4, "schedule": "constant", "max_new_tokens": 40, **settings})
     return list(generate(target, ids, config, DraftModelDrafter(draft.model)))
 
 

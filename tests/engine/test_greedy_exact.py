@@ -39,8 +39,8 @@ def test_confidence_cutoff_is_exact_and_drafts_less(tiny_llama):
     target, draft = tiny_llama
     ids = encode_prompt(target.tokenizer, PROMPTS[1], chat=False)
     plain = kept_ids(generate(target, ids, DecodeConfig(max_new_tokens=40)))
-    full = list(generate(target, ids, DecodeConfig(k=6, max_new_tokens=40), DraftModelDrafter(draft.model)))
-    cut = list(generate(target, ids, DecodeConfig(k=6, max_new_tokens=40, confidence_threshold=0.9),
+    full = list(generate(target, ids, DecodeConfig(k=6, schedule="constant", max_new_tokens=40), DraftModelDrafter(draft.model)))
+    cut = list(generate(target, ids, DecodeConfig(k=6, schedule="constant", max_new_tokens=40, confidence_threshold=0.9),
                         DraftModelDrafter(draft.model)))
     assert kept_ids(cut) == plain
     assert cut[-1].drafted / cut[-1].rounds < full[-1].drafted / full[-1].rounds

@@ -54,7 +54,8 @@ def test_copied_rounds_keep_greedy_exact_and_skip_the_drafter(tiny_llama, kind):
     for lookup in (1, 3):
         for k in (1, 3):
             drafter = _counting(_make(kind, target, draft))
-            events = list(generate(target, ids, DecodeConfig(k=k, lookup=lookup, max_new_tokens=40), drafter))
+            events = list(generate(target, ids, DecodeConfig(k=k, schedule="constant", lookup=lookup,
+                                                                max_new_tokens=40), drafter))
             assert _kept(events) == plain, (lookup, k)
             summary = events[-1]
             copied = {e.round for e in events if isinstance(e, RoundEvent) and e.copied}
@@ -74,7 +75,7 @@ def test_without_repeats_the_drafter_drafts_every_round(tiny_llama):
     ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
     assert len(set(zip(ids, ids[1:]))) == len(ids) - 1
     drafter = _counting(DraftModelDrafter(draft.model))
-    list(generate(target, ids, DecodeConfig(k=2, lookup=2, max_new_tokens=2), drafter))
+    list(generate(target, ids, DecodeConfig(k=2, schedule="constant", lookup=2, max_new_tokens=2), drafter))
     assert drafter.asked == 1
 
 

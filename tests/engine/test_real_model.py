@@ -47,7 +47,7 @@ def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
     check_vocabularies(smollm2, draft)
     assert draft.output_ids is not None and len(draft.output_ids) < smollm2.vocab_width
     ids = encode_prompt(smollm2.tokenizer, "Explain in simple terms why the sky is blue.")
-    config = DecodeConfig(k=1, max_new_tokens=64)
+    config = DecodeConfig(k=1, schedule="constant", lookup=0, max_new_tokens=64)
     plain = [e.token_id for e in generate(smollm2, ids, config) if isinstance(e, TokenEvent)]
     spec = list(generate(smollm2, ids, config, DraftModelDrafter(draft.model, output_ids=draft.output_ids)))
     assert [e.token_id for e in spec if isinstance(e, TokenEvent) and e.state.kept] == plain
@@ -126,8 +126,10 @@ def test_lean_forward_keeps_hf_logits_and_greedy_text(smollm2):
     fast, hf = LlamaForward(smollm2.model), HFForward(smollm2.model)
     with torch.inference_mode():
         for tokens in (ids[:-1], ids[-1:], [330, 2017], [28, 29, 30, 31]):
+            # float32 rounding of another matrix-product kernel (engine.linear): logits of 10-30 agree
+            # to about 1e-5 relative
             torch.testing.assert_close(fast.logits(torch.tensor(tokens), False),
-                                       hf.logits(torch.tensor(tokens), False), rtol=1e-5, atol=1e-5)
+                                       hf.logits(torch.tensor(tokens), False), rtol=1e-5, atol=2e-4)
             fast.crop(len(fast) - 1)
             hf.crop(len(hf) - 1)
         out = smollm2.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),

@@ -95,7 +95,8 @@ def test_speculative_sampling_follows_target(tiny_llama, drafter):
     counts: dict = {}
     rejections = 0
     for seed in range(n):
-        config = DecodeConfig(k=3, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2, seed=seed)
+        config = DecodeConfig(k=3, schedule="constant", temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2,
+                              seed=seed)
         events = list(generate(target, ids, config, make()))
         kept = tuple(e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept)
         rejections += any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)

@@ -1,0 +1,322 @@
+"""Choosing each round's draft length from what this machine and this drafter measure.
+
+A round that drafts K tokens keeps E(K) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_K tokens on average,
+where a_d is the chance the d-th draft is accepted once the ones before it were (Leviathan et al.
+2023, section 3.1, with acceptance by depth instead of one rate). It costs
+T(K) = overhead + K c + V(K + 1): the drafter's cost per token c, and the target's forward over the
+newest kept token and K drafts, V, which depends on the machine (flat on some CPUs up to 16 tokens,
+steep on others: `engine.linear`). The planner picks the K in [0, max K] that maximises E(K) / T(K),
+K = 0 being a plain step. Copies by prompt lookup cost no drafting, so they get their own
+acceptance by depth and their own best length.
+
+V comes from a cost curve measured once per model, device and machine (a second or two at load,
+then cached on disk) and scaled by what the session's verifies actually take; c, the overhead
+and the acceptances are measured as the session runs, with older rounds weighing less.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+import weakref
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine import linear
+from engine.kvcache import CachedModel, synchronize
+
+log = logging.getLogger(__name__)
+
+CURVE_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # new tokens a cost curve is measured at
+CURVE_CONTEXT = 128  # cached tokens the curve is measured after
+PROBE_EVERY = 8  # rounds between one-token drafts while the planner has chosen not to draft
+DECAY = 0.97  # weight of a round's evidence after each later round (about 30 rounds of memory)
+PRIOR = 2.0  # pseudo-rounds behind each acceptance estimate
+NOISY = 0.25  # passes of a cost curve further apart than this are not cached
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Milliseconds of one target forward over n new tokens, at the measured n (linear in between)."""
+
+    tokens: tuple[int, ...]
+    forward_ms: tuple[float, ...]
+    machine: str = ""
+
+    def ms(self, n: int) -> float:
+        points = list(zip(self.tokens, self.forward_ms))
+        if n <= points[0][0]:
+            return points[0][1]
+        for (n0, t0), (n1, t1) in zip(points, points[1:]):
+            if n <= n1:
+                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+        (n0, t0), (n1, t1) = points[-2], points[-1]
+        return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
+
+    def describe(self) -> str:
+        return ", ".join(f"{n}: {t:.1f}" for n, t in zip(self.tokens, self.forward_ms)) + " ms"
+
+
+def machine_name() -> str:
+    """The CPU's model name (or the GPU's), for cache keys and reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_curve(model: torch.nn.Module, tokens: tuple[int, ...] = CURVE_TOKENS, passes: int = 3,
+                  context: int = CURVE_CONTEXT) -> tuple[CostCurve, float]:
+    """Time the model's forward over each number of new tokens after `context` cached ones, on its
+    own KV cache: every size once per pass (after a warm-up pass), the best of the passes kept, so
+    a burst of other work on the machine spoils one pass, not one size. Also returns how far the
+    passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
+    lm = CachedModel(model)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = [(7 * i + 3) % vocab for i in range(context + max(tokens))]
+    lm.forward(ids[:context], last_only=True)
+    runs: list[list[float]] = [[] for _ in tokens]
+    for pass_no in range(passes + 1):
+        for i, n in enumerate(tokens):
+            lm.crop(context)
+            synchronize(lm.device)
+            started = time.perf_counter()
+            lm.forward(ids[context: context + n])
+            synchronize(lm.device)
+            if pass_no:  # pass 0 warms every shape up
+                runs[i].append((time.perf_counter() - started) * 1e3)
+    best = [min(r) for r in runs]
+    spread = max(sorted(r)[len(r) // 2] / b - 1.0 for r, b in zip(runs, best))
+    device = lm.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else machine_name()
+    curve = CostCurve(tuple(tokens), tuple(round(b, 3) for b in best), f"{name}, {torch.get_num_threads()} threads")
+    return curve, spread
+
+
+def measure_draft_ms(drafter, vocab_width: int, hidden_size: int, k: int = 4, passes: int = 3,
+                     context: int = 64) -> float:
+    """Milliseconds per drafted token: the best of `passes` proposals of up to k tokens after a
+    `context`-token prompt (a warm-up first). Feature heads get zero vectors for the target's states:
+    their cost does not depend on the values."""
+    from engine.config import DecodeConfig
+
+    ids = [(7 * i + 3) % vocab_width for i in range(context + passes + 1)]
+    seen = ids[:context]
+    drafter.begin(seen, DecodeConfig(k=k, schedule="constant", lookup=0), vocab_width, None)
+    pending = len(seen) - 1
+    weight = next(drafter.module.parameters()) if drafter.module is not None else torch.zeros(0)
+    best = float("inf")
+    for pass_no in range(passes + 1):
+        if drafter.needs_states:
+            drafter.observe(torch.zeros(pending, hidden_size, device=weight.device, dtype=weight.dtype))
+        started = time.perf_counter()
+        proposal = drafter.propose(seen, k)
+        elapsed = (time.perf_counter() - started) * 1e3
+        if pass_no and proposal.tokens:
+            best = min(best, elapsed / len(proposal.tokens))
+        seen = ids[: len(seen) + 1]
+        pending = 1
+    return round(best, 4) if best < float("inf") else 0.0
+
+
+_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_DRAFT_MS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _key(module: torch.nn.Module, what: str) -> str:
+    weight = next(module.parameters())
+    paths = sorted({linear.choose_path(p.detach()).path for p in module.parameters() if p.dim() == 2})
+    config = getattr(module, "config", None)
+    parts = [what, config.to_json_string(use_diff=False) if config is not None else repr(module),
+             str(weight.dtype), str(weight.device), torch.__version__, str(torch.get_num_threads()),
+             machine_name(), ",".join(paths), repr(CURVE_TOKENS), str(CURVE_CONTEXT)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def _cached(path: Path | None, measure, what: str):
+    """A measurement read from `path`, else made by `measure()` and saved there (JSON)."""
+    if path is not None and path.is_file():
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            log.warning("ignoring an unreadable %s in %s; measuring again", what, path)
+    value = measure()
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.partial")
+            partial.write_text(json.dumps(value), encoding="utf-8")
+            partial.replace(path)
+        except OSError as error:
+            log.warning("could not save the %s to %s (%s)", what, path, error)
+    return value
+
+
+def cost_curve(model: torch.nn.Module, cache_dir: Path | None = None) -> CostCurve:
+    """The model's cost curve on this machine: from memory, from `cache_dir`, or measured (and saved,
+    so that later sessions plan alike: the auto schedule's choices, and so sampled text for a seed,
+    repeat on this machine)."""
+    if model not in _CURVES:
+        def measure() -> dict:
+            curve, spread = measure_curve(model)
+            if spread > NOISY:
+                log.warning("the machine was busy while the target's cost curve was measured (passes %.0f%% "
+                            "apart); `specdeck cache --clear` measures it again", spread * 100)
+            return asdict(curve)
+
+        path = cache_dir / f"curve-{_key(model, 'curve')}.json" if cache_dir else None
+        raw = _cached(path, measure, "cost curve")
+        try:
+            _CURVES[model] = CostCurve(tuple(raw["tokens"]), tuple(raw["forward_ms"]), raw.get("machine", ""))
+        except (KeyError, TypeError):
+            _CURVES[model] = CostCurve(**asdict(measure_curve(model)[0]))
+    return _CURVES[model]
+
+
+def draft_cost(drafter, vocab_width: int, hidden_size: int, cache_dir: Path | None = None) -> float:
+    """The drafter's milliseconds per token on this machine, measured once per model (and cached)."""
+    module = drafter.module
+    if module is None:
+        return measure_draft_ms(drafter, vocab_width, hidden_size)
+    if module not in _DRAFT_MS:
+        path = cache_dir / f"draft-{_key(module, type(drafter).__name__)}.json" if cache_dir else None
+        value = _cached(path, lambda: measure_draft_ms(drafter, vocab_width, hidden_size), "draft cost")
+        _DRAFT_MS[module] = float(value) if isinstance(value, (int, float)) else measure_draft_ms(
+            drafter, vocab_width, hidden_size)
+    return _DRAFT_MS[module]
+
+
+@dataclass
+class DepthAcceptance:
+    """Decayed counts of drafts tried and accepted at each depth (1-based) of a round."""
+
+    tried: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.tried = [t * DECAY for t in self.tried]
+        self.accepted = [a * DECAY for a in self.accepted]
+        reached = min(accepted + 1, drafted)  # depth d was judged only if every draft before it passed
+        while len(self.tried) < reached:
+            self.tried.append(0.0)
+            self.accepted.append(0.0)
+        for d in range(reached):
+            self.tried[d] += 1.0
+            self.accepted[d] += d < accepted
+
+    def rate(self, depth: int) -> float:
+        """a_depth: a Beta estimate whose prior mean is the depth above's estimate (0.5 at depth 1)."""
+        prior = 0.5 if depth == 1 else self.rate(depth - 1)
+        i = depth - 1
+        tried, accepted = (self.tried[i], self.accepted[i]) if i < len(self.tried) else (0.0, 0.0)
+        return (accepted + PRIOR * prior) / (tried + PRIOR)
+
+    def expected_tokens(self, k: int) -> float:
+        """E(K) = 1 + sum over j <= K of a_1 ... a_j."""
+        total, reach = 1.0, 1.0
+        for depth in range(1, k + 1):
+            reach *= self.rate(depth)
+            total += reach
+        return total
+
+    def rates(self, depths: int) -> list[float]:
+        return [self.rate(d) for d in range(1, depths + 1)]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One round's plan: copy up to `copy` tokens where the text repeats, else draft `k` (0: none)."""
+
+    copy: int
+    k: int
+
+
+class RoundPlanner:
+    """Picks each round's `Shape` to maximise expected kept tokens per millisecond."""
+
+    def __init__(self, curve: CostCurve, draft_ms_per_token: float, max_k: int, max_copy: int,
+                 adapt: bool = True) -> None:
+        self.curve = curve
+        self.adapt = adapt  # False: plan from the cached costs alone, so a seed repeats its choices
+        self.max_k = max(0, min(max_k, curve.tokens[-1] - 1))
+        self.max_copy = max(0, min(max_copy, curve.tokens[-1] - 1))
+        self.drafts = DepthAcceptance()
+        self.copies = DepthAcceptance()
+        self.draft_ms_per_token = draft_ms_per_token
+        self.overhead_ms = 0.0
+        self.scale = 1.0  # the session's verify time over the curve's, for sizes not verified yet
+        self.observed: dict[int, float] = {}  # verify ms by tokens verified, as this session measured them
+        self.rounds_without_draft = 0
+        self.chosen: dict[str, int] = {}  # "K=2", "copy 4", "none": rounds
+
+    def verify_ms(self, n: int) -> float:
+        """A verify over n tokens: as this session measured it, else the curve at this session's scale."""
+        return self.observed.get(n, self.curve.ms(n) * self.scale)
+
+    def rate(self, acceptance: DepthAcceptance, k: int, draft_ms_per_token: float) -> float:
+        """Expected kept tokens per ms for a round of k drafts."""
+        return acceptance.expected_tokens(k) / (self.overhead_ms + k * draft_ms_per_token + self.verify_ms(k + 1))
+
+    def best_k(self) -> tuple[int, float]:
+        return max(((k, self.rate(self.drafts, k, self.draft_ms_per_token)) for k in range(self.max_k + 1)),
+                   key=lambda pair: pair[1])
+
+    def best_copy(self) -> tuple[int, float]:
+        if not self.max_copy:
+            return 0, 0.0
+        return max(((n, self.rate(self.copies, n, 0.0)) for n in range(1, self.max_copy + 1)),
+                   key=lambda pair: pair[1])
+
+    def plan(self) -> Shape:
+        k, k_rate = self.best_k()
+        copy, copy_rate = self.best_copy()
+        if k == 0:
+            self.rounds_without_draft += 1
+            if self.rounds_without_draft % PROBE_EVERY == 0:
+                k = min(1, self.max_k)  # keep measuring the drafter, whose acceptance may have changed
+        else:
+            self.rounds_without_draft = 0
+        return Shape(copy if copy_rate >= k_rate else 0, k)
+
+    def record(self, shape: Shape, copied: bool, drafted: int, accepted: int, draft_ms: float, verify_ms: float,
+               round_ms: float) -> None:
+        """What a round planned and what it measured."""
+        label = f"copy {drafted}" if copied else (f"K={drafted}" if drafted else "none")
+        self.chosen[label] = self.chosen.get(label, 0) + 1
+        if copied:
+            self.copies.record(drafted, accepted)
+        elif drafted:
+            self.drafts.record(drafted, accepted)
+        if not self.adapt:
+            return
+        n = drafted + 1
+        self.scale = 0.8 * self.scale + 0.2 * (verify_ms / self.curve.ms(n))
+        self.observed[n] = verify_ms if n not in self.observed else 0.7 * self.observed[n] + 0.3 * verify_ms
+        self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * max(0.0, round_ms - draft_ms - verify_ms)
+        if drafted and not copied:
+            self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * draft_ms / drafted
+
+    def describe(self) -> str:
+        """What was chosen and why, in one paragraph for the terminal and the window."""
+        shapes = ", ".join(f"{label} x{count}" for label, count in
+                           sorted(self.chosen.items(), key=lambda item: -item[1]))
+        depth = len(self.drafts.tried) or 1
+        drafts = "/".join(f"{a:.2f}" for a in self.drafts.rates(depth))
+        lines = [f"chosen per round: {shapes or 'nothing yet'}",
+                 f"target forward for 1/2/4/8 tokens: " + "/".join(f"{self.verify_ms(n):.1f}" for n in (1, 2, 4, 8))
+                 + " ms (as this session measured them, else the machine's cost curve"
+                 + f" x{self.scale:.2f})",
+                 f"drafter acceptance by depth: {drafts}"]
+        lines.append(f"draft cost {self.draft_ms_per_token:.1f} ms per token")
+        if self.copies.tried:
+            lines.append("copy acceptance by depth: " + "/".join(f"{a:.2f}" for a in self.copies.rates(len(self.copies.tried))))
+        return "; ".join(lines)

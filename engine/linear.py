@@ -1,0 +1,139 @@
+"""Matrix products whose cost stays flat in the number of tokens, where this machine allows it.
+
+A decode step multiplies one row of activations by every weight matrix; a verify multiplies a few
+rows. Both read the same weights from memory, so a verify over 8 tokens should cost about what one
+step costs. On the CPU, `F.linear` (MKL, weights as stored) does not deliver that: for 2 to 16 rows
+it leaves its fast path and a product costs 2-5x the one-row product on some machines
+(`../shared/research/cpu-forward.md`). oneDNN's inner-product primitive on a weight reordered once
+into its own blocked layout (what PyTorch's inductor does when it freezes a model on the CPU) stays
+close to flat up to 16 rows and gives every row the same bits whether it goes alone or with others,
+which keeps greedy speculative text identical to plain text even where two logits nearly tie.
+
+The path is chosen once per process and kind of weight, by measurement on this machine: the packed
+product is used only where its ops exist, it is shape-invariant (checked bit for bit), and it is no
+slower than `F.linear`. Otherwise every product stays on `F.linear`, and `fallback_reason` says why.
+`SPECDECK_LINEAR=dense` or `=packed` overrides the choice (for benchmarks and tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+PATHS = ("dense", "packed")
+_ROWS = (1, 2, 4, 8)  # row counts a choice is measured at: a step and the verifies that matter
+
+
+class DenseLinear:
+    """y = x W^T with the weight as stored (`F.linear`)."""
+
+    path = "dense"
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class PackedLinear:
+    """y = x W^T through oneDNN on a weight reordered once into its blocked layout."""
+
+    path = "packed"
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight  # kept for readers of the plain matrix (fingerprints, reduced heads)
+        self.out_features = weight.shape[0]
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
+        out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, None, "none", [], "")
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+Linear = DenseLinear | PackedLinear
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    path: str
+    reason: str  # why: measured costs, or why the packed path cannot be used here
+
+
+_CHOICES: dict[tuple, PathChoice] = {}
+
+
+def packed_available(weight: torch.Tensor) -> str | None:
+    """None if the packed path can run `weight`, else the reason it cannot."""
+    if weight.device.type != "cpu":
+        return f"the weights are on {weight.device.type}, not the CPU"
+    if weight.dtype not in (torch.float32, torch.bfloat16):
+        return f"oneDNN's packed product takes float32 or bfloat16, not {weight.dtype}"
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return "this build of torch has no oneDNN packed linear"
+    return None
+
+
+def _time_ms(fn, x: torch.Tensor, repeats: int = 5) -> float:
+    fn(x)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn(x)
+        best = min(best, time.perf_counter() - started)
+    return best * 1e3
+
+
+def _shape_invariant(linear: Linear, width: int, dtype: torch.dtype) -> bool:
+    """Whether every row comes out with the same bits alone as in a batch of 8."""
+    x = torch.randn(8, width, generator=torch.Generator().manual_seed(0)).to(dtype)
+    batch = linear(x)
+    return all(torch.equal(linear(x[j:j + 1]), batch[j:j + 1]) for j in range(8))
+
+
+def choose_path(weight: torch.Tensor) -> PathChoice:
+    """The product path for weights like `weight` on this machine, measured once per shape and dtype."""
+    forced = os.environ.get("SPECDECK_LINEAR", "").strip().lower()
+    if forced and forced not in PATHS:
+        raise ValueError(f"SPECDECK_LINEAR must be one of {', '.join(PATHS)} (got {forced!r})")
+    missing = packed_available(weight)
+    if forced == "dense" or missing:
+        return PathChoice("dense", "SPECDECK_LINEAR=dense" if forced == "dense" else missing)
+    if forced == "packed":
+        return PathChoice("packed", "SPECDECK_LINEAR=packed")
+    key = (tuple(weight.shape), weight.dtype, torch.get_num_threads())
+    if key not in _CHOICES:
+        _CHOICES[key] = _measure(weight)
+        log.info("matrix products %s: %s (%s)", key[0], _CHOICES[key].path, _CHOICES[key].reason)
+    return _CHOICES[key]
+
+
+def _measure(weight: torch.Tensor) -> PathChoice:
+    dense, packed = DenseLinear(weight), PackedLinear(weight)
+    width = weight.shape[1]
+    if not _shape_invariant(packed, width, weight.dtype):
+        return PathChoice("dense", "oneDNN's packed product gave a row other bits alone than in a batch")
+    with torch.inference_mode():
+        inputs = [torch.randn(n, width, dtype=weight.dtype) for n in _ROWS]
+        dense_ms = sum(_time_ms(dense, x) for x in inputs)
+        packed_ms = sum(_time_ms(packed, x) for x in inputs)
+    rows = "+".join(map(str, _ROWS))
+    reason = f"{rows} rows: packed {packed_ms:.2f} ms, F.linear {dense_ms:.2f} ms"
+    return PathChoice("packed" if packed_ms <= dense_ms else "dense", reason)
+
+
+def make_linear(weight: torch.Tensor, choice: PathChoice | None = None) -> Linear:
+    """`weight` (out, in) as a product on the chosen path."""
+    choice = choice or choose_path(weight)
+    return PackedLinear(weight) if choice.path == "packed" else DenseLinear(weight)

@@ -1,0 +1,134 @@
+"""The auto schedule: each round's draft length chosen from measured costs and acceptance."""
+
+import time
+
+import pytest
+import torch
+
+from engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, encode_prompt, generate
+from engine import autotune
+from engine.autotune import CostCurve, DepthAcceptance, RoundPlanner
+from engine.drafters import Drafter, Proposal
+
+FLAT = CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0))
+STEEP = CostCurve((1, 2, 4, 8, 16), (10.0, 20.0, 40.0, 80.0, 160.0))
+
+
+def _kept(events) -> list[int]:
+    return [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
+
+
+def _plan_after(curve: CostCurve, accepted_share: float, draft_ms: float = 0.5, rounds: int = 60) -> RoundPlanner:
+    planner = RoundPlanner(curve, draft_ms, max_k=8, max_copy=0, adapt=False)
+    for i in range(rounds):
+        k = planner.plan().k or 1
+        full = (i * accepted_share) % 1.0 + accepted_share >= 1.0  # accepted_share of the rounds pass whole
+        planner.record(autotune.Shape(0, k), False, k, k if full else 0, draft_ms * k, curve.ms(k + 1), 0.0)
+    return planner
+
+
+def test_no_draft_when_nothing_is_accepted():
+    """A drafter the target never agrees with: the planner stops drafting (but for rare probes)."""
+    planner = _plan_after(FLAT, accepted_share=0.0)
+    shapes = [planner.plan().k for _ in range(32)]
+    assert shapes.count(0) >= 28
+    assert 0 < shapes.count(1) <= 4  # a probe every few rounds keeps measuring the drafter
+
+
+def test_long_drafts_where_verify_is_flat_and_drafts_pass():
+    """Drafts that always pass and a verify that costs the same for 1 or 9 tokens: the longest K."""
+    assert _plan_after(FLAT, accepted_share=1.0).plan().k == 8
+
+
+def test_short_drafts_where_verify_grows_steeply():
+    """The same drafter on a machine whose verify doubles per token drafts one token at most."""
+    assert _plan_after(STEEP, accepted_share=1.0).plan().k <= 1
+
+
+def test_expected_tokens_follow_acceptance_by_depth():
+    """E(K) = 1 + a1 + a1 a2 + ...: a drafter accepted at depth 1 only keeps ~2 tokens at any K."""
+    acceptance = DepthAcceptance()
+    for _ in range(200):
+        acceptance.record(drafted=3, accepted=1)
+    assert acceptance.rate(1) > 0.95 and acceptance.rate(2) < 0.1
+    assert acceptance.expected_tokens(3) == pytest.approx(2.0, abs=0.15)
+
+
+def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch):
+    """The curve is measured once, written to the cache, and read back by a later process."""
+    target, _ = tiny_llama
+    autotune._CURVES.pop(target.model, None)
+    first = autotune.cost_curve(target.model, tmp_path)
+    files = list(tmp_path.glob("curve-*.json"))
+    assert len(files) == 1 and first.forward_ms[0] > 0
+    autotune._CURVES.pop(target.model, None)  # as a new process would start
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again instead of reading the cache")
+    monkeypatch.setattr(autotune, "measure_curve", no_measuring)
+    assert autotune.cost_curve(target.model, tmp_path) == first
+
+
+def _forcing_drafts(monkeypatch, curve: CostCurve = FLAT, draft_ms: float = 0.1) -> None:
+    """Costs under which drafting pays, whatever the tiny test models really cost."""
+    monkeypatch.setattr("engine.decoding.cost_curve", lambda model, cache_dir=None: curve)
+    monkeypatch.setattr("engine.decoding.draft_cost", lambda drafter, *args, **kwargs: draft_ms)
+
+
+def test_auto_schedule_keeps_greedy_exact(tiny_pair, monkeypatch):
+    """Whatever shapes the planner picks, greedy text equals plain decoding, and each round event
+    names its shape."""
+    _forcing_drafts(monkeypatch)
+    target, draft = tiny_pair
+    for prompt in ("The quick brown fox", "def add(a, b):\n    return a + b\n\ndef add("):
+        ids = encode_prompt(target.tokenizer, prompt, chat=False)
+        plain = _kept(generate(target, ids, DecodeConfig(max_new_tokens=40)))
+        events = list(generate(target, ids, DecodeConfig(max_new_tokens=40), DraftModelDrafter(draft.model)))
+        assert _kept(events) == plain
+        rounds = [e for e in events if isinstance(e, RoundEvent)]
+        assert {e.shape for e in rounds} - {"none"}
+        assert all(e.shape == ("none" if not e.drafted else f"{'copy' if e.copied else 'K='}"
+                               f"{' ' if e.copied else ''}{e.drafted}") for e in rounds)
+        assert "chosen per round" in events[-1].plan
+
+
+class _Wrong(Drafter):
+    """Always proposes a token the tiny target never emits greedily, at a cost per token that a
+    plain step of the tiny target does not dwarf."""
+
+    name = "wrong"
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def propose(self, ids, k):
+        time.sleep(0.003 * k)
+        q = torch.zeros(k, self.vocab_width)
+        q[:, self.token] = 1.0
+        return Proposal([self.token] * k, q)
+
+
+def test_auto_schedule_stops_drafting_a_useless_drafter(tiny_llama, monkeypatch):
+    """With drafts that are never accepted most rounds become plain steps, and the text is plain's."""
+    _forcing_drafts(monkeypatch, draft_ms=1.0)
+    target, _ = tiny_llama
+    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
+    plain = _kept(generate(target, ids, DecodeConfig(max_new_tokens=48)))
+    never = next(t for t in range(target.vocab_width) if t not in plain)
+    events = list(generate(target, ids, DecodeConfig(max_new_tokens=48, lookup=0), _Wrong(never)))
+    assert _kept(events) == plain
+    shapes = [e.shape for e in events if isinstance(e, RoundEvent)]
+    assert shapes.count("none") >= 0.6 * len(shapes)
+
+
+def test_sampled_text_repeats_for_a_seed(tiny_llama):
+    """Sampling under the auto schedule: the same seed gives the same text, another seed another."""
+    target, draft = tiny_llama
+    ids = encode_prompt(target.tokenizer, "Once upon a time", chat=False)
+
+    def text(seed):
+        config = DecodeConfig(temperature=1.0, max_new_tokens=24, seed=seed)
+        return list(generate(target, ids, config, DraftModelDrafter(draft.model)))[-1].text
+
+    assert text(1) == text(1)
+    assert text(1) != text(2)
