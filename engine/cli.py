@@ -15,6 +15,7 @@ from pathlib import Path
 
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
+from engine.quiet import silence_libraries
 
 _COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "resampled": "\033[33m", "bonus": "\033[34m", "plain": ""}
 _UNDERLINE = "\033[4m"  # drafts copied by prompt lookup
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    silence_libraries()  # SpecDeck reports its own progress; the libraries keep quiet
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
