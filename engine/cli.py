@@ -124,9 +124,16 @@ def _cmd_gui(args) -> int:
                   "(`specdeck run`; set QT_QPA_PLATFORM=offscreen to force the window).", file=sys.stderr)
             return main(["run"])
     try:
-        from app.main import run_gui
+        from app.main import run_gui, xcb_problem
     except ImportError as error:
         raise SpecDeckError(f"The window needs PySide6, pyqtgraph and qasync ({error}): reinstall SpecDeck with its dependencies.") from error
+    problem = xcb_problem()
+    if problem and args.demo:
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    elif problem:
+        print(f"{problem}\nMeanwhile, running the default pair in the terminal instead (`specdeck run`).",
+              file=sys.stderr)
+        return main(["run"])
     return run_gui(args)
 
 
