@@ -1,13 +1,20 @@
 """`specdeck gui`: open the window on qasync's event loop, or, with `--demo`, run a compare session
-on the default pair headlessly, save a screenshot and the CSV, and exit (0, or 2 with the error)."""
+on the default pair headlessly, save a screenshot and the CSV, and exit (0, or 2 with the error).
+
+Before Qt starts, `xcb_problem` checks that the system libraries of Qt's X11 platform plugin are
+installed: without them Qt aborts the process with a message about plugins that names none of them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import os
 import signal
 import sys
+from collections.abc import Callable, Mapping
 
-from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtCore import QSettings, QTimer, qFormatLogMessage, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication
 
 import qasync
@@ -17,6 +24,82 @@ from app.worker import error_message, freeze_long_lived_objects
 from engine.errors import SpecDeckError
 
 DEMO_PRESET = "chat"
+
+# What Qt's xcb plugin (libqxcb.so and libQt6XcbQpa.so) links beyond what QtGui itself needs, which
+# a desktop without other Qt 6 programs may lack (libxcb-cursor0 since Qt 6.5): the library, then
+# the Debian/Ubuntu and the Fedora package that installs it.
+XCB_LIBRARIES = (
+    ("libxcb-cursor.so.0", "libxcb-cursor0", "xcb-util-cursor"),
+    ("libxcb-icccm.so.4", "libxcb-icccm4", "xcb-util-wm"),
+    ("libxcb-image.so.0", "libxcb-image0", "xcb-util-image"),
+    ("libxcb-keysyms.so.1", "libxcb-keysyms1", "xcb-util-keysyms"),
+    ("libxcb-render-util.so.0", "libxcb-render-util0", "xcb-util-renderutil"),
+    ("libxcb-util.so.1", "libxcb-util1", "xcb-util"),
+    ("libxkbcommon-x11.so.0", "libxkbcommon-x11-0", "libxkbcommon-x11"),
+    ("libX11-xcb.so.1", "libx11-xcb1", "libX11-xcb"),
+    ("libxcb.so.1", "libxcb1", "libxcb"),
+    ("libxcb-randr.so.0", "libxcb-randr0", "libxcb"),
+    ("libxcb-render.so.0", "libxcb-render0", "libxcb"),
+    ("libxcb-shape.so.0", "libxcb-shape0", "libxcb"),
+    ("libxcb-shm.so.0", "libxcb-shm0", "libxcb"),
+    ("libxcb-sync.so.1", "libxcb-sync1", "libxcb"),
+    ("libxcb-xfixes.so.0", "libxcb-xfixes0", "libxcb"),
+    ("libxcb-xkb.so.1", "libxcb-xkb1", "libxcb"),
+)
+
+# Qt messages known to be harmless; every other message passes through
+HARMLESS_QT_MESSAGES = frozenset({
+    "This plugin does not support propagateSizeHints()",  # offscreen and Wayland plugins, on every window
+})
+
+
+def loadable(library: str) -> bool:
+    """Whether the dynamic loader finds `library` (a soname) the way Qt's plugin loader would."""
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return False
+    return True
+
+
+def uses_xcb(environ: Mapping[str, str]) -> bool:
+    """Whether Qt will start its X11 plugin: asked for by name, or the default on an X display."""
+    platform = environ.get("QT_QPA_PLATFORM", "")
+    if platform:
+        return platform.split(":")[0] == "xcb"
+    return sys.platform.startswith("linux") and bool(environ.get("DISPLAY")) and not environ.get("WAYLAND_DISPLAY")
+
+
+def xcb_problem(environ: Mapping[str, str] = os.environ, find: Callable[[str], bool] | None = None) -> str | None:
+    """What Qt's X11 plugin lacks here and which packages install it, or None when nothing is missing
+    (`find` tells whether a library loads; `loadable` by default)."""
+    if not uses_xcb(environ):
+        return None
+    missing = [entry for entry in XCB_LIBRARIES if not (find or loadable)(entry[0])]
+    if not missing:
+        return None
+    debian = " ".join(dict.fromkeys(package for _, package, _ in missing))
+    fedora = " ".join(dict.fromkeys(package for _, _, package in missing))
+    return (f"The window's X11 back end (Qt's xcb plugin) needs system libraries this machine lacks: "
+            f"{', '.join(library for library, _, _ in missing)}. Install them with\n"
+            f"  sudo apt install {debian}    (Debian, Ubuntu)\n"
+            f"  sudo dnf install {fedora}    (Fedora)")
+
+
+def filter_qt_messages() -> Callable | None:
+    """Drop the known harmless Qt messages and pass the rest on; returns the handler it replaced."""
+    previous = None
+
+    def handler(mode, context, message: str) -> None:
+        if message in HARMLESS_QT_MESSAGES:
+            return
+        if previous is not None:
+            previous(mode, context, message)
+        else:
+            print(qFormatLogMessage(mode, context, message), file=sys.stderr)
+
+    previous = qInstallMessageHandler(handler)
+    return previous
 
 
 def application() -> QApplication:
@@ -55,6 +138,7 @@ async def demo(window: MainWindow, screenshot: str | None, export_csv: str | Non
 
 
 def run_gui(args) -> int:
+    filter_qt_messages()
     app = application()
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)

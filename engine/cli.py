@@ -15,6 +15,7 @@ from pathlib import Path
 
 from engine.config import SCHEDULES, DecodeConfig
 from engine.errors import SpecDeckError
+from engine.quiet import silence_libraries
 
 _COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "resampled": "\033[33m", "bonus": "\033[34m", "plain": ""}
 _UNDERLINE = "\033[4m"  # drafts copied by prompt lookup
@@ -129,9 +130,16 @@ def _cmd_gui(args) -> int:
                   "(`specdeck run`; set QT_QPA_PLATFORM=offscreen to force the window).", file=sys.stderr)
             return main(["run"])
     try:
-        from app.main import run_gui
+        from app.main import run_gui, xcb_problem
     except ImportError as error:
         raise SpecDeckError(f"The window needs PySide6, pyqtgraph and qasync ({error}): reinstall SpecDeck with its dependencies.") from error
+    problem = xcb_problem()
+    if problem and args.demo:
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    elif problem:
+        print(f"{problem}\nMeanwhile, running the default pair in the terminal instead (`specdeck run`).",
+              file=sys.stderr)
+        return main(["run"])
     return run_gui(args)
 
 
@@ -166,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    silence_libraries()  # SpecDeck reports its own progress; the libraries keep quiet
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
