@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import DecodeConfig
+from engine.context import context_length
 from engine.kvcache import CachedModel, backend_for
 from engine.sampling import logits_to_probs, sample
 
@@ -44,6 +45,7 @@ def output_logits(hidden: torch.Tensor, weight: torch.Tensor, output_ids: torch.
 class Drafter(ABC):
     name: str
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
+    context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
 
     def begin(self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int,
               generator: torch.Generator | None) -> None:
@@ -75,6 +77,7 @@ class DraftModelDrafter(Drafter):
     def __init__(self, model: torch.nn.Module, name: str = "draft model",
                  output_ids: torch.Tensor | None = None) -> None:
         self.name = name
+        self.context_length = context_length(model)
         self._lm = CachedModel(model)
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
         self._output_ids = None
