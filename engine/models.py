@@ -370,7 +370,8 @@ def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
     """Refuse a pair whose drafter would speak another vocabulary than the target.
 
     Every id the draft can emit must be scored by the target and mean the same token string;
-    the target may have extra (padding) rows.
+    the target may have extra (padding) rows and extra tokens after the draft's, which the draft
+    never proposes and reads as a stand-in token (`DraftModelDrafter`).
     """
     if draft.vocab_width > target.vocab_width:
         raise SpecDeckError(
