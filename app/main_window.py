@@ -33,8 +33,9 @@ from app.charts import SessionCharts
 from app.panels import DecodingPanel, ModelPanel
 from app.token_view import Legend, TokenView
 from app.worker import BenchCancelled, LoadCancelled, LoadRequest, ModelHost, PairInfo, error_message
+from engine.context import prompt_cut_notice
 from engine.errors import SpecDeckError
-from engine.events import SummaryEvent
+from engine.events import SessionStarted, SummaryEvent
 from engine.export import RunInfo, SessionRecord, export_sessions
 
 
@@ -80,6 +81,7 @@ class MainWindow(QMainWindow):
         self._progress: QProgressDialog | None = None
         self._stop_requested = False
         self._busy = False
+        self._prompt_notice = ""  # what truncation did to the last run's prompt, for the status bar
         self._benchmarking = False
         self._tasks: set[asyncio.Task] = set()
         self._update_buttons()
@@ -199,6 +201,7 @@ class MainWindow(QMainWindow):
                                     prompt, extra_versions={k: v for k, v in dialogs.versions(pair.device).items()
                                                             if k in ("Qt", "PySide6", "pyqtgraph")})
             self.records = []
+            self._prompt_notice = ""
             self._routes.clear()
             self.speculative_view.clear()
             self.plain_view.clear()
@@ -210,7 +213,7 @@ class MainWindow(QMainWindow):
                 self.charts.start_plain()
                 plain = await self._session(self.plain_view, prompt, config, chat, plain=True)
                 self._show_comparison(speculative, plain, config.greedy)
-            self.statusBar().showMessage(self._describe(speculative))
+            self.statusBar().showMessage(" ".join(filter(None, (self._describe(speculative), self._prompt_notice))))
         finally:
             self._busy = False
             self._update_buttons()
@@ -352,6 +355,9 @@ class MainWindow(QMainWindow):
             return
         view, plain, record = route
         view.add_events(batch)
+        for event in batch:
+            if isinstance(event, SessionStarted) and event.prompt_tokens_dropped:
+                self._prompt_notice = prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)
         self.charts.add_events(batch, plain=plain)
         for event in batch:
             record.add(event)

@@ -208,6 +208,9 @@ class DecodingPanel(QGroupBox):
         self.max_new_tokens = spin_box(1, 8192, defaults.max_new_tokens)
         self.chat = QCheckBox("Chat template")
         self.chat.setChecked(True)
+        self.truncate_prompt = QCheckBox("Keep the end of long prompts")
+        self.truncate_prompt.setToolTip("A prompt too long for the model's context is refused; checked, its start "
+                                        "is dropped instead so that it and the answer fit.")
         self.presets = load_presets()
         self.preset = QComboBox()
         self.preset.addItems(list(self.presets))
@@ -240,6 +243,7 @@ class DecodingPanel(QGroupBox):
         form.addRow("Seed", row)
         row = QHBoxLayout()
         row.addWidget(self.chat)
+        row.addWidget(self.truncate_prompt)
         row.addStretch(1)
         row.addWidget(QLabel("Preset"))
         row.addWidget(self.preset)
@@ -260,7 +264,8 @@ class DecodingPanel(QGroupBox):
         return DecodeConfig(k=self.k.value(), schedule=self.schedule.currentText(), lookup=self.lookup.value(),
                             temperature=self.temperature.value(), top_k=self.top_k.value(),
                             top_p=self.top_p.value(), seed=self.seed.value(),
-                            max_new_tokens=self.max_new_tokens.value())
+                            max_new_tokens=self.max_new_tokens.value(),
+                            truncate_prompt=self.truncate_prompt.isChecked())
 
     def prompt_text(self) -> str:
         return self.prompt.toPlainText()

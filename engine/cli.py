@@ -54,25 +54,41 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--no-chat", action="store_true", help="raw completion: no chat template")
+    parser.add_argument("--truncate-prompt", action="store_true",
+                        help="a prompt too long for the model's context: keep its last part instead of refusing it")
 
 
 def decode_config(args):
     return DecodeConfig(k=args.k, schedule=args.schedule, max_k=args.max_k, confidence_threshold=args.confidence, lookup=args.lookup,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                        max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
+                        max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),
+                        truncate_prompt=args.truncate_prompt)
 
 
 def _read_prompt(args) -> str:
     if args.prompt_file:
-        try:
-            return Path(args.prompt_file).read_text(encoding="utf-8")
-        except OSError as error:
-            raise SpecDeckError(f"Cannot read the prompt file {args.prompt_file}: {error.strerror}.") from error
+        return read_prompt_file(Path(args.prompt_file))
     return args.prompt
 
 
+def read_prompt_file(path: Path) -> str:
+    """A prompt file's text: UTF-8, with or without a byte-order mark, or a `SpecDeckError` that
+    names the file and where its text stops being UTF-8."""
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except OSError as error:
+        raise SpecDeckError(f"Cannot read the prompt file {path}: {error.strerror}.") from error
+    except UnicodeDecodeError as error:
+        raise SpecDeckError(
+            f"The prompt file {path} is not UTF-8 text: byte 0x{error.object[error.start]:02x} at offset "
+            f"{error.start} is not valid UTF-8. Save the file as UTF-8 (most editors offer it under "
+            "'Save as' or 'Encoding') and try again."
+        ) from error
+
+
 def _cmd_run(args) -> int:
-    from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
+    from engine.context import prompt_cut_notice
+    from engine.events import RoundEvent, SessionStarted, SummaryEvent, TokenEvent, event_to_dict
     from engine.session import DEFAULT_PROMPT, load_pair, run_session
 
     config = decode_config(args)  # validate before the slow part
@@ -87,6 +103,8 @@ def _cmd_run(args) -> int:
     for event in run_session(pair, prompt, config, chat=not args.no_chat, plain=args.plain, cancel=threading.Event()):
         if args.jsonl:
             print(json.dumps(event_to_dict(event), ensure_ascii=False), flush=isinstance(event, RoundEvent))
+        elif isinstance(event, SessionStarted) and event.prompt_tokens_dropped:
+            print(f"[{prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)}]", file=sys.stderr, flush=True)
         elif isinstance(event, TokenEvent):
             if event.state.value == "rejected" and not colour:
                 continue

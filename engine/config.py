@@ -40,6 +40,7 @@ class DecodeConfig:
     seed: int = 0
     max_new_tokens: int = 128
     stop_strings: tuple[str, ...] = field(default_factory=tuple)
+    truncate_prompt: bool = False  # a prompt too long for the context: keep its last part, not refuse (`engine.context`)
 
     def __post_init__(self) -> None:
         if self.k < 1:

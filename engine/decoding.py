@@ -18,6 +18,7 @@ import torch
 
 from engine.autotune import RoundPlanner, Shape, cost_curve, draft_cost
 from engine.config import DecodeConfig
+from engine.context import context_length, fit_prompt, shortest
 from engine.detok import Detokenizer
 from engine.drafters import Drafter, PromptLookupDrafter, Proposal
 from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
@@ -65,7 +66,13 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
     """Run one session and yield its events; the last is a `SummaryEvent`.
 
     Setting `cancel` stops the session at the next round boundary, keeping what was generated.
+    Prompt and answer stay within the context of the target (and of a draft model): a longer
+    prompt is refused or cut (`engine.context.fit_prompt`), an answer stops at its end.
     """
+    context = shortest(context_length(target.model), drafter.context_length if drafter else None)
+    given = len(prompt_ids)
+    prompt_ids = fit_prompt(prompt_ids, context, config.max_new_tokens, config.truncate_prompt)
+    budget = config.max_new_tokens if context is None else min(config.max_new_tokens, context - len(prompt_ids))
     device = target.device
     generator = torch.Generator(device=device).manual_seed(config.seed)
     lm = CachedModel(target.model)
@@ -92,23 +99,24 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
     synchronize(device)
     prefill_ms = (time.perf_counter() - started) * 1e3
     name = (drafter.name + (" + prompt lookup" if copier else "")) if drafter else ""
-    start = SessionStarted("speculative" if drafter else "plain", name, len(prompt_ids), prefill_ms)
+    start = SessionStarted("speculative" if drafter else "plain", name, len(prompt_ids), prefill_ms,
+                           prompt_tokens_dropped=given - len(prompt_ids))
     stats.add(start)
     yield start
 
     ids = list(prompt_ids)
     new_tokens = 0
     k = config.k
-    stop_reason = "max_new_tokens"
+    stop_reason = "max_new_tokens" if budget == config.max_new_tokens else "context"
     decode_started = time.perf_counter()
     round_no = 0
-    while new_tokens < config.max_new_tokens:
+    while new_tokens < budget:
         if cancel is not None and cancel.is_set():
             stop_reason = "cancelled"
             break
         round_no += 1
         round_started = time.perf_counter()
-        room = config.max_new_tokens - new_tokens - 1  # drafts beyond this could never be kept
+        room = budget - new_tokens - 1  # drafts beyond this could never be kept
         shape = planner.plan() if planner else Shape(config.lookup if copier else 0, k)
         proposal, copied = _draft(ids, drafter, copier, shape, room)
         if proposal is None:
@@ -146,7 +154,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
                 if m < n:  # show every rejected draft where it was proposed, before its replacement
                     events.extend(_rejected_events(proposal, p, m, detok, new_tokens, round_no, copied))
                 state, q = last_state, (float(proposal.q[m, token_id]) if m < n else None)
-            final = token_id in eos or new_tokens + 1 == config.max_new_tokens
+            final = token_id in eos or new_tokens + 1 == budget
             events.append(TokenEvent(state, token_id, detok.push(token_id, final), new_tokens, round_no, p_kept[i], q,
                                      copied=copied and i < m))
             ids.append(token_id)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import DecodeConfig
+from engine.context import context_length
 from engine.kvcache import CachedModel, backend_for
 from engine.linear import Linear, make_linear
 from engine.sampling import logits_to_probs, sample
@@ -46,6 +47,7 @@ class Drafter(ABC):
     name: str
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
     module: torch.nn.Module | None = None  # the model that drafts (what its measured cost is cached by)
+    context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
 
     def begin(self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int,
               generator: torch.Generator | None) -> None:
@@ -72,13 +74,20 @@ class DraftModelDrafter(Drafter):
     With `output_ids` the draft only ever proposes those tokens: its output layer is cut down to
     their rows, which for a small draft with a large vocabulary is most of its cost per token.
     Every other token gets q = 0, which rejection sampling allows (it stays exact for any q).
+
+    A draft whose vocabulary is a prefix of the target's never proposes the target's extra tokens
+    (q = 0 there too); where the prompt or the target's text holds one, the draft reads
+    `stand_in` (its end-of-text token) in its place, which only makes its next guesses worse.
     """
 
     def __init__(self, model: torch.nn.Module, name: str = "draft model",
                  output_ids: torch.Tensor | None = None) -> None:
         self.name = name
         self.module = model
+        self.context_length = context_length(model)
         self._lm = CachedModel(model)
+        self._embeddable = model.get_input_embeddings().num_embeddings
+        self.stand_in = _stand_in(model.config.eos_token_id, self._embeddable)
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
         self._output_ids = None
         if output_ids is not None:
@@ -91,7 +100,7 @@ class DraftModelDrafter(Drafter):
         self._lm.reset()
         self._cached = []
         if len(prompt_ids) > 1:
-            self._lm.forward(prompt_ids[:-1], last_only=True)
+            self._lm.forward(self._readable(prompt_ids[:-1]), last_only=True)
             self._cached = list(prompt_ids[:-1])
 
     def _sync(self, ids: list[int]) -> list[int]:
@@ -104,8 +113,13 @@ class DraftModelDrafter(Drafter):
         del self._cached[valid:]
         return ids[valid:]
 
+    def _readable(self, ids: list[int]) -> list[int]:
+        """`ids` with every token the draft has no embedding for replaced by `stand_in`."""
+        return [i if i < self._embeddable else self.stand_in for i in ids]
+
     def _next_logits(self, feed: list[int]) -> torch.Tensor:
         """The draft's logits (over the target's vocabulary width) for the token after `feed`."""
+        feed = self._readable(feed)
         if self._output_ids is None:
             return self._fit(self._lm.forward(feed, last_only=True)[-1])
         return output_logits(self._lm.forward_hidden(feed)[-1], self._head, self._output_ids, self.vocab_width)
@@ -137,6 +151,12 @@ class DraftModelDrafter(Drafter):
         if not tokens:
             return self._empty(self._lm.device)
         return Proposal(tokens, torch.stack(dists))
+
+
+def _stand_in(eos: int | list[int] | None, embeddable: int) -> int:
+    """The token a draft reads in place of one it cannot embed: its (first) end-of-text token, else 0."""
+    first = eos[0] if isinstance(eos, list) and eos else eos
+    return first if isinstance(first, int) and 0 <= first < embeddable else 0
 
 
 class FeatureHeadDrafter(Drafter):

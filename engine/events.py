@@ -36,6 +36,7 @@ class SessionStarted:
     prompt_tokens: int
     prefill_ms: float
     type: str = "start"
+    prompt_tokens_dropped: int = 0  # cut from the prompt's start to fit the context (`DecodeConfig.truncate_prompt`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ class SummaryEvent:
     target_forwards_per_token: float
     accepted_by_position: tuple[float, ...]
     predicted_speedup: float | None
-    stop_reason: str  # "max_new_tokens", "eos", "stop_string", "cancelled"
+    stop_reason: str  # "max_new_tokens", "eos", "stop_string", "cancelled", "context" (`engine.context`)
     type: str = "summary"
     copied_drafted: int = 0  # of `drafted`, those prompt lookup copied (`DecodeConfig.lookup`)
     copied_accepted: int = 0  # of `accepted`, those copied

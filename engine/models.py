@@ -4,7 +4,8 @@ and `.gguf` files, on the device and dtype the user asked for (or the best one h
 Model files are untrusted input: remote code runs only when the user passes `trust_remote_code`,
 and weights come from safetensors or GGUF (transformers loads a pickled `.bin` with
 `weights_only=True`). A GGUF file is dequantized once into a safetensors cache, since converting
-it takes far longer than loading the result.
+it takes far longer than loading the result; the cache records the weights' size and SHA-256, and
+a cache that no longer matches them (a disk filled up, a copy cut short) is converted again.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import hashlib
 import importlib.util
 import json
 import os
+import pickle
+import re
 import shutil
 import socket
 import tempfile
@@ -173,8 +176,13 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
 
     target = _gguf_cache_dir(path)
     if (target / "model.safetensors").exists():
-        return target
-    if progress:
+        damage = cache_damage(target)
+        if damage is None:
+            return target
+        if progress:
+            progress(f"The cached conversion of {path.name} in {target} is damaged ({damage}): converting it again")
+        shutil.rmtree(target, ignore_errors=True)
+    elif progress:
         progress(f"Converting {path.name} to safetensors (once; later loads are fast)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -192,6 +200,7 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
         model.config.save_pretrained(staging)
         model.generation_config.save_pretrained(staging)
         save_model(model, str(staging / "model.safetensors"))
+        record_weights(staging)
         tokenizer.save_pretrained(staging)
         os.replace(staging, target)  # atomic: a half-written cache is never seen
     except OSError:
@@ -199,6 +208,55 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
         if not (target / "model.safetensors").exists():
             raise
     return target
+
+
+WEIGHTS_RECORD_FILE = "weights_record.json"  # {"size": bytes, "sha256": hex} of a cache's model.safetensors
+
+
+def _weights_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record_weights(folder: Path) -> None:
+    """Write the size and SHA-256 of `folder`'s model.safetensors beside it (`WEIGHTS_RECORD_FILE`)."""
+    weights = folder / "model.safetensors"
+    record = {"size": weights.stat().st_size, "sha256": _weights_digest(weights)}
+    (folder / WEIGHTS_RECORD_FILE).write_text(json.dumps(record), encoding="utf-8")
+
+
+def cache_damage(folder: Path) -> str | None:
+    """What is wrong with a converted cache's weights, or None when they match their record (about
+    a second for SmolLM2-135M's 540 MB). A cache from before records were kept is recorded now if
+    safetensors can read its header and sizes, and reported damaged if not."""
+    weights = folder / "model.safetensors"
+    try:
+        record = json.loads((folder / WEIGHTS_RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict):
+        return _legacy_cache_damage(folder)
+    size = weights.stat().st_size
+    if size != record.get("size"):
+        return f"model.safetensors is {size} bytes, {record.get('size')} were written"
+    if _weights_digest(weights) != record.get("sha256"):
+        return "the checksum of model.safetensors differs from the one recorded when it was written"
+    return None
+
+
+def _legacy_cache_damage(folder: Path) -> str | None:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(folder / "model.safetensors"), "pt"):
+            pass
+    except (SafetensorError, OSError) as error:
+        return f"model.safetensors cannot be read: {error}"
+    record_weights(folder)
+    return None
 
 
 def _looks_like_path(name: str) -> bool:
@@ -246,6 +304,8 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
         )
     except OSError as error:
         raise SpecDeckError(_hub_message(name, error)) from error
+    except pickle.UnpicklingError as error:
+        raise SpecDeckError(_pickle_message(name, error)) from error
     except ValueError as error:
         if "trust_remote_code" in str(error):
             raise SpecDeckError(
@@ -366,11 +426,23 @@ def _hub_message(name: str, error: OSError) -> str:
     return f"Could not load {name!r}: {text.splitlines()[0] if text else type(error).__name__}"
 
 
+def _pickle_message(name: str, error: pickle.UnpicklingError) -> str:
+    """Why a pickled weights file (pytorch_model.bin) was refused: it calls code, or it is damaged."""
+    called = re.search(r"GLOBAL (\S+)", str(error))
+    if called:
+        return (f"The weights of {name} (a pickled .bin file) hold Python code: loading them would call "
+                f"{called.group(1)}. SpecDeck did not run it and did not load the model. Use a copy of the "
+                "model saved as safetensors (model.safetensors), or a .gguf file, from a source you trust.")
+    return (f"The weights of {name} (a pickled .bin file) cannot be read ({str(error).splitlines()[0]}): "
+            "the file is damaged or not PyTorch weights. Download the model again, preferably as safetensors.")
+
+
 def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
     """Refuse a pair whose drafter would speak another vocabulary than the target.
 
     Every id the draft can emit must be scored by the target and mean the same token string;
-    the target may have extra (padding) rows.
+    the target may have extra (padding) rows and extra tokens after the draft's, which the draft
+    never proposes and reads as a stand-in token (`DraftModelDrafter`).
     """
     if draft.vocab_width > target.vocab_width:
         raise SpecDeckError(

@@ -199,3 +199,16 @@ def test_demo_refuses_an_unknown_preset_before_loading(qtbot, loop, settings, ca
     err = capsys.readouterr().err
     assert "no preset 'poetry'" in err and "summarization" in err
     assert demo_window.host.pair is None and not demo_window.isVisible()
+
+
+def test_long_prompt_is_refused_or_cut_and_the_answer_stops_at_the_context(qtbot, window, errors):
+    """Past the context a prompt is refused in a dialog; allowed, its end runs and the status bar says so."""
+    window.decoding_panel.chat.setChecked(False)
+    window.decoding_panel.prompt.setPlainText("The quick brown fox jumps over the lazy dog. " * 100)
+    _run(qtbot, window, window.run_button)
+    assert len(errors) == 1 and "context 512" in errors[0][1]
+    window.decoding_panel.truncate_prompt.setChecked(True)
+    window.decoding_panel.max_new_tokens.setValue(4)
+    _run(qtbot, window, window.run_button)
+    assert len(errors) == 1 and window.records[0].summary.new_tokens == 4
+    assert "kept its last 508 tokens" in window.statusBar().currentMessage()

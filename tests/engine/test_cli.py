@@ -93,3 +93,34 @@ def test_jsonl_stream(tiny_dirs):
     assert summary["type"] == "summary" and summary["new_tokens"] == 16
     assert summary["text"] == "".join(t["text"] for t in tokens if t["state"] != "rejected")
     assert {"acceptance_rate", "mean_accepted_length", "tokens_per_s", "rounds"} <= summary.keys()
+
+
+def test_prompt_file_that_is_not_utf8_is_named(capsys, tiny_dirs, tmp_path):
+    """A prompt file in another encoding gets a message naming the file and the bad byte."""
+    target, _ = tiny_dirs
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("Résumé of the quick brown fox".encode("latin-1"))
+    code, _, err = run_cli(capsys, "--target", str(target), "--no-chat", "--prompt-file", str(latin))
+    assert code == 2 and "Traceback" not in err
+    assert "latin1.txt is not UTF-8 text" in err and "0xe9" in err and "Save the file as UTF-8" in err
+
+
+def test_prompt_file_with_a_byte_order_mark_is_read(capsys, tiny_dirs, tmp_path):
+    """A UTF-8 prompt file saved with a byte-order mark decodes as if it had none."""
+    target, _ = tiny_dirs
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbfThe quick brown fox")
+    code, out, _ = run_cli(capsys, "--target", str(target), "--no-chat", "--prompt-file", str(path),
+                           "--max-new-tokens", "4", "--jsonl")
+    assert code == 0 and json.loads(out.splitlines()[0])["prompt_tokens"] == 4
+
+
+def test_prompt_too_long_for_the_context(capsys, tiny_dirs):
+    """A prompt past the context is refused with both sizes; --truncate-prompt keeps its end and says so."""
+    target, _ = tiny_dirs
+    prompt = "The quick brown fox jumps over the lazy dog. " * 100
+    code, _, err = run_cli(capsys, "--target", str(target), "--no-chat", "--prompt", prompt)
+    assert code == 2 and "context 512" in err and "--truncate-prompt" in err and "Traceback" not in err
+    code, out, err = run_cli(capsys, "--target", str(target), "--no-chat", "--prompt", prompt,
+                             "--truncate-prompt", "--max-new-tokens", "4")
+    assert code == 0 and "kept its last 508 tokens" in err and "(max_new_tokens)" in out

@@ -1,0 +1,67 @@
+"""Model files that are damaged or unsafe get a message saying what is wrong and what to do."""
+
+import os
+
+import pytest
+import torch
+
+from engine.errors import SpecDeckError
+from engine.models import BUILTIN_MODELS, DEFAULT_TARGET, WEIGHTS_RECORD_FILE, convert_gguf, load_model
+from tiny import build_pair
+
+
+class RunsAShellCommand:
+    """Pickles to a call of os.system, as a malicious pytorch_model.bin does."""
+
+    def __reduce__(self):
+        return os.system, ("true",)
+
+
+def test_pickled_weights_that_carry_code_are_refused_plainly(tmp_path):
+    """A pytorch_model.bin that calls code is not run; the message says so and what to use instead."""
+    target, _ = build_pair(tmp_path, "gpt2")
+    for weights in target.glob("*.safetensors"):
+        weights.unlink()
+    torch.save({"weight": RunsAShellCommand()}, target / "pytorch_model.bin")
+    with pytest.raises(SpecDeckError) as refused:
+        load_model(str(target))
+    message = str(refused.value)
+    assert "hold Python code" in message and "system" in message and "did not run it" in message
+    assert "safetensors" in message and "weights_only" not in message
+
+
+def test_damaged_gguf_cache_is_detected_and_rebuilt(tmp_path, monkeypatch):
+    """Truncated cached weights are noticed at the next start, converted again with a notice, and load."""
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    gguf = BUILTIN_MODELS[DEFAULT_TARGET].path()
+    folder = convert_gguf(gguf)
+    assert (folder / WEIGHTS_RECORD_FILE).is_file()
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    with weights.open("r+b") as file:
+        file.truncate(size // 2)
+    notices: list[str] = []
+    assert load_model(DEFAULT_TARGET, progress=notices.append).vocab_width > 0
+    assert any("is damaged" in n and f"{size // 2} bytes, {size} were written" in n for n in notices)
+    assert weights.stat().st_size == size
+
+
+def test_cache_damage_names_a_changed_byte_and_records_older_caches(tmp_path):
+    """Same size but another byte fails the checksum; a cache without a record is recorded if it reads, else damaged."""
+    from safetensors.torch import save_file
+
+    from engine.models import cache_damage, record_weights
+
+    weights = tmp_path / "model.safetensors"
+    save_file({"w": torch.arange(64, dtype=torch.float32)}, str(weights))
+    record_weights(tmp_path)
+    assert cache_damage(tmp_path) is None
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert "checksum" in cache_damage(tmp_path)
+    (tmp_path / WEIGHTS_RECORD_FILE).unlink()
+    assert cache_damage(tmp_path) is None and (tmp_path / WEIGHTS_RECORD_FILE).is_file()
+    (tmp_path / WEIGHTS_RECORD_FILE).unlink()
+    weights.write_bytes(bytes(data[:-8]))
+    assert "cannot be read" in cache_damage(tmp_path)
