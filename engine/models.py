@@ -13,9 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import socket
-import tempfile
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -24,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from engine.atomic import building_folder
 from engine.errors import SpecDeckError
 
 Progress = Callable[[str], None]
@@ -171,7 +170,10 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from engine.cache import heal
+
     target = _gguf_cache_dir(path)
+    heal(progress)
     if (target / "model.safetensors").exists():
         return target
     if progress:
@@ -186,17 +188,14 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
         ) from error
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the weights are dequantized now
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
-    try:
-        model.config.save_pretrained(staging)
-        model.generation_config.save_pretrained(staging)
-        save_model(model, str(staging / "model.safetensors"))
-        tokenizer.save_pretrained(staging)
-        os.replace(staging, target)  # atomic: a half-written cache is never seen
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (target / "model.safetensors").exists():
+    try:  # any failure, Ctrl-C included, removes what it began; a killed process's entry is healed later
+        with building_folder(target) as staging:
+            model.config.save_pretrained(staging)
+            model.generation_config.save_pretrained(staging)
+            save_model(model, str(staging / "model.safetensors"))
+            tokenizer.save_pretrained(staging)
+    except SpecDeckError:
+        if not (target / "model.safetensors").exists():  # unless another process finished it meanwhile
             raise
     return target
 
