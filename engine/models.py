@@ -393,13 +393,25 @@ def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
+_CONTENT_MARK = "\ue000specdeck-prompt\ue000"  # private-use characters: no prompt or template holds them
+
+
 def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
-    """Token ids of a prompt, through the chat template when the tokenizer has one and `chat`."""
+    """Token ids of a prompt, through the chat template when the tokenizer has one and `chat`.
+
+    The prompt is data: a `<|im_end|>` typed in it is encoded as those characters, never as the
+    control token (`split_special_tokens=True`); control tokens come only from the template."""
     if not text.strip():
         raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
-    if chat and getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    return tokenizer(text)["input_ids"]
+    if not (chat and getattr(tokenizer, "chat_template", None)):
+        return tokenizer(text, split_special_tokens=True)["input_ids"]
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _CONTENT_MARK}], tokenize=False, add_generation_prompt=True
+    )
+    before, mark, after = rendered.partition(_CONTENT_MARK)
+    if not mark:
+        raise SpecDeckError("This model's chat template rewrites the prompt, so its text could not be kept "
+                            "apart from control tokens: use raw completion (--no-chat).")
+    template = lambda part: tokenizer(part, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return template(before) + tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] \
+        + template(after)
