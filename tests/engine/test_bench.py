@@ -213,3 +213,24 @@ def test_bad_prompt_files_get_a_clear_error(tmp_path):
         read_prompts(bad)
     with pytest.raises(SpecDeckError, match="category"):
         read_prompts(sample_prompts(), categories=["poetry"])
+
+
+@pytest.mark.parametrize("turns, got", [
+    ({"text": "hi"}, "got a dict"), (7, "got a number"), ([], "got an empty list"), ([3], "first turn is a number"),
+])
+def test_prompt_records_with_wrong_turns_name_file_line_and_field(tmp_path, turns, got):
+    """A `turns` that holds no prompt text is refused with the file, the line and the field."""
+    bad = tmp_path / "bad.jsonl"
+    good = json.dumps({"question_id": 1, "turns": ["fine"]})
+    bad.write_text(good + "\n" + json.dumps({"question_id": 2, "turns": turns}) + "\n", encoding="utf-8")
+    with pytest.raises(SpecDeckError, match="turns") as error:
+        read_prompts(bad)
+    assert f"{bad}, line 2" in str(error.value) and got in str(error.value)
+
+
+def test_prompt_files_with_a_byte_order_mark_read_as_text(tmp_path):
+    """A UTF-8 file saved with a BOM (as Windows editors do) reads like one without."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes("\ufeff".encode() + json.dumps({"question_id": 1, "turns": ["Grüß dich"]}).encode() + b"\n")
+    [prompt] = read_prompts(path)
+    assert prompt.text == "Grüß dich" and prompt.chat
