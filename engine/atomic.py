@@ -179,8 +179,9 @@ def check_writable_folder(folder: str | os.PathLike) -> Path:
     """Create `folder`'s parents and prove a file can be made beside it; else raise SpecDeckError
     naming the folder and the reason. Called before any slow work, so a typo costs nothing."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise SpecDeckError(f"Cannot write results to {folder}: it is a file, not a folder.")
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise SpecDeckError(f"Cannot write results to {folder}: {blocker} is a file, not a folder.")
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         probe = Path(tempfile.mkdtemp(dir=folder.parent, prefix=_prefix(folder)))
