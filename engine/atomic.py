@@ -163,15 +163,28 @@ def remove_path(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _restore_set_aside(leftover: Path) -> bool:
+    """A process killed between a swap's two renames left the earlier folder set aside inside
+    `leftover` and no folder in its place: put the earlier one back; say whether it did."""
+    name = leftover.name[1:].split(".old-")[0]
+    if ".old-" in leftover.name and (leftover / name).is_dir() and not (leftover.parent / name).exists():
+        os.replace(leftover / name, leftover.parent / name)
+        return True
+    return False
+
+
 def remove_abandoned(folder: Path, notice: Callable[[str], None] | None = None,
                      name: str | None = None) -> list[Path]:
     """Delete what killed writers left in `folder` (of the entry `name` only, if given), telling
     `notice` about each; return the paths."""
     removed = abandoned(folder, name)
     for path in removed:
+        restored = _restore_set_aside(path)
         remove_path(path)
         if notice:
-            notice(f"Removed {path}, left incomplete by process {leftover_writer(path)}, which is gone")
+            notice(f"Put back {path.parent / path.name[1:].split('.old-')[0]}, set aside by process "
+                   f"{leftover_writer(path)}, which is gone" if restored else
+                   f"Removed {path}, left incomplete by process {leftover_writer(path)}, which is gone")
     return removed
 
 

@@ -105,3 +105,13 @@ def test_a_live_writers_partial_entry_is_left_alone(tmp_path):
         finally:
             child.kill()
     assert len(remove_abandoned(tmp_path)) == 1
+
+
+def test_a_swap_killed_half_way_gets_the_earlier_folder_back(tmp_path):
+    """Killed between setting the old results aside and moving the new ones in: healing restores the old."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    aside = tmp_path / f".out.old-{int(dead.stdout)}-x" / "out"
+    aside.mkdir(parents=True)
+    (aside / "summary.csv").write_text("old", encoding="utf-8")
+    remove_abandoned(tmp_path)
+    assert os.listdir(tmp_path) == ["out"] and (tmp_path / "out" / "summary.csv").read_text(encoding="utf-8") == "old"
