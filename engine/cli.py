@@ -91,9 +91,9 @@ def _cmd_run(args) -> int:
                 print(f"{start}{event.text}{_RESET if start else ''}", end="", flush=True)
             if isinstance(event, SummaryEvent):
                 summary = event
-        if summary is not None and not args.jsonl:
-            print("\n")
-            print(format_summary(summary, pair.description))
+    if summary is not None and not args.jsonl:
+        print("\n")
+        print(format_summary(summary, pair.description))
     return 130 if cancel.is_set() else 0
 
 
