@@ -42,8 +42,8 @@ from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
 from engine.bench.report import SUMMARY_COLUMNS
 from engine.bench.runner import BenchSettings
 from engine.config import DecodeConfig
+from engine.atomic import write_bytes
 from engine.errors import SpecDeckError
-from engine.export import atomic_write_bytes
 
 BASELINES = ("plain", "hf", "hf-assisted")
 SAMPLE_LABEL = "bundled Spec-Bench sample"
@@ -282,7 +282,7 @@ class BenchmarkTab(QWidget):
             raise SpecDeckError(f"Cannot write into {folder}: it is not a folder.")
         written = []
         for name, data in self.outcome.files.items():
-            atomic_write_bytes(folder / name, data)
+            write_bytes(folder / name, data)
             written.append(folder / name)
         return written
 

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QApplication
 
 import qasync
 
-from app.main_window import MainWindow
+from app.main_window import MainWindow, save_picture
 from app.worker import error_message, freeze_long_lived_objects
 from engine.errors import SpecDeckError
 
@@ -122,8 +122,8 @@ async def demo(window: MainWindow, screenshot: str | None, export_csv: str | Non
         await window.run(compare=True)
         window.charts.redraw()
         QApplication.processEvents()
-        if screenshot and not window.grab().save(screenshot):
-            raise SpecDeckError(f"Cannot write the screenshot {screenshot}: check the folder exists and is writable.")
+        if screenshot:
+            save_picture(window, screenshot)
         if export_csv:
             window.export_csv(export_csv)
         return 0

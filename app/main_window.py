@@ -33,10 +33,24 @@ from app.charts import SessionCharts
 from app.panels import DecodingPanel, ModelPanel
 from app.token_view import Legend, TokenView
 from app.worker import BenchCancelled, LoadCancelled, LoadRequest, ModelHost, PairInfo, error_message
+from engine.atomic import write_with
 from engine.context import prompt_cut_notice
 from engine.errors import SpecDeckError
 from engine.events import SessionStarted, SummaryEvent
 from engine.export import RunInfo, SessionRecord, export_sessions
+
+
+def save_picture(widget: QWidget, path: str | Path) -> None:
+    """Save what `widget` shows as an image (format from the suffix, PNG without one), whole or not
+    at all (`engine.atomic`); raises SpecDeckError."""
+    image = widget.grab()
+    kind = Path(path).suffix.lstrip(".").upper() or "PNG"
+
+    def save(temporary: Path) -> None:
+        if not image.save(str(temporary), kind):
+            raise OSError(f"Qt could not write a {kind} image")
+
+    write_with(path, save)
 
 
 class MainWindow(QMainWindow):
@@ -290,8 +304,7 @@ class MainWindow(QMainWindow):
         return export_sessions(path, self.run_info, self.records, per_token=self.per_token_rows.isChecked())
 
     def save_charts(self, path: str | Path) -> None:
-        if not self.charts.grab().save(str(path)):
-            raise SpecDeckError(f"Cannot write {path}: check the folder exists and is writable.")
+        save_picture(self.charts, path)
 
     # slots ------------------------------------------------------------------------------------------
 

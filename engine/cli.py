@@ -1,4 +1,5 @@
-"""The `specdeck` command: `run` (terminal), `gui` (the window), `bench`, `train-draft`, `train-head`.
+"""The `specdeck` command: `run` (terminal), `gui` (the window), `bench`, `train-draft`, `train-head`,
+`cache`.
 
 Bare `specdeck` opens the window. Every user error ends in one clear line and exit status 2, never
 a traceback.
@@ -10,11 +11,11 @@ import argparse
 import json
 import os
 import sys
-import threading
 from pathlib import Path
 
 from engine.config import SCHEDULES, DecodeConfig
 from engine.errors import SpecDeckError
+from engine.interrupt import cancel_on_signals, to_stderr
 from engine.quiet import silence_libraries
 
 _COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "resampled": "\033[33m", "bonus": "\033[34m", "plain": ""}
@@ -100,22 +101,24 @@ def _cmd_run(args) -> int:
                      plain=args.plain, progress=progress)
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     summary = None
-    for event in run_session(pair, prompt, config, chat=not args.no_chat, plain=args.plain, cancel=threading.Event()):
-        if args.jsonl:
-            print(json.dumps(event_to_dict(event), ensure_ascii=False), flush=isinstance(event, RoundEvent))
-        elif isinstance(event, SessionStarted) and event.prompt_tokens_dropped:
-            print(f"[{prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)}]", file=sys.stderr, flush=True)
-        elif isinstance(event, TokenEvent):
-            if event.state.value == "rejected" and not colour:
-                continue
-            start = (_COLOURS[event.state.value] + (_UNDERLINE if event.copied else "")) if colour else ""
-            print(f"{start}{event.text}{_RESET if start else ''}", end="", flush=True)
-        if isinstance(event, SummaryEvent):
-            summary = event
+    with cancel_on_signals(to_stderr) as cancel:  # Ctrl-C ends the session at the next round, like Stop
+        for event in run_session(pair, prompt, config, chat=not args.no_chat, plain=args.plain, cancel=cancel):
+            if args.jsonl:
+                print(json.dumps(event_to_dict(event), ensure_ascii=False), flush=isinstance(event, RoundEvent))
+            elif isinstance(event, SessionStarted) and event.prompt_tokens_dropped:
+                print(f"[{prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)}]", file=sys.stderr,
+                      flush=True)
+            elif isinstance(event, TokenEvent):
+                if event.state.value == "rejected" and not colour:
+                    continue
+                start = (_COLOURS[event.state.value] + (_UNDERLINE if event.copied else "")) if colour else ""
+                print(f"{start}{event.text}{_RESET if start else ''}", end="", flush=True)
+            if isinstance(event, SummaryEvent):
+                summary = event
     if summary is not None and not args.jsonl:
         print("\n")
         print(format_summary(summary, pair.description))
-    return 0
+    return 130 if cancel.is_set() else 0
 
 
 def format_summary(s, description: str) -> str:
@@ -136,6 +139,21 @@ def format_summary(s, description: str) -> str:
     if s.plan:
         lines.append("auto schedule         " + "\n                      ".join(s.plan.split("; ")))
     return "\n".join(lines)
+
+
+def _cmd_cache(args) -> int:
+    from engine import cache
+
+    cache.heal(lambda line: print(f"[{line}]", file=sys.stderr))
+    if not args.clear:
+        print(cache.describe(cache.entries()))
+        return 0
+    removed, kept = cache.clear()
+    print(f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
+          f"({cache.format_size(sum(e.size for e in removed))}) from {cache.gguf_cache()}.")
+    for entry in kept:
+        print(f"Kept {entry.path.name}: {entry.state}.")
+    return 0
 
 
 def _cmd_gui(args) -> int:
@@ -182,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--preset", default=None, help="with --demo: the prompt preset to run (default chat)")
     gui.set_defaults(handler=_cmd_gui)
 
+    cache = commands.add_parser("cache", help="list the converted models SpecDeck keeps, and their sizes")
+    cache.add_argument("--clear", action="store_true", help="delete them (they are converted again when needed)")
+    cache.set_defaults(handler=_cmd_cache)
+
     from engine.bench.command import add_bench_command
     from engine.distill.command import add_train_draft_command, add_train_head_command
 
@@ -204,6 +226,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `specdeck run | head`: the reader left; say nothing more
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, as a command killed by the broken pipe would report
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so Python's final flush does not raise again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,10 @@ class DecodeConfig:
         if self.k < 1:
             raise SpecDeckError(f"K must be at least 1 (got {self.k}): it is how many tokens the drafter proposes per round.")
         if self.max_k < self.k:
-            raise SpecDeckError(f"max K ({self.max_k}) must be at least K ({self.k}).")
+            raise SpecDeckError(
+                f"K can be at most {self.max_k} (got {self.k}): a round keeps drafts only up to the first one the "
+                "target rejects, so even a drafter right 9 times in 10 keeps about 10 a round, while every "
+                "extra draft costs a drafter step and widens the target's forward.")
         if self.schedule not in SCHEDULES:
             raise SpecDeckError(f"Unknown draft-length schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}.")
         if self.lookup < 0:

@@ -2,8 +2,8 @@
 (models, device, dtype, parameters, seed, library versions, summary figures) and, optionally, one
 CSV row per token. Shared by the window and the benchmark.
 
-Every write is atomic: the text goes to a temporary file in the same folder, then `os.replace`
-puts it in place, so a failed or interrupted export never leaves a half-written file.
+Every write goes through `engine.atomic`: a failed or interrupted export never leaves a
+half-written file.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import io
 import json
 import os
 import platform
-import tempfile
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from engine.atomic import write_text
 from engine.config import DecodeConfig
-from engine.errors import SpecDeckError
 from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
 ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "draft_ms", "verify_ms", "tokens_so_far",
@@ -72,30 +71,6 @@ def library_versions() -> dict[str, str]:
         specdeck = "unknown"
     return {"specdeck": specdeck, "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__}
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` all at once, or raise SpecDeckError and leave `path` as it was."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` all at once, or raise SpecDeckError and leave `path` as it was."""
-    target = Path(path)
-    try:
-        descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as error:
-        raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it private; give it a normal file's mode
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-        os.replace(temporary, target)
-    except OSError as error:
-        Path(temporary).unlink(missing_ok=True)
-        raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
 
 
 def rounds_csv(records: list[SessionRecord]) -> str:
@@ -156,10 +131,10 @@ def export_sessions(csv_path: str | os.PathLike, info: RunInfo, records: list[Se
                     per_token: bool = False) -> list[Path]:
     """Write the round CSV and its metadata (and the token CSV when asked); return the paths written."""
     rounds_path, meta_path, tokens_path = export_paths(csv_path)
-    atomic_write_text(rounds_path, rounds_csv(records))
-    atomic_write_text(meta_path, metadata_json(info, records))
+    write_text(rounds_path, rounds_csv(records))
+    write_text(meta_path, metadata_json(info, records))
     written = [rounds_path, meta_path]
     if per_token:
-        atomic_write_text(tokens_path, tokens_csv(records))
+        write_text(tokens_path, tokens_csv(records))
         written.append(tokens_path)
     return written

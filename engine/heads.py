@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaModel
 
+from engine.atomic import building_folder
 from engine.errors import SpecDeckError
 from engine.models import (BUILTIN_MODELS, HEAD_KEY, OUTPUT_TOKENS_FILE, BundledModel, LoadedModel, Progress, is_head_folder,
                            locate, read_output_tokens)
@@ -74,18 +75,18 @@ def save_head(head: FeatureHead, folder: Path, vocab_width: int, target_name: st
               output_ids: torch.Tensor | None = None, card: str | None = None) -> None:
     from safetensors.torch import save_file
 
-    folder.mkdir(parents=True, exist_ok=True)
     config = head.config.to_dict()
     config[HEAD_KEY] = {"target": target_name, "hidden_size": head.config.hidden_size, "vocab_width": vocab_width,
                         "fingerprint": [round(v, 5) for v in target_print.tolist()]}
-    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     state = {name: tensor.detach().to(torch.float16).contiguous() for name, tensor in head.state_dict().items()
              if not name.startswith("body.embed_tokens")}
-    save_file(state, folder / "model.safetensors")
-    if output_ids is not None:
-        (folder / OUTPUT_TOKENS_FILE).write_text(json.dumps({"token_ids": output_ids.tolist()}), encoding="utf-8")
-    if card is not None:
-        (folder / "README.md").write_text(card, encoding="utf-8")
+    with building_folder(folder) as staging:  # a reader never loads half a head
+        (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        save_file(state, staging / "model.safetensors")
+        if output_ids is not None:
+            (staging / OUTPUT_TOKENS_FILE).write_text(json.dumps({"token_ids": output_ids.tolist()}), encoding="utf-8")
+        if card is not None:
+            (staging / "README.md").write_text(card, encoding="utf-8")
 
 
 def load_head(folder: Path, target_model: torch.nn.Module, target_name: str) -> tuple[FeatureHead, torch.Tensor | None]:

@@ -18,7 +18,6 @@ import pickle
 import re
 import shutil
 import socket
-import tempfile
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from engine.atomic import building_folder
 from engine.errors import SpecDeckError
 
 Progress = Callable[[str], None]
@@ -174,7 +174,10 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from engine.cache import heal
+
     target = _gguf_cache_dir(path)
+    heal(progress)
     if (target / "model.safetensors").exists():
         damage = cache_damage(target)
         if damage is None:
@@ -194,18 +197,15 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
         ) from error
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the weights are dequantized now
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
-    try:
-        model.config.save_pretrained(staging)
-        model.generation_config.save_pretrained(staging)
-        save_model(model, str(staging / "model.safetensors"))
-        record_weights(staging)
-        tokenizer.save_pretrained(staging)
-        os.replace(staging, target)  # atomic: a half-written cache is never seen
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (target / "model.safetensors").exists():
+    try:  # any failure, Ctrl-C included, removes what it began; a killed process's entry is healed later
+        with building_folder(target) as staging:
+            model.config.save_pretrained(staging)
+            model.generation_config.save_pretrained(staging)
+            save_model(model, str(staging / "model.safetensors"))
+            record_weights(staging)
+            tokenizer.save_pretrained(staging)
+    except SpecDeckError:
+        if not (target / "model.safetensors").exists():  # unless another process finished it meanwhile
             raise
     return target
 
@@ -466,13 +466,25 @@ def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
+_CONTENT_MARK = "\ue000specdeck-prompt\ue000"  # private-use characters: no prompt or template holds them
+
+
 def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
-    """Token ids of a prompt, through the chat template when the tokenizer has one and `chat`."""
+    """Token ids of a prompt, through the chat template when the tokenizer has one and `chat`.
+
+    The prompt is data: a `<|im_end|>` typed in it is encoded as those characters, never as the
+    control token (`split_special_tokens=True`); control tokens come only from the template."""
     if not text.strip():
         raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
-    if chat and getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    return tokenizer(text)["input_ids"]
+    if not (chat and getattr(tokenizer, "chat_template", None)):
+        return tokenizer(text, split_special_tokens=True)["input_ids"]
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _CONTENT_MARK}], tokenize=False, add_generation_prompt=True
+    )
+    before, mark, after = rendered.partition(_CONTENT_MARK)
+    if not mark:
+        raise SpecDeckError("This model's chat template rewrites the prompt, so its text could not be kept "
+                            "apart from control tokens: use raw completion (--no-chat).")
+    template = lambda part: tokenizer(part, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return template(before) + tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] \
+        + template(after)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -152,25 +153,51 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise SpecDeckError(f"--threads must be at least 1 (got {args.threads}).")
         torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise SpecDeckError(f"Cannot create the output folder {out}: {error.strerror}.") from error
+    out = check_results_folder(Path(args.out))
     transformers.logging.set_verbosity_error()  # its assisted-generation notices would break the progress bar
     progress = lambda stage: print(f"[{stage}]", file=sys.stderr, flush=True)  # noqa: E731
     pairs = load_pairs(args.target, drafters, args.device, args.dtype, args.trust_remote_code, progress=progress)
     command = ("specdeck bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"]
                else "specdeck bench")
     context = report_context(pairs, prompts_path, command)
-    summary = run_and_write(pairs, prompts, settings, out, context, plots=not args.no_plots, progress=ProgressBar())
+    from engine.interrupt import cancel_on_signals, to_stderr
+
+    with cancel_on_signals(to_stderr) as cancel:  # Ctrl-C keeps the prompts that finished
+        summary = run_and_write(pairs, prompts, settings, out, context, plots=not args.no_plots,
+                                progress=ProgressBar(), cancel=cancel)
+    if not summary:
+        print(f"Cancelled before any prompt finished: nothing written, {out} left as it was.", file=sys.stderr)
+        return 130
     overview = [r for r in summary if r["category"] == "all"]
     from engine.bench.report import markdown_table
 
     print(markdown_table(overview, ("method", "k", "drafter", "new_tokens", "tokens_per_s", "speedup_vs_plain",
                                     "acceptance_rate", "mean_accepted_length", "identical_to_plain")))
-    print(f"\nWrote {out}/summary.csv, per_prompt.csv, k_sweep.csv, report.md and plots.")
+    print(f"\nWrote {out}/: {', '.join(sorted(path.name for path in out.iterdir()))}.")
+    if int(overview[0]["prompts"]) < len(prompts):
+        print(f"Cancelled: the results cover the {overview[0]['prompts']} of {len(prompts)} prompts that finished.",
+              file=sys.stderr)
+        return 130
     return 0
+
+
+RESULT_FILES = ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md", "speedup_by_category.png",
+                "k_sweep.png")
+
+
+def check_results_folder(out: Path) -> Path:
+    """Refuse an `--out` that cannot be written, or one holding files a benchmark did not write
+    (the new results replace the folder whole), before any model loads."""
+    from engine.atomic import check_writable_folder, remove_abandoned
+
+    check_writable_folder(out)
+    remove_abandoned(out.parent, lambda line: print(f"[{line}]", file=sys.stderr), name=out.name)
+    foreign = sorted(path.name for path in out.iterdir() if path.name not in RESULT_FILES) if out.is_dir() else []
+    if foreign:
+        raise SpecDeckError(f"{out} holds files a benchmark did not write ({', '.join(foreign[:3])}"
+                            f"{', ...' if len(foreign) > 3 else ''}): the results replace that folder whole, "
+                            "so choose a new or empty --out.")
+    return out
 
 
 def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command: str) -> dict[str, str]:
@@ -185,16 +212,18 @@ def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command
 
 
 def run_and_write(pairs: Sequence[ModelPair], prompts, settings, out: Path, context: dict[str, str],
-                  plots: bool = True, progress=None) -> list[dict]:
+                  plots: bool = True, progress=None, cancel: threading.Event | None = None) -> list[dict]:
     """Run the benchmark of `pairs` (one per drafter, sharing one target) and write every output file
-    into `out`; return the summary rows."""
+    into `out`, which is built aside and swapped in whole (an earlier `out` stays intact until then);
+    return the summary rows. Cancelled (`cancel` set), the files cover the prompts that finished
+    and report.md says so; with none finished nothing is written and no rows are returned."""
+    from engine.atomic import building_folder
     from engine.bench import plots as plotting
     from engine.bench.methods import HF_DRAFTERS
     from engine.bench.report import (PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS, per_prompt_rows,
                                      summary_rows, sweep_rows, write_csv, write_report)
     from engine.bench.runner import run_bench
 
-    out.mkdir(parents=True, exist_ok=True)
     without_hf = [pair.drafter_description for pair in pairs if pair.drafter_kind not in HF_DRAFTERS]
     if without_hf and "hf-assisted" in settings.baselines:
         # Hugging Face has no drafter that reads the target's hidden state: nothing to compare with
@@ -204,19 +233,25 @@ def run_and_write(pairs: Sequence[ModelPair], prompts, settings, out: Path, cont
     from engine.models import cache_root
 
     context = {**context, "cost_curve": cost_curve(pairs[0].target.model, cache_root() / "costs")}
-    results = run_bench(pairs, prompts, settings, progress)
+    results = run_bench(pairs, prompts, settings, progress, cancel)
+    if not results:
+        return []
+    if len(results) < len(prompts):
+        cancelled = f"Cancelled after {len(results)} of {len(prompts)} prompts: the figures cover those only."
+        context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), cancelled)))}
     methods = settings.methods(pairs)
     summary = summary_rows(results, settings, methods)
     sweep = sweep_rows(results, methods)
-    write_csv(out / "summary.csv", SUMMARY_COLUMNS, summary)
-    write_csv(out / "per_prompt.csv", PER_PROMPT_COLUMNS, per_prompt_rows(results, settings, methods))
-    write_csv(out / "k_sweep.csv", SWEEP_COLUMNS, sweep)
-    drawn = []
-    if plots:
-        plotting.plot_speedup_by_category(summary, out / "speedup_by_category.png")
-        drawn.append("speedup_by_category.png")
-        if len(settings.ks) > 1:
-            plotting.plot_k_sweep(sweep, out / "k_sweep.png")
-            drawn.append("k_sweep.png")
-    write_report(out / "report.md", results, settings, methods, context, summary, sweep, drawn)
+    with building_folder(out) as staging:
+        write_csv(staging / "summary.csv", SUMMARY_COLUMNS, summary)
+        write_csv(staging / "per_prompt.csv", PER_PROMPT_COLUMNS, per_prompt_rows(results, settings, methods))
+        write_csv(staging / "k_sweep.csv", SWEEP_COLUMNS, sweep)
+        drawn = []
+        if plots:
+            plotting.plot_speedup_by_category(summary, staging / "speedup_by_category.png")
+            drawn.append("speedup_by_category.png")
+            if len(settings.ks) > 1:
+                plotting.plot_k_sweep(sweep, staging / "k_sweep.png")
+                drawn.append("k_sweep.png")
+        write_report(staging / "report.md", results, settings, methods, context, summary, sweep, drawn)
     return summary

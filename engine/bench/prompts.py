@@ -30,14 +30,39 @@ def sample_prompts() -> Path:
     return resource_path("bench", "spec_bench_sample.jsonl")
 
 
-def _from_record(record: dict, line_no: int) -> BenchPrompt:
-    if isinstance(record.get("turns"), list) and record["turns"]:
+def _kind(value: object) -> str:
+    """A JSON value's kind as a user reads it: 'a dict', 'a number', 'an empty list'."""
+    if isinstance(value, dict):
+        return "a dict"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "an empty list" if not value else "a list"
+    return "an empty string" if value == "" else "a string"
+
+
+def _from_record(record: dict, path: Path, line_no: int) -> BenchPrompt:
+    """The prompt of one JSON line; errors name the file, the line and the field."""
+    where = f"{path}, line {line_no}"
+    if "turns" in record:
+        turns = record["turns"]
+        first = turns[0] if isinstance(turns, list) and turns else None
+        if not (isinstance(first, str) and first.strip()):
+            got = f"a list whose first turn is {_kind(first)}" if isinstance(turns, list) and turns else _kind(turns)
+            raise SpecDeckError(f"{where}: field `turns` must be a list of prompt texts (Spec-Bench), got {got}.")
         return BenchPrompt(str(record.get("question_id", line_no)), str(record.get("category", "spec-bench")),
-                           str(record["turns"][0]), chat=True)
-    if isinstance(record.get("prompt"), str):
-        return BenchPrompt(str(record.get("task_id", line_no)), "humaneval", record["prompt"], chat=False)
+                           first, chat=True)
+    if "prompt" in record:
+        prompt = record["prompt"]
+        if not (isinstance(prompt, str) and prompt.strip()):
+            raise SpecDeckError(f"{where}: field `prompt` must be the prompt's text (HumanEval), got {_kind(prompt)}.")
+        return BenchPrompt(str(record.get("task_id", line_no)), "humaneval", prompt, chat=False)
     raise SpecDeckError(
-        f"Line {line_no} is a JSON record without `turns` (Spec-Bench) or `prompt` (HumanEval): "
+        f"{where} is a JSON record without `turns` (Spec-Bench) or `prompt` (HumanEval): "
         f"it has {', '.join(sorted(record)) or 'no fields'}."
     )
 
@@ -46,7 +71,7 @@ def read_prompts(path: str | Path, categories: list[str] | None = None, limit: i
     """The prompts of a file, in file order; with `limit`, at most that many per category."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a BOM, as Windows editors write, is not text
     except OSError as error:
         raise SpecDeckError(f"Cannot read the prompt file {path}: {error.strerror}.") from error
     except UnicodeDecodeError as error:
@@ -60,7 +85,9 @@ def read_prompts(path: str | Path, categories: list[str] | None = None, limit: i
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise SpecDeckError(f"{path}, line {line_no}: not valid JSON ({error.msg}).") from error
-            prompts.append(_from_record(record, line_no))
+            if not isinstance(record, dict):
+                raise SpecDeckError(f"{path}, line {line_no}: expected one JSON object per line.")
+            prompts.append(_from_record(record, path, line_no))
         else:
             prompts.append(BenchPrompt(f"line {line_no}", "text", line.strip(), chat=True))
     found = sorted({p.category for p in prompts})

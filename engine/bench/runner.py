@@ -13,6 +13,7 @@ they do not is flagged with the reason (`explain_mismatch`).
 from __future__ import annotations
 
 import statistics
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -121,8 +122,10 @@ def _config_for(settings: BenchSettings, method: Method, max_new_tokens: int | N
 
 
 def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: BenchSettings,
-              progress: Progress | None = None) -> list[PromptResult]:
-    """Every method of `settings.methods(pairs)` on every prompt; the pairs share one target."""
+              progress: Progress | None = None, cancel: threading.Event | None = None) -> list[PromptResult]:
+    """Every method of `settings.methods(pairs)` on every prompt; the pairs share one target.
+
+    Setting `cancel` stops before the next run; the prompts whose runs all finished are returned."""
     if not pairs or any(pair.drafter_kind is None for pair in pairs):
         raise SpecDeckError("The benchmark compares speculative decoding with plain decoding: it needs a drafter.")
     pair_of = {pair.drafter_description: pair for pair in pairs}
@@ -138,6 +141,8 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
     total = len(prompts) * settings.repeats * len(methods)
     done = 0
     for method in methods:  # warm-up: kernels, allocator and HF's generation setup, untimed
+        if cancel is not None and cancel.is_set():
+            return []
         if progress:
             progress(done, total, f"warm-up {method.label}")
         run(method, encoded[0], max_new_tokens=8)
@@ -147,6 +152,8 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
         for repeat in range(settings.repeats):
             shift = (index + repeat) % len(methods)
             for method in methods[shift:] + methods[:shift]:
+                if cancel is not None and cancel.is_set():
+                    return results  # a prompt with some methods missing would skew every figure
                 if progress:
                     progress(done, total, f"{prompt.category} {prompt.name}: {method.label}")
                 result.runs.setdefault(method, []).append(run(method, prompt_ids))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from engine.atomic import write_with
 from engine.distill.corpus import SOURCES
 from engine.distill.teacher import Shard, load_shards
 from engine.distill.train import (TrainConfig, _batches, build_teacher_data, resume_checkpoint, save_checkpoint,
@@ -99,8 +100,7 @@ def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_token
                                 for j, r in enumerate(batch)]
             start = end
         path = folder / f"part-{number:05d}.pt"
-        torch.save(saved, path.with_suffix(".partial"))
-        path.with_suffix(".partial").replace(path)
+        write_with(path, lambda temporary: torch.save(saved, temporary))
         for r, states in zip(rows, saved["states"]):
             features[r] = states
         done += sum(len(data.ids[r]) for r in rows)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from engine.atomic import write_with
 from engine.models import LoadedModel, encode_prompt
 
 
@@ -114,10 +115,8 @@ def score(target: LoadedModel, sequences: Sequence[list[int]], top_k: int) -> Sh
 
 
 def save_shard(shard: Shard, path: Path) -> None:
-    partial = path.with_suffix(".partial")
-    torch.save({"ids": shard.ids, "top_ids": shard.top_ids, "top_logp": shard.top_logp, "first": shard.first},
-               partial)
-    partial.replace(path)
+    data = {"ids": shard.ids, "top_ids": shard.top_ids, "top_logp": shard.top_logp, "first": shard.first}
+    write_with(path, lambda temporary: torch.save(data, temporary))
 
 
 def load_shards(folder: Path) -> Shard:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from engine.atomic import building_folder, write_with
 from engine.distill.corpus import (SOURCES, article_instructions, code_prefixes, instructions, passage_instructions,
                                    reading_instruction, stdlib_documents)
 from engine.distill.student import DraftShape, build_draft
@@ -179,10 +180,9 @@ def resume_checkpoint(checkpoint: Path, model, optimizer, progress: Progress, se
 
 
 def save_checkpoint(checkpoint: Path, model, optimizer, step: int, best: float, config, sequences: int) -> None:
-    partial = checkpoint.with_suffix(".partial")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "best_agreement": best, "sequences": sequences, "config": asdict(config)}, partial)
-    partial.replace(checkpoint)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+             "best_agreement": best, "sequences": sequences, "config": asdict(config)}
+    write_with(checkpoint, lambda temporary: torch.save(state, temporary))
 
 
 def _batches(count: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
@@ -270,18 +270,18 @@ def export_draft(model, target_name: str, target_source: str, folder: Path, card
     """Save the draft in float16 safetensors with its tokenizer (a copy of the target's files, or
     a reference to a built-in target), the model card, and the tokens it proposes from
     (`output_tokens.json`) if they are a subset."""
-    folder.mkdir(parents=True, exist_ok=True)
-    copy.deepcopy(model).to(torch.float16).save_pretrained(folder)  # the training copy stays float32
-    if output_ids is not None:
-        (folder / OUTPUT_TOKENS_FILE).write_text(json.dumps({"token_ids": output_ids.tolist()}), encoding="utf-8")
-    if card is not None:
-        (folder / "README.md").write_text(card, encoding="utf-8")
-    if target_name in BUILTIN_MODELS:  # the target ships with SpecDeck: name it rather than copy its tokenizer
-        (folder / TOKENIZER_REFERENCE_FILE).write_text(json.dumps({"model": target_name}), encoding="utf-8")
-        return
-    for name in TOKENIZER_FILES:
-        if (Path(target_source) / name).exists():
-            shutil.copy(Path(target_source) / name, folder / name)
+    with building_folder(folder) as staging:  # a reader never loads half a draft
+        copy.deepcopy(model).to(torch.float16).save_pretrained(staging)  # the training copy stays float32
+        if output_ids is not None:
+            (staging / OUTPUT_TOKENS_FILE).write_text(json.dumps({"token_ids": output_ids.tolist()}), encoding="utf-8")
+        if card is not None:
+            (staging / "README.md").write_text(card, encoding="utf-8")
+        if target_name in BUILTIN_MODELS:  # the target ships with SpecDeck: name it rather than copy its tokenizer
+            (staging / TOKENIZER_REFERENCE_FILE).write_text(json.dumps({"model": target_name}), encoding="utf-8")
+            return
+        for name in TOKENIZER_FILES:
+            if (Path(target_source) / name).exists():
+                shutil.copy(Path(target_source) / name, staging / name)
 
 
 def model_card(target_name: str, config: TrainConfig, teacher_tokens: int, sequences: int, step: int,

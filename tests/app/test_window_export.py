@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
+from engine.errors import SpecDeckError
 from engine.export import ROUND_COLUMNS
 
 
@@ -58,3 +61,12 @@ def test_charts_save_to_png(qtbot, window, tmp_path):
     """The charts can be saved as a PNG image."""
     window.save_charts(tmp_path / "charts.png")
     assert (tmp_path / "charts.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_charts_that_cannot_be_saved_leave_the_old_picture(qtbot, window, tmp_path):
+    """A picture Qt cannot write is an error naming the path, and the earlier file stays as it was."""
+    picture = tmp_path / "charts.nosuchformat"
+    picture.write_bytes(b"earlier")
+    with pytest.raises(SpecDeckError, match="charts.nosuchformat"):
+        window.save_charts(picture)
+    assert picture.read_bytes() == b"earlier" and [p.name for p in tmp_path.iterdir()] == [picture.name]

@@ -213,3 +213,62 @@ def test_bad_prompt_files_get_a_clear_error(tmp_path):
         read_prompts(bad)
     with pytest.raises(SpecDeckError, match="category"):
         read_prompts(sample_prompts(), categories=["poetry"])
+
+
+@pytest.mark.parametrize("turns, got", [
+    ({"text": "hi"}, "got a dict"), (7, "got a number"), ([], "got an empty list"), ([3], "first turn is a number"),
+])
+def test_prompt_records_with_wrong_turns_name_file_line_and_field(tmp_path, turns, got):
+    """A `turns` that holds no prompt text is refused with the file, the line and the field."""
+    bad = tmp_path / "bad.jsonl"
+    good = json.dumps({"question_id": 1, "turns": ["fine"]})
+    bad.write_text(good + "\n" + json.dumps({"question_id": 2, "turns": turns}) + "\n", encoding="utf-8")
+    with pytest.raises(SpecDeckError, match="turns") as error:
+        read_prompts(bad)
+    assert f"{bad}, line 2" in str(error.value) and got in str(error.value)
+
+
+def test_prompt_files_with_a_byte_order_mark_read_as_text(tmp_path):
+    """A UTF-8 file saved with a BOM (as Windows editors do) reads like one without."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes("\ufeff".encode() + json.dumps({"question_id": 1, "turns": ["Grüß dich"]}).encode() + b"\n")
+    [prompt] = read_prompts(path)
+    assert prompt.text == "Grüß dich" and prompt.chat
+
+
+def _bench_argv(target, prompts, out, *extra):
+    return ["bench", "--target", str(target), "--drafter", "prompt-lookup", "--prompts", str(prompts), "--k", "1",
+            "--repeats", "1", "--max-new-tokens", "8", "--baselines", "plain", "--device", "cpu", "--out", str(out),
+            *extra]
+
+
+def test_unwritable_out_is_refused_before_models_load(two_prompts, tmp_path, capsys):
+    """An --out below a file is refused naming the folder and why, before the (missing) model is looked at."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x", encoding="utf-8")
+    status = main(_bench_argv(tmp_path / "no-such-model", two_prompts, blocker / "out"))
+    err = capsys.readouterr().err
+    assert status == 2 and f"Cannot write results to {blocker / 'out'}: {blocker} is a file" in err
+    assert "No model at" not in err
+
+
+def test_out_holding_other_files_is_refused(bench_models, two_prompts, tmp_path, capsys):
+    """Results replace --out whole, so a folder with the user's own files in it is refused untouched."""
+    target, _ = bench_models
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me", encoding="utf-8")
+    assert main(_bench_argv(target, two_prompts, out)) == 2
+    assert "notes.txt" in capsys.readouterr().err and (out / "notes.txt").read_text(encoding="utf-8") == "keep me"
+
+
+def test_no_plots_run_names_only_what_it_wrote(bench_models, two_prompts, tmp_path, capsys):
+    """--no-plots writes no PNG and does not claim plots; a rerun replaces the folder whole."""
+    target, _ = bench_models
+    out = tmp_path / "out"
+    assert main(_bench_argv(target, two_prompts, out, "--no-plots")) == 0
+    assert main(_bench_argv(target, two_prompts, out, "--no-plots")) == 0
+    wrote = capsys.readouterr().out.splitlines()[-1]
+    assert wrote == f"Wrote {out}/: k_sweep.csv, per_prompt.csv, report.md, summary.csv."
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "prompts.jsonl"]
+    assert not list(out.glob("*.png"))

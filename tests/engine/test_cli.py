@@ -42,6 +42,7 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("argv, message", [
     (["--k", "0"], "K must be at least 1"),
+    (["--k", "64"], "K can be at most 16 (got 64): a round keeps drafts only up to the first one the target rejects"),
     (["--temperature", "-0.5"], "Temperature must be 0"),
     (["--top-p", "0"], "top-p must be in (0, 1]"),
     (["--top-p", "1.5"], "top-p must be in (0, 1]"),

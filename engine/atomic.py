@@ -1,0 +1,205 @@
+"""The one way SpecDeck writes files: whole or not at all.
+
+A file is written beside its target under a hidden temporary name, flushed and fsynced, then
+moved into place with `os.replace`, which POSIX and Windows both make atomic within a folder. A
+folder of results (a benchmark's `--out`, a GGUF cache entry) is built under a hidden temporary
+name and swapped in whole once complete, so a reader sees the earlier folder or the new one, never
+a mixture, and a killed process leaves only hidden `.NAME.partial-PID-...` entries behind.
+
+Those names carry the writer's process id: `remove_abandoned` deletes the ones whose process is
+gone (a later run of any SpecDeck command heals what a killed one left).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from engine.errors import SpecDeckError
+
+_LEFTOVER = re.compile(r"^\..+\.(partial|old)-(\d+)-")
+
+
+def _prefix(target: Path, kind: str = "partial") -> str:
+    return f".{target.name}.{kind}-{os.getpid()}-"
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename inside `folder` durable (a no-op where folders cannot be opened, as on Windows)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def write_with(path: str | os.PathLike, save: Callable[[Path], None]) -> None:
+    """Let `save` write a file (torch.save, safetensors, savefig) under a temporary name beside
+    `path`, then put it in place whole; or raise and leave `path` as it was."""
+    target = Path(path)
+    try:
+        descriptor, name = tempfile.mkstemp(dir=target.parent, prefix=_prefix(target), suffix=".tmp")
+        os.close(descriptor)
+    except OSError as error:
+        raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
+    temporary = Path(name)
+    try:
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; give it a normal file's mode
+        save(temporary)
+        with temporary.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException as error:  # Ctrl-C too: never leave the temporary file behind
+        temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
+        raise
+    _fsync_folder(target.parent)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` all at once, or raise SpecDeckError and leave `path` as it was."""
+    write_with(path, lambda temporary: temporary.write_bytes(data))
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` as UTF-8 to `path` all at once, or raise SpecDeckError and leave `path` as it was."""
+    write_bytes(path, text.encode("utf-8"))
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*"), reverse=True):  # files before the folders holding them
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+        else:
+            _fsync_folder(path)
+    _fsync_folder(folder)
+
+
+@contextmanager
+def building_folder(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a hidden empty folder beside `target`; when the block ends normally, it replaces
+    `target` whole. If the block raises (Ctrl-C included), the new folder is removed and `target`
+    stays as it was.
+
+    A folder cannot be renamed over a non-empty one, so the swap is two renames: the old folder
+    steps aside under a hidden name, the new one takes its place, then the old one is deleted. At
+    every moment one complete folder exists."""
+    target = Path(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=_prefix(target)))
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private; give it a normal folder's mode
+    except OSError as error:
+        raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
+    try:
+        yield staging
+        _fsync_tree(staging)
+        old = None
+        if target.exists():
+            old = Path(tempfile.mkdtemp(dir=target.parent, prefix=_prefix(target, "old")))
+            os.replace(target, old / target.name)
+        os.replace(staging, target)
+        _fsync_folder(target.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
+        raise
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs (one owned by another user counts as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def leftover_writer(path: Path) -> int | None:
+    """The process id a hidden partial entry's name carries, or None for an ordinary entry."""
+    match = _LEFTOVER.match(path.name)
+    return int(match.group(2)) if match else None
+
+
+def abandoned(folder: Path, name: str | None = None) -> list[Path]:
+    """Partial entries in `folder` (of the entry `name` only, if given) whose writing process is gone."""
+    if not folder.is_dir():
+        return []
+    return sorted(path for path in folder.iterdir()
+                  if (pid := leftover_writer(path)) is not None and not process_alive(pid)
+                  and (name is None or path.name.startswith(f".{name}.")))
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file or a folder tree."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _restore_set_aside(leftover: Path) -> bool:
+    """A process killed between a swap's two renames left the earlier folder set aside inside
+    `leftover` and no folder in its place: put the earlier one back; say whether it did."""
+    name = leftover.name[1:].split(".old-")[0]
+    if ".old-" in leftover.name and (leftover / name).is_dir() and not (leftover.parent / name).exists():
+        os.replace(leftover / name, leftover.parent / name)
+        return True
+    return False
+
+
+def remove_abandoned(folder: Path, notice: Callable[[str], None] | None = None,
+                     name: str | None = None) -> list[Path]:
+    """Delete what killed writers left in `folder` (of the entry `name` only, if given), telling
+    `notice` about each; return the paths."""
+    removed = abandoned(folder, name)
+    for path in removed:
+        restored = _restore_set_aside(path)
+        remove_path(path)
+        if notice:
+            notice(f"Put back {path.parent / path.name[1:].split('.old-')[0]}, set aside by process "
+                   f"{leftover_writer(path)}, which is gone" if restored else
+                   f"Removed {path}, left incomplete by process {leftover_writer(path)}, which is gone")
+    return removed
+
+
+def check_writable_folder(folder: str | os.PathLike) -> Path:
+    """Create `folder`'s parents and prove a file can be made beside it; else raise SpecDeckError
+    naming the folder and the reason. Called before any slow work, so a typo costs nothing."""
+    folder = Path(folder)
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise SpecDeckError(f"Cannot write results to {folder}: {blocker} is a file, not a folder.")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        probe = Path(tempfile.mkdtemp(dir=folder.parent, prefix=_prefix(folder)))
+        probe.rmdir()
+    except OSError as error:
+        raise SpecDeckError(f"Cannot write results to {folder}: {error.strerror or error} "
+                            f"(in {folder.parent.resolve()}).") from error
+    return folder

@@ -1,0 +1,97 @@
+"""SpecDeck's cache of converted models (`specdeck cache`): what is in it, how big, and healing.
+
+A GGUF file is dequantized once into a safetensors folder under `cache_root()/gguf/` (see
+`engine.models.convert_gguf`). An entry is built under a hidden name carrying the writer's process
+id (`engine.atomic`); one whose process is gone was interrupted, and `heal` removes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.atomic import leftover_writer, process_alive, remove_abandoned, remove_path
+
+Notice = Callable[[str], None]
+
+
+def gguf_cache() -> Path:
+    """The folder of converted GGUF models."""
+    from engine.models import cache_root
+
+    return cache_root() / "gguf"
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One converted model, or one being (or left half) written."""
+
+    path: Path
+    size: int  # bytes
+
+    @property
+    def writer(self) -> int | None:
+        """The process still writing this entry, if one is."""
+        pid = leftover_writer(self.path)
+        return pid if pid is not None and process_alive(pid) else None
+
+    @property
+    def state(self) -> str:
+        if self.writer is not None:
+            return f"being written by process {self.writer}"
+        if self.path.name.startswith(".") or not (self.path / "model.safetensors").is_file():
+            return "incomplete"
+        return "complete"
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def entries() -> list[CacheEntry]:
+    """The cache's entries, by name."""
+    folder = gguf_cache()
+    if not folder.is_dir():
+        return []
+    return [CacheEntry(path, _size(path)) for path in sorted(folder.iterdir())]
+
+
+def heal(notice: Notice | None = None) -> list[Path]:
+    """Remove entries whose writing process is gone, telling `notice` about each."""
+    return remove_abandoned(gguf_cache(), notice)
+
+
+def clear() -> tuple[list[CacheEntry], list[CacheEntry]]:
+    """Remove every entry but those another process is writing now; return (removed, kept)."""
+    removed, kept = [], []
+    for entry in entries():
+        if entry.writer is not None:
+            kept.append(entry)
+        else:
+            remove_path(entry.path)
+            removed.append(entry)
+    return removed, kept
+
+
+def format_size(size: int) -> str:
+    """Bytes as people read them: 812 B, 3.4 kB, 270.1 MB, 1.2 GB."""
+    if size < 1000:
+        return f"{size} B"
+    value = size / 1000
+    for unit in ("kB", "MB"):
+        if value < 1000:
+            return f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"
+
+
+def describe(listed: list[CacheEntry]) -> str:
+    """The `specdeck cache` listing: the folder, its total, one line per entry."""
+    total = sum(entry.size for entry in listed)
+    count = f"{len(listed)} entr{'y' if len(listed) == 1 else 'ies'}"
+    lines = [f"{gguf_cache()}: {format_size(total)} in {count}"]
+    lines += [f"  {format_size(entry.size):>9}  {entry.path.name}  ({entry.state})" for entry in listed]
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""The command line under Ctrl-C, SIGTERM and a closed pipe: it stops cleanly and keeps what it did."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tiny import build_pair
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_root):
+    return build_pair(tiny_root / "interrupt", "llama", noise=0.2)
+
+
+def _specdeck(*argv: str, stdout=subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "engine.cli", *argv], cwd=ROOT, stdout=stdout,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _run_argv(models, *extra: str) -> list[str]:
+    target, draft = models
+    return ["run", "--target", str(target), "--draft", str(draft), "--no-chat", "--prompt", "The quick brown fox",
+            "--max-new-tokens", "480", *extra]
+
+
+def _wait_blocked_on_output(child: subprocess.Popen) -> None:
+    """Let the child fill the pipe (its ~120 kB of events outgrow the pipe's buffer) and block there."""
+    wchan = Path(f"/proc/{child.pid}/wchan")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "pipe" not in (wchan.read_text() if wchan.exists() else ""):
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_run_stops_at_a_round_and_still_summarises(models, signum):
+    """One Ctrl-C or SIGTERM ends the session at a round boundary with a `cancelled` summary event."""
+    with _specdeck(*_run_argv(models, "--jsonl")) as child:
+        child.stdout.readline()  # the session has started
+        _wait_blocked_on_output(child)
+        child.send_signal(signum)
+        out, err = child.communicate(timeout=60)
+    events = [json.loads(line) for line in out.splitlines()]
+    summary = events[-1]
+    assert summary["type"] == "summary" and summary["stop_reason"] == "cancelled"
+    assert 0 < summary["new_tokens"] < 480 and child.returncode == 130 and "Traceback" not in err
+
+
+def test_second_ctrl_c_quits_at_once(models):
+    """A second Ctrl-C does not wait for the round to end: no summary, status 130, no traceback."""
+    with _specdeck(*_run_argv(models, "--jsonl")) as child:
+        child.stdout.readline()
+        _wait_blocked_on_output(child)
+        child.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    assert child.returncode == 130 and "Traceback" not in err
+    assert '"summary"' not in out
+
+
+def test_closed_pipe_exits_quietly(models):
+    """`specdeck run | head -c 5`: the reader leaves early and nothing is printed about it."""
+    with _specdeck(*_run_argv(models)) as child:
+        assert len(child.stdout.read(5)) == 5
+        child.stdout.close()
+        child.wait(timeout=60)
+        err = child.stderr.read()
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
+    assert child.returncode == 141
+
+
+def _four_prompts(path: Path) -> Path:
+    lines = [{"question_id": i, "category": "qa", "turns": [f"The quick brown fox {i}"]} for i in range(4)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_ctrl_c_in_bench_keeps_the_prompts_that_finished(models, tmp_path):
+    """Ctrl-C after the first prompt: the files cover the finished prompts and say it was cancelled."""
+    target, _ = models
+    out = tmp_path / "out"
+    argv = ["bench", "--target", str(target), "--drafter", "prompt-lookup", "--prompts",
+            str(_four_prompts(tmp_path / "p.jsonl")), "--baselines", "plain", "--repeats", "3", "--k", "2",
+            "--max-new-tokens", "300", "--no-plots", "--out", str(out)]
+    with _specdeck(*argv) as child:
+        for line in child.stderr:  # one progress line per run; a prompt is 3 repeats of 2 methods
+            done = re.search(r"\] (\d+)/", line)
+            if done and int(done.group(1)) >= 6:
+                child.send_signal(signal.SIGINT)
+                break
+        stdout, err = child.communicate(timeout=60)
+    assert child.returncode == 130 and "Traceback" not in err
+    assert "Cancelled: the results cover the" in err and "of 4 prompts" in err
+    with (out / "summary.csv").open(encoding="utf-8") as handle:
+        kept = int(next(r for r in csv.DictReader(handle) if r["category"] == "all")["prompts"])
+    assert 1 <= kept < 4
+    assert f"Cancelled after {kept} of 4 prompts" in (out / "report.md").read_text(encoding="utf-8")
