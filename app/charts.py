@@ -43,6 +43,7 @@ class SessionSeries:
         self.size = 0
         self.stats = SessionStats()
         self.summary: SummaryEvent | None = None
+        self.shapes: dict[str, int] = {}  # rounds per draft shape ("K=2", "copy 3", "none")
 
     def add(self, event) -> None:
         self.stats.add(event)
@@ -50,6 +51,7 @@ class SessionSeries:
             self.summary = event
         if not isinstance(event, RoundEvent):
             return
+        self.shapes[event.shape] = self.shapes.get(event.shape, 0) + 1
         if self.size == self._data.shape[1]:
             grown = np.full((len(_FIELDS), 2 * self.size), np.nan, dtype=np.float64)
             grown[:, : self.size] = self._data
@@ -159,7 +161,7 @@ class SessionCharts(QWidget):
 
         self.figures = {name: QLabel("–") for name in (
             "acceptance rate", "copied drafts", "mean accepted length", "tokens/s", "plain tokens/s", "rounds",
-            "predicted speedup", "measured speedup", "greedy outputs")}
+            "draft shapes", "predicted speedup", "measured speedup", "greedy outputs")}
         form = QFormLayout()
         bold = QFont()
         bold.setBold(True)
@@ -278,6 +280,11 @@ class SessionCharts(QWidget):
         plain = self.plain.stats if self.plain is not None else None
         f["plain tokens/s"].setText(_rate(plain.tokens_per_s) if plain and plain.rounds else "–")
         f["rounds"].setText(str(stats.rounds) if stats.rounds else "–")
+        f["draft shapes"].setText(shape_shares(self.speculative.shapes) if has_drafts or stats.rounds else "–")
+        summary = self.speculative.summary
+        f["draft shapes"].setToolTip(_plan_tooltip(summary.plan) if summary is not None and summary.plan else
+                                     "The rounds' draft lengths: K=n drafted n tokens, copy n copied n by prompt "
+                                     "lookup, none was a plain step")
         predicted = stats.predicted_speedup
         f["predicted speedup"].setText(f"{predicted:.2f}x" if predicted is not None else "–")
         measured = self.measured_speedup
@@ -296,6 +303,20 @@ class SessionCharts(QWidget):
             return None
         plain = self.plain.summary.tokens_per_s
         return self.speculative.summary.tokens_per_s / plain if plain > 0 else None
+
+
+def shape_shares(shapes: dict[str, int], shown: int = 2) -> str:
+    """The most frequent round shapes with their share of rounds, e.g. "K=2 61%, none 20%"."""
+    total = sum(shapes.values())
+    if not total:
+        return "–"
+    common = sorted(shapes.items(), key=lambda item: -item[1])[:shown]
+    return ", ".join(f"{shape or 'K'} {count / total:.0%}" for shape, count in common)
+
+
+def _plan_tooltip(plan: str) -> str:
+    """The auto schedule's account of its choices (`SummaryEvent.plan`), one line per part."""
+    return "Auto schedule\n" + "\n".join(plan.split("; "))
 
 
 def nice_ceiling(value: float) -> float:

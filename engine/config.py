@@ -31,7 +31,7 @@ class DecodeConfig:
 
     k: int = 1  # the draft length of the constant schedule, and where the heuristic one starts
     schedule: str = "auto"
-    max_k: int = 8
+    max_k: int = 16
     confidence_threshold: float = 0.0
     lookup: int = 8  # the most tokens copied per round where the text repeats, 0 = off
     temperature: float = 0.0

@@ -28,6 +28,7 @@ from engine.linear import Linear, make_linear
 # Rotary variants whose frequencies are fixed when the model loads ("dynamic" and "longrope"
 # change them with the sequence length, which this forward does not follow).
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+PER_QUERY_LIMIT = 16  # verifies up to this many tokens attend per query (see `LlamaWeights.row_exact`)
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -75,6 +76,14 @@ class LlamaWeights:
     head: Linear | None  # the output layer; None for a bare `LlamaModel`
     inv_freq: torch.Tensor
     rope_scaling: float  # the rotary "attention factor" (1 except for yarn)
+
+    @property
+    def row_exact(self) -> bool:
+        """Whether every product gives each row the same bits alone as in a batch (`engine.linear`):
+        then, with attention computed per query as a one-token step does, a verify's logits for a
+        token equal bit for bit the logits a plain step would give it."""
+        products = [p for layer in self.layers for p in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+        return all(p.path == "packed" for p in products + ([self.head] if self.head is not None else []))
 
     @classmethod
     def read(cls, model: LlamaForCausalLM | LlamaModel) -> LlamaWeights:
@@ -154,6 +163,7 @@ class LlamaForward:
     def __init__(self, model: LlamaForCausalLM | LlamaModel, capacity: int = 256) -> None:
         self.shape = LlamaShape.of(model.config)
         self.weights = _weights_of(model)
+        self.row_exact = self.weights.row_exact
         self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device, capacity)
 
     def reset(self) -> None:
@@ -187,10 +197,12 @@ class LlamaForward:
         x = inputs.unsqueeze(0)  # (1, n, hidden)
         cos, sin = self._rotary(start, n, x.dtype)
         mask = None
-        if n > 1 and start > 0:  # a chunk after cached positions: query j sees up to start + j
+        per_query = self.row_exact and start > 0 and 1 < n <= PER_QUERY_LIMIT
+        if n > 1 and start > 0 and not per_query:  # a chunk after cached positions: query j sees up to start + j
             mask = torch.ones(n, start + n, dtype=torch.bool, device=inputs.device).tril(start)
         for i, layer in enumerate(w.layers):
-            x = x + self._attention(i, layer, rms_norm(x, layer.input_norm, s.rms_eps), start, cos, sin, mask)
+            h = rms_norm(x, layer.input_norm, s.rms_eps)
+            x = x + self._attention(i, layer, h, start, cos, sin, mask, per_query)
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         cache.length = start + n
@@ -209,8 +221,8 @@ class LlamaForward:
         sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         return cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
 
-    def _attention(self, i: int, layer: LayerWeights, h: torch.Tensor, start: int,
-                   cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _attention(self, i: int, layer: LayerWeights, h: torch.Tensor, start: int, cos: torch.Tensor,
+                   sin: torch.Tensor, mask: torch.Tensor | None, per_query: bool) -> torch.Tensor:
         s, cache = self.shape, self.cache
         n = h.shape[1]
         end = start + n
@@ -225,6 +237,14 @@ class LlamaForward:
         # a chunk after cached positions, where query j sees positions up to start + j, gets a
         # boolean mask. Grouped key/value heads go to the kernel as they are (enable_gqa), which
         # gives the same numbers as repeating them per group, as Hugging Face does, at half the cost.
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1,
-                                             scale=s.head_dim ** -0.5, enable_gqa=True)
+        # Per query (a verify on shape-invariant products): the very call a one-token step makes for
+        # that position, so a verified token's logits are a plain step's, bit for bit.
+        scale = s.head_dim ** -0.5
+        if per_query:
+            out = torch.cat([F.scaled_dot_product_attention(q[:, :, j: j + 1], keys[:, :, : start + j + 1],
+                                                            values[:, :, : start + j + 1], scale=scale, enable_gqa=True)
+                             for j in range(n)], dim=2)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1,
+                                                 scale=scale, enable_gqa=True)
         return layer.out(out.transpose(1, 2).reshape(1, n, s.heads * s.head_dim))

@@ -67,3 +67,22 @@ def test_every_curve_and_bar_stays_inside_its_chart(qtbot):
 def test_nice_ceiling_steps():
     """Axis ends are 1, 1.5, 2, 3, 5 or 7.5 times a power of ten, the first at or above the value."""
     assert [nice_ceiling(v) for v in (0.7, 1, 1.2, 2.9, 4, 6, 9, 2668, 0.0)] == [0.75, 1, 1.5, 3, 5, 7.5, 10, 3000, 1.0]
+
+
+def test_draft_shapes_figure_shows_what_the_rounds_drafted(qtbot):
+    """The figures name the most frequent round shapes with their share, and the summary's plan
+    (why the auto schedule chose them) is the figure's tooltip."""
+    from engine.events import SummaryEvent
+
+    charts = SessionCharts()
+    qtbot.addWidget(charts)
+    shapes = ["K=2", "K=2", "none", "K=2", "copy 3", "none"]
+    charts.add_events(tuple(RoundEvent(i + 1, 0 if s == "none" else int(s[-1]), 0, 1.0, 4.0, i + 1, 0.01 * (i + 1),
+                                       copied=s.startswith("copy"), shape=s) for i, s in enumerate(shapes)))
+    charts.redraw()
+    assert charts.figures["draft shapes"].text() == "K=2 50%, none 33%"
+    plan = "chosen per round: K=2 x3; drafter acceptance by depth: 0.90/0.40"
+    charts.add_events((SummaryEvent("", 6, 6, 7, 0, 0.0, 1.0, 10.0, 0.6, 1.0, 1.0, (), None, "max_new_tokens",
+                                    plan=plan),))
+    charts.redraw()
+    assert "drafter acceptance by depth: 0.90/0.40" in charts.figures["draft shapes"].toolTip()

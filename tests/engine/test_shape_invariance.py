@@ -1,0 +1,76 @@
+"""A verify over n tokens gives each token the logits a one-token step gives it, bit for bit, so
+greedy speculative text equals plain text even where the target's top two logits nearly tie."""
+
+import pytest
+import torch
+
+from engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
+from engine.kvcache import CachedModel
+from engine.linear import PackedLinear, packed_available
+from engine.models import load_model
+from tiny import build_pair
+
+needs_packed = pytest.mark.skipif(packed_available(torch.zeros(2, 2)) is not None,
+                                  reason="this torch has no oneDNN packed linear")
+
+
+def _kept(events) -> list[int]:
+    return [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
+
+
+@pytest.fixture
+def packed_llama(tmp_path, monkeypatch):
+    """A tiny Llama whose every product runs on the packed path, as on a machine that chose it."""
+    monkeypatch.setenv("SPECDECK_LINEAR", "packed")
+    target_dir, _ = build_pair(tmp_path, "llama")
+    return load_model(str(target_dir))
+
+
+@needs_packed
+@pytest.mark.parametrize("shape", [(1728, 576), (576, 1536), (320, 64)])
+def test_packed_products_give_each_row_the_same_bits(shape):
+    """A row's product is the same alone as among 2..16 rows."""
+    weight = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    linear = PackedLinear(weight)
+    x = torch.randn(16, shape[1], generator=torch.Generator().manual_seed(2))
+    for n in (2, 3, 8, 16):
+        batch = linear(x[:n])
+        assert all(torch.equal(linear(x[j: j + 1]), batch[j: j + 1]) for j in range(n))
+
+
+@needs_packed
+def test_verify_logits_equal_one_token_steps(packed_llama):
+    """After a prompt, a forward over 2..16 new tokens gives each the logits of one-token steps."""
+    lm = CachedModel(packed_llama.model)
+    assert lm.backend.row_exact
+    ids = list(range(3, 60))
+    lm.forward(ids[:30], last_only=True)
+    steps = torch.cat([lm.forward([t]) for t in ids[30:46]])
+    for n in (2, 5, 16):
+        lm.crop(30)
+        assert torch.equal(lm.forward(ids[30: 30 + n]), steps[:n]), n
+
+
+def _near_ties(model: torch.nn.Module) -> None:
+    """Make every output row's odd neighbour a copy scaled by 1 + 1e-6: wherever one of a pair is the
+    argmax the other trails it by a few millionths, far inside float32's rounding of a reordered sum."""
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[1::2] = head[0:-1:2][: head[1::2].shape[0]] * (1 + 1e-6)
+
+
+@needs_packed
+def test_greedy_identity_holds_at_near_ties(packed_llama):
+    """With the target's top two logits a few millionths apart at every step, speculative text
+    (the target drafting for itself, every K, and the auto schedule) equals plain text."""
+    _near_ties(packed_llama.model)
+    ids = encode_prompt(packed_llama.tokenizer, "The quick brown fox", chat=False)
+    plain = _kept(generate(packed_llama, ids, DecodeConfig(max_new_tokens=40)))
+    with torch.inference_mode():
+        logits = packed_llama.model(input_ids=torch.tensor([ids + plain[:-1]])).logits[0, len(ids) - 1:]
+    top2 = logits.topk(2, dim=-1).values
+    assert float((top2[:, 0] - top2[:, 1]).max()) < 1e-3  # every step is a near-tie
+    for config in [DecodeConfig(k=k, schedule="constant", lookup=0, max_new_tokens=40) for k in (1, 3, 6)] + [
+            DecodeConfig(max_new_tokens=40)]:
+        events = list(generate(packed_llama, ids, config, DraftModelDrafter(packed_llama.model)))
+        assert _kept(events) == plain, config
