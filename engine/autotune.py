@@ -134,11 +134,11 @@ _DRAFT_MS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _key(module: torch.nn.Module, what: str) -> str:
     weight = next(module.parameters())
-    paths = sorted({linear.choose_path(p.detach()).path for p in module.parameters() if p.dim() == 2})
+    path = linear.choose_path([p.detach() for p in module.parameters() if p.dim() == 2]).path
     config = getattr(module, "config", None)
     parts = [what, config.to_json_string(use_diff=False) if config is not None else repr(module),
              str(weight.dtype), str(weight.device), torch.__version__, str(torch.get_num_threads()),
-             machine_name(), ",".join(paths), repr(CURVE_TOKENS), str(CURVE_CONTEXT)]
+             machine_name(), path, repr(CURVE_TOKENS), str(CURVE_CONTEXT)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 

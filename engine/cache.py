@@ -23,6 +23,21 @@ def gguf_cache() -> Path:
     return cache_root() / "gguf"
 
 
+def costs_cache() -> Path:
+    """The folder of measured costs (`engine.autotune`): target cost curves and drafters' costs."""
+    from engine.models import cache_root
+
+    return cache_root() / "costs"
+
+
+def clear_costs() -> int:
+    """Forget every measured cost (the next session measures again); return how many were removed."""
+    files = sorted(costs_cache().glob("*.json")) if costs_cache().is_dir() else []
+    for path in files:
+        remove_path(path)
+    return len(files)
+
+
 @dataclass(frozen=True)
 class CacheEntry:
     """One converted model, or one being (or left half) written."""

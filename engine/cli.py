@@ -153,6 +153,7 @@ def _cmd_cache(args) -> int:
           f"({cache.format_size(sum(e.size for e in removed))}) from {cache.gguf_cache()}.")
     for entry in kept:
         print(f"Kept {entry.path.name}: {entry.state}.")
+    print(f"Removed {cache.clear_costs()} measured cost files from {cache.costs_cache()} (measured again when next needed).")
     return 0
 
 

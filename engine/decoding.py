@@ -23,7 +23,8 @@ from engine.detok import Detokenizer
 from engine.drafters import Drafter, PromptLookupDrafter, Proposal
 from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
 from engine.kvcache import CachedModel, synchronize
-from engine.models import LoadedModel, cache_root
+from engine.cache import costs_cache
+from engine.models import LoadedModel
 from engine.sampling import logits_to_probs, residual, sample
 from engine.stats import SessionStats
 
@@ -192,7 +193,7 @@ def _planner(target: LoadedModel, drafter: Drafter, config: DecodeConfig, copies
     and the session's acceptance. Greedy sessions also adapt the costs to what their rounds take
     (their text cannot change with the shape); sampled ones plan from the cached costs alone, so a
     seed gives the same text on this machine."""
-    costs = cache_root() / "costs"
+    costs = costs_cache()
     per_token = draft_cost(drafter, target.vocab_width, target.model.config.hidden_size, costs)
     return RoundPlanner(cost_curve(target.model, costs), per_token, config.max_k, config.lookup if copies else 0,
                         adapt=config.greedy)

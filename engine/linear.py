@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 
 PATHS = ("dense", "packed")
 SLICE = 1024  # the longest inner dimension one packed product reduces over
+# Fewer rows go in padded with zeros to this many: oneDNN's one-row kernel streams a packed weight
+# more slowly than its blocked kernel for four (a whole SmolLM2-135M step: 31 against 20 ms of
+# products on AMD EPYC), and shape invariance makes the padded row's result the same bits.
+MIN_ROWS = 4
 _ROWS = (1, 2, 4, 8)  # row counts a choice is measured at: a step and the verifies that matter
 
 
@@ -66,12 +71,15 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
+        count = rows.shape[0]
+        if count < MIN_ROWS:  # see MIN_ROWS; each row's bits are the same alone as in a batch
+            rows = torch.cat([rows, rows.new_zeros(MIN_ROWS - count, rows.shape[1])])
         out = None
         for (a, b), packed in zip(self._slices, self._packed):
             part = rows if len(self._slices) == 1 else rows[:, a:b]
             part = torch.ops.mkldnn._linear_pointwise(part.contiguous(), packed, None, "none", [], "")
             out = part if out is None else out.add_(part)
-        return out.view(*x.shape[:-1], self.out_features)
+        return out[:count].view(*x.shape[:-1], self.out_features)
 
 
 Linear = DenseLinear | PackedLinear
@@ -83,7 +91,7 @@ class PathChoice:
     reason: str  # why: measured costs, or why the packed path cannot be used here
 
 
-_CHOICES: dict[tuple, PathChoice] = {}
+_MEASURED: dict[tuple, object] = {}
 
 
 def packed_available(weight: torch.Tensor) -> str | None:
@@ -114,38 +122,47 @@ def _shape_invariant(linear: Linear, width: int, dtype: torch.dtype) -> bool:
     return all(torch.equal(linear(x[j:j + 1]), batch[j:j + 1]) for j in range(8))
 
 
-def choose_path(weight: torch.Tensor) -> PathChoice:
-    """The product path for weights like `weight` on this machine, measured once per shape and dtype."""
+def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
+    """One product path for all of a model's `weights` on this machine (mixing paths would lose the
+    shape invariance that only a model wholly on the packed path has). Packed where its ops run
+    every weight, give every shape's rows the same bits alone as in a batch, and time no slower
+    than `F.linear` on the largest weight; each check measured once per shape."""
     forced = os.environ.get("SPECDECK_LINEAR", "").strip().lower()
     if forced and forced not in PATHS:
         raise ValueError(f"SPECDECK_LINEAR must be one of {', '.join(PATHS)} (got {forced!r})")
-    missing = packed_available(weight)
+    missing = next((reason for reason in map(packed_available, weights) if reason), None)
     if forced == "dense" or missing:
         return PathChoice("dense", "SPECDECK_LINEAR=dense" if forced == "dense" else missing)
     if forced == "packed":
         return PathChoice("packed", "SPECDECK_LINEAR=packed")
-    key = (tuple(weight.shape), weight.dtype, torch.get_num_threads())
-    if key not in _CHOICES:
-        _CHOICES[key] = _measure(weight)
-        log.info("matrix products %s: %s (%s)", key[0], _CHOICES[key].path, _CHOICES[key].reason)
-    return _CHOICES[key]
-
-
-def _measure(weight: torch.Tensor) -> PathChoice:
-    dense, packed = DenseLinear(weight), PackedLinear(weight)
-    width = weight.shape[1]
-    if not _shape_invariant(packed, width, weight.dtype):
-        return PathChoice("dense", "oneDNN's packed product gave a row other bits alone than in a batch")
-    with torch.inference_mode():
-        inputs = [torch.randn(n, width, dtype=weight.dtype) for n in _ROWS]
-        dense_ms = sum(_time_ms(dense, x) for x in inputs)
-        packed_ms = sum(_time_ms(packed, x) for x in inputs)
-    rows = "+".join(map(str, _ROWS))
-    reason = f"{rows} rows: packed {packed_ms:.2f} ms, F.linear {dense_ms:.2f} ms"
+    for weight in {(tuple(w.shape), w.dtype): w for w in weights}.values():
+        if not _memo(weight, "invariant", lambda w=weight: _shape_invariant(PackedLinear(w), w.shape[1], w.dtype)):
+            return PathChoice("dense", f"oneDNN's packed product of a {tuple(weight.shape)} weight gives a row "
+                                       "other bits alone than in a batch")
+    largest = max(weights, key=lambda w: w.numel())
+    packed_ms, dense_ms = _memo(largest, "timing", lambda: _timings(largest))
+    reason = (f"{'+'.join(map(str, _ROWS))} rows through a {tuple(largest.shape)} weight: packed {packed_ms:.2f} ms, "
+              f"F.linear {dense_ms:.2f} ms")
     return PathChoice("packed" if packed_ms <= dense_ms else "dense", reason)
 
 
+def _memo(weight: torch.Tensor, what: str, measure):
+    key = (what, tuple(weight.shape), weight.dtype, torch.get_num_threads())
+    if key not in _MEASURED:
+        _MEASURED[key] = measure()
+        log.info("matrix products %s %s: %s", key[1], what, _MEASURED[key])
+    return _MEASURED[key]
+
+
+def _timings(weight: torch.Tensor) -> tuple[float, float]:
+    """Milliseconds of the packed and the dense product over 1, 2, 4 and 8 rows, summed."""
+    dense, packed = DenseLinear(weight), PackedLinear(weight)
+    with torch.inference_mode():
+        inputs = [torch.randn(n, weight.shape[1], dtype=weight.dtype) for n in _ROWS]
+        return sum(_time_ms(packed, x) for x in inputs), sum(_time_ms(dense, x) for x in inputs)
+
+
 def make_linear(weight: torch.Tensor, choice: PathChoice | None = None) -> Linear:
-    """`weight` (out, in) as a product on the chosen path."""
-    choice = choice or choose_path(weight)
+    """`weight` (out, in) as a product on `choice`'s path (by default, the one chosen for it alone)."""
+    choice = choice or choose_path([weight])
     return PackedLinear(weight) if choice.path == "packed" else DenseLinear(weight)

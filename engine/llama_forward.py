@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM, LlamaModel
 
-from engine.linear import Linear, make_linear
+from engine.linear import Linear, choose_path, make_linear
 
 # Rotary variants whose frequencies are fixed when the model loads ("dynamic" and "longrope"
 # change them with the sequence length, which this forward does not follow).
@@ -88,19 +88,21 @@ class LlamaWeights:
     @classmethod
     def read(cls, model: LlamaForCausalLM | LlamaModel) -> LlamaWeights:
         base = model.model if isinstance(model, LlamaForCausalLM) else model
-        layers = []
+        matrices = []  # per layer: qkv, out, gate_up, down (fused where one input feeds several)
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            layers.append(LayerWeights(
-                layer.input_layernorm.weight.detach(),
-                make_linear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()),
-                make_linear(attn.o_proj.weight.detach()),
-                layer.post_attention_layernorm.weight.detach(),
-                make_linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()),
-                make_linear(mlp.down_proj.weight.detach()),
-            ))
+            matrices.append([torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
+                             attn.o_proj.weight.detach(),
+                             torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+                             mlp.down_proj.weight.detach()])
+        output = model.lm_head.weight.detach() if base is not model else None
+        choice = choose_path([w for ws in matrices for w in ws] + ([output] if output is not None else []))
+        layers = [LayerWeights(layer.input_layernorm.weight.detach(), make_linear(qkv, choice), make_linear(out, choice),
+                               layer.post_attention_layernorm.weight.detach(), make_linear(gate_up, choice),
+                               make_linear(down, choice))
+                  for layer, (qkv, out, gate_up, down) in zip(base.layers, matrices)]
         rotary = base.rotary_emb
-        head = make_linear(model.lm_head.weight.detach()) if base is not model else None
+        head = make_linear(output, choice) if output is not None else None
         return cls(base.embed_tokens.weight.detach(), layers, base.norm.weight.detach(), head,
                    rotary.inv_freq.float(), float(rotary.attention_scaling))
 

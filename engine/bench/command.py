@@ -230,9 +230,9 @@ def run_and_write(pairs: Sequence[ModelPair], prompts, settings, out: Path, cont
         context = {**context, "note": f"hf-assisted left out for {', '.join(without_hf)}: "
                                       "Hugging Face generate() has no feature-head drafter."}
     from engine.autotune import cost_curve
-    from engine.models import cache_root
+    from engine.cache import costs_cache
 
-    context = {**context, "cost_curve": cost_curve(pairs[0].target.model, cache_root() / "costs")}
+    context = {**context, "cost_curve": cost_curve(pairs[0].target.model, costs_cache())}
     results = run_bench(pairs, prompts, settings, progress, cancel)
     if not results:
         return []
