@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: run test gui bench clean package validators
+.PHONY: run test gui bench clean package validators figures
 
 $(BIN)/specdeck: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,17 @@ test: $(BIN)/specdeck validators
 package: $(BIN)/specdeck
 	$(BIN)/pip install -q "pyinstaller>=6.10,<7"
 	PYTHON=$(BIN)/python packaging/build_bundle.sh
+
+# The README's results: the default pair against plain decoding and Hugging Face generate(), on
+# one Spec-Bench question per category (all but translation) and the first six HumanEval problems.
+SPEC_BENCH ?= ../shared/bench/spec_bench_public.jsonl
+HUMANEVAL ?= ../shared/bench/humaneval_public.jsonl
+CATEGORIES := writing,roleplay,reasoning,math,coding,extraction,stem,humanities,summarization,qa,math_reasoning,rag
+figures: $(BIN)/specdeck
+	$(BIN)/specdeck bench --prompts $(SPEC_BENCH) --categories $(CATEGORIES) --limit 1 --k auto,1 \
+	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --out figures/spec-bench
+	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --k auto,1 \
+	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --out figures/humaneval
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
