@@ -241,8 +241,9 @@ class SessionCharts(QWidget):
         if rounds.size > SYMBOL_LIMIT:
             self._per_round.setData(*block_means(rounds, spec.acceptance_per_round), connect="finite", symbol=None,
                                     pen=pg.mkPen("#1b8a2f88"))
-        else:
-            self._per_round.setData(rounds, spec.acceptance_per_round, connect="finite", symbol="o", pen=None)
+        else:  # symbols only where the round drafted: a plain-step round has no acceptance to mark
+            drafted = np.isfinite(spec.acceptance_per_round)
+            self._per_round.setData(rounds[drafted], spec.acceptance_per_round[drafted], symbol="o", pen=None)
         self._cumulative.setData(*thinned(rounds, spec.cumulative_acceptance), connect="finite")
         _show_range(self.acceptance_plot, x=(0.0, nice_ceiling(rounds[-1] if rounds.size else 1.0)))
 

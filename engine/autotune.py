@@ -38,6 +38,7 @@ CURVE_CONTEXT = 128  # cached tokens the curve is measured after
 PROBE_EVERY = 8  # rounds between one-token drafts while the planner has chosen not to draft
 DECAY = 0.97  # weight of a round's evidence after each later round (about 30 rounds of memory)
 PRIOR = 2.0  # pseudo-rounds behind each acceptance estimate
+MAX_WIDTH = 4  # candidates for a round's first token, at most
 NOISY = 0.25  # passes of a cost curve further apart than this are not cached
 
 
@@ -234,10 +235,12 @@ class DepthAcceptance:
 
 @dataclass(frozen=True)
 class Shape:
-    """One round's plan: copy up to `copy` tokens where the text repeats, else draft `k` (0: none)."""
+    """One round's plan: copy up to `copy` tokens where the text repeats, else draft `k` (0: none),
+    with `width` candidates for the first token (a tree: the chain under the first)."""
 
     copy: int
     k: int
+    width: int = 1
 
 
 class RoundPlanner:
@@ -256,18 +259,28 @@ class RoundPlanner:
         self.scale = 1.0  # the session's verify time over the curve's, for sizes not verified yet
         self.observed: dict[int, float] = {}  # verify ms by tokens verified, as this session measured them
         self.rounds_without_draft = 0
-        self.chosen: dict[str, int] = {}  # "K=2", "copy 4", "none": rounds
+        self.chosen: dict[str, int] = {}  # "K=2", "K=2 w3", "copy 4", "none": rounds
+        self.max_width = MAX_WIDTH  # 1 where trees cannot run (sampling, a backend without tree attention)
+        self.ranks = [0.0] * MAX_WIDTH  # decayed rounds in which the target's first token had each rank
+        self.ranked = 0.0
 
     def verify_ms(self, n: int) -> float:
         """A verify over n tokens: as this session measured it, else the curve at this session's scale."""
         return self.observed.get(n, self.curve.ms(n) * self.scale)
 
-    def rate(self, acceptance: DepthAcceptance, k: int, draft_ms_per_token: float) -> float:
-        """Expected kept tokens per ms for a round of k drafts."""
-        return acceptance.expected_tokens(k) / (self.overhead_ms + k * draft_ms_per_token + self.verify_ms(k + 1))
+    def rate(self, acceptance: DepthAcceptance, k: int, draft_ms_per_token: float, width: int = 1) -> float:
+        """Expected kept tokens per ms for a round of k drafts and `width` candidates for the first:
+        an alternative the target takes keeps one token more than a rejection does."""
+        gained = acceptance.expected_tokens(k) + (self.alternative_share(width) if k else 0.0)
+        return gained / (self.overhead_ms + k * draft_ms_per_token + self.verify_ms(k + width))
 
-    def best_k(self) -> tuple[int, float]:
-        return max(((k, self.rate(self.drafts, k, self.draft_ms_per_token)) for k in range(self.max_k + 1)),
+    def alternative_share(self, width: int) -> float:
+        """How often the target's first token was the drafter's 2nd..width-th likeliest (decayed)."""
+        return sum(self.ranks[1:width]) / (self.ranked + PRIOR)
+
+    def best_k(self) -> tuple[tuple[int, int], float]:
+        shapes = [(0, 1)] + [(k, w) for k in range(1, self.max_k + 1) for w in range(1, self.max_width + 1)]
+        return max(((shape, self.rate(self.drafts, shape[0], self.draft_ms_per_token, shape[1])) for shape in shapes),
                    key=lambda pair: pair[1])
 
     def best_copy(self) -> tuple[int, float]:
@@ -277,7 +290,7 @@ class RoundPlanner:
                    key=lambda pair: pair[1])
 
     def plan(self) -> Shape:
-        k, k_rate = self.best_k()
+        (k, width), k_rate = self.best_k()
         copy, copy_rate = self.best_copy()
         if k == 0:
             self.rounds_without_draft += 1
@@ -285,20 +298,27 @@ class RoundPlanner:
                 k = min(1, self.max_k)  # keep measuring the drafter, whose acceptance may have changed
         else:
             self.rounds_without_draft = 0
-        return Shape(copy if copy_rate >= k_rate else 0, k)
+        return Shape(copy if copy_rate >= k_rate else 0, k, width)
 
     def record(self, shape: Shape, copied: bool, drafted: int, accepted: int, draft_ms: float, verify_ms: float,
-               round_ms: float) -> None:
-        """What a round planned and what it measured."""
-        label = f"copy {drafted}" if copied else (f"K={drafted}" if drafted else "none")
+               round_ms: float, rank: int | None = None, alternatives: int = 0) -> None:
+        """What a round planned and what it measured; `rank`: where the target's first token stood
+        among the drafter's first distribution (0: its top choice), for a round the drafter drafted."""
+        label = f"copy {drafted}" if copied else (f"K={drafted}" + (f" w{alternatives + 1}" if alternatives else "")
+                                                  if drafted else "none")
         self.chosen[label] = self.chosen.get(label, 0) + 1
+        if rank is not None:
+            self.ranks = [count * DECAY for count in self.ranks]
+            self.ranked = self.ranked * DECAY + 1.0
+            if rank < len(self.ranks):
+                self.ranks[rank] += 1.0
         if copied:
             self.copies.record(drafted, accepted)
         elif drafted:
             self.drafts.record(drafted, accepted)
         if not self.adapt:
             return
-        n = drafted + 1
+        n = drafted + alternatives + 1
         self.scale = 0.8 * self.scale + 0.2 * (verify_ms / self.curve.ms(n))
         self.observed[n] = verify_ms if n not in self.observed else 0.7 * self.observed[n] + 0.3 * verify_ms
         self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * max(0.0, round_ms - draft_ms - verify_ms)
@@ -317,6 +337,9 @@ class RoundPlanner:
                  + f" x{self.scale:.2f})",
                  f"drafter acceptance by depth: {drafts}"]
         lines.append(f"draft cost {self.draft_ms_per_token:.1f} ms per token")
+        if self.ranked and self.max_width > 1:
+            shares = "/".join(f"{sum(self.ranks[:w]) / self.ranked:.2f}" for w in range(1, self.max_width + 1))
+            lines.append(f"target's first token among the drafter's top 1..{self.max_width}: {shares}")
         if self.copies.tried:
             lines.append("copy acceptance by depth: " + "/".join(f"{a:.2f}" for a in self.copies.rates(len(self.copies.tried))))
         return "; ".join(lines)

@@ -83,6 +83,9 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
 
     copies = drafter is not None and config.lookup > 0 and not isinstance(drafter, PromptLookupDrafter)
     planner = _planner(target, drafter, config, copies) if drafter is not None and config.schedule == "auto" else None
+    tree = planner is not None and config.greedy and lm.supports_trees  # alternatives beside the first draft
+    if planner is not None and not tree:
+        planner.max_width = 1
 
     synchronize(device)
     started = time.perf_counter()
@@ -118,43 +121,60 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         round_no += 1
         round_started = time.perf_counter()
         room = budget - new_tokens - 1  # drafts beyond this could never be kept
-        shape = planner.plan() if planner else Shape(config.lookup if copier else 0, k)
+        shape = planner.plan() if planner else Shape(config.lookup if copier else 0, k, 1)
         proposal, copied = _draft(ids, drafter, copier, shape, room)
         if proposal is None:
             proposal = Proposal([], torch.zeros(0, target.vocab_width, device=device))
+        alternatives = _alternatives(proposal, shape.width) if tree and not copied else []
         synchronize(device)
         verify_started = time.perf_counter()
-        if states:
+        n = len(proposal.tokens)
+        if alternatives:  # a tree: the chain, and other first tokens beside its first
+            hidden = lm.forward_tree([ids[-1]] + proposal.tokens + alternatives,
+                                     list(range(-1, n)) + [0] * len(alternatives))
+            logits = lm.logits(hidden)
+        elif states:
             hidden = lm.forward_hidden([ids[-1]] + proposal.tokens)
             logits = lm.logits(hidden)
         else:
             logits = lm.forward([ids[-1]] + proposal.tokens)
-        m, token, p = verify(proposal, logits, config, generator)
-        lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
+        m, token, p = verify(proposal, logits[: n + 1], config, generator)
+        if m == 0 and token in alternatives:  # greedy: the target's first token was an alternative
+            row = n + 1 + alternatives.index(token)
+            p_row = logits_to_probs(logits[row], config)
+            kept, path = [token, int(logits[row].argmax())], [0, row]
+            p_kept = [float(p[0, token]), float(p_row[kept[1]])]
+            q_kept = [float(proposal.q[0, token])]
+            m, last_state = 1, TokenState.BONUS
+            lm.compact(path)
+            rejected = _judged(proposal.tokens, p, proposal.q) + _judged(
+                [t for t in alternatives if t != token], p[0], proposal.q[0])
+        else:
+            kept, path = proposal.tokens[:m] + [token], list(range(m + 1))
+            p_kept = p[torch.arange(m + 1, device=p.device), torch.tensor(kept, device=p.device)].tolist()
+            q_kept = proposal.q[torch.arange(m), torch.tensor(kept[:m], device=p.device)].tolist() if m else []
+            last_state = TokenState.PLAIN if n == 0 else (TokenState.BONUS if m == n else TokenState.RESAMPLED)
+            lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
+            rejected = _judged(proposal.tokens[m:], p[m:n], proposal.q[m:n]) if m < n else []
+            if m == 0 and alternatives:
+                rejected += _judged(alternatives, p[0], proposal.q[0])
         if states:
-            drafter.observe(hidden[: m + 1])  # the kept tokens of this forward
+            drafter.observe(hidden[path])  # the kept tokens of this forward
         synchronize(device)
         verify_ms = (time.perf_counter() - verify_started) * 1e3
         draft_ms = (verify_started - round_started) * 1e3
-
-        n = len(proposal.tokens)
-        kept = proposal.tokens[:m] + [token]
-        p_kept = p[torch.arange(m + 1, device=p.device), torch.tensor(kept, device=p.device)].tolist()
-        q_kept = proposal.q[torch.arange(m), torch.tensor(kept[:m], device=p.device)].tolist() if m else []
-        if n == 0:
-            last_state = TokenState.PLAIN
-        else:
-            last_state = TokenState.BONUS if m == n else TokenState.RESAMPLED
 
         events: list[Event] = []
         stopped = None
         for i, token_id in enumerate(kept):
             if i < m:
                 state, q = TokenState.ACCEPTED, q_kept[i]
+                if i == 0 and rejected and path[-1] > n:  # the drafts tried before the alternative kept
+                    events.extend(_rejected_events(rejected, detok, new_tokens, round_no, copied))
             else:
-                if m < n:  # show every rejected draft where it was proposed, before its replacement
-                    events.extend(_rejected_events(proposal, p, m, detok, new_tokens, round_no, copied))
-                state, q = last_state, (float(proposal.q[m, token_id]) if m < n else None)
+                if m < n and rejected and path[-1] <= n:  # every rejected draft where it was proposed
+                    events.extend(_rejected_events(rejected, detok, new_tokens, round_no, copied))
+                state, q = last_state, (float(proposal.q[m, token_id]) if m < n and path[-1] <= n else None)
             final = token_id in eos or new_tokens + 1 == budget
             events.append(TokenEvent(state, token_id, detok.push(token_id, final), new_tokens, round_no, p_kept[i], q,
                                      copied=copied and i < m))
@@ -170,9 +190,13 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
         drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
         if planner:
-            planner.record(shape, copied, n, m, draft_ms, verify_ms, (time.perf_counter() - round_started) * 1e3)
+            first = int(logits[0].argmax())  # the target's own first token: its rank among the drafter's
+            rank = int((proposal.q[0] > proposal.q[0, first]).sum()) if n and not copied else None
+            planner.record(shape, copied, n, m if path[-1] <= n else 0, draft_ms, verify_ms,
+                           (time.perf_counter() - round_started) * 1e3, rank, len(alternatives))
         round_event = RoundEvent(round_no, drafted, accepted, draft_ms, verify_ms, new_tokens,
-                                 time.perf_counter() - decode_started, copied=copied, shape=_label(n, copied))
+                                 time.perf_counter() - decode_started, copied=copied,
+                                 shape=_label(n, copied, len(alternatives)))
         for event in events:
             stats.add(event)
             yield event
@@ -214,21 +238,42 @@ def _draft(ids: list[int], drafter: Drafter | None, copier: PromptLookupDrafter 
     return None, False
 
 
-def _label(drafted: int, copied: bool) -> str:
-    """A round's shape as shown in events: "K=2", "copy 3" or "none"."""
+def _label(drafted: int, copied: bool, alternatives: int = 0) -> str:
+    """A round's shape as shown in events: "K=2", "K=2 w3" (a tree: three candidates for the first
+    token, the chain under the first), "copy 3" or "none"."""
     if not drafted:
         return "none"
-    return f"copy {drafted}" if copied else f"K={drafted}"
+    if copied:
+        return f"copy {drafted}"
+    return f"K={drafted}" + (f" w{alternatives + 1}" if alternatives else "")
 
 
-def _rejected_events(proposal: Proposal, p: torch.Tensor, m: int, detok: Detokenizer,
-                     pos: int, round_no: int, copied: bool) -> list[TokenEvent]:
-    """Events for drafts m.. of a round: the first was refused, the rest were never reachable."""
-    rejected = proposal.tokens[m:]
-    rows = torch.arange(m, len(proposal.tokens), device=p.device)
-    index = torch.tensor(rejected, device=p.device)
-    p_values = p[rows, index].tolist()
-    q_values = proposal.q[rows, index].tolist()
-    pieces = detok.peek(rejected)
-    return [TokenEvent(TokenState.REJECTED, t, piece, pos, round_no, pv, qv, copied=copied)
-            for t, piece, pv, qv in zip(rejected, pieces, p_values, q_values)]
+def _alternatives(proposal: Proposal, width: int) -> list[int]:
+    """Up to width - 1 other first tokens the drafter found likely, next to its first draft (greedy:
+    its argmax), most likely first; a tree verifies them beside the chain in the same forward."""
+    if width < 2 or not proposal.tokens:
+        return []
+    q = proposal.q[0]
+    likely = q.topk(min(width, q.shape[0])).indices.tolist()
+    return [t for t in likely if t != proposal.tokens[0] and float(q[t]) > 0][: width - 1]
+
+
+def _judged(tokens: list[int], p: torch.Tensor, q: torch.Tensor) -> list[tuple[int, float, float]]:
+    """(token, p, q) for drafts the target refused: one row of p and q per token, or one row for all
+    (alternatives at the same position)."""
+    if not tokens:
+        return []
+    index = torch.tensor(tokens, device=p.device)
+    if p.dim() == 1:
+        return list(zip(tokens, p[index].tolist(), q[index].tolist()))
+    rows = torch.arange(len(tokens), device=p.device)
+    return list(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))
+
+
+def _rejected_events(rejected: list[tuple[int, float, float]], detok: Detokenizer, pos: int, round_no: int,
+                     copied: bool) -> list[TokenEvent]:
+    """Events for a round's refused drafts, all shown at `pos`, where the token kept instead stands:
+    the first refused one and those never reachable after it (and, in a tree, the alternatives)."""
+    pieces = detok.peek([token for token, _, _ in rejected])
+    return [TokenEvent(TokenState.REJECTED, token, piece, pos, round_no, pv, qv, copied=copied)
+            for (token, pv, qv), piece in zip(rejected, pieces)]

@@ -93,6 +93,21 @@ class CachedModel:
         Llama-family models, whose logits are exactly that (through the same product path)."""
         return self.backend.output_layer(hidden)
 
+    @property
+    def supports_trees(self) -> bool:
+        """Whether `forward_tree` can run: the lean Llama forward's tree attention."""
+        return isinstance(self.backend, llama_forward.LlamaForward)
+
+    @torch.inference_mode()
+    def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:
+        """The last hidden states (n, hidden) of a token tree appended after the cached tokens (see
+        `LlamaForward.hidden_tree`); `compact` then keeps one path of it."""
+        return self.backend.hidden_tree(torch.tensor(token_ids, dtype=torch.long, device=self.device), parents)
+
+    def compact(self, path: list[int]) -> None:
+        """Keep only the nodes `path` (root first) of the last `forward_tree` in the cache."""
+        self.backend.compact(path)
+
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on (rejected drafts)."""
         self.backend.crop(length)

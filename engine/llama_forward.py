@@ -190,32 +190,58 @@ class LlamaForward:
         """The final norm's output (n, hidden) for token ids (n,) appended after the cached ones."""
         return self.hidden_from_inputs(F.embedding(ids, self.weights.embed))
 
-    def hidden_from_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+    def hidden_tree(self, ids: torch.Tensor, parents: list[int]) -> torch.Tensor:
+        """`hidden` for a token tree: node i's parent is node parents[i] of this chunk, or the last
+        cached token where it is -1. Each node sits at the position after its parent's and attends to
+        the cached tokens and its own ancestors only; every node's keys and values are cached in
+        chunk order (`compact` keeps one path)."""
+        return self.hidden_from_inputs(F.embedding(ids, self.weights.embed), parents)
+
+    def compact(self, path: list[int]) -> None:
+        """Keep the nodes `path` (chunk indices, root first) of the last tree forward as the cached
+        tokens after the ones before it, dropping the rest."""
+        cache = self.cache
+        start = cache.length - self._chunk
+        index = torch.tensor(path, device=cache.keys.device) + start
+        cache.keys[:, :, :, start: start + len(path)] = cache.keys.index_select(3, index)
+        cache.values[:, :, :, start: start + len(path)] = cache.values.index_select(3, index)
+        cache.length = start + len(path)
+
+    def hidden_from_inputs(self, inputs: torch.Tensor, parents: list[int] | None = None) -> torch.Tensor:
         """The final norm's output (n, hidden) for input vectors (n, hidden) in place of token
-        embeddings (Hugging Face's `inputs_embeds`), appended after the cached positions."""
+        embeddings (Hugging Face's `inputs_embeds`), appended after the cached positions (as a
+        tree where `parents` is given, see `hidden_tree`)."""
         s, w, cache = self.shape, self.weights, self.cache
         start, n = cache.length, inputs.shape[0]
         cache.reserve(start + n)
+        self._chunk = n
         x = inputs.unsqueeze(0)  # (1, n, hidden)
-        cos, sin = self._rotary(start, n, x.dtype)
+        paths = _paths(parents) if parents is not None else None
+        depths = [len(path) - 1 for path in paths] if paths else list(range(n))
+        cos, sin = self._rotary(torch.tensor(depths, dtype=torch.float32) + start, x.dtype)
         mask = None
         per_query = self.row_exact and start > 0 and 1 < n <= PER_QUERY_LIMIT
-        if n > 1 and start > 0 and not per_query:  # a chunk after cached positions: query j sees up to start + j
+        if paths is not None and not per_query:  # query i sees the cache and its own ancestors
+            mask = torch.zeros(n, start + n, dtype=torch.bool, device=inputs.device)
+            mask[:, :start] = True
+            for i, path in enumerate(paths):
+                mask[i, [start + j for j in path]] = True
+        elif n > 1 and start > 0 and not per_query:  # a chunk after cached positions: query j sees up to start + j
             mask = torch.ones(n, start + n, dtype=torch.bool, device=inputs.device).tril(start)
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, s.rms_eps)
-            x = x + self._attention(i, layer, h, start, cos, sin, mask, per_query)
+            x = x + self._attention(i, layer, h, start, cos, sin, mask, (paths or True) if per_query else None)
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         cache.length = start + n
         return rms_norm(x, w.norm, s.rms_eps)[0]
 
-    def _rotary(self, start: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (1, n, 1, head_dim) for positions start..start+n-1. The sin carries
-        rotate_half's sign, so rotate_half(x) * sin == x.roll(half) * signed_sin, exactly."""
+
+    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (1, n, 1, head_dim) for n positions (float32). The sin carries rotate_half's
+        sign, so rotate_half(x) * sin == x.roll(half) * signed_sin, exactly."""
         w = self.weights
-        positions = torch.arange(start, start + n, device=w.inv_freq.device, dtype=torch.float32)
-        freqs = positions[:, None] * w.inv_freq
+        freqs = positions.to(w.inv_freq.device)[:, None] * w.inv_freq
         angles = torch.cat((freqs, freqs), dim=-1)
         cos = angles.cos() * w.rope_scaling
         sin = angles.sin() * w.rope_scaling
@@ -224,7 +250,7 @@ class LlamaForward:
         return cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
 
     def _attention(self, i: int, layer: LayerWeights, h: torch.Tensor, start: int, cos: torch.Tensor,
-                   sin: torch.Tensor, mask: torch.Tensor | None, per_query: bool) -> torch.Tensor:
+                   sin: torch.Tensor, mask: torch.Tensor | None, per_query) -> torch.Tensor:
         s, cache = self.shape, self.cache
         n = h.shape[1]
         end = start + n
@@ -240,13 +266,31 @@ class LlamaForward:
         # boolean mask. Grouped key/value heads go to the kernel as they are (enable_gqa), which
         # gives the same numbers as repeating them per group, as Hugging Face does, at half the cost.
         # Per query (a verify on shape-invariant products): the very call a one-token step makes for
-        # that position, so a verified token's logits are a plain step's, bit for bit.
+        # that position, so a verified token's logits are a plain step's, bit for bit. `per_query`
+        # is True for a chain, or each node's path from the root for a tree.
         scale = s.head_dim ** -0.5
         if per_query:
-            out = torch.cat([F.scaled_dot_product_attention(q[:, :, j: j + 1], keys[:, :, : start + j + 1],
-                                                            values[:, :, : start + j + 1], scale=scale, enable_gqa=True)
-                             for j in range(n)], dim=2)
+            outs = []
+            for j in range(n):
+                path = per_query[j] if per_query is not True else None
+                if path is None or path == list(range(j + 1)):  # a chain: the cache as it stands
+                    k_j, v_j = keys[:, :, : start + j + 1], values[:, :, : start + j + 1]
+                else:  # a side branch: the cache, then this node's ancestors, gathered in order
+                    index = torch.cat([torch.arange(start), torch.tensor(path) + start]).to(keys.device)
+                    k_j, v_j = keys.index_select(2, index), values.index_select(2, index)
+                outs.append(F.scaled_dot_product_attention(q[:, :, j: j + 1], k_j, v_j, scale=scale, enable_gqa=True))
+            out = torch.cat(outs, dim=2)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1,
                                                  scale=scale, enable_gqa=True)
         return layer.out(out.transpose(1, 2).reshape(1, n, s.heads * s.head_dim))
+
+
+def _paths(parents: list[int]) -> list[list[int]]:
+    """Each node's chunk indices from the tree's root to itself (parents come before children)."""
+    paths: list[list[int]] = []
+    for i, parent in enumerate(parents):
+        if parent >= i:
+            raise ValueError(f"node {i}'s parent {parent} must come before it")
+        paths.append((paths[parent] if parent >= 0 else []) + [i])
+    return paths

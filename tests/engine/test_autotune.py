@@ -1,5 +1,6 @@
 """The auto schedule: each round's draft length chosen from measured costs and acceptance."""
 
+import re
 import time
 
 import pytest
@@ -9,6 +10,7 @@ from engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, enco
 from engine import autotune
 from engine.autotune import CostCurve, DepthAcceptance, RoundPlanner
 from engine.drafters import Drafter, Proposal
+from engine.kvcache import CachedModel
 
 FLAT = CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0))
 STEEP = CostCurve((1, 2, 4, 8, 16), (10.0, 20.0, 40.0, 80.0, 160.0))
@@ -87,8 +89,11 @@ def test_auto_schedule_keeps_greedy_exact(tiny_pair, monkeypatch):
         assert _kept(events) == plain
         rounds = [e for e in events if isinstance(e, RoundEvent)]
         assert {e.shape for e in rounds} - {"none"}
-        assert all(e.shape == ("none" if not e.drafted else f"{'copy' if e.copied else 'K='}"
-                               f"{' ' if e.copied else ''}{e.drafted}") for e in rounds)
+        for e in rounds:
+            shape = re.fullmatch(r"none|copy (\d+)|K=(\d+)(?: w(\d+))?", e.shape)
+            assert shape, e.shape
+            drafts = int(shape[1] or shape[2] or 0) + int(shape[3] or 1) - 1  # alternatives count as drafts
+            assert e.drafted <= drafts and (e.drafted > 0) == (e.shape != "none")
         assert "chosen per round" in events[-1].plan
 
 
@@ -132,3 +137,19 @@ def test_sampled_text_repeats_for_a_seed(tiny_llama):
 
     assert text(1) == text(1)
     assert text(1) != text(2)
+
+
+def test_trees_keep_greedy_exact(tiny_pair, monkeypatch):
+    """Where a cheap verify makes alternatives to the first draft pay, the planner verifies trees
+    (on the lean Llama forward; Hugging Face's forward drafts chains), and greedy text is plain's."""
+    _forcing_drafts(monkeypatch, curve=CostCurve((1, 16), (10.0, 10.0)))
+    target, draft = tiny_pair
+    lean = CachedModel(target.model).supports_trees
+    trees = 0
+    for prompt in ("The quick brown fox", "Once upon a time there was", "def add(a, b):"):
+        ids = encode_prompt(target.tokenizer, prompt, chat=False)
+        plain = _kept(generate(target, ids, DecodeConfig(max_new_tokens=40)))
+        events = list(generate(target, ids, DecodeConfig(max_new_tokens=40, lookup=0), DraftModelDrafter(draft.model)))
+        assert _kept(events) == plain
+        trees += sum(" w" in e.shape for e in events if isinstance(e, RoundEvent))
+    assert (trees > 0) == lean

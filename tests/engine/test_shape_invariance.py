@@ -74,3 +74,28 @@ def test_greedy_identity_holds_at_near_ties(packed_llama):
             DecodeConfig(max_new_tokens=40)]:
         events = list(generate(packed_llama, ids, config, DraftModelDrafter(packed_llama.model)))
         assert _kept(events) == plain, config
+
+
+@needs_packed
+def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama):
+    """In a tree forward (a chain and two alternatives to its first token) each node's logits equal,
+    bit for bit, one-token steps along its own path; keeping an alternative's path leaves the cache
+    as if only that path had been fed."""
+    from engine.llama_forward import LlamaForward
+
+    forward = LlamaForward(packed_llama.model)
+    forward.hidden(torch.arange(5, 30))
+    start = len(forward)
+    ids, parents = [40, 41, 42, 43, 44], [-1, 0, 1, 0, 0]
+    tree = forward.output_layer(forward.hidden_tree(torch.tensor(ids), parents))
+    for path in ([0, 1, 2], [0, 3], [0, 4]):
+        forward.crop(start)
+        steps = torch.cat([forward.hidden(torch.tensor([ids[i]])) for i in path])
+        assert torch.equal(forward.output_layer(steps), tree[path]), path
+    forward.crop(start)
+    forward.hidden_tree(torch.tensor(ids), parents)
+    forward.compact([0, 3])
+    after_tree = forward.output_layer(forward.hidden(torch.tensor([50])))
+    forward.crop(start)
+    forward.hidden(torch.tensor([40, 43]))
+    assert torch.equal(after_tree, forward.output_layer(forward.hidden(torch.tensor([50]))))
