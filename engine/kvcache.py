@@ -104,6 +104,7 @@ class CachedModel:
         `LlamaForward.hidden_tree`); `compact` then keeps one path of it."""
         return self.backend.hidden_tree(torch.tensor(token_ids, dtype=torch.long, device=self.device), parents)
 
+    @torch.inference_mode()
     def compact(self, path: list[int]) -> None:
         """Keep only the nodes `path` (root first) of the last `forward_tree` in the cache."""
         self.backend.compact(path)

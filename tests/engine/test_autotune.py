@@ -141,12 +141,14 @@ def test_sampled_text_repeats_for_a_seed(tiny_llama):
 
 def test_trees_keep_greedy_exact(tiny_pair, monkeypatch):
     """Where a cheap verify makes alternatives to the first draft pay, the planner verifies trees
-    (on the lean Llama forward; Hugging Face's forward drafts chains), and greedy text is plain's."""
+    (on the lean Llama forward; Hugging Face's forward drafts chains), and greedy text is plain's,
+    also after a prompt long enough to grow the KV cache."""
     _forcing_drafts(monkeypatch, curve=CostCurve((1, 16), (10.0, 10.0)))
     target, draft = tiny_pair
     lean = CachedModel(target.model).supports_trees
     trees = 0
-    for prompt in ("The quick brown fox", "Once upon a time there was", "def add(a, b):"):
+    long = "Speculative decoding drafts tokens and the target model verifies them in one pass. " * 6
+    for prompt in ("The quick brown fox", "Once upon a time there was", "def add(a, b):", long):
         ids = encode_prompt(target.tokenizer, prompt, chat=False)
         plain = _kept(generate(target, ids, DecodeConfig(max_new_tokens=40)))
         events = list(generate(target, ids, DecodeConfig(max_new_tokens=40, lookup=0), DraftModelDrafter(draft.model)))

@@ -99,3 +99,13 @@ def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama):
     forward.crop(start)
     forward.hidden(torch.tensor([40, 43]))
     assert torch.equal(after_tree, forward.output_layer(forward.hidden(torch.tensor([50]))))
+
+
+def test_keeping_a_tree_path_after_the_cache_grew(tiny_llama):
+    """A cache that grew past its first capacity (inside a forward) still takes a kept tree path."""
+    target, _ = tiny_llama
+    lm = CachedModel(target.model)
+    lm.forward(list(range(3, 303)), last_only=True)
+    lm.forward_tree([40, 41, 42, 43], [-1, 0, 1, 0])
+    lm.compact([0, 3])
+    assert len(lm) == 302
