@@ -39,6 +39,7 @@ PROBE_EVERY = 8  # rounds between one-token drafts while the planner has chosen 
 DECAY = 0.97  # weight of a round's evidence after each later round (about 30 rounds of memory)
 PRIOR = 2.0  # pseudo-rounds behind each acceptance estimate
 MAX_WIDTH = 4  # candidates for a round's first token, at most
+CARRIED = 8.0  # rounds' weight of an earlier session's acceptance in a new one (`RoundPlanner.carry_over`)
 NOISY = 0.25  # passes of a cost curve further apart than this are not cached
 
 
@@ -324,6 +325,18 @@ class RoundPlanner:
         self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * max(0.0, round_ms - draft_ms - verify_ms)
         if drafted and not copied:
             self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * draft_ms / drafted
+
+    def carry_over(self, earlier: RoundPlanner) -> None:
+        """Start from what an earlier session of the same drafter measured (acceptance by depth, the
+        ranks of the target's tokens, the copies'), weighted as `CARRIED` rounds, so that a short
+        session does not spend its first rounds learning what the drafter is like."""
+        for mine, theirs in ((self.drafts, earlier.drafts), (self.copies, earlier.copies)):
+            scale = min(1.0, CARRIED / theirs.tried[0]) if theirs.tried and theirs.tried[0] else 0.0
+            mine.tried = [t * scale for t in theirs.tried]
+            mine.accepted = [a * scale for a in theirs.accepted]
+        scale = min(1.0, CARRIED / earlier.ranked) if earlier.ranked else 0.0
+        self.ranks = [r * scale for r in earlier.ranks]
+        self.ranked = earlier.ranked * scale
 
     def describe(self) -> str:
         """What was chosen and why, in one paragraph for the terminal and the window."""

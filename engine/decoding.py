@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 
 import torch
 
 from engine.autotune import RoundPlanner, Shape, cost_curve, draft_cost
+from engine.cache import costs_cache
 from engine.config import DecodeConfig
 from engine.context import context_length, fit_prompt, shortest
 from engine.detok import Detokenizer
 from engine.drafters import Drafter, PromptLookupDrafter, Proposal
 from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
 from engine.kvcache import CachedModel, synchronize
-from engine.cache import costs_cache
 from engine.models import LoadedModel
 from engine.sampling import logits_to_probs, residual, sample
 from engine.stats import SessionStats
@@ -147,17 +148,17 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             q_kept = [float(proposal.q[0, token])]
             m, last_state = 1, TokenState.BONUS
             lm.compact(path)
-            rejected = _judged(proposal.tokens, p, proposal.q) + _judged(
-                [t for t in alternatives if t != token], p[0], proposal.q[0])
+            rejected = _judged(proposal.tokens, p, proposal.q, 1) + _judged(
+                [t for t in alternatives if t != token], p[0], proposal.q[0], 1)
         else:
             kept, path = proposal.tokens[:m] + [token], list(range(m + 1))
             p_kept = p[torch.arange(m + 1, device=p.device), torch.tensor(kept, device=p.device)].tolist()
             q_kept = proposal.q[torch.arange(m), torch.tensor(kept[:m], device=p.device)].tolist() if m else []
             last_state = TokenState.PLAIN if n == 0 else (TokenState.BONUS if m == n else TokenState.RESAMPLED)
             lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
-            rejected = _judged(proposal.tokens[m:], p[m:n], proposal.q[m:n]) if m < n else []
+            rejected = _judged(proposal.tokens[m:], p[m:n], proposal.q[m:n], m + 1) if m < n else []
             if m == 0 and alternatives:
-                rejected += _judged(alternatives, p[0], proposal.q[0])
+                rejected += _judged(alternatives, p[0], proposal.q[0], 1)
         if states:
             drafter.observe(hidden[path])  # the kept tokens of this forward
         synchronize(device)
@@ -177,7 +178,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
                 state, q = last_state, (float(proposal.q[m, token_id]) if m < n and path[-1] <= n else None)
             final = token_id in eos or new_tokens + 1 == budget
             events.append(TokenEvent(state, token_id, detok.push(token_id, final), new_tokens, round_no, p_kept[i], q,
-                                     copied=copied and i < m))
+                                     copied=copied and i < m, depth=i + 1 if i < m else 0))
             ids.append(token_id)
             new_tokens += 1
             if token_id in eos:
@@ -212,6 +213,9 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
     yield stats.summary(detok.text, stop_reason, planner.describe() if planner else "")
 
 
+_PLANNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # each drafter's latest greedy planner
+
+
 def _planner(target: LoadedModel, drafter: Drafter, config: DecodeConfig, copies: bool) -> RoundPlanner:
     """The auto schedule: each round's shape chosen from the costs measured on this machine (cached)
     and the session's acceptance. Greedy sessions also adapt the costs to what their rounds take
@@ -219,8 +223,14 @@ def _planner(target: LoadedModel, drafter: Drafter, config: DecodeConfig, copies
     seed gives the same text on this machine."""
     costs = costs_cache()
     per_token = draft_cost(drafter, target.vocab_width, target.model.config.hidden_size, costs)
-    return RoundPlanner(cost_curve(target.model, costs), per_token, config.max_k, config.lookup if copies else 0,
-                        adapt=config.greedy)
+    planner = RoundPlanner(cost_curve(target.model, costs), per_token, config.max_k, config.lookup if copies else 0,
+                           adapt=config.greedy)
+    if config.greedy and drafter.module is not None:  # greedy text cannot depend on it; a seed's would
+        earlier = _PLANNERS.get(drafter.module)
+        if earlier is not None:
+            planner.carry_over(earlier)
+        _PLANNERS[drafter.module] = planner
+    return planner
 
 
 def _draft(ids: list[int], drafter: Drafter | None, copier: PromptLookupDrafter | None, shape: Shape,
@@ -258,22 +268,23 @@ def _alternatives(proposal: Proposal, width: int) -> list[int]:
     return [t for t in likely if t != proposal.tokens[0] and float(q[t]) > 0][: width - 1]
 
 
-def _judged(tokens: list[int], p: torch.Tensor, q: torch.Tensor) -> list[tuple[int, float, float]]:
-    """(token, p, q) for drafts the target refused: one row of p and q per token, or one row for all
-    (alternatives at the same position)."""
+def _judged(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int) -> list[tuple[int, float, float, int]]:
+    """(token, p, q, depth) for drafts the target refused: one row of p and q per token from `depth`
+    on (a chain), or one row for all (alternatives, all at `depth`)."""
     if not tokens:
         return []
     index = torch.tensor(tokens, device=p.device)
     if p.dim() == 1:
-        return list(zip(tokens, p[index].tolist(), q[index].tolist()))
+        return [(t, pv, qv, depth) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
     rows = torch.arange(len(tokens), device=p.device)
-    return list(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))
+    return [(t, pv, qv, depth + i) for i, (t, pv, qv) in
+            enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))]
 
 
-def _rejected_events(rejected: list[tuple[int, float, float]], detok: Detokenizer, pos: int, round_no: int,
+def _rejected_events(rejected: list[tuple[int, float, float, int]], detok: Detokenizer, pos: int, round_no: int,
                      copied: bool) -> list[TokenEvent]:
     """Events for a round's refused drafts, all shown at `pos`, where the token kept instead stands:
     the first refused one and those never reachable after it (and, in a tree, the alternatives)."""
-    pieces = detok.peek([token for token, _, _ in rejected])
-    return [TokenEvent(TokenState.REJECTED, token, piece, pos, round_no, pv, qv, copied=copied)
-            for (token, pv, qv), piece in zip(rejected, pieces)]
+    pieces = detok.peek([token for token, *_ in rejected])
+    return [TokenEvent(TokenState.REJECTED, token, piece, pos, round_no, pv, qv, copied=copied, depth=depth)
+            for (token, pv, qv, depth), piece in zip(rejected, pieces)]

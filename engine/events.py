@@ -48,6 +48,8 @@ class TokenEvent:
     probability of the token and `q` the drafter's (None when nothing drafted it), both under the
     session's sampling settings (temperature 1 for greedy sessions). `copied`: a draft that prompt
     lookup copied from earlier text (`DecodeConfig.lookup`) rather than one the drafter proposed.
+    `depth`: a draft's place in its round's chain, 1 for the first (and for a tree's alternatives
+    to it); 0 for the target's own tokens.
     """
 
     state: TokenState
@@ -59,6 +61,7 @@ class TokenEvent:
     q: float | None
     type: str = "token"
     copied: bool = False
+    depth: int = 0
 
     @property
     def acceptance_probability(self) -> float | None:

@@ -67,7 +67,7 @@ class SessionStats(RoundTotals):
 
     prefill_ms: float = 0.0
     decode_s: float = 0.0
-    drafted_at: list[int] = field(default_factory=list)  # per draft position: times a token was drafted there
+    drafted_at: list[int] = field(default_factory=list)  # per draft depth: times a token was drafted there
     accepted_at: list[int] = field(default_factory=list)
     copied_drafted: int = 0  # drafts that prompt lookup copied (among `drafted`)
     copied_accepted: int = 0
@@ -78,8 +78,8 @@ class SessionStats(RoundTotals):
             self.prefill_ms = event.prefill_ms
         elif isinstance(event, TokenEvent):
             if event.state in (TokenState.ACCEPTED, TokenState.REJECTED):
-                i = self._round_position
-                if i == len(self.drafted_at):
+                i = event.depth - 1 if event.depth else self._round_position  # by depth where events carry it
+                while len(self.drafted_at) <= i:
                     self.drafted_at.append(0)
                     self.accepted_at.append(0)
                 self.drafted_at[i] += 1

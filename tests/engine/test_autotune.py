@@ -154,4 +154,17 @@ def test_trees_keep_greedy_exact(tiny_pair, monkeypatch):
         events = list(generate(target, ids, DecodeConfig(max_new_tokens=40, lookup=0), DraftModelDrafter(draft.model)))
         assert _kept(events) == plain
         trees += sum(" w" in e.shape for e in events if isinstance(e, RoundEvent))
+        drafts = [e for e in events if isinstance(e, TokenEvent) and e.state.value in ("accepted", "rejected")]
+        assert all(e.depth >= 1 for e in drafts)  # alternatives count at depth 1, beside the chain's first
+        assert len(events[-1].accepted_by_position) == max((e.depth for e in drafts), default=0)
     assert (trees > 0) == lean
+
+
+def test_a_new_session_starts_from_what_the_last_one_measured():
+    """A planner that carries over a useless drafter's record plans no draft from its first round,
+    where a fresh one still tries drafting."""
+    learned = _plan_after(FLAT, accepted_share=0.0, draft_ms=2.0)
+    fresh = RoundPlanner(FLAT, 2.0, max_k=8, max_copy=0, adapt=False)
+    carried = RoundPlanner(FLAT, 2.0, max_k=8, max_copy=0, adapt=False)
+    carried.carry_over(learned)
+    assert fresh.plan().k > 0 and carried.plan().k == 0
