@@ -7,6 +7,7 @@ id (`engine.atomic`); one whose process is gone was interrupted, and `heal` remo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,17 +17,22 @@ from engine.atomic import leftover_writer, process_alive, remove_abandoned, remo
 Notice = Callable[[str], None]
 
 
+def cache_root() -> Path:
+    """Where SpecDeck keeps what it converts and measures: $SPECDECK_CACHE, else
+    $XDG_CACHE_HOME/specdeck, else ~/.cache/specdeck."""
+    if "SPECDECK_CACHE" in os.environ:
+        return Path(os.environ["SPECDECK_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specdeck"
+
+
 def gguf_cache() -> Path:
     """The folder of converted GGUF models."""
-    from engine.models import cache_root
-
     return cache_root() / "gguf"
 
 
 def costs_cache() -> Path:
     """The folder of measured costs (`engine.autotune`): target cost curves and drafters' costs."""
-    from engine.models import cache_root
-
     return cache_root() / "costs"
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from engine.atomic import building_folder
+from engine.cache import gguf_cache, heal
 from engine.errors import SpecDeckError
 
 Progress = Callable[[str], None]
@@ -111,13 +112,6 @@ class LoadedModel:
         return frozenset(ids)
 
 
-def cache_root() -> Path:
-    if "SPECDECK_CACHE" in os.environ:
-        return Path(os.environ["SPECDECK_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specdeck"
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         if torch.cuda.is_available():
@@ -166,15 +160,13 @@ def _gguf_cache_dir(path: Path) -> Path:
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_root() / "gguf" / f"{path.stem}-{digest}"
+    return gguf_cache() / f"{path.stem}-{digest}"
 
 
 def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
     """Dequantize a GGUF file once into a safetensors folder in the cache; return the folder."""
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from engine.cache import heal
 
     target = _gguf_cache_dir(path)
     heal(progress)
