@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from engine.autotune import CURVE_CONTEXT
+from engine.autotune import CURVE_CONTEXT, machine_name
 
 from engine.bench.runner import BenchSettings, Method, PromptResult
 from engine.stats import RoundTotals
@@ -197,16 +197,8 @@ def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
 def machine_description(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
-    return f"{os.cpu_count()}-core {cpu}, no GPU used ({platform.system()} {platform.release()}{load})"
+    return f"{os.cpu_count()}-core {machine_name()}, no GPU used ({platform.system()} {platform.release()}{load})"
 
 
 def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
