@@ -161,7 +161,7 @@ class SessionCharts(QWidget):
 
         self.figures = {name: QLabel("–") for name in (
             "acceptance rate", "copied drafts", "mean accepted length", "tokens/s", "plain tokens/s", "rounds",
-            "draft shapes", "predicted speedup", "measured speedup", "greedy outputs")}
+            "draft shapes", "draft / verify", "predicted speedup", "measured speedup", "greedy outputs")}
         form = QFormLayout()
         bold = QFont()
         bold.setBold(True)
@@ -282,6 +282,8 @@ class SessionCharts(QWidget):
         f["plain tokens/s"].setText(_rate(plain.tokens_per_s) if plain and plain.rounds else "–")
         f["rounds"].setText(str(stats.rounds) if stats.rounds else "–")
         f["draft shapes"].setText(shape_shares(self.speculative.shapes) if has_drafts or stats.rounds else "–")
+        f["draft / verify"].setText(f"{stats.draft_ms / stats.rounds:.1f} / {stats.verify_ms / stats.rounds:.1f} ms"
+                                    if stats.rounds else "–")
         summary = self.speculative.summary
         f["draft shapes"].setToolTip(_plan_tooltip(summary.plan) if summary is not None and summary.plan else
                                      "The rounds' draft lengths: K=n drafted n tokens, copy n copied n by prompt "

@@ -52,8 +52,8 @@ def _format(state: TokenState, copied: bool = False) -> QTextCharFormat:
 
 
 def describe_token(event: TokenEvent) -> str:
-    lines = [f"{event.state.value}  {event.text!r}", f"position {event.pos}, round {event.round}",
-             f"p (target) = {event.p:.4f}"]
+    where = f"position {event.pos}, round {event.round}" + (f", draft depth {event.depth}" if event.depth else "")
+    lines = [f"{event.state.value}  {event.text!r}", where, f"p (target) = {event.p:.4f}"]
     if event.copied:
         lines.append("copied by prompt lookup")
     if event.q is not None:

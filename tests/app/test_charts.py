@@ -81,6 +81,7 @@ def test_draft_shapes_figure_shows_what_the_rounds_drafted(qtbot):
                                        copied=s.startswith("copy"), shape=s) for i, s in enumerate(shapes)))
     charts.redraw()
     assert charts.figures["draft shapes"].text() == "K=2 50%, none 33%"
+    assert charts.figures["draft / verify"].text() == "1.0 / 4.0 ms"  # mean per round
     plan = "chosen per round: K=2 x3; drafter acceptance by depth: 0.90/0.40"
     charts.add_events((SummaryEvent("", 6, 6, 7, 0, 0.0, 1.0, 10.0, 0.6, 1.0, 1.0, (), None, "max_new_tokens",
                                     plan=plan),))

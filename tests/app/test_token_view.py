@@ -136,3 +136,11 @@ def test_copied_drafts_are_underlined_and_say_so(qtbot):
     assert underlined == [" cat", " dog"]
     tip = describe_token(view.token_at(len("The c")))
     assert "copied by prompt lookup" in tip and "q (copy) = 1.0000" in tip
+
+
+def test_hover_names_a_drafts_depth():
+    """A draft's tooltip says its depth in the round (a tree's alternatives are at depth 1); the
+    target's own tokens carry none."""
+    alternative = TokenEvent(TokenState.REJECTED, 7, " cat", 3, 2, 0.1, 0.3, depth=1)
+    assert "draft depth 1" in describe_token(alternative)
+    assert "depth" not in describe_token(TokenEvent(TokenState.RESAMPLED, 8, " dog", 3, 2, 0.6, 0.1))
