@@ -29,6 +29,7 @@ import torch
 from engine.atomic import building_folder
 from engine.cache import gguf_cache, heal
 from engine.errors import SpecDeckError
+from engine.preflight import check_model_folder
 
 Progress = Callable[[str], None]
 
@@ -276,7 +277,7 @@ def locate(name: str, progress: Progress | None = None) -> str:
 
 def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progress | None = None) -> LoadedModel:
     """Load a model and its tokenizer, ready for inference, or raise `SpecDeckError` saying why not."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if not name.strip():
         raise SpecDeckError("No model given: name a built-in model, a Hugging Face id, a folder or a .gguf file.")
@@ -286,14 +287,18 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     if is_head_folder(Path(source)):
         raise SpecDeckError(f"{name} is a feature head, not a model: it drafts for its target with the "
                             "feature-head drafter (--drafter feature-head).")
+    if Path(source).is_dir():
+        check_model_folder(Path(source), name, dtype, device)
     if progress:
         progress(f"Loading {name}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source(source, progress),
-                                                  trust_remote_code=options.trust_remote_code)
+        tokenizer = _load_tokenizer(name, tokenizer_source(source, progress), options.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, trust_remote_code=options.trust_remote_code
         )
+    except MemoryError as error:
+        raise SpecDeckError(f"{name} does not fit in the memory this machine has free: close other programs, "
+                            "or choose a smaller model or dtype (--dtype bfloat16).") from error
     except OSError as error:
         raise SpecDeckError(_hub_message(name, error)) from error
     except pickle.UnpicklingError as error:
@@ -308,6 +313,21 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     model.to(device).eval()
     output_ids = read_output_tokens(Path(source), model.get_output_embeddings().weight.shape[0])
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
+
+
+def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
+    """The tokenizer at `source`; a local one that fails to load is named by its files."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except Exception as error:  # noqa: BLE001 - the tokenizers library raises bare Exceptions on bad files
+        folder = Path(source)
+        if not folder.is_dir() or isinstance(error, OSError) and not any(folder.glob("tokenizer*")):
+            raise
+        files = ", ".join(str(path) for path in sorted(folder.glob("tokenizer*"))) or str(folder)
+        raise SpecDeckError(f"The tokenizer of {name} could not be read from {files} ({error}): the file is "
+                            "damaged or from another library version; restore it from the model's source.") from error
 
 
 OUTPUT_TOKENS_FILE = "output_tokens.json"

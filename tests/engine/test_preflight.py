@@ -1,0 +1,81 @@
+"""A damaged model folder, or one too large for the free memory, is refused before anything loads,
+with the file and the field named."""
+
+import json
+import shutil
+
+import pytest
+
+from engine import preflight
+from engine.errors import SpecDeckError
+from engine.models import load_model
+from tiny import build_pair
+
+
+@pytest.fixture
+def model_dirs(tmp_path):
+    """Fresh copies of a tiny Llama and a tiny GPT-2, free to damage."""
+    llama, _ = build_pair(tmp_path / "llama", "llama")
+    gpt2, _ = build_pair(tmp_path / "gpt2", "gpt2")
+    return llama, gpt2
+
+
+def _edit_config(folder, **fields):
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config.update(fields)
+    path.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("field, value", [("vocab_size", 0), ("hidden_size", -64), ("num_hidden_layers", "two")])
+def test_nonsense_config_fields_are_named(model_dirs, field, value):
+    """A config field that cannot be right is refused with the file and the field."""
+    llama, _ = model_dirs
+    _edit_config(llama, **{field: value})
+    with pytest.raises(SpecDeckError, match=rf"config\.json: {field} is .*positive whole number"):
+        load_model(str(llama))
+
+
+def test_positions_that_disagree_with_the_weights_are_named(model_dirs):
+    """A GPT-2 config whose n_positions is not the position table's size is refused before loading."""
+    _, gpt2 = model_dirs
+    _edit_config(gpt2, n_positions=1024)
+    with pytest.raises(SpecDeckError, match=r"n_positions is 1024, but the weights' .*wpe\.weight has 512 rows"):
+        load_model(str(gpt2))
+
+
+def test_a_config_that_is_not_json_is_named(model_dirs):
+    """A config.json that is not JSON (a truncated copy) names itself."""
+    llama, _ = model_dirs
+    (llama / "config.json").write_text('{"vocab_size": 3')
+    with pytest.raises(SpecDeckError, match=r"config\.json cannot be read as a model config"):
+        load_model(str(llama))
+
+
+def test_a_model_larger_than_free_memory_is_refused_with_both_sizes(model_dirs, monkeypatch):
+    """With less memory free than the weights need, loading stops before it starts and says how much."""
+    llama, _ = model_dirs
+    monkeypatch.setattr(preflight, "available_memory", lambda: 1000)
+    with pytest.raises(SpecDeckError, match=r"needs about 0\.\d GB of memory in float32, and 0\.0 GB are free"):
+        load_model(str(llama))
+
+
+def test_running_out_of_memory_while_loading_says_so(model_dirs, monkeypatch):
+    """A MemoryError inside the loader becomes a message about memory, not a traceback."""
+    from transformers import AutoModelForCausalLM
+
+    llama, _ = model_dirs
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", out_of_memory)
+    with pytest.raises(SpecDeckError, match="does not fit in the memory"):
+        load_model(str(llama))
+
+
+def test_a_damaged_tokenizer_file_is_named(model_dirs):
+    """A tokenizer.json that fails to load is named in the message."""
+    llama, _ = model_dirs
+    shutil.copy(llama / "config.json", llama / "tokenizer.json")  # valid JSON, not a tokenizer
+    with pytest.raises(SpecDeckError, match=r"tokenizer of .* could not be read from .*tokenizer\.json"):
+        load_model(str(llama))
