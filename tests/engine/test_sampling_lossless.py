@@ -118,3 +118,37 @@ def test_seed_makes_sampling_reproducible(tiny_llama):
 
     assert text(1) == text(1)
     assert text(1) != text(2)
+
+
+def test_auto_schedule_sampling_follows_target(tiny_llama, monkeypatch):
+    """Under the auto schedule, with costs that make drafting pay, the first two sampled tokens still
+    follow the target exactly; the same counts fail against the target at another temperature (the
+    control: the test can tell a near miss)."""
+    from engine.autotune import CostCurve
+
+    monkeypatch.setattr("engine.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0)))
+    monkeypatch.setattr("engine.decoding.draft_cost", lambda *args, **kwargs: 0.1)
+    target, draft = tiny_llama
+    ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
+    base = DecodeConfig(temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2)
+    exact = exact_two_token_distribution(target, ids, base)
+    n = 1000
+    counts: dict = {}
+    drafted = 0
+    for seed in range(n):
+        config = DecodeConfig(temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2, seed=seed)
+        events = list(generate(target, ids, config, DraftModelDrafter(draft.model)))
+        kept = tuple(e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept)
+        drafted += events[-1].drafted
+        counts[kept] = counts.get(kept, 0) + 1
+    assert drafted == n  # every session drafted the one token two new tokens leave room for
+    stat, df = chi_square(counts, exact, n)
+    assert stat < chi_square_quantile(df)
+    first: dict = {}
+    for (t1, *_), count in counts.items():
+        first[t1] = first.get(t1, 0) + count
+    with torch.inference_mode():
+        logits = target.model(input_ids=torch.tensor([ids])).logits[0, -1]
+    hotter = logits_to_probs(logits, DecodeConfig(temperature=1.2, top_k=40, top_p=0.9))
+    stat_wrong, df_wrong = chi_square(first, dict(enumerate(hotter.tolist())), n)
+    assert stat_wrong > chi_square_quantile(df_wrong)
