@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from engine import (DecodeConfig, DraftModelDrafter, PromptLookupDrafter, RoundEvent, SummaryEvent, TokenEvent,
                     encode_prompt, generate)
+from engine.config import SCHEDULES
 from engine.events import SessionStarted, TokenState
 
 LONG = os.environ.get("SPECDECK_HYPOTHESIS") == "long"
@@ -34,7 +35,7 @@ stop_strings = st.lists(st.text(min_size=1, max_size=3), max_size=2).map(tuple)
 def decode_configs(draw, greedy: bool) -> DecodeConfig:
     k = draw(st.integers(1, 6))
     return DecodeConfig(
-        k=k, schedule=draw(st.sampled_from(("constant", "heuristic"))), max_k=draw(st.integers(k, 8)),
+        k=k, schedule=draw(st.sampled_from(SCHEDULES)), max_k=draw(st.integers(k, 8)),
         confidence_threshold=draw(st.sampled_from((0.0, 0.05, 0.3, 0.9))), lookup=draw(st.integers(0, 4)),
         temperature=0.0 if greedy else draw(st.floats(0.1, 2.0)), top_k=draw(st.integers(0, 50)),
         top_p=draw(st.floats(0.05, 1.0)), seed=draw(st.integers(0, 2**31 - 1)),
