@@ -267,18 +267,25 @@ class LlamaForward:
         # gives the same numbers as repeating them per group, as Hugging Face does, at half the cost.
         # Per query (a verify on shape-invariant products): the very call a one-token step makes for
         # that position, so a verified token's logits are a plain step's, bit for bit. `per_query`
-        # is True for a chain, or each node's path from the root for a tree.
+        # is True for a chain, or each node's path from the root for a tree; a side branch's path is
+        # copied over the chain's first slots for its call (a few rows, not the whole cache).
         scale = s.head_dim ** -0.5
         if per_query:
             outs = []
             for j in range(n):
-                path = per_query[j] if per_query is not True else None
-                if path is None or path == list(range(j + 1)):  # a chain: the cache as it stands
-                    k_j, v_j = keys[:, :, : start + j + 1], values[:, :, : start + j + 1]
-                else:  # a side branch: the cache, then this node's ancestors, gathered in order
-                    index = torch.cat([torch.arange(start), torch.tensor(path) + start]).to(keys.device)
-                    k_j, v_j = keys.index_select(2, index), values.index_select(2, index)
-                outs.append(F.scaled_dot_product_attention(q[:, :, j: j + 1], k_j, v_j, scale=scale, enable_gqa=True))
+                path = per_query[j] if per_query is not True else list(range(j + 1))
+                end_j = start + len(path)
+                if path == list(range(j + 1)):  # a chain: the cache as it stands
+                    out_j = F.scaled_dot_product_attention(q[:, :, j: j + 1], keys[:, :, :end_j], values[:, :, :end_j],
+                                                           scale=scale, enable_gqa=True)
+                else:  # a side branch: its path moved in after the cache for this call, then put back
+                    index = torch.tensor(path, device=keys.device) + start
+                    kept_k, kept_v = keys[:, :, start:end_j].clone(), values[:, :, start:end_j].clone()
+                    keys[:, :, start:end_j], values[:, :, start:end_j] = keys[:, :, index], values[:, :, index]
+                    out_j = F.scaled_dot_product_attention(q[:, :, j: j + 1], keys[:, :, :end_j], values[:, :, :end_j],
+                                                           scale=scale, enable_gqa=True)
+                    keys[:, :, start:end_j], values[:, :, start:end_j] = kept_k, kept_v
+                outs.append(out_j)
             out = torch.cat(outs, dim=2)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1,
