@@ -108,12 +108,15 @@ class SuffixIndex:
             return ROOT
         return Match(nxt[state][token], min(matched, length[state]) + 1)
 
-    def match(self, query) -> Match:
-        """The longest suffix of `query` that occurs in the text followed by a token."""
-        match = ROOT
+    def stream(self, query, match: Match = ROOT) -> Match:
+        """`step` over every token of `query`, from `match`."""
         for token in query:
             match = self.step(match, token)
-        return self.continued(match)
+        return match
+
+    def match(self, query) -> Match:
+        """The longest suffix of `query` that occurs in the text followed by a token."""
+        return self.continued(self.stream(query))
 
     def continued(self, match: Match) -> Match:
         """`match` cut back to its longest suffix that is followed by a token somewhere: a string
