@@ -1,9 +1,11 @@
-"""The suffix drafter: greedy text equal to plain text, and drafts from an earlier answer in the
-same session."""
+"""The suffix drafter: greedy text equal to plain text, drafts from an earlier answer in the same
+session, and a benchmark that never lets a prompt draft from its own runs."""
 
 import pytest
 
 from engine import DecodeConfig, SuffixDrafter, TokenEvent, encode_prompt, generate
+from engine.bench.prompts import BenchPrompt
+from engine.bench.runner import BenchSettings, Method, run_bench
 from engine.session import ModelPair
 from engine.suffix import SuffixIndex
 
@@ -65,3 +67,18 @@ def test_pair_history_feeds_later_sessions_only(tiny_pair):
     assert len(pair.history) == 2 * indexed
     assert again.accepted > aside.accepted
 
+
+def test_bench_never_drafts_a_prompt_from_its_own_runs(tiny_pair):
+    """Every repeat of a prompt drafts alike (its own runs stay out of the history); the same text
+    asked again as a later prompt drafts from the earlier prompt's answer."""
+    target, _ = tiny_pair
+    pair = ModelPair(target, drafter_kind="suffix")
+    prompts = [BenchPrompt(str(i), "qa", PROMPTS[0], chat=False) for i in (1, 2)]
+    settings = BenchSettings(ks=(4,), baselines=("plain",), repeats=2, decode=DecodeConfig(max_new_tokens=32))
+    results = run_bench([pair], prompts, settings)
+    method = Method("speculative", 4, "suffix")
+    first, again = ([run.accepted for run in result.runs[method]] for result in results)
+    assert first[0] == first[1]
+    assert min(again) > max(first)
+    assert all(run.token_ids == results[0].runs[Method("plain")][0].token_ids for r in results for run in r.runs[method])
+    assert len(pair.history) == 0
