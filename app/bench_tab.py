@@ -103,7 +103,7 @@ class BenchmarkTab(QWidget):
         self.drafters = QLineEdit()
         self.drafters.setPlaceholderText("e.g. draft-model,prompt-lookup")
         self.drafters.setToolTip("Other drafters of the loaded target, timed in the same run against the same plain "
-                                 "runs: comma-separated kinds (draft-model, feature-head, prompt-lookup), each "
+                                 "runs: comma-separated kinds (draft-model, feature-head, prompt-lookup, suffix), each "
                                  "optionally kind:MODEL. Empty: the loaded drafter only")
         self.baselines = {name: QCheckBox(name) for name in BASELINES}
         for box in self.baselines.values():

@@ -30,7 +30,8 @@ from engine.config import SCHEDULES, DecodeConfig
 from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 from engine.resources import resource_path
 
-DRAFTERS = {"draft model": "draft-model", "feature head": "feature-head", "prompt lookup": "prompt-lookup"}
+DRAFTERS = {"draft model": "draft-model", "feature head": "feature-head", "prompt lookup": "prompt-lookup",
+            "suffix": "suffix"}
 DEFAULT_MODELS = {"feature-head": DEFAULT_HEAD, "draft-model": DEFAULT_DRAFT}  # for the built-in target
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -82,7 +82,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
     detok = Detokenizer(target.tokenizer)
     stats = SessionStats()
 
-    copies = drafter is not None and config.lookup > 0 and not isinstance(drafter, PromptLookupDrafter)
+    copies = drafter is not None and config.lookup > 0 and not drafter.copies_text
     planner = _planner(target, drafter, config, copies) if drafter is not None and config.schedule == "auto" else None
     tree = planner is not None and config.greedy and lm.supports_trees  # alternatives beside the first draft
     if planner is not None and not tree:
@@ -209,6 +209,8 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         if config.schedule == "heuristic" and n and not copied:
             k = min(k + 2, config.max_k) if m == n else max(1, k - 1)
 
+    if drafter is not None:
+        drafter.end(ids)
     detok.flush()
     yield stats.summary(detok.text, stop_reason, planner.describe() if planner else "")
 

@@ -8,6 +8,8 @@ slot in by implementing `Drafter`.
   `engine.heads`); the decoding loop hands it the target's states for every kept token.
 - `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
+- `SuffixDrafter`: the most frequent continuation after the longest earlier match, in this
+  session's text and in earlier sessions' (SuffixDecoding, Oliaro et al. 2024); no model either.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from engine.context import context_length
 from engine.kvcache import CachedModel, backend_for
 from engine.linear import Linear, make_linear
 from engine.sampling import logits_to_probs, sample
+from engine.suffix import ROOT, Match, SuffixIndex
 
-DRAFTER_KINDS = ("draft-model", "feature-head", "prompt-lookup")
+DRAFTER_KINDS = ("draft-model", "feature-head", "prompt-lookup", "suffix")
+COPYING_KINDS = ("prompt-lookup", "suffix")  # drafters that copy from the text: prompt lookup never runs first
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Drafter(ABC):
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
     module: torch.nn.Module | None = None  # the model that drafts (what its measured cost is cached by)
     context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
+    copies_text = False  # True: it drafts by copying from the text, so prompt lookup never runs before it
 
     def begin(self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int,
               generator: torch.Generator | None) -> None:
@@ -63,6 +68,9 @@ class Drafter(ABC):
     def observe(self, states: torch.Tensor) -> None:
         """The target's last hidden states (n, hidden) for the next n kept tokens, in order, each
         computed with every earlier kept token in context (only when `needs_states`)."""
+
+    def end(self, ids: list[int]) -> None:
+        """The session ended with `ids` kept (prompt included)."""
 
     def _empty(self, device: torch.device) -> Proposal:
         return Proposal([], torch.zeros(0, self.vocab_width, device=device))
@@ -225,6 +233,7 @@ class PromptLookupDrafter(Drafter):
     """Copy what followed the latest earlier occurrence of the last n tokens (n = max_ngram..min_ngram)."""
 
     name = "prompt lookup"
+    copies_text = True
 
     def __init__(self, max_ngram: int = 3, device: torch.device | str = "cpu", min_ngram: int = 1) -> None:
         self.max_ngram = max_ngram
@@ -247,6 +256,68 @@ class PromptLookupDrafter(Drafter):
         tokens = self._match(torch.tensor(ids), k)
         if not tokens:
             return self._empty(self.device)
-        q = torch.zeros(len(tokens), self.vocab_width, device=self.device)
-        q[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
-        return Proposal(tokens, q)
+        return one_hot(tokens, self.vocab_width, self.device)
+
+
+def one_hot(tokens: list[int], width: int, device: torch.device) -> Proposal:
+    """Drafts copied from text: q is one-hot on each, so the rejection rule accepts a draft with
+    probability p(draft) and sampling stays exact."""
+    q = torch.zeros(len(tokens), width, device=device)
+    q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+    return Proposal(tokens, q)
+
+
+class SuffixDrafter(Drafter):
+    """SuffixDecoding (Oliaro et al. 2024; vLLM's `suffix` method): find the longest suffix of the
+    kept tokens that occurred earlier and draft its most frequent continuation path.
+
+    Two suffix automata (`engine.suffix`) are searched: this session's own text (prompt and kept
+    tokens, extended as tokens are kept) and `history`, the texts of earlier sessions (scope
+    "session"; scope "prompt" reads the session's own text only). The longer match drafts (this
+    session's on a tie), up to max_spec_factor x its length and k tokens, while the path's share of
+    what followed the match stays at least `min_share`. A session's text joins `history` when it
+    ends, unless `records` is False (a benchmark keeps a prompt's runs out of its own history).
+    """
+
+    name = "suffix"
+    copies_text = True
+
+    def __init__(self, history: SuffixIndex | None = None, scope: str = "session", records: bool = True,
+                 max_spec_factor: float = 1.0, min_share: float = 0.1, device: torch.device | str = "cpu") -> None:
+        if scope not in ("prompt", "session"):
+            raise ValueError(f"scope is 'prompt' or 'session', not {scope!r}")
+        self.history = history if scope == "session" else None
+        self.records = records
+        self.max_spec_factor = max_spec_factor
+        self.min_share = min_share
+        self.device = torch.device(device)
+
+    def begin(self, prompt_ids, config, vocab_width, generator) -> None:
+        super().begin(prompt_ids, config, vocab_width, generator)
+        self._own = SuffixIndex()
+        self._own.extend(prompt_ids)
+        # the history is unchanged during a session, so its match streams along with the kept tokens
+        self._earlier = self.history.stream(prompt_ids) if self.history is not None else ROOT
+
+    def propose(self, ids: list[int], k: int) -> Proposal:
+        kept = ids[self._own.tokens:]
+        self._own.extend(kept)
+        candidates = [(self._own, self._own.earlier())]
+        if self.history is not None:
+            self._earlier = self.history.stream(kept, self._earlier)
+            candidates.append((self.history, self.history.continued(self._earlier)))
+        candidates.sort(key=lambda candidate: -candidate[1].length)  # stable: this session's first on a tie
+        for index, match in candidates:
+            tokens = self._walk(index, match, k)
+            if tokens:
+                return one_hot(tokens, self.vocab_width, self.device)
+        return self._empty(self.device)
+
+    def _walk(self, index: SuffixIndex, match: Match, k: int) -> list[int]:
+        longest = min(k, int(self.max_spec_factor * match.length))
+        return index.walk(match, longest, self.min_share) if longest > 0 else []
+
+    def end(self, ids: list[int]) -> None:
+        if self.history is not None and self.records:
+            self.history.extend(ids)
+            self.history.separate()

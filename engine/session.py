@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.config import DecodeConfig
 from engine.decoding import generate
-from engine.drafters import DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter
+from engine.drafters import COPYING_KINDS, DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter, SuffixDrafter
 from engine.errors import SpecDeckError
 from engine.events import Event
 from engine.heads import LoadedHead, load_feature_head, names_head
 from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions, Progress, check_vocabularies, encode_prompt, load_model
+from engine.suffix import SuffixIndex
 
 DEFAULT_DRAFTER = "prompt-lookup"  # for targets without a built-in draft
 DEFAULT_PROMPT = (
@@ -28,10 +29,15 @@ DEFAULT_PROMPT = (
 class ModelPair:
     target: LoadedModel
     draft: LoadedModel | None = None
-    drafter_kind: str | None = None  # "draft-model", "feature-head", "prompt-lookup", or None: plain only
+    drafter_kind: str | None = None  # "draft-model", "feature-head", "prompt-lookup", "suffix", or None: plain only
     head: LoadedHead | None = None
+    # the texts of this pair's earlier sessions, which a suffix drafter also drafts from (token ids
+    # mean something for one tokenizer only, so the history belongs to the pair)
+    history: SuffixIndex = field(default_factory=SuffixIndex)
 
-    def make_drafter(self) -> Drafter | None:
+    def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
+        """A drafter for one session; a suffix drafter reads `history` instead of the pair's own
+        history when given, and leaves it as it is."""
         if self.drafter_kind == "draft-model":
             return DraftModelDrafter(self.draft.model, name=self.draft.name, output_ids=self.draft.output_ids)
         if self.drafter_kind == "feature-head":
@@ -39,6 +45,9 @@ class ModelPair:
                                       output_ids=self.head.output_ids)
         if self.drafter_kind == "prompt-lookup":
             return PromptLookupDrafter(device=self.target.device)
+        if self.drafter_kind == "suffix":
+            return SuffixDrafter(self.history if history is None else history, records=history is None,
+                                 device=self.target.device)
         return None
 
     @property
@@ -53,7 +62,7 @@ class ModelPair:
             return f"draft {self.draft.name}"
         if self.drafter_kind == "feature-head":
             return f"feature head {self.head.name}"
-        return "prompt lookup" if self.drafter_kind == "prompt-lookup" else ""
+        return {"prompt-lookup": "prompt lookup", "suffix": "suffix"}.get(self.drafter_kind, "")
 
 
 def load_pair(target: str | None, draft: str | None, drafter: str | None, device: str = "auto",
@@ -103,8 +112,9 @@ def _choose_drafters(target: str, drafters: Sequence[tuple[str | None, str | Non
 
 def _choose_drafter(target: str, drafter: str | None, draft: str | None) -> tuple[str, str | None]:
     """The drafter kind and the draft or head it loads for `target`, or a clear error."""
-    if drafter == "prompt-lookup" and draft:
-        raise SpecDeckError("Prompt lookup needs no draft model: drop --draft or choose --drafter draft-model.")
+    if drafter in COPYING_KINDS and draft:
+        what = "Prompt lookup" if drafter == "prompt-lookup" else "The suffix drafter"
+        raise SpecDeckError(f"{what} needs no draft model: drop --draft or choose --drafter draft-model.")
     if not draft and target == DEFAULT_TARGET:
         draft = {None: DEFAULT_HEAD, "draft-model": DEFAULT_DRAFT, "feature-head": DEFAULT_HEAD}.get(drafter)
     if drafter in ("draft-model", "feature-head") and not draft:

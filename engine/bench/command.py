@@ -29,7 +29,7 @@ def add_bench_command(commands) -> None:
     add_model_arguments(bench)
     bench.add_argument("--drafters", default=None,
                        help="several drafters in one run instead of --drafter/--draft: comma-separated kinds, "
-                            "each optionally kind:MODEL, e.g. draft-model,feature-head:path/to/head,prompt-lookup")
+                            "each optionally kind:MODEL, e.g. draft-model,feature-head:path/to/head,prompt-lookup,suffix")
     bench.add_argument("--prompts", default=None,
                        help="Spec-Bench jsonl, HumanEval jsonl, or one prompt per line (default: the bundled sample)")
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
@@ -88,7 +88,7 @@ def _parse_sweep(text: str, lowest: int, not_numbers: str, too_small: str) -> tu
 def parse_drafters(text: str, where: str = "--drafters") -> list[tuple[str, str | None]]:
     """'draft-model,feature-head:path/to/head' as (drafter kind, model or None) entries, in order;
     `where` names the option in error messages."""
-    from engine.drafters import DRAFTER_KINDS
+    from engine.drafters import COPYING_KINDS, DRAFTER_KINDS
 
     entries = []
     for entry in (part.strip() for part in text.split(",")):
@@ -98,9 +98,9 @@ def parse_drafters(text: str, where: str = "--drafters") -> list[tuple[str, str 
         if kind not in DRAFTER_KINDS:
             raise SpecDeckError(f"Unknown drafter {kind!r} in {where}: choose from {', '.join(DRAFTER_KINDS)}, "
                                 "each optionally as kind:MODEL.")
-        if kind == "prompt-lookup" and model:
-            raise SpecDeckError(f"Prompt lookup needs no model: write prompt-lookup alone in {where} "
-                                f"(got {entry!r}).")
+        if kind in COPYING_KINDS and model:
+            what = "Prompt lookup" if kind == "prompt-lookup" else "The suffix drafter"
+            raise SpecDeckError(f"{what} needs no model: write {kind} alone in {where} (got {entry!r}).")
         entries.append((kind, model or None))
     if not entries:
         raise SpecDeckError(f"{where} names no drafter: e.g. draft-model,feature-head.")
@@ -226,9 +226,9 @@ def run_and_write(pairs: Sequence[ModelPair], prompts, settings, out: Path, cont
 
     without_hf = [pair.drafter_description for pair in pairs if pair.drafter_kind not in HF_DRAFTERS]
     if without_hf and "hf-assisted" in settings.baselines:
-        # Hugging Face has no drafter that reads the target's hidden state: nothing to compare with
+        # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter
         context = {**context, "note": f"hf-assisted left out for {', '.join(without_hf)}: "
-                                      "Hugging Face generate() has no feature-head drafter."}
+                                      "Hugging Face generate() has no such drafter."}
     from engine.autotune import cost_curve
     from engine.cache import costs_cache
 

@@ -25,6 +25,7 @@ from engine.drafters import PromptLookupDrafter
 from engine.events import RoundEvent, SummaryEvent, TokenEvent
 from engine.kvcache import synchronize
 from engine.session import ModelPair
+from engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")
@@ -59,8 +60,9 @@ class Run:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, speculative: bool) -> Run:
-    drafter = pair.make_drafter() if speculative else None
+def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, speculative: bool,
+                 history: SuffixIndex | None = None) -> Run:
+    drafter = pair.make_drafter(history) if speculative else None
     token_ids: list[int] = []
     summary = None
     draft_ms = verify_ms = 0.0
@@ -157,7 +159,9 @@ def _cut_at_eos(token_ids: list[int], eos: frozenset[int]) -> list[int]:
     return token_ids
 
 
-def run_method(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:
+def run_method(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str,
+               history: SuffixIndex | None = None) -> Run:
+    """One run; `history`: the earlier texts a suffix drafter reads (and leaves as they are)."""
     if method in SPECDECK_METHODS:
-        return run_specdeck(pair, prompt_ids, config, speculative=method == "speculative")
+        return run_specdeck(pair, prompt_ids, config, speculative=method == "speculative", history=history)
     return run_hf(pair, prompt_ids, config, method)

@@ -4,6 +4,10 @@ machine noise (other processes, thermal limits) hits all of them alike.
 Several drafters can share one run: they share one loaded target (one `ModelPair` each), and
 speculative and hf-assisted run per drafter and K against the same plain and hf runs.
 
+A suffix drafter drafts from the earlier prompts' texts, never from a run of the same prompt
+(which would time copying the answer): each prompt's runs read a history of every earlier prompt
+and its first speculative answer, which joins the history only once all of the prompt's runs ended.
+
 Per prompt and repeat the method list is rotated by one more place, so no method always runs
 first or right after another. Warm-up runs (one short generation per method) are left out of
 every figure. Greedy runs check that each method's tokens equal plain decoding's; a prompt where
@@ -23,9 +27,11 @@ import torch
 from engine.bench.methods import HF_DRAFTERS, Run, run_method
 from engine.bench.prompts import BenchPrompt
 from engine.config import DecodeConfig
+from engine.drafters import COPYING_KINDS
 from engine.errors import SpecDeckError
 from engine.models import encode_prompt
 from engine.session import ModelPair
+from engine.suffix import SuffixIndex
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
 AUTO_K = 0  # a speculative method's K when the auto schedule chooses it each round
@@ -85,7 +91,7 @@ class BenchSettings:
         hf-assisted per K where Hugging Face has that drafter."""
         methods = [Method("plain")]
         for pair in pairs:
-            lookups = (0,) if pair.drafter_kind == "prompt-lookup" else self.lookups
+            lookups = (0,) if pair.drafter_kind in COPYING_KINDS else self.lookups
             methods += [Method("speculative", k, pair.drafter_description, lookup)
                         for k in self.ks for lookup in lookups]
         if "hf" in self.baselines:
@@ -132,9 +138,13 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
     if len(pair_of) < len(pairs):
         raise SpecDeckError("Two drafters of the benchmark have the same name: name each drafter once.")
 
-    def run(method: Method, prompt_ids: list[int], max_new_tokens: int | None = None) -> Run:
+    histories = {pair.drafter_description: SuffixIndex() for pair in pairs if pair.drafter_kind == "suffix"}
+
+    def run(method: Method, prompt_ids: list[int], max_new_tokens: int | None = None,
+            history: SuffixIndex | None = None) -> Run:
         pair = pair_of.get(method.drafter, pairs[0])  # plain and hf use the (shared) target alone
-        return run_method(pair, prompt_ids, _config_for(settings, method, max_new_tokens), method.name)
+        return run_method(pair, prompt_ids, _config_for(settings, method, max_new_tokens), method.name,
+                          history if history is not None else histories.get(method.drafter))
 
     methods = settings.methods(pairs)
     encoded = [encode_prompt(pairs[0].target.tokenizer, p.text, chat=p.chat) for p in prompts]
@@ -145,7 +155,7 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
             return []
         if progress:
             progress(done, total, f"warm-up {method.label}")
-        run(method, encoded[0], max_new_tokens=8)
+        run(method, encoded[0], max_new_tokens=8, history=SuffixIndex())
     results = []
     for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded)):
         result = PromptResult(prompt, len(prompt_ids))
@@ -158,6 +168,12 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
                     progress(done, total, f"{prompt.category} {prompt.name}: {method.label}")
                 result.runs.setdefault(method, []).append(run(method, prompt_ids))
                 done += 1
+        recorded = set()
+        for method in methods:  # each suffix drafter's first answer to this prompt joins its history
+            if method.name == "speculative" and method.drafter in histories and method.drafter not in recorded:
+                recorded.add(method.drafter)
+                histories[method.drafter].extend(prompt_ids + result.runs[method][0].token_ids)
+                histories[method.drafter].separate()
         if settings.decode.greedy:
             plain = result.runs[Method("plain")][0].token_ids
             for method, runs in result.runs.items():

@@ -122,6 +122,20 @@ def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pai
     assert "feature head" in window.model_panel.loaded.text()
 
 
+def test_suffix_session_drafts_from_the_earlier_answer(qtbot, window, errors):
+    """With the suffix drafter the same prompt run twice writes the same text and accepts more
+    drafts the second time: the loaded pair keeps the first answer."""
+    window.model_panel.drafter.setCurrentText("suffix")
+    _run(qtbot, window, window.run_button)
+    first = window.records[0].summary
+    _run(qtbot, window, window.run_button)
+    assert errors == []
+    second = window.records[0].summary
+    assert second.text == first.text
+    assert second.accepted > first.accepted
+    assert "suffix" in window.model_panel.loaded.text()
+
+
 def test_closing_during_a_run_leaves_no_thread_running(qtbot, window):
     """Closing the window mid-session stops the session and ends the model thread."""
     window.decoding_panel.max_new_tokens.setValue(4000)

@@ -11,10 +11,11 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import (DecodeConfig, DraftModelDrafter, PromptLookupDrafter, RoundEvent, SummaryEvent, TokenEvent,
-                    encode_prompt, generate)
+from engine import (DecodeConfig, DraftModelDrafter, PromptLookupDrafter, RoundEvent, SuffixDrafter, SummaryEvent,
+                    TokenEvent, encode_prompt, generate)
 from engine.config import SCHEDULES
 from engine.events import SessionStarted, TokenState
+from engine.suffix import SuffixIndex
 
 LONG = os.environ.get("SPECDECK_HYPOTHESIS") == "long"
 PROFILE = settings(max_examples=300 if LONG else 40, deadline=None, derandomize=not LONG, database=None,
@@ -27,6 +28,8 @@ prompts = st.lists(
     ),
     min_size=1, max_size=30,
 ).map("".join).filter(lambda text: text.strip())
+
+HISTORY = SuffixIndex()  # every suffix-drafted example's text: later examples draft from earlier ones
 
 stop_strings = st.lists(st.text(min_size=1, max_size=3), max_size=2).map(tuple)
 
@@ -45,7 +48,7 @@ def decode_configs(draw, greedy: bool) -> DecodeConfig:
 
 def drafter_for(kind: str, draft):
     return {"draft-model": lambda: DraftModelDrafter(draft.model), "prompt-lookup": PromptLookupDrafter,
-            "plain": lambda: None}[kind]()
+            "suffix": lambda: SuffixDrafter(HISTORY), "plain": lambda: None}[kind]()
 
 
 def kept_ids(events) -> list[int]:
@@ -75,7 +78,7 @@ def assert_consistent(events, config: DecodeConfig, tokenizer) -> None:
 
 
 @PROFILE
-@given(prompt=prompts, config=decode_configs(greedy=True), kind=st.sampled_from(("draft-model", "prompt-lookup")))
+@given(prompt=prompts, config=decode_configs(greedy=True), kind=st.sampled_from(("draft-model", "prompt-lookup", "suffix")))
 def test_greedy_speculative_text_equals_plain_text(tiny_pair, prompt, config, kind):
     """For any greedy settings and prompt, speculative decoding keeps exactly plain decoding's tokens."""
     target, draft = tiny_pair
@@ -89,7 +92,7 @@ def test_greedy_speculative_text_equals_plain_text(tiny_pair, prompt, config, ki
 
 @PROFILE
 @given(prompt=prompts, config=st.one_of(decode_configs(greedy=True), decode_configs(greedy=False)),
-       kind=st.sampled_from(("draft-model", "prompt-lookup", "plain")))
+       kind=st.sampled_from(("draft-model", "prompt-lookup", "suffix", "plain")))
 def test_event_stream_is_consistent_for_any_settings(tiny_pair, prompt, config, kind):
     """For any valid settings, drafter and prompt the session ends normally with a consistent stream."""
     target, draft = tiny_pair

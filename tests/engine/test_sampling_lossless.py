@@ -9,11 +9,12 @@ import math
 import pytest
 import torch
 
-from engine import DecodeConfig, DraftModelDrafter, Proposal, TokenEvent, encode_prompt, generate
+from engine import DecodeConfig, DraftModelDrafter, Proposal, SuffixDrafter, TokenEvent, encode_prompt, generate
 from engine.drafters import FeatureHeadDrafter
 from engine.heads import FeatureHead, head_config
 from engine.decoding import verify
 from engine.sampling import logits_to_probs
+from engine.suffix import SuffixIndex
 
 Z_999 = 3.090  # standard normal 99.9% quantile
 
@@ -105,6 +106,46 @@ def test_speculative_sampling_follows_target(tiny_llama, drafter):
     stat, df = chi_square(counts, exact, n)
     assert df >= 5
     assert stat < chi_square_quantile(df)
+
+
+class MisreportedSuffixDrafter(SuffixDrafter):
+    """The suffix drafter's drafts with q claimed uniform instead of one-hot: wrong on purpose."""
+
+    def propose(self, ids, k):
+        proposal = super().propose(ids, k)
+        return Proposal(proposal.tokens, torch.full_like(proposal.q, 1 / proposal.q.shape[-1]))
+
+
+@pytest.mark.parametrize("honest", [True, False], ids=["one-hot-q", "control-misreported-q"])
+def test_suffix_drafter_sampling_follows_target(tiny_llama, honest):
+    """Drafting the target's likeliest two tokens from an earlier session's text, with q one-hot on
+    them, the first two sampled tokens follow the target exactly over 1000 seeds; the control, the
+    same drafts judged with a misreported q, fails the same test."""
+    target, _ = tiny_llama
+    ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
+    base = DecodeConfig(k=3, temperature=0.5, top_k=40, top_p=0.9, max_new_tokens=2)
+    exact = exact_two_token_distribution(target, ids, base)
+    history = SuffixIndex()
+    history.extend(ids + list(max(exact, key=exact.get)))  # the prompt, then its likeliest two tokens
+    history.separate()
+    make = MisreportedSuffixDrafter if honest is False else SuffixDrafter
+    n = 1000
+    counts: dict = {}
+    rejections = 0
+    for seed in range(n):
+        config = DecodeConfig(k=3, schedule="constant", temperature=0.5, top_k=40, top_p=0.9, max_new_tokens=2,
+                              seed=seed)
+        events = list(generate(target, ids, config, make(history, records=False)))
+        kept = tuple(e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept)
+        rejections += any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)
+        counts[kept] = counts.get(kept, 0) + 1
+    stat, df = chi_square(counts, exact, n)
+    assert df >= 5
+    if honest:
+        assert 0.05 * n < rejections < 0.95 * n  # both branches of the rule were taken often
+        assert stat < chi_square_quantile(df)
+    else:
+        assert stat > chi_square_quantile(df)
 
 
 def test_seed_makes_sampling_reproducible(tiny_llama):

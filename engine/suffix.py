@@ -1,0 +1,211 @@
+"""A suffix automaton over token ids: what suffix drafting looks up each round.
+
+The automaton of a text (Blumer et al. 1985; the online construction of Crochemore & Hancart) has
+one state per class of substrings that end at the same set of positions (`endpos`), at most 2n
+states, and takes amortised O(1) work per appended token. Suffix drafting (SuffixDecoding, Oliaro
+et al. 2024) asks two things of it:
+
+- the longest suffix of a query (the tokens kept so far) that occurs in the text followed by a
+  token, found by streaming the query through the automaton, one transition or suffix link per step;
+- that suffix's continuations with their counts: for every token c, how often the suffix is
+  followed by c. All strings of a state share their end positions, so the count of s + c is
+  |endpos| of the state the c-transition leads to, kept in `_count`.
+
+`_count` is kept exact as tokens arrive: each new position adds one to every state on the suffix-link
+path of the new state. That path is as long as the number of distinct end-position classes among
+the text's repeated suffixes: a few for prose, longer for text that repeats itself many times
+(n for one token repeated n times).
+
+Texts of several sessions go into one automaton separated by `separate()`: each separator is a
+token id of its own (negative), so no match runs across it.
+
+`python -m engine.suffix --bench` times a drafting round's look-ups on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from typing import NamedTuple
+
+
+class Match(NamedTuple):
+    """A state of the automaton and how many tokens of the query it matched (0: none)."""
+
+    state: int
+    length: int
+
+
+ROOT = Match(0, 0)
+
+
+class SuffixIndex:
+    """The suffix automaton of a growing token sequence (`extend`), several texts apart (`separate`)."""
+
+    def __init__(self) -> None:
+        self._next: list[dict[int, int]] = [{}]  # transitions of each state
+        self._link: list[int] = [-1]  # suffix link: the state of the longest suffix in another class
+        self._len: list[int] = [0]  # length of the longest string of each state
+        self._count: list[int] = [0]  # |endpos|: how often each state's strings occur
+        self._last = 0  # the state of the whole text
+        self._separators = 0
+        self.tokens = 0  # tokens appended, separators included
+
+    def __len__(self) -> int:
+        return self.tokens
+
+    def extend(self, tokens) -> None:
+        """Append tokens to the text."""
+        for token in tokens:
+            self._append(token)
+
+    def separate(self) -> None:
+        """End the current text: no match will span this point."""
+        self._separators += 1
+        self._append(-self._separators)
+
+    def _append(self, token: int) -> None:
+        nxt, link, length, count = self._next, self._link, self._len, self._count
+        cur = len(nxt)
+        nxt.append({})
+        length.append(length[self._last] + 1)
+        link.append(0)
+        count.append(0)
+        p = self._last
+        while p != -1 and token not in nxt[p]:
+            nxt[p][token] = cur
+            p = link[p]
+        if p != -1:
+            q = nxt[p][token]
+            if length[p] + 1 == length[q]:
+                link[cur] = q
+            else:  # q holds longer strings too: split off the ones that now also end here
+                clone = len(nxt)
+                nxt.append(dict(nxt[q]))
+                length.append(length[p] + 1)
+                link.append(link[q])
+                count.append(count[q])  # the same end positions as q, until the new one is added below
+                while p != -1 and nxt[p].get(token) == q:
+                    nxt[p][token] = clone
+                    p = link[p]
+                link[q] = link[cur] = clone
+        self._last = cur
+        self.tokens += 1
+        state = cur
+        while state > 0:  # the new end position: one more occurrence of every suffix of the text
+            count[state] += 1
+            state = link[state]
+
+    def step(self, match: Match, token: int) -> Match:
+        """The longest suffix of (matched query + token) that occurs in the text. Valid only while
+        the text is unchanged: appending may split the state a match points at."""
+        nxt, link, length = self._next, self._link, self._len
+        state, matched = match
+        while state != -1 and token not in nxt[state]:
+            state = link[state]
+        if state == -1:
+            return ROOT
+        return Match(nxt[state][token], min(matched, length[state]) + 1)
+
+    def stream(self, query, match: Match = ROOT) -> Match:
+        """`step` over every token of `query`, from `match`."""
+        for token in query:
+            match = self.step(match, token)
+        return match
+
+    def match(self, query) -> Match:
+        """The longest suffix of `query` that occurs in the text followed by a token."""
+        return self.continued(self.stream(query))
+
+    def continued(self, match: Match) -> Match:
+        """`match` cut back to its longest suffix that is followed by a token somewhere: a string
+        seen only at the end of a text (before a separator or at the very end) has none, but a
+        state up its suffix links has (its strings also end elsewhere)."""
+        nxt, link, length = self._next, self._link, self._len
+        state, matched = match
+        while matched and not any(token >= 0 for token in nxt[state]):
+            state = link[state]
+            matched = length[state]
+        return Match(state, matched)
+
+    def earlier(self) -> Match:
+        """The longest suffix of the text itself that occurred earlier in it (with what followed)."""
+        state = self._link[self._last] if self._last else 0
+        return self.continued(Match(state, self._len[state]))
+
+    def continuations(self, match: Match) -> dict[int, int]:
+        """Every token that follows the matched string in the text, with how often it does."""
+        count = self._count
+        return {token: count[state] for token, state in self._next[match.state].items() if token >= 0}
+
+    def walk(self, match: Match, max_tokens: int, floor: float = 0.0) -> list[int]:
+        """The most frequent continuation path after `match`, up to `max_tokens` long, stopping
+        where the path's share (the product of each step's share of its continuations) < floor."""
+        nxt, count = self._next, self._count
+        state, share, path = match.state, 1.0, []
+        while len(path) < max_tokens:
+            options = nxt[state]
+            best, best_count, total = -1, 0, 0
+            for token, child in options.items():
+                c = count[child]
+                total += c
+                if token >= 0 and c > best_count:
+                    best, best_count = token, c
+            if best < 0:
+                break
+            share *= best_count / total
+            if share < floor:
+                break
+            path.append(best)
+            state = options[best]
+        return path
+
+
+def _bench(tokens: int, queries: int, vocab: int, seed: int) -> None:
+    """Index text with repeats (phrases copied from earlier), then time matching plus one walk."""
+    rng = random.Random(seed)
+    text: list[int] = []
+    while len(text) < tokens:
+        if len(text) > 64 and rng.random() < 0.3:
+            start = rng.randrange(len(text) - 32)
+            text.extend(text[start: start + rng.randint(4, 32)])
+        else:
+            text.extend(rng.randrange(vocab) for _ in range(rng.randint(4, 32)))
+    text = text[:tokens]
+    index = SuffixIndex()
+    started = time.perf_counter()
+    index.extend(text)
+    build_s = time.perf_counter() - started
+    match = index.match(text[:16])
+    started = time.perf_counter()
+    for i in range(queries):  # a round: step over the kept tokens (about 3), then walk 8
+        for token in text[16 + 3 * i: 19 + 3 * i]:
+            match = index.step(match, token)
+        index.walk(index.continued(match), 8, 0.1)
+    per_round = (time.perf_counter() - started) / queries
+    started = time.perf_counter()
+    for i in range(queries):
+        index.walk(index.earlier(), 8, 0.1)
+    per_walk = (time.perf_counter() - started) / queries
+    print(f"{tokens} tokens indexed in {build_s:.2f} s ({build_s / tokens * 1e6:.1f} us/token), "
+          f"{len(index._len)} states")
+    print(f"a round (step 3 tokens, walk 8): {per_round * 1e6:.1f} us; walk from the text's own end: {per_walk * 1e6:.1f} us")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m engine.suffix", description=__doc__.splitlines()[0])
+    parser.add_argument("--bench", action="store_true", help="time indexing and a drafting round's look-ups")
+    parser.add_argument("--tokens", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=2000)
+    parser.add_argument("--vocab", type=int, default=32_000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not args.bench:
+        parser.print_help()
+        return
+    _bench(args.tokens, args.queries, args.vocab, args.seed)
+
+
+if __name__ == "__main__":
+    main()
