@@ -40,7 +40,7 @@ DECAY = 0.97  # weight of a round's evidence after each later round (about 30 ro
 PRIOR = 2.0  # pseudo-rounds behind each acceptance estimate
 MAX_WIDTH = 4  # candidates for a round's first token, at most
 CARRIED = 8.0  # rounds' weight of an earlier session's acceptance in a new one (`RoundPlanner.carry_over`)
-NOISY = 0.25  # passes of a cost curve further apart than this are not cached
+NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said, kept)
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,15 @@ class CostCurve:
     tokens: tuple[int, ...]
     forward_ms: tuple[float, ...]
     machine: str = ""
+    spread: float = 0.0  # how far its passes disagreed: above NOISY, the machine was busy meanwhile
+
+    @property
+    def noisy_note(self) -> str:
+        """A warning for reports and plans where the curve was measured on a busy machine, else ""."""
+        if self.spread <= NOISY:
+            return ""
+        return (f"measured while the machine was busy (passes {self.spread:.0%} apart): `specdeck cache --clear` "
+                "measures it again")
 
     def ms(self, n: int) -> float:
         points = list(zip(self.tokens, self.forward_ms))
@@ -77,10 +86,10 @@ def machine_name() -> str:
 
 
 def measure_curve(model: torch.nn.Module, tokens: tuple[int, ...] = CURVE_TOKENS, passes: int = 3,
-                  context: int = CURVE_CONTEXT) -> tuple[CostCurve, float]:
+                  context: int = CURVE_CONTEXT) -> CostCurve:
     """Time the model's forward over each number of new tokens after `context` cached ones, on its
     own KV cache: every size once per pass (after a warm-up pass), the best of the passes kept, so
-    a burst of other work on the machine spoils one pass, not one size. Also returns how far the
+    a burst of other work on the machine spoils one pass, not one size. The curve records how far the
     passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
     lm = CachedModel(model)
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -100,8 +109,8 @@ def measure_curve(model: torch.nn.Module, tokens: tuple[int, ...] = CURVE_TOKENS
     spread = max(sorted(r)[len(r) // 2] / b - 1.0 for r, b in zip(runs, best))
     device = lm.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else machine_name()
-    curve = CostCurve(tuple(tokens), tuple(round(b, 3) for b in best), f"{name}, {torch.get_num_threads()} threads")
-    return curve, spread
+    return CostCurve(tuple(tokens), tuple(round(b, 3) for b in best), f"{name}, {torch.get_num_threads()} threads",
+                     round(spread, 3))
 
 
 def measure_draft_ms(drafter, vocab_width: int, hidden_size: int, k: int = 4, passes: int = 3,
@@ -168,19 +177,13 @@ def cost_curve(model: torch.nn.Module, cache_dir: Path | None = None) -> CostCur
     so that later sessions plan alike: the auto schedule's choices, and so sampled text for a seed,
     repeat on this machine)."""
     if model not in _CURVES:
-        def measure() -> dict:
-            curve, spread = measure_curve(model)
-            if spread > NOISY:
-                log.warning("the machine was busy while the target's cost curve was measured (passes %.0f%% "
-                            "apart); `specdeck cache --clear` measures it again", spread * 100)
-            return asdict(curve)
-
         path = cache_dir / f"curve-{_key(model, 'curve')}.json" if cache_dir else None
-        raw = _cached(path, measure, "cost curve")
+        raw = _cached(path, lambda: asdict(measure_curve(model)), "cost curve")
         try:
-            _CURVES[model] = CostCurve(tuple(raw["tokens"]), tuple(raw["forward_ms"]), raw.get("machine", ""))
-        except (KeyError, TypeError):
-            _CURVES[model] = CostCurve(**asdict(measure_curve(model)[0]))
+            _CURVES[model] = CostCurve(tuple(raw["tokens"]), tuple(raw["forward_ms"]), raw.get("machine", ""),
+                                       float(raw.get("spread", 0.0)))
+        except (KeyError, TypeError, ValueError):
+            _CURVES[model] = measure_curve(model)
     return _CURVES[model]
 
 
@@ -347,7 +350,7 @@ class RoundPlanner:
         lines = [f"chosen per round: {shapes or 'nothing yet'}",
                  f"target forward for 1/2/4/8 tokens: " + "/".join(f"{self.verify_ms(n):.1f}" for n in (1, 2, 4, 8))
                  + " ms (as this session measured them, else the machine's cost curve"
-                 + f" x{self.scale:.2f})",
+                 + f" x{self.scale:.2f}" + (f"; {self.curve.noisy_note}" if self.curve.noisy_note else "") + ")",
                  f"drafter acceptance by depth: {drafts}"]
         lines.append(f"draft cost {self.draft_ms_per_token:.1f} ms per token")
         if self.ranked and self.max_width > 1:

@@ -182,8 +182,9 @@ def cost_curve_lines(curve) -> list[str]:
     header = "| new tokens | " + " | ".join(map(str, curve.tokens)) + " |"
     ms = "| ms | " + " | ".join(f"{t:.1f}" for t in curve.forward_ms) + " |"
     ratio = "| x one token | " + " | ".join(f"{t / curve.forward_ms[0]:.2f}" for t in curve.forward_ms) + " |"
+    busy = f" It was {curve.noisy_note}." if curve.noisy_note else ""
     return [f"Measured on {curve.machine}, after {CURVE_CONTEXT} cached tokens, best of 3 "
-            "(the auto schedule plans with it, scaled by what each session's verifies take):", "",
+            f"(the auto schedule plans with it, scaled by what each session's verifies take).{busy}", "",
             header, "|---|" + "---|" * len(curve.tokens), ms, ratio]
 
 

@@ -168,3 +168,11 @@ def test_a_new_session_starts_from_what_the_last_one_measured():
     carried = RoundPlanner(FLAT, 2.0, max_k=8, max_copy=0, adapt=False)
     carried.carry_over(learned)
     assert fresh.plan().k > 0 and carried.plan().k == 0
+
+
+def test_a_curve_measured_on_a_busy_machine_says_so_in_the_plan():
+    """A curve whose passes disagreed is kept, and the session's plan says it was measured while the
+    machine was busy and how to measure it again."""
+    busy = CostCurve(FLAT.tokens, FLAT.forward_ms, spread=0.6)
+    assert FLAT.noisy_note == "" and "busy" in busy.noisy_note
+    assert "specdeck cache --clear" in RoundPlanner(busy, 1.0, max_k=4, max_copy=0).describe()
