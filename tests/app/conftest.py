@@ -76,6 +76,10 @@ def window(qtbot, loop, settings, tiny_pair, errors):
     win.decoding_panel.prompt.setPlainText("The quick brown fox")
     win.decoding_panel.chat.setChecked(False)
     win.decoding_panel.max_new_tokens.setValue(40)
+    # a fixed K: the tiny draft costs what its tiny target costs, so the auto schedule would mostly
+    # take plain steps, and these tests are about how drafts are shown
+    win.decoding_panel.schedule.setCurrentText("constant")
+    win.decoding_panel.k.setValue(4)
     win.show()
     yield win
     if win.host.thread_running:

@@ -30,7 +30,7 @@ def test_draft_cache_after_session_matches_fresh_forward(tiny_pair):
     target, draft = tiny_pair
     ids = encode_prompt(target.tokenizer, "def add(a, b):\n    return", chat=False)
     drafter = DraftModelDrafter(draft.model)
-    events = list(generate(target, ids, DecodeConfig(k=3, max_new_tokens=30), drafter))
+    events = list(generate(target, ids, DecodeConfig(k=3, schedule="constant", max_new_tokens=30), drafter))
     assert any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)
     kept = ids + [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
     proposal = drafter.propose(kept, 1)

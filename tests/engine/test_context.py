@@ -31,7 +31,7 @@ def test_truncated_prompt_keeps_its_last_part_and_says_so(tiny_pair):
     """With truncate_prompt the session decodes the prompt's end, as if only that had been given."""
     target, draft = tiny_pair
     ids = prompt_of(target, 600)
-    config = DecodeConfig(k=3, max_new_tokens=20, truncate_prompt=True)
+    config = DecodeConfig(k=3, schedule="constant", max_new_tokens=20, truncate_prompt=True)
     events = list(generate(target, ids, config, DraftModelDrafter(draft.model)))
     start = events[0]
     assert isinstance(start, SessionStarted)
@@ -45,7 +45,7 @@ def test_answer_stops_at_the_end_of_the_context(tiny_pair):
     """An answer that would run past the context stops there, stop reason "context", and stays exact."""
     target, draft = tiny_pair
     ids = prompt_of(target, CONTEXT - 12)
-    config = DecodeConfig(k=4, max_new_tokens=40, lookup=0)
+    config = DecodeConfig(k=4, schedule="constant", max_new_tokens=40, lookup=0)
     plain = list(generate(target, ids, config))
     spec = list(generate(target, ids, config, DraftModelDrafter(draft.model)))
     for events in (plain, spec):

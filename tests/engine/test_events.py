@@ -66,7 +66,7 @@ def test_stop_string_and_cancel(tiny_llama):
     assert stopped.stop_reason == "stop_string" and stop in stopped.text and full.startswith(stopped.text)
     cancel = threading.Event()
     kept_before_cancel = ""
-    for event in generate(target, ids, DecodeConfig(k=3, max_new_tokens=40), DraftModelDrafter(draft.model), cancel):
+    for event in generate(target, ids, DecodeConfig(k=3, schedule="constant", max_new_tokens=40), DraftModelDrafter(draft.model), cancel):
         if isinstance(event, RoundEvent) and event.round == 3:
             cancel.set()
             kept_before_cancel = event.new_tokens

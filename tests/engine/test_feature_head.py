@@ -46,7 +46,7 @@ def test_trained_head_is_picked_by_its_folder_and_keeps_greedy_exact(tiny_head):
     for prompt in ("The quick brown fox", "d"):  # a one-token prompt: the first round has no state yet
         plain = list(run_session(pair, prompt, DecodeConfig(max_new_tokens=40), chat=False, plain=True))
         for k in range(1, 6):
-            events = list(run_session(pair, prompt, DecodeConfig(k=k, max_new_tokens=40), chat=False))
+            events = list(run_session(pair, prompt, DecodeConfig(k=k, schedule="constant", max_new_tokens=40), chat=False))
             assert _kept(events) == _kept(plain), (prompt, k)
             summary = events[-1]
             assert isinstance(summary, SummaryEvent) and summary.drafted > 0
@@ -57,7 +57,7 @@ def test_trained_head_proposes_only_its_output_tokens(tiny_head):
     pair = load_pair(str(target), str(out / "head"), "feature-head", device="cpu")
     allowed = set(pair.head.output_ids.tolist())
     assert 0 < len(allowed) < pair.target.vocab_width
-    events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=3, max_new_tokens=30, temperature=1.0, seed=2),
+    events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=3, schedule="constant", max_new_tokens=30, temperature=1.0, seed=2),
                               chat=False))
     drafted = {e.token_id for e in events if isinstance(e, TokenEvent)
                and e.state in (TokenState.ACCEPTED, TokenState.REJECTED)}
@@ -167,10 +167,10 @@ def test_untrained_head_keeps_sampling_exact_too(tiny_llama):
         drafter = FeatureHeadDrafter(head, target.model, output_ids=torch.arange(0, target.vocab_width, 2))
         return _kept(generate(target, ids, config, drafter))
 
-    assert run(DecodeConfig(k=3, max_new_tokens=30)) == _kept(generate(target, ids, DecodeConfig(max_new_tokens=30)))
-    sampled = DecodeConfig(k=3, max_new_tokens=30, temperature=1.0, seed=5)
+    assert run(DecodeConfig(k=3, schedule="constant", max_new_tokens=30)) == _kept(generate(target, ids, DecodeConfig(max_new_tokens=30)))
+    sampled = DecodeConfig(k=3, schedule="constant", max_new_tokens=30, temperature=1.0, seed=5)
     assert run(sampled) == run(sampled)
-    assert run(sampled) != run(DecodeConfig(k=3, max_new_tokens=30, temperature=1.0, seed=6))
+    assert run(sampled) != run(DecodeConfig(k=3, schedule="constant", max_new_tokens=30, temperature=1.0, seed=6))
 
 
 def test_real_target_loads_through_the_same_model_path(tiny_head):
@@ -204,7 +204,7 @@ def test_drafts_step_by_step_equal_the_head_over_the_whole_sequence(tiny_llama):
                 states, tokens = torch.cat([states, predicted[None]]), tokens + [draft]
         return torch.stack(q)
 
-    config = DecodeConfig(k=3, temperature=1.0)
+    config = DecodeConfig(k=3, schedule="constant", temperature=1.0)
     ids = encode_prompt(target.tokenizer, "Once upon a time there", chat=False)
     drafter.begin(ids, config, target.vocab_width, torch.Generator().manual_seed(0))
     drafter.observe(real_states(ids)[:-1])

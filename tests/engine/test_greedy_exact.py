@@ -30,7 +30,7 @@ def test_pair_both_accepts_and_rejects(tiny_pair):
     """The test pair exercises both branches of the rule, so the exactness test means something."""
     target, draft = tiny_pair
     ids = encode_prompt(target.tokenizer, PROMPTS[0], chat=False)
-    summary = list(generate(target, ids, DecodeConfig(k=4, max_new_tokens=32), DraftModelDrafter(draft.model)))[-1]
+    summary = list(generate(target, ids, DecodeConfig(k=4, schedule="constant", max_new_tokens=32), DraftModelDrafter(draft.model)))[-1]
     assert 0 < summary.accepted < summary.drafted
 
 

@@ -85,7 +85,7 @@ def test_copied_token_keeps_sampling_exact(tiny_llama):
     the target likes most there, so copies are both accepted and rejected often."""
     target, draft = tiny_llama
     base = encode_prompt(target.tokenizer, "The quick brown", chat=False)
-    config = DecodeConfig(k=1, lookup=1, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2)
+    config = DecodeConfig(k=1, schedule="constant", lookup=1, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2)
 
     def chance(token: int) -> float:  # the target's probability of the copy that prompt lookup makes
         with torch.inference_mode():

@@ -21,7 +21,7 @@ def test_reduced_output_greedy_equals_plain(tiny_pair):
     plain = [e.token_id for e in generate(target, ids, DecodeConfig(max_new_tokens=32))
              if isinstance(e, TokenEvent) and e.state.kept]
     for k in range(1, 7):
-        events = list(generate(target, ids, DecodeConfig(k=k, max_new_tokens=32),
+        events = list(generate(target, ids, DecodeConfig(k=k, schedule="constant", max_new_tokens=32),
                                DraftModelDrafter(draft.model, output_ids=allowed)))
         assert [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept] == plain, k
         drafted = {e.token_id for e in events if isinstance(e, TokenEvent) and not e.copied

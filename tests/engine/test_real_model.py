@@ -17,7 +17,7 @@ def test_prompt_lookup_greedy_equals_plain_for_128_tokens(smollm2):
     prompt = ("Repeat this list exactly, then add one more item: apples, pears, plums, cherries, "
               "grapes, lemons, oranges, figs, dates, kiwis.")
     ids = encode_prompt(smollm2.tokenizer, prompt)
-    config = DecodeConfig(k=4, max_new_tokens=128)
+    config = DecodeConfig(k=4, schedule="constant", max_new_tokens=128)
     plain = list(generate(smollm2, ids, config))
     spec = list(generate(smollm2, ids, config, PromptLookupDrafter()))
     kept = [e.token_id for e in spec if isinstance(e, TokenEvent) and e.state.kept]
@@ -67,7 +67,7 @@ def test_builtin_head_ships_small_and_keeps_greedy_exact(smollm2):
     head = load_feature_head(DEFAULT_HEAD, smollm2)
     assert head.output_ids is not None and len(head.output_ids) < smollm2.vocab_width
     ids = encode_prompt(smollm2.tokenizer, "Explain in simple terms why the sky is blue.")
-    config = DecodeConfig(k=1, lookup=0, max_new_tokens=64)
+    config = DecodeConfig(k=1, schedule="constant", lookup=0, max_new_tokens=64)
     plain = [e.token_id for e in generate(smollm2, ids, config) if isinstance(e, TokenEvent)]
     drafter = FeatureHeadDrafter(head.head, smollm2.model, name=head.name, output_ids=head.output_ids)
     spec = list(generate(smollm2, ids, config, drafter))

@@ -36,7 +36,7 @@ def test_trained_draft_keeps_greedy_output_exact(tiny_run):
     """A draft distilled for a few steps loads as a draft and leaves greedy output unchanged."""
     target, out = tiny_run
     pair = load_pair(str(target), str(out / "draft"), "draft-model", device="cpu")
-    config = DecodeConfig(k=3, max_new_tokens=24)
+    config = DecodeConfig(k=3, schedule="constant", max_new_tokens=24)
     plain = list(run_session(pair, "The quick brown fox", config, plain=True))
     speculative = list(run_session(pair, "The quick brown fox", config))
     assert _kept_text(speculative) == _kept_text(plain)
@@ -49,7 +49,7 @@ def test_trained_draft_proposes_only_its_output_tokens(tiny_run):
     pair = load_pair(str(target), str(out / "draft"), "draft-model", device="cpu")
     allowed = set(pair.draft.output_ids.tolist())
     assert 0 < len(allowed) < pair.target.vocab_width
-    events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=4, max_new_tokens=24, temperature=1.0, seed=3)))
+    events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=4, schedule="constant", max_new_tokens=24, temperature=1.0, seed=3)))
     drafted = [e.token_id for e in events if isinstance(e, TokenEvent) and e.state in (TokenState.ACCEPTED,
                                                                                        TokenState.REJECTED)]
     assert drafted and set(drafted) <= allowed
