@@ -5,6 +5,7 @@ Chi-square goodness of fit against the exact target distribution, at a false-ala
 """
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -41,6 +42,19 @@ def chi_square(counts: dict, expected_probs: dict, n: int) -> tuple[float, int]:
     elif pooled_obs:
         return math.inf, max(df, 1)
     return stat, df
+
+
+def sample_two_tokens(target, ids, config: DecodeConfig, make_drafter, n: int) -> tuple[dict, int]:
+    """The kept tokens of n sessions under `config` with seeds 0..n-1, counted, and how many sessions
+    rejected a draft."""
+    counts: dict = {}
+    rejections = 0
+    for seed in range(n):
+        events = list(generate(target, ids, replace(config, seed=seed), make_drafter()))
+        kept = tuple(e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept)
+        rejections += any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)
+        counts[kept] = counts.get(kept, 0) + 1
+    return counts, rejections
 
 
 def test_rejection_rule_reproduces_target_distribution():
@@ -93,15 +107,7 @@ def test_speculative_sampling_follows_target(tiny_llama, drafter):
     base = DecodeConfig(k=3, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2)
     exact = exact_two_token_distribution(target, ids, base)
     n = 1000
-    counts: dict = {}
-    rejections = 0
-    for seed in range(n):
-        config = DecodeConfig(k=3, schedule="constant", temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2,
-                              seed=seed)
-        events = list(generate(target, ids, config, make()))
-        kept = tuple(e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept)
-        rejections += any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)
-        counts[kept] = counts.get(kept, 0) + 1
+    counts, rejections = sample_two_tokens(target, ids, replace(base, schedule="constant"), make, n)
     assert 0.05 * n < rejections < 0.95 * n  # both branches of the rule were taken often
     stat, df = chi_square(counts, exact, n)
     assert df >= 5
@@ -130,15 +136,8 @@ def test_suffix_drafter_sampling_follows_target(tiny_llama, honest):
     history.separate()
     make = MisreportedSuffixDrafter if honest is False else SuffixDrafter
     n = 1000
-    counts: dict = {}
-    rejections = 0
-    for seed in range(n):
-        config = DecodeConfig(k=3, schedule="constant", temperature=0.5, top_k=40, top_p=0.9, max_new_tokens=2,
-                              seed=seed)
-        events = list(generate(target, ids, config, make(history, records=False)))
-        kept = tuple(e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept)
-        rejections += any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)
-        counts[kept] = counts.get(kept, 0) + 1
+    counts, rejections = sample_two_tokens(target, ids, replace(base, schedule="constant"),
+                                           lambda: make(history, records=False), n)
     stat, df = chi_square(counts, exact, n)
     assert df >= 5
     if honest:
