@@ -251,7 +251,7 @@ class RoundPlanner:
     """Picks each round's `Shape` to maximise expected kept tokens per millisecond."""
 
     def __init__(self, curve: CostCurve, draft_ms_per_token: float, max_k: int, max_copy: int,
-                 adapt: bool = True) -> None:
+                 adapt: bool = True, max_width: int = MAX_WIDTH) -> None:
         self.curve = curve
         self.adapt = adapt  # False: plan from the cached costs alone, so a seed repeats its choices
         self.max_k = max(0, min(max_k, curve.tokens[-1] - 1))
@@ -264,7 +264,7 @@ class RoundPlanner:
         self.observed: dict[int, float] = {}  # verify ms by tokens verified, as this session measured them
         self.rounds_without_draft = 0
         self.chosen: dict[str, int] = {}  # "K=2", "K=2 w3", "copy 4", "none": rounds
-        self.max_width = MAX_WIDTH  # 1 where trees cannot run (sampling, a backend without tree attention)
+        self.max_width = max_width  # 1 where trees cannot run (sampling, a backend without tree attention)
         self.ranks = [0.0] * MAX_WIDTH  # decayed rounds in which the target's first token had each rank
         self.ranked = 0.0
 

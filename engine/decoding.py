@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.autotune import RoundPlanner, Shape, cost_curve, draft_cost
+from engine.autotune import MAX_WIDTH, RoundPlanner, Shape, cost_curve, draft_cost
 from engine.cache import costs_cache
 from engine.config import DecodeConfig
 from engine.context import context_length, fit_prompt, shortest
@@ -83,10 +83,9 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
     stats = SessionStats()
 
     copies = drafter is not None and config.lookup > 0 and not drafter.copies_text
-    planner = _planner(target, drafter, config, copies) if drafter is not None and config.schedule == "auto" else None
-    tree = planner is not None and config.greedy and lm.supports_trees  # alternatives beside the first draft
-    if planner is not None and not tree:
-        planner.max_width = 1
+    # trees (alternatives beside the first draft): greedy only, on a backend with tree attention
+    tree = config.schedule == "auto" and config.greedy and lm.supports_trees
+    planner = _planner(target, drafter, config, copies, tree) if drafter is not None and config.schedule == "auto" else None
 
     synchronize(device)
     started = time.perf_counter()
@@ -140,7 +139,8 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         else:
             logits = lm.forward([ids[-1]] + proposal.tokens)
         m, token, p = verify(proposal, logits[: n + 1], config, generator)
-        if m == 0 and token in alternatives:  # greedy: the target's first token was an alternative
+        picked = m == 0 and token in alternatives  # greedy: the target's first token was an alternative
+        if picked:
             row = n + 1 + alternatives.index(token)
             p_row = logits_to_probs(logits[row], config)
             kept, path = [token, int(logits[row].argmax())], [0, row]
@@ -148,17 +148,17 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             q_kept = [float(proposal.q[0, token])]
             m, last_state = 1, TokenState.BONUS
             lm.compact(path)
-            rejected = _judged(proposal.tokens, p, proposal.q, 1) + _judged(
-                [t for t in alternatives if t != token], p[0], proposal.q[0], 1)
         else:
             kept, path = proposal.tokens[:m] + [token], list(range(m + 1))
             p_kept = p[torch.arange(m + 1, device=p.device), torch.tensor(kept, device=p.device)].tolist()
             q_kept = proposal.q[torch.arange(m), torch.tensor(kept[:m], device=p.device)].tolist() if m else []
             last_state = TokenState.PLAIN if n == 0 else (TokenState.BONUS if m == n else TokenState.RESAMPLED)
             lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
-            rejected = _judged(proposal.tokens[m:], p[m:n], proposal.q[m:n], m + 1) if m < n else []
-            if m == 0 and alternatives:
-                rejected += _judged(alternatives, p[0], proposal.q[0], 1)
+        first_refused = 0 if picked else m  # the chain's drafts from here on were refused or unreachable
+        rejected = _judged(proposal.tokens[first_refused:], p[first_refused:n], proposal.q[first_refused:n],
+                           first_refused + 1)
+        if first_refused == 0 and alternatives:  # the alternatives the target did not take (shown only where all were judged)
+            rejected += _judged([t for t in alternatives if t != token], p[0], proposal.q[0], 1)
         if states:
             drafter.observe(hidden[path])  # the kept tokens of this forward
         synchronize(device)
@@ -168,14 +168,12 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         events: list[Event] = []
         stopped = None
         for i, token_id in enumerate(kept):
+            if rejected and i == first_refused:  # refused drafts where they were proposed, first
+                events.extend(_rejected_events(rejected, detok, new_tokens, round_no, copied))
             if i < m:
                 state, q = TokenState.ACCEPTED, q_kept[i]
-                if i == 0 and rejected and path[-1] > n:  # the drafts tried before the alternative kept
-                    events.extend(_rejected_events(rejected, detok, new_tokens, round_no, copied))
             else:
-                if m < n and rejected and path[-1] <= n:  # every rejected draft where it was proposed
-                    events.extend(_rejected_events(rejected, detok, new_tokens, round_no, copied))
-                state, q = last_state, (float(proposal.q[m, token_id]) if m < n and path[-1] <= n else None)
+                state, q = last_state, (float(proposal.q[m, token_id]) if m < n and not picked else None)
             final = token_id in eos or new_tokens + 1 == budget
             events.append(TokenEvent(state, token_id, detok.push(token_id, final), new_tokens, round_no, p_kept[i], q,
                                      copied=copied and i < m, depth=i + 1 if i < m else 0))
@@ -193,7 +191,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         if planner:
             first = int(logits[0].argmax())  # the target's own first token: its rank among the drafter's
             rank = int((proposal.q[0] > proposal.q[0, first]).sum()) if n and not copied else None
-            planner.record(shape, copied, n, m if path[-1] <= n else 0, draft_ms, verify_ms,
+            planner.record(shape, copied, n, first_refused, draft_ms, verify_ms,
                            (time.perf_counter() - round_started) * 1e3, rank, len(alternatives))
         round_event = RoundEvent(round_no, drafted, accepted, draft_ms, verify_ms, new_tokens,
                                  time.perf_counter() - decode_started, copied=copied,
@@ -218,7 +216,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
 _PLANNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # each drafter's latest greedy planner
 
 
-def _planner(target: LoadedModel, drafter: Drafter, config: DecodeConfig, copies: bool) -> RoundPlanner:
+def _planner(target: LoadedModel, drafter: Drafter, config: DecodeConfig, copies: bool, tree: bool) -> RoundPlanner:
     """The auto schedule: each round's shape chosen from the costs measured on this machine (cached)
     and the session's acceptance. Greedy sessions also adapt the costs to what their rounds take
     (their text cannot change with the shape); sampled ones plan from the cached costs alone, so a
@@ -226,7 +224,7 @@ def _planner(target: LoadedModel, drafter: Drafter, config: DecodeConfig, copies
     costs = costs_cache()
     per_token = draft_cost(drafter, target.vocab_width, target.model.config.hidden_size, costs)
     planner = RoundPlanner(cost_curve(target.model, costs), per_token, config.max_k, config.lookup if copies else 0,
-                           adapt=config.greedy)
+                           adapt=config.greedy, max_width=MAX_WIDTH if tree else 1)
     if config.greedy and drafter.module is not None:  # greedy text cannot depend on it; a seed's would
         earlier = _PLANNERS.get(drafter.module)
         if earlier is not None:
