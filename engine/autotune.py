@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import platform
 import time
 import weakref
@@ -29,6 +28,8 @@ from pathlib import Path
 import torch
 
 from engine import linear
+from engine.atomic import write_text
+from engine.errors import SpecDeckError
 from engine.kvcache import CachedModel, synchronize
 
 log = logging.getLogger(__name__)
@@ -164,10 +165,8 @@ def _cached(path: Path | None, measure, what: str):
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.partial")
-            partial.write_text(json.dumps(value), encoding="utf-8")
-            partial.replace(path)
-        except OSError as error:
+            write_text(path, json.dumps(value))
+        except (OSError, SpecDeckError) as error:
             log.warning("could not save the %s to %s (%s)", what, path, error)
     return value
 
