@@ -15,7 +15,6 @@ from engine.models import (
     DEFAULT_TARGET,
     LoadedModel,
     LoadOptions,
-    check_vocabularies,
     encode_prompt,
     load_model,
 )
@@ -24,6 +23,6 @@ from engine.stats import SessionStats, expected_tokens_per_round, predicted_spee
 __all__ = [
     "BUILTIN_MODELS", "DEFAULT_TARGET", "DRAFTER_KINDS", "DecodeConfig", "DraftModelDrafter", "Drafter",
     "Event", "FeatureHeadDrafter", "LoadOptions", "LoadedModel", "PromptLookupDrafter", "Proposal", "RoundEvent", "SessionStarted",
-    "SessionStats", "SpecDeckError", "SuffixDrafter", "SummaryEvent", "TokenEvent", "TokenState", "check_vocabularies",
+    "SessionStats", "SpecDeckError", "SuffixDrafter", "SummaryEvent", "TokenEvent", "TokenState",
     "encode_prompt", "event_to_dict", "expected_tokens_per_round", "generate", "load_model", "predicted_speedup",
 ]

@@ -22,7 +22,7 @@ from engine.cache import costs_cache
 from engine.config import DecodeConfig
 from engine.context import context_length, fit_prompt, shortest
 from engine.detok import Detokenizer
-from engine.drafters import Drafter, PromptLookupDrafter, Proposal
+from engine.drafters import DraftPiece, Drafter, PromptLookupDrafter, Proposal
 from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
 from engine.kvcache import CachedModel, synchronize
 from engine.models import LoadedModel
@@ -156,7 +156,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
         first_refused = 0 if picked else m  # the chain's drafts from here on were refused or unreachable
         rejected = _judged(proposal.tokens[first_refused:], p[first_refused:n], proposal.q[first_refused:n],
-                           first_refused + 1)
+                           first_refused + 1, proposal.pieces)
         if first_refused == 0 and alternatives:  # the alternatives the target did not take (shown only where all were judged)
             rejected += _judged([t for t in alternatives if t != token], p[0], proposal.q[0], 1)
         if states:
@@ -175,8 +175,9 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             else:
                 state, q = last_state, (float(proposal.q[m, token_id]) if m < n and not picked else None)
             final = token_id in eos or new_tokens + 1 == budget
+            piece = proposal.pieces[i] if proposal.pieces and i < m and not picked else None
             events.append(TokenEvent(state, token_id, detok.push(token_id, final), new_tokens, round_no, p_kept[i], q,
-                                     copied=copied and i < m, depth=i + 1 if i < m else 0))
+                                     copied=copied and i < m, depth=i + 1 if i < m else 0, **_piece_fields(piece)))
             ids.append(token_id)
             new_tokens += 1
             if token_id in eos:
@@ -195,7 +196,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
                            (time.perf_counter() - round_started) * 1e3, rank, len(alternatives))
         round_event = RoundEvent(round_no, drafted, accepted, draft_ms, verify_ms, new_tokens,
                                  time.perf_counter() - decode_started, copied=copied,
-                                 shape=_label(n, copied, len(alternatives)))
+                                 shape=_label(n, copied, len(alternatives)), draft_tokens=proposal.draft_tokens)
         for event in events:
             stats.add(event)
             yield event
@@ -268,23 +269,34 @@ def _alternatives(proposal: Proposal, width: int) -> list[int]:
     return [t for t in likely if t != proposal.tokens[0] and float(q[t]) > 0][: width - 1]
 
 
-def _judged(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int) -> list[tuple[int, float, float, int]]:
-    """(token, p, q, depth) for drafts the target refused: one row of p and q per token from `depth`
-    on (a chain), or one row for all (alternatives, all at `depth`)."""
+Judged = tuple[int, float, float, int, DraftPiece | None]  # a refused draft: token, p, q, depth, what a draft wrote
+
+
+def _judged(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int,
+            pieces: list[DraftPiece] | None = None) -> list[Judged]:
+    """(token, p, q, depth, piece) for drafts the target refused: one row of p and q per token from
+    `depth` on (a chain, whose pieces are the proposal's from `depth` on), or one row for all
+    (alternatives, all at `depth`)."""
     if not tokens:
         return []
     index = torch.tensor(tokens, device=p.device)
     if p.dim() == 1:
-        return [(t, pv, qv, depth) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
+        return [(t, pv, qv, depth, None) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
     rows = torch.arange(len(tokens), device=p.device)
-    return [(t, pv, qv, depth + i) for i, (t, pv, qv) in
+    return [(t, pv, qv, depth + i, pieces[depth + i - 1] if pieces else None) for i, (t, pv, qv) in
             enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))]
 
 
-def _rejected_events(rejected: list[tuple[int, float, float, int]], detok: Detokenizer, pos: int, round_no: int,
+def _piece_fields(piece: DraftPiece | None) -> dict:
+    """A `TokenEvent`'s fields for what a draft with a tokenizer of its own wrote for the token."""
+    return {"draft_tokens": piece.tokens, "draft_q": piece.q} if piece is not None else {}
+
+
+def _rejected_events(rejected: list[Judged], detok: Detokenizer, pos: int, round_no: int,
                      copied: bool) -> list[TokenEvent]:
     """Events for a round's refused drafts, all shown at `pos`, where the token kept instead stands:
     the first refused one and those never reachable after it (and, in a tree, the alternatives)."""
-    pieces = detok.peek([token for token, *_ in rejected])
-    return [TokenEvent(TokenState.REJECTED, token, piece, pos, round_no, pv, qv, copied=copied, depth=depth)
-            for (token, pv, qv, depth), piece in zip(rejected, pieces)]
+    texts = detok.peek([token for token, *_ in rejected])
+    return [TokenEvent(TokenState.REJECTED, token, text, pos, round_no, pv, qv, copied=copied, depth=depth,
+                       **_piece_fields(piece))
+            for (token, pv, qv, depth, piece), text in zip(rejected, texts)]

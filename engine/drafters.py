@@ -10,6 +10,7 @@ slot in by implementing `Drafter`.
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
 - `SuffixDrafter`: the most frequent continuation after the longest earlier match, in this
   session's text and in earlier sessions' (SuffixDecoding, Oliaro et al. 2024); no model either.
+- `engine.cross_vocab.CrossVocabularyDrafter`: a draft model with a tokenizer of its own.
 """
 
 from __future__ import annotations
@@ -30,10 +31,21 @@ DRAFTER_KINDS = ("draft-model", "feature-head", "prompt-lookup", "suffix")
 COPYING_KINDS = ("prompt-lookup", "suffix")  # drafters that copy from the text: prompt lookup never runs first
 
 
+@dataclass(frozen=True)
+class DraftPiece:
+    """What a draft with a tokenizer of its own wrote for one proposed token: its own tokens (as
+    text) and the probability it gave each."""
+
+    tokens: tuple[str, ...]
+    q: tuple[float, ...]
+
+
 @dataclass
 class Proposal:
     tokens: list[int]
     q: torch.Tensor  # (len(tokens), vocab_width): the distribution each token was drawn from
+    pieces: list[DraftPiece] | None = None  # per token, from a draft with another tokenizer
+    draft_tokens: int | None = None  # tokens that draft wrote, in its own tokenizer
 
 
 def output_logits(hidden: torch.Tensor, layer: Linear, output_ids: torch.Tensor | None,

@@ -49,7 +49,10 @@ class TokenEvent:
     session's sampling settings (temperature 1 for greedy sessions). `copied`: a draft that prompt
     lookup copied from earlier text (`DecodeConfig.lookup`) rather than one the drafter proposed.
     `depth`: a draft's place in its round's chain, 1 for the first (and for a tree's alternatives
-    to it); 0 for the target's own tokens.
+    to it); 0 for the target's own tokens. `token_id`, `p` and `q` are in the target's tokenizer;
+    a draft with a tokenizer of its own (`engine.cross_vocab`) also gives, for each of its drafts,
+    the tokens it wrote for it in its own tokenizer (`draft_tokens`, as text) and its q for each
+    (`draft_q`).
     """
 
     state: TokenState
@@ -62,6 +65,8 @@ class TokenEvent:
     type: str = "token"
     copied: bool = False
     depth: int = 0
+    draft_tokens: tuple[str, ...] = ()
+    draft_q: tuple[float, ...] = ()
 
     @property
     def acceptance_probability(self) -> float | None:
@@ -75,7 +80,9 @@ class TokenEvent:
 class RoundEvent:
     """One verify round: `drafted` tokens proposed (copied by prompt lookup if `copied`), the first
     `accepted` of them kept. `shape` names what the round drafted: "K=2", "copy 3", or "none" (a
-    plain step, which the auto schedule chooses where drafting would not pay)."""
+    plain step, which the auto schedule chooses where drafting would not pay). `drafted` and
+    `accepted` count the target's tokens; `draft_tokens`, the tokens a draft with a tokenizer of its
+    own wrote in it (None when the drafter speaks the target's vocabulary)."""
 
     round: int
     drafted: int
@@ -87,6 +94,7 @@ class RoundEvent:
     type: str = "round"
     copied: bool = False
     shape: str = ""
+    draft_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

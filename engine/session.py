@@ -8,13 +8,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from engine.config import DecodeConfig
+from engine.cross_vocab import CrossVocabularyDrafter
 from engine.decoding import generate
 from engine.drafters import COPYING_KINDS, DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter, SuffixDrafter
 from engine.errors import SpecDeckError
 from engine.events import Event
 from engine.heads import LoadedHead, load_feature_head, names_head
-from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions, Progress, check_vocabularies, encode_prompt, load_model
+from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions, Progress, encode_prompt, load_model
 from engine.suffix import SuffixIndex
+from engine.vocabulary import VocabularyMatch, match_vocabularies
 
 DEFAULT_DRAFTER = "prompt-lookup"  # for targets without a built-in draft
 DEFAULT_PROMPT = (
@@ -34,10 +36,19 @@ class ModelPair:
     # the texts of this pair's earlier sessions, which a suffix drafter also drafts from (token ids
     # mean something for one tokenizer only, so the history belongs to the pair)
     history: SuffixIndex = field(default_factory=SuffixIndex)
+    vocabulary: VocabularyMatch | None = None  # how a draft model's vocabulary relates to the target's
+
+    @property
+    def cross_vocabulary(self) -> bool:
+        """Whether the draft model has a tokenizer of its own (`engine.cross_vocab`)."""
+        return self.vocabulary is not None and not self.vocabulary.same
 
     def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
         """A drafter for one session; a suffix drafter reads `history` instead of the pair's own
         history when given, and leaves it as it is."""
+        if self.drafter_kind == "draft-model" and self.cross_vocabulary:
+            return CrossVocabularyDrafter(self.draft.model, self.vocabulary, name=self.draft.name,
+                                          output_ids=self.draft.output_ids)
         if self.drafter_kind == "draft-model":
             return DraftModelDrafter(self.draft.model, name=self.draft.name, output_ids=self.draft.output_ids)
         if self.drafter_kind == "feature-head":
@@ -53,13 +64,14 @@ class ModelPair:
     @property
     def description(self) -> str:
         tail = self.drafter_description if self.drafter_kind else "plain"
-        return f"target {self.target.name} + {tail} on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
-
+        where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
+        case = f"; {self.vocabulary.describe()}" if self.cross_vocabulary else ""
+        return f"target {self.target.name} + {tail} {where}{case}"
 
     @property
     def drafter_description(self) -> str:
         if self.drafter_kind == "draft-model":
-            return f"draft {self.draft.name}"
+            return f"draft {self.draft.name}" + (" (its own tokenizer)" if self.cross_vocabulary else "")
         if self.drafter_kind == "feature-head":
             return f"feature head {self.head.name}"
         return {"prompt-lookup": "prompt lookup", "suffix": "suffix"}.get(self.drafter_kind, "")
@@ -68,7 +80,8 @@ class ModelPair:
 def load_pair(target: str | None, draft: str | None, drafter: str | None, device: str = "auto",
               dtype: str = "auto", trust_remote_code: bool = False, plain: bool = False,
               progress: Progress | None = None) -> ModelPair:
-    """Load the target and, if the session needs one, the draft; refuse mismatched vocabularies.
+    """Load the target and, if the session needs one, the draft, and compare their vocabularies
+    (`ModelPair.vocabulary`): a draft with a tokenizer of its own drafts across them.
 
     With nothing chosen the default pair is the built-in target and its feature head (its distilled
     draft with the draft-model drafter); another target without a draft gets prompt lookup. A --draft
@@ -128,15 +141,17 @@ def _choose_drafter(target: str, drafter: str | None, draft: str | None) -> tupl
 def _attach_drafter(target_model: LoadedModel, kind: str | None, draft: str | None, options: LoadOptions,
                     progress: Progress | None) -> ModelPair:
     """The pair of the loaded target and drafter `kind` (None: plain only), loading its draft or head."""
-    draft_model = head = None
+    draft_model = head = vocabulary = None
     if kind == "draft-model":
         if names_head(draft):
             raise SpecDeckError(f"{draft} is a feature head, not a draft model: choose the feature-head drafter.")
         draft_model = load_model(draft, options, progress)
-        check_vocabularies(target_model, draft_model)
+        vocabulary = match_vocabularies(target_model, draft_model)
+        if progress and not vocabulary.same:
+            progress(f"{draft_model.name} and {target_model.name}: {vocabulary.describe()}")
     elif kind == "feature-head":
         head = load_feature_head(draft, target_model, progress)
-    return ModelPair(target_model, draft_model, kind, head)
+    return ModelPair(target_model, draft_model, kind, head, vocabulary=vocabulary)
 
 
 def run_session(pair: ModelPair, prompt: str, config: DecodeConfig, chat: bool = True, plain: bool = False,
