@@ -193,7 +193,7 @@ class MainWindow(QMainWindow):
             self._progress = None
         self._loaded_request = request
         self.model_panel.remember(request.target, request.draft)
-        self.model_panel.loaded.setText(f"Loaded: {info.description}")
+        self.model_panel.show_loaded(info.description, info.vocabulary)
         self.statusBar().showMessage(f"Loaded {info.description}")
         return info
 
@@ -213,7 +213,8 @@ class MainWindow(QMainWindow):
             chat = self.decoding_panel.chat.isChecked()
             self.run_info = RunInfo(pair.target, pair.draft, pair.drafter, pair.device, pair.dtype, config, chat,
                                     prompt, extra_versions={k: v for k, v in dialogs.versions(pair.device).items()
-                                                            if k in ("Qt", "PySide6", "pyqtgraph")})
+                                                            if k in ("Qt", "PySide6", "pyqtgraph")},
+                                    vocabulary=pair.vocabulary)
             self.records = []
             self._prompt_notice = ""
             self._routes.clear()

@@ -155,6 +155,11 @@ class ModelPanel(QGroupBox):
         if kind in DEFAULT_MODELS and self.draft.value in DEFAULT_MODELS.values():
             self.draft.set_value(DEFAULT_MODELS[kind])  # the built-in one that goes with the kind
 
+    def show_loaded(self, description: str, vocabulary: str) -> None:
+        """The loaded pair, and on the drafter picker how the draft's vocabulary relates to the target's."""
+        self.loaded.setText(f"Loaded: {description}")
+        self.drafter.setToolTip(f"Loaded draft: {vocabulary}" if vocabulary else "")
+
     def request(self) -> LoadRequest:
         kind = DRAFTERS[self.drafter.currentText()]
         return LoadRequest(self.target.value or None, self.draft.value if kind in DEFAULT_MODELS else None, kind,

@@ -59,6 +59,9 @@ def describe_token(event: TokenEvent) -> str:
     if event.q is not None:
         lines.append(f"q ({'copy' if event.copied else 'draft'}) = {event.q:.4f}")
         lines.append(f"min(1, p/q) = {event.acceptance_probability:.4f}")
+    if event.draft_tokens:  # a draft with a tokenizer of its own: what it wrote, in its tokens
+        written = "  ".join(f"{text!r} (q {q:.4f})" for text, q in zip(event.draft_tokens, event.draft_q))
+        lines.append(f"the draft wrote, in its own tokens: {written}")
     return "\n".join(lines)
 
 

@@ -80,6 +80,7 @@ class PairInfo:
     drafter: str | None
     device: str
     dtype: str
+    vocabulary: str = ""  # a draft model's vocabulary case against the target's, in words
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ class BenchOutcome:
 def describe(pair: ModelPair) -> PairInfo:
     draft = pair.draft.name if pair.draft else pair.head.name if pair.head else None
     return PairInfo(pair.description, pair.target.name, draft,
-                    pair.drafter_kind, str(pair.target.device), str(pair.target.dtype).removeprefix("torch."))
+                    pair.drafter_kind, str(pair.target.device), str(pair.target.dtype).removeprefix("torch."),
+                    pair.vocabulary.describe() if pair.vocabulary is not None else "")
 
 
 def error_message(error: BaseException) -> str:

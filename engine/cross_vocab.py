@@ -67,39 +67,41 @@ class CrossVocabularyDrafter(Drafter):
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
         self._lm.reset()
-        self._kept: list[int] = []  # the target's kept ids read into `_kept_text` so far
-        self._kept_ends: list[int] = []  # where each one's text ends in it
+        self._kept_ends: list[int] = []  # where the text of each of the target's kept ids ends
         self._kept_text = b""
         self._tokens: list[int] = []  # the draft's tokens: the kept text it read, then its last drafts
         self._ends: list[int] = []  # where each one's text ends
         self._read = b""  # the text `_tokens` stand for
+        self._agreed = 0  # bytes of `_read` known to be kept text (all of it at the last sync)
         self._cached = 0  # of `_tokens`, those in the draft's cache
         if len(prompt_ids) > 1:
             feed = self._sync(prompt_ids)
-            if len(feed) > 1:
+            if len(feed) > 1 and self._fits(0):
                 self._lm.forward(feed[:-1], last_only=True)
                 self._cached += len(feed) - 1
 
     def propose(self, ids: list[int], k: int) -> Proposal:
         feed = self._sync(ids)
         steps = 2 * k + 2 if self.config.greedy else k  # greedy: a target token may take several of the draft's
-        if not feed or self._positions is not None and len(self._tokens) + steps > self._positions:
+        if not feed or not self._fits(steps):
             return self._empty(self._lm.device)
         if self.config.greedy:
             return self._draft_text(feed, k, steps)
         return self._draft_twins(feed, k)
 
+    def _fits(self, steps: int) -> bool:
+        """Whether the draft's tokens and `steps` more stay within the positions it was trained on."""
+        return self._positions is None or len(self._tokens) + steps <= self._positions
+
     def _read_kept(self, ids: list[int]) -> None:
-        """Extend the kept text with the target's tokens kept since the last call."""
-        if len(ids) < len(self._kept):
-            self._kept, self._kept_ends, self._kept_text = [], [], b""
-        new = ids[len(self._kept):]
-        pieces = self._target.starting(new) if not self._kept else [self._target.text([token]) for token in new]
+        """Extend the kept text with the target's tokens kept since the last call (`ids` only grows
+        within a session)."""
+        new = ids[len(self._kept_ends):]
+        pieces = [self._target.text([token]) for token in new] if self._kept_ends else self._target.starting(new)
         end = len(self._kept_text)
         for piece in pieces:
             end += len(piece)
             self._kept_ends.append(end)
-        self._kept = list(ids)
         self._kept_text += b"".join(pieces)
 
     def _sync(self, ids: list[int]) -> list[int]:
@@ -107,7 +109,7 @@ class CrossVocabularyDrafter(Drafter):
         valid and return those it must read next (the newest last)."""
         self._read_kept(ids)
         text = self._kept_text
-        common = 0
+        common = min(self._agreed, len(text))  # the kept text only grows: what was kept stays
         limit = min(len(self._read), len(text))
         while common < limit and self._read[common] == text[common]:
             common += 1
@@ -123,6 +125,7 @@ class CrossVocabularyDrafter(Drafter):
         self._tokens[valid:] = [token for token, _ in fresh[same:]]
         self._ends[valid:] = [start + end for _, end in fresh[same:]]
         self._read = text
+        self._agreed = len(text)
         self._cached = max(0, min(self._cached, valid, len(self._tokens) - 1))
         self._lm.crop(self._cached)
         return self._tokens[self._cached:]

@@ -101,7 +101,7 @@ def train_on_corpus(directory: Path, tokenizer, steps: int = 120, seed: int = 0)
     model = AutoModelForCausalLM.from_pretrained(directory)
     stream = []
     for text in CORPUS:
-        stream += tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        stream += tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
     batch = torch.tensor([stream])
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -204,11 +204,15 @@ def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command
     """What report.md says produced the figures: the command, the target, the device and the prompts
     (the drafters it names from the methods that ran)."""
     target = pairs[0].target
-    return {
+    context = {
         "command": command, "target": target.name,
         "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
         "prompts": str(prompts_path),
     }
+    crossing = [f"{pair.drafter_description}: {pair.vocabulary.describe()}" for pair in pairs if pair.cross_vocabulary]
+    if crossing:  # counts are the target's tokens; the pair's case says how the draft's relate to them
+        context["note"] = "; ".join(crossing)
+    return context
 
 
 def run_and_write(pairs: Sequence[ModelPair], prompts, settings, out: Path, context: dict[str, str],
@@ -219,16 +223,18 @@ def run_and_write(pairs: Sequence[ModelPair], prompts, settings, out: Path, cont
     and report.md says so; with none finished nothing is written and no rows are returned."""
     from engine.atomic import building_folder
     from engine.bench import plots as plotting
-    from engine.bench.methods import HF_DRAFTERS
+    from engine.bench.methods import hf_assists
     from engine.bench.report import (PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS, per_prompt_rows,
                                      summary_rows, sweep_rows, write_csv, write_report)
     from engine.bench.runner import run_bench
 
-    without_hf = [pair.drafter_description for pair in pairs if pair.drafter_kind not in HF_DRAFTERS]
+    without_hf = [pair.drafter_description for pair in pairs if not hf_assists(pair)]
     if without_hf and "hf-assisted" in settings.baselines:
-        # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter
-        context = {**context, "note": f"hf-assisted left out for {', '.join(without_hf)}: "
-                                      "Hugging Face generate() has no such drafter."}
+        # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter, and
+        # takes two vocabularies of one size for one tokenizer
+        left_out = (f"hf-assisted left out for {', '.join(without_hf)}: Hugging Face generate() has no such "
+                    "drafter (or, for a draft with its own tokenizer, not one with as many tokens as the target's).")
+        context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
     from engine.autotune import cost_curve
     from engine.cache import costs_cache
 

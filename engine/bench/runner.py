@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from engine.bench.methods import HF_DRAFTERS, Run, run_method
+from engine.bench.methods import Run, hf_assists, run_method
 from engine.bench.prompts import BenchPrompt
 from engine.config import DecodeConfig
 from engine.drafters import COPYING_KINDS
@@ -98,7 +98,7 @@ class BenchSettings:
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
             methods += [Method("hf-assisted", k, pair.drafter_description)
-                        for pair in pairs if pair.drafter_kind in HF_DRAFTERS for k in self.ks if k != AUTO_K]
+                        for pair in pairs if hf_assists(pair) for k in self.ks if k != AUTO_K]
         return methods
 
 

@@ -1,15 +1,18 @@
 """A draft with a tokenizer of its own: greedy output equals plain greedy, sampling follows the
 target (chi-square, with a control), and the events show both sides."""
 
+import csv
+
 import pytest
 import torch
 
 from engine import DecodeConfig, RoundEvent, TokenEvent, TokenState, encode_prompt, generate
+from engine.cli import main
 from engine.cross_vocab import CrossVocabularyDrafter
 from engine.drafters import Proposal
-from engine.sampling import logits_to_probs
 from engine.vocabulary import TokenText, match_vocabularies
 from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
+from tiny import write_two_prompts
 
 PROMPTS = [
     "The quick brown fox",
@@ -116,7 +119,7 @@ def test_events_keep_target_tokens_and_show_the_draft_s(directed):
 
 # two new tokens leave room for one draft: the first token drafted, the second the target's own
 SAMPLING = DecodeConfig(k=1, temperature=2.0, top_p=0.95, max_new_tokens=2, schedule="constant", lookup=0)
-SAMPLED_PROMPT = "Once upon a time there"
+SAMPLED_PROMPT = "def add(a, b):\n   "
 
 
 def test_sampling_across_tokenizers_follows_target(directed):
@@ -134,30 +137,46 @@ def test_sampling_across_tokenizers_follows_target(directed):
     assert stat < chi_square_quantile(df)
 
 
-class UnrenormalisedDrafter(CrossVocabularyDrafter):
-    """Drafts as it should, but reports q without renormalising the draft's mass over the twins:
-    wrong on purpose (its mass on tokens without a twin goes missing)."""
+def misplaced_q(match):
+    """A drafter that drafts as it should but reports each q at the draft's own token ids instead of
+    carrying it over to their twins in the target's vocabulary: wrong on purpose."""
 
-    def propose(self, ids, k):
-        proposal = super().propose(ids, k)
-        if len(proposal.tokens) != 1:
-            return proposal
-        with torch.inference_mode():
-            logits = self.module(input_ids=torch.tensor([self._tokens[:-1]])).logits[0, -1]
-        full = logits_to_probs(logits, self.config)
-        q = full.new_zeros(self.vocab_width).index_add_(0, self._shared_twins, full[self._shared_ids])
-        return Proposal(proposal.tokens, q[None], proposal.pieces)
+    class MisplacedQDrafter(CrossVocabularyDrafter):
+        def propose(self, ids, k):
+            proposal = super().propose(ids, k)
+            own = (match.twins >= 0).nonzero().flatten()
+            own = own[own < self.vocab_width]
+            q = torch.zeros_like(proposal.q)
+            q[:, own] = proposal.q[:, match.twins[own]]
+            return Proposal(proposal.tokens, q, proposal.pieces)
+
+    return MisplacedQDrafter
 
 
-def test_sampling_control_without_renormalising_fails(cross_pair):
-    """The control: the same drafts judged with q not renormalised over the shared tokens fail the
-    test, where the draft puts much of its mass on tokens without a twin."""
-    llama, gpt2 = cross_pair
-    target, draft = gpt2, llama
+def test_sampling_control_with_q_at_the_draft_s_ids_fails(directed):
+    """The control: the same drafts judged with q left at the draft's own ids fail the same test."""
+    target, draft = directed
     match = match_vocabularies(target, draft)
     ids = encode_prompt(target.tokenizer, SAMPLED_PROMPT, chat=False)
     exact = exact_two_token_distribution(target, ids, SAMPLING)
     n = 1000
-    counts, _ = sample_two_tokens(target, ids, SAMPLING, lambda: UnrenormalisedDrafter(draft.model, match), n)
+    counts, _ = sample_two_tokens(target, ids, SAMPLING, lambda: misplaced_q(match)(draft.model, match), n)
     stat, df = chi_square(counts, exact, n)
     assert stat > chi_square_quantile(df)
+
+
+def test_bench_times_hugging_face_universal_assisted_generation_beside(cross_pair, tmp_path):
+    """`specdeck bench` with a draft of another tokenizer runs SpecDeck and Hugging Face's Universal
+    Assisted Generation with the same pair and K in one run, both with plain decoding's text."""
+    llama, gpt2 = cross_pair
+    out = tmp_path / "out"
+    code = main(["bench", "--target", llama.name, "--draft", gpt2.name, "--prompts",
+                 str(write_two_prompts(tmp_path / "prompts.jsonl")), "--k", "2", "--lookup", "0",
+                 "--baselines", "plain,hf-assisted", "--repeats", "1", "--max-new-tokens", "12", "--no-plots",
+                 "--device", "cpu", "--out", str(out)])
+    assert code == 0
+    with (out / "per_prompt.csv").open(encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert {r["method"] for r in rows} == {"plain", "speculative", "hf-assisted"}
+    assert all(r["identical_to_plain"] == "true" for r in rows), [r["mismatch"] for r in rows]
+    assert "different tokenizers" in (out / "report.md").read_text(encoding="utf-8")
