@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from engine.cli import main
+from cli.main import main
 from tiny import build_model, build_tokenizer
 
 
@@ -81,7 +81,7 @@ def test_jsonl_stream(tiny_dirs):
     """`--jsonl` writes one parseable object per event, with the documented fields."""
     target, draft = tiny_dirs
     out = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "run", "--target", str(target), "--draft", str(draft),
+        [sys.executable, "-m", "cli.main", "run", "--target", str(target), "--draft", str(draft),
          "--no-chat", "--prompt", "The quick brown fox", "--max-new-tokens", "16", "--jsonl"],
         capture_output=True, text=True, check=True, timeout=120,
     ).stdout.splitlines()
