@@ -17,8 +17,8 @@ comes out of the prefill forward in both loops.
 
 from __future__ import annotations
 
-import time
 import copy
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -29,13 +29,12 @@ from engine.decoding import generate
 from engine.drafters import PromptLookupDrafter
 from engine.events import RoundEvent, SummaryEvent, TokenEvent
 from engine.kvcache import synchronize
-from engine.session import ModelPair
+from engine.pair import DrafterKind, ModelPair
 from engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")
 METHODS = SPECDECK_METHODS + HF_METHODS
-HF_DRAFTERS = ("draft-model", "prompt-lookup")  # the drafter kinds hf-assisted can run
 
 
 @dataclass
@@ -110,7 +109,7 @@ def _generation_config(pair: ModelPair, config: DecodeConfig, max_new_tokens: in
                    pad_token_id=eos[0] if eos else 0, do_sample=not config.greedy)
     if not config.greedy:
         options.update(temperature=config.temperature, top_k=config.top_k or None, top_p=config.top_p)
-    if method == "hf-assisted" and pair.drafter_kind == "prompt-lookup":
+    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.PROMPT_LOOKUP:
         options.update(prompt_lookup_num_tokens=config.k, max_matching_ngram_size=PromptLookupDrafter().max_ngram)
     return GenerationConfig(**options)
 
@@ -121,10 +120,12 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
     target = pair.target
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     kwargs = {}
-    if method == "hf-assisted" and pair.drafter_kind == "draft-model":
+    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL:
         assistant = pair.draft.model
         if pair.cross_vocabulary:
-            assistant = _ASSISTANT_COPIES.setdefault(assistant, copy.deepcopy(assistant))
+            if assistant not in _ASSISTANT_COPIES:
+                _ASSISTANT_COPIES[assistant] = copy.deepcopy(assistant)
+            assistant = _ASSISTANT_COPIES[assistant]
             kwargs.update(tokenizer=target.tokenizer, assistant_tokenizer=pair.draft.tokenizer)
         assistant.generation_config.num_assistant_tokens = config.k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
@@ -141,15 +142,6 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
 
 
 _ASSISTANT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a draft -> the copy HF may change
-
-
-def hf_assists(pair: ModelPair) -> bool:
-    """Whether hf-assisted can run the pair's drafter: a draft model or prompt lookup; a draft with
-    a tokenizer of its own only where its vocabulary size differs from the target's, by which
-    Hugging Face tells different tokenizers from the same one."""
-    if pair.drafter_kind not in HF_DRAFTERS:
-        return False
-    return not pair.cross_vocabulary or pair.draft.model.config.vocab_size != pair.target.model.config.vocab_size
 
 
 def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:

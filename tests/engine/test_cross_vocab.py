@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import DecodeConfig, RoundEvent, TokenEvent, TokenState, encode_prompt, generate
-from engine.cli import main
+from cli.main import main
 from engine.cross_vocab import CrossVocabularyDrafter
 from engine.drafters import Proposal
 from engine.vocabulary import TokenText, match_vocabularies
