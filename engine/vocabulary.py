@@ -67,6 +67,24 @@ def _without_prefix_space(node):
     return node
 
 
+def _read_pieces(tokenizer, added: dict, byte_level: bool) -> tuple[list[bytes], set[int]]:
+    """Each token's bytes (an added token's are its content) and the ids of byte-fallback pieces."""
+    pieces, fallback = [], set()
+    alphabet = _byte_level_alphabet()
+    for token_id, name in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
+        name = name or ""
+        if token_id in added:
+            pieces.append(added[token_id].content.encode())
+        elif byte_level and all(c in alphabet for c in name):
+            pieces.append(bytes(alphabet[c] for c in name))
+        elif (byte := _BYTE_PIECE.fullmatch(name)) is not None:
+            pieces.append(bytes([int(byte.group(1), 16)]))
+            fallback.add(token_id)
+        else:
+            pieces.append(name.replace("\u2581", " ").encode())
+    return pieces, fallback
+
+
 class TokenText:
     """One tokenizer's tokens as bytes, and text (bytes) encoded in its tokens.
 
@@ -81,32 +99,16 @@ class TokenText:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        size = len(tokenizer)
-        names = tokenizer.convert_ids_to_tokens(list(range(size)))
         added = getattr(tokenizer, "added_tokens_decoder", {})
         self.special = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", [])) | frozenset(
             int(i) for i, token in added.items() if getattr(token, "special", False))
         backend = getattr(tokenizer, "backend_tokenizer", None)
         spec = json.loads(backend.to_str()) if backend is not None else {}
-        style = _types(spec.get("decoder")) | _types(spec.get("pre_tokenizer")) | _types(spec.get("normalizer"))
-        self.pieces: list[bytes] = []
-        self.fallback: set[int] = set()  # byte-fallback pieces: a text token spells the same bytes where both exist
-        for token_id, name in enumerate(names):
-            name = name or ""
-            if token_id in added:
-                self.pieces.append(added[token_id].content.encode())
-            elif "ByteLevel" in style:
-                alphabet = _byte_level_alphabet()
-                self.pieces.append(bytes(alphabet[c] for c in name) if all(c in alphabet for c in name) else name.encode())
-            elif (byte := _BYTE_PIECE.fullmatch(name)) is not None:
-                self.pieces.append(bytes([int(byte.group(1), 16)]))
-                self.fallback.add(token_id)
-            else:
-                self.pieces.append(name.replace("\u2581", " ").encode())
-        self._by_bytes: dict[bytes, int] = {}
+        self.pieces, fallback = _read_pieces(tokenizer, added, "ByteLevel" in _types(spec.get("decoder")))
+        self._by_bytes: dict[bytes, int] = {}  # a text token per string, rather not a byte-fallback one
         for token_id, piece in enumerate(self.pieces):
-            if piece and token_id not in self.special and (piece not in self._by_bytes or token_id not in self.fallback
-                                                           and self._by_bytes[piece] in self.fallback):
+            if piece and token_id not in self.special and (piece not in self._by_bytes or token_id not in fallback
+                                                           and self._by_bytes[piece] in fallback):
                 self._by_bytes[piece] = token_id
         self._longest = max(map(len, self._by_bytes), default=1)
         self._encoder = None

@@ -180,3 +180,28 @@ def test_bench_times_hugging_face_universal_assisted_generation_beside(cross_pai
     assert {r["method"] for r in rows} == {"plain", "speculative", "hf-assisted"}
     assert all(r["identical_to_plain"] == "true" for r in rows), [r["mismatch"] for r in rows]
     assert "different tokenizers" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_pair_with_little_in_common_is_said_and_still_exact(cross_pair, tmp_path):
+    """A draft whose tokens are whole words the target has no token for: the pair is "little in
+    common", said with how little, and greedy decoding with it still equals plain decoding."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from engine.models import load_model
+    from tiny import CORPUS, build_model
+
+    words = sorted({word for text in CORPUS for word in text.split()})
+    tok = Tokenizer(models.WordLevel({word: i for i, word in enumerate(["[UNK]", "[EOS]", *words])}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(tmp_path)
+    draft = load_model(str(build_model(tmp_path, "gpt2", len(words) + 2, seed=4, layers=1, eos_token_id=1)))
+    target = cross_pair[0]
+    match = match_vocabularies(target, draft)
+    assert match.case == "little" and "little in common: only" in match.describe()
+    assert match.shared < 0.25 * len(words)
+    ids = encode_prompt(target.tokenizer, PROMPTS[0], chat=False)
+    config = DecodeConfig(k=3, schedule="constant", lookup=0, max_new_tokens=16)
+    plain = kept_ids(generate(target, ids, DecodeConfig(max_new_tokens=16)))
+    events = list(generate(target, ids, config, CrossVocabularyDrafter(draft.model, match)))
+    assert kept_ids(events) == plain and events[-1].drafted > 0
