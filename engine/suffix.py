@@ -142,8 +142,13 @@ class SuffixIndex:
     def walk(self, match: Match, max_tokens: int, floor: float = 0.0) -> list[int]:
         """The most frequent continuation path after `match`, up to `max_tokens` long, stopping
         where the path's share (the product of each step's share of its continuations) < floor."""
+        return self.scored_walk(match, max_tokens, floor)[0]
+
+    def scored_walk(self, match: Match, max_tokens: int, floor: float = 0.0) -> tuple[list[int], float]:
+        """`walk`'s path and its score: the sum of its prefixes' shares, the number of its tokens the
+        text's own frequencies expect to be right (SuffixDecoding's score)."""
         nxt, count = self._next, self._count
-        state, share, path = match.state, 1.0, []
+        state, share, score, path = match.state, 1.0, 0.0, []
         while len(path) < max_tokens:
             options = nxt[state]
             best, best_count, total = -1, 0, 0
@@ -158,8 +163,9 @@ class SuffixIndex:
             if share < floor:
                 break
             path.append(best)
+            score += share
             state = options[best]
-        return path
+        return path, score
 
 
 def _bench(tokens: int, queries: int, vocab: int, seed: int) -> None:
