@@ -92,7 +92,7 @@ class DrafterKind(str, Enum):
         if self is DrafterKind.FEATURE_HEAD:
             return f"feature head {model}"
         if self is DrafterKind.HYBRID:
-            return f"hybrid: suffix, else {DrafterKind.FEATURE_HEAD.describe(model) if names_head(model) else 'draft ' + model}"
+            return "hybrid " + (DrafterKind.FEATURE_HEAD if names_head(model) else DrafterKind.DRAFT_MODEL).describe(model)
         return self.label
 
     def make_drafter(self, pair: ModelPair, history: SuffixIndex | None = None) -> Drafter:
