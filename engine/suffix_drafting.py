@@ -12,6 +12,8 @@ text already written, and the hybrid that copies them before a model drafter.
   drafter that drafts only when its path's score (the tokens its frequencies expect to be right)
   reaches `min_score`; the paper's hybrid with EAGLE. The decoding loop tries the copier first
   and asks the model where it has nothing, as it does with prompt lookup before other drafters.
+
+`python -m engine.bench.suffix_round` times a round of it with 100,000 tokens of earlier texts.
 """
 
 from __future__ import annotations
@@ -75,11 +77,9 @@ class SuffixDrafter(Drafter):
         return self._empty(self.device)
 
     def _branches(self, index: SuffixIndex, match: Match, first: int) -> list[int]:
-        """The match's other continuations with at least `min_share` of what followed it, most frequent first."""
-        following = index.continuations(match)
-        total = sum(following.values())
-        ranked = sorted(following.items(), key=lambda item: -item[1])
-        return [token for token, count in ranked if token != first and count >= self.min_share * total]
+        """The match's other frequent continuations (at least `min_share` of what followed it), most frequent first."""
+        top, total = index.ranked(match.state)
+        return [token for token, count in top if token != first and count >= self.min_share * total]
 
     def end(self, ids: list[int]) -> None:
         if not self.records or self.config.suffix_scope == "prompt":
@@ -120,3 +120,4 @@ class HybridDrafter(Drafter):
 
     def end(self, ids: list[int]) -> None:
         self.model.end(ids)
+
