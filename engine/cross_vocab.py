@@ -174,7 +174,7 @@ class CrossVocabularyDrafter(Drafter):
             return self._empty(self._lm.device)
         q = torch.zeros(len(tokens), self.vocab_width, device=self._lm.device)
         q[torch.arange(len(tokens)), torch.tensor(tokens, device=self._lm.device)] = 1.0
-        return Proposal(tokens, q, pieces, len(drafted) + (closing is not None))
+        return Proposal(tokens, q, pieces=pieces, draft_tokens=len(drafted) + (closing is not None))
 
     def _to_target(self, written: bytes) -> list[tuple[int, int]]:
         """The target's tokens for `written` after the kept text, each with where its text ends in
@@ -225,4 +225,4 @@ class CrossVocabularyDrafter(Drafter):
             self._write(token)
             pieces.append(DraftPiece((self._piece_text(token),), (float(q[token]),)))
             feed = [token]
-        return Proposal(tokens, torch.stack(rows), pieces, len(tokens))
+        return Proposal(tokens, torch.stack(rows), pieces=pieces, draft_tokens=len(tokens))

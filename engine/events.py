@@ -49,10 +49,13 @@ class TokenEvent:
     session's sampling settings (temperature 1 for greedy sessions). `copied`: a draft that prompt
     lookup copied from earlier text (`DecodeConfig.lookup`) rather than one the drafter proposed.
     `depth`: a draft's place in its round's chain, 1 for the first (and for a tree's alternatives
-    to it); 0 for the target's own tokens. `token_id`, `p` and `q` are in the target's tokenizer;
-    a draft with a tokenizer of its own (`engine.cross_vocab`) also gives, for each of its drafts,
-    the tokens it wrote for it in its own tokenizer (`draft_tokens`, as text) and its q for each
-    (`draft_q`).
+    to it); 0 for the target's own tokens. `source`: for a draft copied from text (by prompt
+    lookup, a suffix drafter or a hybrid's copier), where that text was: "prompt" (this request's
+    prompt and answer so far), "session" (an earlier answer since SpecDeck started), "past" (a past
+    session's, `DecodeConfig.suffix_scope`); "" for model drafts and the target's own tokens. `token_id`, `p` and `q` are in the target's
+    tokenizer; a draft with a tokenizer of its own (`engine.cross_vocab`) also gives, for each of its
+    drafts, the tokens it wrote for it in its own tokenizer (`draft_tokens`, as text) and its q for
+    each (`draft_q`).
     """
 
     state: TokenState
@@ -65,6 +68,7 @@ class TokenEvent:
     type: str = "token"
     copied: bool = False
     depth: int = 0
+    source: str = ""
     draft_tokens: tuple[str, ...] = ()
     draft_q: tuple[float, ...] = ()
 
@@ -80,9 +84,10 @@ class TokenEvent:
 class RoundEvent:
     """One verify round: `drafted` tokens proposed (copied by prompt lookup if `copied`), the first
     `accepted` of them kept. `shape` names what the round drafted: "K=2", "copy 3", or "none" (a
-    plain step, which the auto schedule chooses where drafting would not pay). `drafted` and
-    `accepted` count the target's tokens; `draft_tokens`, the tokens a draft with a tokenizer of its
-    own wrote in it (None when the drafter speaks the target's vocabulary)."""
+    plain step, which the auto schedule chooses where drafting would not pay). `match_length`: for
+    drafts copied from text, how many of the last kept tokens matched where they were copied from. `drafted` and `accepted`
+    count the target's tokens; `draft_tokens`, the tokens a draft with a tokenizer of its own wrote
+    in the round (None when the drafter speaks the target's vocabulary)."""
 
     round: int
     drafted: int
@@ -94,6 +99,7 @@ class RoundEvent:
     type: str = "round"
     copied: bool = False
     shape: str = ""
+    match_length: int = 0
     draft_tokens: int | None = None
 
 

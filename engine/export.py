@@ -25,11 +25,11 @@ from engine.config import DecodeConfig
 from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
 ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "draft_ms", "verify_ms", "tokens_so_far",
-                 "elapsed_s", "copied", "draft_tokens")
+                 "elapsed_s", "copied", "match_length", "draft_tokens")
 TOKEN_COLUMNS = ("session", "mode", "round", "pos", "state", "token_id", "text", "p", "q", "acceptance_probability",
-                 "copied", "draft_tokens", "draft_q")
+                 "copied", "source", "draft_tokens", "draft_q")
 TOKENIZERS = {
-    "target": "drafted, accepted, tokens_so_far, token_id, text, p and q: the target's tokens",
+    "target": "drafted, accepted, tokens_so_far, match_length, token_id, text, p and q: the target's tokens",
     "draft": "draft_tokens (per round a count, per token the draft's own tokens as a JSON list) and draft_q: "
              "the tokens of a draft with a tokenizer of its own, blank when it shares the target's",
 }
@@ -90,7 +90,7 @@ def rounds_csv(records: list[SessionRecord]) -> str:
         for r in record.rounds:
             writer.writerow((record.session, record.mode, r.round, r.drafted, r.accepted, f"{r.draft_ms:.3f}",
                              f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}", str(r.copied).lower(),
-                             "" if r.draft_tokens is None else r.draft_tokens))
+                             r.match_length, "" if r.draft_tokens is None else r.draft_tokens))
     return out.getvalue()
 
 
@@ -103,7 +103,7 @@ def tokens_csv(records: list[SessionRecord]) -> str:
             a = t.acceptance_probability
             writer.writerow((record.session, record.mode, t.round, t.pos, t.state.value, t.token_id, t.text,
                              f"{t.p:.6g}", "" if t.q is None else f"{t.q:.6g}", "" if a is None else f"{a:.6g}",
-                             str(t.copied).lower(), _json_list(t.draft_tokens), _json_list(t.draft_q)))
+                             str(t.copied).lower(), t.source, _json_list(t.draft_tokens), _json_list(t.draft_q)))
     return out.getvalue()
 
 

@@ -24,9 +24,9 @@ DEFAULT_PROMPT = (
 
 
 def load_pair(spec: PairSpec, plain: bool = False, progress: Progress | None = None) -> ModelPair:
-    """Load the target and, unless `plain`, the drafter `spec.resolved()` chooses, and compare a draft
-    model's vocabulary with the target's (`ModelPair.vocabulary`): one with a tokenizer of its own
-    drafts across them."""
+    """Load the target and, unless `plain`, the drafter `spec.resolved()` chooses (a hybrid's model:
+    the feature head or draft model its draft names), and compare a draft model's vocabulary with the
+    target's (`ModelPair.vocabulary`): one with a tokenizer of its own drafts across them."""
     spec = spec.resolved()
     target_model = load_model(spec.target, spec.load_options, progress)
     return _attach_drafter(target_model, spec.with_drafter(None, None) if plain else spec, progress)
@@ -60,15 +60,15 @@ def _attach_drafter(target_model: LoadedModel, spec: PairSpec, progress: Progres
     """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), loading
     its draft or head."""
     draft_model = head = vocabulary = None
-    if spec.drafter is DrafterKind.DRAFT_MODEL:
-        if names_head(spec.draft):
-            raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
+    if spec.drafter is DrafterKind.DRAFT_MODEL and names_head(spec.draft):
+        raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
+    if spec.drafter is DrafterKind.FEATURE_HEAD or (spec.drafter is DrafterKind.HYBRID and names_head(spec.draft)):
+        head = load_feature_head(spec.draft, target_model, progress)
+    elif spec.drafter in (DrafterKind.DRAFT_MODEL, DrafterKind.HYBRID):
         draft_model = load_model(spec.draft, spec.load_options, progress)
         vocabulary = match_vocabularies(target_model, draft_model)
         if progress and not vocabulary.same:
             progress(f"{draft_model.name} and {target_model.name}: {vocabulary.describe()}")
-    elif spec.drafter is DrafterKind.FEATURE_HEAD:
-        head = load_feature_head(spec.draft, target_model, progress)
     return ModelPair(target_model, draft_model, spec.drafter, head, vocabulary=vocabulary)
 
 

@@ -148,7 +148,7 @@ def misplaced_q(match):
             own = own[own < self.vocab_width]
             q = torch.zeros_like(proposal.q)
             q[:, own] = proposal.q[:, match.twins[own]]
-            return Proposal(proposal.tokens, q, proposal.pieces)
+            return Proposal(proposal.tokens, q, pieces=proposal.pieces)
 
     return MisplacedQDrafter
 
