@@ -31,6 +31,7 @@ from engine.bench.runner import BenchSettings
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent
+from engine.memory import give_back, is_out_of_memory, out_of_memory_message
 from engine.session import ModelPair, add_drafters, load_pair, run_session
 
 BATCH_INTERVAL_S = 0.025
@@ -118,9 +119,12 @@ def describe(pair: ModelPair) -> PairInfo:
 
 
 def error_message(error: BaseException) -> str:
-    """A SpecDeckError's message as-is; anything else with its type, since it is a bug or a bad model."""
+    """A SpecDeckError's message as-is; running out of memory as what to try instead; anything else
+    with its type, since it is a bug or a bad model."""
     if isinstance(error, SpecDeckError):
         return str(error)
+    if is_out_of_memory(error):
+        return out_of_memory_message(error)
     detail = traceback.format_exception_only(type(error), error)[-1].strip()
     return f"Unexpected error: {detail}"
 
@@ -161,11 +165,15 @@ class ModelWorker(QObject):
             self.load_failed.emit(request.load_id, "Loading was cancelled.", True)
             return
         except BaseException as error:  # noqa: BLE001 - every failure becomes a message, never a dead thread
-            self.load_failed.emit(request.load_id, error_message(error), False)
+            message = error_message(error)
+        else:
+            self._pair, self._loaded = pair, request  # the previous pair is released only once the new one loaded
+            freeze_long_lived_objects()
+            give_back(collect=False)  # the previous pair's memory, now collected
+            self.loaded.emit(request.load_id, describe(pair))
             return
-        self._pair, self._loaded = pair, request  # the previous pair is released only once the new one loaded
-        freeze_long_lived_objects()
-        self.loaded.emit(request.load_id, describe(pair))
+        give_back()  # whatever the failed load had allocated
+        self.load_failed.emit(request.load_id, message, False)
 
     @Slot(object)
     def run(self, request: SessionRequest) -> None:
@@ -186,10 +194,15 @@ class ModelWorker(QObject):
         except BaseException as error:  # noqa: BLE001
             if batch:
                 self.events.emit(request.session_id, tuple(batch))
-            self.session_failed.emit(request.session_id, error_message(error))
+            message = error_message(error)
+        else:
+            if batch:
+                self.events.emit(request.session_id, tuple(batch))
             return
-        if batch:
-            self.events.emit(request.session_id, tuple(batch))
+        # the failed session's caches went with its traceback: give them back (after running out
+        # of memory, so that the next session has it)
+        give_back()
+        self.session_failed.emit(request.session_id, message)
 
     @Slot(object)
     def bench(self, request: BenchRequest) -> None:

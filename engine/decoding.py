@@ -26,7 +26,7 @@ from engine.drafters import Drafter, PromptLookupDrafter, Proposal
 from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
 from engine.kvcache import CachedModel, synchronize
 from engine.models import LoadedModel
-from engine.sampling import logits_to_probs, residual, sample
+from engine.sampling import logits_to_probs, require_finite, residual, sample
 from engine.stats import SessionStats
 
 
@@ -154,6 +154,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             q_kept = proposal.q[torch.arange(m), torch.tensor(kept[:m], device=p.device)].tolist() if m else []
             last_state = TokenState.PLAIN if n == 0 else (TokenState.BONUS if m == n else TokenState.RESAMPLED)
             lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
+        require_finite(p_kept, target.dtype, new_tokens)
         first_refused = 0 if picked else m  # the chain's drafts from here on were refused or unreachable
         rejected = _judged(proposal.tokens[first_refused:], p[first_refused:n], proposal.q[first_refused:n],
                            first_refused + 1)

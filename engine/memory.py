@@ -20,11 +20,12 @@ TRY_INSTEAD = ("Try a smaller dtype (bfloat16 or float16), a shorter context (a 
                "tokens), a smaller model, or the CPU (--device cpu).")
 
 
-def give_back(device: torch.device | None = None) -> None:
-    """Collect garbage, then return what was freed to the system: the CUDA cache on a CUDA device,
-    the C heap's free pages on any."""
-    gc.collect()
-    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+def give_back(collect: bool = True) -> None:
+    """Collect garbage (unless the caller just did), then return what was freed to the system: the
+    CUDA cache where this process has used CUDA, the C heap's free pages everywhere."""
+    if collect:
+        gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
     trim_heap()
 
