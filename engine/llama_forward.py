@@ -196,7 +196,11 @@ class LlamaForward:
         x = inputs.unsqueeze(0)  # (1, n, hidden)
         paths = _paths(parents) if parents is not None else None
         depths = [len(path) - 1 for path in paths] if paths else list(range(n))
-        cos, sin = self._rotary(torch.tensor(depths, dtype=torch.float32) + start, x.dtype)
+        if paths is None:  # a chain's positions made on the device: no copy from the host
+            positions = torch.arange(start, start + n, dtype=torch.float32, device=w.inv_freq.device)
+        else:
+            positions = torch.tensor(depths, dtype=torch.float32) + start
+        cos, sin = self._rotary(positions, x.dtype)
         per_query = self.row_exact and start > 0 and 1 < n <= PER_QUERY_LIMIT
         masks = {} if per_query else {window: _mask(start, depths, paths, window, inputs.device)
                                       for window in set(self.windows)}
