@@ -76,7 +76,7 @@ def test_non_finite_logits_stop_the_session_with_a_message(tiny_root, temperatur
 
 def test_running_out_of_memory_in_the_terminal_says_what_to_try(monkeypatch, capsys):
     """`specdeck run` that runs out of GPU memory ends with one line saying what to try, not a traceback."""
-    from engine.cli import main
+    from cli.main import main
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, SuffixDrafter, TokenEvent, encode_prompt, generate
-from engine.cli import main
+from cli.main import main
 from engine.drafters import FeatureHeadDrafter
 from engine.heads import FeatureHead, head_config
 from engine.kvcache import CachedModel
 from engine.llama_forward import LlamaForward
 from engine.memory import give_back
 from engine.models import LoadOptions, load_model
+from engine.pair import PairSpec
 from engine.session import load_pair
 from engine.suffix import SuffixIndex
 from test_families import FAMILIES, build, reference
@@ -160,7 +161,7 @@ def test_memory_returns_to_its_baseline_after_unloading(folders, cuda):
     torch.ones(8, 8, device=cuda) @ torch.ones(8, 8, device=cuda)  # cuBLAS keeps a workspace from its first product on
     give_back()
     allocated, reserved = torch.cuda.memory_allocated(cuda), torch.cuda.memory_reserved(cuda)
-    pair = load_pair(str(folders[0]), str(folders[1]), "draft-model", device=str(cuda), dtype="float32")
+    pair = load_pair(PairSpec(str(folders[0]), str(folders[1]), "draft-model", str(cuda), "float32"))
     ids = encode_prompt(pair.target.tokenizer, PROMPT, chat=False)
     list(generate(pair.target, ids, DecodeConfig(max_new_tokens=16), pair.make_drafter()))
     assert torch.cuda.memory_allocated(cuda) > allocated
