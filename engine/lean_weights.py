@@ -156,11 +156,9 @@ def _own_storage(model: torch.nn.Module, groups: list, head: torch.nn.Module | N
         moved |= {id(m.weight) for layer in groups for group in layer for m in group}
         moved |= {id(head.weight)} if head is not None else set()
         moved -= packed_keep
-    done: set[int] = set()
-    for param in model.parameters():
-        if id(param) not in moved and id(param) not in done:
+    for param in model.parameters():  # each shared (tied) parameter once
+        if id(param) not in moved:
             param.data = param.detach().clone()
-            done.add(id(param))
 
 
 def _stack(params: list[torch.nn.Parameter]) -> torch.Tensor:
