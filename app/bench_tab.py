@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 
 from app import dialogs
 from app.panels import double_spin_box, spin_box
+from app.session_model import Activity, SessionModel
 from app.worker import BenchOutcome
 from engine.atomic import write_bytes
 from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
@@ -79,7 +80,10 @@ class PlotImage(QWidget):
 
 
 class BenchmarkTab(QWidget):
-    def __init__(self, parent: QWidget | None = None) -> None:
+    """The benchmark's options, progress and results; given a `SessionModel`, its buttons follow
+    what runs (Run only when nothing does, Cancel while a benchmark runs)."""
+
+    def __init__(self, model: SessionModel | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.prompts_path: Path | None = None  # None: the bundled sample
         self.outcome: BenchOutcome | None = None
@@ -134,6 +138,14 @@ class BenchmarkTab(QWidget):
         self.plot_images: list[PlotImage] = []
         self._build_layout()
         self._on_source_changed()
+        self.cancel_button.setEnabled(False)
+        self.export_button.setEnabled(False)
+        if model is not None:
+            model.activity_changed.connect(self._on_activity_changed)
+
+    def _on_activity_changed(self, activity: Activity) -> None:
+        self.run_button.setEnabled(not activity.busy)
+        self.cancel_button.setEnabled(activity.benchmarking)
 
     def _build_layout(self) -> None:
         options = QGroupBox("Benchmark")
@@ -224,6 +236,7 @@ class BenchmarkTab(QWidget):
 
     def start(self) -> None:
         self.outcome = None
+        self.export_button.setEnabled(False)
         self.table.setRowCount(0)
         self._show_plots({})
         self.progress.setRange(0, 0)  # busy until the harness counts its runs
@@ -236,6 +249,7 @@ class BenchmarkTab(QWidget):
 
     def show_outcome(self, outcome: BenchOutcome) -> None:
         self.outcome = outcome
+        self.export_button.setEnabled(True)
         self.stage.setText(f"Done: {len(outcome.summary)} summary rows. Export… writes the CSVs, report and plots.")
         self.table.setRowCount(len(outcome.summary))
         bold = QFont()

@@ -20,7 +20,9 @@ from PySide6.QtWidgets import QFormLayout, QGridLayout, QHBoxLayout, QLabel, QWi
 
 import pyqtgraph as pg  # after PySide6, so pyqtgraph binds to it
 
+from app.session_model import SessionModel
 from engine.events import RoundEvent, SummaryEvent
+from engine.export import SessionRecord
 from engine.stats import SessionStats
 
 REDRAW_HZ = 8
@@ -132,10 +134,12 @@ def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
 
 
 class SessionCharts(QWidget):
-    """The four charts and the figures. `speculative` and `plain` are the two sessions' series."""
+    """The four charts and the figures. `speculative` and `plain` are the two sessions' series;
+    given a `SessionModel`, they follow its runs."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, model: SessionModel | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self._model = model
         self.acceptance_plot = _plot("Acceptance per round (dots), cumulative (line)", "accepted / drafted", "round")
         self.acceptance_plot.setYRange(0, 1.0, padding=RANGE_MARGIN)
         self._per_round = self.acceptance_plot.plot(pen=None, symbol="o", symbolSize=5, symbolBrush="#1b8a2f",
@@ -194,6 +198,22 @@ class SessionCharts(QWidget):
         self._timer.timeout.connect(self._on_redraw_timer)
         self._timer.start()
         self.reset()
+        if model is not None:
+            model.run_started.connect(lambda compare: self.reset())
+            model.events_arrived.connect(self._on_events_arrived)
+            model.run_ended.connect(self._on_run_ended)
+
+    def _on_events_arrived(self, record: SessionRecord, batch: tuple) -> None:
+        plain = record.mode == "plain"
+        if plain and self.plain is None:
+            self.start_plain()
+        self.add_events(batch, plain=plain)
+        if isinstance(batch[-1], SummaryEvent):
+            self.redraw()
+
+    def _on_run_ended(self) -> None:
+        self.set_identical(self._model.identical)
+        self.redraw()
 
     def reset(self) -> None:
         self.speculative = SessionSeries()

@@ -14,7 +14,9 @@ from PySide6.QtCore import QEvent, QTimer
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QToolTip, QVBoxLayout, QWidget
 
+from app.session_model import SessionModel
 from engine.events import SummaryEvent, TokenEvent, TokenState
+from engine.export import SessionRecord
 
 RENDER_INTERVAL_MS = 50
 
@@ -85,10 +87,15 @@ class Legend(QWidget):
 
 
 class TokenView(QWidget):
-    """A read-only text view fed with event batches (`add_events`); `clear` starts a new session."""
+    """A read-only text view fed with event batches (`add_events`); `clear` starts a new session.
 
-    def __init__(self, title: str = "", parent: QWidget | None = None) -> None:
+    Given a `SessionModel`, it follows the sessions of `mode` ("speculative" or "plain") that the
+    model's runs hold; a plain view shows only in compare runs."""
+
+    def __init__(self, title: str = "", model: SessionModel | None = None, mode: str = "speculative",
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.mode = mode
         self.title = QLabel(f"<b>{title}</b>")
         self.show_rejected = QCheckBox("Show rejected drafts")
         self.show_rejected.setChecked(True)
@@ -114,6 +121,21 @@ class TokenView(QWidget):
         layout.addLayout(header)
         layout.addWidget(self.text, 1)
         self.clear()
+        if mode == "plain":
+            self.show_rejected.hide()  # plain decoding drafts nothing
+            self.hide()
+        if model is not None:
+            model.run_started.connect(self._on_run_started)
+            model.events_arrived.connect(self._on_events_arrived)
+
+    def _on_run_started(self, compare: bool) -> None:
+        self.clear()
+        if self.mode == "plain":
+            self.setVisible(compare)
+
+    def _on_events_arrived(self, record: SessionRecord, batch: tuple) -> None:
+        if record.mode == self.mode:
+            self.add_events(batch)
 
     def clear(self) -> None:
         self.tokens: list[TokenEvent] = []

@@ -119,7 +119,7 @@ def test_cancel_stops_the_benchmark_and_a_session_runs_after(qtbot, window, benc
     window.run_button.click()
     qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
     assert errors == []
-    assert window.records[0].summary.new_tokens > 0
+    assert window.session_model.records[0].summary.new_tokens > 0
 
 
 def test_bad_options_give_a_dialog_and_run_nothing(qtbot, window, bench, errors):
