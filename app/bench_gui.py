@@ -91,7 +91,7 @@ class SyntheticSource:
 class _FakePair:
     description = "synthetic events"
     drafter_kind = None
-    draft = None
+    drafter_model = None
 
     class target:  # noqa: N801 - stands in for a LoadedModel
         name = "synthetic"

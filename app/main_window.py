@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QFileDialog,
     QHBoxLayout,
     QLabel,
@@ -37,6 +38,7 @@ from app.worker import ModelHost, PairInfo
 from engine.atomic import write_with
 from engine.errors import SpecDeckError
 
+MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
 
 def save_picture(widget: QWidget, path: str | Path) -> None:
     """Save what `widget` shows as an image (format from the suffix, PNG without one), whole or not
@@ -69,7 +71,8 @@ class MainWindow(QMainWindow):
         self.stop_button = QPushButton("Stop")
         self.compare_button = QPushButton("Compare")
         self.compare_button.setToolTip("Speculative, then plain decoding on the same prompt and settings")
-        self.export_button = QPushButton("Export CSV…")
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip("Write the last run's rounds (and tokens) as CSV, with its settings as JSON")
         self.run_button.clicked.connect(self._on_run_clicked)
         self.stop_button.clicked.connect(self._on_stop_clicked)
         self.compare_button.clicked.connect(self._on_compare_clicked)
@@ -78,6 +81,7 @@ class MainWindow(QMainWindow):
         self.speculative_view = TokenView("Speculative", model, "speculative")
         self.plain_view = TokenView("Plain", model, "plain")
         self.charts = SessionCharts(model)
+        self.legend = Legend()
         self.bench_tab = BenchmarkTab(model)
         self.bench_tab.run_button.clicked.connect(self._on_bench_clicked)
         self.bench_tab.cancel_button.clicked.connect(self.controller.cancel_benchmark)
@@ -99,64 +103,119 @@ class MainWindow(QMainWindow):
     # layout -----------------------------------------------------------------------------------------
 
     def _build_layout(self) -> None:
-        buttons = QHBoxLayout()
-        for button in (self.run_button, self.stop_button, self.compare_button, self.export_button):
-            buttons.addWidget(button)
-        left = QWidget()
-        column = QVBoxLayout(left)
+        panels = QWidget()
+        column = QVBoxLayout(panels)
+        column.setContentsMargins(0, 0, 0, 0)
         column.addWidget(self.model_panel)
         column.addWidget(self.decoding_panel, 1)
-        column.addLayout(buttons)
         scroll = QScrollArea()
-        scroll.setWidget(left)
+        scroll.setWidget(panels)
         scroll.setWidgetResizable(True)
-        scroll.setMinimumWidth(380)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        buttons = QHBoxLayout()  # below the scrolling panels: always in view
+        for button in (self.run_button, self.stop_button, self.compare_button, self.export_button):
+            buttons.addWidget(button)
+        self.settings_panel = QWidget()
+        left = QVBoxLayout(self.settings_panel)
+        left.setContentsMargins(4, 4, 4, 4)
+        left.addWidget(scroll, 1)
+        left.addLayout(buttons)
+        scrollbar = scroll.verticalScrollBar().sizeHint().width()
+        self.settings_panel.setMinimumWidth(panels.minimumSizeHint().width() + scrollbar + 8)
 
         self.views = QSplitter(Qt.Orientation.Horizontal)
         self.views.addWidget(self.speculative_view)
         self.views.addWidget(self.plain_view)
+        self.views.setChildrenCollapsible(False)
         self.comparison = QLabel()
         self.comparison.setTextFormat(Qt.TextFormat.RichText)
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(4, 4, 4, 4)
         legend_row = QHBoxLayout()
-        legend_row.addWidget(Legend())
+        legend_row.addWidget(self.legend)
+        legend_row.addStretch(1)
         legend_row.addWidget(self.comparison)
         top_layout.addLayout(legend_row)
         top_layout.addWidget(self.views, 1)
+        top.setMinimumHeight(MIN_TEXT_HEIGHT)
 
         self.right = QSplitter(Qt.Orientation.Vertical)
         self.right.addWidget(top)
         self.right.addWidget(self.charts)
-        self.right.setSizes([430, 470])
+        self.right.setChildrenCollapsible(False)
+        self.right.setStretchFactor(0, 2)
+        self.right.setStretchFactor(1, 3)
         self.tabs = QTabWidget()
         self.tabs.addTab(self.right, "Session")
         self.tabs.addTab(self.bench_tab, "Benchmark")
         self.main_splitter = QSplitter(Qt.Orientation.Horizontal)
-        self.main_splitter.addWidget(scroll)
+        self.main_splitter.addWidget(self.settings_panel)
         self.main_splitter.addWidget(self.tabs)
+        self.main_splitter.setCollapsible(1, False)  # the settings collapse (View > Settings panel), the views never
         self.main_splitter.setStretchFactor(1, 1)
-        self.main_splitter.setSizes([400, 1040])
+        self.main_splitter.setSizes([self.settings_panel.minimumWidth(), 1000])
         self.setCentralWidget(self.main_splitter)
         self.statusBar().showMessage("Load a model pair, then Run or Compare.")
 
     def _build_menus(self) -> None:
+        def action(name: str, slot, *keys: str, checkable: bool = False) -> QAction:
+            """A menu action; its shortcuts work wherever the focus is in the window."""
+            made = QAction(name, self, checkable=checkable)
+            made.setShortcuts([QKeySequence(key) for key in keys])
+            made.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            (made.toggled if checkable else made.triggered).connect(slot)
+            self.addAction(made)
+            return made
+
+        session = self.menuBar().addMenu("&Session")
+        self.run_action = action("&Run", self._on_run_clicked, "Ctrl+Return", "Ctrl+Enter")
+        self.compare_action = action("&Compare", self._on_compare_clicked, "Ctrl+Shift+Return", "Ctrl+Shift+Enter")
+        self.stop_action = action("&Stop", self._on_stop_clicked, "Esc")
+        self.replay_action = action("Re&play the compare run", self._on_replay_clicked, "Ctrl+R")
+        focus = action("&Focus the prompt", self._on_focus_prompt, "Ctrl+L")
+        session.addActions([self.run_action, self.compare_action, self.stop_action, self.replay_action, focus])
+
         file_menu = self.menuBar().addMenu("&File")
-        export = QAction("&Export CSV…", self, shortcut=QKeySequence("Ctrl+E"))
-        export.triggered.connect(self._on_export_clicked)
+        self.export_action = action("&Export CSV…", self._on_export_clicked, "Ctrl+E")
         self.per_token_rows = QAction("Include per-token rows", self, checkable=True)
-        charts = QAction("Save charts as &PNG…", self)
-        charts.triggered.connect(self._on_save_charts_clicked)
-        quit_action = QAction("&Quit", self, shortcut=QKeySequence.StandardKey.Quit)
-        quit_action.triggered.connect(self.close)
-        file_menu.addActions([export, self.per_token_rows, charts])
+        charts = action("Save charts as &PNG…", self._on_save_charts_clicked)
+        quit_action = action("&Quit", self.close, QKeySequence(QKeySequence.StandardKey.Quit).toString())
+        file_menu.addActions([self.export_action, self.per_token_rows, charts])
         file_menu.addSeparator()
         file_menu.addAction(quit_action)
+
+        view = self.menuBar().addMenu("&View")
+        self.settings_action = action("&Settings panel", self._on_settings_toggled, "Ctrl+B", checkable=True)
+        self.settings_action.setChecked(True)
+        self.colour_blind_action = action("Colour-&blind safe palette", self._on_palette_toggled, checkable=True)
+        view.addActions([self.settings_action, self.colour_blind_action])
+
         help_menu = self.menuBar().addMenu("&Help")
-        about = QAction("&About SpecDeck", self)
-        about.triggered.connect(lambda: dialogs.show_about(self, self.host.pair.device if self.host.pair else None))
-        help_menu.addAction(about)
+        shortcuts = action("&Keyboard shortcuts", lambda: dialogs.show_shortcuts(self, self.shortcut_list()), "F1")
+        about = action("&About SpecDeck", lambda: dialogs.show_about(self, self.host.pair.device if self.host.pair
+                                                                     else None))
+        help_menu.addActions([shortcuts, about])
+        self._window_keys = {key for made in self.actions() for key in made.shortcuts()}
+        QApplication.instance().installEventFilter(self)
+
+    def shortcut_list(self) -> list[tuple[str, str]]:
+        """(keys, what they do) for every action with a shortcut, and for the prompt's Tab keys."""
+        rows = [(", ".join(key.toString(QKeySequence.SequenceFormat.NativeText) for key in made.shortcuts()),
+                 made.text().replace("&", "").rstrip("…"))
+                for made in self.actions() if made.shortcuts()]
+        return rows + [("Tab, Shift+Tab", "Move the focus (also out of the prompt)"),
+                       ("Ctrl+Tab", "Insert a tab character in the prompt")]
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
+        """The window's shortcuts win over a focused field's own use of the keys (a line edit takes
+        Ctrl+E to mean end of line): a field is not offered a key the window has a shortcut for."""
+        if (event.type() == QEvent.Type.ShortcutOverride and isinstance(watched, QWidget)
+                and watched.window() is self
+                and QKeySequence(event.keyCombination()) in self._window_keys):
+            return True
+        return super().eventFilter(watched, event)
 
     # what the buttons start -------------------------------------------------------------------------
 
@@ -220,14 +279,35 @@ class MainWindow(QMainWindow):
         self._spawn(self.run_benchmark(), "The benchmark failed")
 
     def _on_stop_clicked(self) -> None:
-        self.controller.stop()
+        if self.session_model.activity.running:
+            self.controller.stop()
+
+    def _on_focus_prompt(self) -> None:
+        self.settings_action.setChecked(True)
+        self._on_settings_toggled(True)
+        self.decoding_panel.prompt.setFocus(Qt.FocusReason.ShortcutFocusReason)
+
+    def _on_settings_toggled(self, shown: bool) -> None:
+        self.settings_panel.setVisible(shown)
+
+    def _on_palette_toggled(self, safe: bool) -> None:
+        palette = "colour-blind safe" if safe else "standard"
+        self.legend.refresh(palette)
+        for view in (self.speculative_view, self.plain_view):
+            view.set_palette(palette)
+
+    def _on_replay_clicked(self) -> None:
+        pass
 
     def _on_activity_changed(self, activity: Activity) -> None:
         busy = activity.busy
-        for button in (self.run_button, self.compare_button, self.model_panel.load_button):
-            button.setEnabled(not busy)
+        for widget in (self.run_button, self.compare_button, self.model_panel.load_button, self.run_action,
+                       self.compare_action):
+            widget.setEnabled(not busy)
         self.stop_button.setEnabled(activity.running)
-        self.export_button.setEnabled(not busy and bool(self.session_model.records))
+        exportable = not busy and bool(self.session_model.records)
+        self.export_button.setEnabled(exportable)
+        self.export_action.setEnabled(exportable)
         if activity.loading and self._progress is None:
             self._open_progress()
         elif not activity.loading and self._progress is not None:
@@ -285,11 +365,19 @@ class MainWindow(QMainWindow):
 
     # settings and closing ---------------------------------------------------------------------------
 
+    def _remembered_choices(self) -> tuple[tuple[str, QAction], ...]:
+        return (("export/per_token_rows", self.per_token_rows), ("view/settings_panel", self.settings_action),
+                ("view/colour_blind_safe", self.colour_blind_action))
+
     def _restore_settings(self, settings: QSettings) -> None:
         self.model_panel.restore(settings)
         self.decoding_panel.restore(settings)
         self.bench_tab.restore(settings)
         self.tabs.setCurrentIndex(int(settings.value("window/tab", 0)))
+        for key, action in self._remembered_choices():
+            action.setChecked(str(settings.value(key, action.isChecked())).lower() == "true")
+        self.speculative_view.show_rejected.setChecked(
+            str(settings.value("view/show_rejected", "true")).lower() == "true")
         for key, widget in (("window/geometry", self), ("window/main_splitter", self.main_splitter),
                             ("window/right_splitter", self.right)):
             state = settings.value(key)
@@ -303,6 +391,9 @@ class MainWindow(QMainWindow):
         self.decoding_panel.save(self.settings)
         self.bench_tab.save(self.settings)
         self.settings.setValue("window/tab", self.tabs.currentIndex())
+        for key, action in self._remembered_choices():
+            self.settings.setValue(key, action.isChecked())
+        self.settings.setValue("view/show_rejected", self.speculative_view.show_rejected.isChecked())
         self.settings.setValue("window/geometry", self.saveGeometry())
         self.settings.setValue("window/main_splitter", self.main_splitter.saveState())
         self.settings.setValue("window/right_splitter", self.right.saveState())
@@ -310,6 +401,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
         """Stop any session, end the model thread and wait for it, so nothing outlives the window."""
+        QApplication.instance().removeEventFilter(self)
         self.save_settings()
         self.controller.shutdown()
         super().closeEvent(event)

@@ -68,7 +68,7 @@ class ModelPicker(QWidget):
         self.combo = QComboBox()
         self.combo.setEditable(True)
         self.combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
-        self.combo.setMinimumContentsLength(18)
+        self.combo.setMinimumContentsLength(12)
         self.combo.lineEdit().setPlaceholderText("alias, Hugging Face id, folder or .gguf")
         self._allow_empty = allow_empty
         self.browse = QToolButton()
@@ -254,15 +254,15 @@ class DecodingPanel(QGroupBox):
         self.max_new_tokens = spin_box(1, 8192, defaults.max_new_tokens)
         self.chat = QCheckBox("Chat template")
         self.chat.setChecked(True)
-        self.truncate_prompt = QCheckBox("Keep the end of long prompts")
+        self.truncate_prompt = QCheckBox("Keep a long prompt's end")
         self.truncate_prompt.setToolTip("A prompt too long for the model's context is refused; checked, its start "
                                         "is dropped instead so that it and the answer fit.")
         self.presets = load_presets()
         self.preset = QComboBox()
         self.preset.addItems(list(self.presets))
         self.preset.activated.connect(self._on_preset_chosen)
-        self.prompt = QPlainTextEdit()
-        self.prompt.setPlaceholderText("Type a prompt, or pick a preset.")
+        self.prompt = PromptEdit()
+        self.prompt.setPlaceholderText("Type a prompt, or pick a preset. Ctrl+Enter runs it.")
         self.prompt.setMinimumHeight(90)
         if self.presets:
             self.prompt.setPlainText(next(iter(self.presets.values())))
@@ -289,11 +289,9 @@ class DecodingPanel(QGroupBox):
         form.addRow("Seed", row)
         row = QHBoxLayout()
         row.addWidget(self.chat)
-        row.addWidget(self.truncate_prompt)
-        row.addStretch(1)
-        row.addWidget(QLabel("Preset"))
-        row.addWidget(self.preset)
+        row.addWidget(self.truncate_prompt, 1)
         form.addRow(row)
+        form.addRow("Preset", self.preset)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.prompt, 1)
@@ -336,6 +334,20 @@ class DecodingPanel(QGroupBox):
         prompt = settings.value("decoding/prompt", "")
         if prompt:
             self.prompt.setPlainText(str(prompt))
+
+
+class PromptEdit(QPlainTextEdit):
+    """The prompt box: Tab moves the focus on, as in any form; Ctrl+Tab inserts a tab character."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTabChangesFocus(True)
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.key() == Qt.Key.Key_Tab and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+            self.insertPlainText("\t")
+            return
+        super().keyPressEvent(event)
 
 
 def spin_box(low: int, high: int, value: int) -> QSpinBox:
