@@ -44,8 +44,10 @@ REDRAW_HZ = 8
 SYMBOL_LIMIT = 300  # rounds: beyond this, per-round points are drawn as a line (symbols cost per point)
 WIDEST_FIGURE = "0.000  (000000/000000)"  # the acceptance rate of a million-token session
 RANGE_MARGIN = 0.06  # beyond each end of an axis, so that the end ticks' labels still show
-FIGURES_BESIDE_WIDTH = 1250  # px: narrower, the figures go below the charts, in columns
-CHART_COLUMNS = 3
+CHART_WIDTH = 250  # px a chart needs to show its title and axes whole
+CHART_HEIGHT = 180
+CHART_COLUMNS = 3  # at most
+FIGURES_BESIDE_WIDTH = 1100  # px: narrower, the figures go below the charts, in columns
 SPEC_COLOUR, PLAIN_COLOUR, DRAFT_COLOUR, VERIFY_COLOUR = "#1f5fd1", "#777777", "#e69f00", "#56b4e9"
 SPEC_PEN = pg.mkPen(SPEC_COLOUR, width=2)
 PLAIN_PEN = pg.mkPen(PLAIN_COLOUR, width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
@@ -76,7 +78,7 @@ def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
     widget.setLabel("bottom", bottom)
     widget.showGrid(x=True, y=True, alpha=0.2)
     widget.setMenuEnabled(False)
-    widget.setMinimumSize(200, 150)
+    widget.setMinimumSize(CHART_WIDTH - 20, CHART_HEIGHT)
     # room right of the bottom axis for its last tick's label
     widget.getPlotItem().layout.setContentsMargins(2, 2, 14, 2)
     for side in ("left", "bottom"):
@@ -156,18 +158,18 @@ class SessionCharts(QWidget):
             self._figure_names[name].setToolTip(FIGURE_TIPS[name])
         self._figures_grid = QGridLayout()
         self._figures_grid.setVerticalSpacing(2)
-        figures = QWidget()
-        figures.setLayout(self._figures_grid)
+        self._figures = QWidget()
+        self._figures.setLayout(self._figures_grid)
 
-        grid = QGridLayout()
-        for i, plot in enumerate(self.plots):
-            grid.addWidget(plot, i // CHART_COLUMNS, i % CHART_COLUMNS)
+        self._grid = QGridLayout()
         self._layout = QBoxLayout(QBoxLayout.Direction.LeftToRight, self)
         self._layout.setContentsMargins(0, 0, 0, 0)
-        self._layout.addLayout(grid, 1)
-        self._layout.addWidget(figures)
-        self._figures_beside: bool | None = None
-        self._place_figures(beside=True)
+        self._layout.addLayout(self._grid, 1)
+        self._layout.addWidget(self._figures)
+        self._figure_column_width = (max(label.width() for label in self.figures.values())
+                                     + max(label.sizeHint().width() for label in self._figure_names.values()) + 24)
+        self._place: tuple[int, bool, int] | None = None
+        self._reflow(FIGURES_BESIDE_WIDTH)
 
         self._dirty = False
         self._parts = (self._draw_acceptance, self._draw_speed, self._draw_round_time, self._draw_histogram,
@@ -185,20 +187,27 @@ class SessionCharts(QWidget):
 
     # layout -----------------------------------------------------------------------------------------
 
-    def _place_figures(self, beside: bool) -> None:
-        """The figures in one column right of the charts, or in three columns below them."""
-        if beside == self._figures_beside:
+    def _reflow(self, width: int) -> None:
+        """Charts in as many columns as `width` holds (three at most), the figures right of them when
+        there is room, else below in columns. The window scrolls the charts where they are taller
+        than the space it has, so no chart is squeezed below a size that shows its whole axes."""
+        chart_columns = max(1, min(CHART_COLUMNS, width // CHART_WIDTH))
+        beside = width >= FIGURES_BESIDE_WIDTH
+        figure_columns = 1 if beside else max(1, min(3, width // self._figure_column_width))
+        place = (chart_columns, beside, figure_columns)
+        if place == self._place:
             return
-        self._figures_beside = beside
+        self._place = place
+        for i, plot in enumerate(self.plots):
+            self._grid.addWidget(plot, i // chart_columns, i % chart_columns)
         self._layout.setDirection(QBoxLayout.Direction.LeftToRight if beside else QBoxLayout.Direction.TopToBottom)
-        columns = 1 if beside else 3
         for i, name in enumerate(self.figures):
-            row, column = (i, 0) if beside else (i // columns, 2 * (i % columns))
+            row, column = (i, 0) if beside else (i // figure_columns, 2 * (i % figure_columns))
             self._figures_grid.addWidget(self._figure_names[name], row, column)
             self._figures_grid.addWidget(self.figures[name], row, column + 1)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        self._place_figures(event.size().width() >= FIGURES_BESIDE_WIDTH)
+        self._reflow(event.size().width())
         super().resizeEvent(event)
 
     # hover ------------------------------------------------------------------------------------------

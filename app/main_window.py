@@ -16,7 +16,6 @@ from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
     QHBoxLayout,
-    QLabel,
     QMainWindow,
     QProgressDialog,
     QPushButton,
@@ -89,7 +88,6 @@ class MainWindow(QMainWindow):
         self.host.bench_progress.connect(self.bench_tab.show_progress)
         model.activity_changed.connect(self._on_activity_changed)
         model.run_ended.connect(self._on_run_ended)
-        model.run_started.connect(lambda compare: self.comparison.clear())
         model.status.connect(self.statusBar().showMessage)
         self._build_layout()
         self._build_menus()
@@ -128,25 +126,27 @@ class MainWindow(QMainWindow):
         self.views.addWidget(self.speculative_view)
         self.views.addWidget(self.plain_view)
         self.views.setChildrenCollapsible(False)
-        self.comparison = QLabel()
-        self.comparison.setTextFormat(Qt.TextFormat.RichText)
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(4, 4, 4, 4)
         legend_row = QHBoxLayout()
         legend_row.addWidget(self.legend)
         legend_row.addStretch(1)
-        legend_row.addWidget(self.comparison)
         top_layout.addLayout(legend_row)
         top_layout.addWidget(self.views, 1)
         top.setMinimumHeight(MIN_TEXT_HEIGHT)
 
+        charts = QScrollArea()  # the charts keep a size that shows their axes whole, and scroll below it
+        charts.setWidget(self.charts)
+        charts.setWidgetResizable(True)
+        charts.setFrameShape(QScrollArea.Shape.NoFrame)
+        charts.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        charts.setMinimumHeight(MIN_TEXT_HEIGHT)
         self.right = QSplitter(Qt.Orientation.Vertical)
         self.right.addWidget(top)
-        self.right.addWidget(self.charts)
+        self.right.addWidget(charts)
         self.right.setChildrenCollapsible(False)
-        self.right.setStretchFactor(0, 2)
-        self.right.setStretchFactor(1, 3)
+        self.right.setSizes([350, 450])
         self.tabs = QTabWidget()
         self.tabs.addTab(self.right, "Session")
         self.tabs.addTab(self.bench_tab, "Benchmark")
@@ -331,7 +331,7 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(stage)
 
     def _on_run_ended(self) -> None:
-        """A compare run's verdict beside the legend: the measured speedup, and for greedy runs
+        """A compare run's verdict beside the plain text: the measured speedup, and for greedy runs
         whether the two texts are the same."""
         model = self.session_model
         parts = []
@@ -341,7 +341,7 @@ class MainWindow(QMainWindow):
             colour = "#1b8a2f" if model.identical else "#c62828"
             mark = "greedy outputs identical ✓" if model.identical else "greedy outputs differ ✗"
             parts.append(f"<b style='color:{colour}'>{mark}</b>")
-        self.comparison.setText(" · ".join(parts))
+        self.plain_view.note.setText(" · ".join(parts))
 
     def _on_export_clicked(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export session statistics", "specdeck-session.csv", "CSV (*.csv)")

@@ -274,7 +274,7 @@ class DecodingPanel(QGroupBox):
         form.addRow("K", row)
         row = QHBoxLayout()
         row.addWidget(self.lookup)
-        row.addWidget(QLabel("tokens copied where the text repeats"), 1)
+        row.addWidget(QLabel("copied tokens per round"), 1)
         form.addRow("Lookup", row)
         form.addRow("Temperature", self.temperature)
         row = QHBoxLayout()

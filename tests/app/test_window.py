@@ -57,7 +57,7 @@ def test_compare_fills_both_views_and_marks_greedy_runs_identical(qtbot, window,
     assert window.plain_view.kept_text() == plain.summary.text == speculative.summary.text
     assert window.speculative_view.kept_text() == speculative.summary.text
     assert window.charts.identical is True
-    assert "identical" in window.comparison.text()
+    assert "identical" in window.plain_view.note.text()
     assert window.charts.plain.size == plain.summary.rounds
 
 
