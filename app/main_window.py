@@ -31,11 +31,13 @@ from app.bench_tab import BenchmarkTab
 from app.charts import SessionCharts
 from app.controller import SessionController
 from app.panels import DecodingPanel, ModelPanel
+from app.replay import ReplayDialog
 from app.session_model import Activity, SessionModel
 from app.token_view import Legend, TokenView
 from app.worker import ModelHost, PairInfo
 from engine.atomic import write_with
 from engine.errors import SpecDeckError
+from engine.export import SessionRecord
 
 MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
 
@@ -81,6 +83,10 @@ class MainWindow(QMainWindow):
         self.plain_view = TokenView("Plain", model, "plain")
         self.charts = SessionCharts(model)
         self.legend = Legend()
+        self.replay_button = QPushButton("Replay the race")
+        self.replay_button.setToolTip("Both sessions of the last Compare side by side at their measured pace (Ctrl+R)")
+        self.replay_button.clicked.connect(self._on_replay_clicked)
+        self.replay: ReplayDialog | None = None
         self.bench_tab = BenchmarkTab(model)
         self.bench_tab.run_button.clicked.connect(self._on_bench_clicked)
         self.bench_tab.cancel_button.clicked.connect(self.controller.cancel_benchmark)
@@ -132,6 +138,7 @@ class MainWindow(QMainWindow):
         legend_row = QHBoxLayout()
         legend_row.addWidget(self.legend)
         legend_row.addStretch(1)
+        legend_row.addWidget(self.replay_button)
         top_layout.addLayout(legend_row)
         top_layout.addWidget(self.views, 1)
         top.setMinimumHeight(MIN_TEXT_HEIGHT)
@@ -296,8 +303,21 @@ class MainWindow(QMainWindow):
         for view in (self.speculative_view, self.plain_view):
             view.set_palette(palette)
 
+    def replayable_records(self) -> tuple[SessionRecord, SessionRecord] | None:
+        """The last Compare's speculative and plain records, once both ended; None otherwise."""
+        by_mode = {r.mode: r for r in self.session_model.records if r.summary is not None}
+        if self.session_model.activity.running or set(by_mode) != {"speculative", "plain"}:
+            return None
+        return by_mode["speculative"], by_mode["plain"]
+
     def _on_replay_clicked(self) -> None:
-        pass
+        records = self.replayable_records()
+        if records is None:
+            return
+        if self.replay is not None:
+            self.replay.close()
+        self.replay = ReplayDialog(*records, parent=self)
+        self.replay.show()
 
     def _on_activity_changed(self, activity: Activity) -> None:
         busy = activity.busy
@@ -308,6 +328,9 @@ class MainWindow(QMainWindow):
         exportable = not busy and bool(self.session_model.records)
         self.export_button.setEnabled(exportable)
         self.export_action.setEnabled(exportable)
+        replayable = self.replayable_records() is not None
+        self.replay_action.setEnabled(replayable)
+        self.replay_button.setVisible(replayable)
         if activity.loading and self._progress is None:
             self._open_progress()
         elif not activity.loading and self._progress is not None:
