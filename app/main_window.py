@@ -92,6 +92,7 @@ class MainWindow(QMainWindow):
         self.bench_tab.cancel_button.clicked.connect(self.controller.cancel_benchmark)
         self.host.load_progress.connect(self._on_load_progress)
         self.host.bench_progress.connect(self.bench_tab.show_progress)
+        self.bench_tab.options_changed.connect(self._on_bench_options_changed)
         model.activity_changed.connect(self._on_activity_changed)
         model.run_ended.connect(self._on_run_ended)
         model.status.connect(self.statusBar().showMessage)
@@ -157,6 +158,7 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget()
         self.tabs.addTab(self.right, "Session")
         self.tabs.addTab(self.bench_tab, "Benchmark")
+        self.tabs.currentChanged.connect(self._on_tab_changed)
         self.main_splitter = QSplitter(Qt.Orientation.Horizontal)
         self.main_splitter.addWidget(self.settings_panel)
         self.main_splitter.addWidget(self.tabs)
@@ -273,13 +275,32 @@ class MainWindow(QMainWindow):
 
         self.controller.spawn(coroutine, on_error)
 
+    def _on_tab_changed(self, index: int) -> None:
+        """The decoding settings apply to Run and Compare, not to the benchmark: they are greyed out
+        while the Benchmark tab shows, and its plan is brought up to date."""
+        benchmark = self.tabs.widget(index) is self.bench_tab
+        self.decoding_panel.setEnabled(not benchmark)
+        self.decoding_panel.setTitle("Decoding (Run and Compare; the benchmark has its own)" if benchmark
+                                     else "Decoding")
+        if benchmark:
+            self._on_bench_options_changed()
+
+    def _on_bench_options_changed(self) -> None:
+        measured = self.session_model.summary("plain") or self.session_model.summary("speculative")
+        self.bench_tab.show_plan(self.model_panel.spec(), measured.tokens_per_s if measured else None)
+
+    def _show_session_tab(self) -> None:
+        self.tabs.setCurrentWidget(self.right)
+
     def _on_load_clicked(self) -> None:
         self._spawn(self.load_models(), "Could not load the models")
 
     def _on_run_clicked(self) -> None:
+        self._show_session_tab()
         self._spawn(self.run(compare=False), "The session failed")
 
     def _on_compare_clicked(self) -> None:
+        self._show_session_tab()
         self._spawn(self.run(compare=True), "The compare run failed")
 
     def _on_bench_clicked(self) -> None:
