@@ -119,12 +119,15 @@ def document_formats(document: QTextDocument) -> list[tuple[str, QTextCharFormat
     return runs
 
 
+SOURCES = {"prompt": "this prompt", "session": "an earlier answer this session", "past": "a past session"}
+
+
 def describe_token(event: TokenEvent) -> str:
     """A token's tooltip: its state, where it stands, and the figures that mean something for it."""
     where = f"position {event.pos}, round {event.round}" + (f", draft depth {event.depth}" if event.depth else "")
     lines = [f"{event.state.value}  {event.text!r}", where, f"p (target) = {event.p:.4f}"]
-    if event.copied:
-        lines.append("copied by prompt lookup")
+    if event.source:
+        lines.append(f"copied from {SOURCES.get(event.source, event.source)}")
     source = "copy" if event.copied else "draft"
     if event.state.judged and event.q is not None:
         lines.append(f"q ({source}) = {event.q:.4f}")

@@ -494,16 +494,27 @@ def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
 
     The prompt is data: a `<|im_end|>` typed in it is encoded as those characters, never as the
     control token (`split_special_tokens=True`); control tokens come only from the template."""
-    check_prompt(text)
+    return encode_conversation(tokenizer, [text], [], chat)
+
+
+def encode_conversation(tokenizer, turns: list[str], answers: list[str], chat: bool = True) -> list[int]:
+    """Token ids of a conversation that asks `turns[-1]` next: each earlier turn followed by its
+    answer (as Spec-Bench asks MT-Bench's second turns). Like `encode_prompt`, the texts are data;
+    without a chat template the turns and answers follow each other, a blank line between them."""
+    for text in turns:
+        check_prompt(text)
+    texts = [text for pair in zip(turns, answers + [None]) for text in pair if text is not None]
     if not (chat and getattr(tokenizer, "chat_template", None)):
-        return tokenizer(text, split_special_tokens=True)["input_ids"]
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _CONTENT_MARK}], tokenize=False, add_generation_prompt=True
-    )
-    before, mark, after = rendered.partition(_CONTENT_MARK)
-    if not mark:
-        raise SpecDeckError("This model's chat template rewrites the prompt, so its text could not be kept "
-                            "apart from control tokens: use raw completion (--no-chat).")
+        return tokenizer("\n\n".join(texts), split_special_tokens=True)["input_ids"]
+    marks = [f"{_CONTENT_MARK}{i}{_CONTENT_MARK}" for i in range(len(texts))]
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": mark} for i, mark in enumerate(marks)]
+    rest = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     template = lambda part: tokenizer(part, add_special_tokens=False)["input_ids"]  # noqa: E731
-    return template(before) + tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] \
-        + template(after)
+    ids: list[int] = []
+    for mark, text in zip(marks, texts):
+        before, found, rest = rest.partition(mark)
+        if not found:
+            raise SpecDeckError("This model's chat template rewrites the prompt, so its text could not be kept "
+                                "apart from control tokens: use raw completion (--no-chat).")
+        ids += template(before) + tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return ids + template(rest)

@@ -157,12 +157,14 @@ def test_settings_persist_between_launches(qtbot, loop, window, settings):
     window.decoding_panel.k.setValue(7)
     window.decoding_panel.temperature.setValue(0.7)
     window.decoding_panel.lookup.setValue(3)
+    window.decoding_panel.suffix_scope.setCurrentText("all")
     window.close()
     again = MainWindow(settings=settings)
     qtbot.addWidget(again)
     assert again.decoding_panel.k.value() == 7
     assert again.decoding_panel.temperature.value() == 0.7
     assert again.decoding_panel.config().lookup == 3
+    assert again.decoding_panel.config().suffix_scope == "all"
     assert again.model_panel.target.value == window.model_panel.target.value
     assert again.model_panel.drafter.currentText() == "draft model"
     again.close()
