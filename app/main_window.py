@@ -139,7 +139,7 @@ class MainWindow(QMainWindow):
         legend_row = QHBoxLayout()
         legend_row.addWidget(self.legend)
         legend_row.addStretch(1)
-        legend_row.addWidget(self.replay_button)
+        self.plain_view.header.addWidget(self.replay_button)  # beside the compare verdict
         top_layout.addLayout(legend_row)
         top_layout.addWidget(self.views, 1)
         top.setMinimumHeight(MIN_TEXT_HEIGHT)
@@ -280,7 +280,7 @@ class MainWindow(QMainWindow):
         while the Benchmark tab shows, and its plan is brought up to date."""
         benchmark = self.tabs.widget(index) is self.bench_tab
         self.decoding_panel.setEnabled(not benchmark)
-        self.decoding_panel.setTitle("Decoding (Run and Compare; the benchmark has its own)" if benchmark
+        self.decoding_panel.setTitle("Decoding: Run and Compare only" if benchmark
                                      else "Decoding")
         if benchmark:
             self._on_bench_options_changed()

@@ -47,6 +47,7 @@ class ReplayLane(QWidget):
         self.total_tokens = record.summary.new_tokens if record.summary else 0
         self.view = TokenView(title)
         self.view.show_rejected.setChecked(False)
+        self.view.show_rejected.setVisible(record.mode != "plain")  # plain decoding drafts nothing
         self.progress = QProgressBar()
         self.progress.setRange(0, max(1, self.total_tokens))
         self.progress.setFormat("%v/%m tokens")

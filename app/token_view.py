@@ -211,7 +211,8 @@ class TokenView(QWidget):
         self.note = QLabel()  # a line beside the title: a compare run's verdict
         self.note.setTextFormat(Qt.TextFormat.RichText)
         self.note.setWordWrap(True)
-        header = QHBoxLayout()
+        self.header = QHBoxLayout()  # the title, the note, the show-rejected box, and what a window adds
+        header = self.header
         header.addWidget(self.title)
         header.addWidget(self.note, 1)
         header.addWidget(self.show_rejected)
