@@ -170,7 +170,8 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         stopped = None
         for i, token_id in enumerate(kept):
             if rejected and i == first_refused:  # refused drafts where they were proposed, first
-                events.extend(_rejected_events(rejected, detok, new_tokens, round_no, copied, proposal.source))
+                events.extend(_rejected_events(rejected, detok, new_tokens - first_refused, round_no, copied,
+                                               proposal.source))
             if i < m:
                 state, q = TokenState.ACCEPTED, q_kept[i]
             else:
@@ -188,8 +189,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             if stopped:
                 break
         # a stop inside the round cuts it short: count only the drafts whose fate was shown
-        accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
-        drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
+        accepted, drafted, discarded = _draft_counts(events)
         if planner:
             first = int(logits[0].argmax())  # the target's own first token: its rank among the drafter's
             rank = proposal.rank(first) if n and not copied else None
@@ -197,7 +197,8 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
                            (time.perf_counter() - round_started) * 1e3, rank, len(alternatives))
         round_event = RoundEvent(round_no, drafted, accepted, draft_ms, verify_ms, new_tokens,
                                  time.perf_counter() - decode_started, copied=copied,
-                                 shape=_label(n, copied, len(alternatives)), match_length=proposal.match_length)
+                                 shape=_label(n, copied, len(alternatives)), match_length=proposal.match_length,
+                                 discarded=discarded)
         for event in events:
             stats.add(event)
             yield event
@@ -274,11 +275,22 @@ def _judged(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int) -> 
             enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))]
 
 
-def _rejected_events(rejected: list[tuple[int, float, float, int]], detok: Detokenizer, pos: int, round_no: int,
+def _rejected_events(rejected: list[tuple[int, float, float, int]], detok: Detokenizer, start: int, round_no: int,
                      copied: bool, source: str) -> list[TokenEvent]:
-    """Events for a round's refused drafts, all shown at `pos`, where the token kept instead stands:
-    the first refused one and those never reachable after it (and, in a tree, the alternatives)."""
+    """Events for a round's refused drafts, each at the position it was proposed for (`start` is
+    the round's first position; a draft at depth d was proposed for start + d - 1). The first of
+    the chain was judged and rejected; the chain's drafts after it were never judged (discarded);
+    a tree's alternatives beside the first draft were judged against the target's token."""
     pieces = detok.peek([token for token, *_ in rejected])
-    return [TokenEvent(TokenState.REJECTED, token, piece, pos, round_no, pv, qv, copied=copied, depth=depth,
-                       source=source)
-            for (token, pv, qv, depth), piece in zip(rejected, pieces)]
+    first_depth = rejected[0][3]
+    return [TokenEvent(TokenState.REJECTED if i == 0 or depth == first_depth else TokenState.DISCARDED, token, piece,
+                       start + depth - 1, round_no, pv, qv, copied=copied, depth=depth, source=source)
+            for i, ((token, pv, qv, depth), piece) in enumerate(zip(rejected, pieces))]
+
+
+def _draft_counts(events: list[TokenEvent]) -> tuple[int, int, int]:
+    """(accepted, drafted, discarded) among a round's token events: the drafts whose fate was shown."""
+    accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
+    rejected = sum(1 for e in events if e.state is TokenState.REJECTED)
+    discarded = sum(1 for e in events if e.state is TokenState.DISCARDED)
+    return accepted, accepted + rejected + discarded, discarded
