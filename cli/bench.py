@@ -79,8 +79,8 @@ def bench_specs(args: argparse.Namespace) -> list[PairSpec]:
 class ProgressBar:
     """One self-rewriting line on stderr: bar, count, elapsed time and what runs now."""
 
-    def __init__(self, stream=sys.stderr, width: int = 28) -> None:
-        self.stream = stream
+    def __init__(self, stream=None, width: int = 28) -> None:
+        self.stream = stream or sys.stderr  # looked up now: sys.stderr may have been replaced since import
         self.width = width
         self.started = time.perf_counter()
 

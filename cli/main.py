@@ -94,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     except SpecDeckError as error:
         print(f"specdeck: error: {error}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as error:  # torch's OutOfMemoryError is a RuntimeError
+        from engine.memory import is_out_of_memory, out_of_memory_message
+
+        if not is_out_of_memory(error):
+            raise
+        print(f"specdeck: error: {out_of_memory_message(error)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `specdeck run | head`: the reader left; say nothing more

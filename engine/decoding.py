@@ -26,7 +26,7 @@ from engine.drafters import DraftPiece, Drafter, Proposal
 from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
 from engine.kvcache import CachedModel, synchronize
 from engine.models import LoadedModel
-from engine.sampling import logits_to_probs, residual, sample
+from engine.sampling import logits_to_probs, require_finite, residual, sample
 from engine.stats import SessionStats
 
 
@@ -154,6 +154,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             q_kept = proposal.q[torch.arange(m), torch.tensor(kept[:m], device=p.device)].tolist() if m else []
             last_state = TokenState.PLAIN if n == 0 else (TokenState.BONUS if m == n else TokenState.RESAMPLED)
             lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
+        require_finite(p_kept, target.dtype, new_tokens)
         first_refused = 0 if picked else m  # the chain's drafts from here on were refused or unreachable
         rejected = _judged(proposal.tokens[first_refused:], p[first_refused:n], proposal.q[first_refused:n],
                            first_refused + 1, proposal.pieces)
@@ -169,7 +170,8 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         stopped = None
         for i, token_id in enumerate(kept):
             if rejected and i == first_refused:  # refused drafts where they were proposed, first
-                events.extend(_rejected_events(rejected, detok, new_tokens, round_no, copied, proposal.source))
+                events.extend(_rejected_events(rejected, detok, new_tokens - first_refused, round_no, copied,
+                                               proposal.source))
             if i < m:
                 state, q = TokenState.ACCEPTED, q_kept[i]
             else:
@@ -188,8 +190,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             if stopped:
                 break
         # a stop inside the round cuts it short: count only the drafts whose fate was shown
-        accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
-        drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
+        accepted, drafted, discarded = _draft_counts(events)
         if planner:
             first = int(logits[0].argmax())  # the target's own first token: its rank among the drafter's
             rank = proposal.rank(first) if n and not copied else None
@@ -198,7 +199,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         round_event = RoundEvent(round_no, drafted, accepted, draft_ms, verify_ms, new_tokens,
                                  time.perf_counter() - decode_started, copied=copied,
                                  shape=_label(n, copied, len(alternatives)), match_length=proposal.match_length,
-                                 draft_tokens=proposal.draft_tokens)
+                                 discarded=discarded, draft_tokens=proposal.draft_tokens)
         for event in events:
             stats.add(event)
             yield event
@@ -285,11 +286,23 @@ def _piece_fields(piece: DraftPiece | None) -> dict:
     return {"draft_tokens": piece.tokens, "draft_q": piece.q} if piece is not None else {}
 
 
-def _rejected_events(rejected: list[Judged], detok: Detokenizer, pos: int, round_no: int,
+def _rejected_events(rejected: list[Judged], detok: Detokenizer, start: int, round_no: int,
                      copied: bool, source: str) -> list[TokenEvent]:
-    """Events for a round's refused drafts, all shown at `pos`, where the token kept instead stands:
-    the first refused one and those never reachable after it (and, in a tree, the alternatives)."""
+    """Events for a round's refused drafts, each at the position it was proposed for (`start` is
+    the round's first position; a draft at depth d was proposed for start + d - 1). The first of
+    the chain was judged and rejected; the chain's drafts after it were never judged (discarded);
+    a tree's alternatives beside the first draft were judged against the target's token."""
     texts = detok.peek([token for token, *_ in rejected])
-    return [TokenEvent(TokenState.REJECTED, token, text, pos, round_no, pv, qv, copied=copied, depth=depth,
-                       source=source, **_piece_fields(piece))
-            for (token, pv, qv, depth, piece), text in zip(rejected, texts)]
+    first_depth = rejected[0][3]
+    return [TokenEvent(TokenState.REJECTED if i == 0 or depth == first_depth else TokenState.DISCARDED, token, text,
+                       start + depth - 1, round_no, pv, qv, copied=copied, depth=depth, source=source,
+                       **_piece_fields(piece))
+            for i, ((token, pv, qv, depth, piece), text) in enumerate(zip(rejected, texts))]
+
+
+def _draft_counts(events: list[TokenEvent]) -> tuple[int, int, int]:
+    """(accepted, drafted, discarded) among a round's token events: the drafts whose fate was shown."""
+    accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
+    rejected = sum(1 for e in events if e.state is TokenState.REJECTED)
+    discarded = sum(1 for e in events if e.state is TokenState.DISCARDED)
+    return accepted, accepted + rejected + discarded, discarded

@@ -24,7 +24,9 @@ import torch
 from engine.config import DecodeConfig
 from engine.context import context_length
 from engine.kvcache import CachedModel, backend_for
+from engine.lean_weights import output_weight
 from engine.linear import Linear, make_linear
+from engine.llama_forward import output_layer
 from engine.sampling import logits_to_probs, sample
 
 
@@ -140,9 +142,9 @@ class DraftModelDrafter(Drafter):
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
         self._output_ids = None
         if output_ids is not None:
-            weight = model.get_output_embeddings().weight
+            weight = output_weight(model)
             self._output_ids = output_ids.to(weight.device, torch.long)
-            self._head = make_linear(weight.detach()[self._output_ids].contiguous())
+            self._head = make_linear(weight[self._output_ids].contiguous())
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -225,10 +227,11 @@ class FeatureHeadDrafter(Drafter):
         self.head = self.module = head
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         self._embedding = target.get_input_embeddings()
-        weight = target.get_output_embeddings().weight.detach()
-        self._output_ids = None if output_ids is None else output_ids.to(weight.device, torch.long)
-        self._output = make_linear(weight if output_ids is None else weight[self._output_ids].contiguous())
-        self.device = weight.device
+        self.device = self._embedding.weight.device
+        self._output_ids = None if output_ids is None else output_ids.to(self.device, torch.long)
+        # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
+        self._output = output_layer(target) if output_ids is None else make_linear(
+            output_weight(target)[self._output_ids].contiguous())
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -245,7 +248,7 @@ class FeatureHeadDrafter(Drafter):
             states = torch.cat(self._pending)
             self._pending = []
         else:
-            states = self._output.weight.new_zeros(0, self._output.weight.shape[1])
+            states = self._embedding.weight.new_zeros(0, self._embedding.weight.shape[1])
         known = self._paired + len(states)
         if known != len(ids) - 1 or (known and not len(states)):
             raise RuntimeError(f"the head has target states for {known} tokens, the session kept {len(ids) - 1}: "

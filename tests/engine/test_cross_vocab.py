@@ -189,13 +189,13 @@ def test_pair_with_little_in_common_is_said_and_still_exact(cross_pair, tmp_path
     from transformers import PreTrainedTokenizerFast
 
     from engine.models import load_model
-    from tiny import CORPUS, build_model
+    from tiny import CORPUS, ON_CPU, build_model
 
     words = sorted({word for text in CORPUS for word in text.split()})
     tok = Tokenizer(models.WordLevel({word: i for i, word in enumerate(["[UNK]", "[EOS]", *words])}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(tmp_path)
-    draft = load_model(str(build_model(tmp_path, "gpt2", len(words) + 2, seed=4, layers=1, eos_token_id=1)))
+    draft = load_model(str(build_model(tmp_path, "gpt2", len(words) + 2, seed=4, layers=1, eos_token_id=1)), ON_CPU)
     target = cross_pair[0]
     match = match_vocabularies(target, draft)
     assert match.case == "little" and "little in common: only" in match.describe()
