@@ -105,9 +105,9 @@ def test_draft_with_another_tokenizer_loads_and_runs(qtbot, window, errors, tmp_
     assert "of the draft's 399 tokens have a twin" in window.model_panel.drafter.toolTip()
     _run(qtbot, window, window.run_button)
     assert errors == []
-    record = window.records[0]
+    record = window.session_model.records[0]
     assert record.summary.new_tokens > 0 and record.summary.drafted > 0
-    drafted = [e for e in record.tokens if e.state in (TokenState.ACCEPTED, TokenState.REJECTED) and not e.copied]
+    drafted = [e for e in record.tokens if e.depth and not e.copied]
     assert drafted and all(e.draft_tokens for e in drafted)  # each says what the draft wrote, in its tokens
 
 
@@ -264,4 +264,4 @@ def test_running_out_of_memory_says_what_to_try_and_the_next_run_works(qtbot, wi
     assert len(errors) == 1 and errors[0][1].startswith("Out of memory on the GPU.")
     assert "smaller dtype" in errors[0][1] and "Unexpected" not in errors[0][1]
     _run(qtbot, window, window.run_button)
-    assert len(errors) == 1 and window.records[-1].summary is not None
+    assert len(errors) == 1 and window.session_model.records[-1].summary is not None

@@ -105,7 +105,7 @@ def test_events_keep_target_tokens_and_show_the_draft_s(directed):
         events = list(generate(target, ids, config, CrossVocabularyDrafter(draft.model, match_vocabularies(target, draft))))
         tokens = [e for e in events if isinstance(e, TokenEvent)]
         assert "".join(e.text for e in tokens if e.state.kept) == events[-1].text
-        drafts = [e for e in tokens if e.state in (TokenState.ACCEPTED, TokenState.REJECTED)]
+        drafts = [e for e in tokens if e.depth]  # accepted, rejected and discarded drafts
         assert drafts and all(e.draft_tokens and len(e.draft_q) == len(e.draft_tokens) for e in drafts)
         assert all(0 <= q <= 1 for e in drafts for q in e.draft_q)
         assert all(not e.draft_tokens for e in tokens if e.depth == 0)

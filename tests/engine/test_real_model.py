@@ -36,7 +36,8 @@ def test_chat_template_is_applied(smollm2):
 
 
 def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
-    """The bundled draft fits the size limit, shares the built-in target's vocabulary, proposes from its reduced vocabulary, and leaves greedy output unchanged while
+    """The bundled draft fits the size limit, shares the built-in target's vocabulary, proposes from
+    its reduced vocabulary, and leaves greedy output unchanged while
     actually getting drafts accepted."""
     from engine.models import DEFAULT_DRAFT, locate
     from engine.vocabulary import match_vocabularies
