@@ -256,4 +256,4 @@ def test_running_out_of_memory_says_what_to_try_and_the_next_run_works(qtbot, wi
     assert len(errors) == 1 and errors[0][1].startswith("Out of memory on the GPU.")
     assert "smaller dtype" in errors[0][1] and "Unexpected" not in errors[0][1]
     _run(qtbot, window, window.run_button)
-    assert len(errors) == 1 and window.records[-1].summary is not None
+    assert len(errors) == 1 and window.session_model.records[-1].summary is not None
