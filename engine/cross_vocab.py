@@ -47,6 +47,8 @@ class CrossVocabularyDrafter(Drafter):
 
     def __init__(self, model: torch.nn.Module, match: VocabularyMatch, name: str = "draft model",
                  output_ids: torch.Tensor | None = None) -> None:
+        if match.target_text is None or match.draft_text is None or match.twins is None:
+            raise ValueError("a cross-vocabulary drafter needs the match of two different tokenizers")
         self.name = name
         self.module = model
         self._lm = CachedModel(model)

@@ -22,7 +22,7 @@ from engine.cache import costs_cache
 from engine.config import DecodeConfig
 from engine.context import context_length, fit_prompt, shortest
 from engine.detok import Detokenizer
-from engine.drafters import DraftPiece, Drafter, Proposal
+from engine.drafters import Drafter, DraftPiece, Proposal
 from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
 from engine.kvcache import CachedModel, synchronize
 from engine.models import LoadedModel

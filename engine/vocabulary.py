@@ -156,6 +156,7 @@ class TokenText:
         out: list[tuple[int, int]] = []
         start = 0
         while start < len(text):
+            run: str | None
             try:
                 run, end = text[start:].decode("utf-8"), len(text)
             except UnicodeDecodeError as error:
@@ -236,6 +237,7 @@ def twins(target: TokenText, draft: TokenText, target_eos: frozenset[int], draft
     result = torch.full((draft_width,), -1, dtype=torch.long)
     for draft_id in range(min(draft_width, len(draft))):
         piece = draft.pieces[draft_id]
+        twin: int | None
         if draft_id in draft_eos and end is not None:
             twin = end
         elif draft_id in draft.special:
@@ -302,7 +304,7 @@ def match_vocabularies(target, draft) -> VocabularyMatch:
         return VocabularyMatch("same", len(draft.tokenizer), len(draft.tokenizer))
     try:
         target_text, draft_text = TokenText(target.tokenizer), TokenText(draft.tokenizer)
-    except Exception as error:  # noqa: BLE001 - the tokenizers library raises bare Exceptions
+    except Exception as error:  # the tokenizers library raises bare Exceptions
         raise SpecDeckError(f"The tokenizers of {target.name!r} and {draft.name!r} differ ({difference}) and "
                             f"could not be compared token by token ({error}): pick a draft from the target's "
                             "model family.") from error

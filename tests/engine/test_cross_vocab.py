@@ -5,14 +5,14 @@ import csv
 
 import pytest
 import torch
+from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
+from tiny import write_two_prompts
 
-from engine import DecodeConfig, RoundEvent, TokenEvent, TokenState, encode_prompt, generate
 from cli.main import main
+from engine import DecodeConfig, RoundEvent, TokenEvent, encode_prompt, generate
 from engine.cross_vocab import CrossVocabularyDrafter
 from engine.drafters import Proposal
 from engine.vocabulary import TokenText, match_vocabularies
-from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
-from tiny import write_two_prompts
 
 PROMPTS = [
     "The quick brown fox",
@@ -185,11 +185,11 @@ def test_bench_times_hugging_face_universal_assisted_generation_beside(cross_pai
 def test_pair_with_little_in_common_is_said_and_still_exact(cross_pair, tmp_path):
     """A draft whose tokens are whole words the target has no token for: the pair is "little in
     common", said with how little, and greedy decoding with it still equals plain decoding."""
+    from tiny import CORPUS, ON_CPU, build_model
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     from engine.models import load_model
-    from tiny import CORPUS, ON_CPU, build_model
 
     words = sorted({word for text in CORPUS for word in text.split()})
     tok = Tokenizer(models.WordLevel({word: i for i, word in enumerate(["[UNK]", "[EOS]", *words])}, unk_token="[UNK]"))
