@@ -72,11 +72,11 @@ def test_tokens_csv_names_each_copied_tokens_source(tiny_pair):
     record = SessionRecord(1, "speculative")
     for event in session(pair, "session"):
         record.add(event)
-    rows = [line.split(",") for line in tokens_csv([record]).splitlines()]
-    source = rows[0].index("source")
+    rows = list(csv.reader(io.StringIO(tokens_csv([record]))))
+    source, state = rows[0].index("source"), rows[0].index("state")
     by_state = {}
     for row in rows[1:]:
-        by_state.setdefault(row[4], set()).add(row[source])
+        by_state.setdefault(row[state], set()).add(row[source])
     assert "session" in by_state["accepted"]
     assert by_state.get("bonus", {""}) | by_state.get("resampled", {""}) == {""}
 
