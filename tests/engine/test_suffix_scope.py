@@ -1,6 +1,9 @@
 """Suffix scope and sources: what a suffix drafter reads under each scope, the past sessions kept in
 the cache folder (round trip, size cap, clearing), and where each copied token says it came from."""
 
+import csv
+import io
+
 import pytest
 
 from engine import DecodeConfig, PromptLookupDrafter, RoundEvent, TokenEvent, encode_prompt, generate
