@@ -206,11 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     cache.set_defaults(handler=_cmd_cache)
 
     from engine.bench.command import add_bench_command
-    from engine.distill.command import add_train_draft_command, add_train_head_command
+    from engine.distill.command import add_head_data_command, add_train_draft_command, add_train_head_command
 
     add_bench_command(commands)
     add_train_draft_command(commands)
     add_train_head_command(commands)
+    add_head_data_command(commands)
     return parser
 
 

@@ -167,6 +167,10 @@ class LlamaForward:
         self.weights = _weights_of(model)
         self.row_exact = self.weights.row_exact
         self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device, capacity)
+        # Feature taps (for heads that fuse lower layers, `engine.heads`): after each forward,
+        # `tapped` holds (n, len(taps), hidden), the residual stream after each of `taps` layers.
+        self.taps: tuple[int, ...] = ()
+        self.tapped: torch.Tensor | None = None
 
     def reset(self) -> None:
         self.cache.length = 0
@@ -228,11 +232,15 @@ class LlamaForward:
                 mask[i, [start + j for j in path]] = True
         elif n > 1 and start > 0 and not per_query:  # a chunk after cached positions: query j sees up to start + j
             mask = torch.ones(n, start + n, dtype=torch.bool, device=inputs.device).tril(start)
+        tapped = []
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, s.rms_eps)
             x = x + self._attention(i, layer, h, start, cos, sin, mask, (paths or True) if per_query else None)
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
+            if i + 1 in self.taps:
+                tapped.append(x[0])
+        self.tapped = torch.stack(tapped, dim=1) if tapped else None
         cache.length = start + n
         return rms_norm(x, w.norm, s.rms_eps)[0]
 
