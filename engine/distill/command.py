@@ -175,6 +175,9 @@ def add_head_data_command(commands) -> None:
     parser.add_argument("--answer-every", type=int, default=defaults.answer_every,
                         help="every n-th shard is the target's own generated answers (0: existing text only)")
     parser.add_argument("--answer-batch", type=int, default=defaults.answer_batch, help="prompts answered at once")
+    parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens, help="longest answer the target writes")
+    parser.add_argument("--shard-sequences", type=int, default=defaults.shard_sequences,
+                        help="existing-text sequences per shard")
     parser.add_argument("--reserve-gb", type=float, default=defaults.reserve_gb,
                         help="stop while this much disk is still free")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
@@ -189,12 +192,14 @@ def run_head_data(args) -> int:
         layers = tuple(int(n) for n in args.layers.split(",") if n.strip())
     except ValueError:
         raise SpecDeckError(f"--layers takes layer counts separated by commas, e.g. 3,15, not {args.layers!r}.") from None
-    if min(args.positions, args.answer_batch) < 1 or args.answer_every < 0 or min(layers, default=1) < 1:
-        raise SpecDeckError("--positions, --answer-batch and every --layers entry must be at least 1, "
-                            "--answer-every at least 0.")
+    if min(args.positions, args.answer_batch, args.answer_tokens, args.shard_sequences, min(layers, default=1)) < 1 \
+            or args.answer_every < 0:
+        raise SpecDeckError("--positions, --answer-batch, --answer-tokens, --shard-sequences and every --layers entry "
+                            "must be at least 1, --answer-every at least 0.")
     name = args.target or DEFAULT_TARGET
     config = ForcingConfig(positions=args.positions, layers=layers, answer_every=args.answer_every,
-                           answer_batch=args.answer_batch, reserve_gb=args.reserve_gb, threads=args.threads)
+                           answer_batch=args.answer_batch, answer_tokens=args.answer_tokens,
+                           shard_sequences=args.shard_sequences, reserve_gb=args.reserve_gb, threads=args.threads)
     out = Path(args.out).expanduser() if args.out else default_folder(name)
     grow(name, out, config, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"head data in {out}")

@@ -168,7 +168,7 @@ def grow(target_name: str, folder: Path, config: ForcingConfig, progress: Progre
         made += positions
         rate = made / (time.perf_counter() - started)
         progress(f"{path.name}: {total:,} / {config.positions:,} positions ({sources[0] if len(set(sources)) == 1 else 'text'}), "
-                 f"{rate:.0f} positions/s, about {(config.positions - total) / rate / 3600:.1f} h left")
+                 f"{rate:.0f} positions/s, about {max(0, config.positions - total) / rate / 3600:.1f} h left")
         number += 1
     return folder
 
