@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from engine.cli import main
+from cli.main import main
 from engine.config import DecodeConfig
 from engine.distill import forcing
 from engine.distill.forcing import load_store
