@@ -15,6 +15,7 @@ from engine.distill.forcing import load_store
 from engine.distill.texts import TEXT_SOURCES, Exchange
 from engine.events import TokenEvent
 from engine.models import load_model
+from engine.pair import PairSpec
 from engine.session import load_pair, run_session
 from tiny import build_pair
 
@@ -81,7 +82,7 @@ def test_head_fusing_lower_layers_trains_on_the_data_and_keeps_greedy_exact(grow
                  "--output-vocab", "150", "--threads", "1"]) == 0
     config = json.loads((run / "head" / "config.json").read_text())
     assert config["feature_layers"] == [1]
-    pair = load_pair(str(target), str(run / "head"), None, device="cpu")
+    pair = load_pair(PairSpec(str(target), str(run / "head"), None, device="cpu"))
     kept = [[e.token_id for e in run_session(pair, "Item 3 reads", config_, chat=False)
              if isinstance(e, TokenEvent) and e.state.kept]
             for config_ in (DecodeConfig(k=3, schedule="constant", max_new_tokens=30), DecodeConfig(max_new_tokens=30))]
