@@ -105,6 +105,8 @@ def add_train_head_command(commands) -> None:
                              "(comma-separated, among the data's --layers), EAGLE-3's fused features")
     parser.add_argument("--feature-weight", type=float, default=defaults.feature_weight,
                         help="weight of the pull of predicted states towards the target's (0: none)")
+    parser.add_argument("--init-from", default="",
+                        help="start from this head's weights (a folder or a built-in name such as smollm2-135m-head)")
     _add_text_arguments(parser, TrainConfig())
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
@@ -141,7 +143,7 @@ def run_train_head(args) -> int:
     config = HeadConfig(seed=args.seed, output_vocab=args.output_vocab, unroll=args.unroll, steps=args.steps,
                         batch_sequences=args.batch, lr=args.lr, eval_every=args.eval_every,
                         bfloat16=not args.float32, threads=args.threads, feature_layers=layers,
-                        feature_weight=args.feature_weight)
+                        feature_weight=args.feature_weight, init_from=args.init_from)
     text = None
     if args.answers or args.passages or args.code or args.articles:
         text = TrainConfig(seed=args.seed, answers=args.answers, passages=args.passages, code=args.code,

@@ -50,12 +50,13 @@ class FeatureHead(torch.nn.Module):
     def fuse(self, observed: torch.Tensor) -> torch.Tensor:
         """The input state (..., hidden) for the target's states of a token: (..., hidden), its final
         state, for a head without `feature_layers`; else (..., len(feature_layers) + 1, hidden), the
-        residual streams after those layers and the final state, each scaled to unit RMS (the
-        middle layers' are a hundred times larger) and mixed by one linear map."""
+        residual streams after those layers (each scaled to unit RMS: the middle layers' are a
+        hundred times larger) and the final state, mixed by one linear map."""
         if not self.feature_layers:
             return observed
-        unit = observed * torch.rsqrt(observed.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(observed.dtype)
-        return self.fuse_fc(unit.flatten(-2))
+        lower, final = observed[..., :-1, :], observed[..., -1, :]
+        unit = lower * torch.rsqrt(lower.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(lower.dtype)
+        return self.fuse_fc(torch.cat([unit.flatten(-2), final], dim=-1))
 
     def mix(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """The decoder layer's inputs (..., n, hidden) for n (state, next-token embedding) pairs."""
@@ -147,6 +148,22 @@ def load_head(folder: Path, target_model: torch.nn.Module, target_name: str) -> 
                             f"(missing {missing[:3]}, unexpected {unexpected[:3]}).")
     head.to(device=weight.device, dtype=weight.dtype).eval()
     return head, read_output_tokens(folder, vocab)
+
+
+def load_feature_head_weights(head: FeatureHead, name: str) -> list[str]:
+    """Copy the weights of the head `name` (a folder or a built-in alias) into `head` where their
+    names match (a head that grows fusion weights starts from one without); return the names of
+    `head`'s weights it did not have."""
+    from safetensors.torch import load_file
+
+    state = load_file(Path(locate(name)) / "model.safetensors")
+    try:
+        missing, unexpected = head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    except RuntimeError as error:  # a weight of another size
+        raise SpecDeckError(f"The head {name} has another shape than the one to train: {error}") from error
+    if unexpected:
+        raise SpecDeckError(f"The head {name} has weights this head lacks ({unexpected[:3]}): another shape.")
+    return [n for n in missing if not n.startswith("body.embed_tokens")]
 
 
 @dataclass

@@ -49,6 +49,7 @@ class HeadConfig:
     intermediate: int = 0  # the head's MLP width (0: the target's)
     init_from_target: bool = True  # start the decoder layer as a copy of the target's last layer
     feature_layers: tuple[int, ...] = ()  # fuse the residual streams after these many target layers (--data only)
+    init_from: str = ""  # start from this head's weights (a folder or a built-in name); new fusion weights start at 0
     unroll: int = 2  # passes per step; pass n > 1 reads the states pass n-1 predicted
     noise: float = 0.05  # Gaussian noise on input states, relative to their RMS
     feature_weight: float = 0.5
@@ -127,20 +128,28 @@ def frequent_tokens(data: Shard, rows: list[int], size: int, vocab: int, always:
 
 
 def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
+    """A new head: its decoder layer a copy of the target's last (`init_from_target`), its input map
+    passing the target's state through; or, with `init_from`, another head's weights. The weights
+    on lower layers of a fusing head start at zero, so it starts as the head it grew from."""
     torch.manual_seed(config.seed)
     source = target.model.config
     head = FeatureHead(head_config(source, config.intermediate or None, config.feature_layers)).float()
+    width = source.hidden_size
     with torch.no_grad():
-        if config.feature_layers:  # start by passing the final state through (at its usual scale)
-            width = source.hidden_size
-            head.fuse_fc.weight.mul_(0.1)
-            scale = target.model.base_model.norm.weight.float().pow(2).mean().sqrt()
-            head.fuse_fc.weight[:, -width:] += scale * torch.eye(width)
+        if config.feature_layers:
+            head.fuse_fc.weight.zero_()
+            head.fuse_fc.weight[:, -width:] = torch.eye(width)
+        if config.init_from:
+            from engine.heads import load_feature_head_weights
+
+            missing = load_feature_head_weights(head, config.init_from)
+            if any(not name.startswith("fuse_fc") for name in missing):
+                raise SpecDeckError(f"{config.init_from} is a head of another shape (it lacks {missing[:3]}).")
+            return head
         body = target.model.base_model
         if config.init_from_target and not config.intermediate:
             head.body.layers[0].load_state_dict(body.layers[-1].state_dict())
         head.body.norm.weight.copy_(body.norm.weight)
-        width = source.hidden_size
         head.fc.weight.mul_(0.5)
         head.fc.weight[:, :width] += torch.eye(width)  # start by passing the state through
     return head

@@ -10,12 +10,12 @@ import torch
 from cli.main import main
 from engine.config import DecodeConfig
 from engine.decoding import generate
-from engine.distill.head import collate_pairs, extract_features, unrolled
+from engine.distill.head import HeadConfig, build_head, collate_pairs, extract_features, unrolled
 from engine.distill.teacher import Shard, load_shards
 from engine.drafters import FeatureHeadDrafter
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent, TokenEvent, TokenState
-from engine.heads import FeatureHead, head_config
+from engine.heads import FeatureHead, head_config, load_head
 from engine.models import encode_prompt, load_model
 from engine.pair import PairSpec
 from engine.session import load_pair, run_session
@@ -261,3 +261,17 @@ def test_fused_head_reads_the_targets_lower_layers_and_keeps_greedy_exact(tiny_l
     greedy = DecodeConfig(k=3, schedule="constant", max_new_tokens=30)
     assert _kept(generate(target, ids, greedy, FeatureHeadDrafter(head, target.model))) == \
         _kept(generate(target, ids, DecodeConfig(max_new_tokens=30)))
+
+
+def test_fused_head_grown_from_a_head_starts_as_that_head(tiny_head):
+    """`--init-from` a trained head with `--feature-layers`: the new fusion weights start at zero
+    on the lower layers, so before any step the grown head predicts what the original predicts."""
+    target_folder, out = tiny_head
+    target = load_model(str(target_folder))
+    grown = build_head(target, HeadConfig(feature_layers=(1,), init_from=str(out / "head"))).eval()
+    original, _ = load_head(out / "head", target.model, "tiny")
+    width = target.model.config.hidden_size
+    observed, embeds = torch.randn(1, 6, 2, width), torch.randn(1, 6, width)
+    with torch.no_grad():
+        torch.testing.assert_close(grown(grown.fuse(observed), embeds), original(observed[:, :, -1], embeds),
+                                   rtol=1e-4, atol=1e-4)
