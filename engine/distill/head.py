@@ -394,6 +394,16 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
     if per_epoch == 0:
         raise SpecDeckError(f"{len(training)} training sequences are fewer than a batch of {config.batch_sequences}.")
     positions = sum(len(ids) - 1 for ids in text_ids.ids)
+    def measure() -> list[float]:
+        """Held-out agreement by depth, printed per kind; the first kind's is returned."""
+        figures = {kind: evaluate(head, text_ids, source.features, rows, embedding, weight, config, source.columns)
+                   for kind, rows in source.held_out.items()}
+        for kind, figure in figures.items():
+            progress(f"held-out top-1 agreement by depth at step {step}, {kind}: {' / '.join(f'{a:.3f}' for a in figure)}")
+        return next(iter(figures.values()))
+
+    if step == 0 and config.init_from:  # where the head it grows from stands on this held-out set
+        measure()
     started, first = time.perf_counter(), step
     stop = min(config.steps, until or config.steps)
     head.train()
@@ -413,11 +423,7 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
                  f"{' / '.join(f'{a.mean().item():.3f}' for a in agreements)} ({elapsed:.0f} s, "
                  f"about {elapsed / (step - first) * (stop - step) / 60:.0f} min left)")
         if step % config.eval_every == 0 or step == stop:
-            figures = {kind: evaluate(head, text_ids, source.features, rows, embedding, weight, config, source.columns)
-                       for kind, rows in source.held_out.items()}
-            for kind, agree in figures.items():
-                progress(f"held-out top-1 agreement by depth, {kind}: {' / '.join(f'{a:.3f}' for a in agree)}")
-            agree = next(iter(figures.values()))
+            agree = measure()
             if agree[0] > best:
                 best = agree[0]
                 card = model_card(target_name, config, head, positions, count, step, agree, output_ids, source.sources)
