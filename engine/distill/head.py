@@ -258,9 +258,11 @@ def model_card(target_name: str, config: HeadConfig, head: FeatureHead, position
     params = sum(p.numel() for n, p in head.named_parameters() if not n.startswith("body.embed_tokens"))
     vocab = f"{len(output_ids)} tokens (`output_tokens.json`)" if output_ids is not None else "the whole vocabulary"
     shape = head.config
-    fused = (f"the residual streams after {', '.join(map(str, head.feature_layers))} of the target's layers and its "
-             "last hidden state, each scaled to unit RMS and mixed by one linear map, " if head.feature_layers
-             else "the target's last hidden state ")
+    layers = " and ".join(map(str, head.feature_layers))
+    fused = (f"the residual streams after the target's first {layers} layers (each scaled to unit RMS) and its last "
+             "hidden state, mixed by one linear map, " if head.feature_layers else "the target's last hidden state ")
+    grown = (f"\nIt started from the weights of `{config.init_from}` (its own card lists what it learnt from), the "
+             "fusion weights on lower layers from zero.\n" if config.init_from else "")
     return f"""# Feature head for {target_name}
 
 An EAGLE-style drafter (Li et al. 2024, 2025) for {target_name} in speculative decoding: from
@@ -269,7 +271,7 @@ own output layer turns that into draft tokens. It uses the target's embedding an
 it only works with {target_name}.
 
 ## Architecture
-A linear map from 2 x {shape.hidden_size} to {shape.hidden_size}, one Llama decoder layer ({shape.num_attention_heads}
+{f"A linear map from {len(head.feature_layers) + 1} x {shape.hidden_size} to {shape.hidden_size} (the fusion), " if head.feature_layers else ""}A linear map from 2 x {shape.hidden_size} to {shape.hidden_size}, one Llama decoder layer ({shape.num_attention_heads}
 heads, {shape.num_key_value_heads} key/value heads, MLP {shape.intermediate_size}) with its own KV cache,
 and a final RMSNorm; {params / 1e6:.1f}M parameters. It proposes only from {vocab}, the target's most
 frequent tokens in the training text; q = 0 elsewhere keeps rejection sampling exact.
@@ -282,7 +284,7 @@ over {config.unroll} passes run as drafting runs them (each later pass reads the
 previous one predicted and attends as a deeper draft would). {step} steps of {config.batch_sequences}
 sequences, AdamW, lr {config.lr}, seed {config.seed}. Top-1 agreement with the target at the answer
 positions of held-out sequences (every 20th, never trained on), by draft depth: {', '.join(f'{a:.3f}' for a in agree)}.
-
+{grown}
 Settings: `{json.dumps(asdict(config))}`
 
 ## Data
