@@ -22,11 +22,11 @@ from engine.cache import costs_cache
 from engine.config import DecodeConfig
 from engine.context import context_length, fit_prompt, shortest
 from engine.detok import Detokenizer
-from engine.drafters import Drafter, PromptLookupDrafter, Proposal
+from engine.drafters import Drafter, DraftPiece, Proposal
 from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
 from engine.kvcache import CachedModel, synchronize
 from engine.models import LoadedModel
-from engine.sampling import logits_to_probs, residual, sample
+from engine.sampling import logits_to_probs, require_finite, residual, sample
 from engine.stats import SessionStats
 
 
@@ -92,7 +92,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
     states = drafter is not None and drafter.needs_states
     if drafter is not None:
         drafter.begin(prompt_ids, config, target.vocab_width, generator)
-    copier = PromptLookupDrafter(device=device, min_ngram=2) if copies else None  # tried before the drafter
+    copier = drafter.copier(device) if copies else None  # tried before the drafter (prompt lookup, a hybrid's suffix)
     if copier:
         copier.begin(prompt_ids, config, target.vocab_width, generator)
     if len(prompt_ids) > 1:  # cache: every kept token but the newest
@@ -102,7 +102,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             lm.forward(prompt_ids[:-1], last_only=True)
     synchronize(device)
     prefill_ms = (time.perf_counter() - started) * 1e3
-    name = (drafter.name + (" + prompt lookup" if copier else "")) if drafter else ""
+    name = (drafter.name + (f" + {copier.name}" if copier else "")) if drafter else ""
     start = SessionStarted("speculative" if drafter else "plain", name, len(prompt_ids), prefill_ms,
                            prompt_tokens_dropped=given - len(prompt_ids))
     stats.add(start)
@@ -125,7 +125,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         proposal, copied = _draft(ids, drafter, copier, shape, room)
         if proposal is None:
             proposal = Proposal([], torch.zeros(0, target.vocab_width, device=device))
-        alternatives = _alternatives(proposal, shape.width) if tree and not copied else []
+        alternatives = proposal.alternatives(shape.width) if tree and not copied else []
         synchronize(device)
         verify_started = time.perf_counter()
         n = len(proposal.tokens)
@@ -154,9 +154,10 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             q_kept = proposal.q[torch.arange(m), torch.tensor(kept[:m], device=p.device)].tolist() if m else []
             last_state = TokenState.PLAIN if n == 0 else (TokenState.BONUS if m == n else TokenState.RESAMPLED)
             lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
+        require_finite(p_kept, target.dtype, new_tokens)
         first_refused = 0 if picked else m  # the chain's drafts from here on were refused or unreachable
         rejected = _judged(proposal.tokens[first_refused:], p[first_refused:n], proposal.q[first_refused:n],
-                           first_refused + 1)
+                           first_refused + 1, proposal.pieces)
         if first_refused == 0 and alternatives:  # the alternatives the target did not take (shown only where all were judged)
             rejected += _judged([t for t in alternatives if t != token], p[0], proposal.q[0], 1)
         if states:
@@ -169,14 +170,17 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         stopped = None
         for i, token_id in enumerate(kept):
             if rejected and i == first_refused:  # refused drafts where they were proposed, first
-                events.extend(_rejected_events(rejected, detok, new_tokens, round_no, copied))
+                events.extend(_rejected_events(rejected, detok, new_tokens - first_refused, round_no, copied,
+                                               proposal.source))
             if i < m:
                 state, q = TokenState.ACCEPTED, q_kept[i]
             else:
                 state, q = last_state, (float(proposal.q[m, token_id]) if m < n and not picked else None)
             final = token_id in eos or new_tokens + 1 == budget
+            piece = proposal.pieces[i] if proposal.pieces and i < m and not picked else None
             events.append(TokenEvent(state, token_id, detok.push(token_id, final), new_tokens, round_no, p_kept[i], q,
-                                     copied=copied and i < m, depth=i + 1 if i < m else 0))
+                                     copied=copied and i < m, depth=i + 1 if i < m else 0,
+                                     source=proposal.source if i < m else "", **_piece_fields(piece)))
             ids.append(token_id)
             new_tokens += 1
             if token_id in eos:
@@ -186,16 +190,16 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
             if stopped:
                 break
         # a stop inside the round cuts it short: count only the drafts whose fate was shown
-        accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
-        drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
+        accepted, drafted, discarded = _draft_counts(events)
         if planner:
             first = int(logits[0].argmax())  # the target's own first token: its rank among the drafter's
-            rank = int((proposal.q[0] > proposal.q[0, first]).sum()) if n and not copied else None
+            rank = proposal.rank(first) if n and not copied else None
             planner.record(shape, copied, n, first_refused, draft_ms, verify_ms,
                            (time.perf_counter() - round_started) * 1e3, rank, len(alternatives))
         round_event = RoundEvent(round_no, drafted, accepted, draft_ms, verify_ms, new_tokens,
                                  time.perf_counter() - decode_started, copied=copied,
-                                 shape=_label(n, copied, len(alternatives)))
+                                 shape=_label(n, copied, len(alternatives)), match_length=proposal.match_length,
+                                 discarded=discarded, draft_tokens=proposal.draft_tokens)
         for event in events:
             stats.add(event)
             yield event
@@ -207,8 +211,9 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         if config.schedule == "heuristic" and n and not copied:
             k = min(k + 2, config.max_k) if m == n else max(1, k - 1)
 
-    if drafter is not None:
-        drafter.end(ids)
+    for ended in (drafter, copier):
+        if ended is not None:
+            ended.end(ids)
     detok.flush()
     yield stats.summary(detok.text, stop_reason, planner.describe() if planner else "")
 
@@ -233,9 +238,9 @@ def _planner(target: LoadedModel, drafter: Drafter, config: DecodeConfig, copies
     return planner
 
 
-def _draft(ids: list[int], drafter: Drafter | None, copier: PromptLookupDrafter | None, shape: Shape,
+def _draft(ids: list[int], drafter: Drafter | None, copier: Drafter | None, shape: Shape,
            room: int) -> tuple[Proposal | None, bool]:
-    """This round's drafts: copied by prompt lookup where the text repeats, else the drafter's;
+    """This round's drafts: copied by the copier where the text repeats, else the drafter's;
     (None, False) when the round drafts nothing. Never more than `room`, what could still be kept."""
     if drafter is None or room <= 0:
         return None, False
@@ -258,33 +263,46 @@ def _label(drafted: int, copied: bool, alternatives: int = 0) -> str:
     return f"K={drafted}" + (f" w{alternatives + 1}" if alternatives else "")
 
 
-def _alternatives(proposal: Proposal, width: int) -> list[int]:
-    """Up to width - 1 other first tokens the drafter found likely, next to its first draft (greedy:
-    its argmax), most likely first; a tree verifies them beside the chain in the same forward."""
-    if width < 2 or not proposal.tokens:
-        return []
-    q = proposal.q[0]
-    likely = q.topk(min(width, q.shape[0])).indices.tolist()
-    return [t for t in likely if t != proposal.tokens[0] and float(q[t]) > 0][: width - 1]
+Judged = tuple[int, float, float, int, DraftPiece | None]  # a refused draft: token, p, q, depth, what a draft wrote
 
 
-def _judged(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int) -> list[tuple[int, float, float, int]]:
-    """(token, p, q, depth) for drafts the target refused: one row of p and q per token from `depth`
-    on (a chain), or one row for all (alternatives, all at `depth`)."""
+def _judged(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int,
+            pieces: list[DraftPiece] | None = None) -> list[Judged]:
+    """(token, p, q, depth, piece) for drafts the target refused: one row of p and q per token from
+    `depth` on (a chain, whose pieces are the proposal's from `depth` on), or one row for all
+    (alternatives, all at `depth`)."""
     if not tokens:
         return []
     index = torch.tensor(tokens, device=p.device)
     if p.dim() == 1:
-        return [(t, pv, qv, depth) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
+        return [(t, pv, qv, depth, None) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
     rows = torch.arange(len(tokens), device=p.device)
-    return [(t, pv, qv, depth + i) for i, (t, pv, qv) in
+    return [(t, pv, qv, depth + i, pieces[depth + i - 1] if pieces else None) for i, (t, pv, qv) in
             enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))]
 
 
-def _rejected_events(rejected: list[tuple[int, float, float, int]], detok: Detokenizer, pos: int, round_no: int,
-                     copied: bool) -> list[TokenEvent]:
-    """Events for a round's refused drafts, all shown at `pos`, where the token kept instead stands:
-    the first refused one and those never reachable after it (and, in a tree, the alternatives)."""
-    pieces = detok.peek([token for token, *_ in rejected])
-    return [TokenEvent(TokenState.REJECTED, token, piece, pos, round_no, pv, qv, copied=copied, depth=depth)
-            for (token, pv, qv, depth), piece in zip(rejected, pieces)]
+def _piece_fields(piece: DraftPiece | None) -> dict:
+    """A `TokenEvent`'s fields for what a draft with a tokenizer of its own wrote for the token."""
+    return {"draft_tokens": piece.tokens, "draft_q": piece.q} if piece is not None else {}
+
+
+def _rejected_events(rejected: list[Judged], detok: Detokenizer, start: int, round_no: int,
+                     copied: bool, source: str) -> list[TokenEvent]:
+    """Events for a round's refused drafts, each at the position it was proposed for (`start` is
+    the round's first position; a draft at depth d was proposed for start + d - 1). The first of
+    the chain was judged and rejected; the chain's drafts after it were never judged (discarded);
+    a tree's alternatives beside the first draft were judged against the target's token."""
+    texts = detok.peek([token for token, *_ in rejected])
+    first_depth = rejected[0][3]
+    return [TokenEvent(TokenState.REJECTED if i == 0 or depth == first_depth else TokenState.DISCARDED, token, text,
+                       start + depth - 1, round_no, pv, qv, copied=copied, depth=depth, source=source,
+                       **_piece_fields(piece))
+            for i, ((token, pv, qv, depth, piece), text) in enumerate(zip(rejected, texts))]
+
+
+def _draft_counts(events: list[TokenEvent]) -> tuple[int, int, int]:
+    """(accepted, drafted, discarded) among a round's token events: the drafts whose fate was shown."""
+    accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
+    rejected = sum(1 for e in events if e.state is TokenState.REJECTED)
+    discarded = sum(1 for e in events if e.state is TokenState.DISCARDED)
+    return accepted, accepted + rejected + discarded, discarded
