@@ -12,7 +12,7 @@ import os
 import sys
 
 from cli.bench import add_bench_command
-from cli.distill import add_train_draft_command, add_train_head_command
+from cli.distill import add_head_data_command, add_train_draft_command, add_train_head_command
 from cli.run import add_run_command
 from engine.errors import SpecDeckError
 from engine.quiet import silence_libraries
@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_command(commands)
     add_train_draft_command(commands)
     add_train_head_command(commands)
+    add_head_data_command(commands)
     return parser
 
 

@@ -129,7 +129,8 @@ def measure_draft_ms(drafter, vocab_width: int, hidden_size: int, k: int = 4, pa
     best = float("inf")
     for pass_no in range(passes + 1):
         if drafter.needs_states:
-            drafter.observe(torch.zeros(pending, hidden_size, device=weight.device, dtype=weight.dtype))
+            taps = (len(drafter.feature_layers) + 1,) if drafter.feature_layers else ()
+            drafter.observe(torch.zeros(pending, *taps, hidden_size, device=weight.device, dtype=weight.dtype))
         started = time.perf_counter()
         proposal = drafter.propose(seen, k)
         elapsed = (time.perf_counter() - started) * 1e3

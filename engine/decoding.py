@@ -77,7 +77,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
     budget = config.max_new_tokens if context is None else min(config.max_new_tokens, context - len(prompt_ids))
     device = target.device
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    lm = CachedModel(target.model)
+    lm = CachedModel(target.model, taps=drafter.feature_layers if drafter is not None else ())
     eos = target.eos_ids
     detok = Detokenizer(target.tokenizer)
     stats = SessionStats()
@@ -97,7 +97,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         copier.begin(prompt_ids, config, target.vocab_width, generator)
     if len(prompt_ids) > 1:  # cache: every kept token but the newest
         if states:
-            drafter.observe(lm.forward_hidden(prompt_ids[:-1]))
+            drafter.observe(lm.states(lm.forward_hidden(prompt_ids[:-1])))
         else:
             lm.forward(prompt_ids[:-1], last_only=True)
     synchronize(device)
@@ -161,7 +161,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         if first_refused == 0 and alternatives:  # the alternatives the target did not take (shown only where all were judged)
             rejected += _judged([t for t in alternatives if t != token], p[0], proposal.q[0], 1)
         if states:
-            drafter.observe(hidden[path])  # the kept tokens of this forward
+            drafter.observe(lm.states(hidden)[path])  # the kept tokens of this forward
         synchronize(device)
         verify_ms = (time.perf_counter() - verify_started) * 1e3
         draft_ms = (verify_started - round_started) * 1e3

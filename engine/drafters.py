@@ -88,6 +88,7 @@ def output_logits(hidden: torch.Tensor, layer: Linear, output_ids: torch.Tensor 
 class Drafter(ABC):
     name: str
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
+    feature_layers: tuple[int, ...] = ()  # and the residual streams after these many target layers
     module: torch.nn.Module | None = None  # the model that drafts (what its measured cost is cached by)
     context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
     copies_text = False  # True: it drafts by copying from the text, so nothing copies before it
@@ -105,7 +106,9 @@ class Drafter(ABC):
 
     def observe(self, states: torch.Tensor) -> None:
         """The target's last hidden states (n, hidden) for the next n kept tokens, in order, each
-        computed with every earlier kept token in context (only when `needs_states`)."""
+        computed with every earlier kept token in context (only when `needs_states`); with
+        `feature_layers`, (n, len(feature_layers) + 1, hidden): those layers' residual streams, then
+        the last hidden state."""
 
     def end(self, ids: list[int]) -> None:
         """The session ended with `ids` kept (prompt included)."""
@@ -225,6 +228,7 @@ class FeatureHeadDrafter(Drafter):
                  output_ids: torch.Tensor | None = None) -> None:
         self.name = name
         self.head = self.module = head
+        self.feature_layers = head.feature_layers
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         self._embedding = target.get_input_embeddings()
         self.device = self._embedding.weight.device
@@ -245,7 +249,7 @@ class FeatureHeadDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, ids: list[int], k: int) -> Proposal:
         if self._pending:
-            states = torch.cat(self._pending)
+            states = self.head.fuse(torch.cat(self._pending))
             self._pending = []
         else:
             states = self._embedding.weight.new_zeros(0, self._embedding.weight.shape[1])

@@ -23,6 +23,8 @@ class HFForward:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self.taps: tuple[int, ...] = ()  # as `LlamaForward.taps`
+        self.tapped: torch.Tensor | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -47,8 +49,10 @@ class HFForward:
         return self.model.get_output_embeddings()(hidden)
 
     def _last_hidden(self, **inputs) -> torch.Tensor:
-        out = self.model.base_model(**inputs, past_key_values=self.cache, use_cache=True)
+        out = self.model.base_model(**inputs, past_key_values=self.cache, use_cache=True,
+                                    output_hidden_states=bool(self.taps))
         self.cache = out.past_key_values
+        self.tapped = torch.stack([out.hidden_states[t][0] for t in self.taps], dim=1) if self.taps else None
         return out.last_hidden_state[0]
 
     def crop(self, length: int) -> None:
@@ -66,11 +70,19 @@ class CachedModel:
     """A causal LM and its KV cache, on the lean Llama forward when it reproduces the model, else
     on Hugging Face's."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, taps: tuple[int, ...] = ()) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.rows = model.get_input_embeddings().num_embeddings
         self.backend = backend_for(model)
+        self.backend.taps = taps
+
+    def states(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What a feature head reads of the last forward, whose final states are `hidden` (n, hidden):
+        those alone without taps, else (n, len(taps) + 1, hidden), the tapped layers' residual
+        streams and then the final states."""
+        tapped = self.backend.tapped
+        return hidden if tapped is None else torch.cat([tapped, hidden[:, None]], dim=1)
 
     def reset(self) -> None:
         self.backend.reset()

@@ -145,6 +145,10 @@ class LlamaForward:
         self.weights = weights_of(model)
         self.row_exact = self.weights.row_exact
         self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device, capacity)
+        # Feature taps (for heads that fuse lower layers, `engine.heads`): after each forward,
+        # `tapped` holds (n, len(taps), hidden), the residual stream after each of `taps` layers.
+        self.taps: tuple[int, ...] = ()
+        self.tapped: torch.Tensor | None = None
 
     def reset(self) -> None:
         self.cache.length = 0
@@ -204,12 +208,16 @@ class LlamaForward:
         per_query = self.row_exact and start > 0 and 1 < n <= PER_QUERY_LIMIT
         masks = {} if per_query else {window: _mask(start, depths, paths, window, inputs.device)
                                       for window in set(self.windows)}
+        tapped = []
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, s.rms_eps)
             x = x + self._attention(i, layer, h, start, cos, sin, masks.get(self.windows[i]),
                                     (paths or True) if per_query else None)
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
+            if i + 1 in self.taps:
+                tapped.append(x[0])
+        self.tapped = torch.stack(tapped, dim=1) if tapped else None
         cache.length = start + n
         return rms_norm(x, w.norm, s.rms_eps)[0]
 
