@@ -20,8 +20,11 @@ TINY = ["--hidden", "32", "--layers", "1", "--intermediate", "64", "--answers", 
         "--batch", "2", "--max-length", "48", "--threads", "1"]
 
 
+DRAFTED = (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)
+
+
 def _kept_text(events) -> str:
-    return "".join(e.text for e in events if isinstance(e, TokenEvent) and e.state != TokenState.REJECTED)
+    return "".join(e.text for e in events if isinstance(e, TokenEvent) and e.state.kept)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +54,7 @@ def test_trained_draft_proposes_only_its_output_tokens(tiny_run):
     allowed = set(pair.draft.output_ids.tolist())
     assert 0 < len(allowed) < pair.target.vocab_width
     events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=4, schedule="constant", max_new_tokens=24, temperature=1.0, seed=3)))
-    drafted = [e.token_id for e in events if isinstance(e, TokenEvent) and e.state in (TokenState.ACCEPTED,
-                                                                                       TokenState.REJECTED)]
+    drafted = [e.token_id for e in events if isinstance(e, TokenEvent) and e.state in DRAFTED]
     assert drafted and set(drafted) <= allowed
 
 
