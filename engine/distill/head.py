@@ -10,7 +10,7 @@ Three stages, each resumable from what it left in the output folder:
    target's distribution softmax(W f_{i+1}) to the head's softmax(W f^_{i+1}) over the output
    tokens, plus a smooth-L1 pull of f^ towards f (EAGLE). Drafting feeds predicted states back in,
    so a second unrolled pass trains on the head's own predictions as inputs; noise on the input
-   states makes it robust to the rest of the gap.
+   states makes it robust to the rest of the gap. The loop is the draft's (`engine.distill.loop`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import torch
 
 from engine.atomic import write_with
 from engine.distill.corpus import SOURCES
+from engine.distill.loop import HeldOut, split_rows, train_loop
 from engine.distill.teacher import Shard, load_shards
-from engine.distill.train import (TrainConfig, _batches, build_teacher_data, resume_checkpoint, save_checkpoint,
-                                  set_learning_rate, split_rows)
+from engine.distill.train import TrainConfig, build_teacher_data
 from engine.heads import FeatureHead, fingerprint, head_config, save_head
 from engine.errors import SpecDeckError
 from engine.models import LoadedModel, LoadOptions, load_model
@@ -250,7 +250,7 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
     embedding = target.model.get_input_embeddings().weight.detach()
     vocab = target.model.get_output_embeddings().weight.shape[0]
     count = len(data.ids)
-    held_out, training = split_rows(count)
+    held_out_rows, training = split_rows(count)
     output_ids = None
     if 0 < config.output_vocab < vocab:
         output_ids = frequent_tokens(data, training, config.output_vocab, vocab, set(target.eos_ids))
@@ -258,34 +258,22 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
     weight = full_weight[output_ids] if output_ids is not None else full_weight
     head = build_head(target, config)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    checkpoint = out / "checkpoint.pt"
-    step, best = 0, -1.0
-    if resume and checkpoint.exists():
-        step, best = resume_checkpoint(checkpoint, head, optimizer, progress, count)
-    per_epoch = max(1, len(training) // config.batch_sequences)
     positions = sum(len(data.ids[r]) - 1 for r in range(count))
-    started = time.perf_counter()
-    stop = min(config.steps, until or config.steps)
-    head.train()
-    while step < stop:
-        epoch, index = divmod(step, per_epoch)
-        rows = [training[r] for r in _batches(len(training), config.batch_sequences, config.seed, epoch)[index]]
-        set_learning_rate(optimizer, config.lr, step, config.warmup, config.steps, floor=0.05)
+
+    def batch_loss(rows: list[int], step: int) -> tuple[torch.Tensor, str]:
         loss, agreements = head_loss(head, *collate_pairs(data, features, rows, embedding), weight, config,
                                      noise_seed=config.seed * 1_000_003 + step)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        step += 1
-        progress(f"step {step}/{config.steps} loss {loss.item():.3f} top-1 agreement "
-                 f"{' / '.join(f'{a.mean().item():.3f}' for a in agreements)} ({time.perf_counter() - started:.0f} s)")
-        if step % config.eval_every == 0 or step == stop:
-            agree = evaluate(head, data, features, held_out, embedding, weight, config)
-            progress(f"held-out top-1 agreement per pass {' / '.join(f'{a:.3f}' for a in agree)}")
-            if agree[0] > best:
-                best = agree[0]
-                card = model_card(target_name, config, head, positions, count, step, agree, output_ids)
-                save_head(head, out / "head", vocab, target_name, fingerprint(full_weight), output_ids, card)
-            save_checkpoint(checkpoint, head, optimizer, step, best, config, count)
+        return loss, " / ".join(f"{a.mean().item():.3f}" for a in agreements)
+
+    def held_out() -> HeldOut:
+        agree = evaluate(head, data, features, held_out_rows, embedding, weight, config)
+        return HeldOut(agree[0], f"held-out top-1 agreement per pass {' / '.join(f'{a:.3f}' for a in agree)}",
+                       tuple(agree))
+
+    def export(step: int, held: HeldOut) -> None:
+        card = model_card(target_name, config, head, positions, count, step, list(held.figures), output_ids)
+        save_head(head, out / "head", vocab, target_name, fingerprint(full_weight), output_ids, card)
+
+    train_loop(head, optimizer, config, training, count, out / "checkpoint.pt", batch_loss=batch_loss,
+               evaluate=held_out, export=export, floor=0.05, resume=resume, progress=progress, until=until)
     return out / "head"
