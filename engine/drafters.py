@@ -55,8 +55,8 @@ class _Chain:
 
     Past the first draft the chain stops where the drafter is unsure (its top probability below
     `DecodeConfig.confidence_threshold`): a draft that is likely refused costs a drafter step and a
-    wider verify for nothing. The token is drawn before that check, so a seed draws the same
-    numbers whatever the threshold."""
+    wider verify for nothing. The token is drawn before that check: the generator advances either
+    way."""
 
     def __init__(self, config: DecodeConfig, generator: torch.Generator | None) -> None:
         self.config = config

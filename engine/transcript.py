@@ -46,7 +46,8 @@ class Verdict:
         which gave p for the chain's rows), where the round keeps the forward's inputs `path` and
         then `token`."""
         n = len(draft.tokens)
-        kept = [(draft.tokens + draft.alternatives)[row - 1] for row in path[1:]] + [token]
+        drafted = draft.tokens + draft.alternatives  # the forward's inputs after the newest kept token
+        kept = [drafted[row - 1] for row in path[1:]] + [token]
         accepted = len(path) - 1
         beside = path[-1] > n  # the target's token was an alternative beside the chain
         if beside:  # p of the alternative at the first row, of the bonus at the alternative's own
@@ -57,13 +58,13 @@ class Verdict:
         drawn = accepted + (last is TokenState.RESAMPLED)  # tokens with a q: a resampled token has the refused draft's
         q = draft.proposal.q
         q_kept = q[torch.arange(drawn), torch.tensor(kept[:drawn], device=p.device)].tolist() if drawn else []
-        refused = _refused(draft.tokens[m:], p[m:n], q[m:n], m + 1)  # the first refused, and those after it
+        refused = _refused_drafts(draft.tokens[m:], p[m:n], q[m:n], m + 1)  # the first refused, and those after it
         if m == 0 and draft.alternatives:  # the alternatives not taken (where all of them were judged)
-            refused += _refused([t for t in draft.alternatives if t != kept[0]], p[0], q[0], 1)
+            refused += _refused_drafts([t for t in draft.alternatives if t != kept[0]], p[0], q[0], 1)
         return cls(kept, accepted, last, p_kept, q_kept + [None] * (len(kept) - drawn), refused, m)
 
 
-def _refused(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int) -> list[Refused]:
+def _refused_drafts(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int) -> list[Refused]:
     """Refused drafts with their p and q: one row of p and q per token from `depth` on (a chain), or
     one row for all (alternatives, all at `depth`)."""
     if not tokens:
@@ -113,7 +114,7 @@ class Transcript:
         events: list[TokenEvent] = []
         for i, token in enumerate(verdict.kept):
             if verdict.refused and i == verdict.first_refused:
-                events += self._refused(verdict.refused, draft.copied)
+                events += self._refused_events(verdict.refused, draft.copied)
             accepted = i < verdict.accepted
             final = token in self.eos or self.new_tokens + 1 == self.budget
             events.append(TokenEvent(TokenState.ACCEPTED if accepted else verdict.last, token,
@@ -129,7 +130,7 @@ class Transcript:
                 break
         return events
 
-    def _refused(self, refused: list[Refused], copied: bool) -> list[TokenEvent]:
+    def _refused_events(self, refused: list[Refused], copied: bool) -> list[TokenEvent]:
         """Events for a round's refused drafts, all at the place of the token kept instead."""
         pieces = self.detok.peek([token for token, *_ in refused])
         return [TokenEvent(TokenState.REJECTED, token, piece, self.new_tokens, self.rounds, pv, qv, copied=copied,
@@ -140,9 +141,9 @@ class Transcript:
         slow reader does not slow the figures), each counted as it goes out."""
         accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
         drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
-        summary = RoundEvent(self.rounds, drafted, accepted, clock.draft_ms, clock.verify_ms, self.new_tokens,
-                             clock.decode_s(), copied=draft.copied, shape=draft.label)
-        for event in [*events, summary]:
+        round_event = RoundEvent(self.rounds, drafted, accepted, clock.draft_ms, clock.verify_ms, self.new_tokens,
+                                 clock.decode_s(), copied=draft.copied, shape=draft.label)
+        for event in [*events, round_event]:
             self.stats.add(event)
             yield event
 
