@@ -36,16 +36,16 @@ from PySide6.QtWidgets import (
 
 from app import dialogs
 from app.panels import double_spin_box, spin_box
-from app.worker import BenchOutcome, LoadRequest
-from engine.bench.command import parse_drafters, parse_ks, parse_lookups
+from app.worker import BenchOutcome
+from engine.atomic import write_bytes
 from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
 from engine.bench.report import SUMMARY_COLUMNS
-from engine.bench.runner import BenchSettings
+from engine.bench.runner import BASELINES, BenchSettings
+from engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
 from engine.config import DecodeConfig
-from engine.atomic import write_bytes
 from engine.errors import SpecDeckError
+from engine.pair import DrafterKind, PairSpec
 
-BASELINES = ("plain", "hf", "hf-assisted")
 SAMPLE_LABEL = "bundled Spec-Bench sample"
 SPEEDUP_PLOT = "speedup_by_category.png"  # shown first: the figure the benchmark is for
 IDENTICAL_COLOURS = {"true": "#1b8a2f", "false": "#c62828"}
@@ -95,25 +95,26 @@ class BenchmarkTab(QWidget):
         self.categories.setToolTip("Comma-separated categories to keep; empty keeps all")
         self.limit = spin_box(0, 100000, 0)
         self.limit.setSpecialValueText("all")
-        self.ks = QLineEdit("auto")
+        defaults = BenchSettings()
+        self.ks = QLineEdit(format_ks(defaults.ks))
         self.ks.setToolTip("Draft tokens per round, auto (chosen each round from measured costs), or a sweep: auto,1,2,4")
-        self.lookups = QLineEdit(str(DecodeConfig.lookup))
+        self.lookups = QLineEdit(format_lookups(defaults.lookups))
         self.lookups.setToolTip("Tokens prompt lookup may copy per round where the text repeats, before asking the "
                                 "drafter; 0 is off; a sweep such as 0,2 times each")
         self.drafters = QLineEdit()
         self.drafters.setPlaceholderText("e.g. draft-model,prompt-lookup")
         self.drafters.setToolTip("Other drafters of the loaded target, timed in the same run against the same plain "
-                                 "runs: comma-separated kinds (draft-model, feature-head, prompt-lookup, suffix), each "
+                                 f"runs: comma-separated kinds ({', '.join(kind.value for kind in DrafterKind)}), each "
                                  "optionally kind:MODEL. Empty: the loaded drafter only")
         self.baselines = {name: QCheckBox(name) for name in BASELINES}
-        for box in self.baselines.values():
-            box.setChecked(True)
+        for name, box in self.baselines.items():
+            box.setChecked(name in defaults.baselines)
         self.baselines["plain"].setEnabled(False)  # the harness always runs it: speedups refer to it
         self.baselines["plain"].setToolTip("SpecDeck's plain decoding always runs: speedups refer to it")
-        self.temperature = double_spin_box(0.0, 5.0, 0.0, 0.1)
+        self.temperature = double_spin_box(0.0, 5.0, defaults.decode.temperature, 0.1)
         self.temperature.setSpecialValueText("0 (greedy)")
-        self.max_new_tokens = spin_box(1, 8192, 128)
-        self.repeats = spin_box(1, 100, 3)
+        self.max_new_tokens = spin_box(1, 8192, defaults.decode.max_new_tokens)
+        self.repeats = spin_box(1, 100, defaults.repeats)
         self.repeats.setToolTip("Timed runs per prompt and method; the median-time run is kept")
         self.run_button = QPushButton("Run benchmark")
         self.cancel_button = QPushButton("Cancel")
@@ -184,38 +185,28 @@ class BenchmarkTab(QWidget):
         categories = [c.strip() for c in self.categories.text().split(",") if c.strip()] or None
         return read_prompts(self.prompt_file, categories, self.limit.value() or None)
 
-    def other_drafters(self) -> list[tuple[str, str | None]]:
-        """The drafters to time beside the loaded one; raises SpecDeckError for an unknown kind."""
-        return parse_drafters(self.drafters.text(), "Also compare") if self.drafters.text().strip() else []
+    def other_drafters(self, models: PairSpec) -> list[PairSpec]:
+        """The drafters to time beside the loaded pair `models`; raises SpecDeckError for an unknown kind."""
+        if not self.drafters.text().strip():
+            return []
+        return [models.with_drafter(kind, draft) for kind, draft in parse_drafters(self.drafters.text(), "Also compare")]
 
     def settings(self) -> BenchSettings:
-        ks = parse_ks(self.ks.text())
-        lookups = parse_lookups(self.lookups.text())
         return BenchSettings(
-            ks=ks, lookups=lookups, baselines=tuple(name for name, box in self.baselines.items() if box.isChecked()),
+            ks=parse_ks(self.ks.text()), lookups=parse_lookups(self.lookups.text()),
+            baselines=tuple(name for name, box in self.baselines.items() if box.isChecked()),
             repeats=self.repeats.value(),
-            decode=DecodeConfig(k=next((k for k in ks if k), DecodeConfig.k), lookup=lookups[0], temperature=self.temperature.value(),
-                                max_new_tokens=self.max_new_tokens.value()),
+            decode=DecodeConfig(temperature=self.temperature.value(), max_new_tokens=self.max_new_tokens.value()),
         )
 
-    def command_line(self, models: LoadRequest) -> str:
+    def command_line(self, models: PairSpec) -> str:
         """The `specdeck bench` command that runs the same benchmark from a terminal."""
-        parts = ["specdeck", "bench"]
-        others = self.other_drafters()
-        if models.target:
-            parts += ["--target", models.target]
-        if others and models.drafter:
-            entries = [(models.drafter, models.draft), *others]
-            parts += ["--drafters", ",".join(kind + (f":{draft}" if draft else "") for kind, draft in entries)]
+        others = self.other_drafters(models)
+        if others:
+            parts = ["specdeck", "bench", *models.model_arguments(),
+                     "--drafters", ",".join(spec.drafter_entry for spec in (models, *others))]
         else:
-            for flag, value in (("--drafter", models.drafter), ("--draft", models.draft)):
-                if value:
-                    parts += [flag, value]
-        for flag, value, default in (("--device", models.device, "auto"), ("--dtype", models.dtype, "auto")):
-            if value != default:
-                parts += [flag, value]
-        if models.trust_remote_code:
-            parts.append("--trust-remote-code")
+            parts = ["specdeck", "bench", *models.arguments()]
         if self.prompts_path:
             parts += ["--prompts", str(self.prompts_path)]
         if self.categories.text().strip():
@@ -223,7 +214,7 @@ class BenchmarkTab(QWidget):
         if self.limit.value():
             parts += ["--limit", str(self.limit.value())]
         settings = self.settings()
-        parts += ["--k", ",".join(str(k) if k else "auto" for k in settings.ks), "--lookup", ",".join(map(str, settings.lookups)),
+        parts += ["--k", format_ks(settings.ks), "--lookup", format_lookups(settings.lookups),
                   "--temperature", f"{settings.decode.temperature:g}",
                   "--max-new-tokens", str(settings.decode.max_new_tokens), "--repeats", str(settings.repeats),
                   "--baselines", ",".join(settings.baselines), "--out", "."]
@@ -348,7 +339,7 @@ class BenchmarkTab(QWidget):
         self.ks.setText(str(settings.value("bench/ks", self.ks.text())))
         self.lookups.setText(str(settings.value("bench/lookups", self.lookups.text())))
         self.drafters.setText(str(settings.value("bench/drafters", self.drafters.text())))
-        chosen = str(settings.value("bench/baselines", ",".join(BASELINES))).split(",")
+        chosen = str(settings.value("bench/baselines", ",".join(BenchSettings().baselines))).split(",")
         for name, box in self.baselines.items():
             box.setChecked(name in chosen or not box.isEnabled())
         for name in ("limit", "max_new_tokens", "repeats"):

@@ -32,12 +32,14 @@ from app.bench_tab import BenchmarkTab
 from app.charts import SessionCharts
 from app.panels import DecodingPanel, ModelPanel
 from app.token_view import Legend, TokenView
-from app.worker import BenchCancelled, LoadCancelled, LoadRequest, ModelHost, PairInfo, error_message
+from app.worker import BenchCancelled, LoadCancelled, ModelHost, PairInfo, error_message
 from engine.atomic import write_with
 from engine.context import prompt_cut_notice
 from engine.errors import SpecDeckError
 from engine.events import SessionStarted, SummaryEvent
 from engine.export import RunInfo, SessionRecord, export_sessions
+from engine.models import check_prompt
+from engine.pair import PairSpec
 
 
 def save_picture(widget: QWidget, path: str | Path) -> None:
@@ -91,7 +93,7 @@ class MainWindow(QMainWindow):
         self.records: list[SessionRecord] = []
         self.run_info: RunInfo | None = None
         self._routes: dict[int, tuple[TokenView, bool, SessionRecord]] = {}
-        self._loaded_request: LoadRequest | None = None
+        self._loaded_spec: PairSpec | None = None
         self._progress: QProgressDialog | None = None
         self._stop_requested = False
         self._busy = False
@@ -177,7 +179,7 @@ class MainWindow(QMainWindow):
 
     async def load_models(self) -> PairInfo:
         """Load the pair the model panel names, showing each stage in a cancellable progress dialog."""
-        request = self.model_panel.request()
+        spec = self.model_panel.spec()
         self._progress = QProgressDialog("Loading…", "Cancel", 0, 0, self)
         self._progress.setWindowTitle("Loading models")
         self._progress.setWindowModality(Qt.WindowModality.WindowModal)
@@ -185,14 +187,14 @@ class MainWindow(QMainWindow):
         self._progress.canceled.connect(self.host.cancel_load)
         self._progress.show()
         try:
-            info = await self.host.load(request)
+            info = await self.host.load(spec)
         finally:
             self._progress.canceled.disconnect(self.host.cancel_load)
             self._progress.close()
             self._progress.deleteLater()
             self._progress = None
-        self._loaded_request = request
-        self.model_panel.remember(request.target, request.draft)
+        self._loaded_spec = spec
+        self.model_panel.remember(spec.target, spec.draft)
         self.model_panel.loaded.setText(f"Loaded: {info.description}")
         self.statusBar().showMessage(f"Loaded {info.description}")
         return info
@@ -205,9 +207,7 @@ class MainWindow(QMainWindow):
         self._update_buttons()
         try:
             config = self.decoding_panel.config()
-            prompt = self.decoding_panel.prompt_text()
-            if not prompt.strip():
-                raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
+            prompt = check_prompt(self.decoding_panel.prompt_text())
             await self._ensure_loaded()
             pair = self.host.pair
             chat = self.decoding_panel.chat.isChecked()
@@ -234,7 +234,7 @@ class MainWindow(QMainWindow):
 
     async def _ensure_loaded(self) -> None:
         """Load the pair the model panel names unless it is the resident one."""
-        if self.host.pair is None or self._loaded_request != self.model_panel.request():
+        if self.host.pair is None or self._loaded_spec != self.model_panel.spec():
             await self.load_models()
 
     async def run_benchmark(self) -> None:
@@ -244,8 +244,9 @@ class MainWindow(QMainWindow):
         try:
             prompts = self.bench_tab.prompts()
             settings = self.bench_tab.settings()
-            drafters = self.bench_tab.other_drafters()
-            command = self.bench_tab.command_line(self.model_panel.request())
+            models = self.model_panel.spec()
+            drafters = self.bench_tab.other_drafters(models)
+            command = self.bench_tab.command_line(models)
             await self._ensure_loaded()
             self._benchmarking = True
             self._update_buttons()

@@ -5,7 +5,7 @@ Both read and write their values through QSettings so that a launch starts where
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings, Signal
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -25,14 +25,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.worker import LoadRequest
 from engine.config import SCHEDULES, DecodeConfig
-from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+from engine.models import BUILTIN_MODELS, DEFAULT_TARGET
+from engine.pair import DrafterKind, PairSpec
 from engine.resources import resource_path
 
-DRAFTERS = {"draft model": "draft-model", "feature head": "feature-head", "prompt lookup": "prompt-lookup",
-            "suffix": "suffix"}
-DEFAULT_MODELS = {"feature-head": DEFAULT_HEAD, "draft-model": DEFAULT_DRAFT}  # for the built-in target
+DRAFTER_KINDS = tuple(DrafterKind)  # in the drafter combo's order
+BUILTIN_DRAFTS = {kind.builtin_model(DEFAULT_TARGET) for kind in DrafterKind} - {None}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RECENT_LIMIT = 10
@@ -115,12 +114,11 @@ class ModelPanel(QGroupBox):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Models", parent)
         self.target = ModelPicker()
-        self.target.set_value(DEFAULT_TARGET)
         self.drafter = QComboBox()
-        self.drafter.addItems(list(DRAFTERS))
+        for index, kind in enumerate(DRAFTER_KINDS):
+            self.drafter.addItem(kind.label)
+            self.drafter.setItemData(index, kind.description, Qt.ItemDataRole.ToolTipRole)
         self.draft = ModelPicker(allow_empty=True)
-        self.drafter.setCurrentText("feature head")
-        self.draft.set_value(DEFAULT_HEAD)
         self.device = QComboBox()
         self.device.setEditable(True)
         self.device.addItems(DEVICES)
@@ -133,7 +131,7 @@ class ModelPanel(QGroupBox):
         self.loaded = QLabel("No models loaded.")
         self.loaded.setWordWrap(True)
         self.loaded.setStyleSheet("color: #555;")
-        self.drafter.currentTextChanged.connect(self._on_drafter_changed)
+        self.drafter.currentIndexChanged.connect(self._on_drafter_changed)
         form = QFormLayout(self)
         form.addRow("Target", self.target)
         form.addRow("Drafter", self.drafter)
@@ -147,19 +145,33 @@ class ModelPanel(QGroupBox):
         form.addRow(self.load_button)
         form.addRow(self.loaded)
         self.recent: list[str] = []
-        self._on_drafter_changed(self.drafter.currentText())
+        self.show_spec(PairSpec().resolved())
 
-    def _on_drafter_changed(self, text: str) -> None:
-        kind = DRAFTERS[text]
-        self.draft.setEnabled(kind in DEFAULT_MODELS)
-        if kind in DEFAULT_MODELS and self.draft.value in DEFAULT_MODELS.values():
-            self.draft.set_value(DEFAULT_MODELS[kind])  # the built-in one that goes with the kind
+    @property
+    def drafter_kind(self) -> DrafterKind:
+        return DRAFTER_KINDS[self.drafter.currentIndex()]
 
-    def request(self) -> LoadRequest:
-        kind = DRAFTERS[self.drafter.currentText()]
-        return LoadRequest(self.target.value or None, self.draft.value if kind in DEFAULT_MODELS else None, kind,
-                           self.device.currentText().strip() or "auto", self.dtype.currentText(),
-                           self.trust_remote_code.isChecked())
+    def _on_drafter_changed(self, index: int) -> None:
+        kind = DRAFTER_KINDS[index]
+        self.draft.setEnabled(kind.needs_model)
+        if kind.needs_model and self.draft.value in BUILTIN_DRAFTS:
+            self.draft.set_value(kind.builtin_model(DEFAULT_TARGET))  # the built-in one that goes with the kind
+
+    def spec(self) -> PairSpec:
+        """The pair the panel names."""
+        kind = self.drafter_kind
+        return PairSpec(self.target.value, self.draft.value if kind.needs_model else None, kind,
+                        self.device.currentText(), self.dtype.currentText(), self.trust_remote_code.isChecked())
+
+    def show_spec(self, spec: PairSpec) -> None:
+        """Show a resolved `spec` (one whose drafter is chosen)."""
+        self.target.set_value(spec.target)
+        self.drafter.setCurrentIndex(DRAFTER_KINDS.index(spec.drafter))
+        self.draft.set_value(spec.draft or "")
+        self.device.setCurrentText(spec.device)
+        self.dtype.setCurrentText(spec.dtype)
+        self.trust_remote_code.setChecked(spec.trust_remote_code)
+        self.draft.setEnabled(spec.drafter.needs_model)
 
     def remember(self, *names: str | None) -> None:
         for name in names:
@@ -181,11 +193,12 @@ class ModelPanel(QGroupBox):
         recent = settings.value("models/recent", [])
         self.recent = [recent] if isinstance(recent, str) else list(recent or [])
         self.remember()
-        self.target.set_value(str(settings.value("models/target", DEFAULT_TARGET)))
-        self.draft.set_value(str(settings.value("models/draft", DEFAULT_HEAD)))
-        self.drafter.setCurrentText(str(settings.value("models/drafter", "feature head")))
-        self.device.setCurrentText(str(settings.value("models/device", "auto")))
-        self.dtype.setCurrentText(str(settings.value("models/dtype", "auto")))
+        default = PairSpec().resolved()
+        self.target.set_value(str(settings.value("models/target", default.target)))
+        self.draft.set_value(str(settings.value("models/draft", default.draft)))
+        self.drafter.setCurrentText(str(settings.value("models/drafter", default.drafter.label)))
+        self.device.setCurrentText(str(settings.value("models/device", default.device)))
+        self.dtype.setCurrentText(str(settings.value("models/dtype", default.dtype)))
 
 
 class DecodingPanel(QGroupBox):
@@ -195,6 +208,7 @@ class DecodingPanel(QGroupBox):
         self.k = spin_box(1, 16, defaults.k)
         self.schedule = QComboBox()
         self.schedule.addItems(SCHEDULES)
+        self.schedule.setCurrentText(defaults.schedule)
         self.lookup = spin_box(0, 16, defaults.lookup)
         self.lookup.setSpecialValueText("off")
         self.lookup.setToolTip("Where the text repeats (a summary quoting its article, edited code), copy up to this "

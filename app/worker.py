@@ -20,18 +20,19 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine.bench.command import report_context, run_and_write
 from engine.bench.prompts import BenchPrompt
 from engine.bench.runner import BenchSettings
+from engine.bench.service import report_context, run_and_write
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent
-from engine.session import ModelPair, add_drafters, load_pair, run_session
+from engine.pair import ModelPair, PairSpec
+from engine.session import add_drafters, load_pair, run_session
 
 BATCH_INTERVAL_S = 0.025
 
@@ -60,12 +61,7 @@ class BenchCancelled(Exception):
 
 @dataclass(frozen=True)
 class LoadRequest:
-    target: str | None
-    draft: str | None
-    drafter: str | None
-    device: str = "auto"
-    dtype: str = "auto"
-    trust_remote_code: bool = False
+    spec: PairSpec
     load_id: int = field(default=0, compare=False)
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
@@ -98,7 +94,7 @@ class BenchRequest:
     settings: BenchSettings
     source: str  # the prompt file, as the report names it
     command: str  # the `specdeck bench` command line that reproduces the run
-    drafters: tuple[tuple[str, str | None], ...] = ()  # more drafters of the resident target, timed beside its own
+    drafters: tuple[PairSpec, ...] = ()  # more drafters of the resident target, timed beside its own
     bench_id: int = 0
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
@@ -112,9 +108,9 @@ class BenchOutcome:
 
 
 def describe(pair: ModelPair) -> PairInfo:
-    draft = pair.draft.name if pair.draft else pair.head.name if pair.head else None
-    return PairInfo(pair.description, pair.target.name, draft,
-                    pair.drafter_kind, str(pair.target.device), str(pair.target.dtype).removeprefix("torch."))
+    return PairInfo(pair.description, pair.target.name, pair.drafter_model,
+                    pair.drafter_kind and pair.drafter_kind.value, str(pair.target.device),
+                    str(pair.target.dtype).removeprefix("torch."))
 
 
 def error_message(error: BaseException) -> str:
@@ -142,7 +138,6 @@ class ModelWorker(QObject):
         self._session_fn = session_fn
         self._load_fn = load_fn
         self._pair: ModelPair | None = None
-        self._loaded: LoadRequest | None = None  # what the resident pair was loaded from
 
     @Slot(object)
     def load(self, request: LoadRequest) -> None:
@@ -153,8 +148,7 @@ class ModelWorker(QObject):
 
         try:
             progress("Starting")
-            pair = self._load_fn(request.target, request.draft, request.drafter, request.device, request.dtype,
-                                 request.trust_remote_code, progress=progress)
+            pair = self._load_fn(request.spec, progress=progress)
             if request.cancel.is_set():
                 raise LoadCancelled
         except LoadCancelled:
@@ -163,7 +157,7 @@ class ModelWorker(QObject):
         except BaseException as error:  # noqa: BLE001 - every failure becomes a message, never a dead thread
             self.load_failed.emit(request.load_id, error_message(error), False)
             return
-        self._pair, self._loaded = pair, request  # the previous pair is released only once the new one loaded
+        self._pair = pair  # the previous pair is released only once the new one loaded
         freeze_long_lived_objects()
         self.loaded.emit(request.load_id, describe(pair))
 
@@ -210,9 +204,7 @@ class ModelWorker(QObject):
             pairs = [self._pair]
             if request.drafters:  # loaded for this benchmark only, on the resident target
                 progress(0, 0, "Loading the other drafters…")
-                loaded = self._loaded
-                pairs += add_drafters(self._pair, loaded.target, request.drafters, loaded.device, loaded.dtype,
-                                      loaded.trust_remote_code, progress=lambda stage: progress(0, 0, stage))
+                pairs += add_drafters(self._pair, request.drafters, progress=lambda stage: progress(0, 0, stage))
             context = report_context(pairs, request.source, request.command)
             with tempfile.TemporaryDirectory(prefix="specdeck-bench-") as folder:
                 summary = run_and_write(pairs, list(request.prompts), request.settings, Path(folder), context,
@@ -274,11 +266,12 @@ class ModelHost(QObject):
 
     # requests ---------------------------------------------------------------------------------
 
-    def load(self, request: LoadRequest) -> asyncio.Future:
-        """Load a pair in the model thread; the future gives its `PairInfo` or raises SpecDeckError."""
+    def load(self, spec: PairSpec) -> asyncio.Future:
+        """Load the pair `spec` names in the model thread; the future gives its `PairInfo` or raises
+        SpecDeckError."""
         self.cancel_load()
         self._next_id += 1
-        self._load = replace(request, load_id=self._next_id, cancel=threading.Event())
+        self._load = LoadRequest(spec, self._next_id)
         self._load_future = asyncio.get_event_loop().create_future()
         self._request_load.emit(self._load)
         return self._load_future
@@ -308,7 +301,7 @@ class ModelHost(QObject):
             self._session.cancel.set()
 
     def bench(self, prompts: list[BenchPrompt], settings: BenchSettings, source: str, command: str,
-              drafters: tuple[tuple[str, str | None], ...] = ()) -> asyncio.Future:
+              drafters: tuple[PairSpec, ...] = ()) -> asyncio.Future:
         """Benchmark the resident pair in the model thread, with `drafters` of its target beside its own
         drafter; the future gives a `BenchOutcome`, or raises SpecDeckError if the harness failed, or
         BenchCancelled."""

@@ -26,9 +26,6 @@ from engine.linear import Linear, make_linear
 from engine.sampling import logits_to_probs, sample
 from engine.suffix import ROOT, Match, SuffixIndex
 
-DRAFTER_KINDS = ("draft-model", "feature-head", "prompt-lookup", "suffix")
-COPYING_KINDS = ("prompt-lookup", "suffix")  # drafters that copy from the text: prompt lookup never runs first
-
 
 @dataclass
 class Proposal:

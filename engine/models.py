@@ -481,13 +481,20 @@ def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
 _CONTENT_MARK = "\ue000specdeck-prompt\ue000"  # private-use characters: no prompt or template holds them
 
 
+def check_prompt(text: str) -> str:
+    """`text`, or a `SpecDeckError` if there is nothing in it to continue or answer (front ends ask
+    before loading models; `encode_prompt` asks again)."""
+    if not text.strip():
+        raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
+    return text
+
+
 def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
     """Token ids of a prompt, through the chat template when the tokenizer has one and `chat`.
 
     The prompt is data: a `<|im_end|>` typed in it is encoded as those characters, never as the
     control token (`split_special_tokens=True`); control tokens come only from the template."""
-    if not text.strip():
-        raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
+    check_prompt(text)
     if not (chat and getattr(tokenizer, "chat_template", None)):
         return tokenizer(text, split_special_tokens=True)["input_ids"]
     rendered = tokenizer.apply_chat_template(

@@ -81,7 +81,7 @@ def wheel(tmp_path_factory) -> Path:
     source = tmp / "source"
     source.mkdir()
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("engine", "app", "resources"):
+    for name in ("cli", "engine", "app", "resources"):
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, source / name, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
@@ -119,7 +119,7 @@ def test_wheel_entry_point_runs_from_the_installed_files(wheel, tmp_path):
                             env={"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     value, module, engine_file, icon = result.stdout.split()
-    assert (value, module) == ("engine.cli:main", "engine.cli")
+    assert (value, module) == ("cli.main:main", "cli.main")
     assert Path(engine_file).is_relative_to(installed)
     assert Path(icon).is_relative_to(installed) and Path(icon).is_file()
 

@@ -24,13 +24,12 @@ from engine.decoding import generate
 from engine.drafters import PromptLookupDrafter
 from engine.events import RoundEvent, SummaryEvent, TokenEvent
 from engine.kvcache import synchronize
-from engine.session import ModelPair
+from engine.pair import DrafterKind, ModelPair
 from engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")
 METHODS = SPECDECK_METHODS + HF_METHODS
-HF_DRAFTERS = ("draft-model", "prompt-lookup")  # the drafter kinds hf-assisted can run
 
 
 @dataclass
@@ -105,7 +104,7 @@ def _generation_config(pair: ModelPair, config: DecodeConfig, max_new_tokens: in
                    pad_token_id=eos[0] if eos else 0, do_sample=not config.greedy)
     if not config.greedy:
         options.update(temperature=config.temperature, top_k=config.top_k or None, top_p=config.top_p)
-    if method == "hf-assisted" and pair.drafter_kind == "prompt-lookup":
+    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.PROMPT_LOOKUP:
         options.update(prompt_lookup_num_tokens=config.k, max_matching_ngram_size=PromptLookupDrafter().max_ngram)
     return GenerationConfig(**options)
 
@@ -116,7 +115,7 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
     target = pair.target
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     kwargs = {}
-    if method == "hf-assisted" and pair.drafter_kind == "draft-model":
+    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL:
         assistant = pair.draft.model
         assistant.generation_config.num_assistant_tokens = config.k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"

@@ -24,17 +24,17 @@ from typing import NamedTuple
 
 import torch
 
-from engine.bench.methods import HF_DRAFTERS, Run, run_method
+from engine.bench.methods import Run, run_method
 from engine.bench.prompts import BenchPrompt
 from engine.config import DecodeConfig
-from engine.drafters import COPYING_KINDS
 from engine.errors import SpecDeckError
 from engine.models import encode_prompt
-from engine.session import ModelPair
+from engine.pair import DrafterKind, ModelPair
 from engine.suffix import SuffixIndex
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
 AUTO_K = 0  # a speculative method's K when the auto schedule chooses it each round
+BASELINES = ("plain", "hf", "hf-assisted")  # what speculative decoding is compared with
 
 
 class Method(NamedTuple):
@@ -70,14 +70,14 @@ class Method(NamedTuple):
 class BenchSettings:
     ks: tuple[int, ...] = (AUTO_K,)
     lookups: tuple[int, ...] = (DecodeConfig.lookup,)  # prompt lookup first per speculative method, 0: off
-    baselines: tuple[str, ...] = ("plain", "hf", "hf-assisted")
+    baselines: tuple[str, ...] = BASELINES
     repeats: int = 3
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # K and lookup are each method's own
 
     def __post_init__(self) -> None:
-        unknown = [b for b in self.baselines if b not in ("plain", "hf", "hf-assisted")]
+        unknown = [b for b in self.baselines if b not in BASELINES]
         if unknown:
-            raise SpecDeckError(f"Unknown baseline {', '.join(unknown)}: choose from plain, hf, hf-assisted.")
+            raise SpecDeckError(f"Unknown baseline {', '.join(unknown)}: choose from {', '.join(BASELINES)}.")
         if not self.ks or min(self.ks) < AUTO_K:
             raise SpecDeckError("--k takes positive draft lengths or auto, e.g. 4 or auto,1,2,4.")
         if not self.lookups or min(self.lookups) < 0:
@@ -91,14 +91,14 @@ class BenchSettings:
         hf-assisted per K where Hugging Face has that drafter."""
         methods = [Method("plain")]
         for pair in pairs:
-            lookups = (0,) if pair.drafter_kind in COPYING_KINDS else self.lookups
+            lookups = (0,) if pair.drafter_kind.copies_text else self.lookups
             methods += [Method("speculative", k, pair.drafter_description, lookup)
                         for k in self.ks for lookup in lookups]
         if "hf" in self.baselines:
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
             methods += [Method("hf-assisted", k, pair.drafter_description)
-                        for pair in pairs if pair.drafter_kind in HF_DRAFTERS for k in self.ks if k != AUTO_K]
+                        for pair in pairs if pair.drafter_kind.hugging_face_runs for k in self.ks if k != AUTO_K]
         return methods
 
 
@@ -138,7 +138,7 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
     if len(pair_of) < len(pairs):
         raise SpecDeckError("Two drafters of the benchmark have the same name: name each drafter once.")
 
-    histories = {pair.drafter_description: SuffixIndex() for pair in pairs if pair.drafter_kind == "suffix"}
+    histories = {pair.drafter_description: SuffixIndex() for pair in pairs if pair.drafter_kind is DrafterKind.SUFFIX}
 
     def run(method: Method, prompt_ids: list[int], max_new_tokens: int | None = None,
             history: SuffixIndex | None = None) -> Run:

@@ -101,7 +101,7 @@ def test_other_drafters_are_timed_beside_the_loaded_one(qtbot, window, bench, er
     monkeypatch.setattr("app.bench_tab.QFileDialog.getExistingDirectory", lambda *a, **k: str(out))
     bench.export_button.click()
     report = (out / "report.md").read_text(encoding="utf-8")
-    assert f"--drafters draft-model:{window.model_panel.request().draft},prompt-lookup" in report
+    assert f"--drafters draft-model:{window.model_panel.spec().draft},prompt-lookup" in report
 
 
 def test_cancel_stops_the_benchmark_and_a_session_runs_after(qtbot, window, bench, errors):

@@ -5,8 +5,13 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine.cli import main
+from cli.bench import bench_specs
+from cli.main import build_parser, main
+from cli.options import pair_spec
+from engine.pair import DrafterKind, PairSpec
 from tiny import build_model, build_tokenizer
 
 
@@ -81,7 +86,7 @@ def test_jsonl_stream(tiny_dirs):
     """`--jsonl` writes one parseable object per event, with the documented fields."""
     target, draft = tiny_dirs
     out = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "run", "--target", str(target), "--draft", str(draft),
+        [sys.executable, "-m", "cli.main", "run", "--target", str(target), "--draft", str(draft),
          "--no-chat", "--prompt", "The quick brown fox", "--max-new-tokens", "16", "--jsonl"],
         capture_output=True, text=True, check=True, timeout=120,
     ).stdout.splitlines()
@@ -125,3 +130,26 @@ def test_prompt_too_long_for_the_context(capsys, tiny_dirs):
     code, out, err = run_cli(capsys, "--target", str(target), "--no-chat", "--prompt", prompt,
                              "--truncate-prompt", "--max-new-tokens", "4")
     assert code == 0 and "kept its last 508 tokens" in err and "(max_new_tokens)" in out
+
+
+# model names and paths as people write them: no leading dash (argparse would read an option), no
+# comma (the separator of --drafters), no blanks at the ends (PairSpec strips them)
+names = st.from_regex(r"[A-Za-z0-9_./~][A-Za-z0-9_./:~ -]{0,30}[A-Za-z0-9_./~]", fullmatch=True)
+specs = st.builds(PairSpec, target=names, draft=st.none() | names, drafter=st.none() | st.sampled_from(DrafterKind),
+                  device=st.sampled_from(["auto", "cpu", "cuda", "cuda:1", "mps"]),
+                  dtype=st.sampled_from(["auto", "float32", "bfloat16", "float16"]), trust_remote_code=st.booleans())
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(spec=specs)
+def test_pair_spec_round_trips_through_its_arguments(spec):
+    """A PairSpec written as command-line arguments is read back as the same PairSpec by `run` and
+    `bench`, and in `bench --drafters` form with other drafters of its target."""
+    parser = build_parser()
+    assert pair_spec(parser.parse_args(["run", *spec.arguments()])) == spec
+    assert bench_specs(parser.parse_args(["bench", *spec.arguments(), "--out", "results"])) == [spec]
+    if spec.drafter is not None and (spec.draft is None or spec.drafter.needs_model):
+        others = [spec.with_drafter(DrafterKind.SUFFIX, None), spec.with_drafter(DrafterKind.DRAFT_MODEL, "a/b:c")]
+        drafters = ",".join(each.drafter_entry for each in (spec, *others))
+        argv = ["bench", *spec.model_arguments(), "--drafters", drafters, "--out", "results"]
+        assert bench_specs(parser.parse_args(argv)) == [spec, *others]

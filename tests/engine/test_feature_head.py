@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cli import main
+from cli.main import main
 from engine.config import DecodeConfig
 from engine.decoding import generate
 from engine.distill.head import collate_pairs, extract_features
@@ -17,6 +17,7 @@ from engine.errors import SpecDeckError
 from engine.events import SummaryEvent, TokenEvent, TokenState
 from engine.heads import FeatureHead, head_config
 from engine.models import encode_prompt, load_model
+from engine.pair import PairSpec
 from engine.session import load_pair, run_session
 from tiny import build_pair
 
@@ -41,7 +42,7 @@ def test_trained_head_is_picked_by_its_folder_and_keeps_greedy_exact(tiny_head):
     """`--draft <head folder>` chooses the feature-head drafter; greedy output equals plain decoding
     for K = 1..5, and the head did draft."""
     target, out = tiny_head
-    pair = load_pair(str(target), str(out / "head"), None, device="cpu")
+    pair = load_pair(PairSpec(str(target), str(out / "head"), None, device="cpu"))
     assert pair.drafter_kind == "feature-head"
     for prompt in ("The quick brown fox", "d"):  # a one-token prompt: the first round has no state yet
         plain = list(run_session(pair, prompt, DecodeConfig(max_new_tokens=40), chat=False, plain=True))
@@ -54,7 +55,7 @@ def test_trained_head_is_picked_by_its_folder_and_keeps_greedy_exact(tiny_head):
 
 def test_trained_head_proposes_only_its_output_tokens(tiny_head):
     target, out = tiny_head
-    pair = load_pair(str(target), str(out / "head"), "feature-head", device="cpu")
+    pair = load_pair(PairSpec(str(target), str(out / "head"), "feature-head", device="cpu"))
     allowed = set(pair.head.output_ids.tolist())
     assert 0 < len(allowed) < pair.target.vocab_width
     events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=3, schedule="constant", max_new_tokens=30, temperature=1.0, seed=2),
@@ -139,19 +140,19 @@ def test_head_for_another_target_is_refused(tiny_head, tmp_path):
     _, out = tiny_head
     other, _ = build_pair(tmp_path, "gpt2")
     with pytest.raises(SpecDeckError, match="trained for"):
-        load_pair(str(other), str(out / "head"), None, device="cpu")
+        load_pair(PairSpec(str(other), str(out / "head"), None, device="cpu"))
 
 
 def test_head_as_draft_model_and_corrupt_head_are_refused(tiny_head, tmp_path):
     target, out = tiny_head
     with pytest.raises(SpecDeckError, match="feature head, not a draft model"):
-        load_pair(str(target), str(out / "head"), "draft-model", device="cpu")
+        load_pair(PairSpec(str(target), str(out / "head"), "draft-model", device="cpu"))
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text((out / "head" / "config.json").read_text())
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(SpecDeckError, match="missing or corrupt"):
-        load_pair(str(target), str(broken), None, device="cpu")
+        load_pair(PairSpec(str(target), str(broken), None, device="cpu"))
 
 
 def test_untrained_head_keeps_sampling_exact_too(tiny_llama):

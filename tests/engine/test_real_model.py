@@ -101,14 +101,15 @@ def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
     head by itself when named; prompt lookup when asked for it; a target of one's own without a
     draft gets prompt lookup."""
     from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+    from engine.pair import PairSpec
     from engine.session import load_pair
 
-    pair = load_pair(None, None, None, device="cpu")
+    pair = load_pair(PairSpec(device="cpu"))
     assert (pair.target.name, pair.drafter_kind, pair.head.name) == (DEFAULT_TARGET, "feature-head", DEFAULT_HEAD)
-    assert load_pair(None, None, "draft-model", device="cpu").draft.name == DEFAULT_DRAFT
-    assert load_pair(None, DEFAULT_HEAD, None, device="cpu").drafter_kind == "feature-head"
-    assert load_pair(None, None, "prompt-lookup", device="cpu").draft is None
-    own = load_pair(tiny_llama[0].name, None, None, device="cpu")
+    assert load_pair(PairSpec(drafter="draft-model", device="cpu")).draft.name == DEFAULT_DRAFT
+    assert load_pair(PairSpec(draft=DEFAULT_HEAD, device="cpu")).drafter_kind == "feature-head"
+    assert load_pair(PairSpec(drafter="prompt-lookup", device="cpu")).draft is None
+    own = load_pair(PairSpec(tiny_llama[0].name, device="cpu"))
     assert own.drafter_kind == "prompt-lookup" and own.draft is None
 
 
