@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import SCHEDULES, DecodeConfig
+from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
 from engine.models import BUILTIN_MODELS, DEFAULT_TARGET
 from engine.pair import DrafterKind, PairSpec
 from engine.resources import resource_path
@@ -214,6 +214,12 @@ class DecodingPanel(QGroupBox):
         self.lookup.setToolTip("Where the text repeats (a summary quoting its article, edited code), copy up to this "
                                "many tokens from what followed the earlier occurrence instead of asking the drafter. "
                                "Copies cost no model call and keep decoding exact.")
+        self.suffix_scope = QComboBox()
+        self.suffix_scope.addItems(SUFFIX_SCOPES)
+        self.suffix_scope.setCurrentText(defaults.suffix_scope)
+        self.suffix_scope.setToolTip("What the suffix and hybrid drafters copy from: prompt, this request's text; "
+                                     "session, also the answers written since SpecDeck started; all, also past "
+                                     "sessions' answers, kept in the cache folder (specdeck cache --clear forgets them).")
         self.temperature = double_spin_box(0.0, 5.0, defaults.temperature, 0.1)
         self.temperature.setSpecialValueText("0 (greedy)")
         self.top_k = spin_box(0, 100000, defaults.top_k)
@@ -245,6 +251,7 @@ class DecodingPanel(QGroupBox):
         row.addWidget(self.lookup)
         row.addWidget(QLabel("tokens copied where the text repeats"), 1)
         form.addRow("Lookup", row)
+        form.addRow("Suffix scope", self.suffix_scope)
         form.addRow("Temperature", self.temperature)
         row = QHBoxLayout()
         row.addWidget(self.top_k, 1)
@@ -280,7 +287,8 @@ class DecodingPanel(QGroupBox):
                             temperature=self.temperature.value(), top_k=self.top_k.value(),
                             top_p=self.top_p.value(), seed=self.seed.value(),
                             max_new_tokens=self.max_new_tokens.value(),
-                            truncate_prompt=self.truncate_prompt.isChecked())
+                            truncate_prompt=self.truncate_prompt.isChecked(),
+                            suffix_scope=self.suffix_scope.currentText())
 
     def prompt_text(self) -> str:
         return self.prompt.toPlainText()
@@ -291,6 +299,7 @@ class DecodingPanel(QGroupBox):
         settings.setValue("decoding/temperature", self.temperature.value())
         settings.setValue("decoding/top_p", self.top_p.value())
         settings.setValue("decoding/schedule", self.schedule.currentText())
+        settings.setValue("decoding/suffix_scope", self.suffix_scope.currentText())
         settings.setValue("decoding/chat", self.chat.isChecked())
         settings.setValue("decoding/prompt", self.prompt_text())
 
@@ -301,6 +310,7 @@ class DecodingPanel(QGroupBox):
         self.temperature.setValue(float(settings.value("decoding/temperature", self.temperature.value())))
         self.top_p.setValue(float(settings.value("decoding/top_p", self.top_p.value())))
         self.schedule.setCurrentText(str(settings.value("decoding/schedule", self.schedule.currentText())))
+        self.suffix_scope.setCurrentText(str(settings.value("decoding/suffix_scope", self.suffix_scope.currentText())))
         self.chat.setChecked(str(settings.value("decoding/chat", "true")).lower() == "true")
         prompt = settings.value("decoding/prompt", "")
         if prompt:

@@ -51,11 +51,14 @@ def _format(state: TokenState, copied: bool = False) -> QTextCharFormat:
     return _FORMATS[state, copied]
 
 
+SOURCES = {"prompt": "this prompt", "session": "an earlier answer this session", "past": "a past session"}
+
+
 def describe_token(event: TokenEvent) -> str:
     where = f"position {event.pos}, round {event.round}" + (f", draft depth {event.depth}" if event.depth else "")
     lines = [f"{event.state.value}  {event.text!r}", where, f"p (target) = {event.p:.4f}"]
-    if event.copied:
-        lines.append("copied by prompt lookup")
+    if event.source:
+        lines.append(f"copied from {SOURCES.get(event.source, event.source)}")
     if event.q is not None:
         lines.append(f"q ({'copy' if event.copied else 'draft'}) = {event.q:.4f}")
         lines.append(f"min(1, p/q) = {event.acceptance_probability:.4f}")

@@ -31,6 +31,7 @@ from engine.bench.service import report_context, run_and_write
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent
+from engine.memory import give_back, is_out_of_memory, out_of_memory_message
 from engine.pair import ModelPair, PairSpec
 from engine.session import add_drafters, load_pair, run_session
 
@@ -114,9 +115,12 @@ def describe(pair: ModelPair) -> PairInfo:
 
 
 def error_message(error: BaseException) -> str:
-    """A SpecDeckError's message as-is; anything else with its type, since it is a bug or a bad model."""
+    """A SpecDeckError's message as-is; running out of memory as what to try instead; anything else
+    with its type, since it is a bug or a bad model."""
     if isinstance(error, SpecDeckError):
         return str(error)
+    if is_out_of_memory(error):
+        return out_of_memory_message(error)
     detail = traceback.format_exception_only(type(error), error)[-1].strip()
     return f"Unexpected error: {detail}"
 
@@ -155,11 +159,15 @@ class ModelWorker(QObject):
             self.load_failed.emit(request.load_id, "Loading was cancelled.", True)
             return
         except BaseException as error:  # noqa: BLE001 - every failure becomes a message, never a dead thread
-            self.load_failed.emit(request.load_id, error_message(error), False)
+            message = error_message(error)
+        else:
+            self._pair = pair  # the previous pair is released only once the new one loaded
+            freeze_long_lived_objects()
+            give_back(collect=False)  # the previous pair's memory, now collected
+            self.loaded.emit(request.load_id, describe(pair))
             return
-        self._pair = pair  # the previous pair is released only once the new one loaded
-        freeze_long_lived_objects()
-        self.loaded.emit(request.load_id, describe(pair))
+        give_back()  # whatever the failed load had allocated
+        self.load_failed.emit(request.load_id, message, False)
 
     @Slot(object)
     def run(self, request: SessionRequest) -> None:
@@ -180,10 +188,15 @@ class ModelWorker(QObject):
         except BaseException as error:  # noqa: BLE001
             if batch:
                 self.events.emit(request.session_id, tuple(batch))
-            self.session_failed.emit(request.session_id, error_message(error))
+            message = error_message(error)
+        else:
+            if batch:
+                self.events.emit(request.session_id, tuple(batch))
             return
-        if batch:
-            self.events.emit(request.session_id, tuple(batch))
+        # the failed session's caches went with its traceback: give them back (after running out
+        # of memory, so that the next session has it)
+        give_back()
+        self.session_failed.emit(request.session_id, message)
 
     @Slot(object)
     def bench(self, request: BenchRequest) -> None:

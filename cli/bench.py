@@ -30,7 +30,9 @@ def add_bench_command(commands) -> None:
                             f"({', '.join(kind.value for kind in DrafterKind)}), each optionally kind:MODEL, "
                             "e.g. draft-model,feature-head:path/to/head,prompt-lookup")
     bench.add_argument("--prompts", default=None,
-                       help="Spec-Bench jsonl, HumanEval jsonl, or one prompt per line (default: the bundled sample)")
+                       help="Spec-Bench jsonl (every turn of a record asked as one conversation), HumanEval jsonl, "
+                            "one prompt per line, or a bundled set: spec-bench, humaneval, refine "
+                            "(default: spec-bench)")
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
     bench.add_argument("--k", default=format_ks(defaults.ks),
@@ -44,6 +46,9 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--max-new-tokens", type=int, default=defaults.decode.max_new_tokens)
     bench.add_argument("--repeats", type=int, default=defaults.repeats, help="timed runs per prompt and method (median kept)")
     bench.add_argument("--baselines", default=",".join(defaults.baselines), help=f"any of {', '.join(BASELINES)}")
+    bench.add_argument("--repeat-scenario", action="store_true",
+                       help="also time suffix and hybrid drafters regenerating each prompt, with its own plain "
+                            "answer as history (labelled repeat; the other rows never draft from the same prompt)")
     bench.add_argument("--seed", type=int, default=defaults.decode.seed)
     bench.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -57,6 +62,7 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
         ks=parse_ks(args.k), lookups=parse_lookups(args.lookup),
         baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()), repeats=args.repeats,
         decode=DecodeConfig(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens),
+        repeat_scenario=args.repeat_scenario,
     )
 
 
@@ -73,8 +79,8 @@ def bench_specs(args: argparse.Namespace) -> list[PairSpec]:
 class ProgressBar:
     """One self-rewriting line on stderr: bar, count, elapsed time and what runs now."""
 
-    def __init__(self, stream=sys.stderr, width: int = 28) -> None:
-        self.stream = stream
+    def __init__(self, stream=None, width: int = 28) -> None:
+        self.stream = stream or sys.stderr  # looked up now: sys.stderr may have been replaced since import
         self.width = width
         self.started = time.perf_counter()
 
@@ -94,6 +100,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
+    from engine.bench.prompts import prompts_path as prompts_path_named
     from engine.bench.prompts import read_prompts, sample_prompts
     from engine.bench.report import markdown_table
     from engine.bench.service import check_results_folder, report_context, run_and_write
@@ -103,7 +110,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = bench_settings(args)
     specs = bench_specs(args)
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
-    prompts_path = Path(args.prompts) if args.prompts else sample_prompts()
+    prompts_path = prompts_path_named(args.prompts) if args.prompts else sample_prompts()
     prompts = read_prompts(prompts_path, categories, args.limit)
     if args.threads is not None:
         if args.threads < 1:
@@ -123,11 +130,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"Cancelled before any prompt finished: nothing written, {out} left as it was.", file=sys.stderr)
         return 130
     overview = [r for r in summary if r["category"] == "all"]
-    print(markdown_table(overview, ("method", "k", "drafter", "new_tokens", "tokens_per_s", "speedup_vs_plain",
+    print(markdown_table(overview, ("method", "k", "drafter", "turn", "new_tokens", "tokens_per_s", "speedup_vs_plain",
                                     "acceptance_rate", "mean_accepted_length", "identical_to_plain")))
     print(f"\nWrote {out}/: {', '.join(sorted(path.name for path in out.iterdir()))}.")
-    if int(overview[0]["prompts"]) < len(prompts):
-        print(f"Cancelled: the results cover the {overview[0]['prompts']} of {len(prompts)} prompts that finished.",
+    asked = sum(len(prompt.turns) for prompt in prompts)
+    if int(overview[0]["prompts"]) < asked:
+        print(f"Cancelled: the results cover the {overview[0]['prompts']} of {asked} prompts (turns) that finished.",
               file=sys.stderr)
         return 130
     return 0

@@ -31,6 +31,8 @@ def _cmd_cache(args) -> int:
     for entry in kept:
         print(f"Kept {entry.path.name}: {entry.state}.")
     print(f"Removed {cache.clear_costs()} measured cost files from {cache.costs_cache()} (measured again when next needed).")
+    print(f"Removed {cache.clear_suffix_texts()} files of past sessions' texts from {cache.suffix_cache()} "
+          "(suffix drafting under --suffix-scope all starts afresh).")
     return 0
 
 
@@ -71,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     gui.set_defaults(handler=_cmd_gui)
 
     cache = commands.add_parser("cache", help="list the converted models SpecDeck keeps, and their sizes")
-    cache.add_argument("--clear", action="store_true", help="delete them (they are converted again when needed)")
+    cache.add_argument("--clear", action="store_true", help="delete them (they are converted again when needed), the measured costs and the "
+                            "past sessions' texts kept for suffix drafting")
     cache.set_defaults(handler=_cmd_cache)
 
     add_bench_command(commands)
@@ -90,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except SpecDeckError as error:
         print(f"specdeck: error: {error}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as error:  # torch's OutOfMemoryError is a RuntimeError
+        from engine.memory import is_out_of_memory, out_of_memory_message
+
+        if not is_out_of_memory(error):
+            raise
+        print(f"specdeck: error: {out_of_memory_message(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.config import SCHEDULES, DecodeConfig
+from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
 from engine.pair import DrafterKind, PairSpec
 
 
@@ -42,6 +42,10 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lookup", type=int, default=defaults.lookup,
                         help="where the text repeats, copy up to this many tokens by prompt lookup before asking "
                              "the drafter (0: off)")
+    parser.add_argument("--suffix-scope", choices=SUFFIX_SCOPES, default=defaults.suffix_scope,
+                        help="what the suffix and hybrid drafters copy from: prompt (this request's text), session "
+                             "(also earlier answers since SpecDeck started) or all (also past sessions', kept in "
+                             "the cache folder; specdeck cache --clear forgets them) (default %(default)s)")
     parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 is greedy")
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
     parser.add_argument("--top-p", type=float, default=defaults.top_p)
@@ -58,4 +62,4 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
     return DecodeConfig(k=args.k, schedule=args.schedule, max_k=args.max_k, confidence_threshold=args.confidence,
                         lookup=args.lookup, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         seed=args.seed, max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),
-                        truncate_prompt=args.truncate_prompt)
+                        truncate_prompt=args.truncate_prompt, suffix_scope=args.suffix_scope)

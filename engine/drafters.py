@@ -8,43 +8,63 @@ slot in by implementing `Drafter`.
   `engine.heads`); the decoding loop hands it the target's states for every kept token.
 - `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
-- `SuffixDrafter`: the most frequent continuation after the longest earlier match, in this
-  session's text and in earlier sessions' (SuffixDecoding, Oliaro et al. 2024); no model either.
+- `SuffixDrafter` and `HybridDrafter` (`engine.suffix_drafting`): the most frequent continuation
+  after the longest earlier match, in this request's text and in earlier ones (SuffixDecoding,
+  Oliaro et al. 2024); no model either, or, in the hybrid, copies before a model drafter.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.config import DecodeConfig
 from engine.context import context_length
 from engine.kvcache import CachedModel, backend_for
+from engine.lean_weights import output_weight
 from engine.linear import Linear, make_linear
+from engine.llama_forward import output_layer
 from engine.sampling import logits_to_probs, sample
-from engine.suffix import ROOT, Match, SuffixIndex
 
 
 @dataclass
 class Proposal:
     tokens: list[int]
     q: torch.Tensor  # (len(tokens), vocab_width): the distribution each token was drawn from
+    # drafts copied from text: where from ("prompt": this request's text; "session": an earlier
+    # answer since SpecDeck started; "past": a past session's), and the length of the match they follow
+    source: str = ""
+    match_length: int = 0
+    # first tokens the drafter also proposes beside tokens[0], likeliest first (a suffix drafter's
+    # other continuations); a tree round verifies them (greedy), otherwise they are not used
+    branches: list[int] = field(default_factory=list)
+
+    def rank(self, token: int) -> int:
+        """Where `token` stands among the drafter's choices for the first draft (0: tokens[0]); a
+        copy's choices are its first draft and its branches, past which it ranks last."""
+        if self.source:
+            choices = self.tokens[:1] + self.branches
+            return choices.index(token) if token in choices else self.q.shape[-1]
+        return int((self.q[0] > self.q[0, token]).sum())
+
+    def alternatives(self, width: int) -> list[int]:
+        """Up to width - 1 other first tokens beside the first draft, likeliest first: a copy's
+        branches, a model drafter's next likeliest tokens (greedy: after its argmax); a tree round
+        verifies them beside the chain."""
+        if width < 2 or not self.tokens:
+            return []
+        if self.source:
+            return self.branches[: width - 1]
+        q = self.q[0]
+        likely = q.topk(min(width, q.shape[0])).indices.tolist()
+        return [t for t in likely if t != self.tokens[0] and float(q[t]) > 0][: width - 1]
 
     @classmethod
     def none(cls, vocab_width: int, device: torch.device) -> Proposal:
         """No drafts (a plain step)."""
         return cls([], torch.zeros(0, vocab_width, device=device))
-
-    def alternatives(self, width: int) -> list[int]:
-        """Up to width - 1 other first tokens the drafter found likely, next to its first draft
-        (greedy: its argmax), most likely first; a tree verifies them beside the chain."""
-        if width < 2 or not self.tokens:
-            return []
-        q = self.q[0]
-        likely = q.topk(min(width, q.shape[0])).indices.tolist()
-        return [t for t in likely if t != self.tokens[0] and float(q[t]) > 0][: width - 1]
 
 
 class _Chain:
@@ -91,7 +111,7 @@ class Drafter(ABC):
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
     module: torch.nn.Module | None = None  # the model that drafts (what its measured cost is cached by)
     context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
-    copies_text = False  # True: it drafts by copying from the text, so prompt lookup never runs before it
+    copies_text = False  # True: it drafts by copying from the text, so nothing copies before it
 
     def begin(self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int,
               generator: torch.Generator | None) -> None:
@@ -110,6 +130,11 @@ class Drafter(ABC):
 
     def end(self, ids: list[int]) -> None:
         """The session ended with `ids` kept (prompt included)."""
+
+    def copier(self, device: torch.device) -> Drafter:
+        """What copies from the text before this drafter, where the text repeats (`DecodeConfig.lookup`):
+        prompt lookup from two repeated tokens on."""
+        return PromptLookupDrafter(device=device, min_ngram=2)
 
     def _empty(self, device: torch.device) -> Proposal:
         return Proposal.none(self.vocab_width, device)
@@ -138,9 +163,9 @@ class DraftModelDrafter(Drafter):
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
         self._output_ids = None
         if output_ids is not None:
-            weight = model.get_output_embeddings().weight
+            weight = output_weight(model)
             self._output_ids = output_ids.to(weight.device, torch.long)
-            self._head = make_linear(weight.detach()[self._output_ids].contiguous())
+            self._head = make_linear(weight[self._output_ids].contiguous())
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -217,10 +242,11 @@ class FeatureHeadDrafter(Drafter):
         self.head = self.module = head
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         self._embedding = target.get_input_embeddings()
-        weight = target.get_output_embeddings().weight.detach()
-        self._output_ids = None if output_ids is None else output_ids.to(weight.device, torch.long)
-        self._output = make_linear(weight if output_ids is None else weight[self._output_ids].contiguous())
-        self.device = weight.device
+        self.device = self._embedding.weight.device
+        self._output_ids = None if output_ids is None else output_ids.to(self.device, torch.long)
+        # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
+        self._output = output_layer(target) if output_ids is None else make_linear(
+            output_weight(target)[self._output_ids].contiguous())
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -237,7 +263,7 @@ class FeatureHeadDrafter(Drafter):
             states = torch.cat(self._pending)
             self._pending = []
         else:
-            states = self._output.weight.new_zeros(0, self._output.weight.shape[1])
+            states = self._embedding.weight.new_zeros(0, self._embedding.weight.shape[1])
         known = self._paired + len(states)
         if known != len(ids) - 1 or (known and not len(states)):
             raise RuntimeError(f"the head has target states for {known} tokens, the session kept {len(ids) - 1}: "
@@ -286,68 +312,12 @@ class PromptLookupDrafter(Drafter):
         tokens = self._match(torch.tensor(ids), k)
         if not tokens:
             return self._empty(self.device)
-        return one_hot(tokens, self.vocab_width, self.device)
+        return one_hot(tokens, self.vocab_width, self.device, source="prompt")
 
 
-def one_hot(tokens: list[int], width: int, device: torch.device) -> Proposal:
-    """Drafts copied from text: q is one-hot on each, so the rejection rule accepts a draft with
-    probability p(draft) and sampling stays exact."""
+def one_hot(tokens: list[int], width: int, device: torch.device, **copied) -> Proposal:
+    """Drafts copied from text (`copied`: the `Proposal`'s source and match): q is one-hot on each,
+    so the rejection rule accepts a draft with probability p(draft) and sampling stays exact."""
     q = torch.zeros(len(tokens), width, device=device)
     q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
-    return Proposal(tokens, q)
-
-
-class SuffixDrafter(Drafter):
-    """SuffixDecoding (Oliaro et al. 2024; vLLM's `suffix` method): find the longest suffix of the
-    kept tokens that occurred earlier and draft its most frequent continuation path.
-
-    Two suffix automata (`engine.suffix`) are searched: this session's own text (prompt and kept
-    tokens, extended as tokens are kept) and `history`, the texts of earlier sessions (scope
-    "session"; scope "prompt" reads the session's own text only). The longer match drafts (this
-    session's on a tie), up to max_spec_factor x its length and k tokens, while the path's share of
-    what followed the match stays at least `min_share`. A session's text joins `history` when it
-    ends, unless `records` is False (a benchmark keeps a prompt's runs out of its own history).
-    """
-
-    name = "suffix"
-    copies_text = True
-
-    def __init__(self, history: SuffixIndex | None = None, scope: str = "session", records: bool = True,
-                 max_spec_factor: float = 1.0, min_share: float = 0.1, device: torch.device | str = "cpu") -> None:
-        if scope not in ("prompt", "session"):
-            raise ValueError(f"scope is 'prompt' or 'session', not {scope!r}")
-        self.history = history if scope == "session" else None
-        self.records = records
-        self.max_spec_factor = max_spec_factor
-        self.min_share = min_share
-        self.device = torch.device(device)
-
-    def begin(self, prompt_ids, config, vocab_width, generator) -> None:
-        super().begin(prompt_ids, config, vocab_width, generator)
-        self._own = SuffixIndex()
-        self._own.extend(prompt_ids)
-        # the history is unchanged during a session, so its match streams along with the kept tokens
-        self._earlier = self.history.stream(prompt_ids) if self.history is not None else ROOT
-
-    def propose(self, ids: list[int], k: int) -> Proposal:
-        kept = ids[self._own.tokens:]
-        self._own.extend(kept)
-        candidates = [(self._own, self._own.earlier())]
-        if self.history is not None:
-            self._earlier = self.history.stream(kept, self._earlier)
-            candidates.append((self.history, self.history.continued(self._earlier)))
-        candidates.sort(key=lambda candidate: -candidate[1].length)  # stable: this session's first on a tie
-        for index, match in candidates:
-            tokens = self._walk(index, match, k)
-            if tokens:
-                return one_hot(tokens, self.vocab_width, self.device)
-        return self._empty(self.device)
-
-    def _walk(self, index: SuffixIndex, match: Match, k: int) -> list[int]:
-        longest = min(k, int(self.max_spec_factor * match.length))
-        return index.walk(match, longest, self.min_share) if longest > 0 else []
-
-    def end(self, ids: list[int]) -> None:
-        if self.history is not None and self.records:
-            self.history.extend(ids)
-            self.history.separate()
+    return Proposal(tokens, q, **copied)

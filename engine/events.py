@@ -49,7 +49,10 @@ class TokenEvent:
     session's sampling settings (temperature 1 for greedy sessions). `copied`: a draft that prompt
     lookup copied from earlier text (`DecodeConfig.lookup`) rather than one the drafter proposed.
     `depth`: a draft's place in its round's chain, 1 for the first (and for a tree's alternatives
-    to it); 0 for the target's own tokens.
+    to it); 0 for the target's own tokens. `source`: for a draft copied from text (by prompt
+    lookup, a suffix drafter or a hybrid's copier), where that text was: "prompt" (this request's
+    prompt and answer so far), "session" (an earlier answer since SpecDeck started), "past" (a past
+    session's, `DecodeConfig.suffix_scope`); "" for model drafts and the target's own tokens.
     """
 
     state: TokenState
@@ -62,6 +65,7 @@ class TokenEvent:
     type: str = "token"
     copied: bool = False
     depth: int = 0
+    source: str = ""
 
     @property
     def acceptance_probability(self) -> float | None:
@@ -75,7 +79,8 @@ class TokenEvent:
 class RoundEvent:
     """One verify round: `drafted` tokens proposed (copied by prompt lookup if `copied`), the first
     `accepted` of them kept. `shape` names what the round drafted: "K=2", "copy 3", or "none" (a
-    plain step, which the auto schedule chooses where drafting would not pay)."""
+    plain step, which the auto schedule chooses where drafting would not pay). `match_length`: for
+    drafts copied from text, how many of the last kept tokens matched where they were copied from."""
 
     round: int
     drafted: int
@@ -87,6 +92,7 @@ class RoundEvent:
     type: str = "round"
     copied: bool = False
     shape: str = ""
+    match_length: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from transformers import LlamaConfig, LlamaModel
 
 from engine.atomic import building_folder
 from engine.errors import SpecDeckError
+from engine.lean_weights import output_weight
 from engine.models import (BUILTIN_MODELS, HEAD_KEY, OUTPUT_TOKENS_FILE, BundledModel, LoadedModel, Progress, is_head_folder,
                            locate, read_output_tokens)
 
@@ -108,7 +109,8 @@ def load_head(folder: Path, target_model: torch.nn.Module, target_name: str) -> 
     vocab = weight.shape[0]
     same = meta.get("hidden_size") == width and meta.get("vocab_width") == vocab
     if same and meta.get("fingerprint"):
-        same = torch.nn.functional.cosine_similarity(fingerprint(weight), torch.tensor(meta["fingerprint"]), dim=0) > 0.9
+        same = torch.nn.functional.cosine_similarity(fingerprint(output_weight(target_model)),
+                                                     torch.tensor(meta["fingerprint"]), dim=0) > 0.9
     if not same:
         raise SpecDeckError(
             f"The feature head in {folder} was trained for {meta.get('target', 'another target')} "

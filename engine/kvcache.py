@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from engine import llama_forward
+from engine.errors import SpecDeckError
 
 
 class HFForward:
@@ -68,6 +69,7 @@ class CachedModel:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.device = next(model.parameters()).device
+        self.rows = model.get_input_embeddings().num_embeddings
         self.backend = backend_for(model)
 
     def reset(self) -> None:
@@ -79,13 +81,13 @@ class CachedModel:
     @torch.inference_mode()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         """Logits (n, vocab) for `token_ids` appended after the cached tokens; (1, vocab) if last_only."""
-        return self.backend.logits(torch.tensor(token_ids, dtype=torch.long, device=self.device), last_only)
+        return self.backend.logits(self._ids(token_ids), last_only)
 
     @torch.inference_mode()
     def forward_hidden(self, token_ids: list[int]) -> torch.Tensor:
         """The last layer's (normalised) hidden states (n, hidden) for `token_ids` appended after the
         cached tokens: the output layer left to the caller."""
-        return self.backend.hidden(torch.tensor(token_ids, dtype=torch.long, device=self.device))
+        return self.backend.hidden(self._ids(token_ids))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -102,7 +104,7 @@ class CachedModel:
     def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:
         """The last hidden states (n, hidden) of a token tree appended after the cached tokens (see
         `LlamaForward.hidden_tree`); `compact` then keeps one path of it."""
-        return self.backend.hidden_tree(torch.tensor(token_ids, dtype=torch.long, device=self.device), parents)
+        return self.backend.hidden_tree(self._ids(token_ids), parents)
 
     @torch.inference_mode()
     def compact(self, path: list[int]) -> None:
@@ -112,6 +114,16 @@ class CachedModel:
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on (rejected drafts)."""
         self.backend.crop(length)
+
+    def _ids(self, token_ids: list[int]) -> torch.Tensor:
+        """The ids as a tensor on the model's device, checked first: an id beyond the embedding's rows
+        would fail inside the device (on CUDA, an assert that leaves the process's GPU unusable)."""
+        bad = next((i for i in token_ids if not 0 <= i < self.rows), None)
+        if bad is not None:
+            raise SpecDeckError(f"Token id {bad} is outside this model's vocabulary (ids 0 to {self.rows - 1}): "
+                                "the tokenizer or the drafter does not match the model. Load the model with "
+                                "its own tokenizer, and a draft of the same vocabulary.")
+        return torch.tensor(token_ids, dtype=torch.long, device=self.device)
 
 
 def synchronize(device: torch.device) -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from engine.drafters import DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter, SuffixDrafter
+from engine.drafters import DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter
 from engine.errors import SpecDeckError
 from engine.heads import LoadedHead, names_head
 from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
+from engine.past_sessions import PastSessions
 from engine.suffix import SuffixIndex
+from engine.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
 
 
 class DrafterKind(str, Enum):
@@ -25,6 +27,7 @@ class DrafterKind(str, Enum):
     FEATURE_HEAD = "feature-head"
     PROMPT_LOOKUP = "prompt-lookup"
     SUFFIX = "suffix"
+    HYBRID = "hybrid"
 
     def __str__(self) -> str:
         return self.value
@@ -49,13 +52,20 @@ class DrafterKind(str, Enum):
             DrafterKind.DRAFT_MODEL: "a smaller model of the target's vocabulary",
             DrafterKind.FEATURE_HEAD: "a head on the target's own hidden state (EAGLE), trained for that target",
             DrafterKind.PROMPT_LOOKUP: "copies what followed an earlier occurrence of the text's last tokens",
-            DrafterKind.SUFFIX: "copies the most frequent continuation from this and earlier sessions' texts",
+            DrafterKind.SUFFIX: "copies the most frequent continuation from this and earlier texts (--suffix-scope)",
+            DrafterKind.HYBRID: "the suffix drafter's copy where it scores high, else the feature head or the draft "
+                                "model --draft names",
         }[self]
 
     @property
     def needs_model(self) -> bool:
         """Whether the kind loads a model of its own (a draft or a feature head)."""
-        return self in (DrafterKind.DRAFT_MODEL, DrafterKind.FEATURE_HEAD)
+        return self in (DrafterKind.DRAFT_MODEL, DrafterKind.FEATURE_HEAD, DrafterKind.HYBRID)
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether the kind drafts from earlier texts (`DecodeConfig.suffix_scope`)."""
+        return self in (DrafterKind.SUFFIX, DrafterKind.HYBRID)
 
     @property
     def copies_text(self) -> bool:
@@ -72,7 +82,8 @@ class DrafterKind(str, Enum):
         """The bundled draft or head of this kind for `target`, if SpecDeck ships one."""
         if target != DEFAULT_TARGET:
             return None
-        return {DrafterKind.DRAFT_MODEL: DEFAULT_DRAFT, DrafterKind.FEATURE_HEAD: DEFAULT_HEAD}.get(self)
+        return {DrafterKind.DRAFT_MODEL: DEFAULT_DRAFT, DrafterKind.FEATURE_HEAD: DEFAULT_HEAD,
+                DrafterKind.HYBRID: DEFAULT_HEAD}.get(self)
 
     def describe(self, model: str | None) -> str:
         """The drafter as reports name it: 'draft NAME', 'feature head NAME', 'prompt lookup'."""
@@ -80,20 +91,28 @@ class DrafterKind(str, Enum):
             return f"draft {model}"
         if self is DrafterKind.FEATURE_HEAD:
             return f"feature head {model}"
+        if self is DrafterKind.HYBRID:
+            return "hybrid " + (DrafterKind.FEATURE_HEAD if names_head(model) else DrafterKind.DRAFT_MODEL).describe(model)
         return self.label
 
     def make_drafter(self, pair: ModelPair, history: SuffixIndex | None = None) -> Drafter:
-        """A drafter of this kind on `pair` for one session; a suffix drafter reads `history` instead
-        of the pair's own history when given, and leaves it as it is."""
-        if self is DrafterKind.DRAFT_MODEL:
-            return DraftModelDrafter(pair.draft.model, name=pair.draft.name, output_ids=pair.draft.output_ids)
-        if self is DrafterKind.FEATURE_HEAD:
-            return FeatureHeadDrafter(pair.head.head, pair.target.model, name=pair.head.name,
-                                      output_ids=pair.head.output_ids)
+        """A drafter of this kind on `pair` for one session. A suffix drafter (also the hybrid's) reads
+        the pair's history and past sessions; given `history`, it reads that alone and leaves it as it is."""
         if self is DrafterKind.PROMPT_LOOKUP:
             return PromptLookupDrafter(device=pair.target.device)
-        return SuffixDrafter(pair.history if history is None else history, records=history is None,
-                             device=pair.target.device)
+        model = None  # the pair's draft model or feature head, whichever it loaded
+        if pair.draft is not None:
+            model = DraftModelDrafter(pair.draft.model, name=pair.draft.name, output_ids=pair.draft.output_ids)
+        elif pair.head is not None:
+            model = FeatureHeadDrafter(pair.head.head, pair.target.model, name=pair.head.name,
+                                       output_ids=pair.head.output_ids)
+        if self in (DrafterKind.DRAFT_MODEL, DrafterKind.FEATURE_HEAD):
+            return model
+        mine = history is None
+        suffix = SuffixDrafter(pair.history if mine else history, pair.past if mine else None, records=mine,
+                               min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
+                               device=pair.target.device)
+        return HybridDrafter(model, suffix) if self is DrafterKind.HYBRID else suffix
 
 
 DEFAULT_DRAFTER = DrafterKind.PROMPT_LOOKUP  # for targets without a built-in draft
@@ -182,6 +201,11 @@ class ModelPair:
     # the texts of this pair's earlier sessions, which a suffix drafter also drafts from (token ids
     # mean something for one tokenizer only, so the history belongs to the pair)
     history: SuffixIndex = field(default_factory=SuffixIndex)
+    past: PastSessions | None = None  # past sessions' texts (suffix scope `all`); the target's tokenizer's by default
+
+    def __post_init__(self) -> None:
+        if self.past is None:
+            self.past = PastSessions(self.target.tokenizer)
 
     def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
         """A drafter for one session (`DrafterKind.make_drafter`), or None for plain decoding."""

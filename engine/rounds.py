@@ -1,7 +1,8 @@
 """What a decoding round works with, besides the rule that judges its drafts (`engine.decoding`).
 
-- `Drafts`: where a round's drafts come from: prompt lookup where the text repeats itself, else
-  the drafter; in a tree round, the drafter's next likeliest first tokens beside its first draft.
+- `Drafts`: where a round's drafts come from: the drafter's copier (prompt lookup, a hybrid's
+  suffix drafter) where the text repeats itself, else the drafter; in a tree round, the other
+  first tokens it found likely beside its first draft.
 - `Schedule`: how much each round drafts (`DecodeConfig.schedule`; the auto planner is
   `engine.autotune.RoundPlanner`).
 - `TargetForward`: the target's forwards over its KV cache, with the cache's invariant kept after
@@ -18,7 +19,7 @@ import torch
 
 from engine.autotune import RoundPlanner, Shape, round_label
 from engine.config import DecodeConfig
-from engine.drafters import Drafter, PromptLookupDrafter, Proposal
+from engine.drafters import Drafter, Proposal
 from engine.kvcache import CachedModel, synchronize
 
 
@@ -48,16 +49,16 @@ class Draft:
 
 
 class Drafts:
-    """A session's drafting: the drafter and, before a drafter that does not copy text itself,
-    prompt lookup (`DecodeConfig.lookup`: where the text so far repeats, copying what followed
-    costs no model call)."""
+    """A session's drafting: the drafter and, before a drafter that does not copy text itself, its
+    copier (`Drafter.copier`, `DecodeConfig.lookup`: where the text so far repeats, copying what
+    followed costs no model call)."""
 
     def __init__(self, drafter: Drafter | None, config: DecodeConfig, vocab_width: int, device: torch.device) -> None:
         self.drafter = drafter
         copies = drafter is not None and config.lookup > 0 and not drafter.copies_text
-        self.copier = PromptLookupDrafter(device=device, min_ngram=2) if copies else None
+        self.copier = drafter.copier(device) if copies else None
         self.copy_length = config.lookup if copies else 0  # the most tokens a round copies
-        self.name = (drafter.name + (" + prompt lookup" if copies else "")) if drafter else ""
+        self.name = (drafter.name + (f" + {self.copier.name}" if self.copier else "")) if drafter else ""
         self.config = config
         self.vocab_width = vocab_width
         self.device = device
@@ -82,8 +83,9 @@ class Drafts:
         return Draft(Proposal.none(self.vocab_width, self.device))
 
     def end(self, ids: list[int]) -> None:
-        if self.drafter is not None:
-            self.drafter.end(ids)
+        for drafter in (self.drafter, self.copier):
+            if drafter is not None:
+                drafter.end(ids)
 
 
 class Schedule:
@@ -104,10 +106,8 @@ class Schedule:
         `first_logits` are the target's for the chain's first position."""
         n, copied = len(draft.tokens), draft.copied
         if self.planner:
-            rank = None  # where the target's first token stood among the drafter's (0: its top choice)
-            if n and not copied:
-                q = draft.proposal.q[0]
-                rank = int((q > q[int(first_logits.argmax())]).sum())
+            # where the target's first token stood among the drafter's choices (0: its first draft)
+            rank = draft.proposal.rank(int(first_logits.argmax())) if n and not copied else None
             self.planner.record(shape, copied, n, accepted, clock.draft_ms, clock.verify_ms, clock.round_ms(), rank,
                                 len(draft.alternatives))
         elif self.config.schedule == "heuristic" and n and not copied:

@@ -23,7 +23,8 @@ DEFAULT_PROMPT = (
 
 
 def load_pair(spec: PairSpec, plain: bool = False, progress: Progress | None = None) -> ModelPair:
-    """Load the target and, unless `plain`, the drafter `spec.resolved()` chooses; refuse
+    """Load the target and, unless `plain`, the drafter `spec.resolved()` chooses (a hybrid's model:
+    the feature head or draft model its draft names); refuse
     mismatched vocabularies."""
     spec = spec.resolved()
     target_model = load_model(spec.target, spec.load_options, progress)
@@ -58,13 +59,13 @@ def _attach_drafter(target_model: LoadedModel, spec: PairSpec, progress: Progres
     """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), loading
     its draft or head."""
     draft_model = head = None
-    if spec.drafter is DrafterKind.DRAFT_MODEL:
-        if names_head(spec.draft):
-            raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
+    if spec.drafter is DrafterKind.DRAFT_MODEL and names_head(spec.draft):
+        raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
+    if spec.drafter is DrafterKind.FEATURE_HEAD or (spec.drafter is DrafterKind.HYBRID and names_head(spec.draft)):
+        head = load_feature_head(spec.draft, target_model, progress)
+    elif spec.drafter in (DrafterKind.DRAFT_MODEL, DrafterKind.HYBRID):
         draft_model = load_model(spec.draft, spec.load_options, progress)
         check_vocabularies(target_model, draft_model)
-    elif spec.drafter is DrafterKind.FEATURE_HEAD:
-        head = load_feature_head(spec.draft, target_model, progress)
     return ModelPair(target_model, draft_model, spec.drafter, head)
 
 

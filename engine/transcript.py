@@ -19,7 +19,7 @@ from engine.detok import Detokenizer
 from engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
 from engine.models import LoadedModel
 from engine.rounds import Clock, Draft
-from engine.sampling import logits_to_probs
+from engine.sampling import logits_to_probs, require_finite
 from engine.stats import SessionStats
 
 Refused = tuple[int, float, float, int]  # a refused draft: token, p, q, depth
@@ -82,6 +82,7 @@ class Transcript:
 
     def __init__(self, target: LoadedModel, config: DecodeConfig, budget: int) -> None:
         self.eos = target.eos_ids
+        self.dtype = target.dtype
         self.stop_strings = config.stop_strings
         self.budget = budget  # new tokens the session may keep
         self.detok = Detokenizer(target.tokenizer)
@@ -110,16 +111,18 @@ class Transcript:
 
     def tokens(self, draft: Draft, verdict: Verdict, ids: list[int]) -> list[TokenEvent]:
         """A round's token events, up to a stop; each kept token shown is appended to `ids`."""
+        require_finite(verdict.p, self.dtype, self.new_tokens)
         self.rounds += 1
         events: list[TokenEvent] = []
         for i, token in enumerate(verdict.kept):
             if verdict.refused and i == verdict.first_refused:
-                events += self._refused_events(verdict.refused, draft.copied)
+                events += self._refused_events(verdict.refused, draft)
             accepted = i < verdict.accepted
             final = token in self.eos or self.new_tokens + 1 == self.budget
             events.append(TokenEvent(TokenState.ACCEPTED if accepted else verdict.last, token,
                                      self.detok.push(token, final), self.new_tokens, self.rounds, verdict.p[i],
-                                     verdict.q[i], copied=draft.copied and accepted, depth=i + 1 if accepted else 0))
+                                     verdict.q[i], copied=draft.copied and accepted, depth=i + 1 if accepted else 0,
+                                     source=draft.proposal.source if accepted else ""))
             ids.append(token)
             self.new_tokens += 1
             if token in self.eos:
@@ -130,11 +133,12 @@ class Transcript:
                 break
         return events
 
-    def _refused_events(self, refused: list[Refused], copied: bool) -> list[TokenEvent]:
+    def _refused_events(self, refused: list[Refused], draft: Draft) -> list[TokenEvent]:
         """Events for a round's refused drafts, all at the place of the token kept instead."""
         pieces = self.detok.peek([token for token, *_ in refused])
-        return [TokenEvent(TokenState.REJECTED, token, piece, self.new_tokens, self.rounds, pv, qv, copied=copied,
-                           depth=depth) for (token, pv, qv, depth), piece in zip(refused, pieces)]
+        return [TokenEvent(TokenState.REJECTED, token, piece, self.new_tokens, self.rounds, pv, qv, copied=draft.copied,
+                           depth=depth, source=draft.proposal.source)
+                for (token, pv, qv, depth), piece in zip(refused, pieces)]
 
     def round(self, events: list[TokenEvent], draft: Draft, clock: Clock) -> Iterator[Event]:
         """The round's token events, then its `RoundEvent` (made before any is handed out, so that a
@@ -142,7 +146,8 @@ class Transcript:
         accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
         drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
         round_event = RoundEvent(self.rounds, drafted, accepted, clock.draft_ms, clock.verify_ms, self.new_tokens,
-                                 clock.decode_s(), copied=draft.copied, shape=draft.label)
+                                 clock.decode_s(), copied=draft.copied, shape=draft.label,
+                                 match_length=draft.proposal.match_length)
         for event in [*events, round_event]:
             self.stats.add(event)
             yield event

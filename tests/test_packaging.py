@@ -15,7 +15,7 @@ import pytest
 
 from engine.errors import SpecDeckError
 from engine.models import load_model
-from tiny import build_model, build_tokenizer
+from tiny import ON_CPU, build_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 DESKTOP = ROOT / "packaging" / "io.github.specdeck.SpecDeck.desktop"
@@ -178,6 +178,6 @@ def _cache_like_a_download(hub_cache: Path, repo_id: str) -> None:
 def test_model_downloaded_before_loads_with_no_network(empty_hub_cache, no_network):
     """A Hub id already in the Hugging Face cache loads offline, by its id."""
     _cache_like_a_download(empty_hub_cache, "tiny-org/tiny-llama")
-    loaded = load_model("tiny-org/tiny-llama")
+    loaded = load_model("tiny-org/tiny-llama", ON_CPU)
     assert loaded.name == "tiny-org/tiny-llama"
     assert loaded.tokenizer.decode(loaded.tokenizer("speculative")["input_ids"]) == "speculative"

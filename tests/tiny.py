@@ -9,6 +9,12 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from engine.models import LoadOptions
+
+# What tests of CPU behaviour load with, so that they test the same thing on a machine with a GPU
+# (where `auto` would pick it and a half dtype); the GPU set (`-m cuda`) asks for the GPU itself.
+ON_CPU = LoadOptions(device="cpu", dtype="float32")
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
     "Speculative decoding drafts tokens and the target model verifies them in one pass.",

@@ -64,8 +64,9 @@ def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], se
     results = run_bench(pairs, prompts, settings, progress, cancel)
     if not results:
         return []
-    if len(results) < len(prompts):
-        cancelled = f"Cancelled after {len(results)} of {len(prompts)} prompts: the figures cover those only."
+    asked = sum(len(prompt.turns) for prompt in prompts)
+    if len(results) < asked:
+        cancelled = f"Cancelled after {len(results)} of {asked} prompts (turns): the figures cover those only."
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), cancelled)))}
     methods = settings.methods(pairs)
     summary = summary_rows(results, settings, methods)

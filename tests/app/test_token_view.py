@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.token_view import TokenView, describe_token
 from engine.events import RoundEvent, SummaryEvent, TokenEvent, TokenState
 
@@ -121,8 +123,8 @@ def test_copied_drafts_are_underlined_and_say_so(qtbot):
     qtbot.addWidget(view)
     view.add_events((
         TokenEvent(A, 1, "The", 0, 1, 0.9, 0.8),
-        TokenEvent(A, 2, " cat", 1, 2, 0.7, 1.0, copied=True),
-        TokenEvent(R, 3, " dog", 2, 2, 0.1, 1.0, copied=True),
+        TokenEvent(A, 2, " cat", 1, 2, 0.7, 1.0, copied=True, source="prompt"),
+        TokenEvent(R, 3, " dog", 2, 2, 0.1, 1.0, copied=True, source="prompt"),
         TokenEvent(S, 4, " sat", 2, 2, 0.6, 0.0),
     ))
     assert view.formats() == [("The", A), (" cat", A), (" dog", R), (" sat", S)]
@@ -135,7 +137,17 @@ def test_copied_drafts_are_underlined_and_say_so(qtbot):
         it += 1
     assert underlined == [" cat", " dog"]
     tip = describe_token(view.token_at(len("The c")))
-    assert "copied by prompt lookup" in tip and "q (copy) = 1.0000" in tip
+    assert "copied from this prompt" in tip and "q (copy) = 1.0000" in tip
+
+
+@pytest.mark.parametrize("source, said", [("prompt", "this prompt"), ("session", "an earlier answer this session"),
+                                          ("past", "a past session")])
+def test_hover_names_where_a_copied_token_came_from(source, said):
+    """A copied draft's tooltip says where its text was; a model's draft and the target's own tokens say nothing of it."""
+    assert f"copied from {said}" in describe_token(TokenEvent(TokenState.ACCEPTED, 7, " cat", 3, 2, 0.9, 1.0,
+                                                              depth=1, source=source))
+    assert "copied" not in describe_token(TokenEvent(TokenState.ACCEPTED, 7, " cat", 3, 2, 0.9, 0.6, depth=1))
+    assert "copied" not in describe_token(TokenEvent(TokenState.BONUS, 8, " dog", 4, 2, 0.6, None))
 
 
 def test_hover_names_a_drafts_depth():

@@ -105,8 +105,9 @@ def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pai
 
     from engine.heads import FeatureHead, fingerprint, head_config, save_head
     from engine.models import load_model
+    from tiny import ON_CPU
 
-    model = load_model(str(tiny_pair[0])).model
+    model = load_model(str(tiny_pair[0]), ON_CPU).model
     torch.manual_seed(0)
     output_layer = model.get_output_embeddings().weight
     save_head(FeatureHead(head_config(model.config)), tmp_path / "head", output_layer.shape[0], "tiny",
@@ -152,12 +153,14 @@ def test_settings_persist_between_launches(qtbot, loop, window, settings):
     window.decoding_panel.k.setValue(7)
     window.decoding_panel.temperature.setValue(0.7)
     window.decoding_panel.lookup.setValue(3)
+    window.decoding_panel.suffix_scope.setCurrentText("all")
     window.close()
     again = MainWindow(settings=settings)
     qtbot.addWidget(again)
     assert again.decoding_panel.k.value() == 7
     assert again.decoding_panel.temperature.value() == 0.7
     assert again.decoding_panel.config().lookup == 3
+    assert again.decoding_panel.config().suffix_scope == "all"
     assert again.model_panel.target.value == window.model_panel.target.value
     assert again.model_panel.drafter.currentText() == "draft model"
     again.close()
@@ -226,3 +229,26 @@ def test_long_prompt_is_refused_or_cut_and_the_answer_stops_at_the_context(qtbot
     _run(qtbot, window, window.run_button)
     assert len(errors) == 1 and window.records[0].summary.new_tokens == 4
     assert "kept its last 508 tokens" in window.statusBar().currentMessage()
+
+
+def test_running_out_of_memory_says_what_to_try_and_the_next_run_works(qtbot, window, errors, monkeypatch):
+    """A session that runs out of memory shows what to try (not "Unexpected error"), and the next
+    run on the same loaded pair completes."""
+    import torch
+
+    import engine.session
+
+    real_generate, calls = engine.session.generate, []
+
+    def out_of_memory_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine.session, "generate", out_of_memory_once)
+    _run(qtbot, window, window.run_button)
+    assert len(errors) == 1 and errors[0][1].startswith("Out of memory on the GPU.")
+    assert "smaller dtype" in errors[0][1] and "Unexpected" not in errors[0][1]
+    _run(qtbot, window, window.run_button)
+    assert len(errors) == 1 and window.records[-1].summary is not None

@@ -19,7 +19,7 @@ from engine.heads import FeatureHead, head_config
 from engine.models import encode_prompt, load_model
 from engine.pair import PairSpec
 from engine.session import load_pair, run_session
-from tiny import build_pair
+from tiny import ON_CPU, build_pair
 
 TEXT = ["--answers", "4", "--passages", "1", "--code", "3", "--answer-tokens", "16", "--generation-batch", "4"]
 TRAIN = ["--output-vocab", "150", "--batch", "2", "--eval-every", "3", "--threads", "1"]
@@ -81,7 +81,7 @@ def test_hidden_states_of_grown_teacher_text_are_computed_once(tiny_head, tmp_pa
     """More teacher shards later: the states already on disk are kept and only the new sequences
     are computed, with the same result as computing all at once; states of other text are refused."""
     target_folder, out = tiny_head
-    target = load_model(str(target_folder))
+    target = load_model(str(target_folder), ON_CPU)
     data = load_shards(out / "teacher")
     half = len(data.ids) // 2
     first = Shard(data.ids[:half], data.top_ids[:half], data.top_logp[:half], data.first[:half])
@@ -178,7 +178,7 @@ def test_real_target_loads_through_the_same_model_path(tiny_head):
     """load_model refuses a head folder with a message instead of a transformers traceback."""
     _, out = tiny_head
     with pytest.raises(SpecDeckError):
-        load_model(str(out / "head"))
+        load_model(str(out / "head"), ON_CPU)
 
 
 def test_drafts_step_by_step_equal_the_head_over_the_whole_sequence(tiny_llama):

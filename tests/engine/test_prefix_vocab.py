@@ -5,7 +5,7 @@ import torch
 
 from engine import DecodeConfig, DraftModelDrafter, TokenEvent, TokenState, encode_prompt, generate
 from engine.models import check_vocabularies, load_model
-from tiny import build_model, build_tokenizer
+from tiny import ON_CPU, build_model, build_tokenizer
 
 EXTRA = ["<|user|>", "<|end|>"]
 
@@ -19,7 +19,7 @@ def prefix_pair(request, tiny_root):
     tokenizer.add_tokens(EXTRA, special_tokens=True)
     tokenizer.save_pretrained(root / "target")
     build_model(root / "target", request.param, len(tokenizer), seed=0, eos_token_id=tokenizer.eos_token_id)
-    return load_model(str(root / "target")), load_model(str(root / "draft"))
+    return load_model(str(root / "target"), ON_CPU), load_model(str(root / "draft"), ON_CPU)
 
 
 def kept(events) -> list[int]:

@@ -5,11 +5,12 @@ from pathlib import Path
 import pytest
 
 from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate, load_model
+from tiny import ON_CPU
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_model("smollm2-135m-instruct")
+    return load_model("smollm2-135m-instruct", ON_CPU)
 
 
 def test_prompt_lookup_greedy_equals_plain_for_128_tokens(smollm2):
@@ -43,7 +44,7 @@ def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
     folder = Path(locate(DEFAULT_DRAFT))
     assert sum(f.stat().st_size for f in folder.glob("*.safetensors")) <= 32_000_000
     assert (folder / "README.md").is_file()  # the model card
-    draft = load_model(DEFAULT_DRAFT)
+    draft = load_model(DEFAULT_DRAFT, ON_CPU)
     check_vocabularies(smollm2, draft)
     assert draft.output_ids is not None and len(draft.output_ids) < smollm2.vocab_width
     ids = encode_prompt(smollm2.tokenizer, "Explain in simple terms why the sky is blue.")

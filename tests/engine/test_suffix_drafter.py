@@ -41,8 +41,8 @@ def test_repeated_prompt_drafts_from_the_earlier_answer(tiny_pair, scope):
     target, _ = tiny_pair
     history = SuffixIndex()
     ids = encode_prompt(target.tokenizer, PROMPTS[0], chat=False)
-    config = DecodeConfig(k=6, schedule="constant", max_new_tokens=40)
-    first, second = (list(generate(target, ids, config, SuffixDrafter(history, scope=scope)))[-1] for _ in range(2))
+    config = DecodeConfig(k=6, schedule="constant", max_new_tokens=40, suffix_scope=scope)
+    first, second = (list(generate(target, ids, config, SuffixDrafter(history)))[-1] for _ in range(2))
     assert first.text == second.text
     if scope == "session":
         assert second.accepted > first.accepted
