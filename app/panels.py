@@ -5,6 +5,8 @@ Both read and write their values through QSettings so that a launch starts where
 
 from __future__ import annotations
 
+from html import escape
+
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
@@ -25,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.session_model import SessionModel
 from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
 from engine.models import BUILTIN_MODELS, DEFAULT_TARGET
 from engine.pair import DrafterKind, PairSpec
@@ -35,6 +38,7 @@ BUILTIN_DRAFTS = {kind.builtin_model(DEFAULT_TARGET) for kind in DrafterKind} - 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RECENT_LIMIT = 10
+WRONG_FIELD_STYLE = "border: 2px solid #c62828;"
 
 
 def load_presets() -> dict[str, str]:
@@ -64,7 +68,7 @@ class ModelPicker(QWidget):
         self.combo = QComboBox()
         self.combo.setEditable(True)
         self.combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
-        self.combo.setMinimumContentsLength(18)
+        self.combo.setMinimumContentsLength(12)
         self.combo.lineEdit().setPlaceholderText("alias, Hugging Face id, folder or .gguf")
         self._allow_empty = allow_empty
         self.browse = QToolButton()
@@ -109,10 +113,14 @@ class ModelPicker(QWidget):
 
 
 class ModelPanel(QGroupBox):
+    """Which pair to load. Given a `SessionModel`, it shows the resident pair or why the last load
+    failed, with the field to blame outlined."""
+
     load_clicked = Signal()
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, model: SessionModel | None = None, parent: QWidget | None = None) -> None:
         super().__init__("Models", parent)
+        self._model = model
         self.target = ModelPicker()
         self.drafter = QComboBox()
         for index, kind in enumerate(DRAFTER_KINDS):
@@ -130,6 +138,7 @@ class ModelPanel(QGroupBox):
         self.load_button.clicked.connect(self.load_clicked)
         self.loaded = QLabel("No models loaded.")
         self.loaded.setWordWrap(True)
+        self.loaded.setTextFormat(Qt.TextFormat.RichText)
         self.loaded.setStyleSheet("color: #555;")
         self.drafter.currentIndexChanged.connect(self._on_drafter_changed)
         form = QFormLayout(self)
@@ -146,6 +155,28 @@ class ModelPanel(QGroupBox):
         form.addRow(self.loaded)
         self.recent: list[str] = []
         self.show_spec(PairSpec().resolved())
+        if model is not None:
+            model.pair_changed.connect(self._on_pair_changed)
+
+    def field_widgets(self) -> dict[str, QWidget]:
+        """The widget of each field a load failure can blame."""
+        return {"target": self.target.combo, "draft": self.draft.combo, "device": self.device, "dtype": self.dtype}
+
+    def _on_pair_changed(self) -> None:
+        model = self._model
+        failure = model.load_failure
+        for name, widget in self.field_widgets().items():
+            wrong = failure is not None and failure.field == name
+            widget.setStyleSheet(WRONG_FIELD_STYLE if wrong else "")
+            widget.setToolTip(failure.message if wrong else "")
+        if failure is not None:
+            resident = f" Still loaded: {model.pair.description}." if model.pair else ""
+            self.loaded.setText(f"<b style='color:#c62828'>Load failed</b>: {escape(failure.message)}{resident}")
+            self.loaded.setStyleSheet("")
+        else:
+            self.remember(model.spec.target, model.spec.draft)
+            self.loaded.setText(f"Loaded: {escape(model.pair.description)}")
+            self.loaded.setStyleSheet("color: #555;")
 
     @property
     def drafter_kind(self) -> DrafterKind:
@@ -229,15 +260,15 @@ class DecodingPanel(QGroupBox):
         self.max_new_tokens = spin_box(1, 8192, defaults.max_new_tokens)
         self.chat = QCheckBox("Chat template")
         self.chat.setChecked(True)
-        self.truncate_prompt = QCheckBox("Keep the end of long prompts")
+        self.truncate_prompt = QCheckBox("Keep a long prompt's end")
         self.truncate_prompt.setToolTip("A prompt too long for the model's context is refused; checked, its start "
                                         "is dropped instead so that it and the answer fit.")
         self.presets = load_presets()
         self.preset = QComboBox()
         self.preset.addItems(list(self.presets))
         self.preset.activated.connect(self._on_preset_chosen)
-        self.prompt = QPlainTextEdit()
-        self.prompt.setPlaceholderText("Type a prompt, or pick a preset.")
+        self.prompt = PromptEdit()
+        self.prompt.setPlaceholderText("Type a prompt, or pick a preset. Ctrl+Enter runs it.")
         self.prompt.setMinimumHeight(90)
         if self.presets:
             self.prompt.setPlainText(next(iter(self.presets.values())))
@@ -249,7 +280,7 @@ class DecodingPanel(QGroupBox):
         form.addRow("K", row)
         row = QHBoxLayout()
         row.addWidget(self.lookup)
-        row.addWidget(QLabel("tokens copied where the text repeats"), 1)
+        row.addWidget(QLabel("copied tokens per round"), 1)
         form.addRow("Lookup", row)
         form.addRow("Suffix scope", self.suffix_scope)
         form.addRow("Temperature", self.temperature)
@@ -265,11 +296,9 @@ class DecodingPanel(QGroupBox):
         form.addRow("Seed", row)
         row = QHBoxLayout()
         row.addWidget(self.chat)
-        row.addWidget(self.truncate_prompt)
-        row.addStretch(1)
-        row.addWidget(QLabel("Preset"))
-        row.addWidget(self.preset)
+        row.addWidget(self.truncate_prompt, 1)
         form.addRow(row)
+        form.addRow("Preset", self.preset)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.prompt, 1)
@@ -315,6 +344,20 @@ class DecodingPanel(QGroupBox):
         prompt = settings.value("decoding/prompt", "")
         if prompt:
             self.prompt.setPlainText(str(prompt))
+
+
+class PromptEdit(QPlainTextEdit):
+    """The prompt box: Tab moves the focus on, as in any form; Ctrl+Tab inserts a tab character."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTabChangesFocus(True)
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.key() == Qt.Key.Key_Tab and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+            self.insertPlainText("\t")
+            return
+        super().keyPressEvent(event)
 
 
 def spin_box(low: int, high: int, value: int) -> QSpinBox:

@@ -14,7 +14,8 @@ from cli.options import add_decode_arguments, add_model_arguments, decode_config
 from engine.errors import SpecDeckError
 from engine.interrupt import cancel_on_signals, to_stderr
 
-_COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "resampled": "\033[33m", "bonus": "\033[34m", "plain": ""}
+_COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "discarded": "\033[9;2m", "resampled": "\033[33m",
+            "bonus": "\033[34m", "plain": ""}
 _UNDERLINE = "\033[4m"  # drafts copied by prompt lookup
 _RESET = "\033[0m"
 
@@ -75,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"[{prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)}]", file=sys.stderr,
                       flush=True)
             elif isinstance(event, TokenEvent):
-                if event.state.value == "rejected" and not colour:
+                if not event.state.kept and not colour:
                     continue
                 start = (_COLOURS[event.state.value] + (_UNDERLINE if event.copied else "")) if colour else ""
                 print(f"{start}{event.text}{_RESET if start else ''}", end="", flush=True)

@@ -21,10 +21,12 @@ from engine.atomic import write_text
 from engine.config import DecodeConfig
 from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
-ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "draft_ms", "verify_ms", "tokens_so_far",
-                 "elapsed_s", "copied", "match_length")
-TOKEN_COLUMNS = ("session", "mode", "round", "pos", "state", "token_id", "text", "p", "q", "acceptance_probability",
-                 "copied", "source")
+ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "discarded", "draft_ms", "verify_ms",
+                 "tokens_so_far", "elapsed_s", "copied", "match_length", "shape")
+# pos: where a kept token stands or a draft was proposed; acceptance_probability: min(1, p/q), only
+# for drafts the rule judged (accepted, rejected), blank for discarded drafts and the target's tokens
+TOKEN_COLUMNS = ("session", "mode", "round", "pos", "depth", "state", "token_id", "text", "p", "q",
+                 "acceptance_probability", "copied", "source")
 
 
 @dataclass
@@ -79,9 +81,9 @@ def rounds_csv(records: list[SessionRecord]) -> str:
     writer.writerow(ROUND_COLUMNS)
     for record in records:
         for r in record.rounds:
-            writer.writerow((record.session, record.mode, r.round, r.drafted, r.accepted, f"{r.draft_ms:.3f}",
-                             f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}", str(r.copied).lower(),
-                             r.match_length))
+            writer.writerow((record.session, record.mode, r.round, r.drafted, r.accepted, r.discarded,
+                             f"{r.draft_ms:.3f}", f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}",
+                             str(r.copied).lower(), r.match_length, r.shape))
     return out.getvalue()
 
 
@@ -92,7 +94,7 @@ def tokens_csv(records: list[SessionRecord]) -> str:
     for record in records:
         for t in record.tokens:
             a = t.acceptance_probability
-            writer.writerow((record.session, record.mode, t.round, t.pos, t.state.value, t.token_id, t.text,
+            writer.writerow((record.session, record.mode, t.round, t.pos, t.depth, t.state.value, t.token_id, t.text,
                              f"{t.p:.6g}", "" if t.q is None else f"{t.q:.6g}", "" if a is None else f"{a:.6g}",
                              str(t.copied).lower(), t.source))
     return out.getvalue()

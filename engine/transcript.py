@@ -3,8 +3,10 @@ meets them, its `RoundEvent`, and the summary, with the kept text and the counts
 
 Per round: the kept tokens in order (the accepted drafts, then the target's own token: resampled
 after a refusal, a bonus after a round whose drafts all passed, plain without drafts); the refused
-drafts are shown where they were proposed, just before the token kept in their place. A stop (an
-end-of-text token, a stop string) cuts a round short, and its counts hold the shown drafts only.
+drafts come just before the token kept in place of the first of them, each at the position it was
+proposed for: the first refused one (and a tree's alternatives beside it) rejected, the chain's
+drafts after it discarded, never judged. A stop (an end-of-text token, a stop string) cuts a round
+short, and its counts hold the shown drafts only.
 """
 
 from __future__ import annotations
@@ -113,10 +115,11 @@ class Transcript:
         """A round's token events, up to a stop; each kept token shown is appended to `ids`."""
         require_finite(verdict.p, self.dtype, self.new_tokens)
         self.rounds += 1
+        start = self.new_tokens  # the round's first position
         events: list[TokenEvent] = []
         for i, token in enumerate(verdict.kept):
             if verdict.refused and i == verdict.first_refused:
-                events += self._refused_events(verdict.refused, draft)
+                events += self._refused_events(verdict.refused, draft, start)
             accepted = i < verdict.accepted
             final = token in self.eos or self.new_tokens + 1 == self.budget
             events.append(TokenEvent(TokenState.ACCEPTED if accepted else verdict.last, token,
@@ -133,21 +136,26 @@ class Transcript:
                 break
         return events
 
-    def _refused_events(self, refused: list[Refused], draft: Draft) -> list[TokenEvent]:
-        """Events for a round's refused drafts, all at the place of the token kept instead."""
+    def _refused_events(self, refused: list[Refused], draft: Draft, start: int) -> list[TokenEvent]:
+        """Events for a round's refused drafts (the round starts at position `start`; a draft at depth
+        d was proposed for start + d - 1): the first of the chain's was judged and rejected, as were a
+        tree's alternatives beside it; the chain's drafts after it were never judged (discarded)."""
         pieces = self.detok.peek([token for token, *_ in refused])
-        return [TokenEvent(TokenState.REJECTED, token, piece, self.new_tokens, self.rounds, pv, qv, copied=draft.copied,
-                           depth=depth, source=draft.proposal.source)
-                for (token, pv, qv, depth), piece in zip(refused, pieces)]
+        first_depth = refused[0][3]
+        return [TokenEvent(TokenState.REJECTED if i == 0 or depth == first_depth else TokenState.DISCARDED, token,
+                           piece, start + depth - 1, self.rounds, pv, qv, copied=draft.copied, depth=depth,
+                           source=draft.proposal.source)
+                for i, ((token, pv, qv, depth), piece) in enumerate(zip(refused, pieces))]
 
     def round(self, events: list[TokenEvent], draft: Draft, clock: Clock) -> Iterator[Event]:
         """The round's token events, then its `RoundEvent` (made before any is handed out, so that a
         slow reader does not slow the figures), each counted as it goes out."""
         accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
-        drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
+        discarded = sum(1 for e in events if e.state is TokenState.DISCARDED)
+        drafted = accepted + discarded + sum(1 for e in events if e.state is TokenState.REJECTED)
         round_event = RoundEvent(self.rounds, drafted, accepted, clock.draft_ms, clock.verify_ms, self.new_tokens,
                                  clock.decode_s(), copied=draft.copied, shape=draft.label,
-                                 match_length=draft.proposal.match_length)
+                                 match_length=draft.proposal.match_length, discarded=discarded)
         for event in [*events, round_event]:
             self.stats.add(event)
             yield event

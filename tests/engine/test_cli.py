@@ -97,7 +97,7 @@ def test_jsonl_stream(tiny_dirs):
     assert {"round", "drafted", "accepted", "draft_ms", "verify_ms"} <= rounds[0].keys()
     summary = events[-1]
     assert summary["type"] == "summary" and summary["new_tokens"] == 16
-    assert summary["text"] == "".join(t["text"] for t in tokens if t["state"] != "rejected")
+    assert summary["text"] == "".join(t["text"] for t in tokens if t["state"] not in ("rejected", "discarded"))
     assert {"acceptance_rate", "mean_accepted_length", "tokens_per_s", "rounds"} <= summary.keys()
 
 
