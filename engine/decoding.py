@@ -2,8 +2,9 @@
 and plain decoding through the same round, streaming every token's fate as events.
 
 One round, after the kept tokens x_1..x_t:
-1. Draft: the drafter proposes d_1..d_K, each drawn from its distribution q_i (prompt lookup
-   copies them instead where the text repeats itself; q is then one-hot). K = 0 is a plain step.
+1. Draft: the drafter proposes d_1..d_K, each drawn from its distribution q_i (its copier, such as
+   prompt lookup, copies them instead where the text repeats itself; q is then one-hot). K = 0 is
+   a plain step.
 2. Verify: ONE target forward over [x_t, d_1..d_K] gives the target's distribution p_i at every
    draft and p_{K+1} after the last one.
 3. Accept d_i with probability min(1, p_i(d_i) / q_i(d_i)), in order, until one is refused.
@@ -11,7 +12,8 @@ One round, after the kept tokens x_1..x_t:
    of p that q under-proposes, so that a position's token follows p_i whatever q was.
    Bonus: when all K pass, p_{K+1} is the target's distribution given every kept token, exactly
    what a plain step would sample from, so its draw comes free from the same forward.
-   Greedy is the limit: accept while d_i is the target's argmax; the argmax corrects or is the bonus.
+   Greedy is the temperature-0 case: accept while d_i is the target's argmax, which then corrects
+   or is the bonus.
 A round keeps 1..K+1 tokens for one target forward, and its text is the target's own.
 
 Trees (greedy): a round may also verify other first tokens beside d_1 in the same forward (tree

@@ -91,7 +91,7 @@ class Drafts:
 class Schedule:
     """Each round's shape. `auto`: the planner's (`engine.autotune`); `constant`: K drafts every
     round; `heuristic`: K + 2 after a round whose drafts all passed, K - 1 after one with a refusal,
-    within [1, max_k]. Rounds that copy by prompt lookup copy up to `copy_length` tokens."""
+    within [1, max_k]. A round that copies from the text (`Drafts`) copies up to `copy_length` tokens."""
 
     def __init__(self, config: DecodeConfig, copy_length: int, planner: RoundPlanner | None) -> None:
         self.config = config
