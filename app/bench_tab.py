@@ -255,8 +255,9 @@ class BenchmarkTab(QWidget):
         raises SpecDeckError for settings or prompts that cannot run."""
         settings, prompts = self.settings(), self.prompts()
         specs = [models.resolved(), *(spec.resolved() for spec in self.other_drafters(models))]
-        stand_ins = [SimpleNamespace(drafter_kind=spec.drafter, drafter_description=spec.drafter.describe(spec.draft))
-                     for spec in specs]  # what `BenchSettings.methods` reads of a loaded pair
+        stand_ins = [SimpleNamespace(drafter_kind=spec.drafter, drafter_description=spec.drafter.describe(spec.draft),
+                                     hugging_face_runs=spec.drafter.hugging_face_runs)
+                     for spec in specs]  # what `BenchSettings.methods` reads of a loaded pair (before its vocabularies are known)
         methods = settings.methods(stand_ins)
         runs = len(prompts) * settings.repeats * len(methods)
         lines = [f"{runs} timed runs: {len(prompts)} prompts x {settings.repeats} repeats x {len(methods)} methods, "

@@ -69,7 +69,8 @@ class SessionController:
             prompt = check_prompt(prompt)
             pair = await self.ensure_loaded(spec)
             self.model.start_run(RunInfo(pair.target, pair.draft, pair.drafter, pair.device, pair.dtype, config,
-                                         chat, prompt, extra_versions=dict(versions or {})), compare)
+                                         chat, prompt, extra_versions=dict(versions or {}),
+                                         vocabulary=pair.vocabulary), compare)
             speculative = await self._session(prompt, config, chat, plain=False)
             if compare and not self._stop_requested:
                 await self._session(prompt, config, chat, plain=True)

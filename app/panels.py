@@ -177,6 +177,8 @@ class ModelPanel(QGroupBox):
             self.remember(model.spec.target, model.spec.draft)
             self.loaded.setText(f"Loaded: {escape(model.pair.description)}")
             self.loaded.setStyleSheet("color: #555;")
+            # how the loaded draft's vocabulary relates to the target's, where the drafter is chosen
+            self.drafter.setToolTip(f"Loaded draft: {model.pair.vocabulary}" if model.pair.vocabulary else "")
 
     @property
     def drafter_kind(self) -> DrafterKind:

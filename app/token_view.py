@@ -140,6 +140,9 @@ def describe_token(event: TokenEvent) -> str:
                      "(greedy: the target's top token)")
     elif event.state is TokenState.BONUS:
         lines.append("every draft passed: the target's next token, from the same forward")
+    if event.draft_tokens:  # a draft with a tokenizer of its own: what it wrote, in its tokens
+        written = "  ".join(f"{text!r} (q {q:.4f})" for text, q in zip(event.draft_tokens, event.draft_q))
+        lines.append(f"the draft wrote, in its own tokens: {written}")
     return "\n".join(line for line in lines if line)
 
 

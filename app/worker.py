@@ -93,6 +93,7 @@ class PairInfo:
     drafter: str | None
     device: str
     dtype: str
+    vocabulary: str = ""  # a draft model's vocabulary case against the target's, in words
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ class BenchOutcome:
 def describe(pair: ModelPair) -> PairInfo:
     return PairInfo(pair.description, pair.target.name, pair.drafter_model,
                     pair.drafter_kind and pair.drafter_kind.value, str(pair.target.device),
-                    str(pair.target.dtype).removeprefix("torch."))
+                    str(pair.target.dtype).removeprefix("torch."),
+                    pair.vocabulary.describe() if pair.vocabulary is not None else "")
 
 
 def error_message(error: BaseException) -> str:

@@ -16,7 +16,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=defaults.target,
                         help="target model: alias, Hugging Face id, folder or .gguf (default %(default)s)")
     parser.add_argument("--draft", default=defaults.draft,
-                        help="draft model (same vocabulary as the target) or feature head (trained for the target)")
+                        help="draft model (any tokenizer: one of its own drafts through the text) or feature head "
+                             "(trained for the target)")
     parser.add_argument("--drafter", choices=[kind.value for kind in DrafterKind], default=defaults.drafter,
                         help=f"what proposes tokens ({kinds}; default: what --draft names, else the default pair's)")
     parser.add_argument("--device", default=defaults.device, help="auto, cpu, cuda, mps")

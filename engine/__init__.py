@@ -14,7 +14,6 @@ from engine.models import (
     DEFAULT_TARGET,
     LoadedModel,
     LoadOptions,
-    check_vocabularies,
     encode_prompt,
     load_model,
 )
@@ -25,6 +24,6 @@ from engine.suffix_drafting import HybridDrafter, SuffixDrafter
 __all__ = [
     "BUILTIN_MODELS", "DEFAULT_TARGET", "DecodeConfig", "DraftModelDrafter", "Drafter", "DrafterKind",
     "Event", "FeatureHeadDrafter", "HybridDrafter", "LoadOptions", "LoadedModel", "ModelPair", "PairSpec", "PromptLookupDrafter", "Proposal", "RoundEvent", "SessionStarted",
-    "SessionStats", "SpecDeckError", "SuffixDrafter", "SummaryEvent", "TokenEvent", "TokenState", "check_vocabularies",
+    "SessionStats", "SpecDeckError", "SuffixDrafter", "SummaryEvent", "TokenEvent", "TokenState",
     "encode_prompt", "event_to_dict", "expected_tokens_per_round", "generate", "load_model", "predicted_speedup",
 ]

@@ -11,6 +11,7 @@ slot in by implementing `Drafter`.
 - `SuffixDrafter` and `HybridDrafter` (`engine.suffix_drafting`): the most frequent continuation
   after the longest earlier match, in this request's text and in earlier ones (SuffixDecoding,
   Oliaro et al. 2024); no model either, or, in the hybrid, copies before a model drafter.
+- `engine.cross_vocab.CrossVocabularyDrafter`: a draft model with a tokenizer of its own.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ from engine.llama_forward import output_layer
 from engine.sampling import logits_to_probs, sample
 
 
+@dataclass(frozen=True)
+class DraftPiece:
+    """What a draft with a tokenizer of its own wrote for one proposed token: its own tokens (as
+    text) and the probability it gave each."""
+
+    tokens: tuple[str, ...]
+    q: tuple[float, ...]
+
+
 @dataclass
 class Proposal:
     tokens: list[int]
@@ -40,6 +50,8 @@ class Proposal:
     # first tokens the drafter also proposes beside tokens[0], likeliest first (a suffix drafter's
     # other continuations); a tree round verifies them (greedy), otherwise they are not used
     branches: list[int] = field(default_factory=list)
+    pieces: list[DraftPiece] | None = None  # per token, from a draft with a tokenizer of its own
+    draft_tokens: int | None = None  # the tokens that draft wrote, in its own tokenizer
 
     def rank(self, token: int) -> int:
         """Where `token` stands among the drafter's choices for the first draft (0: tokens[0]); a

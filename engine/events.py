@@ -60,7 +60,10 @@ class TokenEvent:
     to it); 0 for the target's own tokens. `source`: for a draft copied from text (by prompt
     lookup, a suffix drafter or a hybrid's copier), where that text was: "prompt" (this request's
     prompt and answer so far), "session" (an earlier answer since SpecDeck started), "past" (a past
-    session's, `DecodeConfig.suffix_scope`); "" for model drafts and the target's own tokens.
+    session's, `DecodeConfig.suffix_scope`); "" for model drafts and the target's own tokens. `token_id`, `p` and `q` are in the target's
+    tokenizer; a draft with a tokenizer of its own (`engine.cross_vocab`) also gives, for each of its
+    drafts, the tokens it wrote for it in its own tokenizer (`draft_tokens`, as text) and its q for
+    each (`draft_q`).
     """
 
     state: TokenState
@@ -74,6 +77,8 @@ class TokenEvent:
     copied: bool = False
     depth: int = 0
     source: str = ""
+    draft_tokens: tuple[str, ...] = ()
+    draft_q: tuple[float, ...] = ()
 
     @property
     def acceptance_probability(self) -> float | None:
@@ -90,7 +95,9 @@ class RoundEvent:
     `accepted` of them kept; `discarded` of them came after the rejected one and were never judged.
     `shape` names what the round drafted: "K=2", "copy 3", or "none" (a plain step, which the auto
     schedule chooses where drafting would not pay). `match_length`: for drafts copied from text, how
-    many of the last kept tokens matched where they were copied from."""
+    many of the last kept tokens matched where they were copied from. `drafted`, `accepted` and
+    `discarded` count the target's tokens; `draft_tokens`, the tokens a draft with a tokenizer of its
+    own wrote in the round (None when the drafter speaks the target's vocabulary)."""
 
     round: int
     drafted: int
@@ -104,6 +111,7 @@ class RoundEvent:
     shape: str = ""
     match_length: int = 0
     discarded: int = 0
+    draft_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

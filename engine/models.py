@@ -462,35 +462,6 @@ def _pickle_message(name: str, error: pickle.UnpicklingError) -> str:
             "the file is damaged or not PyTorch weights. Download the model again, preferably as safetensors.")
 
 
-def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
-    """Refuse a pair whose drafter would speak another vocabulary than the target.
-
-    Every id the draft can emit must be scored by the target and mean the same token string;
-    the target may have extra (padding) rows and extra tokens after the draft's, which the draft
-    never proposes and reads as a stand-in token (`DraftModelDrafter`).
-    """
-    if draft.vocab_width > target.vocab_width:
-        raise SpecDeckError(
-            f"The draft {draft.name!r} can emit {draft.vocab_width} token ids but the target "
-            f"{target.name!r} only scores {target.vocab_width}: the two do not share a vocabulary."
-        )
-    draft_tokens = draft.tokenizer.convert_ids_to_tokens(list(range(len(draft.tokenizer))))
-    target_tokens = target.tokenizer.convert_ids_to_tokens(list(range(min(len(target.tokenizer), len(draft_tokens)))))
-    for token_id, (mine, theirs) in enumerate(zip(draft_tokens, target_tokens)):
-        if mine != theirs:
-            raise SpecDeckError(
-                f"Tokenizers do not match: draft {draft.name!r} ({type(draft.tokenizer).__name__}, "
-                f"{len(draft.tokenizer)} tokens) and target {target.name!r} "
-                f"({type(target.tokenizer).__name__}, {len(target.tokenizer)} tokens) differ first at "
-                f"id {token_id}: {mine!r} vs {theirs!r}. Pick a draft from the target's model family."
-            )
-    if len(draft_tokens) > len(target_tokens):
-        raise SpecDeckError(
-            f"Tokenizers do not match: draft {draft.name!r} has {len(draft_tokens)} tokens, "
-            f"target {target.name!r} only {len(target_tokens)}."
-        )
-
-
 _CONTENT_MARK = "\ue000specdeck-prompt\ue000"  # private-use characters: no prompt or template holds them
 
 

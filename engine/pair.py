@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from engine.cross_vocab import CrossVocabularyDrafter
 from engine.drafters import DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter
 from engine.errors import SpecDeckError
 from engine.heads import LoadedHead, names_head
@@ -18,6 +19,7 @@ from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedMod
 from engine.past_sessions import PastSessions
 from engine.suffix import SuffixIndex
 from engine.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
+from engine.vocabulary import VocabularyMatch
 
 
 class DrafterKind(str, Enum):
@@ -49,7 +51,7 @@ class DrafterKind(str, Enum):
     @property
     def description(self) -> str:
         return {
-            DrafterKind.DRAFT_MODEL: "a smaller model of the target's vocabulary",
+            DrafterKind.DRAFT_MODEL: "a smaller model, of the target's vocabulary or with a tokenizer of its own",
             DrafterKind.FEATURE_HEAD: "a head on the target's own hidden state (EAGLE), trained for that target",
             DrafterKind.PROMPT_LOOKUP: "copies what followed an earlier occurrence of the text's last tokens",
             DrafterKind.SUFFIX: "copies the most frequent continuation from this and earlier texts (--suffix-scope)",
@@ -101,7 +103,10 @@ class DrafterKind(str, Enum):
         if self is DrafterKind.PROMPT_LOOKUP:
             return PromptLookupDrafter(device=pair.target.device)
         model = None  # the pair's draft model or feature head, whichever it loaded
-        if pair.draft is not None:
+        if pair.cross_vocabulary:
+            model = CrossVocabularyDrafter(pair.draft.model, pair.vocabulary, name=pair.draft.name,
+                                           output_ids=pair.draft.output_ids)
+        elif pair.draft is not None:
             model = DraftModelDrafter(pair.draft.model, name=pair.draft.name, output_ids=pair.draft.output_ids)
         elif pair.head is not None:
             model = FeatureHeadDrafter(pair.head.head, pair.target.model, name=pair.head.name,
@@ -201,11 +206,26 @@ class ModelPair:
     # the texts of this pair's earlier sessions, which a suffix drafter also drafts from (token ids
     # mean something for one tokenizer only, so the history belongs to the pair)
     history: SuffixIndex = field(default_factory=SuffixIndex)
+    vocabulary: VocabularyMatch | None = None  # how a draft model's vocabulary relates to the target's
     past: PastSessions | None = None  # past sessions' texts (suffix scope `all`); the target's tokenizer's by default
 
     def __post_init__(self) -> None:
         if self.past is None:
             self.past = PastSessions(self.target.tokenizer)
+
+    @property
+    def cross_vocabulary(self) -> bool:
+        """Whether the draft model has a tokenizer of its own (`engine.cross_vocab`)."""
+        return self.vocabulary is not None and not self.vocabulary.same
+
+    @property
+    def hugging_face_runs(self) -> bool:
+        """Whether Hugging Face's assisted generation runs this pair's drafter (`DrafterKind`); a
+        draft with a tokenizer of its own only where its vocabulary size differs from the target's,
+        by which Hugging Face tells different tokenizers from the same one."""
+        if not self.drafter_kind or not self.drafter_kind.hugging_face_runs:
+            return False
+        return not self.cross_vocabulary or self.draft.model.config.vocab_size != self.target.model.config.vocab_size
 
     def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
         """A drafter for one session (`DrafterKind.make_drafter`), or None for plain decoding."""
@@ -214,7 +234,9 @@ class ModelPair:
     @property
     def description(self) -> str:
         tail = self.drafter_description if self.drafter_kind else "plain"
-        return f"target {self.target.name} + {tail} on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
+        where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
+        case = f"; {self.vocabulary.describe()}" if self.cross_vocabulary else ""
+        return f"target {self.target.name} + {tail} {where}{case}"
 
     @property
     def drafter_model(self) -> str | None:
@@ -223,4 +245,6 @@ class ModelPair:
 
     @property
     def drafter_description(self) -> str:
-        return self.drafter_kind.describe(self.drafter_model) if self.drafter_kind else ""
+        if not self.drafter_kind:
+            return ""
+        return self.drafter_kind.describe(self.drafter_model) + (" (its own tokenizer)" if self.cross_vocabulary else "")

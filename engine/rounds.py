@@ -56,7 +56,7 @@ class Drafts:
     def __init__(self, drafter: Drafter | None, config: DecodeConfig, vocab_width: int, device: torch.device) -> None:
         self.drafter = drafter
         copies = drafter is not None and config.lookup > 0 and not drafter.copies_text
-        self.copier = drafter.copier(device) if copies else None
+        self.copier = drafter.copier(device) if drafter is not None and copies else None
         self.copy_length = config.lookup if copies else 0  # the most tokens a round copies
         self.name = (drafter.name + (f" + {self.copier.name}" if self.copier else "")) if drafter else ""
         self.config = config
@@ -160,7 +160,7 @@ class TargetForward:
             self.lm.crop(self._cached + len(path))
         else:  # a tree's side branch: its rows moved in after the cached tokens
             self.lm.compact(path)
-        if self.reader:
+        if self.reader and self._hidden is not None:
             self.reader.observe(self._hidden[path])
 
 

@@ -11,8 +11,9 @@ from engine.decoding import generate
 from engine.errors import SpecDeckError
 from engine.events import Event
 from engine.heads import load_feature_head, names_head
-from engine.models import LoadedModel, Progress, check_vocabularies, encode_prompt, load_model
+from engine.models import LoadedModel, Progress, encode_prompt, load_model
 from engine.pair import DrafterKind, ModelPair, PairSpec
+from engine.vocabulary import match_vocabularies
 
 DEFAULT_PROMPT = (
     "Summarize in two sentences: Speculative decoding speeds up a large language model by letting a "
@@ -24,8 +25,8 @@ DEFAULT_PROMPT = (
 
 def load_pair(spec: PairSpec, plain: bool = False, progress: Progress | None = None) -> ModelPair:
     """Load the target and, unless `plain`, the drafter `spec.resolved()` chooses (a hybrid's model:
-    the feature head or draft model its draft names); refuse
-    mismatched vocabularies."""
+    the feature head or draft model its draft names), and compare a draft model's vocabulary with the
+    target's (`ModelPair.vocabulary`): one with a tokenizer of its own drafts across them."""
     spec = spec.resolved()
     target_model = load_model(spec.target, spec.load_options, progress)
     return _attach_drafter(target_model, spec.with_drafter(None, None) if plain else spec, progress)
@@ -58,15 +59,17 @@ def _resolve_all(specs: Sequence[PairSpec]) -> list[PairSpec]:
 def _attach_drafter(target_model: LoadedModel, spec: PairSpec, progress: Progress | None) -> ModelPair:
     """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), loading
     its draft or head."""
-    draft_model = head = None
+    draft_model = head = vocabulary = None
     if spec.drafter is DrafterKind.DRAFT_MODEL and names_head(spec.draft):
         raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
     if spec.drafter is DrafterKind.FEATURE_HEAD or (spec.drafter is DrafterKind.HYBRID and names_head(spec.draft)):
         head = load_feature_head(spec.draft, target_model, progress)
     elif spec.drafter in (DrafterKind.DRAFT_MODEL, DrafterKind.HYBRID):
         draft_model = load_model(spec.draft, spec.load_options, progress)
-        check_vocabularies(target_model, draft_model)
-    return ModelPair(target_model, draft_model, spec.drafter, head)
+        vocabulary = match_vocabularies(target_model, draft_model)
+        if progress and not vocabulary.same:
+            progress(f"{draft_model.name} and {target_model.name}: {vocabulary.describe()}")
+    return ModelPair(target_model, draft_model, spec.drafter, head, vocabulary=vocabulary)
 
 
 def run_session(pair: ModelPair, prompt: str, config: DecodeConfig, chat: bool = True, plain: bool = False,

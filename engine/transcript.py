@@ -18,20 +18,22 @@ import torch
 
 from engine.config import DecodeConfig
 from engine.detok import Detokenizer
+from engine.drafters import DraftPiece
 from engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
 from engine.models import LoadedModel
 from engine.rounds import Clock, Draft
 from engine.sampling import logits_to_probs, require_finite
 from engine.stats import SessionStats
 
-Refused = tuple[int, float, float, int]  # a refused draft: token, p, q, depth
+Refused = tuple[int, float, float, int, DraftPiece | None]  # a refused draft: token, p, q, depth, what a draft wrote
 
 
 @dataclass(frozen=True)
 class Verdict:
     """What the target made of a round's drafts, as shown: the kept tokens (the first `accepted`
     of them drafts, the last the target's own, in state `last`), each one's p and q (None where
-    nothing drafted it), and the refused drafts, shown before kept token `first_refused`."""
+    nothing drafted it), and the refused drafts, shown before kept token `first_refused`. A draft
+    with a tokenizer of its own (`engine.cross_vocab`) adds what it wrote for each kept draft."""
 
     kept: list[int]
     accepted: int
@@ -40,6 +42,7 @@ class Verdict:
     q: list[float | None]
     refused: list[Refused]
     first_refused: int
+    pieces: list[DraftPiece | None] | None = None
 
     @classmethod
     def of(cls, draft: Draft, m: int, path: list[int], token: int, p: torch.Tensor, logits: torch.Tensor,
@@ -60,23 +63,31 @@ class Verdict:
         drawn = accepted + (last is TokenState.RESAMPLED)  # tokens with a q: a resampled token has the refused draft's
         q = draft.proposal.q
         q_kept = q[torch.arange(drawn), torch.tensor(kept[:drawn], device=p.device)].tolist() if drawn else []
-        refused = _refused_drafts(draft.tokens[m:], p[m:n], q[m:n], m + 1)  # the first refused, and those after it
+        pieces = draft.proposal.pieces
+        refused = _refused_drafts(draft.tokens[m:], p[m:n], q[m:n], m + 1, pieces)  # the first refused, those after
         if m == 0 and draft.alternatives:  # the alternatives not taken (where all of them were judged)
             refused += _refused_drafts([t for t in draft.alternatives if t != kept[0]], p[0], q[0], 1)
-        return cls(kept, accepted, last, p_kept, q_kept + [None] * (len(kept) - drawn), refused, m)
+        kept_pieces = [pieces[i] if i < accepted and not beside else None for i in range(len(kept))] if pieces else None
+        return cls(kept, accepted, last, p_kept, q_kept + [None] * (len(kept) - drawn), refused, m, kept_pieces)
 
 
-def _refused_drafts(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int) -> list[Refused]:
-    """Refused drafts with their p and q: one row of p and q per token from `depth` on (a chain), or
-    one row for all (alternatives, all at `depth`)."""
+def _refused_drafts(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int,
+                    pieces: list[DraftPiece] | None = None) -> list[Refused]:
+    """Refused drafts with their p and q: one row of p and q per token from `depth` on (a chain,
+    whose pieces are the proposal's from `depth` on), or one row for all (alternatives, all at `depth`)."""
     if not tokens:
         return []
     index = torch.tensor(tokens, device=p.device)
     if p.dim() == 1:
-        return [(t, pv, qv, depth) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
+        return [(t, pv, qv, depth, None) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
     rows = torch.arange(len(tokens), device=p.device)
-    return [(t, pv, qv, depth + i) for i, (t, pv, qv) in
+    return [(t, pv, qv, depth + i, pieces[depth + i - 1] if pieces else None) for i, (t, pv, qv) in
             enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))]
+
+
+def _piece_fields(piece: DraftPiece | None) -> dict:
+    """A `TokenEvent`'s fields for what a draft with a tokenizer of its own wrote for the token."""
+    return {"draft_tokens": piece.tokens, "draft_q": piece.q} if piece is not None else {}
 
 
 class Transcript:
@@ -125,7 +136,8 @@ class Transcript:
             events.append(TokenEvent(TokenState.ACCEPTED if accepted else verdict.last, token,
                                      self.detok.push(token, final), self.new_tokens, self.rounds, verdict.p[i],
                                      verdict.q[i], copied=draft.copied and accepted, depth=i + 1 if accepted else 0,
-                                     source=draft.proposal.source if accepted else ""))
+                                     source=draft.proposal.source if accepted else "",
+                                     **_piece_fields(verdict.pieces[i] if verdict.pieces else None)))
             ids.append(token)
             self.new_tokens += 1
             if token in self.eos:
@@ -140,12 +152,12 @@ class Transcript:
         """Events for a round's refused drafts (the round starts at position `start`; a draft at depth
         d was proposed for start + d - 1): the first of the chain's was judged and rejected, as were a
         tree's alternatives beside it; the chain's drafts after it were never judged (discarded)."""
-        pieces = self.detok.peek([token for token, *_ in refused])
+        texts = self.detok.peek([token for token, *_ in refused])
         first_depth = refused[0][3]
         return [TokenEvent(TokenState.REJECTED if i == 0 or depth == first_depth else TokenState.DISCARDED, token,
-                           piece, start + depth - 1, self.rounds, pv, qv, copied=draft.copied, depth=depth,
-                           source=draft.proposal.source)
-                for i, ((token, pv, qv, depth), piece) in enumerate(zip(refused, pieces))]
+                           text, start + depth - 1, self.rounds, pv, qv, copied=draft.copied, depth=depth,
+                           source=draft.proposal.source, **_piece_fields(piece))
+                for i, ((token, pv, qv, depth, piece), text) in enumerate(zip(refused, texts))]
 
     def round(self, events: list[TokenEvent], draft: Draft, clock: Clock) -> Iterator[Event]:
         """The round's token events, then its `RoundEvent` (made before any is handed out, so that a
@@ -155,8 +167,10 @@ class Transcript:
         drafted = accepted + discarded + sum(1 for e in events if e.state is TokenState.REJECTED)
         round_event = RoundEvent(self.rounds, drafted, accepted, clock.draft_ms, clock.verify_ms, self.new_tokens,
                                  clock.decode_s(), copied=draft.copied, shape=draft.label,
-                                 match_length=draft.proposal.match_length, discarded=discarded)
-        for event in [*events, round_event]:
+                                 match_length=draft.proposal.match_length, discarded=discarded,
+                                 draft_tokens=draft.proposal.draft_tokens)
+        out: list[Event] = [*events, round_event]
+        for event in out:
             self.stats.add(event)
             yield event
 

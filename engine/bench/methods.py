@@ -5,7 +5,10 @@
 - `hf`: Hugging Face `generate()`, greedy or sampling with the same settings.
 - `hf-assisted`: Hugging Face's own speculative decoding with the same drafter and a fixed K:
   `assistant_model=` with `num_assistant_tokens_schedule="constant"` and
-  `assistant_confidence_threshold=0`, or `prompt_lookup_num_tokens=K`.
+  `assistant_confidence_threshold=0`, or `prompt_lookup_num_tokens=K`. A draft with a tokenizer of
+  its own runs as Universal Assisted Generation (`tokenizer=` and `assistant_tokenizer=`: greedy
+  through the text, sampling over the shared tokens), on a copy of the draft, since sampling cuts
+  the assistant's output layer down to the shared tokens in place.
 
 Hugging Face does not time prefill apart, so its prefill is measured as a generate() of one new
 token, and its decoding rate is (new tokens - 1) / (total time - that prefill): the first token
@@ -14,7 +17,9 @@ comes out of the prefill forward in both loops.
 
 from __future__ import annotations
 
+import copy
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -117,6 +122,11 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
     kwargs = {}
     if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL:
         assistant = pair.draft.model
+        if pair.cross_vocabulary:
+            if assistant not in _ASSISTANT_COPIES:
+                _ASSISTANT_COPIES[assistant] = copy.deepcopy(assistant)
+            assistant = _ASSISTANT_COPIES[assistant]
+            kwargs.update(tokenizer=target.tokenizer, assistant_tokenizer=pair.draft.tokenizer)
         assistant.generation_config.num_assistant_tokens = config.k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         assistant.generation_config.assistant_confidence_threshold = 0.0
@@ -129,6 +139,9 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
                                 generation_config=_generation_config(pair, config, max_new_tokens, method), **kwargs)
     synchronize(target.device)
     return out[0, len(prompt_ids):].tolist(), time.perf_counter() - started
+
+
+_ASSISTANT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a draft -> the copy HF may change
 
 
 def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:

@@ -115,7 +115,7 @@ class BenchSettings:
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
             methods += [Method("hf-assisted", k, pair.drafter_description)
-                        for pair in pairs if pair.drafter_kind.hugging_face_runs for k in self.ks if k != AUTO_K]
+                        for pair in pairs if pair.hugging_face_runs for k in self.ks if k != AUTO_K]
         return methods
 
 

@@ -41,11 +41,15 @@ def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command
     """What report.md says produced the figures: the command, the target, the device and the prompts
     (the drafters it names from the methods that ran)."""
     target = pairs[0].target
-    return {
+    context = {
         "command": command, "target": target.name,
         "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
         "prompts": str(prompts_path),
     }
+    crossing = [f"{pair.drafter_description}: {pair.vocabulary.describe()}" for pair in pairs if pair.cross_vocabulary]
+    if crossing:  # counts are the target's tokens; the pair's case says how the draft's relate to them
+        context["note"] = "; ".join(crossing)
+    return context
 
 
 def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settings: BenchSettings, out: Path,
@@ -55,11 +59,13 @@ def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], se
     into `out`, which is built aside and swapped in whole (an earlier `out` stays intact until then);
     return the summary rows. Cancelled (`cancel` set), the files cover the prompts that finished
     and report.md says so; with none finished nothing is written and no rows are returned."""
-    without_hf = [pair.drafter_description for pair in pairs if not pair.drafter_kind.hugging_face_runs]
+    without_hf = [pair.drafter_description for pair in pairs if not pair.hugging_face_runs]
     if without_hf and "hf-assisted" in settings.baselines:
-        # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter
-        context = {**context, "note": f"hf-assisted left out for {', '.join(without_hf)}: "
-                                      "Hugging Face generate() has no such drafter."}
+        # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter, and
+        # takes two vocabularies of one size for one tokenizer
+        left_out = (f"hf-assisted left out for {', '.join(without_hf)}: Hugging Face generate() has no such "
+                    "drafter (or, for a draft with its own tokenizer, not one with as many tokens as the target's).")
+        context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
     context = {**context, "cost_curve": cost_curve(pairs[0].target.model, costs_cache())}
     results = run_bench(pairs, prompts, settings, progress, cancel)
     if not results:

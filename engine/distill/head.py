@@ -28,8 +28,8 @@ from engine.distill.corpus import SOURCES
 from engine.distill.loop import HeldOut, split_rows, train_loop
 from engine.distill.teacher import Shard, load_shards
 from engine.distill.train import TrainConfig, build_teacher_data
-from engine.heads import FeatureHead, fingerprint, head_config, save_head
 from engine.errors import SpecDeckError
+from engine.heads import FeatureHead, fingerprint, head_config, save_head
 from engine.models import LoadedModel, LoadOptions, load_model
 
 Progress = Callable[[str], None]

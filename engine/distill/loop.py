@@ -26,12 +26,18 @@ Progress = Callable[[str], None]
 class LoopConfig(Protocol):
     """The settings the loop reads from a run's config (`TrainConfig`, `HeadConfig`)."""
 
-    seed: int
-    steps: int
-    batch_sequences: int
-    lr: float
-    warmup: int
-    eval_every: int
+    @property
+    def seed(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def batch_sequences(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def warmup(self) -> int: ...
+    @property
+    def eval_every(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,27 @@ from pathlib import Path
 import torch
 
 from engine.atomic import building_folder
-from engine.distill.corpus import (SOURCES, article_instructions, code_prefixes, instructions, passage_instructions,
-                                   reading_instruction, stdlib_documents)
+from engine.distill.corpus import (
+    SOURCES,
+    article_instructions,
+    code_prefixes,
+    instructions,
+    passage_instructions,
+    reading_instruction,
+    stdlib_documents,
+)
 from engine.distill.loop import HeldOut, split_rows, train_loop
 from engine.distill.student import DraftShape, build_draft
 from engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
-from engine.models import BUILTIN_MODELS, OUTPUT_TOKENS_FILE, TOKENIZER_REFERENCE_FILE, LoadedModel, LoadOptions, load_model, locate
+from engine.models import (
+    BUILTIN_MODELS,
+    OUTPUT_TOKENS_FILE,
+    TOKENIZER_REFERENCE_FILE,
+    LoadedModel,
+    LoadOptions,
+    load_model,
+    locate,
+)
 
 Progress = Callable[[str], None]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",

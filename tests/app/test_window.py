@@ -90,8 +90,9 @@ def test_bad_model_path_gives_a_dialog_and_the_window_still_works(qtbot, window,
     assert panel.loaded.text().startswith("Loaded:") and not panel.target.combo.styleSheet()
 
 
-def test_mismatched_pair_refused_with_the_engine_message(qtbot, window, errors, tmp_path):
-    """A draft with another vocabulary is refused; the dialog carries the engine's explanation."""
+def test_draft_with_another_tokenizer_loads_and_runs(qtbot, window, errors, tmp_path):
+    """A draft with another tokenizer is loaded, not refused: the model panel and the drafter picker
+    name the case and the shared-token count, and a session runs with drafts across the two."""
     from tiny import build_model, build_tokenizer
 
     other = tmp_path / "other"
@@ -99,8 +100,15 @@ def test_mismatched_pair_refused_with_the_engine_message(qtbot, window, errors, 
     build_model(other, "gpt2", len(tokenizer), seed=3, layers=1)
     window.model_panel.draft.set_value(str(other))
     _run(qtbot, window, window.model_panel.load_button)
-    assert len(errors) == 1 and "do not share a vocabulary" in errors[0][1]
-    assert window.model_panel.draft.combo.styleSheet() and not window.model_panel.target.combo.styleSheet()
+    assert errors == [] and not window.model_panel.draft.combo.styleSheet()
+    assert "different tokenizers" in window.model_panel.loaded.text()
+    assert "of the draft's 399 tokens have a twin" in window.model_panel.drafter.toolTip()
+    _run(qtbot, window, window.run_button)
+    assert errors == []
+    record = window.session_model.records[0]
+    assert record.summary.new_tokens > 0 and record.summary.drafted > 0
+    drafted = [e for e in record.tokens if e.depth and not e.copied]
+    assert drafted and all(e.draft_tokens for e in drafted)  # each says what the draft wrote, in its tokens
 
 
 def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pair, tmp_path):
@@ -256,4 +264,4 @@ def test_running_out_of_memory_says_what_to_try_and_the_next_run_works(qtbot, wi
     assert len(errors) == 1 and errors[0][1].startswith("Out of memory on the GPU.")
     assert "smaller dtype" in errors[0][1] and "Unexpected" not in errors[0][1]
     _run(qtbot, window, window.run_button)
-    assert len(errors) == 1 and window.records[-1].summary is not None
+    assert len(errors) == 1 and window.session_model.records[-1].summary is not None

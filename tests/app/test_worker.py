@@ -36,6 +36,7 @@ class _FakePair:
     description = "fake pair"
     drafter_kind = None
     drafter_model = None
+    vocabulary = None
 
     class target:  # noqa: N801 - stands in for a LoadedModel
         name = "fake"

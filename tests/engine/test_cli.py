@@ -74,12 +74,18 @@ def test_corrupt_gguf(capsys, tmp_path):
     assert code == 2 and "not a readable GGUF model" in err and "broken.gguf" in err
 
 
-def test_mismatched_tokenizers(capsys, tiny_dirs, foreign_model):
-    """A draft with another vocabulary is refused, naming both models and the first differing token."""
+def test_pair_with_different_tokenizers_runs(capsys, tiny_dirs, foreign_model):
+    """A draft with another tokenizer runs instead of being refused: the pair's case and shared-token
+    count are shown, and greedy output equals plain output."""
     target, _ = tiny_dirs
-    code, _, err = run_cli(capsys, "--target", str(target), "--draft", str(foreign_model), "--prompt", "hi")
-    assert code == 2 and "Tokenizers do not match" in err and "differ first at id" in err
-    assert str(foreign_model) in err and str(target) in err
+    argv = ["--target", str(target), "--no-chat", "--prompt", "The quick brown fox", "--max-new-tokens", "16",
+            "--k", "2", "--schedule", "constant"]
+    code, plain, _ = run_cli(capsys, *argv, "--plain")
+    assert code == 0
+    code, out, err = run_cli(capsys, *argv, "--draft", str(foreign_model))
+    assert code == 0 and "different tokenizers" in err and "of the draft's" in err
+    assert "different tokenizers" in out  # the summary's pair line
+    assert out.partition("\n\npair ")[0] == plain.partition("\n\npair ")[0]
 
 
 def test_jsonl_stream(tiny_dirs):

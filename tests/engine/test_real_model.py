@@ -36,16 +36,17 @@ def test_chat_template_is_applied(smollm2):
 
 
 def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
-    """The bundled draft fits the size limit, passes the vocabulary check against the built-in
-    target, proposes from its reduced vocabulary, and leaves greedy output unchanged while
+    """The bundled draft fits the size limit, shares the built-in target's vocabulary, proposes from
+    its reduced vocabulary, and leaves greedy output unchanged while
     actually getting drafts accepted."""
-    from engine.models import DEFAULT_DRAFT, check_vocabularies, locate
+    from engine.models import DEFAULT_DRAFT, locate
+    from engine.vocabulary import match_vocabularies
 
     folder = Path(locate(DEFAULT_DRAFT))
     assert sum(f.stat().st_size for f in folder.glob("*.safetensors")) <= 32_000_000
     assert (folder / "README.md").is_file()  # the model card
     draft = load_model(DEFAULT_DRAFT, ON_CPU)
-    check_vocabularies(smollm2, draft)
+    assert match_vocabularies(smollm2, draft).same
     assert draft.output_ids is not None and len(draft.output_ids) < smollm2.vocab_width
     ids = encode_prompt(smollm2.tokenizer, "Explain in simple terms why the sky is blue.")
     config = DecodeConfig(k=1, schedule="constant", lookup=0, max_new_tokens=64)
