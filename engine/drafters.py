@@ -73,6 +73,39 @@ class Proposal:
         likely = q.topk(min(width, q.shape[0])).indices.tolist()
         return [t for t in likely if t != self.tokens[0] and float(q[t]) > 0][: width - 1]
 
+    @classmethod
+    def none(cls, vocab_width: int, device: torch.device) -> Proposal:
+        """No drafts (a plain step)."""
+        return cls([], torch.zeros(0, vocab_width, device=device))
+
+
+class _Chain:
+    """A model drafter's tokens, drawn one after another, each with the q it was drawn from.
+
+    Past the first draft the chain stops where the drafter is unsure (its top probability below
+    `DecodeConfig.confidence_threshold`): a draft that is likely refused costs a drafter step and a
+    wider verify for nothing. The token is drawn before that check: the generator advances either
+    way."""
+
+    def __init__(self, config: DecodeConfig, generator: torch.Generator | None) -> None:
+        self.config = config
+        self.generator = generator
+        self.tokens: list[int] = []
+        self.dists: list[torch.Tensor] = []
+
+    def draw(self, q: torch.Tensor) -> int | None:
+        """The next draft, drawn from q; None where the chain stops before it."""
+        token = int(sample(q, self.generator, self.config.greedy))
+        threshold = self.config.confidence_threshold
+        if self.tokens and threshold and float(q.max()) < threshold:
+            return None
+        self.tokens.append(token)
+        self.dists.append(q)
+        return token
+
+    def proposal(self, vocab_width: int, device: torch.device) -> Proposal:
+        return Proposal(self.tokens, torch.stack(self.dists)) if self.tokens else Proposal.none(vocab_width, device)
+
 
 def output_logits(hidden: torch.Tensor, layer: Linear, output_ids: torch.Tensor | None,
                   width: int) -> torch.Tensor:
@@ -119,7 +152,7 @@ class Drafter(ABC):
         return PromptLookupDrafter(device=device, min_ngram=2)
 
     def _empty(self, device: torch.device) -> Proposal:
-        return Proposal([], torch.zeros(0, self.vocab_width, device=device))
+        return Proposal.none(self.vocab_width, device)
 
 
 class DraftModelDrafter(Drafter):
@@ -190,21 +223,15 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, ids: list[int], k: int) -> Proposal:
         feed = self._sync(ids)
-        tokens: list[int] = []
-        dists: list[torch.Tensor] = []
+        chain = _Chain(self.config, self.generator)
         for _ in range(k):
             logits = self._next_logits(feed)
             self._cached.extend(feed)
-            q = logits_to_probs(logits, self.config)
-            token = int(sample(q, self.generator, self.config.greedy))
-            if tokens and self.config.confidence_threshold and float(q.max()) < self.config.confidence_threshold:
-                break  # the draft is unsure: stop here rather than spend draft and verify time
-            tokens.append(token)
-            dists.append(q)
+            token = chain.draw(logits_to_probs(logits, self.config))
+            if token is None:
+                break
             feed = [token]
-        if not tokens:
-            return self._empty(self._lm.device)
-        return Proposal(tokens, torch.stack(dists))
+        return chain.proposal(self.vocab_width, self._lm.device)
 
 
 def _stand_in(eos: int | list[int] | None, embeddable: int) -> int:
@@ -262,19 +289,16 @@ class FeatureHeadDrafter(Drafter):
         self._body.crop(self._paired)  # forget the states predicted last round
         following = torch.tensor(ids[self._paired + 1: known + 1], device=self.device)
         self._paired = known
-        tokens: list[int] = []
-        dists: list[torch.Tensor] = []
+        chain = _Chain(self.config, self.generator)
         for _ in range(k):
             predicted = self._body.hidden_from_inputs(self.head.mix(states, self._embedding(following)))[-1]
-            q = logits_to_probs(output_logits(predicted, self._output, self._output_ids, self.vocab_width), self.config)
-            token = int(sample(q, self.generator, self.config.greedy))
-            if tokens and self.config.confidence_threshold and float(q.max()) < self.config.confidence_threshold:
+            token = chain.draw(logits_to_probs(output_logits(predicted, self._output, self._output_ids,
+                                                             self.vocab_width), self.config))
+            if token is None:
                 break
-            tokens.append(token)
-            dists.append(q)
             states = predicted[None]
             following = torch.tensor([token], device=self.device)
-        return Proposal(tokens, torch.stack(dists))
+        return chain.proposal(self.vocab_width, self.device)
 
 
 class PromptLookupDrafter(Drafter):

@@ -31,10 +31,10 @@ from engine.distill.corpus import SOURCES
 from engine.distill.forcing import Store, load_store
 from engine.distill.texts import TEXT_SOURCES
 from engine.distill.teacher import Shard, load_shards
-from engine.distill.train import (TrainConfig, build_teacher_data, resume_checkpoint, save_checkpoint,
-                                  set_learning_rate, split_rows)
-from engine.heads import FeatureHead, fingerprint, head_config, save_head
+from engine.distill.loop import resume_checkpoint, save_checkpoint, set_learning_rate, split_rows
+from engine.distill.train import TrainConfig, build_teacher_data
 from engine.errors import SpecDeckError
+from engine.heads import FeatureHead, fingerprint, head_config, save_head
 from engine.models import LoadedModel, LoadOptions, load_model
 
 Progress = Callable[[str], None]
