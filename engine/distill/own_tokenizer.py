@@ -46,9 +46,9 @@ class CrossDraftConfig:
     shape: DraftShape = field(default_factory=lambda: DraftShape(hidden=256, layers=4, intermediate=768))
     vocab_size: int = 4096  # the draft's own byte-level BPE, control tokens included
     seed: int = 0
-    answers: int = 160  # chat instructions the target answers itself
+    answers: int = 128  # chat instructions the target answers itself
     passages: int = 16  # documentation passages the target summarises or answers questions on
-    code: int = 48  # code beginnings the target continues
+    code: int = 32  # code beginnings the target continues
     articles: int = 0  # articles the target writes, then reads back
     answer_tokens: int = 192
     generation_batch: int = 64
