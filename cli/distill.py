@@ -95,7 +95,8 @@ def add_train_cross_draft_command(commands) -> None:
     defaults = CrossDraftConfig()
     shape = defaults.shape
     parser = commands.add_parser(
-        "train-cross-draft", help="train a small draft with a tokenizer of its own (byte-level BPE) on the target's text")
+        "train-cross-draft",
+        help="train a small draft with a tokenizer of its own (byte-level BPE) on the target's text")
     parser.add_argument("--target", default=None, help="target model (default: the built-in target)")
     parser.add_argument("--out", default=None,
                         help="output folder: text, tokenizer, checkpoint, draft/ (default: SpecDeck's cache, "

@@ -23,6 +23,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -110,15 +111,16 @@ def train_tokenizer(texts: list[str], size: int, controls: list[str], eos: str, 
     trainer = trainers.BpeTrainer(vocab_size=size, special_tokens=controls, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos, pad_token=eos, chat_template=chat_template)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos, pad_token=eos,
+                                   chat_template=chat_template)
 
 
 def pack(tokenizer, texts: list[str], length: int) -> torch.Tensor:
     """The texts' tokens end to end, cut into blocks of `length` + 1 (the last token of a block is
     the first of the next): (blocks, length + 1)."""
-    stream = [token for text in texts for token in tokenizer(text, add_special_tokens=False)["input_ids"]]
-    count = max(0, (len(stream) - 1) // length)
-    stream = torch.tensor(stream[: count * length + 1], dtype=torch.long)
+    ids = [token for text in texts for token in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    count = max(0, (len(ids) - 1) // length)
+    stream = torch.tensor(ids[: count * length + 1], dtype=torch.long)
     return torch.stack([stream[i * length: (i + 1) * length + 1] for i in range(count)]) if count \
         else torch.zeros(0, length + 1, dtype=torch.long)
 
@@ -211,12 +213,13 @@ def _texts(target_name: str, out: Path, config: CrossDraftConfig, teacher: Path 
     path = out / TEXTS_FILE
     if not path.exists():
         target = load_model(target_name, LoadOptions(device="cpu", dtype=config.teacher().teacher_dtype), progress)
-        controls = sorted({str(t) for t in target.tokenizer.all_special_tokens} | {str(target.tokenizer.eos_token)})
+        tokenizer: Any = target.tokenizer
+        settings: Any = target.model.config
         texts = teacher_texts(target, config, teacher or out / "teacher", teacher is None, progress)
+        controls = sorted({str(t) for t in tokenizer.all_special_tokens} | {tokenizer.eos_token})
         record = {"texts": texts, "controls": controls,
-                  "eos": str(target.tokenizer.eos_token), "chat_template": target.tokenizer.chat_template,
-                  "positions": target.model.config.max_position_embeddings,
-                  "rope": getattr(target.model.config, "rope_parameters", None)}
+                  "eos": tokenizer.eos_token, "chat_template": tokenizer.chat_template,
+                  "positions": settings.max_position_embeddings, "rope": getattr(settings, "rope_parameters", None)}
         write_text(path, json.dumps(record, ensure_ascii=False))
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -237,7 +240,8 @@ def train_cross_draft(target_name: str, out: Path, config: CrossDraftConfig, tea
     texts = record["texts"]
     if not (out / "tokenizer").is_dir():
         progress(f"training a byte-level BPE of {config.vocab_size} tokens on {len(texts)} texts")
-        tokenizer = train_tokenizer(texts, config.vocab_size, record["controls"], record["eos"], record["chat_template"])
+        tokenizer = train_tokenizer(texts, config.vocab_size, record["controls"], record["eos"],
+                                    record["chat_template"])
         with building_folder(out / "tokenizer") as staging:
             tokenizer.save_pretrained(staging)
     tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")

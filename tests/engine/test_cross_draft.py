@@ -83,7 +83,8 @@ def test_greedy_with_the_built_in_target_equals_plain(built, smollm2):
     drafted = accepted = 0
     for prompt in PROMPTS + learnt:
         ids = encode_prompt(smollm2.tokenizer, prompt, chat=prompt in PROMPTS)
-        plain = [e.token_id for e in generate(smollm2, ids, DecodeConfig(max_new_tokens=16)) if isinstance(e, TokenEvent)]
+        plain = [e.token_id for e in generate(smollm2, ids, DecodeConfig(max_new_tokens=16))
+                 if isinstance(e, TokenEvent)]
         for k in range(1, 5):
             config = DecodeConfig(k=k, schedule="constant", lookup=0, max_new_tokens=16)
             events = list(generate(smollm2, ids, config, CrossVocabularyDrafter(draft.model, match)))
