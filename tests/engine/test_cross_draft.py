@@ -66,7 +66,8 @@ def test_pair_with_the_built_in_target_is_different_tokenizers(built, capsys):
     assert 256 < pair.vocabulary.shared <= pair.vocabulary.draft_tokens
     assert shared in pair.description
     code = main(["run", "--draft", str(built / "draft"), "--drafter", "draft-model", "--device", "cpu",
-                 "--dtype", "float32", "--max-new-tokens", "6", "--prompt", "Hello"])
+                 "--dtype", "float32", "--k", "2", "--schedule", "constant", "--lookup", "0",
+                 "--max-new-tokens", "6", "--prompt", "Hello"])
     assert code == 0
     captured = capsys.readouterr()
     assert "different tokenizers" in captured.err and shared in captured.out
