@@ -55,10 +55,13 @@ class Proposal:
 
     def rank(self, token: int) -> int:
         """Where `token` stands among the drafter's choices for the first draft (0: tokens[0]); a
-        copy's choices are its first draft and its branches, past which it ranks last."""
+        copy's choices are its first draft and its branches, past which it ranks last; so does a token
+        the drafter gives no probability, which it would never offer as an alternative."""
         if self.source:
             choices = self.tokens[:1] + self.branches
             return choices.index(token) if token in choices else self.q.shape[-1]
+        if float(self.q[0, token]) <= 0:
+            return self.q.shape[-1]
         return int((self.q[0] > self.q[0, token]).sum())
 
     def alternatives(self, width: int) -> list[int]:
