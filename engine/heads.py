@@ -26,13 +26,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaModel
+from transformers import LlamaConfig, LlamaModel, PreTrainedModel
 
 from engine.atomic import building_folder
 from engine.errors import SpecDeckError
+from engine.hf_parts import output_projection
 from engine.lean_weights import output_weight
-from engine.models import (BUILTIN_MODELS, HEAD_KEY, OUTPUT_TOKENS_FILE, BundledModel, LoadedModel, Progress, is_head_folder,
-                           locate, read_output_tokens)
+from engine.models import (
+    BUILTIN_MODELS,
+    HEAD_KEY,
+    OUTPUT_TOKENS_FILE,
+    BundledModel,
+    LoadedModel,
+    Progress,
+    is_head_folder,
+    locate,
+    read_output_tokens,
+)
 
 
 class FeatureHead(torch.nn.Module):
@@ -110,7 +120,7 @@ def save_head(head: FeatureHead, folder: Path, vocab_width: int, target_name: st
             (staging / "README.md").write_text(card, encoding="utf-8")
 
 
-def load_head(folder: Path, target_model: torch.nn.Module, target_name: str) -> tuple[FeatureHead, torch.Tensor | None]:
+def load_head(folder: Path, target_model: PreTrainedModel, target_name: str) -> tuple[FeatureHead, torch.Tensor | None]:
     """The head in `folder`, on the target's device and dtype, checked against the target; with its
     output tokens if it has a reduced list."""
     from safetensors import SafetensorError
@@ -125,7 +135,7 @@ def load_head(folder: Path, target_model: torch.nn.Module, target_name: str) -> 
         raise SpecDeckError(f"{folder} is not a feature head ({error}): it needs a config.json written by "
                             "`specdeck train-head`.") from error
     width = target_model.config.hidden_size
-    weight = target_model.get_output_embeddings().weight
+    weight = output_projection(target_model).weight
     vocab = weight.shape[0]
     same = meta.get("hidden_size") == width and meta.get("vocab_width") == vocab
     if same and meta.get("fingerprint"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from engine.autotune import RoundPlanner, Shape, round_label
 from engine.config import DecodeConfig
 from engine.drafters import Drafter, Proposal
 from engine.kvcache import CachedModel, synchronize
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ class TargetForward:
     A drafter that drafts from the target's last hidden states (`Drafter.needs_states`, a feature
     head) is handed the states of every kept token, in order, from the forwards that computed them."""
 
-    def __init__(self, model: torch.nn.Module, drafter: Drafter | None) -> None:
+    def __init__(self, model: PreTrainedModel, drafter: Drafter | None) -> None:
         self.lm = CachedModel(model, taps=drafter.feature_layers if drafter is not None else ())
         self.supports_trees = self.lm.supports_trees
         self.reader = drafter if drafter is not None and drafter.needs_states else None

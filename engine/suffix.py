@@ -30,7 +30,6 @@ import random
 import time
 from typing import NamedTuple
 
-
 RANKED = 8  # continuations `ranked` keeps per state: a walk's next token and a tree's branches
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 from engine.autotune import CURVE_CONTEXT, machine_name
-
 from engine.bench.runner import BenchSettings, Method, PromptResult
 from engine.stats import RoundTotals
 

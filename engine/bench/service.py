@@ -12,8 +12,16 @@ from engine.atomic import building_folder, check_writable_folder, remove_abandon
 from engine.autotune import cost_curve
 from engine.bench import plots as plotting
 from engine.bench.prompts import BenchPrompt
-from engine.bench.report import (PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS, per_prompt_rows, summary_rows,
-                                 sweep_rows, write_csv, write_report)
+from engine.bench.report import (
+    PER_PROMPT_COLUMNS,
+    SUMMARY_COLUMNS,
+    SWEEP_COLUMNS,
+    per_prompt_rows,
+    summary_rows,
+    sweep_rows,
+    write_csv,
+    write_report,
+)
 from engine.bench.runner import BenchSettings, Progress, run_bench
 from engine.cache import costs_cache
 from engine.errors import SpecDeckError
