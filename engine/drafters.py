@@ -148,13 +148,13 @@ class Drafter(ABC):
     def propose(self, ids: list[int], k: int) -> Proposal:
         """Up to k tokens to follow `ids` (every kept token, prompt included)."""
 
-    def observe(self, states: torch.Tensor) -> None:
+    def observe(self, states: torch.Tensor) -> None:  # noqa: B027 (a hook: most drafters need no states)
         """The target's last hidden states (n, hidden) for the next n kept tokens, in order, each
         computed with every earlier kept token in context (only when `needs_states`); with
         `feature_layers`, (n, len(feature_layers) + 1, hidden): those layers' residual streams, then
         the last hidden state."""
 
-    def end(self, ids: list[int]) -> None:
+    def end(self, ids: list[int]) -> None:  # noqa: B027 (a hook: most drafters keep nothing)
         """The session ended with `ids` kept (prompt included)."""
 
     def copier(self, device: torch.device) -> Drafter:

@@ -83,7 +83,7 @@ def head_config(target_config, intermediate: int | None = None, feature_layers: 
     """A one-layer Llama shaped like the target's layers (same width, heads, RoPE), reading the
     residual streams after `feature_layers` decoder layers of the target beside its final state."""
     heads = target_config.num_attention_heads
-    return LlamaConfig(feature_layers=list(feature_layers),
+    config = LlamaConfig(
         vocab_size=1, hidden_size=target_config.hidden_size,
         intermediate_size=intermediate or target_config.intermediate_size, num_hidden_layers=1,
         num_attention_heads=heads, num_key_value_heads=getattr(target_config, "num_key_value_heads", heads),
@@ -93,6 +93,8 @@ def head_config(target_config, intermediate: int | None = None, feature_layers: 
         rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-5), pad_token_id=None, bos_token_id=None,
         eos_token_id=None, tie_word_embeddings=False,
     )
+    config.feature_layers = list(feature_layers)  # kept in the head's config.json
+    return config
 
 
 def fingerprint(output_layer: torch.Tensor) -> torch.Tensor:
@@ -185,8 +187,10 @@ class LoadedHead:
     output_ids: torch.Tensor | None
 
 
-def names_head(name: str) -> bool:
+def names_head(name: str | None) -> bool:
     """Whether `name` is a feature head we can tell without downloading: a built-in alias or a folder."""
+    if not name:
+        return False
     if name in BUILTIN_MODELS:
         entry = BUILTIN_MODELS[name]
         return isinstance(entry, BundledModel) and is_head_folder(entry.path())

@@ -122,12 +122,17 @@ class CachedModel:
     def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:
         """The last hidden states (n, hidden) of a token tree appended after the cached tokens (see
         `LlamaForward.hidden_tree`); `compact` then keeps one path of it."""
-        return self.backend.hidden_tree(self._ids(token_ids), parents)
+        return self._lean().hidden_tree(self._ids(token_ids), parents)
 
     @torch.inference_mode()
     def compact(self, path: list[int]) -> None:
         """Keep only the nodes `path` (root first) of the last `forward_tree` in the cache."""
-        self.backend.compact(path)
+        self._lean().compact(path)
+
+    def _lean(self) -> llama_forward.LlamaForward:
+        if not isinstance(self.backend, llama_forward.LlamaForward):
+            raise RuntimeError("token trees run on the lean Llama forward only (see supports_trees)")
+        return self.backend
 
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on (rejected drafts)."""

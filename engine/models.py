@@ -328,7 +328,7 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
                 "pass --trust-remote-code (in the window: the 'Trust remote code' box)."
             ) from error
         raise SpecDeckError(f"Could not load {name}: {error}") from error
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]  # a decorator in transformers hides to()'s signature
     output_ids = read_output_tokens(Path(source), output_projection(model).weight.shape[0])
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
 
@@ -339,7 +339,7 @@ def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
 
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except Exception as error:  # noqa: BLE001 - the tokenizers library raises bare Exceptions on bad files
+    except Exception as error:
         folder = Path(source)
         if not folder.is_dir() or isinstance(error, OSError) and not any(folder.glob("tokenizer*")):
             raise

@@ -22,6 +22,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,7 @@ def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_token
                                 for j, r in enumerate(batch)]
             start = end
         path = folder / f"part-{number:05d}.pt"
-        write_with(path, lambda temporary: torch.save(saved, temporary))
+        write_with(path, partial(torch.save, saved))
         for r, states in zip(rows, saved["states"]):
             features[r] = states
         done += sum(len(data.ids[r]) for r in rows)

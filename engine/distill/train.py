@@ -38,7 +38,7 @@ from engine.distill.corpus import (
 from engine.distill.loop import HeldOut, batches, split_rows, train_loop
 from engine.distill.student import DraftShape, build_draft
 from engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
-from engine.hf_parts import input_embedding, output_projection
+from engine.hf_parts import decode, input_embedding, output_projection
 from engine.models import (
     BUILTIN_MODELS,
     OUTPUT_TOKENS_FILE,
@@ -155,7 +155,7 @@ def _article_shards(target: LoadedModel, folder: Path, config: TrainConfig, prog
         prompts = []
         for ids, first in zip(written.ids, written.first):
             # at most max_length tokens of article, so a long one cannot push the request out of the prompt
-            article = target.tokenizer.decode(ids[first + 1:][: config.max_length].tolist(), skip_special_tokens=True)
+            article = decode(target.tokenizer, ids[first + 1:][: config.max_length].tolist(), skip_special_tokens=True)
             if len(article) >= config.min_article_chars:
                 topic = topics.get(tuple(ids[: first + 1].tolist()), "it")
                 prompts.append(chat_ids(target, reading_instruction(topic, article, rng)))

@@ -2,13 +2,11 @@
 
 import itertools
 import re
-import time
 
 import pytest
 import torch
 
-from engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, encode_prompt, generate
-from engine import autotune
+from engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, autotune, encode_prompt, generate
 from engine.autotune import CostCurve, DepthAcceptance, RoundPlanner
 from engine.drafters import Drafter, Proposal
 from engine.kvcache import CachedModel
