@@ -102,7 +102,7 @@ class DrafterKind(str, Enum):
         the pair's history and past sessions; given `history`, it reads that alone and leaves it as it is."""
         if self is DrafterKind.PROMPT_LOOKUP:
             return PromptLookupDrafter(device=pair.target.device)
-        model: Drafter  # the pair's draft model or feature head, whichever it loaded
+        model: Drafter | None = None  # the pair's draft model or feature head, whichever it loaded
         draft, vocabulary = pair.draft, pair.vocabulary
         if draft is not None and vocabulary is not None and not vocabulary.same:
             model = CrossVocabularyDrafter(draft.model, vocabulary, name=draft.name, output_ids=draft.output_ids)
@@ -111,15 +111,17 @@ class DrafterKind(str, Enum):
         elif pair.head is not None:
             model = FeatureHeadDrafter(pair.head.head, pair.target.model, name=pair.head.name,
                                        output_ids=pair.head.output_ids)
-        else:
+        suffix = None
+        if self in (DrafterKind.SUFFIX, DrafterKind.HYBRID):
+            mine = history is None
+            suffix = SuffixDrafter(pair.history if mine else history, pair.past if mine else None, records=mine,
+                                   min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
+                                   device=pair.target.device)
+            if self is DrafterKind.SUFFIX:
+                return suffix
+        if model is None:
             raise SpecDeckError(f"The {self.label} drafter needs a draft model or a feature head, and none is loaded.")
-        if self in (DrafterKind.DRAFT_MODEL, DrafterKind.FEATURE_HEAD):
-            return model
-        mine = history is None
-        suffix = SuffixDrafter(pair.history if mine else history, pair.past if mine else None, records=mine,
-                               min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
-                               device=pair.target.device)
-        return HybridDrafter(model, suffix) if self is DrafterKind.HYBRID else suffix
+        return HybridDrafter(model, suffix) if suffix is not None else model
 
 
 DEFAULT_DRAFTER = DrafterKind.PROMPT_LOOKUP  # for targets without a built-in draft
