@@ -171,7 +171,8 @@ def model_card(target_name: str, config: CrossDraftConfig, tokenizer, texts: int
                held: HeldOut) -> str:
     """What the draft is, what it learnt from (with licenses) and how to make it again."""
     shape = config.shape
-    sources = "\n".join(f"- {name}: {text}" for name, text in {**SOURCES, **TEXT_SOURCES}.items())
+    listed = {**SOURCES, **TEXT_SOURCES} if config.exchanges else SOURCES  # existing text only where read
+    sources = "\n".join(f"- {name}: {text}" for name, text in listed.items())
     return f"""# Draft with its own tokenizer for {target_name}
 
 A small Llama (`LlamaForCausalLM`) that drafts for {target_name} through the text: its tokenizer,
