@@ -328,6 +328,14 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
 
 
+def load_tokenizer(name: str, progress: Progress | None = None):
+    """The tokenizer of model `name` alone (a remote target's, `engine.remote_target`)."""
+    try:
+        return _load_tokenizer(name, tokenizer_source(locate(name.strip(), progress), progress), False)
+    except OSError as error:
+        raise SpecDeckError(_hub_message(name, error)) from error
+
+
 def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
     """The tokenizer at `source`; a local one that fails to load is named by its files."""
     from transformers import AutoTokenizer

@@ -3,7 +3,8 @@ loaded pair (`ModelPair`).
 
 `PairSpec` is the one description of a pair that the command line, the window's model panel and
 the Benchmark tab all build; its defaults are the defaults of all three. It writes itself as the
-command-line arguments that build it again.
+command-line arguments that build it again. A target that is a server's address (`--target
+http://HOST:PORT/v1`) is a remote target (`engine.remote_target`), served as `target_model`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from engine.errors import SpecDeckError
 from engine.heads import LoadedHead, names_head
 from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
 from engine.past_sessions import PastSessions
+from engine.remote_http import DEFAULT_TIMEOUT_S, is_url
+from engine.remote_target import RemoteSettings, RemoteTarget
 from engine.suffix import SuffixIndex
 from engine.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
 from engine.vocabulary import VocabularyMatch
@@ -134,15 +137,41 @@ class PairSpec:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16
     trust_remote_code: bool = False
+    # a remote target: the model's name on the server, the local tokenizer that is the served model's
+    # (default: the draft model's, else the built-in target's), and the longest a request may take
+    target_model: str = ""
+    tokenizer: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         # what a text field or an option holds: blanks mean the default, a kind may come as its name
         object.__setattr__(self, "target", (self.target or "").strip() or DEFAULT_TARGET)
         object.__setattr__(self, "draft", (self.draft or "").strip() or None)
+        object.__setattr__(self, "target_model", (self.target_model or "").strip())
+        object.__setattr__(self, "tokenizer", (self.tokenizer or "").strip() or None)
         object.__setattr__(self, "device", (self.device or "").strip() or "auto")
         object.__setattr__(self, "dtype", (self.dtype or "").strip() or "auto")
         if self.drafter is not None and not isinstance(self.drafter, DrafterKind):
             object.__setattr__(self, "drafter", DrafterKind.named(self.drafter))
+
+    @property
+    def remote(self) -> bool:
+        """Whether the target is served (its name is an address)."""
+        return is_url(self.target)
+
+    @property
+    def remote_settings(self) -> RemoteSettings:
+        return RemoteSettings(self.target, self.target_model, self.timeout_s)
+
+    @property
+    def remote_tokenizer(self) -> str:
+        """Whose tokenizer a remote target is read with: `tokenizer`, else a draft model's, else the
+        built-in target's."""
+        if self.tokenizer:
+            return self.tokenizer
+        if self.drafter is DrafterKind.DRAFT_MODEL and self.draft:
+            return self.draft
+        return DEFAULT_TARGET
 
     @property
     def load_options(self) -> LoadOptions:
@@ -180,6 +209,9 @@ class PairSpec:
         """The command-line arguments for the target and how to load it; defaults are left out."""
         default = PairSpec()
         arguments = ["--target", self.target] if self.target != default.target else []
+        if self.remote:
+            arguments += ["--target-model", self.target_model] + (["--tokenizer", self.tokenizer] if self.tokenizer else [])
+            arguments += ["--timeout", f"{self.timeout_s:g}"] if self.timeout_s != default.timeout_s else []
         for flag, value, default_value in (("--device", self.device, default.device),
                                            ("--dtype", self.dtype, default.dtype)):
             if value != default_value:
@@ -197,9 +229,9 @@ class PairSpec:
 
 @dataclass
 class ModelPair:
-    """A loaded target and its drafter's model, if the drafter has one."""
+    """A loaded (or served) target and its drafter's model, if the drafter has one."""
 
-    target: LoadedModel
+    target: LoadedModel | RemoteTarget
     draft: LoadedModel | None = None
     drafter_kind: DrafterKind | None = None  # None: plain decoding only
     head: LoadedHead | None = None
@@ -234,6 +266,8 @@ class ModelPair:
     @property
     def description(self) -> str:
         tail = self.drafter_description if self.drafter_kind else "plain"
+        if isinstance(self.target, RemoteTarget):
+            return f"target {self.target.describe()} + {tail} (greedy only)"
         where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
         case = f"; {self.vocabulary.describe()}" if self.cross_vocabulary else ""
         return f"target {self.target.name} + {tail} {where}{case}"
