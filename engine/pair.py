@@ -246,6 +246,11 @@ class ModelPair:
             self.past = PastSessions(self.target.tokenizer)
 
     @property
+    def remote(self) -> bool:
+        """Whether the target is served (`engine.remote_target`)."""
+        return isinstance(self.target, RemoteTarget)
+
+    @property
     def cross_vocabulary(self) -> bool:
         """Whether the draft model has a tokenizer of its own (`engine.cross_vocab`)."""
         return self.vocabulary is not None and not self.vocabulary.same
@@ -255,7 +260,7 @@ class ModelPair:
         """Whether Hugging Face's assisted generation runs this pair's drafter (`DrafterKind`); a
         draft with a tokenizer of its own only where its vocabulary size differs from the target's,
         by which Hugging Face tells different tokenizers from the same one."""
-        if not self.drafter_kind or not self.drafter_kind.hugging_face_runs:
+        if not self.drafter_kind or not self.drafter_kind.hugging_face_runs or self.remote:
             return False
         return not self.cross_vocabulary or self.draft.model.config.vocab_size != self.target.model.config.vocab_size
 
@@ -266,7 +271,7 @@ class ModelPair:
     @property
     def description(self) -> str:
         tail = self.drafter_description if self.drafter_kind else "plain"
-        if isinstance(self.target, RemoteTarget):
+        if self.remote:
             return f"target {self.target.describe()} + {tail} (greedy only)"
         where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
         case = f"; {self.vocabulary.describe()}" if self.cross_vocabulary else ""

@@ -117,7 +117,7 @@ class SessionStats(RoundTotals):
     copied_drafted: int = 0  # drafts that prompt lookup copied (among `drafted`)
     copied_accepted: int = 0
     discarded: int = 0  # drafts never judged: proposed after a rejected draft of their round
-    remote: RemoteTotals = field(default_factory=lambda: RemoteTotals())
+    remote: RemoteTotals = field(default_factory=RemoteTotals)
     _round_position: int = 0
 
     def add(self, event) -> None:

@@ -30,6 +30,7 @@ from engine.drafters import PromptLookupDrafter
 from engine.events import RoundEvent, SummaryEvent, TokenEvent
 from engine.kvcache import synchronize
 from engine.pair import DrafterKind, ModelPair
+from engine.stats import RemoteTotals
 from engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
@@ -54,6 +55,7 @@ class Run:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     shapes: dict[str, int] = field(default_factory=dict)  # rounds per shape ("K=2", "copy 3", "none")
+    remote: RemoteTotals = field(default_factory=RemoteTotals)  # a served target's request times
 
     @property
     def new_tokens(self) -> int:
@@ -71,6 +73,7 @@ def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, s
     summary = None
     draft_ms = verify_ms = 0.0
     shapes: dict[str, int] = {}
+    remote = RemoteTotals()
     for event in generate(pair.target, prompt_ids, config, drafter):
         if isinstance(event, TokenEvent) and event.state.kept:
             token_ids.append(event.token_id)
@@ -78,11 +81,12 @@ def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, s
             draft_ms += event.draft_ms
             verify_ms += event.verify_ms
             shapes[event.shape] = shapes.get(event.shape, 0) + 1
+            remote.add(event)
         elif isinstance(event, SummaryEvent):
             summary = event
     return Run("speculative" if speculative else "plain", config.k if speculative else 0, token_ids,
                summary.text, summary.new_tokens, summary.decode_s, summary.prefill_ms, summary.rounds,
-               summary.drafted, summary.accepted, draft_ms, verify_ms, shapes)
+               summary.drafted, summary.accepted, draft_ms, verify_ms, shapes, remote)
 
 
 class _ForwardCounter:

@@ -60,13 +60,18 @@ def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], se
     return the summary rows. Cancelled (`cancel` set), the files cover the prompts that finished
     and report.md says so; with none finished nothing is written and no rows are returned."""
     without_hf = [pair.drafter_description for pair in pairs if not pair.hugging_face_runs]
-    if without_hf and "hf-assisted" in settings.baselines:
+    if pairs[0].remote:
+        settings.check_remote()
+        served = "hf and hf-assisted left out: Hugging Face generate() needs the target in this process."
+        context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), served))), "remote": "yes"}
+    elif without_hf and "hf-assisted" in settings.baselines:
         # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter, and
         # takes two vocabularies of one size for one tokenizer
         left_out = (f"hf-assisted left out for {', '.join(without_hf)}: Hugging Face generate() has no such "
                     "drafter (or, for a draft with its own tokenizer, not one with as many tokens as the target's).")
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
-    context = {**context, "cost_curve": cost_curve(pairs[0].target.model, costs_cache())}
+    if not pairs[0].remote:
+        context = {**context, "cost_curve": cost_curve(pairs[0].target.model, costs_cache())}
     results = run_bench(pairs, prompts, settings, progress, cancel)
     if not results:
         return []
