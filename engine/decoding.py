@@ -42,9 +42,9 @@ from engine.cache import costs_cache
 from engine.config import DecodeConfig
 from engine.context import context_length, fit_prompt, shortest
 from engine.drafters import Drafter, Proposal
+from engine.errors import SpecDeckError
 from engine.events import Event, SessionStarted
 from engine.models import LoadedModel
-from engine.errors import SpecDeckError
 from engine.remote_target import RemoteTarget, require_greedy
 from engine.rounds import Clock, Drafts, Schedule, target_forward
 from engine.sampling import logits_to_probs, residual, sample
@@ -151,7 +151,7 @@ def generate(target: LoadedModel | RemoteTarget, prompt_ids: list[int], config: 
 _PLANNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # each drafter's latest greedy planner
 
 
-def _planner(target: LoadedModel, drafter: Drafter | None, config: DecodeConfig, drafts: Drafts,
+def _planner(target: LoadedModel | RemoteTarget, drafter: Drafter | None, config: DecodeConfig, drafts: Drafts,
              trees: bool) -> RoundPlanner | None:
     """The auto schedule's planner (None under the others, and for plain decoding): each round's
     shape chosen from the costs measured on this machine (cached) and the session's acceptance, with
@@ -159,8 +159,8 @@ def _planner(target: LoadedModel, drafter: Drafter | None, config: DecodeConfig,
     sessions also adapt the costs to what their rounds take (their text cannot change with the
     shape); sampled ones plan from the cached costs alone, so a seed gives the same text on this
     machine."""
-    if drafter is None or config.schedule != "auto" or target.model is None:  # a server's costs are not measured here
-        return None
+    if drafter is None or config.schedule != "auto" or isinstance(target, RemoteTarget):
+        return None  # (a served target's costs are not measured here)
     costs = costs_cache()
     per_token = draft_cost(drafter, target.vocab_width, target.model.config.hidden_size, costs)
     planner = RoundPlanner(cost_curve(target.model, costs), per_token, config.max_k, drafts.copy_length,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from engine.cross_vocab import CrossVocabularyDrafter
-from engine.drafters import DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter
+from engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter
 from engine.errors import SpecDeckError
 from engine.heads import LoadedHead, names_head
 from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions

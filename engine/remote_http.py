@@ -49,7 +49,6 @@ class Endpoint:
         self.root = f"{parts.scheme}://{parts.netloc}{path.removesuffix('/v1')}"
         self.timeout_s = timeout_s
         self.key = os.environ.get(API_KEY_VARIABLE, "")
-        self.requests = 0  # requests sent, for the record
 
     def get(self, path: str, root: bool = False) -> dict:
         return self.request(path, None, root)[0]
@@ -66,7 +65,6 @@ class Endpoint:
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
         request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-        self.requests += 1
         started = time.perf_counter()
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
@@ -75,7 +73,7 @@ class Endpoint:
             raise ServerFault(self._status_message(error.code, _error_text(error), path)) from error
         except urllib.error.URLError as error:
             raise ServerFault(self._connection_message(error.reason)) from error
-        except (TimeoutError, socket.timeout) as error:
+        except TimeoutError as error:
             raise ServerFault(self._connection_message(error)) from error
         except (http.client.HTTPException, ConnectionError) as error:
             raise ServerFault(self._connection_message(error)) from error
@@ -108,7 +106,7 @@ class Endpoint:
                 "run again once it is healthy.")
 
     def _connection_message(self, reason: object) -> str:
-        if isinstance(reason, (TimeoutError, socket.timeout)):
+        if isinstance(reason, TimeoutError):
             return (f"The server at {self.base} did not answer within {self.timeout_s:g} s (--timeout): it is "
                     "busy, or the model is slow on it. Raise --timeout, or check the server.")
         if isinstance(reason, ConnectionRefusedError):

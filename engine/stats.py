@@ -27,12 +27,13 @@ def predicted_speedup(a: float, k: float, cost_ratio: float) -> float:
     return expected_tokens_per_round(a, k) / (cost_ratio * k + 1.0)
 
 
-def remote_tokens_per_s(a: float, k: float, round_trip_ms: float, draft_ms: float, server_ms: float) -> float:
-    """Tokens/s against a served target: a round of K drafts keeps (1 - a^(K+1)) / (1 - a) tokens for
-    K local draft steps of `draft_ms`, one round trip and the server's verify time. K = 0 is plain
-    decoding over the network, one token per round trip. Speculation pays where the kept tokens
-    outnumber 1 + K draft_ms / (round_trip_ms + server_ms): the longer the round trip, the more."""
-    return 1e3 * expected_tokens_per_round(a, k) / (k * draft_ms + round_trip_ms + server_ms)
+def remote_tokens_per_s(kept: float, k: float, round_trip_ms: float, draft_ms: float, server_ms: float) -> float:
+    """Tokens/s against a served target: a round of K drafts keeps `kept` tokens (measured, or
+    (1 - a^(K+1)) / (1 - a) at acceptance rate a) for K local draft steps of `draft_ms`, one round
+    trip and the server's verify time. Plain decoding over the network keeps one token per round
+    trip (kept 1, K 0). Speculation pays where `kept` exceeds 1 + K draft_ms / (round_trip_ms +
+    server_ms): the longer the round trip, the more."""
+    return 1e3 * kept / (k * draft_ms + round_trip_ms + server_ms)
 
 
 @dataclass

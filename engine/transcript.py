@@ -22,6 +22,7 @@ from engine.drafters import DraftPiece
 from engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
 from engine.models import LoadedModel
 from engine.remote_scoring import ServerTime
+from engine.remote_target import RemoteTarget
 from engine.rounds import Clock, Draft
 from engine.sampling import logits_to_probs, require_finite
 from engine.stats import SessionStats
@@ -94,7 +95,7 @@ def _piece_fields(piece: DraftPiece | None) -> dict:
 class Transcript:
     """The session's events, the kept text and the counts; and whether and why it stopped."""
 
-    def __init__(self, target: LoadedModel, config: DecodeConfig, budget: int) -> None:
+    def __init__(self, target: LoadedModel | RemoteTarget, config: DecodeConfig, budget: int) -> None:
         self.eos = target.eos_ids
         self.dtype = target.dtype
         self.stop_strings = config.stop_strings

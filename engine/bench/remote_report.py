@@ -2,11 +2,13 @@
 here, the network, the server) and a latency model of what the measured acceptance and K give at
 other round-trip times (`engine.stats.remote_tokens_per_s`).
 
-The model: a round of K drafts keeps E = (1 - a^(K+1)) / (1 - a) tokens and takes K draft steps,
-the request measured here (its round trip on this link and the server's work) and R more
-milliseconds of round trip; plain decoding over the same link keeps one token per request. So
-tokens/s = 1000 E / (K d + V + R) against 1000 / (V0 + R), with d the measured draft time per
-token, V the measured request time per round and V0 plain decoding's.
+The model: a round of K drafts keeps L tokens (the measured tokens per round, which the measured
+acceptance at that K gives: (1 - a^(K+1)) / (1 - a) where acceptance does not depend on depth) and
+takes K draft steps, the request measured here (its round trip on this link and the server's
+work) and R more milliseconds of round trip; plain decoding over the same link keeps one token per
+request. So tokens/s = 1000 L / (K d + V + R) against 1000 / (V0 + R), with K the mean drafts per
+round, d the measured draft time per token, V the measured request time per round and V0 plain
+decoding's.
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def _sums(results: list[PromptResult], method: Method) -> tuple[RemoteTotals, int, int, int, float, float]:
-    """A method's median runs summed: request times, rounds, drafted, accepted, draft and verify ms."""
-    remote, rounds, drafted, accepted, draft_ms, verify_ms = RemoteTotals(), 0, 0, 0, 0.0, 0.0
+    """A method's median runs summed: request times, rounds, drafted, new tokens, draft and verify ms."""
+    remote, rounds, drafted, kept, draft_ms, verify_ms = RemoteTotals(), 0, 0, 0, 0.0, 0.0
     for result in results:
         run = result.median_run(method)
         for name in ("rounds", "network_ms", "server_rounds", "server_ms", "reported_cache", "misses"):
             setattr(remote, name, getattr(remote, name) + getattr(run.remote, name))
-        rounds, drafted, accepted = rounds + run.rounds, drafted + run.drafted, accepted + run.accepted
+        rounds, drafted, kept = rounds + run.rounds, drafted + run.drafted, kept + run.new_tokens
         draft_ms, verify_ms = draft_ms + run.draft_ms, verify_ms + run.verify_ms
-    return remote, rounds, drafted, accepted, draft_ms, verify_ms
+    return remote, rounds, drafted, kept, draft_ms, verify_ms
 
 
 def split_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]:
@@ -59,13 +61,13 @@ def latency_rows(results: list[PromptResult], methods: list[Method]) -> list[dic
     plain_request = plain_verify / plain_rounds
     rows = []
     for method in (m for m in methods if m.name == "speculative"):
-        _, rounds, drafted, accepted, draft_ms, verify_ms = _sums(results, method)
+        _, rounds, drafted, kept, draft_ms, verify_ms = _sums(results, method)
         if not rounds or not drafted:
             continue
-        a, k = accepted / drafted, drafted / rounds
         for added in ADDED_ROUND_TRIPS_MS:
-            speculative = remote_tokens_per_s(a, k, added, draft_ms / drafted, verify_ms / rounds)
-            plain = remote_tokens_per_s(0.0, 0, added, 0.0, plain_request)
+            speculative = remote_tokens_per_s(kept / rounds, drafted / rounds, added, draft_ms / drafted,
+                                              verify_ms / rounds)
+            plain = remote_tokens_per_s(1.0, 0, added, 0.0, plain_request)
             rows.append({"method": method.name, "k": method.shown_k, "drafter": method.shown_drafter,
                          "added_round_trip_ms": added, "tokens_per_s": _fmt(speculative),
                          "plain_tokens_per_s": _fmt(plain), "speedup": _fmt(speculative / plain, 3)})

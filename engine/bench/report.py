@@ -226,10 +226,10 @@ def remote_lines(results: list[PromptResult], methods: list[Method]) -> list[str
             "hit made the server recompute the whole context.", "",
             markdown_table(split_rows(results, methods), SPLIT_COLUMNS),
             "", "## Latency model: tokens/s against round-trip time", "",
-            "From the measured acceptance, drafts per round, draft time per token and request time per round: "
-            "a round keeps (1 - a^(K+1)) / (1 - a) tokens for K draft steps, the request and the added round "
-            "trip; plain decoding keeps one token per request. Speculation pays where speedup > 1, and pays more "
-            "the longer the round trip.", "",
+            "From the measured tokens per round, drafts per round, draft time per token and request time per "
+            "round: a round keeps its tokens for K draft steps, the request measured here and the added round "
+            "trip; plain decoding keeps one token per request (`engine.bench.remote_report`). Speculation pays "
+            "where speedup > 1, and pays more the longer the round trip.", "",
             markdown_table(latency_rows(results, methods), LATENCY_COLUMNS)]
 
 

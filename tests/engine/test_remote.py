@@ -21,8 +21,10 @@ from engine.events import RoundEvent, SummaryEvent
 from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, encode_prompt, load_tokenizer
 from engine.pair import DrafterKind, PairSpec
 from engine.remote_http import API_KEY_VARIABLE
+from engine.remote_scoring import ServerTime
 from engine.remote_target import RemoteSettings, connect
 from engine.session import load_pair
+from engine.stats import expected_tokens_per_round, remote_tokens_per_s
 
 SERVED = importlib.util.find_spec("llama_cpp") is not None and all(
     importlib.util.find_spec(name) is not None for name in ("fastapi", "uvicorn", "sse_starlette", "pydantic_settings"))
@@ -136,6 +138,11 @@ def test_dropped_connection_keeps_the_text_so_far(server):
     assert summary.new_tokens > 0 and server_greedy(server, "The cat sat on the mat. The cat", 16).startswith(summary.text)
 
 
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that gave up (a timeout, a drop) leaves a broken pipe here: expected, not news."""
+
+
 class Stub:
     """A stub OpenAI-compatible server on a free port: it lists the model "target", answers with
     `status` (and `detail`) or after `delay_s`, wants `key` if given, and forwards to `upstream`
@@ -180,7 +187,7 @@ class Stub:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -257,3 +264,23 @@ def test_feature_head_is_refused_for_a_remote_target(tokenizer):
     """A feature head needs hidden states a server does not return: refused, naming the drafters that work."""
     with Stub() as server, pytest.raises(SpecDeckError, match="hidden states.*draft-model, prompt-lookup"):
         load_pair(PairSpec(server.url, DEFAULT_HEAD, DrafterKind.FEATURE_HEAD, target_model="target"))
+
+
+def test_latency_model_pays_more_the_longer_the_round_trip():
+    """Speculation's gain over plain decoding grows with the round trip; drafts never accepted never pay."""
+    def speedup(a, rtt):
+        kept = expected_tokens_per_round(a, 4)
+        return remote_tokens_per_s(kept, 4, rtt, 2.0, 20.0) / remote_tokens_per_s(1.0, 0, rtt, 0.0, 15.0)
+
+    gains = [speedup(0.7, rtt) for rtt in (0, 10, 100, 300)]
+    assert gains == sorted(gains) and gains[-1] > 2.0
+    assert all(speedup(0.0, rtt) < 1.0 for rtt in (0, 10, 100, 300))
+
+
+def test_server_time_reads_what_servers_report():
+    """The round's split: llama.cpp's timings and OpenAI's cached-token count; nothing invented where absent."""
+    timed = ServerTime.of({"timings": {"prompt_ms": 30.0, "predicted_ms": 10.0, "cache_n": 0}}, 100.0)
+    assert (timed.server_ms, timed.network_ms, timed.cache_hit) == (40.0, 60.0, False)
+    cached = ServerTime.of({"usage": {"prompt_tokens_details": {"cached_tokens": 96}}}, 50.0)
+    assert (cached.server_ms, cached.network_ms, cached.cache_hit) == (None, 50.0, True)
+    assert ServerTime.of({}, 25.0).cache_hit is None
