@@ -29,9 +29,9 @@ from PySide6.QtWidgets import (
     QScrollArea,
     QSizePolicy,
     QSplitter,
-    QTabWidget,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -76,10 +76,10 @@ class PlotImage(QWidget):
         self.setMinimumSize(160, 80)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
 
-    def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
+    def sizeHint(self) -> QSize:
         return self.pixmap.size()
 
-    def paintEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def paintEvent(self, event) -> None:
         if self.pixmap.isNull():
             return
         size = self.pixmap.size().scaled(self.size(), Qt.AspectRatioMode.KeepAspectRatio)
@@ -256,7 +256,8 @@ class BenchmarkTab(QWidget):
         settings, prompts = self.settings(), self.prompts()
         specs = [models.resolved(), *(spec.resolved() for spec in self.other_drafters(models))]
         stand_ins = [SimpleNamespace(drafter_kind=spec.drafter, drafter_description=spec.drafter.describe(spec.draft),
-                                     hugging_face_runs=spec.drafter.hugging_face_runs)
+                                     hugging_face_runs=spec.drafter.hugging_face_runs,
+                                     copies_text=spec.drafter.copies_text, reads_history=spec.drafter.reads_history)
                      for spec in specs]  # what `BenchSettings.methods` reads of a loaded pair (before its vocabularies are known)
         methods = settings.methods(stand_ins)
         runs = len(prompts) * settings.repeats * len(methods)

@@ -23,13 +23,18 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.atomic import building_folder
 from engine.cache import gguf_cache, heal
 from engine.errors import SpecDeckError
+from engine.hf_parts import output_projection
 from engine.preflight import check_model_folder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Progress = Callable[[str], None]
 
@@ -90,8 +95,8 @@ class LoadOptions:
 @dataclass
 class LoadedModel:
     name: str
-    model: torch.nn.Module
-    tokenizer: object
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
     output_ids: torch.Tensor | None = None  # a draft's reduced output vocabulary (`OUTPUT_TOKENS_FILE`)
@@ -99,7 +104,7 @@ class LoadedModel:
     @property
     def vocab_width(self) -> int:
         """Rows of the output layer: the token ids the model can emit (padding rows included)."""
-        return self.model.get_output_embeddings().weight.shape[0]
+        return output_projection(self.model).weight.shape[0]
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -323,8 +328,8 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
                 "pass --trust-remote-code (in the window: the 'Trust remote code' box)."
             ) from error
         raise SpecDeckError(f"Could not load {name}: {error}") from error
-    model.to(device).eval()
-    output_ids = read_output_tokens(Path(source), model.get_output_embeddings().weight.shape[0])
+    model.to(device).eval()  # type: ignore[arg-type]  # a decorator in transformers hides to()'s signature
+    output_ids = read_output_tokens(Path(source), output_projection(model).weight.shape[0])
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
 
 
@@ -342,7 +347,7 @@ def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
 
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except Exception as error:  # noqa: BLE001 - the tokenizers library raises bare Exceptions on bad files
+    except Exception as error:
         folder = Path(source)
         if not folder.is_dir() or isinstance(error, OSError) and not any(folder.glob("tokenizer*")):
             raise

@@ -71,6 +71,10 @@ def _attach_drafter(target_model: LoadedModel | RemoteTarget, spec: PairSpec, pr
     """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), loading
     its draft or head."""
     draft_model = head = vocabulary = None
+    if spec.drafter is None or not spec.drafter.needs_model:
+        return ModelPair(target_model, None, spec.drafter, None)
+    if not spec.draft:  # `PairSpec.resolved` names one for every kind that needs it
+        raise SpecDeckError(f"The {spec.drafter.label} drafter needs a model: name one with --draft.")
     if spec.drafter is DrafterKind.DRAFT_MODEL and names_head(spec.draft):
         raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
     if spec.drafter is DrafterKind.FEATURE_HEAD or (spec.drafter is DrafterKind.HYBRID and names_head(spec.draft)):
@@ -78,7 +82,7 @@ def _attach_drafter(target_model: LoadedModel | RemoteTarget, spec: PairSpec, pr
             raise SpecDeckError("A feature head drafts from the target's hidden states, which a server does not "
                                 "return: choose the draft-model, prompt-lookup or suffix drafter for a remote target.")
         head = load_feature_head(spec.draft, target_model, progress)
-    elif spec.drafter in (DrafterKind.DRAFT_MODEL, DrafterKind.HYBRID):
+    else:
         draft_model = load_model(spec.draft, spec.load_options, progress)
         vocabulary = match_vocabularies(target_model, draft_model)
         if progress and not vocabulary.same:
