@@ -112,7 +112,7 @@ class DrafterKind(str, Enum):
         elif draft is not None:
             model = DraftModelDrafter(draft.model, name=draft.name, output_ids=draft.output_ids)
         elif pair.head is not None:
-            model = FeatureHeadDrafter(pair.head.head, pair.target.model, name=pair.head.name,
+            model = FeatureHeadDrafter(pair.head.head, pair.local_target.model, name=pair.head.name,
                                        output_ids=pair.head.output_ids)
         suffix = None
         if self in (DrafterKind.SUFFIX, DrafterKind.HYBRID):
@@ -255,6 +255,14 @@ class ModelPair:
         return isinstance(self.target, RemoteTarget)
 
     @property
+    def local_target(self) -> LoadedModel:
+        """The target, where what asks for it needs its model in this process."""
+        if isinstance(self.target, RemoteTarget):
+            raise SpecDeckError(f"{self.target.describe()} is served, not loaded here: this needs a target in this "
+                                "process (load the model itself with --target).")
+        return self.target
+
+    @property
     def reads_history(self) -> bool:
         """Whether its drafter drafts from earlier texts (`DrafterKind.reads_history`)."""
         return self.drafter_kind is not None and self.drafter_kind.reads_history
@@ -278,7 +286,7 @@ class ModelPair:
             return False
         if self.draft is None or not self.cross_vocabulary:
             return True
-        return self.draft.model.config.vocab_size != self.target.model.config.vocab_size
+        return self.draft.model.config.vocab_size != self.local_target.model.config.vocab_size
 
     def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
         """A drafter for one session (`DrafterKind.make_drafter`), or None for plain decoding."""
@@ -287,7 +295,7 @@ class ModelPair:
     @property
     def description(self) -> str:
         tail = self.drafter_description if self.drafter_kind else "plain"
-        if self.remote:
+        if isinstance(self.target, RemoteTarget):
             return f"target {self.target.describe()} + {tail} (greedy only)"
         where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
         case = f"; {self.vocabulary.describe()}" if self.vocabulary is not None and not self.vocabulary.same else ""

@@ -124,7 +124,7 @@ def _generation_config(pair: ModelPair, config: DecodeConfig, max_new_tokens: in
 def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str,
                  max_new_tokens: int) -> tuple[list[int], float]:
     """(new token ids, seconds) of one Hugging Face generate()."""
-    target = pair.target
+    target = pair.local_target
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     kwargs: dict[str, object] = {}
     if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL and pair.draft is not None:
@@ -153,7 +153,7 @@ _ASSISTANT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a 
 
 def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:
     _, prefill_s = _hf_generate(pair, prompt_ids, config, method, max_new_tokens=1)
-    counter = _ForwardCounter(pair.target.model)
+    counter = _ForwardCounter(pair.local_target.model)
     try:
         token_ids, total_s = _hf_generate(pair, prompt_ids, config, method, config.max_new_tokens)
     finally:

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from engine.autotune import CURVE_CONTEXT, machine_name
-
 from engine.bench.remote_report import LATENCY_COLUMNS, SPLIT_COLUMNS, latency_rows, split_rows
 from engine.bench.runner import BenchSettings, Method, PromptResult
 from engine.stats import RoundTotals

@@ -249,7 +249,7 @@ def explain_mismatch(pair: ModelPair, prompt_ids: list[int], plain: list[int], o
                 "target: its logits are not at hand to judge a near-tie)")
     with torch.inference_mode():
         ids = torch.tensor([prompt_ids + plain[:at]], device=pair.target.device)
-        logits = pair.target.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+        logits = pair.local_target.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
     gap = float(logits[plain[at]] - logits[other[at]])
     scale = float(logits.abs().max())
     dtype = str(pair.target.dtype).removeprefix("torch.")

@@ -81,7 +81,7 @@ def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], se
                     "drafter (or, for a draft with its own tokenizer, not one with as many tokens as the target's).")
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
     if not pairs[0].remote:
-        context = {**context, "cost_curve": cost_curve(pairs[0].target.model, costs_cache())}
+        context = {**context, "cost_curve": cost_curve(pairs[0].local_target.model, costs_cache())}
     results = run_bench(pairs, prompts, settings, progress, cancel)
     if not results:
         return []
