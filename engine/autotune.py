@@ -93,7 +93,7 @@ def measure_curve(model: torch.nn.Module, tokens: tuple[int, ...] = CURVE_TOKENS
     a burst of other work on the machine spoils one pass, not one size. The curve records how far the
     passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
     lm = CachedModel(model)
-    vocab = model.get_input_embeddings().weight.shape[0]
+    vocab = model.config.vocab_size
     ids = [(7 * i + 3) % vocab for i in range(context + max(tokens))]
     lm.forward(ids[:context], last_only=True)
     runs: list[list[float]] = [[] for _ in tokens]
@@ -125,10 +125,10 @@ def measure_draft_ms(drafter, vocab_width: int, hidden_size: int, k: int = 4, pa
     seen = ids[:context]
     drafter.begin(seen, DecodeConfig(k=k, schedule="constant", lookup=0), vocab_width, None)
     pending = len(seen) - 1
-    weight = next(drafter.module.parameters()) if drafter.module is not None else torch.zeros(0)
     best = float("inf")
     for pass_no in range(passes + 1):
         if drafter.needs_states:
+            weight = next(drafter.module.parameters())
             drafter.observe(torch.zeros(pending, hidden_size, device=weight.device, dtype=weight.dtype))
         started = time.perf_counter()
         proposal = drafter.propose(seen, k)
@@ -145,12 +145,15 @@ _DRAFT_MS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _key(module: torch.nn.Module, what: str) -> str:
-    weight = next(module.parameters())
-    path = linear.choose_path([p.detach() for p in module.parameters() if p.dim() == 2]).path
+    weights = [p.detach() for p in module.parameters()]
+    if weights:
+        runs_on = [str(weights[0].dtype), str(weights[0].device)]
+        path = linear.choose_path([w for w in weights if w.dim() == 2]).path
+    else:  # a llama.cpp model: its config names the file and the library version
+        runs_on, path = [module.backend], ""
     config = getattr(module, "config", None)
-    parts = [what, config.to_json_string(use_diff=False) if config is not None else repr(module),
-             str(weight.dtype), str(weight.device), torch.__version__, str(torch.get_num_threads()),
-             machine_name(), path, repr(CURVE_TOKENS), str(CURVE_CONTEXT)]
+    parts = [what, config.to_json_string(use_diff=False) if config is not None else repr(module), *runs_on,
+             torch.__version__, str(torch.get_num_threads()), machine_name(), path, repr(CURVE_TOKENS), str(CURVE_CONTEXT)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 

@@ -2,7 +2,8 @@
 
 A GGUF file is dequantized once into a safetensors folder under `cache_root()/gguf/` (see
 `engine.models.convert_gguf`). An entry is built under a hidden name carrying the writer's process
-id (`engine.atomic`); one whose process is gone was interrupted, and `heal` removes it.
+id (`engine.atomic`); one whose process is gone was interrupted, and `heal` removes it. A GGUF file
+run by llama.cpp keeps only its tokenizer here, in a folder named `TOKENIZER_SUFFIX`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from engine.atomic import leftover_writer, process_alive, remove_abandoned, remove_path
 
 Notice = Callable[[str], None]
+TOKENIZER_SUFFIX = "-tokenizer"
 
 
 def cache_root() -> Path:
@@ -61,9 +63,11 @@ class CacheEntry:
     def state(self) -> str:
         if self.writer is not None:
             return f"being written by process {self.writer}"
-        if self.path.name.startswith(".") or not (self.path / "model.safetensors").is_file():
+        if self.path.name.startswith("."):
             return "incomplete"
-        return "complete"
+        if self.path.name.endswith(TOKENIZER_SUFFIX):
+            return "complete" if (self.path / "tokenizer_config.json").is_file() else "incomplete"
+        return "complete" if (self.path / "model.safetensors").is_file() else "incomplete"
 
 
 def _size(path: Path) -> int:

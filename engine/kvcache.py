@@ -5,8 +5,9 @@ the newest one. The newest kept token is fed first in the next forward, so each 
 forward over [newest kept token, drafted tokens...]; after a rejection the cache is cropped back
 to the kept prefix, so no round ever re-reads the context.
 
-Llama-family models run on `engine.llama_forward` (same logits, far less overhead per step);
-every other model runs Hugging Face's own forward over a `DynamicCache`.
+Llama-family models run on `engine.llama_forward` (same logits, far less overhead per step),
+GGUF files opened by llama.cpp on `engine.llamacpp_backend`, every other model on Hugging Face's
+own forward over a `DynamicCache`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from engine import llama_forward
+from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
 
 class HFForward:
@@ -56,18 +58,21 @@ class HFForward:
             self.cache.crop(-excess)  # transformers 5: a negative count removes that many positions
 
 
-def backend_for(model: torch.nn.Module) -> llama_forward.LlamaForward | HFForward:
-    """The lean Llama forward where it reproduces `model`, else Hugging Face's."""
+def backend_for(model: torch.nn.Module | LlamaCppModel) -> llama_forward.LlamaForward | HFForward | LlamaCppForward:
+    """llama.cpp for a model it opened; else the lean Llama forward where it reproduces `model`, else
+    Hugging Face's."""
+    if isinstance(model, LlamaCppModel):
+        return LlamaCppForward(model)
     return llama_forward.LlamaForward(model) if llama_forward.supports(model) else HFForward(model)
 
 
 class CachedModel:
-    """A causal LM and its KV cache, on the lean Llama forward when it reproduces the model, else
-    on Hugging Face's."""
+    """A causal LM and its KV cache, on llama.cpp for a model it opened, on the lean Llama forward
+    when that reproduces the model, else on Hugging Face's."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module | LlamaCppModel) -> None:
         self.model = model
-        self.device = next(model.parameters()).device
+        self.device = model.device
         self.backend = backend_for(model)
 
     def reset(self) -> None:
@@ -90,7 +95,8 @@ class CachedModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output layer applied to `forward_hidden`'s states: the same logits `forward` gives for
-        Llama-family models, whose logits are exactly that (through the same product path)."""
+        Llama-family models, whose logits are exactly that (through the same product path). On
+        llama.cpp, the logits of the latest `forward_hidden`'s own call, for its states only."""
         return self.backend.output_layer(hidden)
 
     @property
