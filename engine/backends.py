@@ -112,7 +112,7 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
         verdict = {"llama.cpp": _llama_cpp_step_ms(path)}
     except SpecDeckError:  # a file llama.cpp cannot read: torch's loader says what is wrong with it
         return False
-    verdict["torch"] = _torch_step_ms(name)
+    verdict["torch"] = _torch_step_ms(name, progress)
     try:
         saved.parent.mkdir(parents=True, exist_ok=True)
         write_text(saved, json.dumps(verdict))
@@ -128,13 +128,13 @@ def _llama_cpp_step_ms(path: Path) -> float:
     return _step_ms(LlamaCppForward(model), model.vocab_width)
 
 
-def _torch_step_ms(name: str) -> float:
+def _torch_step_ms(name: str, progress: Progress | None) -> float:
     """A torch plain step's milliseconds, or infinity where the dequantized model would not fit in memory."""
     from engine.kvcache import CachedModel
     from engine.models import LoadOptions, load_model
 
     try:
-        loaded = load_model(name, LoadOptions(device="cpu", backend="torch"))
+        loaded = load_model(name, LoadOptions(device="cpu", backend="torch"), progress)
     except SpecDeckError:  # too large for this machine's memory, or unreadable to torch
         return float("inf")
     return _step_ms(CachedModel(loaded.model).backend, loaded.vocab_width)

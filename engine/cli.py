@@ -24,6 +24,7 @@ _RESET = "\033[0m"
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    from engine.backends import BACKENDS
     from engine.drafters import DRAFTER_KINDS
     from engine.models import DEFAULT_TARGET
 
@@ -34,6 +35,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what proposes tokens (default: what --draft names, else the default pair's)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto",
+                        help="what runs a .gguf model: llama.cpp (its quantized weights as they are) or torch "
+                             "(dequantized); auto: llama.cpp where installed and faster on this machine")
     parser.add_argument("--trust-remote-code", action="store_true", help="run model code from the model's files")
 
 
@@ -98,7 +102,7 @@ def _cmd_run(args) -> int:
         raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
     progress = None if args.jsonl else (lambda stage: print(f"[{stage}]", file=sys.stderr, flush=True))
     pair = load_pair(args.target, args.draft, args.drafter, args.device, args.dtype, args.trust_remote_code,
-                     plain=args.plain, progress=progress)
+                     plain=args.plain, progress=progress, backend=args.backend)
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     summary = None
     with cancel_on_signals(to_stderr) as cancel:  # Ctrl-C ends the session at the next round, like Stop

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from engine.backends import gguf_file
 from engine.config import DecodeConfig
 from engine.decoding import generate
 from engine.drafters import COPYING_KINDS, DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter, SuffixDrafter
@@ -53,6 +54,8 @@ class ModelPair:
     @property
     def description(self) -> str:
         tail = self.drafter_description if self.drafter_kind else "plain"
+        if self.target.backend != "torch":
+            return f"target {self.target.name} + {tail} on {self.target.device.type}, {self.target.backend}"
         return f"target {self.target.name} + {tail} on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
 
 
@@ -67,7 +70,7 @@ class ModelPair:
 
 def load_pair(target: str | None, draft: str | None, drafter: str | None, device: str = "auto",
               dtype: str = "auto", trust_remote_code: bool = False, plain: bool = False,
-              progress: Progress | None = None) -> ModelPair:
+              progress: Progress | None = None, backend: str = "torch") -> ModelPair:
     """Load the target and, if the session needs one, the draft; refuse mismatched vocabularies.
 
     With nothing chosen the default pair is the built-in target and its feature head (its distilled
@@ -75,30 +78,30 @@ def load_pair(target: str | None, draft: str | None, drafter: str | None, device
     that names a feature head (an alias or a folder) picks the feature-head drafter by itself."""
     target = target or DEFAULT_TARGET
     kind, draft = _choose_drafter(target, drafter, draft)
-    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend)
     target_model = load_model(target, options, progress)
     return _attach_drafter(target_model, None if plain else kind, draft, options, progress)
 
 
 def load_pairs(target: str | None, drafters: Sequence[tuple[str | None, str | None]], device: str = "auto",
                dtype: str = "auto", trust_remote_code: bool = False,
-               progress: Progress | None = None) -> list[ModelPair]:
+               progress: Progress | None = None, backend: str = "torch") -> list[ModelPair]:
     """One pair per (drafter kind, draft) entry, all sharing one loaded target; each entry is chosen
     as `load_pair` chooses, and every entry is checked before anything loads."""
     target = target or DEFAULT_TARGET
     chosen = _choose_drafters(target, drafters)
-    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend)
     target_model = load_model(target, options, progress)
     return [_attach_drafter(target_model, kind, draft, options, progress) for kind, draft in chosen]
 
 
 def add_drafters(pair: ModelPair, target: str | None, drafters: Sequence[tuple[str | None, str | None]],
                  device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
-                 progress: Progress | None = None) -> list[ModelPair]:
+                 progress: Progress | None = None, backend: str = "torch") -> list[ModelPair]:
     """More pairs on `pair`'s loaded target (named `target` when it was loaded), one per (drafter
     kind, draft) entry, chosen and loaded as `load_pairs` does; the target is not loaded again."""
     chosen = _choose_drafters(target or DEFAULT_TARGET, drafters)
-    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend)
     return [_attach_drafter(pair.target, kind, draft, options, progress) for kind, draft in chosen]
 
 
@@ -132,6 +135,8 @@ def _attach_drafter(target_model: LoadedModel, kind: str | None, draft: str | No
     if kind == "draft-model":
         if names_head(draft):
             raise SpecDeckError(f"{draft} is a feature head, not a draft model: choose the feature-head drafter.")
+        if gguf_file(draft) is None:  # a draft that is no GGUF file runs on torch, whatever runs the target
+            options = replace(options, backend="torch")
         draft_model = load_model(draft, options, progress)
         check_vocabularies(target_model, draft_model)
     elif kind == "feature-head":

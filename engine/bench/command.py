@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,7 +43,8 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (texts are then checked)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3, help="timed runs per prompt and method (median kept)")
-    bench.add_argument("--baselines", default="plain,hf,hf-assisted", help="any of plain, hf, hf-assisted")
+    bench.add_argument("--baselines", default="plain,hf,hf-assisted",
+                       help="any of plain, hf, hf-assisted, llama.cpp (llama-cpp-python's own generation of a .gguf target)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -156,7 +158,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out = check_results_folder(Path(args.out))
     transformers.logging.set_verbosity_error()  # its assisted-generation notices would break the progress bar
     progress = lambda stage: print(f"[{stage}]", file=sys.stderr, flush=True)  # noqa: E731
-    pairs = load_pairs(args.target, drafters, args.device, args.dtype, args.trust_remote_code, progress=progress)
+    pairs = load_pairs(args.target, drafters, args.device, args.dtype, args.trust_remote_code, progress=progress,
+                       backend=args.backend)
     command = ("specdeck bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"]
                else "specdeck bench")
     context = report_context(pairs, prompts_path, command)
@@ -206,7 +209,7 @@ def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command
     target = pairs[0].target
     return {
         "command": command, "target": target.name,
-        "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
+        "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."), "backend": target.backend,
         "prompts": str(prompts_path),
     }
 
@@ -219,11 +222,16 @@ def run_and_write(pairs: Sequence[ModelPair], prompts, settings, out: Path, cont
     and report.md says so; with none finished nothing is written and no rows are returned."""
     from engine.atomic import building_folder
     from engine.bench import plots as plotting
-    from engine.bench.methods import HF_DRAFTERS
+    from engine.bench.methods import HF_DRAFTERS, HF_METHODS
     from engine.bench.report import (PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS, per_prompt_rows,
                                      summary_rows, sweep_rows, write_csv, write_report)
     from engine.bench.runner import run_bench
 
+    hf = [b for b in settings.baselines if b in HF_METHODS]
+    if hf and pairs[0].target.backend != "torch":
+        settings = replace(settings, baselines=tuple(b for b in settings.baselines if b not in HF_METHODS))
+        context = {**context, "note": f"{' and '.join(hf)} left out: Hugging Face generate() runs torch models, "
+                                      f"and the target runs on {pairs[0].target.backend}."}
     without_hf = [pair.drafter_description for pair in pairs if pair.drafter_kind not in HF_DRAFTERS]
     if without_hf and "hf-assisted" in settings.baselines:
         # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter

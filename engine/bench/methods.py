@@ -6,6 +6,8 @@
 - `hf-assisted`: Hugging Face's own speculative decoding with the same drafter and a fixed K:
   `assistant_model=` with `num_assistant_tokens_schedule="constant"` and
   `assistant_confidence_threshold=0`, or `prompt_lookup_num_tokens=K`.
+- `llama.cpp`: llama-cpp-python's own generation on the target's GGUF file
+  (`engine.bench.llamacpp_baseline`), prefill timed apart as SpecDeck's is.
 
 Hugging Face does not time prefill apart, so its prefill is measured as a generate() of one new
 token, and its decoding rate is (new tokens - 1) / (total time - that prefill): the first token
@@ -29,7 +31,7 @@ from engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")
-METHODS = SPECDECK_METHODS + HF_METHODS
+METHODS = SPECDECK_METHODS + HF_METHODS + ("llama.cpp",)
 HF_DRAFTERS = ("draft-model", "prompt-lookup")  # the drafter kinds hf-assisted can run
 
 
@@ -164,4 +166,8 @@ def run_method(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, met
     """One run; `history`: the earlier texts a suffix drafter reads (and leaves as they are)."""
     if method in SPECDECK_METHODS:
         return run_specdeck(pair, prompt_ids, config, speculative=method == "speculative", history=history)
+    if method == "llama.cpp":
+        from engine.bench.llamacpp_baseline import run_llama_cpp
+
+        return run_llama_cpp(pair, prompt_ids, config)
     return run_hf(pair, prompt_ids, config, method)
