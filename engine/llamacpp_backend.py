@@ -6,12 +6,17 @@ One llama.cpp call over n new tokens gives the logits of every position and, wit
 and pooling none, the final norm's output for every position (what a feature head reads); a
 rejection drops positions from the KV cache with `llama_memory_seq_rm`.
 
-Exactness: with llama.cpp's default attention a position gets other logits in a one-token call
-than in a several-token call (up to 0.6 apart on the built-in model, enough to flip near-ties), so
-plain decoding (one token a call) and a verify (several) would choose different tokens. With flash
-attention, and the same thread count for both call shapes, every call shape gives a position the
-same logits, so greedy speculative text equals plain text on this backend too
-(tests/engine/test_llamacpp_backend.py checks both).
+Exactness: plain decoding feeds one token a call, a verify several, and llama.cpp's CPU attention
+picks its kernel by call shape. Without flash attention a position gets other logits in a
+one-token call than in a several-token call (up to 0.6 apart on the built-in model, enough to flip
+near-ties). With flash attention on a float16 or float32 KV cache, a one-token call over 512 or
+more cached positions splits them between threads and adds the parts in another order (up to 1.0
+apart with 2 threads; `ggml_compute_forward_flash_attn_ext_f16`, llama-cpp-python 0.3.36), and
+calls of 64 tokens or more take a tiled kernel. With flash attention on an 8-bit (q8_0) KV cache
+every call shape runs the same kernel, one query row per thread over all cached positions, so a
+position gets the same logits bit for bit whatever the call shape, context length or thread count,
+and greedy speculative text equals plain text on this backend (tests/engine/test_llamacpp_backend.py
+checks both). The 8-bit cache is also half the memory of llama.cpp's default float16 one.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch
 
 from engine.errors import SpecDeckError
 
-CONTEXT_LIMIT = 8192  # positions a context holds at most (its KV cache is allocated whole, in float16)
+CONTEXT_LIMIT = 8192  # positions a context holds at most (its KV cache is allocated whole)
 BATCH = 512  # tokens per llama.cpp call; a longer prefill goes in several
 
 
@@ -143,10 +148,8 @@ class LlamaCppModel:
 
 
 class _Context:
-    """A llama.cpp context (its KV cache) of a model, and a batch to feed it.
-
-    Flash attention makes every call shape give a position the same logits; one thread count
-    serves one-token and batch calls alike (llama.cpp has one for each)."""
+    """A llama.cpp context (its KV cache) of a model, and a batch to feed it: flash attention on a
+    q8_0 KV cache, so that every call shape gives a position the same logits (see above)."""
 
     def __init__(self, model: LlamaCppModel) -> None:
         llama = library()
@@ -155,6 +158,7 @@ class _Context:
         params.n_batch = params.n_ubatch = BATCH
         params.n_seq_max = 1
         params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.type_k = params.type_v = llama.GGML_TYPE_Q8_0
         params.pooling_type = llama.LLAMA_POOLING_TYPE_NONE  # a state per position, not one per sequence
         params.embeddings = False  # switched on for the calls that need states (`LlamaCppForward.hidden`)
         params.no_perf = True

@@ -22,6 +22,18 @@ pytestmark = pytest.mark.skipif(library() is None, reason="llama-cpp-python is n
 
 ON_LLAMA_CPP = LoadOptions(backend="llama.cpp")
 PROMPT = "Write a Python function that checks whether the given string s reads the same backwards."
+# over 512 cached positions, where llama.cpp's one-token attention would split the cache between threads
+LONG_PROMPT = "Summarize this log in three sentences.\n" + "\n".join(
+    f"step {i}: the worker read batch {i * 7 % 50} and wrote {i * 13 % 90} rows to table {i % 4}" for i in range(40))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_threads():
+    """Two threads, as on the machines SpecDeck runs on: llama.cpp's kernels may split work between them."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +68,18 @@ def _logits_in_calls(forward: LlamaCppForward, ids: list[int], sizes: list[int],
     return torch.cat(rows)
 
 
-def test_one_token_and_several_token_calls_give_identical_logits(target):
-    """The logits of 16 tokens after a chat prompt are the same bits one token a call (plain decoding),
-    in calls of several (verifies), and with the final-norm states asked for too (a feature head)."""
-    prompt = encode_prompt(target.tokenizer, PROMPT)
+@pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["short", "long"])
+def test_one_token_and_several_token_calls_give_identical_logits(target, prompt):
+    """The logits of 70 tokens after a chat prompt (short, or over 512 tokens) are the same bits one
+    token a call (plain decoding), in calls of several (verifies, prefills), and with the final-norm
+    states asked for too (a feature head)."""
+    prompt = encode_prompt(target.tokenizer, prompt)
     forward = LlamaCppForward(target.model)
     forward.logits(torch.tensor(prompt), last_only=True)
-    tokens = list(range(1000, 1016))
-    one_at_a_time = _logits_in_calls(forward, tokens, [1] * 16, states=False)
-    for sizes, states in (([16], False), ([4, 4, 4, 4], False), ([3, 5, 8], False), ([2] * 8, True), ([1, 15], True)):
+    tokens = list(range(1000, 1070))
+    one_at_a_time = _logits_in_calls(forward, tokens, [1] * 70, states=False)
+    for sizes, states in (([70], False), ([4] * 16 + [6], False), ([3, 5, 62], False), ([2] * 35, True),
+                          ([1, 69], True)):
         forward.crop(len(prompt))
         assert torch.equal(_logits_in_calls(forward, tokens, sizes, states), one_at_a_time), (sizes, states)
 
@@ -89,9 +104,10 @@ def _kept(events) -> list[int]:
 @pytest.mark.parametrize("schedule", ["auto", "constant"])
 @pytest.mark.parametrize("drafter", ["feature-head", "draft-on-torch", "draft-on-llama.cpp", "prompt-lookup"])
 def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, schedule):
-    """Greedy speculative decoding keeps plain greedy decoding's 48 tokens through llama.cpp, with the
-    built-in feature head (fed llama.cpp's final-norm states), a draft on either backend and prompt
-    lookup, under the auto schedule and at a fixed K; the drafts are both accepted and rejected."""
+    """Greedy speculative decoding keeps plain greedy decoding's 48 tokens through llama.cpp after a
+    prompt of over 512 tokens, with the built-in feature head (fed llama.cpp's final-norm states), a
+    draft on either backend and prompt lookup, under the auto schedule and at a fixed K; the drafts
+    are both accepted and rejected."""
     if drafter == "feature-head":
         head = load_feature_head(DEFAULT_HEAD, target)
         make = lambda: FeatureHeadDrafter(head.head, target.model, output_ids=head.output_ids)  # noqa: E731
@@ -102,7 +118,8 @@ def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, sc
         make = lambda: DraftModelDrafter(noisy_draft.model)  # noqa: E731
     else:
         make = PromptLookupDrafter
-    ids = encode_prompt(target.tokenizer, PROMPT)
+    ids = encode_prompt(target.tokenizer, LONG_PROMPT)
+    assert len(ids) > 512
     config = DecodeConfig(max_new_tokens=48, k=3, schedule=schedule, lookup=0)
     plain = _kept(generate(target, ids, config))
     events = list(generate(target, ids, config, make()))
@@ -112,14 +129,18 @@ def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, sc
         assert 0 < summary.accepted < summary.drafted
 
 
-def test_feature_head_drafts_well_from_llama_cpp_states(target):
-    """The built-in head, trained on torch's states, reads llama.cpp's as well: over half its drafts
-    are accepted at K=1 on a chat prompt."""
-    head = load_feature_head(DEFAULT_HEAD, target)
-    ids = encode_prompt(target.tokenizer, "Explain in simple terms why the sky is blue.")
+def test_feature_head_drafts_as_well_from_llama_cpp_states_as_from_torch(target):
+    """The built-in head, trained on torch's states, reads llama.cpp's as well: on a code prompt at
+    K=1 its acceptance is within 0.1 of what it reaches on the same file through torch."""
+    on_torch = load_model(DEFAULT_TARGET, LoadOptions(backend="torch"))
     config = DecodeConfig(max_new_tokens=48, k=1, schedule="constant", lookup=0)
-    events = list(generate(target, ids, config, FeatureHeadDrafter(head.head, target.model, output_ids=head.output_ids)))
-    assert events[-1].acceptance_rate > 0.5
+    rates = []
+    for loaded in (target, on_torch):
+        head = load_feature_head(DEFAULT_HEAD, loaded)
+        ids = encode_prompt(loaded.tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
+        drafter = FeatureHeadDrafter(head.head, loaded.model, output_ids=head.output_ids)
+        rates.append(list(generate(loaded, ids, config, drafter))[-1].acceptance_rate)
+    assert rates[0] > rates[1] - 0.1
 
 
 def test_speculative_sampling_follows_target(target, noisy_draft):
