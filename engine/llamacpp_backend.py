@@ -62,8 +62,7 @@ _LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_v
 class LlamaCppModel:
     """A GGUF file opened by llama.cpp, shaped like the Hugging Face models the engine runs: a
     `config` (sizes, context, end-of-text token), a `generation_config`, `device`, and embedding
-    layers, which are dequantized from the file only when first asked for (a feature head needs
-    them; plain decoding, draft models and copying drafters do not)."""
+    matrices whose values are read from the file only when used (`FileMatrix`)."""
 
     backend = "llama.cpp"
     device = torch.device("cpu")
@@ -99,7 +98,6 @@ class LlamaCppModel:
             llama_cpp_version=llama.__version__,
         )
         self.generation_config = GenerationConfig(eos_token_id=self.config.eos_token_id)
-        self._layers: dict[str, torch.nn.Module] = {}
 
     def take_context(self) -> _Context:
         """A context with an empty KV cache, running on torch's threads now: an idle one, or a new one."""
@@ -116,35 +114,44 @@ class LlamaCppModel:
         """No torch parameters: the weights live in llama.cpp."""
         return iter(())
 
-    def get_input_embeddings(self) -> torch.nn.Embedding:
-        if "input" not in self._layers:
-            self._layers["input"] = torch.nn.Embedding.from_pretrained(self._dequantized("token_embd.weight"))
-        return self._layers["input"]
+    def get_input_embeddings(self) -> FileMatrix:
+        return self._embeddings[0]
 
-    def get_output_embeddings(self) -> torch.nn.Linear:
-        """The output layer as torch weights (`output.weight`, or the token embedding where tied)."""
-        if "output" not in self._layers:
-            weight = self._dequantized("output.weight", missing_ok=True)
-            if weight is None:
-                weight = self.get_input_embeddings().weight
-            layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-            layer.weight = torch.nn.Parameter(weight, requires_grad=False)
-            self._layers["output"] = layer
-        return self._layers["output"]
+    def get_output_embeddings(self) -> FileMatrix:
+        """The output layer (`output.weight`, or the token embedding where the file ties them)."""
+        return self._embeddings[1]
 
-    def _dequantized(self, name: str, missing_ok: bool = False) -> torch.Tensor | None:
-        """A tensor of the file in float32, dequantized as transformers' GGUF loader does."""
+    @functools.cached_property
+    def _embeddings(self) -> tuple[FileMatrix, FileMatrix]:
         from gguf import GGUFReader
+
+        tensors = {t.name: t for t in GGUFReader(self.path).tensors if t.name in ("token_embd.weight", "output.weight")}
+        if "token_embd.weight" not in tensors:
+            raise SpecDeckError(f"{self.path} has no token embedding (token_embd.weight) that SpecDeck can read.")
+        embedding = FileMatrix(tensors["token_embd.weight"])
+        return embedding, FileMatrix(tensors["output.weight"]) if "output.weight" in tensors else embedding
+
+
+class FileMatrix(torch.nn.Module):
+    """An embedding or output matrix of a GGUF file: its sizes known at once, its values dequantized
+    (to float32, as transformers' GGUF loader does) when first used, so that only a feature head,
+    which reads them, pays their memory. Called on token ids it embeds them."""
+
+    def __init__(self, tensor) -> None:
+        super().__init__()
+        self._tensor = tensor
+        self.num_embeddings, self.embedding_dim = (int(size) for size in reversed(tensor.shape))
+
+    @functools.cached_property
+    def weight(self) -> torch.Tensor:
         from gguf.quants import dequantize
 
-        tensor = next((t for t in GGUFReader(self.path).tensors if t.name == name), None)
-        if tensor is None:
-            if missing_ok:
-                return None
-            raise SpecDeckError(f"{self.path} has no tensor {name!r}: it is not a model a feature head can read.")
-        values = dequantize(tensor.data, tensor.tensor_type)
+        values = dequantize(self._tensor.data, self._tensor.tensor_type)
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(
-            [int(size) for size in reversed(tensor.shape)])
+            self.num_embeddings, self.embedding_dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(ids, self.weight)
 
 
 class _Context:

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import torch
 
+from engine.bench.llamacpp_baseline import OTHER_ROUNDING, check_baseline
 from engine.bench.methods import HF_DRAFTERS, Run, run_method
 from engine.bench.prompts import BenchPrompt
 from engine.config import DecodeConfig
@@ -139,8 +140,6 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
     if not pairs or any(pair.drafter_kind is None for pair in pairs):
         raise SpecDeckError("The benchmark compares speculative decoding with plain decoding: it needs a drafter.")
     if "llama.cpp" in settings.baselines:
-        from engine.bench.llamacpp_baseline import check_baseline
-
         check_baseline(pairs[0])
     pair_of = {pair.drafter_description: pair for pair in pairs}
     if len(pair_of) < len(pairs):
@@ -188,8 +187,6 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
                 if runs[0].token_ids == plain:
                     continue
                 if method.name == "llama.cpp":
-                    from engine.bench.llamacpp_baseline import OTHER_ROUNDING
-
                     result.mismatch[method] = OTHER_ROUNDING.format(
                         backend="the file's weights dequantized on torch" if pairs[0].target.backend == "torch"
                         else "llama.cpp with flash attention on an 8-bit KV cache")

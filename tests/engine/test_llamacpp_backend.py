@@ -24,7 +24,7 @@ ON_LLAMA_CPP = LoadOptions(backend="llama.cpp")
 PROMPT = "Write a Python function that checks whether the given string s reads the same backwards."
 # over 512 cached positions, where llama.cpp's one-token attention would split the cache between threads
 LONG_PROMPT = "Summarize this log in three sentences.\n" + "\n".join(
-    f"step {i}: the worker read batch {i * 7 % 50} and wrote {i * 13 % 90} rows to table {i % 4}" for i in range(40))
+    f"step {i}: the worker read batch {i * 7 % 50} and wrote {i * 13 % 90} rows to table {i % 4}" for i in range(26))
 
 
 @pytest.fixture(scope="module", autouse=True)
