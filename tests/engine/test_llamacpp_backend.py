@@ -13,8 +13,8 @@ from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEv
 from engine.drafters import FeatureHeadDrafter
 from engine.errors import SpecDeckError
 from engine.heads import load_feature_head
-from engine.llamacpp_backend import LlamaCppForward, library
-from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadOptions, load_model
+from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library
+from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions, load_model
 from engine.sampling import logits_to_probs
 from test_sampling_lossless import chi_square, chi_square_quantile, sample_two_tokens
 
@@ -27,9 +27,10 @@ LONG_PROMPT = "Summarize this log in three sentences.\n" + "\n".join(
     f"step {i}: the worker read batch {i * 7 % 50} and wrote {i * 13 % 90} rows to table {i % 4}" for i in range(26))
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture
 def two_threads():
-    """Two threads, as on the machines SpecDeck runs on: llama.cpp's kernels may split work between them."""
+    """Two threads, as on the machines SpecDeck runs on: llama.cpp's kernels may split work between
+    them (and do, for one-token attention over 512 cached positions or more)."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     yield
@@ -42,9 +43,9 @@ def target():
 
 
 @pytest.fixture(scope="module")
-def noisy_draft(tmp_path_factory):
+def noisy_draft(target, tmp_path_factory):
     """The built-in GGUF with every norm weight scaled by 1 + 0.1 N(0, 1), on llama.cpp: a draft that
-    agrees with the target about half the time."""
+    agrees with the target about half the time (with the target's tokenizer, so nothing is cached for it)."""
     from gguf import GGUFReader
 
     path = tmp_path_factory.mktemp("gguf") / "noisy.gguf"
@@ -56,7 +57,7 @@ def noisy_draft(tmp_path_factory):
             tensor.data[:] = tensor.data * (1 + 0.1 * noise.standard_normal(tensor.data.shape)).astype(np.float32)
     reader.data.flush()
     del reader
-    return load_model(str(path), ON_LLAMA_CPP)
+    return LoadedModel("noisy", LlamaCppModel(path), target.tokenizer, target.device, target.dtype)
 
 
 def _logits_in_calls(forward: LlamaCppForward, ids: list[int], sizes: list[int], states: bool) -> torch.Tensor:
@@ -68,6 +69,7 @@ def _logits_in_calls(forward: LlamaCppForward, ids: list[int], sizes: list[int],
     return torch.cat(rows)
 
 
+@pytest.mark.usefixtures("two_threads")
 @pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["short", "long"])
 def test_one_token_and_several_token_calls_give_identical_logits(target, prompt):
     """The logits of 70 tokens after a chat prompt (short, or over 512 tokens) are the same bits one
@@ -101,9 +103,10 @@ def _kept(events) -> list[int]:
     return [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
 
 
+@pytest.mark.usefixtures("two_threads")
 @pytest.mark.parametrize("schedule", ["auto", "constant"])
 @pytest.mark.parametrize("drafter", ["feature-head", "draft-on-torch", "draft-on-llama.cpp", "prompt-lookup"])
-def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, schedule):
+def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, schedule, tmp_path, monkeypatch):
     """Greedy speculative decoding keeps plain greedy decoding's 48 tokens through llama.cpp after a
     prompt of over 512 tokens, with the built-in feature head (fed llama.cpp's final-norm states), a
     draft on either backend and prompt lookup, under the auto schedule and at a fixed K; the drafts
@@ -115,6 +118,7 @@ def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, sc
         draft = load_model(DEFAULT_DRAFT)
         make = lambda: DraftModelDrafter(draft.model, output_ids=draft.output_ids)  # noqa: E731
     elif drafter == "draft-on-llama.cpp":
+        monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))  # its measured cost names a file of this test run
         make = lambda: DraftModelDrafter(noisy_draft.model)  # noqa: E731
     else:
         make = PromptLookupDrafter
@@ -144,9 +148,9 @@ def test_feature_head_drafts_as_well_from_llama_cpp_states_as_from_torch(target)
 
 
 def test_speculative_sampling_follows_target(target, noisy_draft):
-    """Over 1000 seeds, the first two tokens sampled with the llama.cpp draft follow the llama.cpp
-    target's distribution exactly; the same counts fail against the target at a hotter temperature
-    (the control: the test tells a near miss)."""
+    """Over 1000 seeds (one thread: a short prompt gets the same logits on any), the first two tokens
+    sampled with the llama.cpp draft follow the llama.cpp target's distribution exactly; the same
+    counts fail against the target at a hotter temperature (the control: the test tells a near miss)."""
     ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
     config = DecodeConfig(k=3, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2, schedule="constant", lookup=0)
     forward = LlamaCppForward(target.model)
