@@ -91,7 +91,7 @@ class SyntheticSource:
 class _FakePair:
     description = "synthetic events"
     drafter_kind = None
-    draft = None
+    drafter_model = None
 
     class target:  # noqa: N801 - stands in for a LoadedModel
         name = "synthetic"
@@ -263,7 +263,7 @@ async def measure(window: MainWindow, source: SyntheticSource) -> dict:
     probe.stop()
     await asyncio.sleep(0)  # what follows is the benchmark's own bookkeeping: not the window's events
     drawing = [view[0] + buffers[0] + redraw[0]]
-    record = window.records[0]
+    record = window.session_model.records[0]
     shown = len(window.speculative_view.tokens)
     kept = [e.pos for e in window.speculative_view.tokens if e.state.kept]
     return {

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from types import SimpleNamespace
 
-from PySide6.QtCore import QRect, QSettings, QSize, Qt
+from PySide6.QtCore import QRect, QSettings, QSize, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -25,6 +26,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QSplitter,
     QTabWidget,
@@ -36,19 +38,30 @@ from PySide6.QtWidgets import (
 
 from app import dialogs
 from app.panels import double_spin_box, spin_box
-from app.worker import BenchOutcome, LoadRequest
-from engine.bench.command import parse_drafters, parse_ks, parse_lookups
+from app.session_model import Activity, SessionModel
+from app.worker import BenchOutcome
+from engine.atomic import write_bytes
 from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
 from engine.bench.report import SUMMARY_COLUMNS
-from engine.bench.runner import BenchSettings
+from engine.bench.runner import BASELINES, BenchSettings
+from engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
 from engine.config import DecodeConfig
-from engine.atomic import write_bytes
 from engine.errors import SpecDeckError
+from engine.pair import DrafterKind, PairSpec
 
-BASELINES = ("plain", "hf", "hf-assisted")
 SAMPLE_LABEL = "bundled Spec-Bench sample"
 SPEEDUP_PLOT = "speedup_by_category.png"  # shown first: the figure the benchmark is for
 IDENTICAL_COLOURS = {"true": "#1b8a2f", "false": "#c62828"}
+
+
+def readable_header(column: str) -> str:
+    """A summary.csv column as a table header: words, in two lines when long."""
+    words = column.replace("_", " ")
+    if len(words) <= 10 or " " not in words:
+        return words
+    middle = len(words) // 2
+    cut = min((i for i, c in enumerate(words) if c == " "), key=lambda i: abs(i - middle))
+    return words[:cut] + "\n" + words[cut + 1:]
 
 
 class PlotImage(QWidget):
@@ -79,7 +92,12 @@ class PlotImage(QWidget):
 
 
 class BenchmarkTab(QWidget):
-    def __init__(self, parent: QWidget | None = None) -> None:
+    """The benchmark's options, progress and results; given a `SessionModel`, its buttons follow
+    what runs (Run only when nothing does, Cancel while a benchmark runs)."""
+
+    options_changed = Signal()  # an option that changes what Run benchmark does
+
+    def __init__(self, model: SessionModel | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.prompts_path: Path | None = None  # None: the bundled sample
         self.outcome: BenchOutcome | None = None
@@ -95,25 +113,26 @@ class BenchmarkTab(QWidget):
         self.categories.setToolTip("Comma-separated categories to keep; empty keeps all")
         self.limit = spin_box(0, 100000, 0)
         self.limit.setSpecialValueText("all")
-        self.ks = QLineEdit("auto")
+        defaults = BenchSettings()
+        self.ks = QLineEdit(format_ks(defaults.ks))
         self.ks.setToolTip("Draft tokens per round, auto (chosen each round from measured costs), or a sweep: auto,1,2,4")
-        self.lookups = QLineEdit(str(DecodeConfig.lookup))
+        self.lookups = QLineEdit(format_lookups(defaults.lookups))
         self.lookups.setToolTip("Tokens prompt lookup may copy per round where the text repeats, before asking the "
                                 "drafter; 0 is off; a sweep such as 0,2 times each")
         self.drafters = QLineEdit()
         self.drafters.setPlaceholderText("e.g. draft-model,prompt-lookup")
         self.drafters.setToolTip("Other drafters of the loaded target, timed in the same run against the same plain "
-                                 "runs: comma-separated kinds (draft-model, feature-head, prompt-lookup, suffix), each "
+                                 f"runs: comma-separated kinds ({', '.join(kind.value for kind in DrafterKind)}), each "
                                  "optionally kind:MODEL. Empty: the loaded drafter only")
         self.baselines = {name: QCheckBox(name) for name in BASELINES}
-        for box in self.baselines.values():
-            box.setChecked(True)
+        for name, box in self.baselines.items():
+            box.setChecked(name in defaults.baselines)
         self.baselines["plain"].setEnabled(False)  # the harness always runs it: speedups refer to it
         self.baselines["plain"].setToolTip("SpecDeck's plain decoding always runs: speedups refer to it")
-        self.temperature = double_spin_box(0.0, 5.0, 0.0, 0.1)
+        self.temperature = double_spin_box(0.0, 5.0, defaults.decode.temperature, 0.1)
         self.temperature.setSpecialValueText("0 (greedy)")
-        self.max_new_tokens = spin_box(1, 8192, 128)
-        self.repeats = spin_box(1, 100, 3)
+        self.max_new_tokens = spin_box(1, 8192, defaults.decode.max_new_tokens)
+        self.repeats = spin_box(1, 100, defaults.repeats)
         self.repeats.setToolTip("Timed runs per prompt and method; the median-time run is kept")
         self.run_button = QPushButton("Run benchmark")
         self.cancel_button = QPushButton("Cancel")
@@ -125,14 +144,40 @@ class BenchmarkTab(QWidget):
         self.progress.setValue(0)
         self.stage = QLabel("Load a model pair, choose prompts, then Run benchmark.")
         self.stage.setWordWrap(True)
+        self.plan_note = QLabel()  # what Run benchmark will do: runs, an estimate, skipped baselines
+        self.plan_note.setWordWrap(True)
+        self.plan_note.setTextFormat(Qt.TextFormat.RichText)
+        scope = QLabel("Runs the model panel's pair with the settings on this tab; the Decoding panel's "
+                       "settings apply to Run and Compare only.")
+        scope.setWordWrap(True)
+        scope.setStyleSheet("color: #555;")
+        self.scope_note = scope
         self.table = QTableWidget(0, len(SUMMARY_COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(SUMMARY_COLUMNS))
+        for column, name in enumerate(SUMMARY_COLUMNS):
+            header = QTableWidgetItem(readable_header(name))
+            header.setToolTip(f"{name} in summary.csv")
+            self.table.setHorizontalHeaderItem(column, header)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().hide()
         self.plots = QTabWidget()  # one page per plot, each as wide as the tab
         self.plot_images: list[PlotImage] = []
         self._build_layout()
         self._on_source_changed()
+        self.cancel_button.setEnabled(False)
+        self.export_button.setEnabled(False)
+        for edit in (self.categories, self.ks, self.lookups, self.drafters):
+            edit.editingFinished.connect(self.options_changed)
+        for spin in (self.limit, self.max_new_tokens, self.repeats):
+            spin.valueChanged.connect(self.options_changed)
+        self.temperature.valueChanged.connect(self.options_changed)
+        for box in self.baselines.values():
+            box.toggled.connect(self.options_changed)
+        if model is not None:
+            model.activity_changed.connect(self._on_activity_changed)
+
+    def _on_activity_changed(self, activity: Activity) -> None:
+        self.run_button.setEnabled(not activity.busy)
+        self.cancel_button.setEnabled(activity.benchmarking)
 
     def _build_layout(self) -> None:
         options = QGroupBox("Benchmark")
@@ -160,17 +205,23 @@ class BenchmarkTab(QWidget):
         form.addRow(buttons)
         form.addRow(self.progress)
         form.addRow(self.stage)
-        options.setMaximumWidth(460)
+        form.addRow(self.plan_note)
+        form.addRow(self.scope_note)
+        scroll = QScrollArea()
+        scroll.setWidget(options)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
 
-        top = QWidget()
-        row = QHBoxLayout(top)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(options, 0, Qt.AlignmentFlag.AlignTop)
-        row.addWidget(self.table, 1)
+        top = QSplitter(Qt.Orientation.Horizontal)
+        top.addWidget(scroll)
+        top.addWidget(self.table)
+        top.setChildrenCollapsible(False)
+        top.setStretchFactor(1, 1)
+        top.setSizes([420, 700])
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         self.splitter.addWidget(top)
         self.splitter.addWidget(self.plots)
-        self.splitter.setSizes([380, 420])
+        self.splitter.setSizes([420, 380])
         QVBoxLayout(self).addWidget(self.splitter)
 
     # what to run ------------------------------------------------------------------------------------
@@ -184,38 +235,59 @@ class BenchmarkTab(QWidget):
         categories = [c.strip() for c in self.categories.text().split(",") if c.strip()] or None
         return read_prompts(self.prompt_file, categories, self.limit.value() or None)
 
-    def other_drafters(self) -> list[tuple[str, str | None]]:
-        """The drafters to time beside the loaded one; raises SpecDeckError for an unknown kind."""
-        return parse_drafters(self.drafters.text(), "Also compare") if self.drafters.text().strip() else []
+    def other_drafters(self, models: PairSpec) -> list[PairSpec]:
+        """The drafters to time beside the loaded pair `models`; raises SpecDeckError for an unknown kind."""
+        if not self.drafters.text().strip():
+            return []
+        return [models.with_drafter(kind, draft) for kind, draft in parse_drafters(self.drafters.text(), "Also compare")]
 
     def settings(self) -> BenchSettings:
-        ks = parse_ks(self.ks.text())
-        lookups = parse_lookups(self.lookups.text())
         return BenchSettings(
-            ks=ks, lookups=lookups, baselines=tuple(name for name, box in self.baselines.items() if box.isChecked()),
+            ks=parse_ks(self.ks.text()), lookups=parse_lookups(self.lookups.text()),
+            baselines=tuple(name for name, box in self.baselines.items() if box.isChecked()),
             repeats=self.repeats.value(),
-            decode=DecodeConfig(k=next((k for k in ks if k), DecodeConfig.k), lookup=lookups[0], temperature=self.temperature.value(),
-                                max_new_tokens=self.max_new_tokens.value()),
+            decode=DecodeConfig(temperature=self.temperature.value(), max_new_tokens=self.max_new_tokens.value()),
         )
 
-    def command_line(self, models: LoadRequest) -> str:
+    def plan(self, models: PairSpec, tokens_per_s: float | None = None) -> str:
+        """What Run benchmark will do with the pair `models`: the timed runs, an estimate of their time
+        from a measured rate (if one is known), and each ticked baseline that will not run, with why;
+        raises SpecDeckError for settings or prompts that cannot run."""
+        settings, prompts = self.settings(), self.prompts()
+        specs = [models.resolved(), *(spec.resolved() for spec in self.other_drafters(models))]
+        stand_ins = [SimpleNamespace(drafter_kind=spec.drafter, drafter_description=spec.drafter.describe(spec.draft),
+                                     hugging_face_runs=spec.drafter.hugging_face_runs)
+                     for spec in specs]  # what `BenchSettings.methods` reads of a loaded pair (before its vocabularies are known)
+        methods = settings.methods(stand_ins)
+        runs = len(prompts) * settings.repeats * len(methods)
+        lines = [f"{runs} timed runs: {len(prompts)} prompts x {settings.repeats} repeats x {len(methods)} methods, "
+                 f"up to {settings.decode.max_new_tokens} new tokens each"]
+        if tokens_per_s:
+            minutes = runs * settings.decode.max_new_tokens / tokens_per_s / 60
+            lines.append(f"about {minutes:.0f} min at the {tokens_per_s:.0f} tokens/s this pair's last session "
+                         "measured (warm-up and loading not counted)" if minutes >= 1 else "under a minute")
+        if "hf-assisted" in settings.baselines and not any(m.name == "hf-assisted" for m in methods):
+            why = ("it needs a fixed K (auto chooses K per round)"
+                   if any(spec.drafter.hugging_face_runs for spec in specs) else
+                   "Hugging Face has no " + " or ".join(dict.fromkeys(spec.drafter.label for spec in specs)) +
+                   " drafter")
+            lines.append(f"<b>hf-assisted is skipped</b>: {why}")
+        return "<br>".join(lines)
+
+    def show_plan(self, models: PairSpec, tokens_per_s: float | None = None) -> None:
+        try:
+            self.plan_note.setText(self.plan(models, tokens_per_s))
+        except SpecDeckError as error:
+            self.plan_note.setText(f"<span style='color:#c62828'>{error}</span>")
+
+    def command_line(self, models: PairSpec) -> str:
         """The `specdeck bench` command that runs the same benchmark from a terminal."""
-        parts = ["specdeck", "bench"]
-        others = self.other_drafters()
-        if models.target:
-            parts += ["--target", models.target]
-        if others and models.drafter:
-            entries = [(models.drafter, models.draft), *others]
-            parts += ["--drafters", ",".join(kind + (f":{draft}" if draft else "") for kind, draft in entries)]
+        others = self.other_drafters(models)
+        if others:
+            parts = ["specdeck", "bench", *models.model_arguments(),
+                     "--drafters", ",".join(spec.drafter_entry for spec in (models, *others))]
         else:
-            for flag, value in (("--drafter", models.drafter), ("--draft", models.draft)):
-                if value:
-                    parts += [flag, value]
-        for flag, value, default in (("--device", models.device, "auto"), ("--dtype", models.dtype, "auto")):
-            if value != default:
-                parts += [flag, value]
-        if models.trust_remote_code:
-            parts.append("--trust-remote-code")
+            parts = ["specdeck", "bench", *models.arguments()]
         if self.prompts_path:
             parts += ["--prompts", str(self.prompts_path)]
         if self.categories.text().strip():
@@ -223,7 +295,7 @@ class BenchmarkTab(QWidget):
         if self.limit.value():
             parts += ["--limit", str(self.limit.value())]
         settings = self.settings()
-        parts += ["--k", ",".join(str(k) if k else "auto" for k in settings.ks), "--lookup", ",".join(map(str, settings.lookups)),
+        parts += ["--k", format_ks(settings.ks), "--lookup", format_lookups(settings.lookups),
                   "--temperature", f"{settings.decode.temperature:g}",
                   "--max-new-tokens", str(settings.decode.max_new_tokens), "--repeats", str(settings.repeats),
                   "--baselines", ",".join(settings.baselines), "--out", "."]
@@ -233,6 +305,7 @@ class BenchmarkTab(QWidget):
 
     def start(self) -> None:
         self.outcome = None
+        self.export_button.setEnabled(False)
         self.table.setRowCount(0)
         self._show_plots({})
         self.progress.setRange(0, 0)  # busy until the harness counts its runs
@@ -245,6 +318,7 @@ class BenchmarkTab(QWidget):
 
     def show_outcome(self, outcome: BenchOutcome) -> None:
         self.outcome = outcome
+        self.export_button.setEnabled(True)
         self.stage.setText(f"Done: {len(outcome.summary)} summary rows. Export… writes the CSVs, report and plots.")
         self.table.setRowCount(len(outcome.summary))
         bold = QFont()
@@ -303,6 +377,7 @@ class BenchmarkTab(QWidget):
         if not self._on_source_changed():
             self.prompts_path = previous
             self._on_source_changed()
+        self.options_changed.emit()
 
     def _on_source_changed(self) -> bool:
         """Show the chosen file and its categories; a file that cannot be read gets a dialog."""
@@ -326,7 +401,7 @@ class BenchmarkTab(QWidget):
         except SpecDeckError as error:
             dialogs.show_error(self, "Export failed", f"{error}\nThe benchmark's results are kept: try another folder.")
             return
-        self.stage.setText("Wrote " + ", ".join(p.name for p in written))
+        self.stage.setText(f"Wrote {len(written)} files into {folder}: " + ", ".join(p.name for p in written))
 
     # settings ---------------------------------------------------------------------------------------
 
@@ -348,7 +423,7 @@ class BenchmarkTab(QWidget):
         self.ks.setText(str(settings.value("bench/ks", self.ks.text())))
         self.lookups.setText(str(settings.value("bench/lookups", self.lookups.text())))
         self.drafters.setText(str(settings.value("bench/drafters", self.drafters.text())))
-        chosen = str(settings.value("bench/baselines", ",".join(BASELINES))).split(",")
+        chosen = str(settings.value("bench/baselines", ",".join(BenchSettings().baselines))).split(",")
         for name, box in self.baselines.items():
             box.setChecked(name in chosen or not box.isEnabled())
         for name in ("limit", "max_new_tokens", "repeats"):

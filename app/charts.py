@@ -1,118 +1,74 @@
 """Live charts of a session: acceptance per round (with the cumulative rate), tokens/s over time
-(speculative and plain on one chart), tokens kept per round as a histogram, and acceptance by
-draft position, with the headline figures beside them.
+(speculative and plain on one chart), each round's time split into drafting and verifying (its
+shape, chain length and tree width, on hover), tokens kept per round as a histogram, and
+acceptance by draft depth, with the headline figures beside or below them.
 
-Events only append to preallocated float64 buffers (`SessionSeries`); a timer redraws each chart
-at 8 Hz when something changed (one chart per tick, so no single pass of the event loop repaints
-all four), from at most `MAX_POINTS` points per curve, on axes that grow in steps (so their ticks
-are recomputed a few times per session, not at every redraw): drawing costs the same however fast
-tokens arrive and however long the session runs. The predicted
-speedup is Leviathan et al. 2023, eq. 1 (see `engine.stats`); the measured one is speculative
-tokens/s over plain tokens/s from a compare run.
+Events only append to preallocated float64 buffers (`app.chart_series`); a timer redraws one
+chart per tick at 8 Hz per chart when something changed, from at most `MAX_POINTS` points per
+curve, on axes that grow in steps (so their ticks are recomputed a few times per session, not at
+every redraw): drawing costs the same however fast tokens arrive and however long the session
+runs. Hovering a chart reads out the point under the mouse. The predicted speedup is Leviathan et
+al. 2023, eq. 1 (see `engine.stats`); the measured one is speculative tokens/s over plain tokens/s
+from a compare run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from PySide6.QtCore import QTimer
-from PySide6.QtGui import QFont, QFontMetrics
-from PySide6.QtWidgets import QFormLayout, QGridLayout, QHBoxLayout, QLabel, QWidget
+from PySide6.QtGui import QCursor, QFont, QFontMetrics
+from PySide6.QtWidgets import QBoxLayout, QGridLayout, QLabel, QToolTip, QWidget
 
 import pyqtgraph as pg  # after PySide6, so pyqtgraph binds to it
 
-from engine.events import RoundEvent, SummaryEvent
-from engine.stats import SessionStats
+from app.chart_series import (
+    MAX_POINTS,
+    SessionSeries,
+    acceptance_readout,
+    block_means,
+    histogram_readout,
+    nice_ceiling,
+    position_readout,
+    round_time_readout,
+    shape_shares,
+    speed_readout,
+    thinned,
+)
+from app.session_model import SessionModel
+from engine.events import SummaryEvent
+from engine.export import SessionRecord
 
 REDRAW_HZ = 8
 SYMBOL_LIMIT = 300  # rounds: beyond this, per-round points are drawn as a line (symbols cost per point)
-WIDEST_FIGURE = "0.000  (0000000/0000000)"  # the acceptance rate of a 10-million-token session
-MAX_POINTS = 500  # per curve: a chart is a few hundred pixels wide, so more points only cost paint time
-NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0)  # axis ends: one of these times a power of ten
+WIDEST_FIGURE = "0.000  (000000/000000)"  # the acceptance rate of a million-token session
 RANGE_MARGIN = 0.06  # beyond each end of an axis, so that the end ticks' labels still show
-SPEC_PEN = pg.mkPen("#1f5fd1", width=2)
-PLAIN_PEN = pg.mkPen("#777777", width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
+CHART_WIDTH = 250  # px a chart needs to show its title and axes whole
+CHART_HEIGHT = 180
+CHART_COLUMNS = 3  # at most
+FIGURES_BESIDE_WIDTH = 1100  # px: narrower, the figures go below the charts, in columns
+SPEC_COLOUR, PLAIN_COLOUR, DRAFT_COLOUR, VERIFY_COLOUR = "#1f5fd1", "#777777", "#e69f00", "#56b4e9"
+SPEC_PEN = pg.mkPen(SPEC_COLOUR, width=2)
+PLAIN_PEN = pg.mkPen(PLAIN_COLOUR, width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
 
-_FIELDS = ("round", "drafted", "accepted", "kept", "elapsed_s", "new_tokens")
-
-
-class SessionSeries:
-    """One session's per-round figures, in float64 buffers that grow by doubling (never per event)."""
-
-    def __init__(self, capacity: int = 1024) -> None:
-        self._data = np.full((len(_FIELDS), capacity), np.nan, dtype=np.float64)
-        self.size = 0
-        self.stats = SessionStats()
-        self.summary: SummaryEvent | None = None
-        self.shapes: dict[str, int] = {}  # rounds per draft shape ("K=2", "copy 3", "none")
-
-    def add(self, event) -> None:
-        self.stats.add(event)
-        if isinstance(event, SummaryEvent):
-            self.summary = event
-        if not isinstance(event, RoundEvent):
-            return
-        self.shapes[event.shape] = self.shapes.get(event.shape, 0) + 1
-        if self.size == self._data.shape[1]:
-            grown = np.full((len(_FIELDS), 2 * self.size), np.nan, dtype=np.float64)
-            grown[:, : self.size] = self._data
-            self._data = grown
-        before = self._data[5, self.size - 1] if self.size else 0.0
-        self._data[:, self.size] = (event.round, event.drafted, event.accepted, event.new_tokens - before,
-                                    event.elapsed_s, event.new_tokens)
-        self.size += 1
-
-    def column(self, name: str) -> np.ndarray:
-        return self._data[_FIELDS.index(name), : self.size]
-
-    @property
-    def acceptance_per_round(self) -> np.ndarray:
-        """accepted / drafted per round; NaN where nothing was drafted (prompt lookup found no match)."""
-        drafted = self.column("drafted")
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(drafted > 0, self.column("accepted") / drafted, np.nan)
-
-    @property
-    def cumulative_acceptance(self) -> np.ndarray:
-        drafted = np.cumsum(self.column("drafted"))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(drafted > 0, np.cumsum(self.column("accepted")) / drafted, np.nan)
-
-    @property
-    def tokens_per_s(self) -> np.ndarray:
-        elapsed = self.column("elapsed_s")
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(elapsed > 0, self.column("new_tokens") / elapsed, np.nan)
-
-    def kept_histogram(self) -> tuple[np.ndarray, np.ndarray]:
-        """(kept tokens per round, number of rounds that kept that many)."""
-        kept = self.column("kept").astype(np.int64)
-        if not kept.size:
-            return np.zeros(0), np.zeros(0)
-        counts = np.bincount(kept)
-        lengths = np.arange(counts.size)
-        return lengths[1:].astype(np.float64), counts[1:].astype(np.float64)
-
-
-def thinned(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """Every stride-th point (and the last), at most about `limit`: enough for a smooth curve."""
-    if x.size <= limit:
-        return x, y
-    stride = -(-x.size // limit)
-    index = np.arange(x.size - 1, -1, -stride)[::-1]  # counted back from the last point, which stays
-    return x[index], y[index]
-
-
-def block_means(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """Means over consecutive blocks of points (NaNs skipped), at most `limit` blocks."""
-    if x.size <= limit:
-        return x, y
-    stride = -(-x.size // limit)
-    usable = x.size // stride * stride
-    values = y[:usable].reshape(-1, stride)
-    counts = np.isfinite(values).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = np.where(counts > 0, np.nansum(values, axis=1) / counts, np.nan)
-    return x[:usable].reshape(-1, stride).mean(axis=1), means
+FIGURE_TIPS = {
+    "acceptance rate": "Drafts the target accepted, of the drafts it judged (drafts discarded after an earlier "
+                       "rejection were never judged and are not counted)",
+    "copied drafts": "Drafts that prompt lookup copied from earlier text (Lookup > 0): accepted of copied",
+    "mean accepted length": "Tokens kept per round, the target's own token included: plain decoding scores 1",
+    "tokens/s": "Kept tokens per second of decoding, prefill excluded",
+    "plain tokens/s": "The same for the plain half of a compare run",
+    "rounds": "Target forwards (one verify per round)",
+    "draft shapes": "The rounds' draft shapes: K=n drafted a chain of n tokens (wN: N candidates for the first), "
+                    "copy n copied n by prompt lookup, none was a plain step",
+    "draft / verify": "Mean time per round spent drafting and in the target's verify forward",
+    "predicted speedup": "Leviathan et al. 2023, eq. 1: (1 - a^(K+1)) / ((1 - a)(cK + 1)), with a the measured "
+                         "acceptance rate, K the mean drafts per round and c the measured cost of one draft token "
+                         "over one verify: what the rounds should gain over plain decoding on this machine",
+    "measured speedup": "Speculative tokens/s over plain tokens/s, measured by Compare on the same prompt and settings",
+    "greedy outputs": "Whether Compare's speculative and plain texts are identical (greedy runs must be)",
+}
 
 
 def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
@@ -122,7 +78,9 @@ def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
     widget.setLabel("bottom", bottom)
     widget.showGrid(x=True, y=True, alpha=0.2)
     widget.setMenuEnabled(False)
-    widget.setMinimumSize(220, 150)
+    widget.setMinimumSize(CHART_WIDTH - 20, CHART_HEIGHT)
+    # room right of the bottom axis for its last tick's label
+    widget.getPlotItem().layout.setContentsMargins(2, 2, 14, 2)
     for side in ("left", "bottom"):
         widget.getAxis(side).enableAutoSIPrefix(False)
     # room for six-digit ticks from the start: an axis that widens as values grow relayouts its plot
@@ -131,69 +89,156 @@ def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
     return widget
 
 
-class SessionCharts(QWidget):
-    """The four charts and the figures. `speculative` and `plain` are the two sessions' series."""
+def _key(colour: str, text: str) -> str:
+    return f"<span style='color:{colour}'>&#9632; {text}</span>"
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+
+class SessionCharts(QWidget):
+    """The five charts and the figures. `speculative` and `plain` are the two sessions' series;
+    given a `SessionModel`, they follow its runs."""
+
+    def __init__(self, model: SessionModel | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.acceptance_plot = _plot("Acceptance per round (dots), cumulative (line)", "accepted / drafted", "round")
+        self._model = model
+        self.acceptance_plot = _plot("Acceptance per round", "accepted / drafted", "round")
         self.acceptance_plot.setYRange(0, 1.0, padding=RANGE_MARGIN)
         self._per_round = self.acceptance_plot.plot(pen=None, symbol="o", symbolSize=5, symbolBrush="#1b8a2f",
                                                     symbolPen=None)
         self._cumulative = self.acceptance_plot.plot(pen=pg.mkPen("#222", width=2))
 
-        self.speed_plot = _plot("Tokens/s over time", "tokens/s", "decoding time (s)")
-        # one row in the bottom right: the axis starts at 0, so the curves run through the upper part
-        self.speed_plot.addLegend(offset=(-5, -5), colCount=2, brush=pg.mkBrush(255, 255, 255, 220))
+        # the key is in the title: a legend inside the chart would cover the curves
+        self.speed_plot = _plot(f"Tokens/s {_key(SPEC_COLOUR, 'speculative')} {_key(PLAIN_COLOUR, 'plain')}",
+                                "tokens/s", "decoding time (s)")
         self._spec_speed = self.speed_plot.plot(pen=SPEC_PEN, name="speculative")
         self._plain_speed = self.speed_plot.plot(pen=PLAIN_PEN, name="plain")
+
+        self.round_time_plot = _plot(f"Round time {_key(DRAFT_COLOUR, 'draft')} {_key(VERIFY_COLOUR, 'verify')}",
+                                     "ms", "round")
+        self._draft_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=DRAFT_COLOUR, pen=None)
+        self._verify_bars = pg.BarGraphItem(x=[], y0=[], height=[], width=0.8, brush=VERIFY_COLOUR, pen=None)
+        self.round_time_plot.addItem(self._draft_bars)
+        self.round_time_plot.addItem(self._verify_bars)
 
         self.histogram_plot = _plot("Tokens kept per round", "rounds", "tokens kept")
         self._histogram = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#1b8a2f")
         self.histogram_plot.addItem(self._histogram)
         self.histogram_plot.getAxis("bottom").setTickSpacing(1, 1)
 
-        self.position_plot = _plot("Acceptance by draft position", "acceptance", "draft position")
+        self.position_plot = _plot("Acceptance by draft depth", "acceptance", "draft depth")
         self.position_plot.setYRange(0, 1.0, padding=RANGE_MARGIN)
-        self._by_position = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#1f5fd1")
+        self._by_position = pg.BarGraphItem(x=[], height=[], width=0.8, brush=SPEC_COLOUR)
         self.position_plot.addItem(self._by_position)
         self.position_plot.getAxis("bottom").setTickSpacing(1, 1)
 
-        self.figures = {name: QLabel("–") for name in (
-            "acceptance rate", "copied drafts", "mean accepted length", "tokens/s", "plain tokens/s", "rounds",
-            "draft shapes", "draft / verify", "predicted speedup", "measured speedup", "greedy outputs")}
-        form = QFormLayout()
+        self.plots = (self.acceptance_plot, self.speed_plot, self.round_time_plot, self.histogram_plot,
+                      self.position_plot)
+        self.readouts: dict[pg.PlotWidget, Callable[[float], str | None]] = {
+            self.acceptance_plot: lambda x: acceptance_readout(self.speculative, x),
+            self.speed_plot: lambda x: speed_readout(self.speculative, self.plain, x),
+            self.round_time_plot: lambda x: round_time_readout(self.speculative, x),
+            self.histogram_plot: lambda x: histogram_readout(self.speculative, x),
+            self.position_plot: lambda x: position_readout(self.speculative, x),
+        }
+        for plot in self.plots:
+            plot.scene().sigMouseMoved.connect(lambda position, plot=plot: self._on_mouse_moved(plot, position))
+
+        self.figures = {name: QLabel("–") for name in FIGURE_TIPS}
         bold = QFont()
         bold.setBold(True)
+        self._figure_names = {}
         for name, label in self.figures.items():
             label.setFont(bold)
             # a fixed size, as wide as the widest figure: a label that grew with its text would
-            # relayout the panel and resize (so repaint) all four charts
+            # relayout the panel and resize (so repaint) all the charts
             label.setText(WIDEST_FIGURE)
             label.setFixedSize(label.sizeHint())
             label.setText("–")
-            form.addRow(name, label)
-        figures = QWidget()
-        figures.setLayout(form)
+            label.setToolTip(FIGURE_TIPS[name])
+            self._figure_names[name] = QLabel(name)
+            self._figure_names[name].setToolTip(FIGURE_TIPS[name])
+        self._figures_grid = QGridLayout()
+        self._figures_grid.setVerticalSpacing(2)
+        self._figures = QWidget()
+        self._figures.setLayout(self._figures_grid)
 
-        grid = QGridLayout()
-        grid.addWidget(self.acceptance_plot, 0, 0)
-        grid.addWidget(self.speed_plot, 0, 1)
-        grid.addWidget(self.histogram_plot, 1, 0)
-        grid.addWidget(self.position_plot, 1, 1)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.addLayout(grid, 1)
-        layout.addWidget(figures)
+        self._grid = QGridLayout()
+        self._layout = QBoxLayout(QBoxLayout.Direction.LeftToRight, self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.addLayout(self._grid, 1)
+        self._layout.addWidget(self._figures)
+        self._figure_column_width = (max(label.width() for label in self.figures.values())
+                                     + max(label.sizeHint().width() for label in self._figure_names.values()) + 24)
+        self._place: tuple[int, bool, int] | None = None
+        self._reflow(FIGURES_BESIDE_WIDTH)
 
         self._dirty = False
-        self._parts = (self._draw_acceptance, self._draw_speed, self._draw_histogram, self._draw_by_position)
+        self._parts = (self._draw_acceptance, self._draw_speed, self._draw_round_time, self._draw_histogram,
+                       self._draw_by_position)
         self._next_part = 0
         self._timer = QTimer(self)
         self._timer.setInterval(1000 // (REDRAW_HZ * len(self._parts)))
         self._timer.timeout.connect(self._on_redraw_timer)
         self._timer.start()
         self.reset()
+        if model is not None:
+            model.run_started.connect(lambda compare: self.reset())
+            model.events_arrived.connect(self._on_events_arrived)
+            model.run_ended.connect(self._on_run_ended)
+
+    # layout -----------------------------------------------------------------------------------------
+
+    def _reflow(self, width: int) -> None:
+        """Charts in as many columns as `width` holds (three at most), the figures right of them when
+        there is room, else below in columns. The window scrolls the charts where they are taller
+        than the space it has, so no chart is squeezed below a size that shows its whole axes."""
+        chart_columns = max(1, min(CHART_COLUMNS, width // CHART_WIDTH))
+        beside = width >= FIGURES_BESIDE_WIDTH
+        figure_columns = 1 if beside else max(1, min(3, width // self._figure_column_width))
+        place = (chart_columns, beside, figure_columns)
+        if place == self._place:
+            return
+        self._place = place
+        for i, plot in enumerate(self.plots):
+            self._grid.addWidget(plot, i // chart_columns, i % chart_columns)
+        self._layout.setDirection(QBoxLayout.Direction.LeftToRight if beside else QBoxLayout.Direction.TopToBottom)
+        for i, name in enumerate(self.figures):
+            row, column = (i, 0) if beside else (i // figure_columns, 2 * (i % figure_columns))
+            self._figures_grid.addWidget(self._figure_names[name], row, column)
+            self._figures_grid.addWidget(self.figures[name], row, column + 1)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self._reflow(event.size().width())
+        super().resizeEvent(event)
+
+    # hover ------------------------------------------------------------------------------------------
+
+    def readout(self, plot: pg.PlotWidget, x: float) -> str | None:
+        """What the chart `plot` says at `x` on its bottom axis (a round, a time, a length, a depth)."""
+        return self.readouts[plot](x)
+
+    def _on_mouse_moved(self, plot: pg.PlotWidget, position) -> None:
+        view = plot.getViewBox()
+        text = None
+        if view.sceneBoundingRect().contains(position):
+            text = self.readout(plot, view.mapSceneToView(position).x())
+        if text:
+            QToolTip.showText(QCursor.pos(), text, plot)
+        else:
+            QToolTip.hideText()
+
+    # feeding ----------------------------------------------------------------------------------------
+
+    def _on_events_arrived(self, record: SessionRecord, batch: tuple) -> None:
+        plain = record.mode == "plain"
+        if plain and self.plain is None:
+            self.start_plain()
+        self.add_events(batch, plain=plain)
+        if isinstance(batch[-1], SummaryEvent):
+            self.redraw()
+
+    def _on_run_ended(self) -> None:
+        self.set_identical(self._model.identical)
+        self.redraw()
 
     def reset(self) -> None:
         self.speculative = SessionSeries()
@@ -216,8 +261,10 @@ class SessionCharts(QWidget):
         self.identical = identical
         self._dirty = True
 
+    # drawing ----------------------------------------------------------------------------------------
+
     def _on_redraw_timer(self) -> None:
-        """One chart per tick, in turn, so one pass of the event loop never repaints all four."""
+        """One chart per tick, in turn, so one pass of the event loop never repaints them all."""
         if not self._dirty:
             return
         part = self._parts[self._next_part]
@@ -257,6 +304,18 @@ class SessionCharts(QWidget):
         fastest = max((float(r.max()) for r in rates if r.size), default=1.0)
         _show_range(self.speed_plot, x=(0.0, nice_ceiling(elapsed)), y=(0.0, nice_ceiling(1.05 * fastest)))
 
+    def _draw_round_time(self) -> None:
+        """Each round's draft time, and its verify time stacked on it (block means past MAX_POINTS)."""
+        spec = self.speculative
+        rounds, draft = block_means(spec.column("round"), spec.column("draft_ms"))
+        _, verify = block_means(spec.column("round"), spec.column("verify_ms"))
+        width = 0.8 * (rounds[1] - rounds[0]) if rounds.size > 1 else 0.8
+        self._draft_bars.setOpts(x=rounds, height=draft, width=width)
+        self._verify_bars.setOpts(x=rounds, y0=draft, height=verify, width=width)
+        longest = float(np.nanmax(draft + verify)) if rounds.size else 1.0
+        _show_range(self.round_time_plot, x=(0.0, nice_ceiling(float(rounds[-1]) + width / 2 if rounds.size else 1.0)),
+                    y=(0.0, nice_ceiling(1.05 * longest)))
+
     def _draw_histogram(self) -> None:
         lengths, counts = self.speculative.kept_histogram()
         self._histogram.setOpts(x=lengths, height=counts)
@@ -286,8 +345,7 @@ class SessionCharts(QWidget):
                                     if stats.rounds else "–")
         summary = self.speculative.summary
         f["draft shapes"].setToolTip(_plan_tooltip(summary.plan) if summary is not None and summary.plan else
-                                     "The rounds' draft lengths: K=n drafted n tokens, copy n copied n by prompt "
-                                     "lookup, none was a plain step")
+                                     FIGURE_TIPS["draft shapes"])
         predicted = stats.predicted_speedup
         f["predicted speedup"].setText(f"{predicted:.2f}x" if predicted is not None else "–")
         measured = self.measured_speedup
@@ -308,26 +366,9 @@ class SessionCharts(QWidget):
         return self.speculative.summary.tokens_per_s / plain if plain > 0 else None
 
 
-def shape_shares(shapes: dict[str, int], shown: int = 2) -> str:
-    """The most frequent round shapes with their share of rounds, e.g. "K=2 61%, none 20%"."""
-    total = sum(shapes.values())
-    if not total:
-        return "–"
-    common = sorted(shapes.items(), key=lambda item: -item[1])[:shown]
-    return ", ".join(f"{shape or 'K'} {count / total:.0%}" for shape, count in common)
-
-
 def _plan_tooltip(plan: str) -> str:
     """The auto schedule's account of its choices (`SummaryEvent.plan`), one line per part."""
     return "Auto schedule\n" + "\n".join(plan.split("; "))
-
-
-def nice_ceiling(value: float) -> float:
-    """The smallest 1, 1.5, 2, 3, 5 or 7.5 times a power of ten that is at least `value`."""
-    if not np.isfinite(value) or value <= 0:
-        return 1.0
-    decade = 10.0 ** np.floor(np.log10(value))
-    return next(step * decade for step in NICE_STEPS if step * decade >= value * (1 - 1e-12))
 
 
 def _show_range(plot: pg.PlotWidget, x: tuple[float, float] | None = None, y: tuple[float, float] | None = None) -> None:

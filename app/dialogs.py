@@ -31,3 +31,13 @@ def about_text(device: str | None) -> str:
 
 def show_about(parent: QWidget | None, device: str | None) -> None:
     QMessageBox.about(parent, "About SpecDeck", about_text(device))
+
+
+def shortcuts_text(rows: list[tuple[str, str]]) -> str:
+    body = "".join(f"<tr><td><b>{keys}</b></td><td>&nbsp;&nbsp;{what}</td></tr>" for keys, what in rows)
+    return f"<table>{body}</table>"
+
+
+def show_shortcuts(parent: QWidget | None, rows: list[tuple[str, str]]) -> None:
+    """Help > Keyboard shortcuts: (keys, what they do) in a table."""
+    QMessageBox.information(parent, "Keyboard shortcuts", shortcuts_text(rows))

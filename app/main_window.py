@@ -1,22 +1,21 @@
 """The main window: settings panels on the left; on the right, a Session tab (token views and
 charts) and a Benchmark tab (the `specdeck bench` harness on the loaded pair).
 
-Orchestration (load, run, compare) is written as coroutines on qasync's loop: each awaits the
-model thread's futures (`ModelHost`), so the GUI thread never runs model code and never blocks.
-The coroutines raise `SpecDeckError`; the button slots wrap them and turn errors into dialogs.
+The window lays out the views, reads the panels when a button is pressed and hands the values to
+the `SessionController`; the views follow the `SessionModel`. It keeps the menus, shortcuts,
+dialogs and settings.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QFileDialog,
     QHBoxLayout,
-    QLabel,
     QMainWindow,
     QProgressDialog,
     QPushButton,
@@ -30,15 +29,17 @@ from PySide6.QtWidgets import (
 from app import dialogs
 from app.bench_tab import BenchmarkTab
 from app.charts import SessionCharts
+from app.controller import SessionController
 from app.panels import DecodingPanel, ModelPanel
+from app.replay import ReplayDialog
+from app.session_model import Activity, SessionModel
 from app.token_view import Legend, TokenView
-from app.worker import BenchCancelled, LoadCancelled, LoadRequest, ModelHost, PairInfo, error_message
+from app.worker import ModelHost, PairInfo
 from engine.atomic import write_with
-from engine.context import prompt_cut_notice
 from engine.errors import SpecDeckError
-from engine.events import SessionStarted, SummaryEvent
-from engine.export import RunInfo, SessionRecord, export_sessions
+from engine.export import SessionRecord
 
+MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
 
 def save_picture(widget: QWidget, path: str | Path) -> None:
     """Save what `widget` shows as an image (format from the suffix, PNG without one), whole or not
@@ -60,45 +61,46 @@ class MainWindow(QMainWindow):
         self.settings = settings
         self.host = host or ModelHost()
         self.host.setParent(self)
-        self.host.events.connect(self._on_session_events)
-        self.host.load_progress.connect(self._on_load_progress)
-        self.host.bench_progress.connect(self._on_bench_progress)
+        self.session_model = SessionModel()
+        self.controller = SessionController(self.host, self.session_model)
+        model = self.session_model
 
-        self.model_panel = ModelPanel()
+        self.model_panel = ModelPanel(model)
         self.model_panel.load_clicked.connect(self._on_load_clicked)
         self.decoding_panel = DecodingPanel()
         self.run_button = QPushButton("Run")
         self.stop_button = QPushButton("Stop")
         self.compare_button = QPushButton("Compare")
         self.compare_button.setToolTip("Speculative, then plain decoding on the same prompt and settings")
-        self.export_button = QPushButton("Export CSV…")
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip("Write the last run's rounds (and tokens) as CSV, with its settings as JSON")
         self.run_button.clicked.connect(self._on_run_clicked)
         self.stop_button.clicked.connect(self._on_stop_clicked)
         self.compare_button.clicked.connect(self._on_compare_clicked)
         self.export_button.clicked.connect(self._on_export_clicked)
 
-        self.speculative_view = TokenView("Speculative")
-        self.plain_view = TokenView("Plain")
-        self.plain_view.show_rejected.hide()
-        self.plain_view.hide()
-        self.charts = SessionCharts()
-        self.bench_tab = BenchmarkTab()
+        self.speculative_view = TokenView("Speculative", model, "speculative")
+        self.plain_view = TokenView("Plain", model, "plain")
+        self.charts = SessionCharts(model)
+        self.legend = Legend()
+        self.replay_button = QPushButton("Replay the race")
+        self.replay_button.setToolTip("Both sessions of the last Compare side by side at their measured pace (Ctrl+R)")
+        self.replay_button.clicked.connect(self._on_replay_clicked)
+        self.replay: ReplayDialog | None = None
+        self.bench_tab = BenchmarkTab(model)
         self.bench_tab.run_button.clicked.connect(self._on_bench_clicked)
-        self.bench_tab.cancel_button.clicked.connect(self._on_bench_cancel_clicked)
+        self.bench_tab.cancel_button.clicked.connect(self.controller.cancel_benchmark)
+        self.host.load_progress.connect(self._on_load_progress)
+        self.host.bench_progress.connect(self.bench_tab.show_progress)
+        self.bench_tab.options_changed.connect(self._on_bench_options_changed)
+        model.activity_changed.connect(self._on_activity_changed)
+        model.run_ended.connect(self._on_run_ended)
+        model.status.connect(self.statusBar().showMessage)
         self._build_layout()
         self._build_menus()
 
-        self.records: list[SessionRecord] = []
-        self.run_info: RunInfo | None = None
-        self._routes: dict[int, tuple[TokenView, bool, SessionRecord]] = {}
-        self._loaded_request: LoadRequest | None = None
         self._progress: QProgressDialog | None = None
-        self._stop_requested = False
-        self._busy = False
-        self._prompt_notice = ""  # what truncation did to the last run's prompt, for the status bar
-        self._benchmarking = False
-        self._tasks: set[asyncio.Task] = set()
-        self._update_buttons()
+        self._on_activity_changed(model.activity)
         self.resize(1440, 900)
         if settings is not None:
             self._restore_settings(settings)
@@ -106,279 +108,284 @@ class MainWindow(QMainWindow):
     # layout -----------------------------------------------------------------------------------------
 
     def _build_layout(self) -> None:
-        buttons = QHBoxLayout()
-        for button in (self.run_button, self.stop_button, self.compare_button, self.export_button):
-            buttons.addWidget(button)
-        left = QWidget()
-        column = QVBoxLayout(left)
+        panels = QWidget()
+        column = QVBoxLayout(panels)
+        column.setContentsMargins(0, 0, 0, 0)
         column.addWidget(self.model_panel)
         column.addWidget(self.decoding_panel, 1)
-        column.addLayout(buttons)
         scroll = QScrollArea()
-        scroll.setWidget(left)
+        scroll.setWidget(panels)
         scroll.setWidgetResizable(True)
-        scroll.setMinimumWidth(380)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        buttons = QHBoxLayout()  # below the scrolling panels: always in view
+        for button in (self.run_button, self.stop_button, self.compare_button, self.export_button):
+            buttons.addWidget(button)
+        self.settings_panel = QWidget()
+        left = QVBoxLayout(self.settings_panel)
+        left.setContentsMargins(4, 4, 4, 4)
+        left.addWidget(scroll, 1)
+        left.addLayout(buttons)
+        scrollbar = scroll.verticalScrollBar().sizeHint().width()
+        self.settings_panel.setMinimumWidth(panels.minimumSizeHint().width() + scrollbar + 8)
 
         self.views = QSplitter(Qt.Orientation.Horizontal)
         self.views.addWidget(self.speculative_view)
         self.views.addWidget(self.plain_view)
-        self.comparison = QLabel()
-        self.comparison.setTextFormat(Qt.TextFormat.RichText)
+        self.views.setChildrenCollapsible(False)
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(4, 4, 4, 4)
         legend_row = QHBoxLayout()
-        legend_row.addWidget(Legend())
-        legend_row.addWidget(self.comparison)
+        legend_row.addWidget(self.legend)
+        legend_row.addStretch(1)
+        self.plain_view.header.addWidget(self.replay_button)  # beside the compare verdict
         top_layout.addLayout(legend_row)
         top_layout.addWidget(self.views, 1)
+        top.setMinimumHeight(MIN_TEXT_HEIGHT)
 
+        charts = QScrollArea()  # the charts keep a size that shows their axes whole, and scroll below it
+        charts.setWidget(self.charts)
+        charts.setWidgetResizable(True)
+        charts.setFrameShape(QScrollArea.Shape.NoFrame)
+        charts.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        charts.setMinimumHeight(MIN_TEXT_HEIGHT)
         self.right = QSplitter(Qt.Orientation.Vertical)
         self.right.addWidget(top)
-        self.right.addWidget(self.charts)
-        self.right.setSizes([430, 470])
+        self.right.addWidget(charts)
+        self.right.setChildrenCollapsible(False)
+        self.right.setSizes([350, 450])
         self.tabs = QTabWidget()
         self.tabs.addTab(self.right, "Session")
         self.tabs.addTab(self.bench_tab, "Benchmark")
+        self.tabs.currentChanged.connect(self._on_tab_changed)
         self.main_splitter = QSplitter(Qt.Orientation.Horizontal)
-        self.main_splitter.addWidget(scroll)
+        self.main_splitter.addWidget(self.settings_panel)
         self.main_splitter.addWidget(self.tabs)
+        self.main_splitter.setCollapsible(1, False)  # the settings collapse (View > Settings panel), the views never
         self.main_splitter.setStretchFactor(1, 1)
-        self.main_splitter.setSizes([400, 1040])
+        self.main_splitter.setSizes([self.settings_panel.minimumWidth(), 1000])
         self.setCentralWidget(self.main_splitter)
         self.statusBar().showMessage("Load a model pair, then Run or Compare.")
 
     def _build_menus(self) -> None:
+        def action(name: str, slot, *keys: str, checkable: bool = False) -> QAction:
+            """A menu action; its shortcuts work wherever the focus is in the window."""
+            made = QAction(name, self, checkable=checkable)
+            made.setShortcuts([QKeySequence(key) for key in keys])
+            made.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            (made.toggled if checkable else made.triggered).connect(slot)
+            self.addAction(made)
+            return made
+
+        session = self.menuBar().addMenu("&Session")
+        self.run_action = action("&Run", self._on_run_clicked, "Ctrl+Return", "Ctrl+Enter")
+        self.compare_action = action("&Compare", self._on_compare_clicked, "Ctrl+Shift+Return", "Ctrl+Shift+Enter")
+        self.stop_action = action("&Stop", self._on_stop_clicked, "Esc")
+        self.replay_action = action("Re&play the compare run", self._on_replay_clicked, "Ctrl+R")
+        focus = action("&Focus the prompt", self._on_focus_prompt, "Ctrl+L")
+        session.addActions([self.run_action, self.compare_action, self.stop_action, self.replay_action, focus])
+
         file_menu = self.menuBar().addMenu("&File")
-        export = QAction("&Export CSV…", self, shortcut=QKeySequence("Ctrl+E"))
-        export.triggered.connect(self._on_export_clicked)
+        self.export_action = action("&Export CSV…", self._on_export_clicked, "Ctrl+E")
         self.per_token_rows = QAction("Include per-token rows", self, checkable=True)
-        charts = QAction("Save charts as &PNG…", self)
-        charts.triggered.connect(self._on_save_charts_clicked)
-        quit_action = QAction("&Quit", self, shortcut=QKeySequence.StandardKey.Quit)
-        quit_action.triggered.connect(self.close)
-        file_menu.addActions([export, self.per_token_rows, charts])
+        charts = action("Save charts as &PNG…", self._on_save_charts_clicked)
+        quit_action = action("&Quit", self.close, QKeySequence(QKeySequence.StandardKey.Quit).toString())
+        file_menu.addActions([self.export_action, self.per_token_rows, charts])
         file_menu.addSeparator()
         file_menu.addAction(quit_action)
+
+        view = self.menuBar().addMenu("&View")
+        self.settings_action = action("&Settings panel", self._on_settings_toggled, "Ctrl+B", checkable=True)
+        self.settings_action.setChecked(True)
+        self.colour_blind_action = action("Colour-&blind safe palette", self._on_palette_toggled, checkable=True)
+        view.addActions([self.settings_action, self.colour_blind_action])
+
         help_menu = self.menuBar().addMenu("&Help")
-        about = QAction("&About SpecDeck", self)
-        about.triggered.connect(lambda: dialogs.show_about(self, self.host.pair.device if self.host.pair else None))
-        help_menu.addAction(about)
+        shortcuts = action("&Keyboard shortcuts", lambda: dialogs.show_shortcuts(self, self.shortcut_list()), "F1")
+        about = action("&About SpecDeck", lambda: dialogs.show_about(self, self.host.pair.device if self.host.pair
+                                                                     else None))
+        help_menu.addActions([shortcuts, about])
+        self._window_keys = {key for made in self.actions() for key in made.shortcuts()}
+        QApplication.instance().installEventFilter(self)
 
-    def _update_buttons(self) -> None:
-        for button in (self.run_button, self.compare_button, self.model_panel.load_button, self.bench_tab.run_button):
-            button.setEnabled(not self._busy)
-        self.stop_button.setEnabled(self._busy and not self._benchmarking)
-        self.export_button.setEnabled(not self._busy and bool(self.records))
-        self.bench_tab.cancel_button.setEnabled(self._benchmarking)
-        self.bench_tab.export_button.setEnabled(not self._benchmarking and self.bench_tab.outcome is not None)
+    def shortcut_list(self) -> list[tuple[str, str]]:
+        """(keys, what they do) for every action with a shortcut, and for the prompt's Tab keys."""
+        rows = [(", ".join(key.toString(QKeySequence.SequenceFormat.NativeText) for key in made.shortcuts()),
+                 made.text().replace("&", "").rstrip("…"))
+                for made in self.actions() if made.shortcuts()]
+        return rows + [("Tab, Shift+Tab", "Move the focus (also out of the prompt)"),
+                       ("Ctrl+Tab", "Insert a tab character in the prompt")]
 
-    # orchestration ----------------------------------------------------------------------------------
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
+        """The window's shortcuts win over a focused field's own use of the keys (a line edit takes
+        Ctrl+E to mean end of line): a field is not offered a key the window has a shortcut for."""
+        if (event.type() == QEvent.Type.ShortcutOverride and isinstance(watched, QWidget)
+                and watched.window() is self
+                and QKeySequence(event.keyCombination()) in self._window_keys):
+            return True
+        return super().eventFilter(watched, event)
+
+    # what the buttons start -------------------------------------------------------------------------
 
     async def load_models(self) -> PairInfo:
-        """Load the pair the model panel names, showing each stage in a cancellable progress dialog."""
-        request = self.model_panel.request()
-        self._progress = QProgressDialog("Loading…", "Cancel", 0, 0, self)
-        self._progress.setWindowTitle("Loading models")
-        self._progress.setWindowModality(Qt.WindowModality.WindowModal)
-        self._progress.setMinimumDuration(0)
-        self._progress.canceled.connect(self.host.cancel_load)
-        self._progress.show()
-        try:
-            info = await self.host.load(request)
-        finally:
-            self._progress.canceled.disconnect(self.host.cancel_load)
-            self._progress.close()
-            self._progress.deleteLater()
-            self._progress = None
-        self._loaded_request = request
-        self.model_panel.remember(request.target, request.draft)
-        self.model_panel.loaded.setText(f"Loaded: {info.description}")
-        self.statusBar().showMessage(f"Loaded {info.description}")
-        return info
+        """Load the pair the model panel names."""
+        return await self.controller.load(self.model_panel.spec())
 
     async def run(self, compare: bool = False) -> None:
-        """One session (speculative with the pair's drafter), or a compare run: speculative, then plain,
-        one after the other on the same device so neither timing disturbs the other."""
-        self._busy = True
-        self._stop_requested = False
-        self._update_buttons()
-        try:
-            config = self.decoding_panel.config()
-            prompt = self.decoding_panel.prompt_text()
-            if not prompt.strip():
-                raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
-            await self._ensure_loaded()
-            pair = self.host.pair
-            chat = self.decoding_panel.chat.isChecked()
-            self.run_info = RunInfo(pair.target, pair.draft, pair.drafter, pair.device, pair.dtype, config, chat,
-                                    prompt, extra_versions={k: v for k, v in dialogs.versions(pair.device).items()
-                                                            if k in ("Qt", "PySide6", "pyqtgraph")})
-            self.records = []
-            self._prompt_notice = ""
-            self._routes.clear()
-            self.speculative_view.clear()
-            self.plain_view.clear()
-            self.plain_view.setVisible(compare)
-            self.comparison.clear()
-            self.charts.reset()
-            speculative = await self._session(self.speculative_view, prompt, config, chat, plain=False)
-            if compare and not self._stop_requested:
-                self.charts.start_plain()
-                plain = await self._session(self.plain_view, prompt, config, chat, plain=True)
-                self._show_comparison(speculative, plain, config.greedy)
-            self.statusBar().showMessage(" ".join(filter(None, (self._describe(speculative), self._prompt_notice))))
-        finally:
-            self._busy = False
-            self._update_buttons()
-
-    async def _ensure_loaded(self) -> None:
-        """Load the pair the model panel names unless it is the resident one."""
-        if self.host.pair is None or self._loaded_request != self.model_panel.request():
-            await self.load_models()
+        """Run (or compare) with the panels' settings; raises SpecDeckError if they are invalid."""
+        config = self.decoding_panel.config()
+        versions = {k: v for k, v in dialogs.versions(None).items() if k in ("Qt", "PySide6", "pyqtgraph")}
+        await self.controller.run(self.model_panel.spec(), self.decoding_panel.prompt_text(), config,
+                                  self.decoding_panel.chat.isChecked(), compare, versions)
 
     async def run_benchmark(self) -> None:
-        """The benchmark tab's harness on the resident pair (loaded first if needed), in the model thread."""
-        self._busy = True
-        self._update_buttons()
+        """The Benchmark tab's harness on the model panel's pair; the tab shows progress and results."""
+        tab, spec = self.bench_tab, self.model_panel.spec()
+        prompts, settings = tab.prompts(), tab.settings()
+        drafters, command = tuple(tab.other_drafters(spec)), tab.command_line(spec)
+        tab.start()
         try:
-            prompts = self.bench_tab.prompts()
-            settings = self.bench_tab.settings()
-            drafters = self.bench_tab.other_drafters()
-            command = self.bench_tab.command_line(self.model_panel.request())
-            await self._ensure_loaded()
-            self._benchmarking = True
-            self._update_buttons()
-            self.bench_tab.start()
-            self.statusBar().showMessage(f"Benchmarking {len(prompts)} prompts…")
-            try:
-                outcome = await self.host.bench(prompts, settings, str(self.bench_tab.prompt_file), command,
-                                                 tuple(drafters))
-            except BenchCancelled as cancelled:
-                self.bench_tab.show_stopped(str(cancelled))
-                self.statusBar().showMessage(str(cancelled))
-                return
-            except SpecDeckError:
-                self.bench_tab.show_stopped("The benchmark failed.")
-                raise
-            self.bench_tab.show_outcome(outcome)
-            self.statusBar().showMessage("Benchmark done: " + ", ".join(
-                f"{r['method']}{' K=' + str(r['k']) if r['k'] else ''} {r['speedup_vs_plain']}x"
-                for r in outcome.summary if r["category"] == "all" and r["method"] != "plain"))
-        finally:
-            self._busy = self._benchmarking = False
-            self._update_buttons()
-
-    async def _session(self, view: TokenView, prompt, config, chat, plain: bool) -> SummaryEvent:
-        session_id, finished = self.host.run(prompt, config, chat=chat, plain=plain)
-        record = SessionRecord(session_id, "plain" if plain else "speculative")
-        self.records.append(record)
-        self._routes[session_id] = (view, plain, record)
-        self.statusBar().showMessage("Plain decoding…" if plain else "Speculative decoding…")
-        summary = await finished
-        self.charts.redraw()
-        return summary
-
-    def _show_comparison(self, speculative: SummaryEvent, plain: SummaryEvent, greedy: bool) -> None:
-        parts = []
-        if self.charts.measured_speedup is not None:
-            parts.append(f"measured speedup <b>{self.charts.measured_speedup:.2f}x</b>")
-        if greedy:
-            identical = speculative.text == plain.text
-            self.charts.set_identical(identical)
-            colour = "#1b8a2f" if identical else "#c62828"
-            mark = "greedy outputs identical ✓" if identical else "greedy outputs differ ✗"
-            parts.append(f"<b style='color:{colour}'>{mark}</b>")
-        self.comparison.setText(" · ".join(parts))
-        self.charts.redraw()
-
-    @staticmethod
-    def _describe(summary: SummaryEvent) -> str:
-        return (f"{summary.new_tokens} tokens in {summary.rounds} rounds ({summary.stop_reason}), "
-                f"{summary.tokens_per_s:.1f} tokens/s, acceptance {summary.acceptance_rate:.2f}")
+            outcome = await self.controller.benchmark(spec, prompts, settings, str(tab.prompt_file), command, drafters)
+        except SpecDeckError:
+            tab.show_stopped("The benchmark failed.")
+            raise
+        if outcome is None:
+            tab.show_stopped("The benchmark was cancelled.")
+        else:
+            tab.show_outcome(outcome)
 
     def export_csv(self, path: str | Path) -> list[Path]:
         """Write the last run's round CSV and metadata (and token rows if chosen); raises SpecDeckError."""
-        if not self.records or self.run_info is None:
-            raise SpecDeckError("Nothing to export yet: run a session first.")
-        return export_sessions(path, self.run_info, self.records, per_token=self.per_token_rows.isChecked())
+        return self.session_model.export(path, per_token=self.per_token_rows.isChecked())
 
     def save_charts(self, path: str | Path) -> None:
         save_picture(self.charts, path)
 
+    @property
+    def idle(self) -> bool:
+        return self.controller.idle
+
     # slots ------------------------------------------------------------------------------------------
 
     def _spawn(self, coroutine, title: str) -> None:
-        """Run an orchestration coroutine on the loop; its errors become a dialog."""
+        def on_error(message: str) -> None:
+            self.statusBar().showMessage(title)
+            dialogs.show_error(self, title, message)
 
-        async def guarded() -> None:
-            try:
-                await coroutine
-            except LoadCancelled:
-                self.statusBar().showMessage("Loading cancelled.")
-            except asyncio.CancelledError:
-                pass
-            except Exception as error:  # noqa: BLE001 - a dialog, never a traceback
-                self.statusBar().showMessage(title)
-                dialogs.show_error(self, title, error_message(error))
+        self.controller.spawn(coroutine, on_error)
 
-        task = asyncio.ensure_future(guarded())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _on_tab_changed(self, index: int) -> None:
+        """The decoding settings apply to Run and Compare, not to the benchmark: they are greyed out
+        while the Benchmark tab shows, and its plan is brought up to date."""
+        benchmark = self.tabs.widget(index) is self.bench_tab
+        self.decoding_panel.setEnabled(not benchmark)
+        self.decoding_panel.setTitle("Decoding: Run and Compare only" if benchmark
+                                     else "Decoding")
+        if benchmark:
+            self._on_bench_options_changed()
 
-    @property
-    def idle(self) -> bool:
-        return not self._tasks
+    def _on_bench_options_changed(self) -> None:
+        measured = self.session_model.summary("plain") or self.session_model.summary("speculative")
+        self.bench_tab.show_plan(self.model_panel.spec(), measured.tokens_per_s if measured else None)
+
+    def _show_session_tab(self) -> None:
+        self.tabs.setCurrentWidget(self.right)
 
     def _on_load_clicked(self) -> None:
-        async def load() -> None:
-            self._busy = True
-            self._update_buttons()
-            try:
-                await self.load_models()
-            finally:
-                self._busy = False
-                self._update_buttons()
-
-        self._spawn(load(), "Could not load the models")
+        self._spawn(self.load_models(), "Could not load the models")
 
     def _on_run_clicked(self) -> None:
+        self._show_session_tab()
         self._spawn(self.run(compare=False), "The session failed")
 
     def _on_compare_clicked(self) -> None:
+        self._show_session_tab()
         self._spawn(self.run(compare=True), "The compare run failed")
 
     def _on_bench_clicked(self) -> None:
         self._spawn(self.run_benchmark(), "The benchmark failed")
 
-    def _on_bench_cancel_clicked(self) -> None:
-        self.host.cancel_bench()
-
-    def _on_bench_progress(self, done: int, total: int, label: str) -> None:
-        self.bench_tab.show_progress(done, total, label)
-
     def _on_stop_clicked(self) -> None:
-        self._stop_requested = True
-        self.host.stop()
-        self.statusBar().showMessage("Stopping at the end of this round…")
+        if self.session_model.activity.running:
+            self.controller.stop()
 
-    def _on_session_events(self, session_id: int, batch: tuple) -> None:
-        route = self._routes.get(session_id)
-        if route is None:
+    def _on_focus_prompt(self) -> None:
+        self.settings_action.setChecked(True)
+        self._on_settings_toggled(True)
+        self.decoding_panel.prompt.setFocus(Qt.FocusReason.ShortcutFocusReason)
+
+    def _on_settings_toggled(self, shown: bool) -> None:
+        self.settings_panel.setVisible(shown)
+
+    def _on_palette_toggled(self, safe: bool) -> None:
+        palette = "colour-blind safe" if safe else "standard"
+        self.legend.refresh(palette)
+        for view in (self.speculative_view, self.plain_view):
+            view.set_palette(palette)
+
+    def replayable_records(self) -> tuple[SessionRecord, SessionRecord] | None:
+        """The last Compare's speculative and plain records, once both ended; None otherwise."""
+        by_mode = {r.mode: r for r in self.session_model.records if r.summary is not None}
+        if self.session_model.activity.running or set(by_mode) != {"speculative", "plain"}:
+            return None
+        return by_mode["speculative"], by_mode["plain"]
+
+    def _on_replay_clicked(self) -> None:
+        records = self.replayable_records()
+        if records is None:
             return
-        view, plain, record = route
-        view.add_events(batch)
-        for event in batch:
-            if isinstance(event, SessionStarted) and event.prompt_tokens_dropped:
-                self._prompt_notice = prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)
-        self.charts.add_events(batch, plain=plain)
-        for event in batch:
-            record.add(event)
+        if self.replay is not None:
+            self.replay.close()
+        self.replay = ReplayDialog(*records, parent=self)
+        self.replay.show()
+
+    def _on_activity_changed(self, activity: Activity) -> None:
+        busy = activity.busy
+        for widget in (self.run_button, self.compare_button, self.model_panel.load_button, self.run_action,
+                       self.compare_action):
+            widget.setEnabled(not busy)
+        self.stop_button.setEnabled(activity.running)
+        exportable = not busy and bool(self.session_model.records)
+        self.export_button.setEnabled(exportable)
+        self.export_action.setEnabled(exportable)
+        replayable = self.replayable_records() is not None
+        self.replay_action.setEnabled(replayable)
+        self.replay_button.setVisible(replayable)
+        if activity.loading and self._progress is None:
+            self._open_progress()
+        elif not activity.loading and self._progress is not None:
+            self._progress.canceled.disconnect(self.controller.cancel_load)
+            self._progress.close()
+            self._progress.deleteLater()
+            self._progress = None
+
+    def _open_progress(self) -> None:
+        """A cancellable dialog that names each stage of the load."""
+        self._progress = QProgressDialog("Loading…", "Cancel", 0, 0, self)
+        self._progress.setWindowTitle("Loading models")
+        self._progress.setWindowModality(Qt.WindowModality.WindowModal)
+        self._progress.setMinimumDuration(0)
+        self._progress.canceled.connect(self.controller.cancel_load)
+        self._progress.show()
 
     def _on_load_progress(self, stage: str) -> None:
         if self._progress is not None:
             self._progress.setLabelText(stage)
         self.statusBar().showMessage(stage)
+
+    def _on_run_ended(self) -> None:
+        """A compare run's verdict beside the plain text: the measured speedup, and for greedy runs
+        whether the two texts are the same."""
+        model = self.session_model
+        parts = []
+        if model.compare and self.charts.measured_speedup is not None:
+            parts.append(f"measured speedup <b>{self.charts.measured_speedup:.2f}x</b>")
+        if model.identical is not None:
+            colour = "#1b8a2f" if model.identical else "#c62828"
+            mark = "greedy outputs identical ✓" if model.identical else "greedy outputs differ ✗"
+            parts.append(f"<b style='color:{colour}'>{mark}</b>")
+        self.plain_view.note.setText(" · ".join(parts))
 
     def _on_export_clicked(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export session statistics", "specdeck-session.csv", "CSV (*.csv)")
@@ -402,11 +409,19 @@ class MainWindow(QMainWindow):
 
     # settings and closing ---------------------------------------------------------------------------
 
+    def _remembered_choices(self) -> tuple[tuple[str, QAction], ...]:
+        return (("export/per_token_rows", self.per_token_rows), ("view/settings_panel", self.settings_action),
+                ("view/colour_blind_safe", self.colour_blind_action))
+
     def _restore_settings(self, settings: QSettings) -> None:
         self.model_panel.restore(settings)
         self.decoding_panel.restore(settings)
         self.bench_tab.restore(settings)
         self.tabs.setCurrentIndex(int(settings.value("window/tab", 0)))
+        for key, action in self._remembered_choices():
+            action.setChecked(str(settings.value(key, action.isChecked())).lower() == "true")
+        self.speculative_view.show_rejected.setChecked(
+            str(settings.value("view/show_rejected", "true")).lower() == "true")
         for key, widget in (("window/geometry", self), ("window/main_splitter", self.main_splitter),
                             ("window/right_splitter", self.right)):
             state = settings.value(key)
@@ -420,6 +435,9 @@ class MainWindow(QMainWindow):
         self.decoding_panel.save(self.settings)
         self.bench_tab.save(self.settings)
         self.settings.setValue("window/tab", self.tabs.currentIndex())
+        for key, action in self._remembered_choices():
+            self.settings.setValue(key, action.isChecked())
+        self.settings.setValue("view/show_rejected", self.speculative_view.show_rejected.isChecked())
         self.settings.setValue("window/geometry", self.saveGeometry())
         self.settings.setValue("window/main_splitter", self.main_splitter.saveState())
         self.settings.setValue("window/right_splitter", self.right.saveState())
@@ -427,8 +445,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
         """Stop any session, end the model thread and wait for it, so nothing outlives the window."""
+        QApplication.instance().removeEventFilter(self)
         self.save_settings()
-        for task in list(self._tasks):
-            task.cancel()
-        self.host.shutdown()
+        self.controller.shutdown()
         super().closeEvent(event)

@@ -5,7 +5,9 @@ Both read and write their values through QSettings so that a launch starts where
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings, Signal
+from html import escape
+
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -25,17 +27,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.worker import LoadRequest
-from engine.config import SCHEDULES, DecodeConfig
-from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+from app.session_model import SessionModel
+from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
+from engine.models import BUILTIN_MODELS, DEFAULT_TARGET
+from engine.pair import DrafterKind, PairSpec
 from engine.resources import resource_path
 
-DRAFTERS = {"draft model": "draft-model", "feature head": "feature-head", "prompt lookup": "prompt-lookup",
-            "suffix": "suffix"}
-DEFAULT_MODELS = {"feature-head": DEFAULT_HEAD, "draft-model": DEFAULT_DRAFT}  # for the built-in target
+DRAFTER_KINDS = tuple(DrafterKind)  # in the drafter combo's order
+BUILTIN_DRAFTS = {kind.builtin_model(DEFAULT_TARGET) for kind in DrafterKind} - {None}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RECENT_LIMIT = 10
+WRONG_FIELD_STYLE = "border: 2px solid #c62828;"
 
 
 def load_presets() -> dict[str, str]:
@@ -65,7 +68,7 @@ class ModelPicker(QWidget):
         self.combo = QComboBox()
         self.combo.setEditable(True)
         self.combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
-        self.combo.setMinimumContentsLength(18)
+        self.combo.setMinimumContentsLength(12)
         self.combo.lineEdit().setPlaceholderText("alias, Hugging Face id, folder or .gguf")
         self._allow_empty = allow_empty
         self.browse = QToolButton()
@@ -110,17 +113,20 @@ class ModelPicker(QWidget):
 
 
 class ModelPanel(QGroupBox):
+    """Which pair to load. Given a `SessionModel`, it shows the resident pair or why the last load
+    failed, with the field to blame outlined."""
+
     load_clicked = Signal()
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, model: SessionModel | None = None, parent: QWidget | None = None) -> None:
         super().__init__("Models", parent)
+        self._model = model
         self.target = ModelPicker()
-        self.target.set_value(DEFAULT_TARGET)
         self.drafter = QComboBox()
-        self.drafter.addItems(list(DRAFTERS))
+        for index, kind in enumerate(DRAFTER_KINDS):
+            self.drafter.addItem(kind.label)
+            self.drafter.setItemData(index, kind.description, Qt.ItemDataRole.ToolTipRole)
         self.draft = ModelPicker(allow_empty=True)
-        self.drafter.setCurrentText("feature head")
-        self.draft.set_value(DEFAULT_HEAD)
         self.device = QComboBox()
         self.device.setEditable(True)
         self.device.addItems(DEVICES)
@@ -132,8 +138,9 @@ class ModelPanel(QGroupBox):
         self.load_button.clicked.connect(self.load_clicked)
         self.loaded = QLabel("No models loaded.")
         self.loaded.setWordWrap(True)
+        self.loaded.setTextFormat(Qt.TextFormat.RichText)
         self.loaded.setStyleSheet("color: #555;")
-        self.drafter.currentTextChanged.connect(self._on_drafter_changed)
+        self.drafter.currentIndexChanged.connect(self._on_drafter_changed)
         form = QFormLayout(self)
         form.addRow("Target", self.target)
         form.addRow("Drafter", self.drafter)
@@ -147,19 +154,57 @@ class ModelPanel(QGroupBox):
         form.addRow(self.load_button)
         form.addRow(self.loaded)
         self.recent: list[str] = []
-        self._on_drafter_changed(self.drafter.currentText())
+        self.show_spec(PairSpec().resolved())
+        if model is not None:
+            model.pair_changed.connect(self._on_pair_changed)
 
-    def _on_drafter_changed(self, text: str) -> None:
-        kind = DRAFTERS[text]
-        self.draft.setEnabled(kind in DEFAULT_MODELS)
-        if kind in DEFAULT_MODELS and self.draft.value in DEFAULT_MODELS.values():
-            self.draft.set_value(DEFAULT_MODELS[kind])  # the built-in one that goes with the kind
+    def field_widgets(self) -> dict[str, QWidget]:
+        """The widget of each field a load failure can blame."""
+        return {"target": self.target.combo, "draft": self.draft.combo, "device": self.device, "dtype": self.dtype}
 
-    def request(self) -> LoadRequest:
-        kind = DRAFTERS[self.drafter.currentText()]
-        return LoadRequest(self.target.value or None, self.draft.value if kind in DEFAULT_MODELS else None, kind,
-                           self.device.currentText().strip() or "auto", self.dtype.currentText(),
-                           self.trust_remote_code.isChecked())
+    def _on_pair_changed(self) -> None:
+        model = self._model
+        failure = model.load_failure
+        for name, widget in self.field_widgets().items():
+            wrong = failure is not None and failure.field == name
+            widget.setStyleSheet(WRONG_FIELD_STYLE if wrong else "")
+            widget.setToolTip(failure.message if wrong else "")
+        if failure is not None:
+            resident = f" Still loaded: {model.pair.description}." if model.pair else ""
+            self.loaded.setText(f"<b style='color:#c62828'>Load failed</b>: {escape(failure.message)}{resident}")
+            self.loaded.setStyleSheet("")
+        else:
+            self.remember(model.spec.target, model.spec.draft)
+            self.loaded.setText(f"Loaded: {escape(model.pair.description)}")
+            self.loaded.setStyleSheet("color: #555;")
+            # how the loaded draft's vocabulary relates to the target's, where the drafter is chosen
+            self.drafter.setToolTip(f"Loaded draft: {model.pair.vocabulary}" if model.pair.vocabulary else "")
+
+    @property
+    def drafter_kind(self) -> DrafterKind:
+        return DRAFTER_KINDS[self.drafter.currentIndex()]
+
+    def _on_drafter_changed(self, index: int) -> None:
+        kind = DRAFTER_KINDS[index]
+        self.draft.setEnabled(kind.needs_model)
+        if kind.needs_model and self.draft.value in BUILTIN_DRAFTS:
+            self.draft.set_value(kind.builtin_model(DEFAULT_TARGET))  # the built-in one that goes with the kind
+
+    def spec(self) -> PairSpec:
+        """The pair the panel names."""
+        kind = self.drafter_kind
+        return PairSpec(self.target.value, self.draft.value if kind.needs_model else None, kind,
+                        self.device.currentText(), self.dtype.currentText(), self.trust_remote_code.isChecked())
+
+    def show_spec(self, spec: PairSpec) -> None:
+        """Show a resolved `spec` (one whose drafter is chosen)."""
+        self.target.set_value(spec.target)
+        self.drafter.setCurrentIndex(DRAFTER_KINDS.index(spec.drafter))
+        self.draft.set_value(spec.draft or "")
+        self.device.setCurrentText(spec.device)
+        self.dtype.setCurrentText(spec.dtype)
+        self.trust_remote_code.setChecked(spec.trust_remote_code)
+        self.draft.setEnabled(spec.drafter.needs_model)
 
     def remember(self, *names: str | None) -> None:
         for name in names:
@@ -181,11 +226,12 @@ class ModelPanel(QGroupBox):
         recent = settings.value("models/recent", [])
         self.recent = [recent] if isinstance(recent, str) else list(recent or [])
         self.remember()
-        self.target.set_value(str(settings.value("models/target", DEFAULT_TARGET)))
-        self.draft.set_value(str(settings.value("models/draft", DEFAULT_HEAD)))
-        self.drafter.setCurrentText(str(settings.value("models/drafter", "feature head")))
-        self.device.setCurrentText(str(settings.value("models/device", "auto")))
-        self.dtype.setCurrentText(str(settings.value("models/dtype", "auto")))
+        default = PairSpec().resolved()
+        self.target.set_value(str(settings.value("models/target", default.target)))
+        self.draft.set_value(str(settings.value("models/draft", default.draft)))
+        self.drafter.setCurrentText(str(settings.value("models/drafter", default.drafter.label)))
+        self.device.setCurrentText(str(settings.value("models/device", default.device)))
+        self.dtype.setCurrentText(str(settings.value("models/dtype", default.dtype)))
 
 
 class DecodingPanel(QGroupBox):
@@ -195,11 +241,18 @@ class DecodingPanel(QGroupBox):
         self.k = spin_box(1, 16, defaults.k)
         self.schedule = QComboBox()
         self.schedule.addItems(SCHEDULES)
+        self.schedule.setCurrentText(defaults.schedule)
         self.lookup = spin_box(0, 16, defaults.lookup)
         self.lookup.setSpecialValueText("off")
         self.lookup.setToolTip("Where the text repeats (a summary quoting its article, edited code), copy up to this "
                                "many tokens from what followed the earlier occurrence instead of asking the drafter. "
                                "Copies cost no model call and keep decoding exact.")
+        self.suffix_scope = QComboBox()
+        self.suffix_scope.addItems(SUFFIX_SCOPES)
+        self.suffix_scope.setCurrentText(defaults.suffix_scope)
+        self.suffix_scope.setToolTip("What the suffix and hybrid drafters copy from: prompt, this request's text; "
+                                     "session, also the answers written since SpecDeck started; all, also past "
+                                     "sessions' answers, kept in the cache folder (specdeck cache --clear forgets them).")
         self.temperature = double_spin_box(0.0, 5.0, defaults.temperature, 0.1)
         self.temperature.setSpecialValueText("0 (greedy)")
         self.top_k = spin_box(0, 100000, defaults.top_k)
@@ -209,15 +262,15 @@ class DecodingPanel(QGroupBox):
         self.max_new_tokens = spin_box(1, 8192, defaults.max_new_tokens)
         self.chat = QCheckBox("Chat template")
         self.chat.setChecked(True)
-        self.truncate_prompt = QCheckBox("Keep the end of long prompts")
+        self.truncate_prompt = QCheckBox("Keep a long prompt's end")
         self.truncate_prompt.setToolTip("A prompt too long for the model's context is refused; checked, its start "
                                         "is dropped instead so that it and the answer fit.")
         self.presets = load_presets()
         self.preset = QComboBox()
         self.preset.addItems(list(self.presets))
         self.preset.activated.connect(self._on_preset_chosen)
-        self.prompt = QPlainTextEdit()
-        self.prompt.setPlaceholderText("Type a prompt, or pick a preset.")
+        self.prompt = PromptEdit()
+        self.prompt.setPlaceholderText("Type a prompt, or pick a preset. Ctrl+Enter runs it.")
         self.prompt.setMinimumHeight(90)
         if self.presets:
             self.prompt.setPlainText(next(iter(self.presets.values())))
@@ -229,8 +282,9 @@ class DecodingPanel(QGroupBox):
         form.addRow("K", row)
         row = QHBoxLayout()
         row.addWidget(self.lookup)
-        row.addWidget(QLabel("tokens copied where the text repeats"), 1)
+        row.addWidget(QLabel("copied tokens per round"), 1)
         form.addRow("Lookup", row)
+        form.addRow("Suffix scope", self.suffix_scope)
         form.addRow("Temperature", self.temperature)
         row = QHBoxLayout()
         row.addWidget(self.top_k, 1)
@@ -244,11 +298,9 @@ class DecodingPanel(QGroupBox):
         form.addRow("Seed", row)
         row = QHBoxLayout()
         row.addWidget(self.chat)
-        row.addWidget(self.truncate_prompt)
-        row.addStretch(1)
-        row.addWidget(QLabel("Preset"))
-        row.addWidget(self.preset)
+        row.addWidget(self.truncate_prompt, 1)
         form.addRow(row)
+        form.addRow("Preset", self.preset)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.prompt, 1)
@@ -266,7 +318,8 @@ class DecodingPanel(QGroupBox):
                             temperature=self.temperature.value(), top_k=self.top_k.value(),
                             top_p=self.top_p.value(), seed=self.seed.value(),
                             max_new_tokens=self.max_new_tokens.value(),
-                            truncate_prompt=self.truncate_prompt.isChecked())
+                            truncate_prompt=self.truncate_prompt.isChecked(),
+                            suffix_scope=self.suffix_scope.currentText())
 
     def prompt_text(self) -> str:
         return self.prompt.toPlainText()
@@ -277,6 +330,7 @@ class DecodingPanel(QGroupBox):
         settings.setValue("decoding/temperature", self.temperature.value())
         settings.setValue("decoding/top_p", self.top_p.value())
         settings.setValue("decoding/schedule", self.schedule.currentText())
+        settings.setValue("decoding/suffix_scope", self.suffix_scope.currentText())
         settings.setValue("decoding/chat", self.chat.isChecked())
         settings.setValue("decoding/prompt", self.prompt_text())
 
@@ -287,10 +341,25 @@ class DecodingPanel(QGroupBox):
         self.temperature.setValue(float(settings.value("decoding/temperature", self.temperature.value())))
         self.top_p.setValue(float(settings.value("decoding/top_p", self.top_p.value())))
         self.schedule.setCurrentText(str(settings.value("decoding/schedule", self.schedule.currentText())))
+        self.suffix_scope.setCurrentText(str(settings.value("decoding/suffix_scope", self.suffix_scope.currentText())))
         self.chat.setChecked(str(settings.value("decoding/chat", "true")).lower() == "true")
         prompt = settings.value("decoding/prompt", "")
         if prompt:
             self.prompt.setPlainText(str(prompt))
+
+
+class PromptEdit(QPlainTextEdit):
+    """The prompt box: Tab moves the focus on, as in any form; Ctrl+Tab inserts a tab character."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTabChangesFocus(True)
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.key() == Qt.Key.Key_Tab and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+            self.insertPlainText("\t")
+            return
+        super().keyPressEvent(event)
 
 
 def spin_box(low: int, high: int, value: int) -> QSpinBox:

@@ -1,96 +1,202 @@
-"""The live token view: every token of a session in the colour of its fate.
+"""The live token view: every token of a session drawn as its fate.
 
-Accepted drafts green, rejected drafts red and struck through where they were proposed (before
-the target's replacement), resampled tokens orange, bonus tokens blue, plain tokens uncoloured;
-drafts that prompt lookup copied from earlier text are dotted underneath. The view keeps every
-`TokenEvent` so that hiding or showing rejected drafts re-renders it, and so that hovering a token can show its state, position, round, p, q and min(1, p/q).
+Each state has a look that survives without colour (a second cue beside the colour), and the
+colours come in two palettes, the second safe for colour-blind eyes (Okabe and Ito):
+
+- accepted drafts: a tinted background;
+- rejected drafts: struck through on a tinted background, where they were proposed (before the
+  target's replacement);
+- discarded drafts (after a rejected one in the same round, never judged): grey, italic, struck through;
+- resampled tokens (the target's replacement): a wavy underline;
+- bonus tokens (every draft passed): bold;
+- plain tokens: as they are;
+- drafts that prompt lookup copied from earlier text: dotted underneath, so the drafter's own
+  guesses stay apart from the copies.
+
+The legend is drawn with the very formats the view uses. The view keeps every `TokenEvent` so
+that hiding or showing refused drafts re-renders it, and so that hovering a token can show its
+state, position, round, p, q and, for judged drafts, min(1, p/q).
 """
 
 from __future__ import annotations
 
 import bisect
 
-from PySide6.QtCore import QEvent, QTimer
-from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
+from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QToolTip, QVBoxLayout, QWidget
 
+from app.session_model import SessionModel
 from engine.events import SummaryEvent, TokenEvent, TokenState
+from engine.export import SessionRecord
 
 RENDER_INTERVAL_MS = 50
+REFUSED = (TokenState.REJECTED, TokenState.DISCARDED)
+LEGEND_SEPARATOR = " · "
 
-STATE_COLOURS = {
-    TokenState.ACCEPTED: QColor("#1b8a2f"),
-    TokenState.REJECTED: QColor("#c62828"),
-    TokenState.RESAMPLED: QColor("#e07000"),
-    TokenState.BONUS: QColor("#1f5fd1"),
+PALETTES = {
+    "standard": {TokenState.ACCEPTED: "#1b8a2f", TokenState.REJECTED: "#c62828", TokenState.DISCARDED: "#8a8a8a",
+                 TokenState.RESAMPLED: "#e07000", TokenState.BONUS: "#1f5fd1"},
+    # Okabe and Ito's palette: told apart under protanopia, deuteranopia and tritanopia
+    "colour-blind safe": {TokenState.ACCEPTED: "#0072b2", TokenState.REJECTED: "#d55e00",
+                          TokenState.DISCARDED: "#8a8a8a", TokenState.RESAMPLED: "#cc79a7",
+                          TokenState.BONUS: "#009e73"},
 }
 
+LEGEND = (  # (state, copied, label, what it means)
+    (TokenState.ACCEPTED, False, "accepted", "A draft the target accepted: kept"),
+    (TokenState.REJECTED, False, "rejected", "The draft the target refused, where it was proposed: not kept"),
+    (TokenState.DISCARDED, False, "discarded", "Drafts after the rejected one in the same round: never judged, "
+                                                "not kept (not counted in acceptance by depth)"),
+    (TokenState.RESAMPLED, False, "resampled", "The target's token in place of the rejected draft"),
+    (TokenState.BONUS, False, "bonus", "Every draft passed: the target's next token came free from the same forward"),
+    (TokenState.PLAIN, False, "plain", "Plain decoding: one target forward per token"),
+    (TokenState.ACCEPTED, True, "copied", "A draft prompt lookup copied from earlier text (Lookup > 0), shown in "
+                                          "its state's look (here accepted) and dotted underneath"),
+)
 
-def token_format(state: TokenState, copied: bool = False) -> QTextCharFormat:
-    """The look of a token: its state's colour; rejected struck through; a copy by prompt lookup
-    (rather than the drafter's own guess) dotted underneath."""
+
+def token_format(state: TokenState, copied: bool = False, palette: str = "standard") -> QTextCharFormat:
+    """The look of a token: its state's colour and its state's second cue (see the module's
+    docstring); a copy by prompt lookup dotted underneath."""
     fmt = QTextCharFormat()
+    colours = PALETTES[palette]
+    if state in colours:
+        fmt.setForeground(QColor(colours[state]))
+    if state in (TokenState.ACCEPTED, TokenState.REJECTED):
+        background = QColor(colours[state])
+        background.setAlpha(40 if state is TokenState.ACCEPTED else 28)
+        fmt.setBackground(background)
+    if state in REFUSED:
+        fmt.setFontStrikeOut(True)
+    if state is TokenState.DISCARDED:
+        fmt.setFontItalic(True)
+    if state is TokenState.RESAMPLED:
+        fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.WaveUnderline)
+        fmt.setUnderlineColor(QColor(colours[state]))
+    if state is TokenState.BONUS:
+        fmt.setFontWeight(QFont.Weight.Bold)
     if copied:
         fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DotLine)
-    if state in STATE_COLOURS:
-        fmt.setForeground(STATE_COLOURS[state])
-    if state is TokenState.REJECTED:
-        fmt.setFontStrikeOut(True)
-        background = QColor(STATE_COLOURS[state])
-        background.setAlpha(28)
-        fmt.setBackground(background)
     return fmt
 
 
-_FORMATS: dict[tuple[TokenState, bool], QTextCharFormat] = {}
+_FORMATS: dict[tuple[TokenState, bool, str], QTextCharFormat] = {}  # made once each
 
 
-def _format(state: TokenState, copied: bool = False) -> QTextCharFormat:
-    if (state, copied) not in _FORMATS:
-        _FORMATS[state, copied] = token_format(state, copied)
-    return _FORMATS[state, copied]
+def _format(state: TokenState, copied: bool = False, palette: str = "standard") -> QTextCharFormat:
+    if (state, copied, palette) not in _FORMATS:
+        _FORMATS[state, copied, palette] = token_format(state, copied, palette)
+    return _FORMATS[state, copied, palette]
+
+
+def state_of(fmt: QTextCharFormat) -> TokenState | None:
+    """The state a character format draws, read from its cues other than colour (None: plain text)."""
+    if fmt.fontStrikeOut():
+        return TokenState.DISCARDED if fmt.fontItalic() else TokenState.REJECTED
+    if fmt.underlineStyle() == QTextCharFormat.UnderlineStyle.WaveUnderline:
+        return TokenState.RESAMPLED
+    if fmt.fontWeight() >= QFont.Weight.Bold:
+        return TokenState.BONUS
+    if fmt.hasProperty(QTextCharFormat.Property.BackgroundBrush):
+        return TokenState.ACCEPTED
+    return None
+
+
+def document_formats(document: QTextDocument) -> list[tuple[str, QTextCharFormat]]:
+    """(text, format) for each run of characters of one format, as drawn; "\n" between blocks."""
+    runs: list[tuple[str, QTextCharFormat]] = []
+    block = document.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            runs.append((fragment.text(), fragment.charFormat()))
+            it += 1
+        block = block.next()
+        if block.isValid():
+            runs.append(("\n", QTextCharFormat()))
+    return runs
+
+
+SOURCES = {"prompt": "this prompt", "session": "an earlier answer this session", "past": "a past session"}
 
 
 def describe_token(event: TokenEvent) -> str:
+    """A token's tooltip: its state, where it stands, and the figures that mean something for it."""
     where = f"position {event.pos}, round {event.round}" + (f", draft depth {event.depth}" if event.depth else "")
     lines = [f"{event.state.value}  {event.text!r}", where, f"p (target) = {event.p:.4f}"]
-    if event.copied:
-        lines.append("copied by prompt lookup")
-    if event.q is not None:
-        lines.append(f"q ({'copy' if event.copied else 'draft'}) = {event.q:.4f}")
+    if event.source:
+        lines.append(f"copied from {SOURCES.get(event.source, event.source)}")
+    source = "copy" if event.copied else "draft"
+    if event.state.judged and event.q is not None:
+        lines.append(f"q ({source}) = {event.q:.4f}")
         lines.append(f"min(1, p/q) = {event.acceptance_probability:.4f}")
-    return "\n".join(lines)
+    elif event.state is TokenState.DISCARDED:
+        lines.append(f"q ({source}) = {event.q:.4f}" if event.q is not None else "")
+        lines.append("never judged: an earlier draft of this round was rejected")
+    elif event.state is TokenState.RESAMPLED:
+        lines.append("the target's token in place of the rejected draft: drawn from max(0, p - q), normalised "
+                     "(greedy: the target's top token)")
+    elif event.state is TokenState.BONUS:
+        lines.append("every draft passed: the target's next token, from the same forward")
+    if event.draft_tokens:  # a draft with a tokenizer of its own: what it wrote, in its tokens
+        written = "  ".join(f"{text!r} (q {q:.4f})" for text, q in zip(event.draft_tokens, event.draft_q))
+        lines.append(f"the draft wrote, in its own tokens: {written}")
+    return "\n".join(line for line in lines if line)
 
 
-class Legend(QWidget):
-    """The colour key, in the same formats as the view."""
+class Legend(QPlainTextEdit):
+    """The key to the token view, drawn with the view's own formats; hover an entry for its meaning."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        for state in TokenState:
-            label = QLabel(state.value)
-            colour = STATE_COLOURS.get(state)
-            style = f"color: {colour.name()};" if colour else ""
-            if state is TokenState.REJECTED:
-                style += "text-decoration: line-through;"
-            label.setStyleSheet(style + "font-weight: bold;")
-            layout.addWidget(label)
-        copied = QLabel("copied")
-        copied.setStyleSheet("text-decoration: underline; font-weight: bold;")
-        copied.setToolTip("Drafts that prompt lookup copied from earlier text (Lookup > 0) are underlined")
-        layout.addWidget(copied)
-        layout.addStretch(1)
+        self.setReadOnly(True)
+        self.setFrameShape(QPlainTextEdit.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.NoTextInteraction)
+        self.setFont(QFont("DejaVu Sans Mono", 10))
+        self.viewport().setAutoFillBackground(False)
+        self.setStyleSheet("QPlainTextEdit { background: transparent; }")
+        self.setToolTip("\n".join(f"{label}: {meaning}" for _, _, label, meaning in LEGEND))
+        self.palette_name = "standard"
+        self.refresh()
+
+    def refresh(self, palette: str | None = None) -> None:
+        self.palette_name = palette or self.palette_name
+        self.clear()
+        cursor = QTextCursor(self.document())
+        separator = QTextCharFormat()
+        separator.setForeground(QColor("#999999"))  # never merged with the plain entry's empty format
+        for i, (state, copied, label, _) in enumerate(LEGEND):
+            if i:
+                cursor.insertText(LEGEND_SEPARATOR, separator)
+            cursor.insertText(label, _format(state, copied, self.palette_name))
+        width = self.fontMetrics().horizontalAdvance(self.toPlainText()) + 12
+        self.setFixedSize(width, self.fontMetrics().height() + 10)
+
+    def entries(self) -> list[tuple[str, QTextCharFormat]]:
+        """(label, format) of each entry, as drawn."""
+        return [(text, fmt) for text, fmt in document_formats(self.document()) if text != LEGEND_SEPARATOR]
 
 
 class TokenView(QWidget):
-    """A read-only text view fed with event batches (`add_events`); `clear` starts a new session."""
+    """A read-only text view fed with event batches (`add_events`); `clear` starts a new session.
 
-    def __init__(self, title: str = "", parent: QWidget | None = None) -> None:
+    Given a `SessionModel`, it follows the sessions of `mode` ("speculative" or "plain") that the
+    model's runs hold; a plain view shows only in compare runs."""
+
+    def __init__(self, title: str = "", model: SessionModel | None = None, mode: str = "speculative",
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.mode = mode
         self.title = QLabel(f"<b>{title}</b>")
+        self.palette_name = "standard"
         self.show_rejected = QCheckBox("Show rejected drafts")
+        self.show_rejected.setToolTip("Show the drafts the target refused, and the discarded ones after them, where "
+                                      "they were proposed")
         self.show_rejected.setChecked(True)
         self.show_rejected.toggled.connect(self._on_show_rejected_toggled)
         self.text = QPlainTextEdit()
@@ -105,15 +211,35 @@ class TokenView(QWidget):
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._flush)
-        header = QHBoxLayout()
+        self.note = QLabel()  # a line beside the title: a compare run's verdict
+        self.note.setTextFormat(Qt.TextFormat.RichText)
+        self.note.setWordWrap(True)
+        self.header = QHBoxLayout()  # the title, the note, the show-rejected box, and what a window adds
+        header = self.header
         header.addWidget(self.title)
-        header.addStretch(1)
+        header.addWidget(self.note, 1)
         header.addWidget(self.show_rejected)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(header)
         layout.addWidget(self.text, 1)
         self.clear()
+        if mode == "plain":
+            self.show_rejected.hide()  # plain decoding drafts nothing
+            self.hide()
+        if model is not None:
+            model.run_started.connect(self._on_run_started)
+            model.events_arrived.connect(self._on_events_arrived)
+
+    def _on_run_started(self, compare: bool) -> None:
+        self.clear()
+        self.note.clear()
+        if self.mode == "plain":
+            self.setVisible(compare)
+
+    def _on_events_arrived(self, record: SessionRecord, batch: tuple) -> None:
+        if record.mode == self.mode:
+            self.add_events(batch)
 
     def clear(self) -> None:
         self.tokens: list[TokenEvent] = []
@@ -163,7 +289,7 @@ class TokenView(QWidget):
         run_look, run_text, run_length = None, [], 0
         for index in range(first, len(self.tokens)):
             event = self.tokens[index]
-            if event.state is TokenState.REJECTED and not show:
+            if event.state in REFUSED and not show:
                 continue
             look = (event.state, event.copied)
             if look != run_look and run_text:
@@ -182,13 +308,18 @@ class TokenView(QWidget):
             bar.setValue(bar.maximum())
 
     def _write(self, cursor: QTextCursor, text: str, state: TokenState, copied: bool = False) -> None:
-        cursor.insertText(text, _format(state, copied))
+        cursor.insertText(text, _format(state, copied, self.palette_name))
         self._length += len(text)
 
     def _insert(self, text: str, state: TokenState) -> None:
         cursor = QTextCursor(self.text.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         self._write(cursor, text, state)
+
+    def set_palette(self, palette: str) -> None:
+        """Draw with another palette (`PALETTES`): the whole session again."""
+        self.palette_name = palette
+        self._on_show_rejected_toggled(self.show_rejected.isChecked())
 
     def _on_show_rejected_toggled(self, _checked: bool) -> None:
         self._render_timer.stop()
@@ -236,27 +367,4 @@ class TokenView(QWidget):
     def formats(self) -> list[tuple[str, TokenState | None]]:
         """(text, state) for each run of characters of one format, as drawn: what a test reads."""
         self._flush()
-        runs: list[tuple[str, TokenState | None]] = []
-        block = self.text.document().begin()
-        while block.isValid():
-            it = block.begin()
-            while not it.atEnd():
-                fragment = it.fragment()
-                runs.append((fragment.text(), state_of(fragment.charFormat())))
-                it += 1
-            block = block.next()
-            if block.isValid():
-                runs.append(("\n", None))
-        return runs
-
-
-def state_of(fmt: QTextCharFormat) -> TokenState | None:
-    """The state a character format draws, or None for uncoloured text."""
-    if fmt.fontStrikeOut():
-        return TokenState.REJECTED
-    if fmt.hasProperty(QTextCharFormat.Property.ForegroundBrush):
-        colour = fmt.foreground().color()
-        for state, known in STATE_COLOURS.items():
-            if known == colour:
-                return state
-    return None
+        return [(text, None if text == "\n" else state_of(fmt)) for text, fmt in document_formats(self.text.document())]

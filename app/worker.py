@@ -20,18 +20,21 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from typing import ClassVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine.bench.command import report_context, run_and_write
 from engine.bench.prompts import BenchPrompt
 from engine.bench.runner import BenchSettings
+from engine.bench.service import report_context, run_and_write
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent
-from engine.session import ModelPair, add_drafters, load_pair, run_session
+from engine.memory import give_back, is_out_of_memory, out_of_memory_message
+from engine.pair import ModelPair, PairSpec
+from engine.session import add_drafters, load_pair, run_session
 
 BATCH_INTERVAL_S = 0.025
 
@@ -50,24 +53,34 @@ def freeze_long_lived_objects() -> None:
     gc.freeze()
 
 
-class LoadCancelled(Exception):
-    """The user cancelled loading; raised from the progress callback at the next stage."""
+class Cancelled(Exception):
+    """The user cancelled a request; raised from its progress callback at the next check."""
 
 
-class BenchCancelled(Exception):
-    """The user cancelled a benchmark; raised from the harness's progress callback before its next run."""
+class LoadCancelled(Cancelled):
+    """Loading was cancelled, at the next stage."""
+
+
+class BenchCancelled(Cancelled):
+    """A benchmark was cancelled, before its next timed run."""
 
 
 @dataclass(frozen=True)
-class LoadRequest:
-    target: str | None
-    draft: str | None
-    drafter: str | None
-    device: str = "auto"
-    dtype: str = "auto"
-    trust_remote_code: bool = False
-    load_id: int = field(default=0, compare=False)
-    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+class Request:
+    """Work for the model thread. One of each kind is current at a time; its id tells its reports
+    from a superseded one's, and `cancel` asks the model thread to drop it."""
+
+    request_id: int = field(default=0, compare=False, kw_only=True)
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False, kw_only=True)
+    cancelled: ClassVar[type[Cancelled]] = Cancelled
+    cancelled_message: ClassVar[str] = "Cancelled."
+
+
+@dataclass(frozen=True)
+class LoadRequest(Request):
+    spec: PairSpec
+    cancelled: ClassVar[type[Cancelled]] = LoadCancelled
+    cancelled_message: ClassVar[str] = "Loading was cancelled."
 
 
 @dataclass(frozen=True)
@@ -80,27 +93,26 @@ class PairInfo:
     drafter: str | None
     device: str
     dtype: str
+    vocabulary: str = ""  # a draft model's vocabulary case against the target's, in words
 
 
 @dataclass(frozen=True)
-class SessionRequest:
+class SessionRequest(Request):
     prompt: str
     config: DecodeConfig
     chat: bool = True
     plain: bool = False
-    session_id: int = 0
-    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
 @dataclass(frozen=True)
-class BenchRequest:
+class BenchRequest(Request):
     prompts: tuple[BenchPrompt, ...]
     settings: BenchSettings
     source: str  # the prompt file, as the report names it
     command: str  # the `specdeck bench` command line that reproduces the run
-    drafters: tuple[tuple[str, str | None], ...] = ()  # more drafters of the resident target, timed beside its own
-    bench_id: int = 0
-    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+    drafters: tuple[PairSpec, ...] = ()  # more drafters of the resident target, timed beside its own
+    cancelled: ClassVar[type[Cancelled]] = BenchCancelled
+    cancelled_message: ClassVar[str] = "The benchmark was cancelled."
 
 
 @dataclass(frozen=True)
@@ -112,136 +124,127 @@ class BenchOutcome:
 
 
 def describe(pair: ModelPair) -> PairInfo:
-    draft = pair.draft.name if pair.draft else pair.head.name if pair.head else None
-    return PairInfo(pair.description, pair.target.name, draft,
-                    pair.drafter_kind, str(pair.target.device), str(pair.target.dtype).removeprefix("torch."))
+    return PairInfo(pair.description, pair.target.name, pair.drafter_model,
+                    pair.drafter_kind and pair.drafter_kind.value, str(pair.target.device),
+                    str(pair.target.dtype).removeprefix("torch."),
+                    pair.vocabulary.describe() if pair.vocabulary is not None else "")
 
 
 def error_message(error: BaseException) -> str:
-    """A SpecDeckError's message as-is; anything else with its type, since it is a bug or a bad model."""
+    """A SpecDeckError's message as-is; running out of memory as what to try instead; anything else
+    with its type, since it is a bug or a bad model."""
     if isinstance(error, SpecDeckError):
         return str(error)
+    if is_out_of_memory(error):
+        return out_of_memory_message(error)
     detail = traceback.format_exception_only(type(error), error)[-1].strip()
     return f"Unexpected error: {detail}"
 
 
 class ModelWorker(QObject):
-    """Lives in the model thread. Owns the `ModelPair`; every slot catches every exception."""
+    """Lives in the model thread. Owns the `ModelPair`; `handle` runs any request and reports its
+    end as `finished` or `failed`, never letting an exception kill the thread."""
 
-    load_progress = Signal(int, str)  # load id, stage
-    loaded = Signal(int, object)  # load id, PairInfo
-    load_failed = Signal(int, str, bool)  # load id, message, cancelled
-    events = Signal(int, tuple)  # session id, events in order
-    session_failed = Signal(int, str)  # session id, message
-    bench_progress = Signal(int, int, int, str)  # bench id, runs done, runs in all, what runs now
-    bench_finished = Signal(int, object)  # bench id, BenchOutcome
-    bench_failed = Signal(int, str, bool)  # bench id, message, cancelled
+    progress = Signal(int, object)  # request id, what it does now (a load's stage; a benchmark's runs)
+    events = Signal(int, tuple)  # request id, a session's events in order
+    finished = Signal(int, object)  # request id, result (PairInfo, SummaryEvent or BenchOutcome)
+    failed = Signal(int, str, bool)  # request id, message, cancelled
 
     def __init__(self, session_fn: Callable = run_session, load_fn: Callable = load_pair) -> None:
         super().__init__()
         self._session_fn = session_fn
         self._load_fn = load_fn
         self._pair: ModelPair | None = None
-        self._loaded: LoadRequest | None = None  # what the resident pair was loaded from
+        self._handlers = {LoadRequest: self._load, SessionRequest: self._run, BenchRequest: self._bench}
 
     @Slot(object)
-    def load(self, request: LoadRequest) -> None:
-        def progress(stage: str) -> None:
-            if request.cancel.is_set():
-                raise LoadCancelled
-            self.load_progress.emit(request.load_id, stage)
-
+    def handle(self, request: Request) -> None:
         try:
-            progress("Starting")
-            pair = self._load_fn(request.target, request.draft, request.drafter, request.device, request.dtype,
-                                 request.trust_remote_code, progress=progress)
-            if request.cancel.is_set():
-                raise LoadCancelled
-        except LoadCancelled:
-            self.load_failed.emit(request.load_id, "Loading was cancelled.", True)
-            return
+            result = self._handlers[type(request)](request)
+        except Cancelled:
+            self.failed.emit(request.request_id, request.cancelled_message, True)
         except BaseException as error:  # noqa: BLE001 - every failure becomes a message, never a dead thread
-            self.load_failed.emit(request.load_id, error_message(error), False)
-            return
-        self._pair, self._loaded = pair, request  # the previous pair is released only once the new one loaded
-        freeze_long_lived_objects()
-        self.loaded.emit(request.load_id, describe(pair))
+            give_back()  # whatever the failed request had allocated (after running out of memory, for the next)
+            self.failed.emit(request.request_id, error_message(error), False)
+        else:
+            self.finished.emit(request.request_id, result)
 
-    @Slot(object)
-    def run(self, request: SessionRequest) -> None:
+    def _progress(self, request: Request, report: object) -> None:
+        if request.cancel.is_set():
+            raise request.cancelled
+        self.progress.emit(request.request_id, report)
+
+    def _resident_pair(self) -> ModelPair:
         if self._pair is None:
-            self.session_failed.emit(request.session_id, "No models are loaded: press Load first.")
-            return
+            raise SpecDeckError("No models are loaded: press Load first.")
+        return self._pair
+
+    def _load(self, request: LoadRequest) -> PairInfo:
+        self._progress(request, "Starting")
+        pair = self._load_fn(request.spec, progress=lambda stage: self._progress(request, stage))
+        if request.cancel.is_set():
+            raise LoadCancelled
+        self._pair = pair  # the previous pair is released only once the new one loaded
+        freeze_long_lived_objects()
+        give_back(collect=False)  # the previous pair's memory, now collected
+        return describe(pair)
+
+    def _run(self, request: SessionRequest) -> SummaryEvent | None:
+        """Stream the session's events in batches; Stop (`cancel`) ends it at a round, not as a failure."""
+        pair = self._resident_pair()
         batch: list = []
+        summary = None
         last_emit = time.perf_counter()
         try:
-            for event in self._session_fn(self._pair, request.prompt, request.config, chat=request.chat,
+            for event in self._session_fn(pair, request.prompt, request.config, chat=request.chat,
                                           plain=request.plain, cancel=request.cancel):
                 batch.append(event)
                 now = time.perf_counter()
-                if now - last_emit >= BATCH_INTERVAL_S or isinstance(event, SummaryEvent):
-                    self.events.emit(request.session_id, tuple(batch))
+                if isinstance(event, SummaryEvent):
+                    summary = event
+                if now - last_emit >= BATCH_INTERVAL_S or summary is not None:
+                    self.events.emit(request.request_id, tuple(batch))
                     batch = []
                     last_emit = now
-        except BaseException as error:  # noqa: BLE001
+        finally:
             if batch:
-                self.events.emit(request.session_id, tuple(batch))
-            self.session_failed.emit(request.session_id, error_message(error))
-            return
-        if batch:
-            self.events.emit(request.session_id, tuple(batch))
+                self.events.emit(request.request_id, tuple(batch))
+        return summary
 
-    @Slot(object)
-    def bench(self, request: BenchRequest) -> None:
+    def _bench(self, request: BenchRequest) -> BenchOutcome:
         """Run the benchmark harness and write its files into a temporary folder, then send them back.
 
         The harness reports progress once before each timed generation, so its signals are as rare
         as generations; the cancel check there stops it before the next one."""
-        if self._pair is None:
-            self.bench_failed.emit(request.bench_id, "No models are loaded: press Load first.", False)
-            return
+        pair = self._resident_pair()
 
         def progress(done: int, total: int, label: str) -> None:
-            if request.cancel.is_set():
-                raise BenchCancelled
-            self.bench_progress.emit(request.bench_id, done, total, label)
+            self._progress(request, (done, total, label))
 
-        try:
-            pairs = [self._pair]
-            if request.drafters:  # loaded for this benchmark only, on the resident target
-                progress(0, 0, "Loading the other drafters…")
-                loaded = self._loaded
-                pairs += add_drafters(self._pair, loaded.target, request.drafters, loaded.device, loaded.dtype,
-                                      loaded.trust_remote_code, progress=lambda stage: progress(0, 0, stage))
-            context = report_context(pairs, request.source, request.command)
-            with tempfile.TemporaryDirectory(prefix="specdeck-bench-") as folder:
-                summary = run_and_write(pairs, list(request.prompts), request.settings, Path(folder), context,
-                                        progress=progress)
-                files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir())}
-        except BenchCancelled:
-            self.bench_failed.emit(request.bench_id, "The benchmark was cancelled.", True)
-            return
-        except BaseException as error:  # noqa: BLE001
-            self.bench_failed.emit(request.bench_id, error_message(error), False)
-            return
-        self.bench_finished.emit(request.bench_id, BenchOutcome(summary, files))
+        pairs = [pair]
+        if request.drafters:  # loaded for this benchmark only, on the resident target
+            progress(0, 0, "Loading the other drafters…")
+            pairs += add_drafters(pair, request.drafters, progress=lambda stage: progress(0, 0, stage))
+        context = report_context(pairs, request.source, request.command)
+        with tempfile.TemporaryDirectory(prefix="specdeck-bench-") as folder:
+            summary = run_and_write(pairs, list(request.prompts), request.settings, Path(folder), context,
+                                    progress=progress)
+            files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir())}
+        return BenchOutcome(summary, files)
 
 
 class ModelHost(QObject):
     """Lives in the GUI thread: starts the model thread, sends it requests, filters its reports.
 
-    `load` and `run` return asyncio futures (qasync's loop) that resolve when the load or the
-    session ends, so orchestration reads as straight-line `await`s.
+    Every request goes one way: `_submit` supersedes the current request of its kind, sends it, and
+    returns an asyncio future (qasync's loop) that the request's end resolves, so orchestration
+    reads as straight-line `await`s. Reports of a superseded request are dropped here.
     """
 
-    load_progress = Signal(str)
+    load_progress = Signal(str)  # the current load's stage
     events = Signal(int, tuple)  # session id, batch: only the current session's
-    session_finished = Signal(int, object)  # session id, SummaryEvent
-    session_failed = Signal(int, str)
     bench_progress = Signal(int, int, str)  # runs done, runs in all, what runs now: the current benchmark's
-    _request_load = Signal(object)
-    _request_run = Signal(object)
-    _request_bench = Signal(object)
+    _request = Signal(object)
 
     def __init__(self, parent: QObject | None = None, session_fn: Callable = run_session,
                  load_fn: Callable = load_pair) -> None:
@@ -251,96 +254,58 @@ class ModelHost(QObject):
         self._worker = ModelWorker(session_fn, load_fn)
         self._worker.moveToThread(self._thread)
         self._thread.finished.connect(self._worker.deleteLater)
-        self._request_load.connect(self._worker.load)
-        self._request_run.connect(self._worker.run)
-        self._request_bench.connect(self._worker.bench)
-        self._worker.load_progress.connect(self._on_load_progress)
-        self._worker.loaded.connect(self._on_loaded)
-        self._worker.load_failed.connect(self._on_load_failed)
+        self._request.connect(self._worker.handle)
+        self._worker.progress.connect(self._on_progress)
         self._worker.events.connect(self._on_events)
-        self._worker.session_failed.connect(self._on_session_failed)
-        self._worker.bench_progress.connect(self._on_bench_progress)
-        self._worker.bench_finished.connect(self._on_bench_finished)
-        self._worker.bench_failed.connect(self._on_bench_failed)
+        self._worker.finished.connect(self._on_finished)
+        self._worker.failed.connect(self._on_failed)
         self._thread.start()
-        self._load: LoadRequest | None = None
-        self._load_future: asyncio.Future | None = None
-        self._session: SessionRequest | None = None
-        self._session_future: asyncio.Future | None = None
-        self._bench: BenchRequest | None = None
-        self._bench_future: asyncio.Future | None = None
+        self._current: dict[type, tuple[Request, asyncio.Future]] = {}  # by request kind
         self._next_id = 0
         self.pair: PairInfo | None = None
 
     # requests ---------------------------------------------------------------------------------
 
-    def load(self, request: LoadRequest) -> asyncio.Future:
-        """Load a pair in the model thread; the future gives its `PairInfo` or raises SpecDeckError."""
-        self.cancel_load()
-        self._next_id += 1
-        self._load = replace(request, load_id=self._next_id, cancel=threading.Event())
-        self._load_future = asyncio.get_event_loop().create_future()
-        self._request_load.emit(self._load)
-        return self._load_future
+    def load(self, spec: PairSpec) -> asyncio.Future:
+        """Load the pair `spec` names in the model thread; the future gives its `PairInfo` or raises
+        SpecDeckError (or LoadCancelled)."""
+        return self._submit(LoadRequest(spec))[1]
 
     def cancel_load(self) -> None:
         """Stop waiting for the current load; the model thread drops it at its next stage."""
-        if self._load is not None:
-            self._load.cancel.set()
-            self._resolve(self._load_future, error=LoadCancelled("Loading was cancelled."))
-            self._load = None
+        self._cancel(LoadRequest)
 
     def run(self, prompt: str, config: DecodeConfig, chat: bool = True, plain: bool = False) -> tuple[int, asyncio.Future]:
         """Start a session (after any earlier one has stopped); returns its id and a future of its
         `SummaryEvent`, which raises SpecDeckError if the session failed."""
         self.stop()
-        if self._session_future is not None and not self._session_future.done():
-            self._session_future.cancel()
-        self._next_id += 1
-        self._session = SessionRequest(prompt, config, chat, plain, self._next_id)
-        self._session_future = asyncio.get_event_loop().create_future()
-        self._request_run.emit(self._session)
-        return self._session.session_id, self._session_future
+        request, future = self._submit(SessionRequest(prompt, config, chat, plain))
+        return request.request_id, future
 
     def stop(self) -> None:
         """Ask the current session to stop at its next round; its events up to there still arrive."""
-        if self._session is not None:
-            self._session.cancel.set()
+        if SessionRequest in self._current:
+            self._current[SessionRequest][0].cancel.set()
 
     def bench(self, prompts: list[BenchPrompt], settings: BenchSettings, source: str, command: str,
-              drafters: tuple[tuple[str, str | None], ...] = ()) -> asyncio.Future:
+              drafters: tuple[PairSpec, ...] = ()) -> asyncio.Future:
         """Benchmark the resident pair in the model thread, with `drafters` of its target beside its own
         drafter; the future gives a `BenchOutcome`, or raises SpecDeckError if the harness failed, or
         BenchCancelled."""
-        self.cancel_bench()
-        self._next_id += 1
-        self._bench = BenchRequest(tuple(prompts), settings, source, command, tuple(drafters), self._next_id)
-        self._bench_future = asyncio.get_event_loop().create_future()
-        self._request_bench.emit(self._bench)
-        return self._bench_future
+        return self._submit(BenchRequest(tuple(prompts), settings, source, command, tuple(drafters)))[1]
 
     def cancel_bench(self) -> None:
         """Stop waiting for the current benchmark; the model thread drops it before its next generation,
         and anything sent to the model thread after this runs once that generation is over."""
-        if self._bench is not None:
-            self._bench.cancel.set()
-            self._resolve(self._bench_future, error=BenchCancelled("The benchmark was cancelled."))
-            self._bench = None
-
-    @property
-    def busy(self) -> bool:
-        return self._session is not None or self._load is not None or self._bench is not None
+        self._cancel(BenchRequest)
 
     def shutdown(self) -> None:
         """Stop whatever runs, end the model thread and wait for it (window closing)."""
-        self.stop()
-        for request in (self._load, self._bench):
-            if request is not None:
-                request.cancel.set()
-        for future in (self._load_future, self._session_future, self._bench_future):
-            if future is not None and not future.done():
+        for request, future in self._current.values():
+            request.cancel.set()
+            if not future.done():
                 future.cancel()
-        self._session = self._load = self._bench = None
+        self._current.clear()
         self._thread.quit()
         self._thread.wait()
 
@@ -348,66 +313,59 @@ class ModelHost(QObject):
     def thread_running(self) -> bool:
         return self._thread.isRunning()
 
+    def _submit(self, request: Request) -> tuple[Request, asyncio.Future]:
+        """Send `request`, superseding the current one of its kind; the request as sent (with its id)
+        and a future of its result."""
+        self._cancel(type(request))
+        self._next_id += 1
+        request = replace(request, request_id=self._next_id)
+        future = asyncio.get_event_loop().create_future()
+        self._current[type(request)] = (request, future)
+        self._request.emit(request)
+        return request, future
+
+    def _cancel(self, kind: type) -> None:
+        """Cancel the current request of `kind`: its future raises its kind's `Cancelled` now."""
+        current = self._current.pop(kind, None)
+        if current is not None:
+            request, future = current
+            request.cancel.set()
+            if not future.done():
+                future.set_exception(request.cancelled(request.cancelled_message))
+
     # reports from the model thread ------------------------------------------------------------------
 
-    @staticmethod
-    def _resolve(future: asyncio.Future | None, result=None, error: BaseException | None = None) -> None:
-        if future is None or future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-    @Slot(int, str)
-    def _on_load_progress(self, load_id: int, stage: str) -> None:
-        if self._load is not None and load_id == self._load.load_id:
-            self.load_progress.emit(stage)
+    def _request_of(self, request_id: int) -> Request | None:
+        """The current request with this id, or None for a superseded one's late report."""
+        return next((r for r, _ in self._current.values() if r.request_id == request_id), None)
 
     @Slot(int, object)
-    def _on_loaded(self, load_id: int, info: PairInfo) -> None:
-        self.pair = info  # the worker holds this pair now, even if nobody waits for it any more
-        if self._load is not None and load_id == self._load.load_id:
-            self._load = None
-            self._resolve(self._load_future, info)
-
-    @Slot(int, str, bool)
-    def _on_load_failed(self, load_id: int, message: str, cancelled: bool) -> None:
-        if self._load is not None and load_id == self._load.load_id:
-            self._load = None
-            self._resolve(self._load_future, error=LoadCancelled(message) if cancelled else SpecDeckError(message))
+    def _on_progress(self, request_id: int, report: object) -> None:
+        request = self._request_of(request_id)
+        if isinstance(request, LoadRequest):
+            self.load_progress.emit(report)
+        elif isinstance(request, BenchRequest):
+            self.bench_progress.emit(*report)
 
     @Slot(int, tuple)
-    def _on_events(self, session_id: int, batch: tuple) -> None:
-        if self._session is None or session_id != self._session.session_id:
-            return  # a stopped session's late events
-        self.events.emit(session_id, batch)
-        if isinstance(batch[-1], SummaryEvent):
-            self._session = None
-            self.session_finished.emit(session_id, batch[-1])
-            self._resolve(self._session_future, batch[-1])
-
-    @Slot(int, str)
-    def _on_session_failed(self, session_id: int, message: str) -> None:
-        if self._session is None or session_id != self._session.session_id:
-            return
-        self._session = None
-        self.session_failed.emit(session_id, message)
-        self._resolve(self._session_future, error=SpecDeckError(message))
-
-    @Slot(int, int, int, str)
-    def _on_bench_progress(self, bench_id: int, done: int, total: int, label: str) -> None:
-        if self._bench is not None and bench_id == self._bench.bench_id:
-            self.bench_progress.emit(done, total, label)
+    def _on_events(self, request_id: int, batch: tuple) -> None:
+        if self._request_of(request_id) is not None:
+            self.events.emit(request_id, batch)
 
     @Slot(int, object)
-    def _on_bench_finished(self, bench_id: int, outcome: BenchOutcome) -> None:
-        if self._bench is not None and bench_id == self._bench.bench_id:
-            self._bench = None
-            self._resolve(self._bench_future, outcome)
+    def _on_finished(self, request_id: int, result: object) -> None:
+        if isinstance(result, PairInfo):
+            self.pair = result  # the worker holds this pair now, even if nobody waits for it any more
+        request = self._request_of(request_id)
+        if request is not None:
+            _, future = self._current.pop(type(request))
+            if not future.done():
+                future.set_result(result)
 
     @Slot(int, str, bool)
-    def _on_bench_failed(self, bench_id: int, message: str, cancelled: bool) -> None:
-        if self._bench is not None and bench_id == self._bench.bench_id:
-            self._bench = None
-            self._resolve(self._bench_future, error=BenchCancelled(message) if cancelled else SpecDeckError(message))
+    def _on_failed(self, request_id: int, message: str, cancelled: bool) -> None:
+        request = self._request_of(request_id)
+        if request is not None:
+            _, future = self._current.pop(type(request))
+            if not future.done():
+                future.set_exception(request.cancelled(message) if cancelled else SpecDeckError(message))

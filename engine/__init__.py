@@ -6,8 +6,7 @@ events that `generate` yields.
 
 from engine.config import DecodeConfig
 from engine.decoding import generate
-from engine.drafters import (DRAFTER_KINDS, DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter, Proposal,
-                             SuffixDrafter)
+from engine.drafters import DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter, Proposal
 from engine.errors import SpecDeckError
 from engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState, event_to_dict
 from engine.models import (
@@ -15,15 +14,16 @@ from engine.models import (
     DEFAULT_TARGET,
     LoadedModel,
     LoadOptions,
-    check_vocabularies,
     encode_prompt,
     load_model,
 )
+from engine.pair import DrafterKind, ModelPair, PairSpec
 from engine.stats import SessionStats, expected_tokens_per_round, predicted_speedup
+from engine.suffix_drafting import HybridDrafter, SuffixDrafter
 
 __all__ = [
-    "BUILTIN_MODELS", "DEFAULT_TARGET", "DRAFTER_KINDS", "DecodeConfig", "DraftModelDrafter", "Drafter",
-    "Event", "FeatureHeadDrafter", "LoadOptions", "LoadedModel", "PromptLookupDrafter", "Proposal", "RoundEvent", "SessionStarted",
-    "SessionStats", "SpecDeckError", "SuffixDrafter", "SummaryEvent", "TokenEvent", "TokenState", "check_vocabularies",
+    "BUILTIN_MODELS", "DEFAULT_TARGET", "DecodeConfig", "DraftModelDrafter", "Drafter", "DrafterKind",
+    "Event", "FeatureHeadDrafter", "HybridDrafter", "LoadOptions", "LoadedModel", "ModelPair", "PairSpec", "PromptLookupDrafter", "Proposal", "RoundEvent", "SessionStarted",
+    "SessionStats", "SpecDeckError", "SuffixDrafter", "SummaryEvent", "TokenEvent", "TokenState",
     "encode_prompt", "event_to_dict", "expected_tokens_per_round", "generate", "load_model", "predicted_speedup",
 ]

@@ -129,7 +129,8 @@ def measure_draft_ms(drafter, vocab_width: int, hidden_size: int, k: int = 4, pa
     for pass_no in range(passes + 1):
         if drafter.needs_states:
             weight = next(drafter.module.parameters())
-            drafter.observe(torch.zeros(pending, hidden_size, device=weight.device, dtype=weight.dtype))
+            taps = (len(drafter.feature_layers) + 1,) if drafter.feature_layers else ()
+            drafter.observe(torch.zeros(pending, *taps, hidden_size, device=weight.device, dtype=weight.dtype))
         started = time.perf_counter()
         proposal = drafter.propose(seen, k)
         elapsed = (time.perf_counter() - started) * 1e3
@@ -249,6 +250,16 @@ class Shape:
     width: int = 1
 
 
+def round_label(drafted: int, copied: bool, alternatives: int = 0) -> str:
+    """A round's shape as events and plans name it: "K=2", "K=2 w3" (a tree: three candidates for
+    the first token, the chain under the first), "copy 3" or "none"."""
+    if not drafted:
+        return "none"
+    if copied:
+        return f"copy {drafted}"
+    return f"K={drafted}" + (f" w{alternatives + 1}" if alternatives else "")
+
+
 class RoundPlanner:
     """Picks each round's `Shape` to maximise expected kept tokens per millisecond."""
 
@@ -310,8 +321,7 @@ class RoundPlanner:
                round_ms: float, rank: int | None = None, alternatives: int = 0) -> None:
         """What a round planned and what it measured; `rank`: where the target's first token stood
         among the drafter's first distribution (0: its top choice), for a round the drafter drafted."""
-        label = f"copy {drafted}" if copied else (f"K={drafted}" + (f" w{alternatives + 1}" if alternatives else "")
-                                                  if drafted else "none")
+        label = round_label(drafted, copied, alternatives)
         self.chosen[label] = self.chosen.get(label, 0) + 1
         if rank is not None:
             self.ranks = [count * DECAY for count in self.ranks]

@@ -1,4 +1,5 @@
-"""SpecDeck's cache of converted models (`specdeck cache`): what is in it, how big, and healing.
+"""SpecDeck's cache of converted models (`specdeck cache`): what is in it, how big, and healing;
+and where the other cached things live (measured costs, past sessions' texts for suffix drafting).
 
 A GGUF file is dequantized once into a safetensors folder under `cache_root()/gguf/` (see
 `engine.models.convert_gguf`). An entry is built under a hidden name carrying the writer's process
@@ -36,6 +37,19 @@ def gguf_cache() -> Path:
 def costs_cache() -> Path:
     """The folder of measured costs (`engine.autotune`): target cost curves and drafters' costs."""
     return cache_root() / "costs"
+
+
+def suffix_cache() -> Path:
+    """The folder of past sessions' texts that suffix drafting reads (`engine.past_sessions`)."""
+    return cache_root() / "suffix"
+
+
+def clear_suffix_texts() -> int:
+    """Forget every past session's text kept for suffix drafting; return how many files were removed."""
+    files = sorted(suffix_cache().glob("*.tokens")) if suffix_cache().is_dir() else []
+    for path in files:
+        remove_path(path)
+    return len(files)
 
 
 def clear_costs() -> int:

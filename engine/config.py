@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from engine.errors import SpecDeckError
 
 SCHEDULES = ("auto", "constant", "heuristic")
+SUFFIX_SCOPES = ("prompt", "session", "all")  # what a suffix drafter reads (`DecodeConfig.suffix_scope`)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,11 @@ class DecodeConfig:
     under `auto`, when the drafter's measured rate beats the copies'). Copies cost no model call,
     so summaries, quotes and edited code gain; q is one-hot on each copied token, which keeps
     rejection sampling exact.
+
+    A suffix drafter (and the hybrid's copies) drafts from the texts `suffix_scope` names:
+    `prompt`, this request's own text (prompt and answer so far); `session`, also the answers
+    written since SpecDeck started; `all`, also those of past sessions, which it keeps in the cache
+    folder (`engine.past_sessions`) and adds each new answer to.
     """
 
     k: int = 1  # the draft length of the constant schedule, and where the heuristic one starts
@@ -41,6 +47,7 @@ class DecodeConfig:
     max_new_tokens: int = 128
     stop_strings: tuple[str, ...] = field(default_factory=tuple)
     truncate_prompt: bool = False  # a prompt too long for the context: keep its last part, not refuse (`engine.context`)
+    suffix_scope: str = "session"
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -52,6 +59,9 @@ class DecodeConfig:
                 "extra draft costs a drafter step and widens the target's forward.")
         if self.schedule not in SCHEDULES:
             raise SpecDeckError(f"Unknown draft-length schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}.")
+        if self.suffix_scope not in SUFFIX_SCOPES:
+            raise SpecDeckError(f"Unknown suffix scope {self.suffix_scope!r}: choose prompt (this request's text), "
+                                "session (also earlier answers since SpecDeck started) or all (also past sessions').")
         if self.lookup < 0:
             raise SpecDeckError(f"Lookup must be 0 (off) or the most tokens to copy per round (got {self.lookup}).")
         if not 0.0 <= self.confidence_threshold < 1.0:

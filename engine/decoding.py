@@ -1,33 +1,52 @@
-"""The decoding loop: speculative decoding (Leviathan et al. 2023; Chen et al. 2023) and plain
-decoding through the same machinery, streaming every token's fate as events.
+"""The decoding loop: speculative decoding (Leviathan et al. 2023, algorithm 1; Chen et al. 2023)
+and plain decoding through the same round, streaming every token's fate as events.
 
-One round: the drafter proposes up to K tokens (or, with `lookup`, prompt lookup copies tokens
-where the text repeats itself); the target scores all of them in ONE forward over
-its KV cache; drafts are kept while the rejection rule accepts them; the first rejected one is
-replaced by a token from the corrected distribution, or, when every draft passed, the target's
-next token comes free from the same forward. Plain decoding is the same round with no drafter.
+One round, after the kept tokens x_1..x_t:
+1. Draft: the drafter proposes d_1..d_K, each drawn from its distribution q_i (its copier, such as
+   prompt lookup, copies them instead where the text repeats itself; q is then one-hot). K = 0 is
+   a plain step.
+2. Verify: ONE target forward over [x_t, d_1..d_K] gives the target's distribution p_i at every
+   draft and p_{K+1} after the last one.
+3. Accept d_i with probability min(1, p_i(d_i) / q_i(d_i)), in order, until one is refused.
+   Correct: the first refused draft is replaced by a draw from norm(max(0, p_i - q_i)), the part
+   of p that q under-proposes, so that a position's token follows p_i whatever q was.
+   Bonus: when all K pass, p_{K+1} is the target's distribution given every kept token, exactly
+   what a plain step would sample from, so its draw comes free from the same forward.
+   Greedy is the temperature-0 case: accept while d_i is the target's argmax, which then corrects
+   or is the bonus.
+A round keeps 1..K+1 tokens for one target forward, and its text is the target's own.
+
+Trees (greedy): a round may also verify other first tokens beside d_1 in the same forward (tree
+attention); where the target's token is one of them, that branch is accepted and its row gives
+the bonus. The round is the same: draft, verify, accept, correct or bonus.
+
+KV cache (`engine.kvcache`): between rounds it holds every kept token but the newest, x_t, which
+opens the next forward. After a refusal at d_{m+1} it keeps x_t and d_1..d_m, the inputs whose
+rows decided a kept token, and drops the refused drafts and anything after them (in a tree, the
+branches not taken); the correction or bonus is the new newest token, cached by the next round.
+
+What is not the algorithm lives in `engine.rounds` (where drafts come from, the K schedule, the
+target's forwards and a feature head's hidden states, timing) and `engine.transcript` (events).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections.abc import Iterator
 
 import torch
 
-from engine.autotune import MAX_WIDTH, RoundPlanner, Shape, cost_curve, draft_cost
+from engine.autotune import MAX_WIDTH, RoundPlanner, cost_curve, draft_cost
 from engine.cache import costs_cache
 from engine.config import DecodeConfig
 from engine.context import context_length, fit_prompt, shortest
-from engine.detok import Detokenizer
-from engine.drafters import Drafter, PromptLookupDrafter, Proposal
-from engine.events import Event, RoundEvent, SessionStarted, TokenEvent, TokenState
-from engine.kvcache import CachedModel, synchronize
+from engine.drafters import Drafter, Proposal
+from engine.events import Event, SessionStarted
 from engine.models import LoadedModel
+from engine.rounds import Clock, Drafts, Schedule, TargetForward
 from engine.sampling import logits_to_probs, residual, sample
-from engine.stats import SessionStats
+from engine.transcript import Transcript, Verdict
 
 
 def verify(proposal: Proposal, logits: torch.Tensor, config: DecodeConfig,
@@ -35,15 +54,10 @@ def verify(proposal: Proposal, logits: torch.Tensor, config: DecodeConfig,
     """Judge the drafts against the target's logits (len(drafts) + 1 rows).
 
     Returns (accepted count m, the target's own next token, p for every row).
-    Greedy: accept while the draft equals the target's argmax; the next token is the argmax at
-    the first mismatch, or after the last draft (the bonus).
-    Sampling: target prob p, draft prob q: accept with min(1, p/q); on rejection draw from
-    norm(max(0, p - q)); if all pass, the bonus comes from p at the last row, which is the
-    target's distribution given every accepted token, so the output follows p exactly.
     """
     p = logits_to_probs(logits, config)
     n = len(proposal.tokens)
-    if config.greedy:
+    if config.greedy:  # accept while the draft is the target's argmax; the argmax then corrects, or is the bonus
         best = logits.argmax(dim=-1).tolist()
         m = 0
         while m < n and proposal.tokens[m] == best[m]:
@@ -53,12 +67,13 @@ def verify(proposal: Proposal, logits: torch.Tensor, config: DecodeConfig,
     rows = torch.arange(n, device=p.device)
     p_draft = p[rows, drafts]
     q_draft = proposal.q[rows, drafts]
+    # target prob p, draft prob q: accept with min(1, p/q), i.e. refuse where r q > p for r ~ U(0, 1)
     r = torch.rand(n, generator=generator, device=p.device)
     rejected = (r * q_draft > p_draft).nonzero()
     m = int(rejected[0]) if rejected.numel() else n
-    if m < n:
+    if m < n:  # correct: p where q fell short, norm(max(0, p - q)); with the accepts, exactly p
         token = sample(residual(p[m], proposal.q[m]), generator, greedy=False)
-    else:
+    else:  # bonus: p after the last draft is the target's distribution given every kept token
         token = sample(p[n], generator, greedy=False)
     return m, int(token), p
 
@@ -72,219 +87,73 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
     prompt is refused or cut (`engine.context.fit_prompt`), an answer stops at its end.
     """
     context = shortest(context_length(target.model), drafter.context_length if drafter else None)
-    given = len(prompt_ids)
-    prompt_ids = fit_prompt(prompt_ids, context, config.max_new_tokens, config.truncate_prompt)
-    budget = config.max_new_tokens if context is None else min(config.max_new_tokens, context - len(prompt_ids))
-    device = target.device
-    generator = torch.Generator(device=device).manual_seed(config.seed)
-    lm = CachedModel(target.model)
-    eos = target.eos_ids
-    detok = Detokenizer(target.tokenizer)
-    stats = SessionStats()
+    prompt = fit_prompt(prompt_ids, context, config.max_new_tokens, config.truncate_prompt)
+    budget = config.max_new_tokens if context is None else min(config.max_new_tokens, context - len(prompt))
+    generator = torch.Generator(device=target.device).manual_seed(config.seed)
+    lm = TargetForward(target.model, drafter)
+    drafts = Drafts(drafter, config, target.vocab_width, target.device)
+    schedule = Schedule(config, drafts.copy_length, _planner(target, drafter, config, drafts, lm.supports_trees))
+    transcript, clock = Transcript(target, config, budget), Clock(target.device)
 
-    copies = drafter is not None and config.lookup > 0 and not drafter.copies_text
-    # trees (alternatives beside the first draft): greedy only, on a backend with tree attention
-    tree = config.schedule == "auto" and config.greedy and lm.supports_trees
-    planner = _planner(target, drafter, config, copies, tree) if drafter is not None and config.schedule == "auto" else None
-
-    synchronize(device)
-    started = time.perf_counter()
-    states = drafter is not None and drafter.needs_states
-    if drafter is not None:
-        drafter.begin(prompt_ids, config, target.vocab_width, generator)
-    copier = PromptLookupDrafter(device=device, min_ngram=2) if copies else None  # tried before the drafter
-    if copier:
-        copier.begin(prompt_ids, config, target.vocab_width, generator)
-    if len(prompt_ids) > 1:  # cache: every kept token but the newest
-        if states:
-            drafter.observe(lm.forward_hidden(prompt_ids[:-1]))
-        else:
-            lm.forward(prompt_ids[:-1], last_only=True)
-    synchronize(device)
-    prefill_ms = (time.perf_counter() - started) * 1e3
-    name = (drafter.name + (" + prompt lookup" if copier else "")) if drafter else ""
-    start = SessionStarted("speculative" if drafter else "plain", name, len(prompt_ids), prefill_ms,
-                           prompt_tokens_dropped=given - len(prompt_ids))
-    stats.add(start)
-    yield start
-
-    ids = list(prompt_ids)
-    new_tokens = 0
-    k = config.k
-    stop_reason = "max_new_tokens" if budget == config.max_new_tokens else "context"
-    decode_started = time.perf_counter()
-    round_no = 0
-    while new_tokens < budget:
+    started = clock.now()
+    drafts.begin(prompt, generator)
+    lm.prefill(prompt)  # the cache: every kept token but the newest, which opens each round's forward
+    yield transcript.start(SessionStarted("speculative" if drafter else "plain", drafts.name, len(prompt),
+                                          clock.ms_since(started), prompt_tokens_dropped=len(prompt_ids) - len(prompt)))
+    ids = list(prompt)
+    while not transcript.finished:
         if cancel is not None and cancel.is_set():
-            stop_reason = "cancelled"
+            transcript.stop("cancelled")
             break
-        round_no += 1
-        round_started = time.perf_counter()
-        room = budget - new_tokens - 1  # drafts beyond this could never be kept
-        shape = planner.plan() if planner else Shape(config.lookup if copier else 0, k, 1)
-        proposal, copied = _draft(ids, drafter, copier, shape, room)
-        if proposal is None:
-            proposal = Proposal([], torch.zeros(0, target.vocab_width, device=device))
-        alternatives = _alternatives(proposal, shape.width) if tree and not copied else []
-        synchronize(device)
-        verify_started = time.perf_counter()
-        n = len(proposal.tokens)
-        if alternatives:  # a tree: the chain, and other first tokens beside its first
-            hidden = lm.forward_tree([ids[-1]] + proposal.tokens + alternatives,
-                                     list(range(-1, n)) + [0] * len(alternatives))
-            logits = lm.logits(hidden)
-        elif states:
-            hidden = lm.forward_hidden([ids[-1]] + proposal.tokens)
-            logits = lm.logits(hidden)
-        else:
-            logits = lm.forward([ids[-1]] + proposal.tokens)
-        m, token, p = verify(proposal, logits[: n + 1], config, generator)
-        picked = m == 0 and token in alternatives  # greedy: the target's first token was an alternative
-        if picked:
-            row = n + 1 + alternatives.index(token)
-            p_row = logits_to_probs(logits[row], config)
-            kept, path = [token, int(logits[row].argmax())], [0, row]
-            p_kept = [float(p[0, token]), float(p_row[kept[1]])]
-            q_kept = [float(proposal.q[0, token])]
-            m, last_state = 1, TokenState.BONUS
-            lm.compact(path)
-        else:
-            kept, path = proposal.tokens[:m] + [token], list(range(m + 1))
-            p_kept = p[torch.arange(m + 1, device=p.device), torch.tensor(kept, device=p.device)].tolist()
-            q_kept = proposal.q[torch.arange(m), torch.tensor(kept[:m], device=p.device)].tolist() if m else []
-            last_state = TokenState.PLAIN if n == 0 else (TokenState.BONUS if m == n else TokenState.RESAMPLED)
-            lm.crop(len(ids) + m)  # keep the newest kept token (`token`) out of the cache
-        first_refused = 0 if picked else m  # the chain's drafts from here on were refused or unreachable
-        rejected = _judged(proposal.tokens[first_refused:], p[first_refused:n], proposal.q[first_refused:n],
-                           first_refused + 1)
-        if first_refused == 0 and alternatives:  # the alternatives the target did not take (shown only where all were judged)
-            rejected += _judged([t for t in alternatives if t != token], p[0], proposal.q[0], 1)
-        if states:
-            drafter.observe(hidden[path])  # the kept tokens of this forward
-        synchronize(device)
-        verify_ms = (time.perf_counter() - verify_started) * 1e3
-        draft_ms = (verify_started - round_started) * 1e3
-
-        events: list[Event] = []
-        stopped = None
-        for i, token_id in enumerate(kept):
-            if rejected and i == first_refused:  # refused drafts where they were proposed, first
-                events.extend(_rejected_events(rejected, detok, new_tokens, round_no, copied))
-            if i < m:
-                state, q = TokenState.ACCEPTED, q_kept[i]
-            else:
-                state, q = last_state, (float(proposal.q[m, token_id]) if m < n and not picked else None)
-            final = token_id in eos or new_tokens + 1 == budget
-            events.append(TokenEvent(state, token_id, detok.push(token_id, final), new_tokens, round_no, p_kept[i], q,
-                                     copied=copied and i < m, depth=i + 1 if i < m else 0))
-            ids.append(token_id)
-            new_tokens += 1
-            if token_id in eos:
-                stopped = "eos"
-            elif config.stop_strings and any(s in detok.text[-64 - len(s):] for s in config.stop_strings):
-                stopped = "stop_string"
-            if stopped:
-                break
-        # a stop inside the round cuts it short: count only the drafts whose fate was shown
-        accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
-        drafted = accepted + sum(1 for e in events if e.state is TokenState.REJECTED)
-        if planner:
-            first = int(logits[0].argmax())  # the target's own first token: its rank among the drafter's
-            rank = int((proposal.q[0] > proposal.q[0, first]).sum()) if n and not copied else None
-            planner.record(shape, copied, n, first_refused, draft_ms, verify_ms,
-                           (time.perf_counter() - round_started) * 1e3, rank, len(alternatives))
-        round_event = RoundEvent(round_no, drafted, accepted, draft_ms, verify_ms, new_tokens,
-                                 time.perf_counter() - decode_started, copied=copied,
-                                 shape=_label(n, copied, len(alternatives)))
-        for event in events:
-            stats.add(event)
-            yield event
-        stats.add(round_event)
-        yield round_event
-        if stopped:
-            stop_reason = stopped
-            break
-        if config.schedule == "heuristic" and n and not copied:
-            k = min(k + 2, config.max_k) if m == n else max(1, k - 1)
-
-    if drafter is not None:
-        drafter.end(ids)
-    detok.flush()
-    yield stats.summary(detok.text, stop_reason, planner.describe() if planner else "")
+        clock.start_round()
+        shape = schedule.plan()
+        # 1. Draft: up to K tokens, each with the distribution q it was drawn from (none: a plain step).
+        draft = drafts.propose(ids, shape, room=transcript.room)
+        clock.drafted()
+        # 2. Verify: ONE target forward over [newest kept token, drafts] gives p at every draft and
+        #    after the last (in a tree, also at the alternatives beside the first draft).
+        logits = lm.forward(ids[-1], draft)
+        n = len(draft.tokens)
+        # 3. Accept each draft with probability min(1, p/q) until one is refused: m accepted. `token`
+        #    corrects the refused one, drawn from norm(max(0, p - q)); or, when all n passed, it is the
+        #    bonus, drawn from p after the last draft: the target's distribution given every kept token.
+        m, token, p = verify(draft.proposal, logits[: n + 1], config, generator)
+        path = list(range(m + 1))  # the forward's inputs kept: the newest kept token, the accepted drafts
+        if m == 0 and token in draft.alternatives:  # a tree: the target's token is an alternative to the
+            path = [0, n + 1 + draft.alternatives.index(token)]  # first draft, accepted; the argmax at its
+            token = int(logits[path[1]].argmax())  # own row is then the bonus (trees are greedy only)
+        # 4. The cache keeps `path`, so it again holds every kept token but the newest (`token`); what
+        #    the refused drafts and the branches not taken left there is dropped.
+        lm.keep(path)
+        verdict = Verdict.of(draft, m, path, token, p, logits, config)
+        clock.verified()
+        events = transcript.tokens(draft, verdict, ids)
+        schedule.record(shape, draft, m, clock, logits[0])
+        yield from transcript.round(events, draft, clock)
+    drafts.end(ids)
+    yield transcript.summary(schedule.describe())
 
 
 _PLANNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # each drafter's latest greedy planner
 
 
-def _planner(target: LoadedModel, drafter: Drafter, config: DecodeConfig, copies: bool, tree: bool) -> RoundPlanner:
-    """The auto schedule: each round's shape chosen from the costs measured on this machine (cached)
-    and the session's acceptance. Greedy sessions also adapt the costs to what their rounds take
-    (their text cannot change with the shape); sampled ones plan from the cached costs alone, so a
-    seed gives the same text on this machine."""
+def _planner(target: LoadedModel, drafter: Drafter | None, config: DecodeConfig, drafts: Drafts,
+             trees: bool) -> RoundPlanner | None:
+    """The auto schedule's planner (None under the others, and for plain decoding): each round's
+    shape chosen from the costs measured on this machine (cached) and the session's acceptance, with
+    alternatives to the first draft (a tree) where the session is greedy and `trees` can run. Greedy
+    sessions also adapt the costs to what their rounds take (their text cannot change with the
+    shape); sampled ones plan from the cached costs alone, so a seed gives the same text on this
+    machine."""
+    if drafter is None or config.schedule != "auto":
+        return None
     costs = costs_cache()
     per_token = draft_cost(drafter, target.vocab_width, target.model.config.hidden_size, costs)
-    planner = RoundPlanner(cost_curve(target.model, costs), per_token, config.max_k, config.lookup if copies else 0,
-                           adapt=config.greedy, max_width=MAX_WIDTH if tree else 1)
+    planner = RoundPlanner(cost_curve(target.model, costs), per_token, config.max_k, drafts.copy_length,
+                           adapt=config.greedy, max_width=MAX_WIDTH if config.greedy and trees else 1)
     if config.greedy and drafter.module is not None:  # greedy text cannot depend on it; a seed's would
         earlier = _PLANNERS.get(drafter.module)
         if earlier is not None:
             planner.carry_over(earlier)
         _PLANNERS[drafter.module] = planner
     return planner
-
-
-def _draft(ids: list[int], drafter: Drafter | None, copier: PromptLookupDrafter | None, shape: Shape,
-           room: int) -> tuple[Proposal | None, bool]:
-    """This round's drafts: copied by prompt lookup where the text repeats, else the drafter's;
-    (None, False) when the round drafts nothing. Never more than `room`, what could still be kept."""
-    if drafter is None or room <= 0:
-        return None, False
-    if copier is not None and shape.copy:
-        proposal = copier.propose(ids, min(shape.copy, room))
-        if proposal.tokens:
-            return proposal, True
-    if shape.k:
-        return drafter.propose(ids, min(shape.k, room)), False
-    return None, False
-
-
-def _label(drafted: int, copied: bool, alternatives: int = 0) -> str:
-    """A round's shape as shown in events: "K=2", "K=2 w3" (a tree: three candidates for the first
-    token, the chain under the first), "copy 3" or "none"."""
-    if not drafted:
-        return "none"
-    if copied:
-        return f"copy {drafted}"
-    return f"K={drafted}" + (f" w{alternatives + 1}" if alternatives else "")
-
-
-def _alternatives(proposal: Proposal, width: int) -> list[int]:
-    """Up to width - 1 other first tokens the drafter found likely, next to its first draft (greedy:
-    its argmax), most likely first; a tree verifies them beside the chain in the same forward."""
-    if width < 2 or not proposal.tokens:
-        return []
-    q = proposal.q[0]
-    likely = q.topk(min(width, q.shape[0])).indices.tolist()
-    return [t for t in likely if t != proposal.tokens[0] and float(q[t]) > 0][: width - 1]
-
-
-def _judged(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int) -> list[tuple[int, float, float, int]]:
-    """(token, p, q, depth) for drafts the target refused: one row of p and q per token from `depth`
-    on (a chain), or one row for all (alternatives, all at `depth`)."""
-    if not tokens:
-        return []
-    index = torch.tensor(tokens, device=p.device)
-    if p.dim() == 1:
-        return [(t, pv, qv, depth) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
-    rows = torch.arange(len(tokens), device=p.device)
-    return [(t, pv, qv, depth + i) for i, (t, pv, qv) in
-            enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))]
-
-
-def _rejected_events(rejected: list[tuple[int, float, float, int]], detok: Detokenizer, pos: int, round_no: int,
-                     copied: bool) -> list[TokenEvent]:
-    """Events for a round's refused drafts, all shown at `pos`, where the token kept instead stands:
-    the first refused one and those never reachable after it (and, in a tree, the alternatives)."""
-    pieces = detok.peek([token for token, *_ in rejected])
-    return [TokenEvent(TokenState.REJECTED, token, piece, pos, round_no, pv, qv, copied=copied, depth=depth)
-            for (token, pv, qv, depth), piece in zip(rejected, pieces)]

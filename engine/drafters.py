@@ -8,32 +8,103 @@ slot in by implementing `Drafter`.
   `engine.heads`); the decoding loop hands it the target's states for every kept token.
 - `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
-- `SuffixDrafter`: the most frequent continuation after the longest earlier match, in this
-  session's text and in earlier sessions' (SuffixDecoding, Oliaro et al. 2024); no model either.
+- `SuffixDrafter` and `HybridDrafter` (`engine.suffix_drafting`): the most frequent continuation
+  after the longest earlier match, in this request's text and in earlier ones (SuffixDecoding,
+  Oliaro et al. 2024); no model either, or, in the hybrid, copies before a model drafter.
+- `engine.cross_vocab.CrossVocabularyDrafter`: a draft model with a tokenizer of its own.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.config import DecodeConfig
 from engine.context import context_length
 from engine.kvcache import CachedModel, backend_for
+from engine.lean_weights import output_weight
 from engine.linear import Linear, make_linear
+from engine.llama_forward import output_layer
 from engine.sampling import logits_to_probs, sample
-from engine.suffix import ROOT, Match, SuffixIndex
 
-DRAFTER_KINDS = ("draft-model", "feature-head", "prompt-lookup", "suffix")
-COPYING_KINDS = ("prompt-lookup", "suffix")  # drafters that copy from the text: prompt lookup never runs first
+
+@dataclass(frozen=True)
+class DraftPiece:
+    """What a draft with a tokenizer of its own wrote for one proposed token: its own tokens (as
+    text) and the probability it gave each."""
+
+    tokens: tuple[str, ...]
+    q: tuple[float, ...]
 
 
 @dataclass
 class Proposal:
     tokens: list[int]
     q: torch.Tensor  # (len(tokens), vocab_width): the distribution each token was drawn from
+    # drafts copied from text: where from ("prompt": this request's text; "session": an earlier
+    # answer since SpecDeck started; "past": a past session's), and the length of the match they follow
+    source: str = ""
+    match_length: int = 0
+    # first tokens the drafter also proposes beside tokens[0], likeliest first (a suffix drafter's
+    # other continuations); a tree round verifies them (greedy), otherwise they are not used
+    branches: list[int] = field(default_factory=list)
+    pieces: list[DraftPiece] | None = None  # per token, from a draft with a tokenizer of its own
+    draft_tokens: int | None = None  # the tokens that draft wrote, in its own tokenizer
+
+    def rank(self, token: int) -> int:
+        """Where `token` stands among the drafter's choices for the first draft (0: tokens[0]); a
+        copy's choices are its first draft and its branches, past which it ranks last."""
+        if self.source:
+            choices = self.tokens[:1] + self.branches
+            return choices.index(token) if token in choices else self.q.shape[-1]
+        return int((self.q[0] > self.q[0, token]).sum())
+
+    def alternatives(self, width: int) -> list[int]:
+        """Up to width - 1 other first tokens beside the first draft, likeliest first: a copy's
+        branches, a model drafter's next likeliest tokens (greedy: after its argmax); a tree round
+        verifies them beside the chain."""
+        if width < 2 or not self.tokens:
+            return []
+        if self.source:
+            return self.branches[: width - 1]
+        q = self.q[0]
+        likely = q.topk(min(width, q.shape[0])).indices.tolist()
+        return [t for t in likely if t != self.tokens[0] and float(q[t]) > 0][: width - 1]
+
+    @classmethod
+    def none(cls, vocab_width: int, device: torch.device) -> Proposal:
+        """No drafts (a plain step)."""
+        return cls([], torch.zeros(0, vocab_width, device=device))
+
+
+class _Chain:
+    """A model drafter's tokens, drawn one after another, each with the q it was drawn from.
+
+    Past the first draft the chain stops where the drafter is unsure (its top probability below
+    `DecodeConfig.confidence_threshold`): a draft that is likely refused costs a drafter step and a
+    wider verify for nothing. The token is drawn before that check: the generator advances either
+    way."""
+
+    def __init__(self, config: DecodeConfig, generator: torch.Generator | None) -> None:
+        self.config = config
+        self.generator = generator
+        self.tokens: list[int] = []
+        self.dists: list[torch.Tensor] = []
+
+    def draw(self, q: torch.Tensor) -> int | None:
+        """The next draft, drawn from q; None where the chain stops before it."""
+        token = int(sample(q, self.generator, self.config.greedy))
+        threshold = self.config.confidence_threshold
+        if self.tokens and threshold and float(q.max()) < threshold:
+            return None
+        self.tokens.append(token)
+        self.dists.append(q)
+        return token
+
+    def proposal(self, vocab_width: int, device: torch.device) -> Proposal:
+        return Proposal(self.tokens, torch.stack(self.dists)) if self.tokens else Proposal.none(vocab_width, device)
 
 
 def output_logits(hidden: torch.Tensor, layer: Linear, output_ids: torch.Tensor | None,
@@ -50,9 +121,10 @@ def output_logits(hidden: torch.Tensor, layer: Linear, output_ids: torch.Tensor 
 class Drafter(ABC):
     name: str
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
+    feature_layers: tuple[int, ...] = ()  # and the residual streams after these many target layers
     module: torch.nn.Module | None = None  # the model that drafts (what its measured cost is cached by)
     context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
-    copies_text = False  # True: it drafts by copying from the text, so prompt lookup never runs before it
+    copies_text = False  # True: it drafts by copying from the text, so nothing copies before it
 
     def begin(self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int,
               generator: torch.Generator | None) -> None:
@@ -67,13 +139,20 @@ class Drafter(ABC):
 
     def observe(self, states: torch.Tensor) -> None:
         """The target's last hidden states (n, hidden) for the next n kept tokens, in order, each
-        computed with every earlier kept token in context (only when `needs_states`)."""
+        computed with every earlier kept token in context (only when `needs_states`); with
+        `feature_layers`, (n, len(feature_layers) + 1, hidden): those layers' residual streams, then
+        the last hidden state."""
 
     def end(self, ids: list[int]) -> None:
         """The session ended with `ids` kept (prompt included)."""
 
+    def copier(self, device: torch.device) -> Drafter:
+        """What copies from the text before this drafter, where the text repeats (`DecodeConfig.lookup`):
+        prompt lookup from two repeated tokens on."""
+        return PromptLookupDrafter(device=device, min_ngram=2)
+
     def _empty(self, device: torch.device) -> Proposal:
-        return Proposal([], torch.zeros(0, self.vocab_width, device=device))
+        return Proposal.none(self.vocab_width, device)
 
 
 class DraftModelDrafter(Drafter):
@@ -99,9 +178,9 @@ class DraftModelDrafter(Drafter):
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
         self._output_ids = None
         if output_ids is not None:
-            weight = model.get_output_embeddings().weight
+            weight = output_weight(model)
             self._output_ids = output_ids.to(weight.device, torch.long)
-            self._head = make_linear(weight.detach()[self._output_ids].contiguous())
+            self._head = make_linear(weight[self._output_ids].contiguous())
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -144,21 +223,15 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, ids: list[int], k: int) -> Proposal:
         feed = self._sync(ids)
-        tokens: list[int] = []
-        dists: list[torch.Tensor] = []
+        chain = _Chain(self.config, self.generator)
         for _ in range(k):
             logits = self._next_logits(feed)
             self._cached.extend(feed)
-            q = logits_to_probs(logits, self.config)
-            token = int(sample(q, self.generator, self.config.greedy))
-            if tokens and self.config.confidence_threshold and float(q.max()) < self.config.confidence_threshold:
-                break  # the draft is unsure: stop here rather than spend draft and verify time
-            tokens.append(token)
-            dists.append(q)
+            token = chain.draw(logits_to_probs(logits, self.config))
+            if token is None:
+                break
             feed = [token]
-        if not tokens:
-            return self._empty(self._lm.device)
-        return Proposal(tokens, torch.stack(dists))
+        return chain.proposal(self.vocab_width, self._lm.device)
 
 
 def _stand_in(eos: int | list[int] | None, embeddable: int) -> int:
@@ -182,12 +255,14 @@ class FeatureHeadDrafter(Drafter):
                  output_ids: torch.Tensor | None = None) -> None:
         self.name = name
         self.head = self.module = head
+        self.feature_layers = head.feature_layers
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         self._embedding = target.get_input_embeddings()
-        weight = target.get_output_embeddings().weight.detach()
-        self._output_ids = None if output_ids is None else output_ids.to(weight.device, torch.long)
-        self._output = make_linear(weight if output_ids is None else weight[self._output_ids].contiguous())
-        self.device = weight.device
+        self.device = self._embedding.weight.device
+        self._output_ids = None if output_ids is None else output_ids.to(self.device, torch.long)
+        # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
+        self._output = output_layer(target) if output_ids is None else make_linear(
+            output_weight(target)[self._output_ids].contiguous())
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -201,10 +276,10 @@ class FeatureHeadDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, ids: list[int], k: int) -> Proposal:
         if self._pending:
-            states = torch.cat(self._pending)
+            states = self.head.fuse(torch.cat(self._pending))
             self._pending = []
         else:
-            states = self._output.weight.new_zeros(0, self._output.weight.shape[1])
+            states = self._embedding.weight.new_zeros(0, self._embedding.weight.shape[1])
         known = self._paired + len(states)
         if known != len(ids) - 1 or (known and not len(states)):
             raise RuntimeError(f"the head has target states for {known} tokens, the session kept {len(ids) - 1}: "
@@ -214,19 +289,16 @@ class FeatureHeadDrafter(Drafter):
         self._body.crop(self._paired)  # forget the states predicted last round
         following = torch.tensor(ids[self._paired + 1: known + 1], device=self.device)
         self._paired = known
-        tokens: list[int] = []
-        dists: list[torch.Tensor] = []
+        chain = _Chain(self.config, self.generator)
         for _ in range(k):
             predicted = self._body.hidden_from_inputs(self.head.mix(states, self._embedding(following)))[-1]
-            q = logits_to_probs(output_logits(predicted, self._output, self._output_ids, self.vocab_width), self.config)
-            token = int(sample(q, self.generator, self.config.greedy))
-            if tokens and self.config.confidence_threshold and float(q.max()) < self.config.confidence_threshold:
+            token = chain.draw(logits_to_probs(output_logits(predicted, self._output, self._output_ids,
+                                                             self.vocab_width), self.config))
+            if token is None:
                 break
-            tokens.append(token)
-            dists.append(q)
             states = predicted[None]
             following = torch.tensor([token], device=self.device)
-        return Proposal(tokens, torch.stack(dists))
+        return chain.proposal(self.vocab_width, self.device)
 
 
 class PromptLookupDrafter(Drafter):
@@ -256,68 +328,12 @@ class PromptLookupDrafter(Drafter):
         tokens = self._match(torch.tensor(ids), k)
         if not tokens:
             return self._empty(self.device)
-        return one_hot(tokens, self.vocab_width, self.device)
+        return one_hot(tokens, self.vocab_width, self.device, source="prompt")
 
 
-def one_hot(tokens: list[int], width: int, device: torch.device) -> Proposal:
-    """Drafts copied from text: q is one-hot on each, so the rejection rule accepts a draft with
-    probability p(draft) and sampling stays exact."""
+def one_hot(tokens: list[int], width: int, device: torch.device, **copied) -> Proposal:
+    """Drafts copied from text (`copied`: the `Proposal`'s source and match): q is one-hot on each,
+    so the rejection rule accepts a draft with probability p(draft) and sampling stays exact."""
     q = torch.zeros(len(tokens), width, device=device)
     q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
-    return Proposal(tokens, q)
-
-
-class SuffixDrafter(Drafter):
-    """SuffixDecoding (Oliaro et al. 2024; vLLM's `suffix` method): find the longest suffix of the
-    kept tokens that occurred earlier and draft its most frequent continuation path.
-
-    Two suffix automata (`engine.suffix`) are searched: this session's own text (prompt and kept
-    tokens, extended as tokens are kept) and `history`, the texts of earlier sessions (scope
-    "session"; scope "prompt" reads the session's own text only). The longer match drafts (this
-    session's on a tie), up to max_spec_factor x its length and k tokens, while the path's share of
-    what followed the match stays at least `min_share`. A session's text joins `history` when it
-    ends, unless `records` is False (a benchmark keeps a prompt's runs out of its own history).
-    """
-
-    name = "suffix"
-    copies_text = True
-
-    def __init__(self, history: SuffixIndex | None = None, scope: str = "session", records: bool = True,
-                 max_spec_factor: float = 1.0, min_share: float = 0.1, device: torch.device | str = "cpu") -> None:
-        if scope not in ("prompt", "session"):
-            raise ValueError(f"scope is 'prompt' or 'session', not {scope!r}")
-        self.history = history if scope == "session" else None
-        self.records = records
-        self.max_spec_factor = max_spec_factor
-        self.min_share = min_share
-        self.device = torch.device(device)
-
-    def begin(self, prompt_ids, config, vocab_width, generator) -> None:
-        super().begin(prompt_ids, config, vocab_width, generator)
-        self._own = SuffixIndex()
-        self._own.extend(prompt_ids)
-        # the history is unchanged during a session, so its match streams along with the kept tokens
-        self._earlier = self.history.stream(prompt_ids) if self.history is not None else ROOT
-
-    def propose(self, ids: list[int], k: int) -> Proposal:
-        kept = ids[self._own.tokens:]
-        self._own.extend(kept)
-        candidates = [(self._own, self._own.earlier())]
-        if self.history is not None:
-            self._earlier = self.history.stream(kept, self._earlier)
-            candidates.append((self.history, self.history.continued(self._earlier)))
-        candidates.sort(key=lambda candidate: -candidate[1].length)  # stable: this session's first on a tie
-        for index, match in candidates:
-            tokens = self._walk(index, match, k)
-            if tokens:
-                return one_hot(tokens, self.vocab_width, self.device)
-        return self._empty(self.device)
-
-    def _walk(self, index: SuffixIndex, match: Match, k: int) -> list[int]:
-        longest = min(k, int(self.max_spec_factor * match.length))
-        return index.walk(match, longest, self.min_share) if longest > 0 else []
-
-    def end(self, ids: list[int]) -> None:
-        if self.history is not None and self.records:
-            self.history.extend(ids)
-            self.history.separate()
+    return Proposal(tokens, q, **copied)

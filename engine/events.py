@@ -2,8 +2,9 @@
 
 This is the seam between the engine and every front end (terminal, window, benchmark): a session
 is a generator of these events, in order. Per round: the round's token events (drafted tokens that
-were accepted or rejected, then the target's own token: resampled after a rejection, bonus after a
-fully accepted draft, or plain when there is no drafter), then one `RoundEvent`. The last event is a
+were accepted, the first one rejected and those after it, which were discarded unjudged, then the
+target's own token: resampled after a rejection, bonus after a fully accepted draft, or plain
+when there is no drafter), then one `RoundEvent`. The last event is a
 `SummaryEvent`.
 """
 
@@ -18,13 +19,19 @@ class TokenState(str, enum.Enum):
 
     ACCEPTED = "accepted"  # drafted, and the target agreed: kept
     REJECTED = "rejected"  # drafted, and the target refused it: not kept
+    DISCARDED = "discarded"  # drafted after a rejected draft of its round: never judged, not kept
     RESAMPLED = "resampled"  # the target's replacement for the first rejected draft token: kept
     BONUS = "bonus"  # every draft token passed; the target's next token comes free: kept
     PLAIN = "plain"  # plain decoding, one target forward per token: kept
 
     @property
     def kept(self) -> bool:
-        return self is not TokenState.REJECTED
+        return self not in (TokenState.REJECTED, TokenState.DISCARDED)
+
+    @property
+    def judged(self) -> bool:
+        """Whether the rejection rule decided this draft's fate (min(1, p/q) means something)."""
+        return self in (TokenState.ACCEPTED, TokenState.REJECTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +51,19 @@ class TokenEvent:
     """One token's fate.
 
     `pos` is the index among generated tokens where the token stands (kept) or was proposed
-    (rejected: the same `pos` as the resampled token that replaces it). `p` is the target's
+    (rejected or discarded: a draft at depth d of a round that starts at position s was proposed
+    for s + d - 1, so the first rejected one shares its `pos` with the token that replaces it). `p` is the target's
     probability of the token and `q` the drafter's (None when nothing drafted it), both under the
     session's sampling settings (temperature 1 for greedy sessions). `copied`: a draft that prompt
     lookup copied from earlier text (`DecodeConfig.lookup`) rather than one the drafter proposed.
     `depth`: a draft's place in its round's chain, 1 for the first (and for a tree's alternatives
-    to it); 0 for the target's own tokens.
+    to it); 0 for the target's own tokens. `source`: for a draft copied from text (by prompt
+    lookup, a suffix drafter or a hybrid's copier), where that text was: "prompt" (this request's
+    prompt and answer so far), "session" (an earlier answer since SpecDeck started), "past" (a past
+    session's, `DecodeConfig.suffix_scope`); "" for model drafts and the target's own tokens. `token_id`, `p` and `q` are in the target's
+    tokenizer; a draft with a tokenizer of its own (`engine.cross_vocab`) also gives, for each of its
+    drafts, the tokens it wrote for it in its own tokenizer (`draft_tokens`, as text) and its q for
+    each (`draft_q`).
     """
 
     state: TokenState
@@ -62,11 +76,15 @@ class TokenEvent:
     type: str = "token"
     copied: bool = False
     depth: int = 0
+    source: str = ""
+    draft_tokens: tuple[str, ...] = ()
+    draft_q: tuple[float, ...] = ()
 
     @property
     def acceptance_probability(self) -> float | None:
-        """min(1, p/q): the chance the rejection rule keeps a drafted token."""
-        if self.q is None:
+        """min(1, p/q): the chance the rejection rule keeps a drafted token; None for tokens it did
+        not judge (the target's own, and drafts discarded after an earlier rejection)."""
+        if self.q is None or not self.state.judged:
             return None
         return 1.0 if self.q <= 0 else min(1.0, self.p / self.q)
 
@@ -74,8 +92,12 @@ class TokenEvent:
 @dataclass(frozen=True, slots=True)
 class RoundEvent:
     """One verify round: `drafted` tokens proposed (copied by prompt lookup if `copied`), the first
-    `accepted` of them kept. `shape` names what the round drafted: "K=2", "copy 3", or "none" (a
-    plain step, which the auto schedule chooses where drafting would not pay)."""
+    `accepted` of them kept; `discarded` of them came after the rejected one and were never judged.
+    `shape` names what the round drafted: "K=2", "copy 3", or "none" (a plain step, which the auto
+    schedule chooses where drafting would not pay). `match_length`: for drafts copied from text, how
+    many of the last kept tokens matched where they were copied from. `drafted`, `accepted` and
+    `discarded` count the target's tokens; `draft_tokens`, the tokens a draft with a tokenizer of its
+    own wrote in the round (None when the drafter speaks the target's vocabulary)."""
 
     round: int
     drafted: int
@@ -87,6 +109,9 @@ class RoundEvent:
     type: str = "round"
     copied: bool = False
     shape: str = ""
+    match_length: int = 0
+    discarded: int = 0
+    draft_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +136,7 @@ class SummaryEvent:
     copied_drafted: int = 0  # of `drafted`, those prompt lookup copied (`DecodeConfig.lookup`)
     copied_accepted: int = 0  # of `accepted`, those copied
     plan: str = ""  # the auto schedule: what it chose and why (measured costs, acceptance by depth)
+    discarded: int = 0  # of `drafted`, those never judged: proposed after a rejected draft of their round
 
 
 Event = SessionStarted | TokenEvent | RoundEvent | SummaryEvent

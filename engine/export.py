@@ -2,6 +2,9 @@
 (models, device, dtype, parameters, seed, library versions, summary figures) and, optionally, one
 CSV row per token. Shared by the window and the benchmark.
 
+Counts and token ids are in the target's tokenizer; the `draft_tokens` and `draft_q` columns hold
+what a draft with a tokenizer of its own wrote, in its tokenizer (`TOKENIZERS` says so in the JSON).
+
 Every write goes through `engine.atomic`: a failed or interrupted export never leaves a
 half-written file.
 """
@@ -21,10 +24,17 @@ from engine.atomic import write_text
 from engine.config import DecodeConfig
 from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
-ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "draft_ms", "verify_ms", "tokens_so_far",
-                 "elapsed_s", "copied")
-TOKEN_COLUMNS = ("session", "mode", "round", "pos", "state", "token_id", "text", "p", "q", "acceptance_probability",
-                 "copied")
+ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "discarded", "draft_ms", "verify_ms",
+                 "tokens_so_far", "elapsed_s", "copied", "match_length", "shape", "draft_tokens")
+# pos: where a kept token stands or a draft was proposed; acceptance_probability: min(1, p/q), only
+# for drafts the rule judged (accepted, rejected), blank for discarded drafts and the target's tokens
+TOKEN_COLUMNS = ("session", "mode", "round", "pos", "depth", "state", "token_id", "text", "p", "q",
+                 "acceptance_probability", "copied", "source", "draft_tokens", "draft_q")
+TOKENIZERS = {
+    "target": "drafted, accepted, discarded, tokens_so_far, match_length, token_id, text, p and q: the target's tokens",
+    "draft": "draft_tokens (per round a count, per token the draft's own tokens as a JSON list) and draft_q: "
+             "the tokens of a draft with a tokenizer of its own, blank when it shares the target's",
+}
 
 
 @dataclass
@@ -59,6 +69,7 @@ class RunInfo:
     chat: bool
     prompt: str
     extra_versions: dict[str, str] = field(default_factory=dict)
+    vocabulary: str = ""  # the pair's vocabulary case (`engine.vocabulary.VocabularyMatch.describe`)
 
 
 def library_versions() -> dict[str, str]:
@@ -79,8 +90,10 @@ def rounds_csv(records: list[SessionRecord]) -> str:
     writer.writerow(ROUND_COLUMNS)
     for record in records:
         for r in record.rounds:
-            writer.writerow((record.session, record.mode, r.round, r.drafted, r.accepted, f"{r.draft_ms:.3f}",
-                             f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}", str(r.copied).lower()))
+            writer.writerow((record.session, record.mode, r.round, r.drafted, r.accepted, r.discarded,
+                             f"{r.draft_ms:.3f}", f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}",
+                             str(r.copied).lower(), r.match_length, r.shape,
+                             "" if r.draft_tokens is None else r.draft_tokens))
     return out.getvalue()
 
 
@@ -91,10 +104,14 @@ def tokens_csv(records: list[SessionRecord]) -> str:
     for record in records:
         for t in record.tokens:
             a = t.acceptance_probability
-            writer.writerow((record.session, record.mode, t.round, t.pos, t.state.value, t.token_id, t.text,
+            writer.writerow((record.session, record.mode, t.round, t.pos, t.depth, t.state.value, t.token_id, t.text,
                              f"{t.p:.6g}", "" if t.q is None else f"{t.q:.6g}", "" if a is None else f"{a:.6g}",
-                             str(t.copied).lower()))
+                             str(t.copied).lower(), t.source, _json_list(t.draft_tokens), _json_list(t.draft_q)))
     return out.getvalue()
+
+
+def _json_list(values: tuple) -> str:
+    return json.dumps(list(values), ensure_ascii=False) if values else ""
 
 
 def metadata_json(info: RunInfo, records: list[SessionRecord]) -> str:
@@ -107,7 +124,9 @@ def metadata_json(info: RunInfo, records: list[SessionRecord]) -> str:
     if "speculative" in by_mode and "plain" in by_mode and by_mode["plain"].tokens_per_s > 0:
         speedup = by_mode["speculative"].tokens_per_s / by_mode["plain"].tokens_per_s
     document = {
-        "models": {"target": info.target, "draft": info.draft, "drafter": info.drafter},
+        "models": {"target": info.target, "draft": info.draft, "drafter": info.drafter,
+                   "vocabulary": info.vocabulary},
+        "tokenizers": TOKENIZERS,
         "device": info.device,
         "dtype": info.dtype,
         "parameters": {**asdict(info.config), "chat": info.chat},

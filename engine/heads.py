@@ -9,9 +9,14 @@ Everything vocabulary-sized (the embedding and the output layer) is the target's
 itself is small (one decoder layer): for a target with a 49k vocabulary it is a few MB and far
 cheaper per token than a separate draft model.
 
-On disk a head is a folder: `config.json` (a one-layer `LlamaConfig` plus `specdeck_head`, the
-target's hidden size and vocabulary width), `model.safetensors`, and optionally
-`output_tokens.json`, the tokens the head may propose.
+A head may also read lower layers of the target (EAGLE-3, Li et al. 2025): with `feature_layers`
+in its config, the target hands over, per token, the residual stream after each of those many
+decoder layers beside the final state, and `fuse` (each normalised, then one linear map) turns
+them into the head's input state. The states it predicts itself are fed back as they are.
+
+On disk a head is a folder: `config.json` (a one-layer `LlamaConfig`, with `feature_layers` if it
+fuses, plus `specdeck_head`, the target's hidden size and vocabulary width), `model.safetensors`,
+and optionally `output_tokens.json`, the tokens the head may propose.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from transformers import LlamaConfig, LlamaModel
 
 from engine.atomic import building_folder
 from engine.errors import SpecDeckError
+from engine.lean_weights import output_weight
 from engine.models import (BUILTIN_MODELS, HEAD_KEY, OUTPUT_TOKENS_FILE, BundledModel, LoadedModel, Progress, is_head_folder,
                            locate, read_output_tokens)
 
@@ -36,8 +42,22 @@ class FeatureHead(torch.nn.Module):
         super().__init__()
         self.config = config
         width = config.hidden_size
+        self.feature_layers = tuple(getattr(config, "feature_layers", None) or ())
+        if self.feature_layers:
+            self.fuse_fc = torch.nn.Linear((len(self.feature_layers) + 1) * width, width, bias=False)
         self.fc = torch.nn.Linear(2 * width, width, bias=False)
         self.body = LlamaModel(config)  # its token embedding is unused (vocab_size 1): inputs are fc's output
+
+    def fuse(self, observed: torch.Tensor) -> torch.Tensor:
+        """The input state (..., hidden) for the target's states of a token: (..., hidden), its final
+        state, for a head without `feature_layers`; else (..., len(feature_layers) + 1, hidden), the
+        residual streams after those layers (each scaled to unit RMS: the middle layers' are a
+        hundred times larger) and the final state, mixed by one linear map."""
+        if not self.feature_layers:
+            return observed
+        lower, final = observed[..., :-1, :], observed[..., -1, :]
+        unit = lower * torch.rsqrt(lower.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(lower.dtype)
+        return self.fuse_fc(torch.cat([unit.flatten(-2), final], dim=-1))
 
     def mix(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """The decoder layer's inputs (..., n, hidden) for n (state, next-token embedding) pairs."""
@@ -49,10 +69,11 @@ class FeatureHead(torch.nn.Module):
         return self.body(inputs_embeds=self.mix(features, embeddings), use_cache=False).last_hidden_state
 
 
-def head_config(target_config, intermediate: int | None = None) -> LlamaConfig:
-    """A one-layer Llama shaped like the target's layers (same width, heads, RoPE)."""
+def head_config(target_config, intermediate: int | None = None, feature_layers: tuple[int, ...] = ()) -> LlamaConfig:
+    """A one-layer Llama shaped like the target's layers (same width, heads, RoPE), reading the
+    residual streams after `feature_layers` decoder layers of the target beside its final state."""
     heads = target_config.num_attention_heads
-    return LlamaConfig(
+    return LlamaConfig(feature_layers=list(feature_layers),
         vocab_size=1, hidden_size=target_config.hidden_size,
         intermediate_size=intermediate or target_config.intermediate_size, num_hidden_layers=1,
         num_attention_heads=heads, num_key_value_heads=getattr(target_config, "num_key_value_heads", heads),
@@ -108,7 +129,8 @@ def load_head(folder: Path, target_model: torch.nn.Module, target_name: str) -> 
     vocab = weight.shape[0]
     same = meta.get("hidden_size") == width and meta.get("vocab_width") == vocab
     if same and meta.get("fingerprint"):
-        same = torch.nn.functional.cosine_similarity(fingerprint(weight), torch.tensor(meta["fingerprint"]), dim=0) > 0.9
+        same = torch.nn.functional.cosine_similarity(fingerprint(output_weight(target_model)),
+                                                     torch.tensor(meta["fingerprint"]), dim=0) > 0.9
     if not same:
         raise SpecDeckError(
             f"The feature head in {folder} was trained for {meta.get('target', 'another target')} "
@@ -128,6 +150,22 @@ def load_head(folder: Path, target_model: torch.nn.Module, target_name: str) -> 
                             f"(missing {missing[:3]}, unexpected {unexpected[:3]}).")
     head.to(device=weight.device, dtype=weight.dtype).eval()
     return head, read_output_tokens(folder, vocab)
+
+
+def load_feature_head_weights(head: FeatureHead, name: str) -> list[str]:
+    """Copy the weights of the head `name` (a folder or a built-in alias) into `head` where their
+    names match (a head that grows fusion weights starts from one without); return the names of
+    `head`'s weights it did not have."""
+    from safetensors.torch import load_file
+
+    state = load_file(Path(locate(name)) / "model.safetensors")
+    try:
+        missing, unexpected = head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    except RuntimeError as error:  # a weight of another size
+        raise SpecDeckError(f"The head {name} has another shape than the one to train: {error}") from error
+    if unexpected:
+        raise SpecDeckError(f"The head {name} has weights this head lacks ({unexpected[:3]}): another shape.")
+    return [n for n in missing if not n.startswith("body.embed_tokens")]
 
 
 @dataclass

@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from engine import llama_forward
+from engine.errors import SpecDeckError
 from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
 
@@ -24,6 +25,8 @@ class HFForward:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self.taps: tuple[int, ...] = ()  # as `LlamaForward.taps`
+        self.tapped: torch.Tensor | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -48,8 +51,10 @@ class HFForward:
         return self.model.get_output_embeddings()(hidden)
 
     def _last_hidden(self, **inputs) -> torch.Tensor:
-        out = self.model.base_model(**inputs, past_key_values=self.cache, use_cache=True)
+        out = self.model.base_model(**inputs, past_key_values=self.cache, use_cache=True,
+                                    output_hidden_states=bool(self.taps))
         self.cache = out.past_key_values
+        self.tapped = torch.stack([out.hidden_states[t][0] for t in self.taps], dim=1) if self.taps else None
         return out.last_hidden_state[0]
 
     def crop(self, length: int) -> None:
@@ -70,10 +75,19 @@ class CachedModel:
     """A causal LM and its KV cache, on llama.cpp for a model it opened, on the lean Llama forward
     when that reproduces the model, else on Hugging Face's."""
 
-    def __init__(self, model: torch.nn.Module | LlamaCppModel) -> None:
+    def __init__(self, model: torch.nn.Module | LlamaCppModel, taps: tuple[int, ...] = ()) -> None:
         self.model = model
         self.device = model.device
+        self.rows = model.get_input_embeddings().num_embeddings
         self.backend = backend_for(model)
+        self.backend.taps = taps
+
+    def states(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What a feature head reads of the last forward, whose final states are `hidden` (n, hidden):
+        those alone without taps, else (n, len(taps) + 1, hidden), the tapped layers' residual
+        streams and then the final states."""
+        tapped = self.backend.tapped
+        return hidden if tapped is None else torch.cat([tapped, hidden[:, None]], dim=1)
 
     def reset(self) -> None:
         self.backend.reset()
@@ -84,13 +98,13 @@ class CachedModel:
     @torch.inference_mode()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         """Logits (n, vocab) for `token_ids` appended after the cached tokens; (1, vocab) if last_only."""
-        return self.backend.logits(torch.tensor(token_ids, dtype=torch.long, device=self.device), last_only)
+        return self.backend.logits(self._ids(token_ids), last_only)
 
     @torch.inference_mode()
     def forward_hidden(self, token_ids: list[int]) -> torch.Tensor:
         """The last layer's (normalised) hidden states (n, hidden) for `token_ids` appended after the
         cached tokens: the output layer left to the caller."""
-        return self.backend.hidden(torch.tensor(token_ids, dtype=torch.long, device=self.device))
+        return self.backend.hidden(self._ids(token_ids))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -108,7 +122,7 @@ class CachedModel:
     def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:
         """The last hidden states (n, hidden) of a token tree appended after the cached tokens (see
         `LlamaForward.hidden_tree`); `compact` then keeps one path of it."""
-        return self.backend.hidden_tree(torch.tensor(token_ids, dtype=torch.long, device=self.device), parents)
+        return self.backend.hidden_tree(self._ids(token_ids), parents)
 
     @torch.inference_mode()
     def compact(self, path: list[int]) -> None:
@@ -118,6 +132,16 @@ class CachedModel:
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on (rejected drafts)."""
         self.backend.crop(length)
+
+    def _ids(self, token_ids: list[int]) -> torch.Tensor:
+        """The ids as a tensor on the model's device, checked first: an id beyond the embedding's rows
+        would fail inside the device (on CUDA, an assert that leaves the process's GPU unusable)."""
+        bad = next((i for i in token_ids if not 0 <= i < self.rows), None)
+        if bad is not None:
+            raise SpecDeckError(f"Token id {bad} is outside this model's vocabulary (ids 0 to {self.rows - 1}): "
+                                "the tokenizer or the drafter does not match the model. Load the model with "
+                                "its own tokenizer, and a draft of the same vocabulary.")
+        return torch.tensor(token_ids, dtype=torch.long, device=self.device)
 
 
 def synchronize(device: torch.device) -> None:

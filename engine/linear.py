@@ -38,30 +38,35 @@ _ROWS = (1, 2, 4, 8)  # row counts a choice is measured at: a step and the verif
 
 
 class DenseLinear:
-    """y = x W^T with the weight as stored (`F.linear`)."""
+    """y = x W^T + b with the weight as stored (`F.linear`)."""
 
     path = "dense"
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias = weight, bias
         self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
+
+    def dense(self) -> torch.Tensor:
+        """The weight matrix (out, in), as stored."""
+        return self.weight
 
 
 class PackedLinear:
-    """y = x W^T through oneDNN on a weight reordered once into its blocked layout.
+    """y = x W^T + b through oneDNN on a weight reordered once into its blocked layout.
 
     A long inner dimension is cut into equal slices of at most `SLICE` columns, each its own product,
     summed in order: for one row oneDNN splits a long reduction otherwise than for several (measured
     on AMD EPYC from 1,152 columns on), and a fixed cut keeps each row's sum in the same order
-    however many rows there are."""
+    however many rows there are. The packed slices are the only copy this keeps: `dense` rebuilds
+    the plain matrix from them, bit for bit, for the rare reader that needs it."""
 
     path = "packed"
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight  # kept for readers of the plain matrix (fingerprints, reduced heads)
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.bias = bias  # added after the slices' sum: element-wise, so each row's bits stay its own
         self.out_features, width = weight.shape
         pieces = -(-width // SLICE)
         step = -(-width // pieces)
@@ -79,7 +84,13 @@ class PackedLinear:
             part = rows if len(self._slices) == 1 else rows[:, a:b]
             part = torch.ops.mkldnn._linear_pointwise(part.contiguous(), packed, None, "none", [], "")
             out = part if out is None else out.add_(part)
+        if self.bias is not None:
+            out.add_(self.bias)
         return out[:count].view(*x.shape[:-1], self.out_features)
+
+    def dense(self) -> torch.Tensor:
+        """The weight matrix (out, in) in plain layout: a new tensor, equal to the one packed."""
+        return torch.cat([packed.to_dense() for packed in self._packed], dim=1)
 
 
 Linear = DenseLinear | PackedLinear
@@ -162,7 +173,8 @@ def _timings(weight: torch.Tensor) -> tuple[float, float]:
         return sum(_time_ms(packed, x) for x in inputs), sum(_time_ms(dense, x) for x in inputs)
 
 
-def make_linear(weight: torch.Tensor, choice: PathChoice | None = None) -> Linear:
-    """`weight` (out, in) as a product on `choice`'s path (by default, the one chosen for it alone)."""
+def make_linear(weight: torch.Tensor, choice: PathChoice | None = None, bias: torch.Tensor | None = None) -> Linear:
+    """`weight` (out, in) and `bias` as a product on `choice`'s path (by default, the one chosen for
+    the weight alone)."""
     choice = choice or choose_path([weight])
-    return PackedLinear(weight) if choice.path == "packed" else DenseLinear(weight)
+    return PackedLinear(weight, bias) if choice.path == "packed" else DenseLinear(weight, bias)

@@ -3,44 +3,85 @@
 The arithmetic is Hugging Face's `LlamaForCausalLM` (Touvron et al. 2023): RMSNorm, rotary
 positions (Su et al. 2021), grouped-query attention (Ainslie et al. 2023) and a SwiGLU MLP, with
 the same operations in the same order, so the logits match Hugging Face's forward to float32
-rounding and greedy text stays identical. What it leaves out is the machinery around them: per
-module calls and hooks, mask building, and a cache that concatenates every layer's keys and values
-on each step. A decode step here is four matrix products per layer (query/key/value and gate/up
-fused into one each), a handful of element-wise operations, and one attention call.
+rounding and greedy text stays identical. The same forward covers the families built on it:
+Qwen2/2.5 (biases on query, key and value), Qwen3 (an RMSNorm on each query and key head) and
+Mistral (a sliding window: each position attends to the `sliding_window` latest ones, itself
+included). What it leaves out is the machinery around them: per module calls and hooks, mask
+building, and a cache that concatenates every layer's keys and values on each step. A decode step
+here is four matrix products per layer (query/key/value and gate/up fused into one each), a handful
+of element-wise operations, and one attention call.
 
 Every matrix product goes through `engine.linear`: on the CPU, where this machine's oneDNN allows,
 on weights packed once into its blocked layout, which keeps a verify over 8 tokens near the cost of
-a one-token step and gives each row the same bits however many rows share the forward. The packed
-and fused weights are built once per model and rebuilt if its parameters change in place.
+a one-token step and gives each row the same bits however many rows share the forward. The fused
+and packed weights are read once per model, replacing its own copy (`engine.lean_weights`).
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaForCausalLM, LlamaModel
 
-from engine.linear import Linear, choose_path, make_linear
+from engine.lean_weights import LayerWeights, weights_of
+from engine.linear import Linear, make_linear
 
+FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})  # Hugging Face `model_type`s this forward reproduces
 # Rotary variants whose frequencies are fixed when the model loads ("dynamic" and "longrope"
 # change them with the sequence length, which this forward does not follow).
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
-PER_QUERY_LIMIT = 16  # verifies up to this many tokens attend per query (see `LlamaWeights.row_exact`)
+PER_QUERY_LIMIT = 16  # verifies up to this many tokens attend per query (see `LeanWeights.row_exact`)
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """Whether `LlamaForward` reproduces this model's forward (a Llama with or without its output layer)."""
-    if not isinstance(model, (LlamaForCausalLM, LlamaModel)):
+    """Whether `LlamaForward` reproduces this model's forward (a decoder of `FAMILIES`, with or
+    without its output layer)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) not in FAMILIES:
         return False
-    config = model.config
+    base = getattr(model, "base_model", None)
+    if not all(hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return False
+    if base is not model:
+        head = model.get_output_embeddings()
+        if head is None or getattr(head, "bias", None) is not None:
+            return False
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
     device = next(model.parameters()).device
-    return (config.model_type == "llama" and rope_type in STATIC_ROPE_TYPES
-            and not config.attention_bias and not config.mlp_bias and config.hidden_act == "silu"
-            and device.type in ("cpu", "cuda"))
+    return (rope_type in STATIC_ROPE_TYPES and config.hidden_act == "silu" and attention_windows(config) is not None
+            and all(_biases_alike(layer) for layer in base.layers) and device.type in ("cpu", "cuda"))
+
+
+def _biases_alike(layer: torch.nn.Module) -> bool:
+    """Whether the products fused together either all have a bias or none has."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return all(len({m.bias is None for m in group}) == 1
+               for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]))
+
+
+def attention_windows(config) -> list[int | None] | None:
+    """Each layer's sliding window (None: it attends to every position), or None where a layer's
+    attention is of a kind this forward does not reproduce."""
+    layers = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    if config.model_type == "llama":
+        return [None] * layers
+    if config.model_type == "mistral":  # Mistral's forward gives every layer the same window
+        return [window] * layers
+    kinds = getattr(config, "layer_types", None) or ["full_attention"] * layers
+    if any(kind not in ("full_attention", "sliding_attention") for kind in kinds) or (
+            "sliding_attention" in kinds and not window):
+        return None
+    return [window if kind == "sliding_attention" else None for kind in kinds]
+
+
+def output_layer(model: torch.nn.Module) -> Linear:
+    """The model's output layer as a product: the lean forward's own where it runs the model (shared,
+    nothing copied), else one made from the model's matrix."""
+    if supports(model):
+        return weights_of(model).head
+    return make_linear(model.get_output_embeddings().weight.detach())
 
 
 @dataclass(frozen=True)
@@ -56,70 +97,6 @@ class LlamaShape:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return cls(config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
                    head_dim, config.rms_norm_eps)
-
-
-@dataclass
-class LayerWeights:
-    input_norm: torch.Tensor
-    qkv: Linear  # rows: query heads, then key heads, then value heads
-    out: Linear
-    post_norm: torch.Tensor
-    gate_up: Linear  # rows: gate, then up
-    down: Linear
-
-
-@dataclass
-class LlamaWeights:
-    embed: torch.Tensor
-    layers: list[LayerWeights]
-    norm: torch.Tensor
-    head: Linear | None  # the output layer; None for a bare `LlamaModel`
-    inv_freq: torch.Tensor
-    rope_scaling: float  # the rotary "attention factor" (1 except for yarn)
-
-    @property
-    def row_exact(self) -> bool:
-        """Whether every product gives each row the same bits alone as in a batch (`engine.linear`):
-        then, with attention computed per query as a one-token step does, a verify's logits for a
-        token equal bit for bit the logits a plain step would give it."""
-        products = [p for layer in self.layers for p in (layer.qkv, layer.out, layer.gate_up, layer.down)]
-        return all(p.path == "packed" for p in products + ([self.head] if self.head is not None else []))
-
-    @classmethod
-    def read(cls, model: LlamaForCausalLM | LlamaModel) -> LlamaWeights:
-        base = model.model if isinstance(model, LlamaForCausalLM) else model
-        matrices = []  # per layer: qkv, out, gate_up, down (fused where one input feeds several)
-        for layer in base.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            matrices.append([torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
-                             attn.o_proj.weight.detach(),
-                             torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
-                             mlp.down_proj.weight.detach()])
-        output = model.lm_head.weight.detach() if base is not model else None
-        choice = choose_path([w for ws in matrices for w in ws] + ([output] if output is not None else []))
-        layers = [LayerWeights(layer.input_layernorm.weight.detach(), make_linear(qkv, choice), make_linear(out, choice),
-                               layer.post_attention_layernorm.weight.detach(), make_linear(gate_up, choice),
-                               make_linear(down, choice))
-                  for layer, (qkv, out, gate_up, down) in zip(base.layers, matrices)]
-        rotary = base.rotary_emb
-        head = make_linear(output, choice) if output is not None else None
-        return cls(base.embed_tokens.weight.detach(), layers, base.norm.weight.detach(), head,
-                   rotary.inv_freq.float(), float(rotary.attention_scaling))
-
-
-# Fused weights per model, kept while the model lives; the key of its parameters' storage and
-# in-place version tells when they must be read again (a model moved, or trained in place).
-_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _weights_of(model: LlamaForCausalLM | LlamaModel) -> LlamaWeights:
-    key = tuple((p.data_ptr(), p._version) for p in model.parameters())
-    cached = _WEIGHTS.get(model)
-    if cached is None or cached[0] != key:
-        with torch.no_grad():
-            cached = (key, LlamaWeights.read(model))
-        _WEIGHTS[model] = cached
-    return cached[1]
 
 
 class KVCache:
@@ -159,14 +136,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class LlamaForward:
-    """A Llama model's forward plus its KV cache: the interface of `engine.kvcache.CachedModel`'s
+    """A Llama-family model's forward plus its KV cache: the interface of `engine.kvcache.CachedModel`'s
     backends (`logits`, `hidden`, `crop`, `reset`, `len`)."""
 
-    def __init__(self, model: LlamaForCausalLM | LlamaModel, capacity: int = 256) -> None:
+    def __init__(self, model: torch.nn.Module, capacity: int = 256) -> None:
         self.shape = LlamaShape.of(model.config)
-        self.weights = _weights_of(model)
+        self.windows = attention_windows(model.config)
+        self.weights = weights_of(model)
         self.row_exact = self.weights.row_exact
         self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device, capacity)
+        # Feature taps (for heads that fuse lower layers, `engine.heads`): after each forward,
+        # `tapped` holds (n, len(taps), hidden), the residual stream after each of `taps` layers.
+        self.taps: tuple[int, ...] = ()
+        self.tapped: torch.Tensor | None = None
 
     def reset(self) -> None:
         self.cache.length = 0
@@ -218,24 +200,26 @@ class LlamaForward:
         x = inputs.unsqueeze(0)  # (1, n, hidden)
         paths = _paths(parents) if parents is not None else None
         depths = [len(path) - 1 for path in paths] if paths else list(range(n))
-        cos, sin = self._rotary(torch.tensor(depths, dtype=torch.float32) + start, x.dtype)
-        mask = None
+        if paths is None:  # a chain's positions made on the device: no copy from the host
+            positions = torch.arange(start, start + n, dtype=torch.float32, device=w.inv_freq.device)
+        else:
+            positions = torch.tensor(depths, dtype=torch.float32) + start
+        cos, sin = self._rotary(positions, x.dtype)
         per_query = self.row_exact and start > 0 and 1 < n <= PER_QUERY_LIMIT
-        if paths is not None and not per_query:  # query i sees the cache and its own ancestors
-            mask = torch.zeros(n, start + n, dtype=torch.bool, device=inputs.device)
-            mask[:, :start] = True
-            for i, path in enumerate(paths):
-                mask[i, [start + j for j in path]] = True
-        elif n > 1 and start > 0 and not per_query:  # a chunk after cached positions: query j sees up to start + j
-            mask = torch.ones(n, start + n, dtype=torch.bool, device=inputs.device).tril(start)
+        masks = {} if per_query else {window: _mask(start, depths, paths, window, inputs.device)
+                                      for window in set(self.windows)}
+        tapped = []
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, s.rms_eps)
-            x = x + self._attention(i, layer, h, start, cos, sin, mask, (paths or True) if per_query else None)
+            x = x + self._attention(i, layer, h, start, cos, sin, masks.get(self.windows[i]),
+                                    (paths or True) if per_query else None)
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
+            if i + 1 in self.taps:
+                tapped.append(x[0])
+        self.tapped = torch.stack(tapped, dim=1) if tapped else None
         cache.length = start + n
         return rms_norm(x, w.norm, s.rms_eps)[0]
-
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (1, n, 1, head_dim) for n positions (float32). The sin carries rotate_half's
@@ -256,6 +240,8 @@ class LlamaForward:
         end = start + n
         qkv = layer.qkv(h).view(1, n, s.heads + 2 * s.kv_heads, s.head_dim)
         qk = qkv[:, :, : s.heads + s.kv_heads]
+        if layer.qk_norm is not None:  # Qwen3
+            qk = rms_norm(qk, layer.qk_norm, s.rms_eps)
         qk = qk * cos + qk.roll(s.head_dim // 2, dims=-1) * sin  # rotary, query and key heads at once
         q = qk[:, :, : s.heads].transpose(1, 2)
         cache.keys[i, :, :, start:end] = qk[:, :, s.heads:].transpose(1, 2)
@@ -263,34 +249,63 @@ class LlamaForward:
         keys, values = cache.keys[i, :, :, :end], cache.values[i, :, :, :end]
         # No mask for one query or a first chunk (Hugging Face's sdpa path: the same kernels run);
         # a chunk after cached positions, where query j sees positions up to start + j, gets a
-        # boolean mask. Grouped key/value heads go to the kernel as they are (enable_gqa), which
+        # boolean mask. Under a sliding window one query's keys are cut to the window's (`_low`). Grouped key/value heads go to the kernel as they are (enable_gqa), which
         # gives the same numbers as repeating them per group, as Hugging Face does, at half the cost.
         # Per query (a verify on shape-invariant products): the very call a one-token step makes for
         # that position, so a verified token's logits are a plain step's, bit for bit. `per_query`
         # is True for a chain, or each node's path from the root for a tree; a side branch's path is
         # copied over the chain's first slots for its call (a few rows, not the whole cache).
         scale = s.head_dim ** -0.5
+        window = self.windows[i]
         if per_query:
             outs = []
             for j in range(n):
                 path = per_query[j] if per_query is not True else list(range(j + 1))
                 end_j = start + len(path)
+                low = _low(end_j, window)
                 if path == list(range(j + 1)):  # a chain: the cache as it stands
-                    out_j = F.scaled_dot_product_attention(q[:, :, j: j + 1], keys[:, :, :end_j], values[:, :, :end_j],
-                                                           scale=scale, enable_gqa=True)
+                    out_j = F.scaled_dot_product_attention(q[:, :, j: j + 1], keys[:, :, low:end_j],
+                                                           values[:, :, low:end_j], scale=scale, enable_gqa=True)
                 else:  # a side branch: its path moved in after the cache for this call, then put back
                     index = torch.tensor(path, device=keys.device) + start
                     kept_k, kept_v = keys[:, :, start:end_j].clone(), values[:, :, start:end_j].clone()
                     keys[:, :, start:end_j], values[:, :, start:end_j] = keys[:, :, index], values[:, :, index]
-                    out_j = F.scaled_dot_product_attention(q[:, :, j: j + 1], keys[:, :, :end_j], values[:, :, :end_j],
-                                                           scale=scale, enable_gqa=True)
+                    out_j = F.scaled_dot_product_attention(q[:, :, j: j + 1], keys[:, :, low:end_j],
+                                                           values[:, :, low:end_j], scale=scale, enable_gqa=True)
                     keys[:, :, start:end_j], values[:, :, start:end_j] = kept_k, kept_v
                 outs.append(out_j)
             out = torch.cat(outs, dim=2)
         else:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1,
-                                                 scale=scale, enable_gqa=True)
+            low = _low(end, window) if mask is None and n == 1 else 0
+            out = F.scaled_dot_product_attention(q, keys[:, :, low:], values[:, :, low:], attn_mask=mask,
+                                                 is_causal=mask is None and n > 1, scale=scale, enable_gqa=True)
         return layer.out(out.transpose(1, 2).reshape(1, n, s.heads * s.head_dim))
+
+
+def _low(end: int, window: int | None) -> int:
+    """The first position a query at position end - 1 attends to under `window` (None: all)."""
+    return 0 if window is None else max(0, end - window)
+
+
+def _mask(start: int, depths: list[int], paths: list[list[int]] | None, window: int | None,
+          device: torch.device) -> torch.Tensor | None:
+    """Which of the start + n positions each of a chunk's n queries attends to (n, start + n), or
+    None where the attention call needs no mask: one query in a chain (its keys are cut to the
+    window instead), or a first chunk that fits the window (causal)."""
+    n = len(depths)
+    if paths is None and (n == 1 or start == 0 and (window is None or n <= window)):
+        return None
+    if paths is not None:  # query i sees the cache and its own ancestors
+        mask = torch.zeros(n, start + n, dtype=torch.bool, device=device)
+        mask[:, :start] = True
+        for i, path in enumerate(paths):
+            mask[i, [start + j for j in path]] = True
+    else:  # a chain: query j sees positions up to start + j
+        mask = torch.ones(n, start + n, dtype=torch.bool, device=device).tril(start)
+    if window is not None:  # and of those only the `window` latest, itself included
+        positions = torch.tensor(list(range(start)) + [start + d for d in depths], device=device)
+        mask &= positions[start:, None] - positions[None, :] < window
+    return mask
 
 
 def _paths(parents: list[int]) -> list[list[int]]:

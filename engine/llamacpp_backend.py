@@ -206,6 +206,18 @@ class LlamaCppForward:
         self.hidden_size = model.config.hidden_size
         self.length = 0
         self._latest: tuple[torch.Tensor, torch.Tensor] | None = None  # (states, logits) of the latest `hidden`
+        self.tapped = None  # no lower layer's states: see `taps`
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return ()
+
+    @taps.setter
+    def taps(self, layers: tuple[int, ...]) -> None:
+        """Lower layers' states (`LlamaForward.taps`) are torch's alone."""
+        if layers:
+            raise SpecDeckError("This feature head reads lower layers of its target, which SpecDeck takes from "
+                                "torch only: run the target with --backend torch.")
 
     def reset(self) -> None:
         self.crop(0)

@@ -140,6 +140,10 @@ def resolve_device(name: str) -> torch.device:
         raise SpecDeckError(f"Unknown device {name!r}: use auto, cpu, cuda or mps.") from error
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpecDeckError("CUDA was asked for, but this torch build sees no CUDA GPU: use --device cpu or auto.")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise SpecDeckError(f"{name} was asked for, but this machine has {count} CUDA GPU{'s' if count > 1 else ''} "
+                            f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}): pick one of those.")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise SpecDeckError("MPS was asked for, but it is not available here: use --device cpu or auto.")
     return device
@@ -148,8 +152,17 @@ def resolve_device(name: str) -> torch.device:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether `device` computes bfloat16 in hardware: a CUDA GPU of compute capability 8.0 or later
+    (Ampere on), asked of that GPU, not of the current one (older GPUs only emulate it, slowly)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bfloat16 on GPUs that have it, float16 on other GPUs, float32 on the CPU.
+    """`auto`: bfloat16 on GPUs that compute it natively (`native_bfloat16`), float16 on other GPUs,
+    float32 on the CPU. In a half dtype a verify over several tokens and a one-token step round
+    differently, so near-tied tokens can differ between speculative and plain text; float32 is the
+    exact setting (`specdeck bench` names the near-tie where two texts part).
 
     On the CPU float32 is chosen by measurement. SmolLM2-135M on a 2-core AVX-512/AMX Xeon, one
     torch thread, float32 and bfloat16 forwards alternated over a 200-token cache (medians of 3):
@@ -160,7 +173,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """
     if name == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if native_bfloat16(device) else torch.float16
         if device.type == "mps":
             return torch.float16
         return torch.float32
@@ -492,36 +505,15 @@ def _pickle_message(name: str, error: pickle.UnpicklingError) -> str:
             "the file is damaged or not PyTorch weights. Download the model again, preferably as safetensors.")
 
 
-def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
-    """Refuse a pair whose drafter would speak another vocabulary than the target.
-
-    Every id the draft can emit must be scored by the target and mean the same token string;
-    the target may have extra (padding) rows and extra tokens after the draft's, which the draft
-    never proposes and reads as a stand-in token (`DraftModelDrafter`).
-    """
-    if draft.vocab_width > target.vocab_width:
-        raise SpecDeckError(
-            f"The draft {draft.name!r} can emit {draft.vocab_width} token ids but the target "
-            f"{target.name!r} only scores {target.vocab_width}: the two do not share a vocabulary."
-        )
-    draft_tokens = draft.tokenizer.convert_ids_to_tokens(list(range(len(draft.tokenizer))))
-    target_tokens = target.tokenizer.convert_ids_to_tokens(list(range(min(len(target.tokenizer), len(draft_tokens)))))
-    for token_id, (mine, theirs) in enumerate(zip(draft_tokens, target_tokens)):
-        if mine != theirs:
-            raise SpecDeckError(
-                f"Tokenizers do not match: draft {draft.name!r} ({type(draft.tokenizer).__name__}, "
-                f"{len(draft.tokenizer)} tokens) and target {target.name!r} "
-                f"({type(target.tokenizer).__name__}, {len(target.tokenizer)} tokens) differ first at "
-                f"id {token_id}: {mine!r} vs {theirs!r}. Pick a draft from the target's model family."
-            )
-    if len(draft_tokens) > len(target_tokens):
-        raise SpecDeckError(
-            f"Tokenizers do not match: draft {draft.name!r} has {len(draft_tokens)} tokens, "
-            f"target {target.name!r} only {len(target_tokens)}."
-        )
-
-
 _CONTENT_MARK = "\ue000specdeck-prompt\ue000"  # private-use characters: no prompt or template holds them
+
+
+def check_prompt(text: str) -> str:
+    """`text`, or a `SpecDeckError` if there is nothing in it to continue or answer (front ends ask
+    before loading models; `encode_prompt` asks again)."""
+    if not text.strip():
+        raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
+    return text
 
 
 def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
@@ -529,17 +521,27 @@ def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
 
     The prompt is data: a `<|im_end|>` typed in it is encoded as those characters, never as the
     control token (`split_special_tokens=True`); control tokens come only from the template."""
-    if not text.strip():
-        raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
+    return encode_conversation(tokenizer, [text], [], chat)
+
+
+def encode_conversation(tokenizer, turns: list[str], answers: list[str], chat: bool = True) -> list[int]:
+    """Token ids of a conversation that asks `turns[-1]` next: each earlier turn followed by its
+    answer (as Spec-Bench asks MT-Bench's second turns). Like `encode_prompt`, the texts are data;
+    without a chat template the turns and answers follow each other, a blank line between them."""
+    for text in turns:
+        check_prompt(text)
+    texts = [text for pair in zip(turns, answers + [None]) for text in pair if text is not None]
     if not (chat and getattr(tokenizer, "chat_template", None)):
-        return tokenizer(text, split_special_tokens=True)["input_ids"]
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _CONTENT_MARK}], tokenize=False, add_generation_prompt=True
-    )
-    before, mark, after = rendered.partition(_CONTENT_MARK)
-    if not mark:
-        raise SpecDeckError("This model's chat template rewrites the prompt, so its text could not be kept "
-                            "apart from control tokens: use raw completion (--no-chat).")
+        return tokenizer("\n\n".join(texts), split_special_tokens=True)["input_ids"]
+    marks = [f"{_CONTENT_MARK}{i}{_CONTENT_MARK}" for i in range(len(texts))]
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": mark} for i, mark in enumerate(marks)]
+    rest = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     template = lambda part: tokenizer(part, add_special_tokens=False)["input_ids"]  # noqa: E731
-    return template(before) + tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] \
-        + template(after)
+    ids: list[int] = []
+    for mark, text in zip(marks, texts):
+        before, found, rest = rest.partition(mark)
+        if not found:
+            raise SpecDeckError("This model's chat template rewrites the prompt, so its text could not be kept "
+                                "apart from control tokens: use raw completion (--no-chat).")
+        ids += template(before) + tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return ids + template(rest)

@@ -7,9 +7,12 @@ that plain sampling would use, so temperature, top-k and top-p are applied here,
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from engine.config import DecodeConfig
+from engine.errors import SpecDeckError
 
 
 def logits_to_probs(logits: torch.Tensor, config: DecodeConfig) -> torch.Tensor:
@@ -37,10 +40,29 @@ def logits_to_probs(logits: torch.Tensor, config: DecodeConfig) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool) -> torch.Tensor:
-    """One token id per row: the argmax when greedy, else a draw from `probs`."""
+    """One token id per row: the argmax when greedy, else a draw from `probs` (refused if they are
+    not finite: on CUDA the draw would fail inside the device)."""
     if greedy:
         return probs.argmax(dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        raise SpecDeckError(non_finite_message("A model's"))
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def non_finite_message(whose: str, dtype: torch.dtype | None = None, position: int | None = None) -> str:
+    where = f" at new token {position}" if position is not None else ""
+    name = f" in {str(dtype).removeprefix('torch.')}" if dtype is not None else ""
+    return (f"{whose} logits{where} are not finite (NaN or infinity): its numbers overflowed{name}. Run it in "
+            "float32 (--dtype float32), or in bfloat16 on a GPU that has it; a model that overflows in float32 "
+            "has damaged weights.")
+
+
+def require_finite(kept_probs: list[float], dtype: torch.dtype, position: int) -> None:
+    """Stop a session whose target gave a non-finite logit. A NaN or infinite logit makes its row's
+    softmax NaN, so the kept tokens' probabilities, which the loop reads anyway, show it without
+    another wait for the device."""
+    if any(math.isnan(p) for p in kept_probs):
+        raise SpecDeckError(non_finite_message("The target's", dtype, position))
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -1,23 +1,22 @@
-"""A loaded target/drafter pair and one session on it: what the terminal, the window and the
-benchmark share, so that all three decode the same way."""
+"""Loading a target/drafter pair and running one session on it: what the terminal, the window and
+the benchmark share, so that all three decode the same way."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from engine.backends import gguf_file
 from engine.config import DecodeConfig
 from engine.decoding import generate
-from engine.drafters import COPYING_KINDS, DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter, SuffixDrafter
 from engine.errors import SpecDeckError
 from engine.events import Event
-from engine.heads import LoadedHead, load_feature_head, names_head
-from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions, Progress, check_vocabularies, encode_prompt, load_model
-from engine.suffix import SuffixIndex
+from engine.heads import load_feature_head, names_head
+from engine.models import LoadedModel, Progress, encode_prompt, load_model
+from engine.pair import DrafterKind, ModelPair, PairSpec
+from engine.vocabulary import match_vocabularies
 
-DEFAULT_DRAFTER = "prompt-lookup"  # for targets without a built-in draft
 DEFAULT_PROMPT = (
     "Summarize in two sentences: Speculative decoding speeds up a large language model by letting a "
     "small draft model propose several tokens that the large model then checks in a single forward pass. "
@@ -26,122 +25,56 @@ DEFAULT_PROMPT = (
 )
 
 
-@dataclass
-class ModelPair:
-    target: LoadedModel
-    draft: LoadedModel | None = None
-    drafter_kind: str | None = None  # "draft-model", "feature-head", "prompt-lookup", "suffix", or None: plain only
-    head: LoadedHead | None = None
-    # the texts of this pair's earlier sessions, which a suffix drafter also drafts from (token ids
-    # mean something for one tokenizer only, so the history belongs to the pair)
-    history: SuffixIndex = field(default_factory=SuffixIndex)
-
-    def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
-        """A drafter for one session; a suffix drafter reads `history` instead of the pair's own
-        history when given, and leaves it as it is."""
-        if self.drafter_kind == "draft-model":
-            return DraftModelDrafter(self.draft.model, name=self.draft.name, output_ids=self.draft.output_ids)
-        if self.drafter_kind == "feature-head":
-            return FeatureHeadDrafter(self.head.head, self.target.model, name=self.head.name,
-                                      output_ids=self.head.output_ids)
-        if self.drafter_kind == "prompt-lookup":
-            return PromptLookupDrafter(device=self.target.device)
-        if self.drafter_kind == "suffix":
-            return SuffixDrafter(self.history if history is None else history, records=history is None,
-                                 device=self.target.device)
-        return None
-
-    @property
-    def description(self) -> str:
-        tail = self.drafter_description if self.drafter_kind else "plain"
-        if self.target.backend != "torch":
-            return f"target {self.target.name} + {tail} on {self.target.device.type}, {self.target.backend}"
-        return f"target {self.target.name} + {tail} on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
+def load_pair(spec: PairSpec, plain: bool = False, progress: Progress | None = None) -> ModelPair:
+    """Load the target and, unless `plain`, the drafter `spec.resolved()` chooses (a hybrid's model:
+    the feature head or draft model its draft names), and compare a draft model's vocabulary with the
+    target's (`ModelPair.vocabulary`): one with a tokenizer of its own drafts across them."""
+    spec = spec.resolved()
+    target_model = load_model(spec.target, spec.load_options, progress)
+    return _attach_drafter(target_model, spec.with_drafter(None, None) if plain else spec, progress)
 
 
-    @property
-    def drafter_description(self) -> str:
-        if self.drafter_kind == "draft-model":
-            return f"draft {self.draft.name}"
-        if self.drafter_kind == "feature-head":
-            return f"feature head {self.head.name}"
-        return {"prompt-lookup": "prompt lookup", "suffix": "suffix"}.get(self.drafter_kind, "")
+def load_pairs(specs: Sequence[PairSpec], progress: Progress | None = None) -> list[ModelPair]:
+    """One pair per spec, all sharing one loaded target (the specs differ in their drafter only);
+    every spec is resolved and checked before anything loads."""
+    chosen = _resolve_all(specs)
+    target_model = load_model(chosen[0].target, chosen[0].load_options, progress)
+    return [_attach_drafter(target_model, spec, progress) for spec in chosen]
 
 
-def load_pair(target: str | None, draft: str | None, drafter: str | None, device: str = "auto",
-              dtype: str = "auto", trust_remote_code: bool = False, plain: bool = False,
-              progress: Progress | None = None, backend: str = "torch") -> ModelPair:
-    """Load the target and, if the session needs one, the draft; refuse mismatched vocabularies.
-
-    With nothing chosen the default pair is the built-in target and its feature head (its distilled
-    draft with the draft-model drafter); another target without a draft gets prompt lookup. A --draft
-    that names a feature head (an alias or a folder) picks the feature-head drafter by itself."""
-    target = target or DEFAULT_TARGET
-    kind, draft = _choose_drafter(target, drafter, draft)
-    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend)
-    target_model = load_model(target, options, progress)
-    return _attach_drafter(target_model, None if plain else kind, draft, options, progress)
+def add_drafters(pair: ModelPair, specs: Sequence[PairSpec], progress: Progress | None = None) -> list[ModelPair]:
+    """More pairs on `pair`'s loaded target (the one `specs` name), one per spec, resolved and
+    loaded as `load_pairs` does; the target is not loaded again."""
+    return [_attach_drafter(pair.target, spec, progress) for spec in _resolve_all(specs)]
 
 
-def load_pairs(target: str | None, drafters: Sequence[tuple[str | None, str | None]], device: str = "auto",
-               dtype: str = "auto", trust_remote_code: bool = False,
-               progress: Progress | None = None, backend: str = "torch") -> list[ModelPair]:
-    """One pair per (drafter kind, draft) entry, all sharing one loaded target; each entry is chosen
-    as `load_pair` chooses, and every entry is checked before anything loads."""
-    target = target or DEFAULT_TARGET
-    chosen = _choose_drafters(target, drafters)
-    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend)
-    target_model = load_model(target, options, progress)
-    return [_attach_drafter(target_model, kind, draft, options, progress) for kind, draft in chosen]
-
-
-def add_drafters(pair: ModelPair, target: str | None, drafters: Sequence[tuple[str | None, str | None]],
-                 device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
-                 progress: Progress | None = None, backend: str = "torch") -> list[ModelPair]:
-    """More pairs on `pair`'s loaded target (named `target` when it was loaded), one per (drafter
-    kind, draft) entry, chosen and loaded as `load_pairs` does; the target is not loaded again."""
-    chosen = _choose_drafters(target or DEFAULT_TARGET, drafters)
-    options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend)
-    return [_attach_drafter(pair.target, kind, draft, options, progress) for kind, draft in chosen]
-
-
-def _choose_drafters(target: str, drafters: Sequence[tuple[str | None, str | None]]) -> list[tuple[str, str | None]]:
-    chosen = [_choose_drafter(target, drafter, draft) for drafter, draft in drafters]
-    repeated = [kind + (f" {draft}" if draft else "") for kind, draft in chosen if chosen.count((kind, draft)) > 1]
+def _resolve_all(specs: Sequence[PairSpec]) -> list[PairSpec]:
+    chosen = [spec.resolved() for spec in specs]
+    if len({spec.with_drafter(None, None) for spec in chosen}) > 1:
+        raise SpecDeckError("Drafters timed together share one target: give them the same target, device and dtype.")
+    repeated = [spec.drafter_entry for spec in chosen if chosen.count(spec) > 1]
     if repeated:
         raise SpecDeckError(f"The drafter {repeated[0]} is named twice: name each drafter once.")
     return chosen
 
 
-def _choose_drafter(target: str, drafter: str | None, draft: str | None) -> tuple[str, str | None]:
-    """The drafter kind and the draft or head it loads for `target`, or a clear error."""
-    if drafter in COPYING_KINDS and draft:
-        what = "Prompt lookup" if drafter == "prompt-lookup" else "The suffix drafter"
-        raise SpecDeckError(f"{what} needs no draft model: drop --draft or choose --drafter draft-model.")
-    if not draft and target == DEFAULT_TARGET:
-        draft = {None: DEFAULT_HEAD, "draft-model": DEFAULT_DRAFT, "feature-head": DEFAULT_HEAD}.get(drafter)
-    if drafter in ("draft-model", "feature-head") and not draft:
-        raise SpecDeckError(f"The {drafter} drafter needs a model: pass --draft "
-                            f"(in bench --drafters: {drafter}:MODEL).")
-    if drafter is None and draft:
-        drafter = "feature-head" if names_head(draft) else "draft-model"
-    return drafter or DEFAULT_DRAFTER, draft
-
-
-def _attach_drafter(target_model: LoadedModel, kind: str | None, draft: str | None, options: LoadOptions,
-                    progress: Progress | None) -> ModelPair:
-    """The pair of the loaded target and drafter `kind` (None: plain only), loading its draft or head."""
-    draft_model = head = None
-    if kind == "draft-model":
-        if names_head(draft):
-            raise SpecDeckError(f"{draft} is a feature head, not a draft model: choose the feature-head drafter.")
-        if gguf_file(draft) is None:  # a draft that is no GGUF file runs on torch, whatever runs the target
+def _attach_drafter(target_model: LoadedModel, spec: PairSpec, progress: Progress | None) -> ModelPair:
+    """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), loading
+    its draft or head."""
+    draft_model = head = vocabulary = None
+    if spec.drafter is DrafterKind.DRAFT_MODEL and names_head(spec.draft):
+        raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
+    if spec.drafter is DrafterKind.FEATURE_HEAD or (spec.drafter is DrafterKind.HYBRID and names_head(spec.draft)):
+        head = load_feature_head(spec.draft, target_model, progress)
+    elif spec.drafter in (DrafterKind.DRAFT_MODEL, DrafterKind.HYBRID):
+        options = spec.load_options
+        if gguf_file(spec.draft) is None:  # a draft that is no GGUF file runs on torch, whatever runs the target
             options = replace(options, backend="torch")
-        draft_model = load_model(draft, options, progress)
-        check_vocabularies(target_model, draft_model)
-    elif kind == "feature-head":
-        head = load_feature_head(draft, target_model, progress)
-    return ModelPair(target_model, draft_model, kind, head)
+        draft_model = load_model(spec.draft, options, progress)
+        vocabulary = match_vocabularies(target_model, draft_model)
+        if progress and not vocabulary.same:
+            progress(f"{draft_model.name} and {target_model.name}: {vocabulary.describe()}")
+    return ModelPair(target_model, draft_model, spec.drafter, head, vocabulary=vocabulary)
 
 
 def run_session(pair: ModelPair, prompt: str, config: DecodeConfig, chat: bool = True, plain: bool = False,

@@ -71,13 +71,14 @@ class SessionStats(RoundTotals):
     accepted_at: list[int] = field(default_factory=list)
     copied_drafted: int = 0  # drafts that prompt lookup copied (among `drafted`)
     copied_accepted: int = 0
+    discarded: int = 0  # drafts never judged: proposed after a rejected draft of their round
     _round_position: int = 0
 
     def add(self, event) -> None:
         if isinstance(event, SessionStarted):
             self.prefill_ms = event.prefill_ms
         elif isinstance(event, TokenEvent):
-            if event.state in (TokenState.ACCEPTED, TokenState.REJECTED):
+            if event.state.judged:  # acceptance by depth counts the drafts the rule judged there
                 i = event.depth - 1 if event.depth else self._round_position  # by depth where events carry it
                 while len(self.drafted_at) <= i:
                     self.drafted_at.append(0)
@@ -85,6 +86,7 @@ class SessionStats(RoundTotals):
                 self.drafted_at[i] += 1
                 self.accepted_at[i] += event.state is TokenState.ACCEPTED
                 self._round_position += 1
+            if event.state.judged or event.state is TokenState.DISCARDED:
                 self.copied_drafted += event.copied
                 self.copied_accepted += event.copied and event.state is TokenState.ACCEPTED
         elif isinstance(event, RoundEvent):
@@ -94,6 +96,7 @@ class SessionStats(RoundTotals):
             self.new_tokens = event.new_tokens
             self.draft_ms += event.draft_ms
             self.verify_ms += event.verify_ms
+            self.discarded += event.discarded
             self.decode_s = event.elapsed_s
             self._round_position = 0
 
@@ -124,4 +127,5 @@ class SessionStats(RoundTotals):
             copied_drafted=self.copied_drafted,
             copied_accepted=self.copied_accepted,
             plan=plan,
+            discarded=self.discarded,
         )

@@ -25,9 +25,13 @@ token id of its own (negative), so no match runs across it.
 from __future__ import annotations
 
 import argparse
+import heapq
 import random
 import time
 from typing import NamedTuple
+
+
+RANKED = 8  # continuations `ranked` keeps per state: a walk's next token and a tree's branches
 
 
 class Match(NamedTuple):
@@ -51,6 +55,7 @@ class SuffixIndex:
         self._last = 0  # the state of the whole text
         self._separators = 0
         self.tokens = 0  # tokens appended, separators included
+        self._ranked: dict[int, tuple[list[tuple[int, int]], int]] = {}  # `ranked`'s answers since the last append
 
     def __len__(self) -> int:
         return self.tokens
@@ -66,6 +71,8 @@ class SuffixIndex:
         self._append(-self._separators)
 
     def _append(self, token: int) -> None:
+        if self._ranked:
+            self._ranked = {}
         nxt, link, length, count = self._next, self._link, self._len, self._count
         cur = len(nxt)
         nxt.append({})
@@ -139,31 +146,45 @@ class SuffixIndex:
         count = self._count
         return {token: count[state] for token, state in self._next[match.state].items() if token >= 0}
 
+    def ranked(self, state: int) -> tuple[list[tuple[int, int]], int]:
+        """A state's most frequent continuations (token, count), at most `RANKED`, most frequent
+        first, and how often its strings occur followed by anything (a separator included).
+        Remembered until the text grows: a state near the root of a long text has thousands of
+        continuations, and an unchanged history is asked about the same states round after round."""
+        known = self._ranked.get(state)
+        if known is None:
+            count, options = self._count, self._next[state]
+            total = sum(count[child] for child in options.values())
+            top = heapq.nlargest(RANKED, ((count[child], token) for token, child in options.items() if token >= 0))
+            known = self._ranked[state] = ([(token, c) for c, token in top], total)
+        return known
+
     def walk(self, match: Match, max_tokens: int, floor: float = 0.0) -> list[int]:
         """The most frequent continuation path after `match`, up to `max_tokens` long, stopping
         where the path's share (the product of each step's share of its continuations) < floor."""
-        nxt, count = self._next, self._count
-        state, share, path = match.state, 1.0, []
+        return self.scored_walk(match, max_tokens, floor)[0]
+
+    def scored_walk(self, match: Match, max_tokens: int, floor: float = 0.0) -> tuple[list[int], float]:
+        """`walk`'s path and its score: the sum of its prefixes' shares, the number of its tokens the
+        text's own frequencies expect to be right (SuffixDecoding's score)."""
+        state, share, score, path = match.state, 1.0, 0.0, []
         while len(path) < max_tokens:
-            options = nxt[state]
-            best, best_count, total = -1, 0, 0
-            for token, child in options.items():
-                c = count[child]
-                total += c
-                if token >= 0 and c > best_count:
-                    best, best_count = token, c
-            if best < 0:
+            top, total = self.ranked(state)
+            if not top:
                 break
+            best, best_count = top[0]
             share *= best_count / total
             if share < floor:
                 break
             path.append(best)
-            state = options[best]
-        return path
+            score += share
+            state = self._next[state][best]
+        return path, score
 
 
-def _bench(tokens: int, queries: int, vocab: int, seed: int) -> None:
-    """Index text with repeats (phrases copied from earlier), then time matching plus one walk."""
+def repetitive_text(tokens: int, vocab: int, seed: int) -> list[int]:
+    """Random phrases of 4-32 tokens, three in ten of them copied from earlier in the text: what the
+    benchmarks index."""
     rng = random.Random(seed)
     text: list[int] = []
     while len(text) < tokens:
@@ -172,7 +193,12 @@ def _bench(tokens: int, queries: int, vocab: int, seed: int) -> None:
             text.extend(text[start: start + rng.randint(4, 32)])
         else:
             text.extend(rng.randrange(vocab) for _ in range(rng.randint(4, 32)))
-    text = text[:tokens]
+    return text[:tokens]
+
+
+def _bench(tokens: int, queries: int, vocab: int, seed: int) -> None:
+    """Index text with repeats (phrases copied from earlier), then time matching plus one walk."""
+    text = repetitive_text(tokens, vocab, seed)
     index = SuffixIndex()
     started = time.perf_counter()
     index.extend(text)

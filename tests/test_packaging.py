@@ -15,7 +15,7 @@ import pytest
 
 from engine.errors import SpecDeckError
 from engine.models import load_model
-from tiny import build_model, build_tokenizer
+from tiny import ON_CPU, build_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 DESKTOP = ROOT / "packaging" / "io.github.specdeck.SpecDeck.desktop"
@@ -81,7 +81,7 @@ def wheel(tmp_path_factory) -> Path:
     source = tmp / "source"
     source.mkdir()
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("engine", "app", "resources"):
+    for name in ("cli", "engine", "app", "resources"):
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, source / name, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
@@ -119,7 +119,7 @@ def test_wheel_entry_point_runs_from_the_installed_files(wheel, tmp_path):
                             env={"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     value, module, engine_file, icon = result.stdout.split()
-    assert (value, module) == ("engine.cli:main", "engine.cli")
+    assert (value, module) == ("cli.main:main", "cli.main")
     assert Path(engine_file).is_relative_to(installed)
     assert Path(icon).is_relative_to(installed) and Path(icon).is_file()
 
@@ -178,6 +178,6 @@ def _cache_like_a_download(hub_cache: Path, repo_id: str) -> None:
 def test_model_downloaded_before_loads_with_no_network(empty_hub_cache, no_network):
     """A Hub id already in the Hugging Face cache loads offline, by its id."""
     _cache_like_a_download(empty_hub_cache, "tiny-org/tiny-llama")
-    loaded = load_model("tiny-org/tiny-llama")
+    loaded = load_model("tiny-org/tiny-llama", ON_CPU)
     assert loaded.name == "tiny-org/tiny-llama"
     assert loaded.tokenizer.decode(loaded.tokenizer("speculative")["input_ids"]) == "speculative"

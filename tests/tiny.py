@@ -1,4 +1,5 @@
-"""Tiny seeded models and a real byte-level BPE tokenizer, built offline for tests."""
+"""Tiny seeded models and real tokenizers (byte-level BPE, SentencePiece with byte fallback), built
+offline for tests."""
 
 from __future__ import annotations
 
@@ -6,8 +7,21 @@ import json
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+from engine.models import LoadOptions
+
+# What tests of CPU behaviour load with, so that they test the same thing on a machine with a GPU
+# (where `auto` would pick it and a half dtype); the GPU set (`-m cuda`) asks for the GPU itself.
+ON_CPU = LoadOptions(device="cpu", dtype="float32")
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
@@ -27,6 +41,27 @@ def build_tokenizer(directory: Path, vocab_size: int = 320) -> PreTrainedTokeniz
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    fast.save_pretrained(directory)
+    return fast
+
+
+def build_sentencepiece_tokenizer(directory: Path, vocab_size: int = 300) -> PreTrainedTokenizerFast:
+    """A Llama-style tokenizer trained on CORPUS: SentencePiece pieces ("▁the") with a space before
+    the first word, byte fallback ("<0xE6>") for characters outside its 40-character alphabet, and
+    "<s>" before every text."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, limit_alphabet=40,
+                                                        special_tokens=["<unk>", "<s>", "</s>"]))
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.save_pretrained(directory)
     return fast
 
@@ -70,6 +105,38 @@ def build_pair(root: Path, arch: str, draft_seed: int = 1, noise: float = 0.0) -
     else:
         build_model(draft_dir, arch, len(tokenizer), seed=draft_seed, layers=1, eos_token_id=eos)
     return target_dir, draft_dir
+
+
+def train_on_corpus(directory: Path, tokenizer, steps: int = 120, seed: int = 0) -> Path:
+    """Train the model saved in `directory` on CORPUS in its own tokens (seeded, a few seconds), so
+    that two models with different tokenizers continue the same text the same way."""
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    stream = []
+    for text in CORPUS:
+        stream += tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
+    batch = torch.tensor([stream])
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(directory)
+    return directory
+
+
+def build_cross_pair(root: Path) -> tuple[Path, Path]:
+    """Two models trained on CORPUS, each with a tokenizer of its own: a Llama with a SentencePiece
+    byte-fallback tokenizer and a GPT-2 with a byte-level BPE one (either drafts for the other)."""
+    llama, gpt2 = root / "llama-sentencepiece", root / "gpt2-byte-level"
+    pieces = build_sentencepiece_tokenizer(llama)
+    build_model(llama, "llama", len(pieces), seed=0, eos_token_id=pieces.eos_token_id)
+    train_on_corpus(llama, pieces)
+    bpe = build_tokenizer(gpt2, vocab_size=400)
+    build_model(gpt2, "gpt2", len(bpe), seed=1, eos_token_id=bpe.eos_token_id)
+    train_on_corpus(gpt2, bpe)
+    return llama, gpt2
 
 
 def write_two_prompts(path: Path) -> Path:

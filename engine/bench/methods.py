@@ -5,7 +5,10 @@
 - `hf`: Hugging Face `generate()`, greedy or sampling with the same settings.
 - `hf-assisted`: Hugging Face's own speculative decoding with the same drafter and a fixed K:
   `assistant_model=` with `num_assistant_tokens_schedule="constant"` and
-  `assistant_confidence_threshold=0`, or `prompt_lookup_num_tokens=K`.
+  `assistant_confidence_threshold=0`, or `prompt_lookup_num_tokens=K`. A draft with a tokenizer of
+  its own runs as Universal Assisted Generation (`tokenizer=` and `assistant_tokenizer=`: greedy
+  through the text, sampling over the shared tokens), on a copy of the draft, since sampling cuts
+  the assistant's output layer down to the shared tokens in place.
 - `llama.cpp`: llama-cpp-python's own generation on the target's GGUF file
   (`engine.bench.llamacpp_baseline`), prefill timed apart as SpecDeck's is.
 
@@ -16,7 +19,9 @@ comes out of the prefill forward in both loops.
 
 from __future__ import annotations
 
+import copy
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -26,13 +31,12 @@ from engine.decoding import generate
 from engine.drafters import PromptLookupDrafter
 from engine.events import RoundEvent, SummaryEvent, TokenEvent
 from engine.kvcache import synchronize
-from engine.session import ModelPair
+from engine.pair import DrafterKind, ModelPair
 from engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")
 METHODS = SPECDECK_METHODS + HF_METHODS + ("llama.cpp",)
-HF_DRAFTERS = ("draft-model", "prompt-lookup")  # the drafter kinds hf-assisted can run
 
 
 @dataclass
@@ -107,7 +111,7 @@ def _generation_config(pair: ModelPair, config: DecodeConfig, max_new_tokens: in
                    pad_token_id=eos[0] if eos else 0, do_sample=not config.greedy)
     if not config.greedy:
         options.update(temperature=config.temperature, top_k=config.top_k or None, top_p=config.top_p)
-    if method == "hf-assisted" and pair.drafter_kind == "prompt-lookup":
+    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.PROMPT_LOOKUP:
         options.update(prompt_lookup_num_tokens=config.k, max_matching_ngram_size=PromptLookupDrafter().max_ngram)
     return GenerationConfig(**options)
 
@@ -118,8 +122,13 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
     target = pair.target
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     kwargs = {}
-    if method == "hf-assisted" and pair.drafter_kind == "draft-model":
+    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL:
         assistant = pair.draft.model
+        if pair.cross_vocabulary:
+            if assistant not in _ASSISTANT_COPIES:
+                _ASSISTANT_COPIES[assistant] = copy.deepcopy(assistant)
+            assistant = _ASSISTANT_COPIES[assistant]
+            kwargs.update(tokenizer=target.tokenizer, assistant_tokenizer=pair.draft.tokenizer)
         assistant.generation_config.num_assistant_tokens = config.k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         assistant.generation_config.assistant_confidence_threshold = 0.0
@@ -132,6 +141,9 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
                                 generation_config=_generation_config(pair, config, max_new_tokens, method), **kwargs)
     synchronize(target.device)
     return out[0, len(prompt_ids):].tolist(), time.perf_counter() - started
+
+
+_ASSISTANT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a draft -> the copy HF may change
 
 
 def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:

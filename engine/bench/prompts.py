@@ -1,7 +1,7 @@
 """Benchmark prompt files, recognised from their fields.
 
-- Spec-Bench jsonl (Xia et al. 2024): `turns[0]` is the prompt, `category` its category; sent
-  through the chat template.
+- Spec-Bench jsonl (Xia et al. 2024): `turns` are the prompts of one conversation, `category` its
+  category; sent through the chat template, each later turn after the answers to the earlier ones.
 - HumanEval jsonl (Chen et al. 2021): `prompt` is a function signature and docstring, completed raw
   (no chat template), category `humaneval`.
 - Anything else: one prompt per non-empty line, category `text`, through the chat template.
@@ -21,13 +21,26 @@ from engine.resources import resource_path
 class BenchPrompt:
     name: str  # where it came from: question_id, task_id or line number
     category: str
-    text: str
+    text: str  # the first turn
     chat: bool  # False: raw completion, no chat template
+    later_turns: tuple[str, ...] = ()  # asked in the same conversation, after the answers to the earlier ones
+
+    @property
+    def turns(self) -> tuple[str, ...]:
+        return (self.text, *self.later_turns)
+
+
+BUNDLED = {"spec-bench": "spec_bench_sample.jsonl", "humaneval": "humaneval_sample.jsonl", "refine": "refine.jsonl"}
 
 
 def sample_prompts() -> Path:
     """The bundled Spec-Bench sample: a few prompts per category, so `bench` runs anywhere."""
-    return resource_path("bench", "spec_bench_sample.jsonl")
+    return resource_path("bench", BUNDLED["spec-bench"])
+
+
+def prompts_path(name: str) -> Path:
+    """A prompt file by path, or a bundled set by name (spec-bench, humaneval, refine)."""
+    return resource_path("bench", BUNDLED[name]) if name in BUNDLED else Path(name)
 
 
 def _kind(value: object) -> str:
@@ -50,12 +63,14 @@ def _from_record(record: dict, path: Path, line_no: int) -> BenchPrompt:
     where = f"{path}, line {line_no}"
     if "turns" in record:
         turns = record["turns"]
-        first = turns[0] if isinstance(turns, list) and turns else None
-        if not (isinstance(first, str) and first.strip()):
-            got = f"a list whose first turn is {_kind(first)}" if isinstance(turns, list) and turns else _kind(turns)
-            raise SpecDeckError(f"{where}: field `turns` must be a list of prompt texts (Spec-Bench), got {got}.")
+        if not (isinstance(turns, list) and turns):
+            raise SpecDeckError(f"{where}: field `turns` must be a list of prompt texts (Spec-Bench), got {_kind(turns)}.")
+        for number, turn in enumerate(turns, start=1):
+            if not (isinstance(turn, str) and turn.strip()):
+                raise SpecDeckError(f"{where}: field `turns` must be a list of prompt texts (Spec-Bench), "
+                                    f"got a list whose {'first turn' if number == 1 else f'turn {number}'} is {_kind(turn)}.")
         return BenchPrompt(str(record.get("question_id", line_no)), str(record.get("category", "spec-bench")),
-                           first, chat=True)
+                           turns[0], chat=True, later_turns=tuple(turns[1:]))
     if "prompt" in record:
         prompt = record["prompt"]
         if not (isinstance(prompt, str) and prompt.strip()):
@@ -68,8 +83,9 @@ def _from_record(record: dict, path: Path, line_no: int) -> BenchPrompt:
 
 
 def read_prompts(path: str | Path, categories: list[str] | None = None, limit: int | None = None) -> list[BenchPrompt]:
-    """The prompts of a file, in file order; with `limit`, at most that many per category."""
-    path = Path(path)
+    """The prompts of a file (or of a bundled set, by name), in file order; with `limit`, at most
+    that many per category."""
+    path = prompts_path(str(path))
     try:
         lines = path.read_text(encoding="utf-8-sig").splitlines()  # a BOM, as Windows editors write, is not text
     except OSError as error:

@@ -1,5 +1,8 @@
 """Benchmark figures and files: per-prompt and per-category tables, the K sweep, report.md.
 
+A record with several turns is timed per turn (`PromptResult.turn`); the summary then also has
+rows per turn over all categories (`turn` column), so reuse of an earlier answer shows in turn 2's.
+
 Rates are totals, not means of rates: tokens/s of a category is its decoded tokens over its
 decode time, each prompt taking its median-time repeat. Speedups divide by plain decoding's
 rate on the same prompts. Speculative and hf-assisted rows name their drafter (`drafter` column):
@@ -24,10 +27,10 @@ from engine.autotune import CURVE_CONTEXT, machine_name
 from engine.bench.runner import BenchSettings, Method, PromptResult
 from engine.stats import RoundTotals
 
-SUMMARY_COLUMNS = ("method", "k", "category", "prompts", "new_tokens", "tokens_per_s", "speedup_vs_plain",
+SUMMARY_COLUMNS = ("method", "k", "category", "turn", "prompts", "new_tokens", "tokens_per_s", "speedup_vs_plain",
                    "acceptance_rate", "mean_accepted_length", "identical_to_plain", "prefill_ms",
                    "predicted_speedup", "cost_ratio", "drafter")
-PER_PROMPT_COLUMNS = ("method", "k", "category", "prompt", "prompt_tokens", "new_tokens", "decode_s", "tokens_per_s",
+PER_PROMPT_COLUMNS = ("method", "k", "category", "prompt", "turn", "prompt_tokens", "new_tokens", "decode_s", "tokens_per_s",
                       "prefill_ms", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
                       "identical_to_plain", "mismatch", "repeat_tokens_per_s", "drafter")
 SWEEP_COLUMNS = ("k", "speedup", "predicted_speedup", "acceptance_rate", "mean_accepted_length", "cost_ratio",
@@ -54,10 +57,11 @@ class Totals(RoundTotals):
         return super().acceptance_rate if self.drafted else None
 
 
-def totals(results: list[PromptResult], method: Method, category: str = "all") -> Totals:
+def totals(results: list[PromptResult], method: Method, category: str = "all", turn: int | None = None) -> Totals:
+    """The sums over `category`'s prompts (all: every prompt), and of one `turn` of them if given."""
     t = Totals()
     for result in results:
-        if category != "all" and result.prompt.category != category:
+        if category != "all" and result.prompt.category != category or turn is not None and result.turn != turn:
             continue
         run = result.median_run(method)
         t.prompts += 1
@@ -84,13 +88,18 @@ def _num(value: float | None, digits: int = 3) -> str:
 
 
 def summary_rows(results: list[PromptResult], settings: BenchSettings, methods: list[Method]) -> list[dict]:
+    """Per method: a row per category and one for all prompts; with several turns, one per turn too."""
+    turns = sorted({r.turn for r in results})
+    groups = [(category, None) for category in categories(results)]
+    groups += [("all", turn) for turn in turns] if len(turns) > 1 else []
     rows = []
     for method in methods:
-        for category in categories(results):
-            t = totals(results, method, category)
-            plain = totals(results, Method("plain"), category).tokens_per_s
+        for category, turn in groups:
+            t = totals(results, method, category, turn)
+            plain = totals(results, Method("plain"), category, turn).tokens_per_s
             rows.append({
-                "method": method.name, "k": method.shown_k, "category": category, "prompts": t.prompts,
+                "method": method.name, "k": method.shown_k, "category": category,
+                "turn": "all" if turn is None else turn, "prompts": t.prompts,
                 "new_tokens": t.new_tokens, "tokens_per_s": _num(t.tokens_per_s, 2),
                 "speedup_vs_plain": _num(t.tokens_per_s / plain if plain else None),
                 "acceptance_rate": _num(t.acceptance_rate), "mean_accepted_length": _num(t.mean_accepted_length),
@@ -109,7 +118,7 @@ def per_prompt_rows(results: list[PromptResult], settings: BenchSettings, method
             run = result.median_run(method)
             rows.append({
                 "method": method.name, "k": method.shown_k, "category": result.prompt.category,
-                "prompt": result.prompt.name, "prompt_tokens": result.prompt_tokens, "new_tokens": run.new_tokens,
+                "prompt": result.prompt.name, "turn": result.turn, "prompt_tokens": result.prompt_tokens, "new_tokens": run.new_tokens,
                 "decode_s": f"{run.decode_s:.4f}", "tokens_per_s": _num(run.tokens_per_s, 2),
                 "prefill_ms": _num(result.median_prefill_ms(method), 1), "rounds": run.rounds,
                 "drafted": run.drafted, "accepted": run.accepted,
@@ -227,7 +236,12 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         "", "## Settings", "",
         f"- target {context['target']}, drafter{'s' if len(drafters) > 1 else ''} {'; '.join(drafters)}",
         *([f"- {context['note']}"] if context.get("note") else []),
-        f"- prompts: {len(results)} from {context['prompts']} ({', '.join(categories(results)[:-1])})",
+        f"- prompts: {len(results)} from {context['prompts']} ({', '.join(categories(results)[:-1])})"
+        + (", each record's turns asked as one conversation (a later turn after the plain answers to the earlier)"
+           if any(r.turn > 1 for r in results) else ""),
+        *(["- repeat: the speculative method regenerating each prompt with only that prompt and its plain answer "
+           "as history (what a re-run in the window gains; not a speedup of new text)"]
+          if any(m.name == "repeat" for m in methods) else []),
         f"- K {', '.join(m.shown_k for m in methods if m.name == 'speculative' and m.shown_k) or 'none'}; temperature {settings.decode.temperature}; "
         f"max new tokens {settings.decode.max_new_tokens}; repeats {settings.repeats} (median-time repeat kept)",
         "- order: methods rotate by one place per prompt and repeat; one untimed warm-up per method",

@@ -4,9 +4,15 @@ machine noise (other processes, thermal limits) hits all of them alike.
 Several drafters can share one run: they share one loaded target (one `ModelPair` each), and
 speculative and hf-assisted run per drafter and K against the same plain and hf runs.
 
+A record's turns run as one conversation (as Spec-Bench asks MT-Bench's second turns): each later
+turn is asked after the earlier turns and their plain answers, the same context for every method,
+and is timed as a prompt of its own (`PromptResult.turn`).
+
 A suffix drafter drafts from the earlier prompts' texts, never from a run of the same prompt
 (which would time copying the answer): each prompt's runs read a history of every earlier prompt
 and its first speculative answer, which joins the history only once all of the prompt's runs ended.
+Regenerating a prompt is timed apart, as the labelled `repeat` scenario (`BenchSettings.repeat_scenario`):
+the same drafter with only this prompt and its plain answer as history, run after the other methods.
 
 Per prompt and repeat the method list is rotated by one more place, so no method always runs
 first or right after another. Warm-up runs (one short generation per method) are left out of
@@ -25,38 +31,44 @@ from typing import NamedTuple
 import torch
 
 from engine.bench.llamacpp_baseline import OTHER_ROUNDING, check_baseline
-from engine.bench.methods import HF_DRAFTERS, Run, run_method
+from engine.bench.methods import Run, run_method
 from engine.bench.prompts import BenchPrompt
 from engine.config import DecodeConfig
-from engine.drafters import COPYING_KINDS
 from engine.errors import SpecDeckError
 from engine.kvcache import CachedModel
-from engine.models import encode_prompt
-from engine.session import ModelPair
+from engine.models import encode_conversation, encode_prompt
+from engine.pair import DrafterKind, ModelPair
 from engine.suffix import SuffixIndex
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
 AUTO_K = 0  # a speculative method's K when the auto schedule chooses it each round
-BASELINES = ("plain", "hf", "hf-assisted", "llama.cpp")
+BASELINES = ("plain", "hf", "hf-assisted")  # what speculative decoding is compared with
+OTHER_BASELINES = ("llama.cpp",)  # asked for by name: llama-cpp-python's own generation of a .gguf target
 
 
 class Method(NamedTuple):
     """One timed way to decode; speculative and hf-assisted name their K and their drafter, and
     speculative how many tokens prompt lookup may copy first (`DecodeConfig.lookup`)."""
 
-    name: str
+    name: str  # plain, speculative, repeat (speculative with the prompt's own plain answer as history), hf, hf-assisted
     k: int = 0  # drafts per round; 0 for plain and hf, AUTO_K (0) for speculative under the auto schedule
     drafter: str = ""  # the pair's drafter_description, e.g. "feature head smollm2-135m-head"
     lookup: int = 0
+    copier: str = "prompt lookup"  # what copies up to `lookup` tokens first (a hybrid's: suffix)
 
     @property
     def shown_drafter(self) -> str:
-        """The drafter as reports name it: with prompt lookup first where that ran."""
-        return f"{self.drafter} + prompt lookup {self.lookup}" if self.lookup else self.drafter
+        """The drafter as reports name it: with its copier first where that ran."""
+        return f"{self.drafter} + {self.copier} {self.lookup}" if self.lookup else self.drafter
+
+    @property
+    def speculative(self) -> bool:
+        """Whether it is SpecDeck's speculative loop (the `repeat` scenario is too)."""
+        return self.name in ("speculative", "repeat")
 
     @property
     def auto(self) -> bool:
-        return self.name == "speculative" and self.k == AUTO_K
+        return self.speculative and self.k == AUTO_K
 
     @property
     def shown_k(self) -> str:
@@ -73,14 +85,16 @@ class Method(NamedTuple):
 class BenchSettings:
     ks: tuple[int, ...] = (AUTO_K,)
     lookups: tuple[int, ...] = (DecodeConfig.lookup,)  # prompt lookup first per speculative method, 0: off
-    baselines: tuple[str, ...] = ("plain", "hf", "hf-assisted")
+    baselines: tuple[str, ...] = BASELINES
     repeats: int = 3
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # K and lookup are each method's own
+    repeat_scenario: bool = False  # also time drafters that read earlier texts regenerating each prompt
 
     def __post_init__(self) -> None:
-        unknown = [b for b in self.baselines if b not in BASELINES]
+        unknown = [b for b in self.baselines if b not in BASELINES + OTHER_BASELINES]
         if unknown:
-            raise SpecDeckError(f"Unknown baseline {', '.join(unknown)}: choose from {', '.join(BASELINES)}.")
+            raise SpecDeckError(f"Unknown baseline {', '.join(unknown)}: choose from "
+                                f"{', '.join(BASELINES + OTHER_BASELINES)}.")
         if not self.ks or min(self.ks) < AUTO_K:
             raise SpecDeckError("--k takes positive draft lengths or auto, e.g. 4 or auto,1,2,4.")
         if not self.lookups or min(self.lookups) < 0:
@@ -93,15 +107,19 @@ class BenchSettings:
         drafter gets speculative per K and lookup (prompt lookup itself only without), and
         hf-assisted per K where Hugging Face has that drafter."""
         methods = [Method("plain")]
+        pair_kind = {pair.drafter_description: pair.drafter_kind for pair in pairs}
         for pair in pairs:
-            lookups = (0,) if pair.drafter_kind in COPYING_KINDS else self.lookups
-            methods += [Method("speculative", k, pair.drafter_description, lookup)
+            lookups = (0,) if pair.drafter_kind.copies_text else self.lookups
+            copier = "suffix" if pair.drafter_kind is DrafterKind.HYBRID else "prompt lookup"
+            methods += [Method("speculative", k, pair.drafter_description, lookup, copier)
                         for k in self.ks for lookup in lookups]
+        if self.repeat_scenario:
+            methods += [m._replace(name="repeat") for m in methods[1:] if pair_kind[m.drafter].reads_history]
         if "hf" in self.baselines:
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
             methods += [Method("hf-assisted", k, pair.drafter_description)
-                        for pair in pairs if pair.drafter_kind in HF_DRAFTERS for k in self.ks if k != AUTO_K]
+                        for pair in pairs if pair.hugging_face_runs for k in self.ks if k != AUTO_K]
         if "llama.cpp" in self.baselines:
             methods.append(Method("llama.cpp"))
         return methods
@@ -115,6 +133,7 @@ class PromptResult:
     prompt_tokens: int
     runs: dict[Method, list[Run]] = field(default_factory=dict)
     mismatch: dict[Method, str] = field(default_factory=dict)  # reason, for greedy runs that differ
+    turn: int = 1  # which of the record's turns, asked after the earlier ones and their answers
 
     def median_run(self, method: Method) -> Run:
         """The run with the median decode time (figures of one real run, not a blend)."""
@@ -145,57 +164,76 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
     if len(pair_of) < len(pairs):
         raise SpecDeckError("Two drafters of the benchmark have the same name: name each drafter once.")
 
-    histories = {pair.drafter_description: SuffixIndex() for pair in pairs if pair.drafter_kind == "suffix"}
+    histories = {pair.drafter_description: SuffixIndex() for pair in pairs if pair.drafter_kind.reads_history}
 
     def run(method: Method, prompt_ids: list[int], max_new_tokens: int | None = None,
             history: SuffixIndex | None = None) -> Run:
         pair = pair_of.get(method.drafter, pairs[0])  # plain and hf use the (shared) target alone
-        return run_method(pair, prompt_ids, _config_for(settings, method, max_new_tokens), method.name,
+        return run_method(pair, prompt_ids, _config_for(settings, method, max_new_tokens),
+                          "speculative" if method.speculative else method.name,
                           history if history is not None else histories.get(method.drafter))
 
     methods = settings.methods(pairs)
-    encoded = [encode_prompt(pairs[0].target.tokenizer, p.text, chat=p.chat) for p in prompts]
-    total = len(prompts) * settings.repeats * len(methods)
+    timed = [m for m in methods if m.name != "repeat"]  # rotated; the repeat scenario runs after them
+    repeat_methods = [m for m in methods if m.name == "repeat"]
+    tokenizer = pairs[0].target.tokenizer
+    total = sum(len(p.turns) for p in prompts) * settings.repeats * len(methods)
     done = 0
     for method in methods:  # warm-up: kernels, allocator and HF's generation setup, untimed
         if cancel is not None and cancel.is_set():
             return []
         if progress:
             progress(done, total, f"warm-up {method.label}")
-        run(method, encoded[0], max_new_tokens=8, history=SuffixIndex())
+        run(method, encode_prompt(tokenizer, prompts[0].text, chat=prompts[0].chat), max_new_tokens=8,
+            history=SuffixIndex())
     results = []
-    for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded)):
-        result = PromptResult(prompt, len(prompt_ids))
-        for repeat in range(settings.repeats):
-            shift = (index + repeat) % len(methods)
-            for method in methods[shift:] + methods[:shift]:
-                if cancel is not None and cancel.is_set():
-                    return results  # a prompt with some methods missing would skew every figure
-                if progress:
-                    progress(done, total, f"{prompt.category} {prompt.name}: {method.label}")
-                result.runs.setdefault(method, []).append(run(method, prompt_ids))
-                done += 1
-        recorded = set()
-        for method in methods:  # each suffix drafter's first answer to this prompt joins its history
-            if method.name == "speculative" and method.drafter in histories and method.drafter not in recorded:
-                recorded.add(method.drafter)
-                histories[method.drafter].extend(prompt_ids + result.runs[method][0].token_ids)
-                histories[method.drafter].separate()
-        if settings.decode.greedy:
-            plain = result.runs[Method("plain")][0].token_ids
-            for method, runs in result.runs.items():
-                if runs[0].token_ids == plain:
-                    continue
-                if method.name == "llama.cpp":
-                    result.mismatch[method] = OTHER_ROUNDING.format(
-                        backend="the file's weights dequantized on torch" if pairs[0].target.backend == "torch"
-                        else "llama.cpp with flash attention on an 8-bit KV cache")
-                else:
-                    result.mismatch[method] = explain_mismatch(pairs[0], prompt_ids, plain, runs[0].token_ids)
-        results.append(result)
+    for index, prompt in enumerate(prompts):
+        answers: list[str] = []  # plain decoding's answers to the record's earlier turns
+        for turn in range(1, len(prompt.turns) + 1):
+            prompt_ids = encode_conversation(tokenizer, list(prompt.turns[:turn]), answers, prompt.chat)
+            result = PromptResult(prompt, len(prompt_ids), turn=turn)
+            for repeat in range(settings.repeats):
+                shift = (index + repeat) % len(timed)
+                for method in timed[shift:] + timed[:shift] + repeat_methods:
+                    if cancel is not None and cancel.is_set():
+                        return results  # a prompt with some methods missing would skew every figure
+                    if progress:
+                        progress(done, total, f"{prompt.category} {prompt.name}{_turn_label(prompt, turn)}: "
+                                              f"{method.label}")
+                    own = None
+                    if method.name == "repeat":  # this prompt asked again: its own plain answer is the history
+                        own = SuffixIndex()
+                        own.extend(prompt_ids + result.runs[Method("plain")][0].token_ids)
+                        own.separate()
+                    result.runs.setdefault(method, []).append(run(method, prompt_ids, history=own))
+                    done += 1
+            recorded = set()
+            for method in methods:  # each suffix drafter's first answer to this prompt joins its history
+                if method.name == "speculative" and method.drafter in histories and method.drafter not in recorded:
+                    recorded.add(method.drafter)
+                    histories[method.drafter].extend(prompt_ids + result.runs[method][0].token_ids)
+                    histories[method.drafter].separate()
+            plain = result.runs[Method("plain")][0]
+            if settings.decode.greedy:
+                for method, runs in result.runs.items():
+                    if runs[0].token_ids == plain.token_ids:
+                        continue
+                    if method.name == "llama.cpp":
+                        result.mismatch[method] = OTHER_ROUNDING.format(
+                            backend="the file's weights dequantized on torch" if pairs[0].target.backend == "torch"
+                            else "llama.cpp with flash attention on an 8-bit KV cache")
+                    else:
+                        result.mismatch[method] = explain_mismatch(pairs[0], prompt_ids, plain.token_ids,
+                                                                   runs[0].token_ids)
+            answers.append(plain.text)
+            results.append(result)
     if progress:
         progress(done, total, "done")
     return results
+
+
+def _turn_label(prompt: BenchPrompt, turn: int) -> str:
+    return f" turn {turn}" if len(prompt.turns) > 1 else ""
 
 
 def explain_mismatch(pair: ModelPair, prompt_ids: list[int], plain: list[int], other: list[int]) -> str:

@@ -8,15 +8,14 @@ Two stages, both resumable from what they left in the output folder:
    forward KL(p || q) up to a constant. Greedy speculative decoding accepts a draft token when
    the draft's argmax equals the target's, so the held-out top-1 agreement is reported as the
    figure to watch.
-Checkpoints hold the model, the optimiser and the step, and the batch order is a function of
-(seed, step), so a resumed run continues exactly as an uninterrupted one would.
+Training runs the loop it shares with the feature head (`engine.distill.loop`), which resumes
+exactly where it stopped.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 import random
 import shutil
 import time
@@ -26,12 +25,28 @@ from pathlib import Path
 
 import torch
 
-from engine.atomic import building_folder, write_with
-from engine.distill.corpus import (SOURCES, article_instructions, code_prefixes, instructions, passage_instructions,
-                                   reading_instruction, stdlib_documents)
+from engine.atomic import building_folder
+from engine.distill.corpus import (
+    SOURCES,
+    article_instructions,
+    code_prefixes,
+    instructions,
+    passage_instructions,
+    reading_instruction,
+    stdlib_documents,
+)
+from engine.distill.loop import HeldOut, split_rows, train_loop
 from engine.distill.student import DraftShape, build_draft
 from engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
-from engine.models import BUILTIN_MODELS, OUTPUT_TOKENS_FILE, TOKENIZER_REFERENCE_FILE, LoadedModel, LoadOptions, load_model, locate
+from engine.models import (
+    BUILTIN_MODELS,
+    OUTPUT_TOKENS_FILE,
+    TOKENIZER_REFERENCE_FILE,
+    LoadedModel,
+    LoadOptions,
+    load_model,
+    locate,
+)
 
 Progress = Callable[[str], None]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -148,47 +163,6 @@ def _article_shards(target: LoadedModel, folder: Path, config: TrainConfig, prog
                                        seed=config.seed + 7919 * (number + 1) + 1, top_k=config.top_k), read)
         progress(f"articles {min(start + batch, len(requests))}/{len(requests)} written and read, "
                  f"{time.perf_counter() - started:.0f} s")
-
-
-def split_rows(count: int) -> tuple[list[int], list[int]]:
-    """(held-out, training) sequence indices: every 20th sequence measures, never trains."""
-    return list(range(0, count, 20)), [i for i in range(count) if i % 20]
-
-
-def set_learning_rate(optimizer, lr: float, step: int, warmup: int, steps: int, floor: float) -> None:
-    """Linear warm-up, then a cosine from `lr` down to `floor * lr` at `steps`."""
-    scale = min(1.0, (step + 1) / warmup) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * step / steps)))
-    for group in optimizer.param_groups:
-        group["lr"] = lr * scale
-
-
-def resume_checkpoint(checkpoint: Path, model, optimizer, progress: Progress, sequences: int) -> tuple[int, float]:
-    """Load model and optimizer state; return (step, best held-out agreement so far). The best
-    agreement starts over if the teacher text has changed size since (`sequences`): it was measured
-    on another held-out set, so no agreement on this one can be compared with it."""
-    state = torch.load(checkpoint, weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    best = state["best_agreement"]
-    if state.get("sequences") != sequences:
-        best = -1.0
-        progress(f"resumed at step {state['step']} on other teacher text ({sequences} sequences, "
-                 f"{state.get('sequences', 'unknown')} before): the next evaluation exports afresh")
-    else:
-        progress(f"resumed at step {state['step']}")
-    return state["step"], best
-
-
-def save_checkpoint(checkpoint: Path, model, optimizer, step: int, best: float, config, sequences: int) -> None:
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-             "best_agreement": best, "sequences": sequences, "config": asdict(config)}
-    write_with(checkpoint, lambda temporary: torch.save(state, temporary))
-
-
-def _batches(count: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
-    order = torch.randperm(count, generator=generator).tolist()
-    return [order[i: i + batch] for i in range(0, count - batch + 1, batch)]
 
 
 def _collate(data: Shard, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -332,7 +306,7 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
     draft.get_input_embeddings().weight.requires_grad_(config.train_embedding)
     source = locate(target_name)
     count = len(data.ids)
-    held_out, training = split_rows(count)
+    held_out_rows, training = split_rows(count)
     vocab = draft.get_output_embeddings().weight.shape[0]
     output_ids = None
     if 0 < config.output_vocab < vocab:
@@ -340,34 +314,20 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
     del target
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    checkpoint = out / "checkpoint.pt"
-    step, best = 0, -1.0
-    if resume and checkpoint.exists():
-        step, best = resume_checkpoint(checkpoint, draft, optimizer, progress, count)
-    per_epoch = max(1, len(training) // config.batch_sequences)
-    draft.train()
-    started = time.perf_counter()
-    stop = min(config.steps, until or config.steps)
-    while step < stop:
-        epoch, index = divmod(step, per_epoch)
-        rows = [training[r] for r in _batches(len(training), config.batch_sequences, config.seed, epoch)[index]]
-        set_learning_rate(optimizer, config.lr, step, config.warmup, config.steps, floor=0.1)
+    teacher_tokens = sum(len(t) for t in data.top_ids)
+
+    def batch_loss(rows: list[int], step: int) -> tuple[torch.Tensor, str]:
         loss, agree = distill_loss(draft, *_collate(data, rows), output_ids, config.bfloat16)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        step += 1
-        progress(f"step {step}/{config.steps} loss {loss.item():.3f} top-1 agreement {agree.mean().item():.3f} "
-                 f"({time.perf_counter() - started:.0f} s)")
-        if step % config.eval_every == 0 or step == stop:
-            held_loss, held_agree = evaluate(draft, data, held_out, config.batch_sequences, output_ids,
-                                             config.bfloat16)
-            progress(f"held-out loss {held_loss:.3f} top-1 agreement {held_agree:.3f}")
-            if held_agree > best:  # the exported draft is the one that agrees most on unseen text
-                best = held_agree
-                card = model_card(target_name, config, sum(len(t) for t in data.top_ids), count, step, held_agree,
-                                  output_ids)
-                export_draft(draft, target_name, source, out / "draft", card=card, output_ids=output_ids)
-            save_checkpoint(checkpoint, draft, optimizer, step, best, config, count)
+        return loss, f"{agree.mean().item():.3f}"
+
+    def held_out() -> HeldOut:
+        loss, agree = evaluate(draft, data, held_out_rows, config.batch_sequences, output_ids, config.bfloat16)
+        return HeldOut(agree, f"held-out loss {loss:.3f} top-1 agreement {agree:.3f}")
+
+    def export(step: int, held: HeldOut) -> None:
+        card = model_card(target_name, config, teacher_tokens, count, step, held.agreement, output_ids)
+        export_draft(draft, target_name, source, out / "draft", card=card, output_ids=output_ids)
+
+    train_loop(draft, optimizer, config, training, count, out / "checkpoint.pt", batch_loss=batch_loss,
+               evaluate=held_out, export=export, floor=0.1, resume=resume, progress=progress, until=until)
     return out / "draft"

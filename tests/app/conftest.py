@@ -73,6 +73,8 @@ def window(qtbot, loop, settings, tiny_pair, errors):
     win.model_panel.target.set_value(str(target))
     win.model_panel.drafter.setCurrentText("draft model")
     win.model_panel.draft.set_value(str(draft))
+    win.model_panel.device.setCurrentText("cpu")  # the same test on a machine with a GPU
+    win.model_panel.dtype.setCurrentText("float32")
     win.decoding_panel.prompt.setPlainText("The quick brown fox")
     win.decoding_panel.chat.setChecked(False)
     win.decoding_panel.max_new_tokens.setValue(40)

@@ -32,7 +32,7 @@ def bench(window, two_prompts, monkeypatch):
 
 
 def _table(tab) -> list[dict]:
-    header = [tab.table.horizontalHeaderItem(c).text() for c in range(tab.table.columnCount())]
+    header = [tab.table.horizontalHeaderItem(c).toolTip().split()[0] for c in range(tab.table.columnCount())]
     return [{name: tab.table.item(r, c).text() for c, name in enumerate(header)} for r in range(tab.table.rowCount())]
 
 
@@ -70,7 +70,7 @@ def test_export_writes_the_files_of_a_k_sweep(qtbot, window, bench, errors, tmp_
     out.mkdir()
     monkeypatch.setattr("app.bench_tab.QFileDialog.getExistingDirectory", lambda *a, **k: str(out))
     bench.export_button.click()
-    assert errors == []
+    assert errors == [] and str(out) in bench.stage.text()
     assert {p.name for p in out.iterdir()} == {"summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md",
                                                "speedup_by_category.png", "k_sweep.png"}
     with open(out / "summary.csv", newline="", encoding="utf-8") as handle:
@@ -101,7 +101,7 @@ def test_other_drafters_are_timed_beside_the_loaded_one(qtbot, window, bench, er
     monkeypatch.setattr("app.bench_tab.QFileDialog.getExistingDirectory", lambda *a, **k: str(out))
     bench.export_button.click()
     report = (out / "report.md").read_text(encoding="utf-8")
-    assert f"--drafters draft-model:{window.model_panel.request().draft},prompt-lookup" in report
+    assert f"--drafters draft-model:{window.model_panel.spec().draft},prompt-lookup" in report
 
 
 def test_cancel_stops_the_benchmark_and_a_session_runs_after(qtbot, window, bench, errors):
@@ -119,7 +119,7 @@ def test_cancel_stops_the_benchmark_and_a_session_runs_after(qtbot, window, benc
     window.run_button.click()
     qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
     assert errors == []
-    assert window.records[0].summary.new_tokens > 0
+    assert window.session_model.records[0].summary.new_tokens > 0
 
 
 def test_bad_options_give_a_dialog_and_run_nothing(qtbot, window, bench, errors):
@@ -145,3 +145,34 @@ def test_closing_during_a_benchmark_leaves_no_thread_running(qtbot, window, benc
     qtbot.waitUntil(lambda: bench.progress.value() > 2, timeout=TIMEOUT_MS)
     window.close()
     assert not window.host.thread_running
+
+
+def test_plan_counts_the_runs_and_says_which_baselines_are_skipped(qtbot, window, bench):
+    """Before starting, the tab states how many timed runs the settings make, an estimate from a
+    measured rate, and that hf-assisted is skipped (and why) where it cannot run."""
+    from engine.pair import PairSpec
+
+    spec = window.model_panel.spec()  # the draft-model drafter, K=2: Hugging Face runs it
+    plan = bench.plan(spec, tokens_per_s=10.0)
+    methods = 4  # plain, speculative K=2, hf, hf-assisted K=2
+    assert f"{2 * 1 * methods} timed runs: 2 prompts x 1 repeats x {methods} methods" in plan
+    assert "skipped" not in plan and "under a minute" in plan
+    bench.ks.setText("auto")
+    assert "hf-assisted is skipped</b>: it needs a fixed K" in bench.plan(spec)
+    bench.ks.setText("2")
+    assert "Hugging Face has no feature head drafter" in bench.plan(PairSpec())
+    window.tabs.setCurrentWidget(bench)
+    assert "timed runs" in bench.plan_note.text() and not window.decoding_panel.isEnabled()
+    window.tabs.setCurrentIndex(0)
+    assert window.decoding_panel.isEnabled()
+
+
+def test_table_headers_are_words_and_name_their_column(qtbot):
+    """Headers read as words (two lines when long); each names its summary.csv column in its tooltip."""
+    from app.bench_tab import BenchmarkTab
+
+    tab = BenchmarkTab()
+    qtbot.addWidget(tab)
+    headers = [tab.table.horizontalHeaderItem(c) for c in range(tab.table.columnCount())]
+    assert all("_" not in h.text() for h in headers)
+    assert [h.toolTip().split()[0] for h in headers] == list(SUMMARY_COLUMNS)

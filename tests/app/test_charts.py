@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.charts import MAX_POINTS, SessionCharts, nice_ceiling, thinned
+from app.chart_series import MAX_POINTS, nice_ceiling, thinned
+from app.charts import SessionCharts
 from engine.events import RoundEvent, TokenEvent, TokenState
 
 
@@ -55,6 +56,7 @@ def test_every_curve_and_bar_stays_inside_its_chart(qtbot):
         charts.redraw()
         for plot, items in ((charts.acceptance_plot, (charts._per_round, charts._cumulative)),
                             (charts.speed_plot, (charts._spec_speed,)),
+                            (charts.round_time_plot, (charts._draft_bars, charts._verify_bars)),
                             (charts.histogram_plot, (charts._histogram,)),
                             (charts.position_plot, (charts._by_position,))):
             (x0, x1), (y0, y1) = plot.getViewBox().viewRange()
@@ -87,3 +89,28 @@ def test_draft_shapes_figure_shows_what_the_rounds_drafted(qtbot):
                                     plan=plan),))
     charts.redraw()
     assert "drafter acceptance by depth: 0.90/0.40" in charts.figures["draft shapes"].toolTip()
+
+
+def test_hovering_a_chart_reads_out_the_point_under_the_mouse(qtbot):
+    """Each chart names what its point at x shows: the round, its figures, its shape and time split."""
+    charts = SessionCharts()
+    qtbot.addWidget(charts)
+    events = list(_long_session(3))
+    events[5] = RoundEvent(1, 4, 2, 1.0, 4.0, 3, 0.01, shape="K=4 w2")
+    charts.add_events(tuple(events))
+    charts.redraw()
+    assert charts.readout(charts.acceptance_plot, 1.2) == "round 1: accepted 2/4; cumulative 0.500"
+    assert charts.readout(charts.round_time_plot, 0.9) == ("round 1, chain of 4, tree width 2: draft 1.0 ms, "
+                                                           "verify 4.0 ms, kept 3")
+    assert charts.readout(charts.histogram_plot, 3) == "3 rounds kept 3 tokens"
+    assert charts.readout(charts.position_plot, 2) == "draft depth 2: accepted 3 of 3 (1.00)"
+    assert charts.readout(charts.speed_plot, 0.025).startswith("at 0.03 s: speculative 300.0 tokens/s")
+    assert charts.readout(charts.acceptance_plot, 7) is None
+
+
+def test_figures_explain_themselves(qtbot):
+    """Every figure has a tooltip; the predicted speedup's names the formula and its source."""
+    charts = SessionCharts()
+    qtbot.addWidget(charts)
+    assert all(label.toolTip() for label in charts.figures.values())
+    assert "Leviathan" in charts.figures["predicted speedup"].toolTip()

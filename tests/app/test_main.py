@@ -4,7 +4,7 @@ import pytest
 from PySide6.QtCore import qInstallMessageHandler, qWarning
 
 from app.main import XCB_LIBRARIES, filter_qt_messages, xcb_problem
-from engine import cli
+from cli import main as specdeck_cli
 
 X_DESKTOP = {"DISPLAY": ":0"}
 ABSENT = {"libxcb-cursor.so.0", "libxcb-icccm.so.4", "libxcb-keysyms.so.1"}
@@ -48,7 +48,7 @@ def test_gui_falls_back_to_the_terminal_job(monkeypatch, capsys):
     monkeypatch.setattr("app.main.loadable", lacking(*ABSENT))
     monkeypatch.setattr("app.main.run_gui", lambda args: pytest.fail("the window must not start"))
     ran = []
-    specdeck = cli.main
+    specdeck = specdeck_cli.main
 
     def main(argv=None):
         if argv == ["run"]:
@@ -56,8 +56,8 @@ def test_gui_falls_back_to_the_terminal_job(monkeypatch, capsys):
             return 0
         return specdeck(argv)
 
-    monkeypatch.setattr(cli, "main", main)
-    assert cli.main(["gui"]) == 0
+    monkeypatch.setattr(specdeck_cli, "main", main)
+    assert specdeck_cli.main(["gui"]) == 0
     assert ran == [["run"]]
     err = capsys.readouterr().err
     assert "sudo apt install libxcb-cursor0" in err and "specdeck run" in err

@@ -18,7 +18,7 @@ def test_session_view_shows_the_kept_text_in_its_colours(qtbot, window, errors):
     """After a run the view holds exactly the summary's text, and each token's colour matches its event."""
     _run(qtbot, window, window.run_button)
     assert errors == []
-    record = window.records[0]
+    record = window.session_model.records[0]
     view = window.speculative_view
     assert record.summary is not None and record.summary.new_tokens > 0
     view.show_rejected.setChecked(False)
@@ -32,7 +32,7 @@ def test_session_view_shows_the_kept_text_in_its_colours(qtbot, window, errors):
 def test_charts_match_the_session_statistics(qtbot, window):
     """The charts' buffers give the summary's acceptance rate, per-position acceptance, rounds and tokens."""
     _run(qtbot, window, window.run_button)
-    summary = window.records[0].summary
+    summary = window.session_model.records[0].summary
     series = window.charts.speculative
     assert series.size == summary.rounds
     assert abs(series.cumulative_acceptance[-1] - summary.acceptance_rate) < 1e-12
@@ -51,13 +51,13 @@ def test_compare_fills_both_views_and_marks_greedy_runs_identical(qtbot, window,
     """Compare runs speculative then plain; greedy outputs are equal and the window says so."""
     _run(qtbot, window, window.compare_button)
     assert errors == []
-    speculative, plain = window.records
+    speculative, plain = window.session_model.records
     assert (speculative.mode, plain.mode) == ("speculative", "plain")
     assert all(e.state is TokenState.PLAIN for e in plain.tokens)
     assert window.plain_view.kept_text() == plain.summary.text == speculative.summary.text
     assert window.speculative_view.kept_text() == speculative.summary.text
     assert window.charts.identical is True
-    assert "identical" in window.comparison.text()
+    assert "identical" in window.plain_view.note.text()
     assert window.charts.plain.size == plain.summary.rounds
 
 
@@ -68,7 +68,7 @@ def test_stop_mid_run_keeps_the_text(qtbot, window):
     qtbot.waitUntil(lambda: len(window.speculative_view.tokens) > 10, timeout=TIMEOUT_MS)
     window.stop_button.click()
     qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
-    summary = window.records[0].summary
+    summary = window.session_model.records[0].summary
     assert summary.stop_reason == "cancelled"
     assert 0 < summary.new_tokens < 4000
     assert window.speculative_view.kept_text() == summary.text
@@ -80,14 +80,19 @@ def test_bad_model_path_gives_a_dialog_and_the_window_still_works(qtbot, window,
     window.model_panel.target.set_value(str(tmp_path / "no-such-model"))
     _run(qtbot, window, window.model_panel.load_button)
     assert len(errors) == 1 and "no-such-model" in errors[0][1] and "does not exist" in errors[0][1]
+    panel = window.model_panel
+    assert "Load failed" in panel.loaded.text() and "Loaded:" not in panel.loaded.text()
+    assert panel.target.combo.styleSheet() and not panel.draft.combo.styleSheet()
     window.model_panel.target.set_value(good)
     _run(qtbot, window, window.run_button)
     assert len(errors) == 1
-    assert window.records[0].summary.new_tokens > 0
+    assert window.session_model.records[0].summary.new_tokens > 0
+    assert panel.loaded.text().startswith("Loaded:") and not panel.target.combo.styleSheet()
 
 
-def test_mismatched_pair_refused_with_the_engine_message(qtbot, window, errors, tmp_path):
-    """A draft with another vocabulary is refused; the dialog carries the engine's explanation."""
+def test_draft_with_another_tokenizer_loads_and_runs(qtbot, window, errors, tmp_path):
+    """A draft with another tokenizer is loaded, not refused: the model panel and the drafter picker
+    name the case and the shared-token count, and a session runs with drafts across the two."""
     from tiny import build_model, build_tokenizer
 
     other = tmp_path / "other"
@@ -95,7 +100,15 @@ def test_mismatched_pair_refused_with_the_engine_message(qtbot, window, errors, 
     build_model(other, "gpt2", len(tokenizer), seed=3, layers=1)
     window.model_panel.draft.set_value(str(other))
     _run(qtbot, window, window.model_panel.load_button)
-    assert len(errors) == 1 and "do not share a vocabulary" in errors[0][1]
+    assert errors == [] and not window.model_panel.draft.combo.styleSheet()
+    assert "different tokenizers" in window.model_panel.loaded.text()
+    assert "of the draft's 399 tokens have a twin" in window.model_panel.drafter.toolTip()
+    _run(qtbot, window, window.run_button)
+    assert errors == []
+    record = window.session_model.records[0]
+    assert record.summary.new_tokens > 0 and record.summary.drafted > 0
+    drafted = [e for e in record.tokens if e.depth and not e.copied]
+    assert drafted and all(e.draft_tokens for e in drafted)  # each says what the draft wrote, in its tokens
 
 
 def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pair, tmp_path):
@@ -105,8 +118,9 @@ def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pai
 
     from engine.heads import FeatureHead, fingerprint, head_config, save_head
     from engine.models import load_model
+    from tiny import ON_CPU
 
-    model = load_model(str(tiny_pair[0])).model
+    model = load_model(str(tiny_pair[0]), ON_CPU).model
     torch.manual_seed(0)
     output_layer = model.get_output_embeddings().weight
     save_head(FeatureHead(head_config(model.config)), tmp_path / "head", output_layer.shape[0], "tiny",
@@ -115,7 +129,7 @@ def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pai
     window.model_panel.draft.set_value(str(tmp_path / "head"))
     _run(qtbot, window, window.run_button)
     assert errors == []
-    summary = window.records[0].summary
+    summary = window.session_model.records[0].summary
     assert summary.new_tokens > 0 and summary.drafted > 0
     window.speculative_view.show_rejected.setChecked(False)
     assert window.speculative_view.kept_text() == summary.text
@@ -127,10 +141,10 @@ def test_suffix_session_drafts_from_the_earlier_answer(qtbot, window, errors):
     drafts the second time: the loaded pair keeps the first answer."""
     window.model_panel.drafter.setCurrentText("suffix")
     _run(qtbot, window, window.run_button)
-    first = window.records[0].summary
+    first = window.session_model.records[0].summary
     _run(qtbot, window, window.run_button)
     assert errors == []
-    second = window.records[0].summary
+    second = window.session_model.records[0].summary
     assert second.text == first.text
     assert second.accepted > first.accepted
     assert "suffix" in window.model_panel.loaded.text()
@@ -152,12 +166,14 @@ def test_settings_persist_between_launches(qtbot, loop, window, settings):
     window.decoding_panel.k.setValue(7)
     window.decoding_panel.temperature.setValue(0.7)
     window.decoding_panel.lookup.setValue(3)
+    window.decoding_panel.suffix_scope.setCurrentText("all")
     window.close()
     again = MainWindow(settings=settings)
     qtbot.addWidget(again)
     assert again.decoding_panel.k.value() == 7
     assert again.decoding_panel.temperature.value() == 0.7
     assert again.decoding_panel.config().lookup == 3
+    assert again.decoding_panel.config().suffix_scope == "all"
     assert again.model_panel.target.value == window.model_panel.target.value
     assert again.model_panel.drafter.currentText() == "draft model"
     again.close()
@@ -167,8 +183,8 @@ def test_token_events_arrive_in_order_and_complete(qtbot, window):
     """Batches lose nothing: token positions of kept tokens run 0..n-1 without gaps."""
     window.decoding_panel.max_new_tokens.setValue(120)
     _run(qtbot, window, window.run_button)
-    kept = [e.pos for e in window.records[0].tokens if isinstance(e, TokenEvent) and e.state.kept]
-    assert kept == list(range(window.records[0].summary.new_tokens))
+    kept = [e.pos for e in window.session_model.records[0].tokens if isinstance(e, TokenEvent) and e.state.kept]
+    assert kept == list(range(window.session_model.records[0].summary.new_tokens))
 
 
 def test_about_lists_the_versions(qtbot, window):
@@ -224,5 +240,28 @@ def test_long_prompt_is_refused_or_cut_and_the_answer_stops_at_the_context(qtbot
     window.decoding_panel.truncate_prompt.setChecked(True)
     window.decoding_panel.max_new_tokens.setValue(4)
     _run(qtbot, window, window.run_button)
-    assert len(errors) == 1 and window.records[0].summary.new_tokens == 4
+    assert len(errors) == 1 and window.session_model.records[0].summary.new_tokens == 4
     assert "kept its last 508 tokens" in window.statusBar().currentMessage()
+
+
+def test_running_out_of_memory_says_what_to_try_and_the_next_run_works(qtbot, window, errors, monkeypatch):
+    """A session that runs out of memory shows what to try (not "Unexpected error"), and the next
+    run on the same loaded pair completes."""
+    import torch
+
+    import engine.session
+
+    real_generate, calls = engine.session.generate, []
+
+    def out_of_memory_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine.session, "generate", out_of_memory_once)
+    _run(qtbot, window, window.run_button)
+    assert len(errors) == 1 and errors[0][1].startswith("Out of memory on the GPU.")
+    assert "smaller dtype" in errors[0][1] and "Unexpected" not in errors[0][1]
+    _run(qtbot, window, window.run_button)
+    assert len(errors) == 1 and window.session_model.records[-1].summary is not None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 
-from app.worker import LoadRequest, ModelHost, error_message
+from app.worker import ModelHost, error_message
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState
+from engine.pair import PairSpec
 from engine.stats import SessionStats
 
 
@@ -34,8 +35,8 @@ def _host(session_fn=_slow_session) -> ModelHost:
 class _FakePair:
     description = "fake pair"
     drafter_kind = None
-    draft = None
-    head = None
+    drafter_model = None
+    vocabulary = None
 
     class target:  # noqa: N801 - stands in for a LoadedModel
         name = "fake"
@@ -48,7 +49,7 @@ def test_superseded_session_events_are_ignored(qtbot, loop):
     host = _host()
     seen: list[tuple[int, str]] = []
     host.events.connect(lambda sid, batch: seen.extend((sid, e.text) for e in batch if isinstance(e, TokenEvent)))
-    loaded = host.load(LoadRequest(None, None, None))
+    loaded = host.load(PairSpec())
     qtbot.waitUntil(loaded.done)
     first, _ = host.run("a", DecodeConfig(max_new_tokens=100_000))
     qtbot.waitUntil(lambda: len(seen) > 3)
@@ -69,7 +70,7 @@ def test_session_exception_becomes_a_message(qtbot, loop):
         raise RuntimeError("boom")
 
     host = _host(session_fn=broken)
-    loaded = host.load(LoadRequest(None, None, None))
+    loaded = host.load(PairSpec())
     qtbot.waitUntil(loaded.done)
     _, finished = host.run("x", DecodeConfig())
     qtbot.waitUntil(finished.done)
@@ -96,11 +97,11 @@ def test_cancelled_load_reports_cancelled(qtbot, loop):
         return _FakePair()
 
     host = ModelHost(session_fn=_slow_session, load_fn=slow_load)
-    first = host.load(LoadRequest(None, None, None))
+    first = host.load(PairSpec())
     host.cancel_load()
     release.set()
     assert first.done() and "cancelled" in str(first.exception())
-    second = host.load(LoadRequest(None, None, None))
+    second = host.load(PairSpec())
     qtbot.waitUntil(second.done, timeout=10_000)
     assert second.result().description == "fake pair"
     host.shutdown()

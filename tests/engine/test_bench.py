@@ -9,14 +9,16 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from engine.bench.command import parse_drafters, parse_lookups, run_and_write
+from cli.main import main
 from engine.bench.prompts import read_prompts, sample_prompts
 from engine.bench.report import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
 from engine.bench.runner import BenchSettings
-from engine.cli import main
+from engine.bench.service import run_and_write
+from engine.bench.sweep import parse_drafters, parse_lookups
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
 from engine.heads import FeatureHead, fingerprint, head_config, save_head
+from engine.pair import PairSpec
 from engine.session import load_pair, load_pairs
 from tiny import build_pair, write_two_prompts
 
@@ -29,6 +31,11 @@ def bench_models(tmp_path_factory):
 @pytest.fixture
 def two_prompts(tmp_path):
     return write_two_prompts(tmp_path / "prompts.jsonl")
+
+
+def specs(target, *drafters):
+    """One PairSpec per (drafter kind, model) entry, on `target` on the CPU."""
+    return [PairSpec(target, draft, kind, device="cpu") for kind, draft in drafters]
 
 
 def _read(path):
@@ -48,7 +55,7 @@ def _run(pairs, prompts_path, out, ks=(2,), baselines=("plain", "hf", "hf-assist
 def test_summary_has_a_row_per_method_and_category_and_all(bench_models, two_prompts, tmp_path):
     """summary.csv: the promised columns, one row per method and category plus `all`."""
     target, draft = bench_models
-    pair = load_pair(str(target), str(draft), "draft-model", device="cpu")
+    pair = load_pair(PairSpec(str(target), str(draft), "draft-model", device="cpu"))
     out = _run([pair], two_prompts, tmp_path / "out")
     rows = _read(out / "summary.csv")
     assert tuple(rows[0]) == SUMMARY_COLUMNS
@@ -64,7 +71,7 @@ def test_summary_has_a_row_per_method_and_category_and_all(bench_models, two_pro
 def test_greedy_methods_are_identical_to_plain(bench_models, two_prompts, tmp_path):
     """Greedy: SpecDeck speculative and both Hugging Face methods reproduce plain decoding's text."""
     target, draft = bench_models
-    pair = load_pair(str(target), str(draft), "draft-model", device="cpu")
+    pair = load_pair(PairSpec(str(target), str(draft), "draft-model", device="cpu"))
     rows = _read(_run([pair], two_prompts, tmp_path / "out") / "per_prompt.csv")
     assert all(r["identical_to_plain"] == "true" for r in rows), [r["mismatch"] for r in rows]
     speculative = [r for r in rows if r["method"] == "speculative"]
@@ -74,7 +81,7 @@ def test_greedy_methods_are_identical_to_plain(bench_models, two_prompts, tmp_pa
 def test_k_sweep_gives_one_row_per_k(bench_models, two_prompts, tmp_path):
     """A K sweep with prompt lookup writes one k_sweep.csv row per K and runs each K for both loops."""
     target, _ = bench_models
-    pair = load_pair(str(target), None, "prompt-lookup", device="cpu")
+    pair = load_pair(PairSpec(str(target), None, "prompt-lookup", device="cpu"))
     out = _run([pair], two_prompts, tmp_path / "out", ks=(1, 2, 3))
     sweep = _read(out / "k_sweep.csv")
     assert tuple(sweep[0]) == SWEEP_COLUMNS
@@ -102,7 +109,7 @@ def test_two_drafters_run_against_the_same_plain_runs(bench_models, two_prompts,
     """Draft model and prompt lookup in one run: one shared target, one plain run per prompt, speculative
     and hf-assisted rows for each drafter, all with plain decoding's greedy text."""
     target, draft = bench_models
-    pairs = load_pairs(str(target), [("draft-model", str(draft)), ("prompt-lookup", None)], device="cpu")
+    pairs = load_pairs(specs(str(target), ("draft-model", str(draft)), ("prompt-lookup", None)))
     assert pairs[0].target is pairs[1].target
     drafters = {f"draft {draft}", "prompt lookup"}
     out = _run(pairs, two_prompts, tmp_path / "out")
@@ -127,8 +134,7 @@ def test_feature_head_beside_a_draft_model_skips_only_its_hf_assisted(bench_mode
     torch.manual_seed(0)
     save_head(FeatureHead(head_config(target_model.config)), tmp_path / "head", weight.shape[0], "tiny",
               fingerprint(weight))
-    pairs = load_pairs(str(target), [("draft-model", str(draft)), ("feature-head", str(tmp_path / "head"))],
-                       device="cpu")
+    pairs = load_pairs(specs(str(target), ("draft-model", str(draft)), ("feature-head", str(tmp_path / "head"))))
     out = _run(pairs, two_prompts, tmp_path / "out", baselines=("plain", "hf-assisted"))
     summary = [r for r in _read(out / "summary.csv") if r["category"] == "all"]
     assert [(r["method"], r["drafter"]) for r in summary] == [
@@ -143,7 +149,7 @@ def test_lookup_sweep_times_model_drafters_with_and_without_it(bench_models, two
     """--lookup 0,2: the draft model runs without and with prompt lookup first, named apart in every
     file, both with plain decoding's greedy text; prompt lookup itself runs once."""
     target, draft = bench_models
-    pairs = load_pairs(str(target), [("draft-model", str(draft)), ("prompt-lookup", None)], device="cpu")
+    pairs = load_pairs(specs(str(target), ("draft-model", str(draft)), ("prompt-lookup", None)))
     out = _run(pairs, two_prompts, tmp_path / "out", baselines=("plain",), lookups=(0, 2))
     summary = [r for r in _read(out / "summary.csv") if r["category"] == "all"]
     assert [(r["method"], r["drafter"]) for r in summary] == [
@@ -179,14 +185,14 @@ def test_bad_drafters_entries_get_a_clear_error(bench_models, capsys):
     assert parse_drafters("draft-model, feature-head:heads/h1") == [("draft-model", None), ("feature-head", "heads/h1")]
     with pytest.raises(SpecDeckError, match="Unknown drafter 'eagle'"):
         parse_drafters("draft-model,eagle")
-    with pytest.raises(SpecDeckError, match="Prompt lookup needs no model"):
+    with pytest.raises(SpecDeckError, match="prompt lookup drafter needs no model"):
         parse_drafters("prompt-lookup:some-model")
     with pytest.raises(SpecDeckError, match="names no drafter"):
         parse_drafters(" , ")
     with pytest.raises(SpecDeckError, match="named twice"):
-        load_pairs(str(target), [("draft-model", str(draft)), ("draft-model", str(draft))], device="cpu")
+        load_pairs(specs(str(target), ("draft-model", str(draft)), ("draft-model", str(draft))))
     with pytest.raises(SpecDeckError, match="feature-head:MODEL"):
-        load_pairs(str(target), [("prompt-lookup", None), ("feature-head", None)], device="cpu")
+        load_pairs(specs(str(target), ("prompt-lookup", None), ("feature-head", None)))
     assert main(["bench", "--drafters", "prompt-lookup", "--drafter", "draft-model", "--out", "unused"]) == 2
     assert "not both" in capsys.readouterr().err
 

@@ -25,7 +25,8 @@ def test_kept_pieces_join_to_decoded_text(tiny_pair):
 
 
 def test_round_counts_add_up(tiny_pair):
-    """Per round accepted + rejected = drafted; the summary's counts match the events."""
+    """Per round accepted + rejected + discarded = drafted, at most one rejected (a chain); the
+    summary's counts match the events."""
     target, draft = tiny_pair
     events = session(target, draft, temperature=1.0, seed=3)
     rounds = [e for e in events if isinstance(e, RoundEvent)]
@@ -34,7 +35,9 @@ def test_round_counts_add_up(tiny_pair):
         mine = [e for e in tokens if e.round == r.round]
         accepted = sum(e.state.value == "accepted" for e in mine)
         rejected = sum(e.state.value == "rejected" for e in mine)
-        assert (accepted, accepted + rejected) == (r.accepted, r.drafted)
+        discarded = sum(e.state.value == "discarded" for e in mine)
+        assert (accepted, accepted + rejected + discarded, discarded) == (r.accepted, r.drafted, r.discarded)
+        assert rejected <= 1 and (discarded == 0 or rejected == 1)
         assert sum(e.state.kept for e in mine) == (accepted + 1 if rejected or r.drafted == accepted else 1)
     summary = events[-1]
     assert isinstance(summary, SummaryEvent)
@@ -42,7 +45,31 @@ def test_round_counts_add_up(tiny_pair):
     assert summary.new_tokens == sum(e.state.kept for e in tokens) == rounds[-1].new_tokens
     assert summary.drafted == sum(r.drafted for r in rounds)
     assert summary.accepted == sum(r.accepted for r in rounds)
+    assert summary.discarded == sum(r.discarded for r in rounds)
     assert summary.mean_accepted_length == summary.new_tokens / summary.rounds
+
+
+def test_drafts_stand_where_they_were_proposed_and_unjudged_ones_are_discarded(tiny_pair):
+    """In a round with an early rejection each draft's pos is the round's start plus its depth - 1;
+    the first refused draft is rejected (with min(1, p/q)), the later ones discarded (without), and
+    the resampled token shares the rejected draft's pos and has no acceptance probability."""
+    target, draft = tiny_pair
+    events = session(target, draft, temperature=1.0, seed=3, k=6)
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    early = [r for r in events if isinstance(r, RoundEvent) and r.discarded]
+    assert early, "the seed gives a round rejected before its last draft"
+    for r in early:
+        mine = [e for e in tokens if e.round == r.round]
+        start = min(e.pos for e in mine)
+        drafts = [e for e in mine if e.depth]
+        assert [e.pos for e in drafts] == [start + e.depth - 1 for e in drafts] == list(range(start, start + r.drafted))
+        states = [e.state.value for e in drafts]
+        assert states == ["accepted"] * r.accepted + ["rejected"] + ["discarded"] * r.discarded
+        rejected = drafts[r.accepted]
+        assert rejected.acceptance_probability is not None
+        assert all(e.acceptance_probability is None for e in drafts[r.accepted + 1:])
+        resampled = [e for e in mine if e.state.value == "resampled"]
+        assert [e.pos for e in resampled] == [rejected.pos] and resampled[0].acceptance_probability is None
 
 
 def test_plain_decoding_scores_one_token_per_forward(tiny_llama):

@@ -7,18 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cli import main
+from cli.main import main
 from engine.config import DecodeConfig
 from engine.decoding import generate
-from engine.distill.head import collate_pairs, extract_features
+from engine.distill.head import HeadConfig, build_head, collate_pairs, extract_features, unrolled
 from engine.distill.teacher import Shard, load_shards
 from engine.drafters import FeatureHeadDrafter
 from engine.errors import SpecDeckError
 from engine.events import SummaryEvent, TokenEvent, TokenState
-from engine.heads import FeatureHead, head_config
+from engine.heads import FeatureHead, head_config, load_head
 from engine.models import encode_prompt, load_model
+from engine.pair import PairSpec
 from engine.session import load_pair, run_session
-from tiny import build_pair
+from tiny import ON_CPU, build_pair
 
 TEXT = ["--answers", "4", "--passages", "1", "--code", "3", "--answer-tokens", "16", "--generation-batch", "4"]
 TRAIN = ["--output-vocab", "150", "--batch", "2", "--eval-every", "3", "--threads", "1"]
@@ -41,7 +42,7 @@ def test_trained_head_is_picked_by_its_folder_and_keeps_greedy_exact(tiny_head):
     """`--draft <head folder>` chooses the feature-head drafter; greedy output equals plain decoding
     for K = 1..5, and the head did draft."""
     target, out = tiny_head
-    pair = load_pair(str(target), str(out / "head"), None, device="cpu")
+    pair = load_pair(PairSpec(str(target), str(out / "head"), None, device="cpu"))
     assert pair.drafter_kind == "feature-head"
     for prompt in ("The quick brown fox", "d"):  # a one-token prompt: the first round has no state yet
         plain = list(run_session(pair, prompt, DecodeConfig(max_new_tokens=40), chat=False, plain=True))
@@ -54,13 +55,13 @@ def test_trained_head_is_picked_by_its_folder_and_keeps_greedy_exact(tiny_head):
 
 def test_trained_head_proposes_only_its_output_tokens(tiny_head):
     target, out = tiny_head
-    pair = load_pair(str(target), str(out / "head"), "feature-head", device="cpu")
+    pair = load_pair(PairSpec(str(target), str(out / "head"), "feature-head", device="cpu"))
     allowed = set(pair.head.output_ids.tolist())
     assert 0 < len(allowed) < pair.target.vocab_width
     events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=3, schedule="constant", max_new_tokens=30, temperature=1.0, seed=2),
                               chat=False))
     drafted = {e.token_id for e in events if isinstance(e, TokenEvent)
-               and e.state in (TokenState.ACCEPTED, TokenState.REJECTED)}
+               and e.state in (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)}
     assert drafted and drafted <= allowed
 
 
@@ -80,7 +81,7 @@ def test_hidden_states_of_grown_teacher_text_are_computed_once(tiny_head, tmp_pa
     """More teacher shards later: the states already on disk are kept and only the new sequences
     are computed, with the same result as computing all at once; states of other text are refused."""
     target_folder, out = tiny_head
-    target = load_model(str(target_folder))
+    target = load_model(str(target_folder), ON_CPU)
     data = load_shards(out / "teacher")
     half = len(data.ids) // 2
     first = Shard(data.ids[:half], data.top_ids[:half], data.top_logp[:half], data.first[:half])
@@ -139,19 +140,19 @@ def test_head_for_another_target_is_refused(tiny_head, tmp_path):
     _, out = tiny_head
     other, _ = build_pair(tmp_path, "gpt2")
     with pytest.raises(SpecDeckError, match="trained for"):
-        load_pair(str(other), str(out / "head"), None, device="cpu")
+        load_pair(PairSpec(str(other), str(out / "head"), None, device="cpu"))
 
 
 def test_head_as_draft_model_and_corrupt_head_are_refused(tiny_head, tmp_path):
     target, out = tiny_head
     with pytest.raises(SpecDeckError, match="feature head, not a draft model"):
-        load_pair(str(target), str(out / "head"), "draft-model", device="cpu")
+        load_pair(PairSpec(str(target), str(out / "head"), "draft-model", device="cpu"))
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text((out / "head" / "config.json").read_text())
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(SpecDeckError, match="missing or corrupt"):
-        load_pair(str(target), str(broken), None, device="cpu")
+        load_pair(PairSpec(str(target), str(broken), None, device="cpu"))
 
 
 def test_untrained_head_keeps_sampling_exact_too(tiny_llama):
@@ -177,7 +178,7 @@ def test_real_target_loads_through_the_same_model_path(tiny_head):
     """load_model refuses a head folder with a message instead of a transformers traceback."""
     _, out = tiny_head
     with pytest.raises(SpecDeckError):
-        load_model(str(out / "head"))
+        load_model(str(out / "head"), ON_CPU)
 
 
 def test_drafts_step_by_step_equal_the_head_over_the_whole_sequence(tiny_llama):
@@ -214,3 +215,63 @@ def test_drafts_step_by_step_equal_the_head_over_the_whole_sequence(tiny_llama):
     drafter.observe(real_states(kept)[len(ids) - 1: len(ids) + 1])
     second = drafter.propose(kept, 3)
     torch.testing.assert_close(second.q, expected_q(kept, second.tokens), rtol=1e-4, atol=1e-6)
+
+
+def test_training_passes_attend_as_drafting_does(tiny_llama):
+    """Training runs the head's passes side by side; pass s at pair j must compute exactly what a
+    depth-(s+1) draft computes: the head over the real pairs up to j - s, then its own earlier
+    predictions one by one."""
+    target, _ = tiny_llama
+    torch.manual_seed(0)
+    head = FeatureHead(head_config(target.model.config)).eval()
+    width = target.model.config.hidden_size
+    inputs, embeds = torch.randn(1, 9, width), torch.randn(1, 9, width)
+    with torch.no_grad():
+        passes = unrolled(head, inputs, embeds, 3)
+        for s in range(3):
+            for j in range(s, 9):
+                states, tokens = inputs[:, : j - s + 1], embeds[:, : j - s + 1]
+                for depth in range(s):  # each deeper draft reads the state the previous depth predicted
+                    predicted = head(states, tokens)[:, -1:]
+                    states = torch.cat([states, predicted], dim=1)
+                    tokens = embeds[:, : j - s + depth + 2]
+                torch.testing.assert_close(passes[s][0, j], head(states, tokens)[0, -1], rtol=1e-4, atol=1e-5)
+
+
+def test_fused_head_reads_the_targets_lower_layers_and_keeps_greedy_exact(tiny_llama):
+    """A head that fuses lower layers (EAGLE-3) gets, for every kept token, the residual stream
+    after those layers as the target computed it: its first draft distribution equals the head
+    applied to the target's own hidden states, and greedy output stays that of plain decoding."""
+    target, _ = tiny_llama
+    torch.manual_seed(0)
+    head = FeatureHead(head_config(target.model.config, feature_layers=(1,))).eval()
+    drafter = FeatureHeadDrafter(head, target.model)
+    ids = encode_prompt(target.tokenizer, "Once upon a time there", chat=False)
+    config = DecodeConfig(k=3, schedule="constant", temperature=1.0)
+    drafter.begin(ids, config, target.vocab_width, torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        hidden = target.model.model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        observed = torch.stack([hidden[1][0], hidden[-1][0]], dim=1)[:-1]
+        drafter.observe(observed)
+        first = drafter.propose(ids, 1)
+        embed = target.model.get_input_embeddings()(torch.tensor(ids[1:]))
+        predicted = head(head.fuse(observed)[None], embed[None])[0, -1]
+        expected = torch.softmax(target.model.get_output_embeddings().weight @ predicted, dim=-1)
+    torch.testing.assert_close(first.q[0], expected, rtol=1e-4, atol=1e-6)
+    greedy = DecodeConfig(k=3, schedule="constant", max_new_tokens=30)
+    assert _kept(generate(target, ids, greedy, FeatureHeadDrafter(head, target.model))) == \
+        _kept(generate(target, ids, DecodeConfig(max_new_tokens=30)))
+
+
+def test_fused_head_grown_from_a_head_starts_as_that_head(tiny_head):
+    """`--init-from` a trained head with `--feature-layers`: the new fusion weights start at zero
+    on the lower layers, so before any step the grown head predicts what the original predicts."""
+    target_folder, out = tiny_head
+    target = load_model(str(target_folder))
+    grown = build_head(target, HeadConfig(feature_layers=(1,), init_from=str(out / "head"))).eval()
+    original, _ = load_head(out / "head", target.model, "tiny")
+    width = target.model.config.hidden_size
+    observed, embeds = torch.randn(1, 6, 2, width), torch.randn(1, 6, width)
+    with torch.no_grad():
+        torch.testing.assert_close(grown(grown.fuse(observed), embeds), original(observed[:, :, -1], embeds),
+                                   rtol=1e-4, atol=1e-4)

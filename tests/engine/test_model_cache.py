@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engine.cli import main
+from cli.main import main
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import torch
 
 from engine.errors import SpecDeckError
 from engine.models import BUILTIN_MODELS, DEFAULT_TARGET, WEIGHTS_RECORD_FILE, convert_gguf, load_model
-from tiny import build_pair
+from tiny import ON_CPU, build_pair
 
 
 class RunsAShellCommand:
@@ -24,7 +24,7 @@ def test_pickled_weights_that_carry_code_are_refused_plainly(tmp_path):
         weights.unlink()
     torch.save({"weight": RunsAShellCommand()}, target / "pytorch_model.bin")
     with pytest.raises(SpecDeckError) as refused:
-        load_model(str(target))
+        load_model(str(target), ON_CPU)
     message = str(refused.value)
     assert "hold Python code" in message and "system" in message and "did not run it" in message
     assert "safetensors" in message and "weights_only" not in message
@@ -41,7 +41,7 @@ def test_damaged_gguf_cache_is_detected_and_rebuilt(tmp_path, monkeypatch):
     with weights.open("r+b") as file:
         file.truncate(size // 2)
     notices: list[str] = []
-    assert load_model(DEFAULT_TARGET, progress=notices.append).vocab_width > 0
+    assert load_model(DEFAULT_TARGET, ON_CPU, progress=notices.append).vocab_width > 0
     assert any("is damaged" in n and f"{size // 2} bytes, {size} were written" in n for n in notices)
     assert weights.stat().st_size == size
 

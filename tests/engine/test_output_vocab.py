@@ -9,7 +9,7 @@ import torch
 from engine import DecodeConfig, DraftModelDrafter, TokenEvent, TokenState, encode_prompt, generate
 from engine.errors import SpecDeckError
 from engine.models import OUTPUT_TOKENS_FILE, load_model
-from tiny import build_pair
+from tiny import ON_CPU, build_pair
 
 
 def test_reduced_output_greedy_equals_plain(tiny_pair):
@@ -25,7 +25,7 @@ def test_reduced_output_greedy_equals_plain(tiny_pair):
                                DraftModelDrafter(draft.model, output_ids=allowed)))
         assert [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept] == plain, k
         drafted = {e.token_id for e in events if isinstance(e, TokenEvent) and not e.copied
-                   and e.state in (TokenState.ACCEPTED, TokenState.REJECTED)}
+                   and e.state in (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)}
         assert drafted and drafted <= set(allowed.tolist())
 
 
@@ -33,8 +33,8 @@ def test_output_token_file_is_read_and_checked(tmp_path):
     """load_model reads the list beside the weights; a malformed list is refused with the file named."""
     _, draft_dir = build_pair(tmp_path, "llama", noise=0.2)
     (draft_dir / OUTPUT_TOKENS_FILE).write_text(json.dumps({"token_ids": [5, 3, 9, 3]}))
-    assert load_model(str(draft_dir)).output_ids.tolist() == [3, 5, 9]
+    assert load_model(str(draft_dir), ON_CPU).output_ids.tolist() == [3, 5, 9]
     for bad in ('{"token_ids": [1, 100000]}', '{"ids": [1]}', "not json", '{"token_ids": []}'):
         (draft_dir / OUTPUT_TOKENS_FILE).write_text(bad)
         with pytest.raises(SpecDeckError, match=OUTPUT_TOKENS_FILE):
-            load_model(str(draft_dir))
+            load_model(str(draft_dir), ON_CPU)

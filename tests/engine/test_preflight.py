@@ -9,7 +9,7 @@ import pytest
 from engine import preflight
 from engine.errors import SpecDeckError
 from engine.models import load_model
-from tiny import build_pair
+from tiny import ON_CPU, build_pair
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def test_nonsense_config_fields_are_named(model_dirs, field, value):
     llama, _ = model_dirs
     _edit_config(llama, **{field: value})
     with pytest.raises(SpecDeckError, match=rf"config\.json: {field} is .*positive whole number"):
-        load_model(str(llama))
+        load_model(str(llama), ON_CPU)
 
 
 def test_positions_that_disagree_with_the_weights_are_named(model_dirs):
@@ -41,7 +41,7 @@ def test_positions_that_disagree_with_the_weights_are_named(model_dirs):
     _, gpt2 = model_dirs
     _edit_config(gpt2, n_positions=1024)
     with pytest.raises(SpecDeckError, match=r"n_positions is 1024, but the weights' .*wpe\.weight has 512 rows"):
-        load_model(str(gpt2))
+        load_model(str(gpt2), ON_CPU)
 
 
 def test_a_config_that_is_not_json_is_named(model_dirs):
@@ -49,7 +49,7 @@ def test_a_config_that_is_not_json_is_named(model_dirs):
     llama, _ = model_dirs
     (llama / "config.json").write_text('{"vocab_size": 3')
     with pytest.raises(SpecDeckError, match=r"config\.json cannot be read as a model config"):
-        load_model(str(llama))
+        load_model(str(llama), ON_CPU)
 
 
 def test_a_model_larger_than_free_memory_is_refused_with_both_sizes(model_dirs, monkeypatch):
@@ -57,7 +57,7 @@ def test_a_model_larger_than_free_memory_is_refused_with_both_sizes(model_dirs, 
     llama, _ = model_dirs
     monkeypatch.setattr(preflight, "available_memory", lambda: 1000)
     with pytest.raises(SpecDeckError, match=r"needs about 0\.\d GB of memory in float32, and 0\.0 GB are free"):
-        load_model(str(llama))
+        load_model(str(llama), ON_CPU)
 
 
 def test_running_out_of_memory_while_loading_says_so(model_dirs, monkeypatch):
@@ -70,7 +70,7 @@ def test_running_out_of_memory_while_loading_says_so(model_dirs, monkeypatch):
         raise MemoryError
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", out_of_memory)
     with pytest.raises(SpecDeckError, match="does not fit in the memory"):
-        load_model(str(llama))
+        load_model(str(llama), ON_CPU)
 
 
 def test_a_damaged_tokenizer_file_is_named(model_dirs):
@@ -78,4 +78,4 @@ def test_a_damaged_tokenizer_file_is_named(model_dirs):
     llama, _ = model_dirs
     shutil.copy(llama / "config.json", llama / "tokenizer.json")  # valid JSON, not a tokenizer
     with pytest.raises(SpecDeckError, match=r"tokenizer of .* could not be read from .*tokenizer\.json"):
-        load_model(str(llama))
+        load_model(str(llama), ON_CPU)

@@ -70,7 +70,9 @@ def assert_consistent(events, config: DecodeConfig, tokenizer) -> None:
     assert summary.rounds == len(rounds) and (not rounds or rounds[-1].new_tokens == len(kept))
     assert summary.drafted == sum(r.drafted for r in rounds)
     assert summary.accepted == sum(r.accepted for r in rounds) == sum(e.state is TokenState.ACCEPTED for e in tokens)
-    assert summary.drafted == summary.accepted + sum(e.state is TokenState.REJECTED for e in tokens)
+    refused = sum(e.state in (TokenState.REJECTED, TokenState.DISCARDED) for e in tokens)
+    assert summary.drafted == summary.accepted + refused
+    assert summary.discarded == sum(e.state is TokenState.DISCARDED for e in tokens) == sum(r.discarded for r in rounds)
     assert all(0.0 <= e.p <= 1.0 + 1e-6 for e in tokens)
     assert summary.stop_reason in ("max_new_tokens", "eos", "stop_string", "context")
     if summary.stop_reason == "max_new_tokens":

@@ -5,11 +5,12 @@ from pathlib import Path
 import pytest
 
 from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate, load_model
+from tiny import ON_CPU
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_model("smollm2-135m-instruct")
+    return load_model("smollm2-135m-instruct", ON_CPU)
 
 
 def test_prompt_lookup_greedy_equals_plain_for_128_tokens(smollm2):
@@ -35,16 +36,17 @@ def test_chat_template_is_applied(smollm2):
 
 
 def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
-    """The bundled draft fits the size limit, passes the vocabulary check against the built-in
-    target, proposes from its reduced vocabulary, and leaves greedy output unchanged while
+    """The bundled draft fits the size limit, shares the built-in target's vocabulary, proposes from
+    its reduced vocabulary, and leaves greedy output unchanged while
     actually getting drafts accepted."""
-    from engine.models import DEFAULT_DRAFT, check_vocabularies, locate
+    from engine.models import DEFAULT_DRAFT, locate
+    from engine.vocabulary import match_vocabularies
 
     folder = Path(locate(DEFAULT_DRAFT))
     assert sum(f.stat().st_size for f in folder.glob("*.safetensors")) <= 32_000_000
     assert (folder / "README.md").is_file()  # the model card
-    draft = load_model(DEFAULT_DRAFT)
-    check_vocabularies(smollm2, draft)
+    draft = load_model(DEFAULT_DRAFT, ON_CPU)
+    assert match_vocabularies(smollm2, draft).same
     assert draft.output_ids is not None and len(draft.output_ids) < smollm2.vocab_width
     ids = encode_prompt(smollm2.tokenizer, "Explain in simple terms why the sky is blue.")
     config = DecodeConfig(k=1, schedule="constant", lookup=0, max_new_tokens=64)
@@ -101,14 +103,15 @@ def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
     head by itself when named; prompt lookup when asked for it; a target of one's own without a
     draft gets prompt lookup."""
     from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+    from engine.pair import PairSpec
     from engine.session import load_pair
 
-    pair = load_pair(None, None, None, device="cpu")
+    pair = load_pair(PairSpec(device="cpu"))
     assert (pair.target.name, pair.drafter_kind, pair.head.name) == (DEFAULT_TARGET, "feature-head", DEFAULT_HEAD)
-    assert load_pair(None, None, "draft-model", device="cpu").draft.name == DEFAULT_DRAFT
-    assert load_pair(None, DEFAULT_HEAD, None, device="cpu").drafter_kind == "feature-head"
-    assert load_pair(None, None, "prompt-lookup", device="cpu").draft is None
-    own = load_pair(tiny_llama[0].name, None, None, device="cpu")
+    assert load_pair(PairSpec(drafter="draft-model", device="cpu")).draft.name == DEFAULT_DRAFT
+    assert load_pair(PairSpec(draft=DEFAULT_HEAD, device="cpu")).drafter_kind == "feature-head"
+    assert load_pair(PairSpec(drafter="prompt-lookup", device="cpu")).draft is None
+    own = load_pair(PairSpec(tiny_llama[0].name, device="cpu"))
     assert own.drafter_kind == "prompt-lookup" and own.draft is None
 
 

@@ -78,12 +78,17 @@ def test_rejection_rule_reproduces_target_distribution():
 
 
 def exact_two_token_distribution(target, ids, config) -> dict:
-    """p(t1) p(t2 | t1) under the session's temperature / top-k / top-p."""
+    """p(t1) p(t2 | t1) under the session's temperature / top-k / top-p (p(t1) alone where t1 ends
+    the text)."""
     with torch.inference_mode():
-        p1 = logits_to_probs(target.model(input_ids=torch.tensor([ids])).logits[0, -1], config)
+        p1 = logits_to_probs(target.model(input_ids=torch.tensor([ids], device=target.device)).logits[0, -1], config)
         joint = {}
         for t1 in p1.nonzero().flatten().tolist():
-            p2 = logits_to_probs(target.model(input_ids=torch.tensor([ids + [t1]])).logits[0, -1], config)
+            if t1 in target.eos_ids:
+                joint[(t1,)] = float(p1[t1])
+                continue
+            p2 = logits_to_probs(target.model(input_ids=torch.tensor([ids + [t1]], device=target.device)).logits[0, -1],
+                                 config)
             for t2 in p2.nonzero().flatten().tolist():
                 joint[(t1, t2)] = float(p1[t1] * p2[t2])
     return joint

@@ -8,7 +8,7 @@ from engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, g
 from engine.kvcache import CachedModel
 from engine.linear import PackedLinear, packed_available
 from engine.models import load_model
-from tiny import build_pair
+from tiny import ON_CPU, build_pair
 
 needs_packed = pytest.mark.skipif(packed_available(torch.zeros(2, 2)) is not None,
                                   reason="this torch has no oneDNN packed linear")
@@ -23,7 +23,7 @@ def packed_llama(tmp_path, monkeypatch):
     """A tiny Llama whose every product runs on the packed path, as on a machine that chose it."""
     monkeypatch.setenv("SPECDECK_LINEAR", "packed")
     target_dir, _ = build_pair(tmp_path, "llama")
-    return load_model(str(target_dir))
+    return load_model(str(target_dir), ON_CPU)
 
 
 @needs_packed

@@ -6,7 +6,7 @@ import pytest
 from engine import DecodeConfig, SuffixDrafter, TokenEvent, encode_prompt, generate
 from engine.bench.prompts import BenchPrompt
 from engine.bench.runner import BenchSettings, Method, run_bench
-from engine.session import ModelPair
+from engine.pair import DrafterKind, ModelPair
 from engine.suffix import SuffixIndex
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
@@ -41,8 +41,8 @@ def test_repeated_prompt_drafts_from_the_earlier_answer(tiny_pair, scope):
     target, _ = tiny_pair
     history = SuffixIndex()
     ids = encode_prompt(target.tokenizer, PROMPTS[0], chat=False)
-    config = DecodeConfig(k=6, schedule="constant", max_new_tokens=40)
-    first, second = (list(generate(target, ids, config, SuffixDrafter(history, scope=scope)))[-1] for _ in range(2))
+    config = DecodeConfig(k=6, schedule="constant", max_new_tokens=40, suffix_scope=scope)
+    first, second = (list(generate(target, ids, config, SuffixDrafter(history)))[-1] for _ in range(2))
     assert first.text == second.text
     if scope == "session":
         assert second.accepted > first.accepted
@@ -56,7 +56,7 @@ def test_pair_history_feeds_later_sessions_only(tiny_pair):
     """A pair's suffix drafters share its history; one given another history neither reads nor
     extends the pair's."""
     target, _ = tiny_pair
-    pair = ModelPair(target, drafter_kind="suffix")
+    pair = ModelPair(target, drafter_kind=DrafterKind.SUFFIX)
     ids = encode_prompt(target.tokenizer, PROMPTS[1], chat=False)
     config = DecodeConfig(k=6, schedule="constant", max_new_tokens=24)
     list(generate(target, ids, config, pair.make_drafter()))
@@ -72,7 +72,7 @@ def test_bench_never_drafts_a_prompt_from_its_own_runs(tiny_pair):
     """Every repeat of a prompt drafts alike (its own runs stay out of the history); the same text
     asked again as a later prompt drafts from the earlier prompt's answer."""
     target, _ = tiny_pair
-    pair = ModelPair(target, drafter_kind="suffix")
+    pair = ModelPair(target, drafter_kind=DrafterKind.SUFFIX)
     prompts = [BenchPrompt(str(i), "qa", PROMPTS[0], chat=False) for i in (1, 2)]
     settings = BenchSettings(ks=(4,), baselines=("plain",), repeats=2, decode=DecodeConfig(max_new_tokens=32))
     results = run_bench([pair], prompts, settings)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cli import main
+from cli.main import main
 from engine.config import DecodeConfig
 from engine.events import SummaryEvent, TokenEvent, TokenState
 from engine.distill.teacher import load_shards
 from engine.distill.train import TrainConfig, build_teacher_data
 from engine.models import LoadOptions, load_model
+from engine.pair import PairSpec
 from engine.session import load_pair, run_session
 from tiny import build_pair
 
@@ -19,8 +20,11 @@ TINY = ["--hidden", "32", "--layers", "1", "--intermediate", "64", "--answers", 
         "--batch", "2", "--max-length", "48", "--threads", "1"]
 
 
+DRAFTED = (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)
+
+
 def _kept_text(events) -> str:
-    return "".join(e.text for e in events if isinstance(e, TokenEvent) and e.state != TokenState.REJECTED)
+    return "".join(e.text for e in events if isinstance(e, TokenEvent) and e.state.kept)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +39,7 @@ def tiny_run(tmp_path_factory):
 def test_trained_draft_keeps_greedy_output_exact(tiny_run):
     """A draft distilled for a few steps loads as a draft and leaves greedy output unchanged."""
     target, out = tiny_run
-    pair = load_pair(str(target), str(out / "draft"), "draft-model", device="cpu")
+    pair = load_pair(PairSpec(str(target), str(out / "draft"), "draft-model", device="cpu"))
     config = DecodeConfig(k=3, schedule="constant", max_new_tokens=24)
     plain = list(run_session(pair, "The quick brown fox", config, plain=True))
     speculative = list(run_session(pair, "The quick brown fox", config))
@@ -46,12 +50,11 @@ def test_trained_draft_keeps_greedy_output_exact(tiny_run):
 def test_trained_draft_proposes_only_its_output_tokens(tiny_run):
     """A draft trained with a reduced output vocabulary ships the list, and proposes nothing else."""
     target, out = tiny_run
-    pair = load_pair(str(target), str(out / "draft"), "draft-model", device="cpu")
+    pair = load_pair(PairSpec(str(target), str(out / "draft"), "draft-model", device="cpu"))
     allowed = set(pair.draft.output_ids.tolist())
     assert 0 < len(allowed) < pair.target.vocab_width
     events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=4, schedule="constant", max_new_tokens=24, temperature=1.0, seed=3)))
-    drafted = [e.token_id for e in events if isinstance(e, TokenEvent) and e.state in (TokenState.ACCEPTED,
-                                                                                       TokenState.REJECTED)]
+    drafted = [e.token_id for e in events if isinstance(e, TokenEvent) and e.state in DRAFTED]
     assert drafted and set(drafted) <= allowed
 
 

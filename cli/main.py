@@ -1,0 +1,120 @@
+"""The `specdeck` command: `run` (terminal), `gui` (the window), `bench`, `train-draft`, `train-head`,
+`cache`.
+
+Bare `specdeck` opens the window. Every user error ends in one clear line and exit status 2, never
+a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from cli.bench import add_bench_command
+from cli.distill import add_head_data_command, add_train_draft_command, add_train_head_command
+from cli.run import add_run_command
+from engine.errors import SpecDeckError
+from engine.quiet import silence_libraries
+
+
+def _cmd_cache(args) -> int:
+    from engine import cache
+
+    cache.heal(lambda line: print(f"[{line}]", file=sys.stderr))
+    if not args.clear:
+        print(cache.describe(cache.entries()))
+        return 0
+    removed, kept = cache.clear()
+    print(f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
+          f"({cache.format_size(sum(e.size for e in removed))}) from {cache.gguf_cache()}.")
+    for entry in kept:
+        print(f"Kept {entry.path.name}: {entry.state}.")
+    print(f"Removed {cache.clear_costs()} measured cost files from {cache.costs_cache()} (measured again when next needed).")
+    print(f"Removed {cache.clear_suffix_texts()} files of past sessions' texts from {cache.suffix_cache()} "
+          "(suffix drafting under --suffix-scope all starts afresh).")
+    return 0
+
+
+def _cmd_gui(args) -> int:
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY") \
+            and os.environ.get("QT_QPA_PLATFORM") != "offscreen" and sys.platform.startswith("linux"):
+        if args.demo:
+            os.environ["QT_QPA_PLATFORM"] = "offscreen"
+        else:
+            print("No display found: running the default pair in the terminal instead "
+                  "(`specdeck run`; set QT_QPA_PLATFORM=offscreen to force the window).", file=sys.stderr)
+            return main(["run"])
+    try:
+        from app.main import run_gui, xcb_problem
+    except ImportError as error:
+        raise SpecDeckError(f"The window needs PySide6, pyqtgraph and qasync ({error}): reinstall SpecDeck with its dependencies.") from error
+    problem = xcb_problem()
+    if problem and args.demo:
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    elif problem:
+        print(f"{problem}\nMeanwhile, running the default pair in the terminal instead (`specdeck run`).",
+              file=sys.stderr)
+        return main(["run"])
+    return run_gui(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdeck", description="A playground for speculative decoding.")
+    commands = parser.add_subparsers(dest="command")
+
+    add_run_command(commands)
+
+    gui = commands.add_parser("gui", help="open the window")
+    gui.add_argument("--demo", action="store_true", help="load the default pair and run a compare session")
+    gui.add_argument("--screenshot", default=None, help="with --demo: save a PNG of the window and exit")
+    gui.add_argument("--export-csv", default=None, help="with --demo: save the session's CSV")
+    gui.add_argument("--preset", default=None, help="with --demo: the prompt preset to run (default chat)")
+    gui.set_defaults(handler=_cmd_gui)
+
+    cache = commands.add_parser("cache", help="list the converted models SpecDeck keeps, and their sizes")
+    cache.add_argument("--clear", action="store_true", help="delete them (they are converted again when needed), the measured costs and the "
+                            "past sessions' texts kept for suffix drafting")
+    cache.set_defaults(handler=_cmd_cache)
+
+    add_bench_command(commands)
+    add_train_draft_command(commands)
+    add_train_head_command(commands)
+    add_head_data_command(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    silence_libraries()  # SpecDeck reports its own progress; the libraries keep quiet
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["gui"])
+    try:
+        return args.handler(args)
+    except SpecDeckError as error:
+        print(f"specdeck: error: {error}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as error:  # torch's OutOfMemoryError is a RuntimeError
+        from engine.memory import is_out_of_memory, out_of_memory_message
+
+        if not is_out_of_memory(error):
+            raise
+        print(f"specdeck: error: {out_of_memory_message(error)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `specdeck run | head`: the reader left; say nothing more
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, as a command killed by the broken pipe would report
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so Python's final flush does not raise again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

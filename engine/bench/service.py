@@ -1,0 +1,100 @@
+"""The benchmark as a service: run it on loaded pairs and write every result file (summary.csv,
+per_prompt.csv, k_sweep.csv, report.md, the plots) into one folder. `specdeck bench` and the
+window's Benchmark tab both call `run_and_write`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from engine.atomic import building_folder, check_writable_folder, remove_abandoned
+from engine.autotune import cost_curve
+from engine.bench import plots as plotting
+from engine.bench.methods import HF_METHODS
+from engine.bench.prompts import BenchPrompt
+from engine.bench.report import (PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS, per_prompt_rows, summary_rows,
+                                 sweep_rows, write_csv, write_report)
+from engine.bench.runner import BenchSettings, Progress, run_bench
+from engine.cache import costs_cache
+from engine.errors import SpecDeckError
+from engine.pair import ModelPair
+
+RESULT_FILES = ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md", "speedup_by_category.png",
+                "k_sweep.png")
+
+
+def check_results_folder(out: Path, notice: Callable[[str], None]) -> Path:
+    """Refuse an `--out` that cannot be written, or one holding files a benchmark did not write
+    (the new results replace the folder whole), before any model loads; `notice` hears of the
+    remains of an earlier, interrupted benchmark being removed."""
+    check_writable_folder(out)
+    remove_abandoned(out.parent, notice, name=out.name)
+    foreign = sorted(path.name for path in out.iterdir() if path.name not in RESULT_FILES) if out.is_dir() else []
+    if foreign:
+        raise SpecDeckError(f"{out} holds files a benchmark did not write ({', '.join(foreign[:3])}"
+                            f"{', ...' if len(foreign) > 3 else ''}): the results replace that folder whole, "
+                            "so choose a new or empty --out.")
+    return out
+
+
+def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command: str) -> dict[str, str]:
+    """What report.md says produced the figures: the command, the target, the device and the prompts
+    (the drafters it names from the methods that ran)."""
+    target = pairs[0].target
+    context = {
+        "command": command, "target": target.name,
+        "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."), "backend": target.backend,
+        "prompts": str(prompts_path),
+    }
+    crossing = [f"{pair.drafter_description}: {pair.vocabulary.describe()}" for pair in pairs if pair.cross_vocabulary]
+    if crossing:  # counts are the target's tokens; the pair's case says how the draft's relate to them
+        context["note"] = "; ".join(crossing)
+    return context
+
+
+def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settings: BenchSettings, out: Path,
+                  context: dict[str, str], plots: bool = True, progress: Progress | None = None,
+                  cancel: threading.Event | None = None) -> list[dict]:
+    """Run the benchmark of `pairs` (one per drafter, sharing one target) and write every output file
+    into `out`, which is built aside and swapped in whole (an earlier `out` stays intact until then);
+    return the summary rows. Cancelled (`cancel` set), the files cover the prompts that finished
+    and report.md says so; with none finished nothing is written and no rows are returned."""
+    hf = [b for b in settings.baselines if b in HF_METHODS]
+    if hf and pairs[0].target.backend != "torch":
+        settings = replace(settings, baselines=tuple(b for b in settings.baselines if b not in HF_METHODS))
+        left_out = (f"{' and '.join(hf)} left out: Hugging Face generate() runs torch models, and the target runs "
+                    f"on {pairs[0].target.backend}.")
+        context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
+    without_hf = [pair.drafter_description for pair in pairs if not pair.hugging_face_runs]
+    if without_hf and "hf-assisted" in settings.baselines:
+        # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter, and
+        # takes two vocabularies of one size for one tokenizer
+        left_out = (f"hf-assisted left out for {', '.join(without_hf)}: Hugging Face generate() has no such "
+                    "drafter (or, for a draft with its own tokenizer, not one with as many tokens as the target's).")
+        context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
+    context = {**context, "cost_curve": cost_curve(pairs[0].target.model, costs_cache())}
+    results = run_bench(pairs, prompts, settings, progress, cancel)
+    if not results:
+        return []
+    asked = sum(len(prompt.turns) for prompt in prompts)
+    if len(results) < asked:
+        cancelled = f"Cancelled after {len(results)} of {asked} prompts (turns): the figures cover those only."
+        context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), cancelled)))}
+    methods = settings.methods(pairs)
+    summary = summary_rows(results, settings, methods)
+    sweep = sweep_rows(results, methods)
+    with building_folder(out) as staging:
+        write_csv(staging / "summary.csv", SUMMARY_COLUMNS, summary)
+        write_csv(staging / "per_prompt.csv", PER_PROMPT_COLUMNS, per_prompt_rows(results, settings, methods))
+        write_csv(staging / "k_sweep.csv", SWEEP_COLUMNS, sweep)
+        drawn = []
+        if plots:
+            plotting.plot_speedup_by_category(summary, staging / "speedup_by_category.png")
+            drawn.append("speedup_by_category.png")
+            if len(settings.ks) > 1:
+                plotting.plot_k_sweep(sweep, staging / "k_sweep.png")
+                drawn.append("k_sweep.png")
+        write_report(staging / "report.md", results, settings, methods, context, summary, sweep, drawn)
+    return summary

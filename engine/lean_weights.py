@@ -1,0 +1,211 @@
+"""A decoder's weights as the lean forward (`engine.llama_forward`) multiplies them, held once.
+
+The lean forward runs four products per layer: query/key/value fused into one, the output
+projection, gate/up fused into one, and down; then the output layer. A fused matrix concatenated
+beside the model's own would hold those weights twice (1.5x the model's bytes: 25 GB instead of
+16 for an 8B model in bfloat16), so the fused matrix becomes the only copy:
+
+- On the dense path (`F.linear`: every GPU, and CPUs where packing does not pay) the model's own
+  parameters are pointed at row slices of the fused matrix (`param.data = fused[a:b]`). They stay
+  the same `Parameter` objects, so Hugging Face's forward, optimizers and state dicts see the
+  same values in the same places.
+- On the packed path (oneDNN's blocked layout, `engine.linear`) the packed matrices are the copy
+  the forward reads, and the model's plain matrices are released: each parameter keeps its shape,
+  dtype and device on a one-element placeholder. They come back, bit for bit (`PackedLinear.dense`),
+  the first time anything runs one of the released modules (Hugging Face's forward, the
+  benchmark's `generate()` baseline) or asks for its state dict; from then on the model holds both.
+  The input embedding is never released (token lookup reads it), so a model whose output layer
+  is its embedding (tied) keeps the plain table beside the packed one.
+
+`output_weight` gives the output matrix's values whichever state the model is in.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.linear import Linear, choose_path, make_linear
+from engine.memory import trim_heap
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: Linear  # rows: query heads, then key heads, then value heads (bias likewise, if any)
+    qk_norm: torch.Tensor | None  # Qwen3's per-head RMSNorm weights, (query heads + key heads, head_dim)
+    out: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear  # rows: gate, then up
+    down: Linear
+
+
+@dataclass
+class LeanWeights:
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    head: Linear | None  # the output layer; None for a bare decoder (no output layer)
+    inv_freq: torch.Tensor
+    rope_scaling: float  # the rotary "attention factor" (1 except for yarn)
+
+    @property
+    def row_exact(self) -> bool:
+        """Whether every product gives each row the same bits alone as in a batch (`engine.linear`):
+        then, with attention computed per query as a one-token step does, a verify's logits for a
+        token equal bit for bit the logits a plain step would give it."""
+        products = [p for layer in self.layers for p in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+        return all(p.path == "packed" for p in products + ([self.head] if self.head is not None else []))
+
+
+@dataclass
+class _Released:
+    """A model's parameters whose values live only in packed products, and the hooks that bring them back."""
+
+    parts: list[tuple[torch.nn.Parameter, Linear, int, int]]  # parameter, product, its rows [a, b)
+    hooks: list = field(default_factory=list)
+
+
+_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (parameters' key, LeanWeights)
+_RELEASED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Released
+
+
+def weights_of(model: torch.nn.Module) -> LeanWeights:
+    """The model's weights for the lean forward, read once and kept while the model lives; read
+    again when its parameters were moved or changed in place (their storage or version differ)."""
+    cached = _WEIGHTS.get(model)
+    if cached is not None and cached[0] == _key(model):
+        return cached[1]
+    restore(model)  # the model changed since its matrices were released: their values back first
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors: the parameters may be trained later
+        weights = _read(model)
+    _WEIGHTS[model] = (_key(model), weights)
+    trim_heap()  # the replaced copies and the packing's scratch, back to the system
+    return weights
+
+
+def _key(model: torch.nn.Module) -> tuple:
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def _read(model: torch.nn.Module) -> LeanWeights:
+    base = model.base_model
+    head = model.get_output_embeddings() if base is not model else None
+    groups = []  # per layer: the modules of qkv, out, gate_up, down (fused where one input feeds several)
+    for layer in base.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        groups.append([[attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj],
+                       [mlp.down_proj]])
+    matrices = [module.weight for layer in groups for group in layer for module in group]
+    choice = choose_path(matrices + ([head.weight] if head is not None else []))
+    keep = {id(base.embed_tokens.weight)}  # token lookup reads the embedding's plain table
+    if model not in _WEIGHTS and next(model.parameters()).device.type == "cpu":
+        _own_storage(model, groups, head, keep if choice.path == "packed" else None)
+    released = _Released([])
+    owner = weakref.ref(model)  # the hooks must not keep the model alive
+
+    def bring_back(*_) -> None:
+        if owner() is not None:
+            restore(owner())
+
+    def product(modules: list[torch.nn.Linear]) -> Linear:
+        weight = _stack([m.weight for m in modules])
+        bias = _stack([m.bias for m in modules]) if modules[0].bias is not None else None
+        linear = make_linear(weight, choice, bias)
+        if linear.path == "packed":
+            row = 0
+            for module in modules:
+                if id(module.weight) not in keep:
+                    released.parts.append((module.weight, linear, row, row + module.weight.shape[0]))
+                    released.hooks.append(module.register_forward_pre_hook(bring_back))
+                    released.hooks.append(module.register_state_dict_pre_hook(bring_back))
+                row += module.weight.shape[0]
+        return linear
+
+    layers = []
+    for layer, (qkv, out, gate_up, down) in zip(base.layers, groups):
+        attn = layer.self_attn
+        qk_norm = None
+        if hasattr(attn, "q_norm"):  # Qwen3: each query and key head normalised before the rotary
+            qk_norm = torch.cat([attn.q_norm.weight.detach().expand(attn.config.num_attention_heads, -1),
+                                 attn.k_norm.weight.detach().expand(attn.config.num_key_value_heads, -1)])
+        layers.append(LayerWeights(layer.input_layernorm.weight.detach(), product(qkv), qk_norm, product(out),
+                                   layer.post_attention_layernorm.weight.detach(), product(gate_up), product(down)))
+    output = product([head]) if head is not None else None
+    for param, *_ in released.parts:  # the packed products hold these now
+        param.data = torch.zeros((), dtype=param.dtype, device=param.device).expand(param.shape)
+    if released.parts:
+        _RELEASED[model] = released
+    rotary = base.rotary_emb
+    return LeanWeights(base.embed_tokens.weight.detach(), layers, base.norm.weight.detach(), output,
+                       rotary.inv_freq.float(), float(rotary.attention_scaling))
+
+
+def _own_storage(model: torch.nn.Module, groups: list, head: torch.nn.Module | None, packed_keep: set | None) -> None:
+    """Give every parameter the lean weights will not copy or release a storage of its own.
+
+    A loader maps the weights file once and hands out views of it, and the mapping lives (and its
+    pages stay resident) while any of them does: the matrices fused or packed here would still
+    occupy it. A first read on the CPU therefore copies the rest (embedding, norms, the products it
+    keeps plain) out of the mapping, so that it closes once the fused and packed copies exist."""
+    moved = {id(p) for layer in groups for group in layer if len(group) > 1 for m in group
+             for p in (m.weight, m.bias) if p is not None}
+    if packed_keep is not None:  # packed: every matrix but the kept ones is released
+        moved |= {id(m.weight) for layer in groups for group in layer for m in group}
+        moved |= {id(head.weight)} if head is not None else set()
+        moved -= packed_keep
+    for param in model.parameters():  # each shared (tied) parameter once
+        if id(param) not in moved:
+            param.data = param.detach().clone()
+
+
+def _stack(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The parameters stacked by rows as one tensor that they are views of: theirs if they already
+    lie side by side in one storage (read before), else a new one they are pointed at."""
+    if len(params) == 1:
+        return params[0].detach()
+    rows = sum(p.shape[0] for p in params)
+    first = params[0]
+    if all(p.is_contiguous() and p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+           for p in params) and all(b.storage_offset() == a.storage_offset() + a.numel()
+                                    for a, b in zip(params, params[1:])):
+        return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
+    stacked = torch.cat([p.detach() for p in params])
+    row = 0
+    for p in params:
+        p.data = stacked[row: row + p.shape[0]]
+        row += p.shape[0]
+    return stacked
+
+
+def restore(model: torch.nn.Module) -> None:
+    """Give the model's released parameters their values again (no-op if none were released); the
+    packed products keep theirs. The parameters of one fused product become views of one matrix."""
+    released = _RELEASED.pop(model, None)
+    if released is None:
+        return
+    for hook in released.hooks:
+        hook.remove()
+    cached = _WEIGHTS.get(model)
+    current = cached is not None and cached[0] == _key(model)
+    with torch.inference_mode(False), torch.no_grad():
+        plain: dict[int, torch.Tensor] = {}
+        for param, linear, a, b in released.parts:
+            if id(linear) not in plain:
+                plain[id(linear)] = linear.dense()
+            param.data = plain[id(linear)][a:b].to(param.device, param.dtype)
+    if current:  # the same values as the products were packed from: the lean weights stay valid
+        _WEIGHTS[model] = (_key(model), cached[1])
+
+
+def output_weight(model: torch.nn.Module) -> torch.Tensor:
+    """The model's output matrix (vocab, hidden) with its values: the parameter, or, where the lean
+    forward released it, a plain copy rebuilt from the packed product (for the caller to drop)."""
+    weight = model.get_output_embeddings().weight
+    released = _RELEASED.get(model)
+    for param, linear, a, b in released.parts if released else []:
+        if param is weight:
+            return linear.dense()[a:b]
+    return weight.detach()

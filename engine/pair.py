@@ -1,0 +1,259 @@
+"""A target/drafter pair: the kinds of drafter (`DrafterKind`), what to load (`PairSpec`) and the
+loaded pair (`ModelPair`).
+
+`PairSpec` is the one description of a pair that the command line, the window's model panel and
+the Benchmark tab all build; its defaults are the defaults of all three. It writes itself as the
+command-line arguments that build it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from engine.cross_vocab import CrossVocabularyDrafter
+from engine.drafters import DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter
+from engine.errors import SpecDeckError
+from engine.heads import LoadedHead, names_head
+from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
+from engine.past_sessions import PastSessions
+from engine.suffix import SuffixIndex
+from engine.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
+from engine.vocabulary import VocabularyMatch
+
+
+class DrafterKind(str, Enum):
+    """What proposes the draft tokens; the value is the kind's command-line name."""
+
+    DRAFT_MODEL = "draft-model"
+    FEATURE_HEAD = "feature-head"
+    PROMPT_LOOKUP = "prompt-lookup"
+    SUFFIX = "suffix"
+    HYBRID = "hybrid"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def named(cls, name: str, where: str = "--drafter") -> DrafterKind:
+        """The kind with command-line name `name`, or a `SpecDeckError` listing the kinds."""
+        try:
+            return cls(name.strip())
+        except ValueError:
+            raise SpecDeckError(f"Unknown drafter {name!r} in {where}: choose from "
+                                f"{', '.join(kind.value for kind in cls)}.") from None
+
+    @property
+    def label(self) -> str:
+        """The kind as the window and the reports name it: 'draft model', 'prompt lookup'."""
+        return self.value.replace("-", " ")
+
+    @property
+    def description(self) -> str:
+        return {
+            DrafterKind.DRAFT_MODEL: "a smaller model, of the target's vocabulary or with a tokenizer of its own",
+            DrafterKind.FEATURE_HEAD: "a head on the target's own hidden state (EAGLE), trained for that target",
+            DrafterKind.PROMPT_LOOKUP: "copies what followed an earlier occurrence of the text's last tokens",
+            DrafterKind.SUFFIX: "copies the most frequent continuation from this and earlier texts (--suffix-scope)",
+            DrafterKind.HYBRID: "the suffix drafter's copy where it scores high, else the feature head or the draft "
+                                "model --draft names",
+        }[self]
+
+    @property
+    def needs_model(self) -> bool:
+        """Whether the kind loads a model of its own (a draft or a feature head)."""
+        return self in (DrafterKind.DRAFT_MODEL, DrafterKind.FEATURE_HEAD, DrafterKind.HYBRID)
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether the kind drafts from earlier texts (`DecodeConfig.suffix_scope`)."""
+        return self in (DrafterKind.SUFFIX, DrafterKind.HYBRID)
+
+    @property
+    def copies_text(self) -> bool:
+        """Whether the kind copies from the text: prompt lookup never runs before such a drafter."""
+        return not self.needs_model
+
+    @property
+    def hugging_face_runs(self) -> bool:
+        """Whether Hugging Face's assisted generation has this drafter (`assistant_model=` or
+        `prompt_lookup_num_tokens=`); it has none that reads the target's hidden state, nor a suffix one."""
+        return self in (DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP)
+
+    def builtin_model(self, target: str) -> str | None:
+        """The bundled draft or head of this kind for `target`, if SpecDeck ships one."""
+        if target != DEFAULT_TARGET:
+            return None
+        return {DrafterKind.DRAFT_MODEL: DEFAULT_DRAFT, DrafterKind.FEATURE_HEAD: DEFAULT_HEAD,
+                DrafterKind.HYBRID: DEFAULT_HEAD}.get(self)
+
+    def describe(self, model: str | None) -> str:
+        """The drafter as reports name it: 'draft NAME', 'feature head NAME', 'prompt lookup'."""
+        if self is DrafterKind.DRAFT_MODEL:
+            return f"draft {model}"
+        if self is DrafterKind.FEATURE_HEAD:
+            return f"feature head {model}"
+        if self is DrafterKind.HYBRID:
+            return "hybrid " + (DrafterKind.FEATURE_HEAD if names_head(model) else DrafterKind.DRAFT_MODEL).describe(model)
+        return self.label
+
+    def make_drafter(self, pair: ModelPair, history: SuffixIndex | None = None) -> Drafter:
+        """A drafter of this kind on `pair` for one session. A suffix drafter (also the hybrid's) reads
+        the pair's history and past sessions; given `history`, it reads that alone and leaves it as it is."""
+        if self is DrafterKind.PROMPT_LOOKUP:
+            return PromptLookupDrafter(device=pair.target.device)
+        model = None  # the pair's draft model or feature head, whichever it loaded
+        if pair.cross_vocabulary:
+            model = CrossVocabularyDrafter(pair.draft.model, pair.vocabulary, name=pair.draft.name,
+                                           output_ids=pair.draft.output_ids)
+        elif pair.draft is not None:
+            model = DraftModelDrafter(pair.draft.model, name=pair.draft.name, output_ids=pair.draft.output_ids)
+        elif pair.head is not None:
+            model = FeatureHeadDrafter(pair.head.head, pair.target.model, name=pair.head.name,
+                                       output_ids=pair.head.output_ids)
+        if self in (DrafterKind.DRAFT_MODEL, DrafterKind.FEATURE_HEAD):
+            return model
+        mine = history is None
+        suffix = SuffixDrafter(pair.history if mine else history, pair.past if mine else None, records=mine,
+                               min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
+                               device=pair.target.device)
+        return HybridDrafter(model, suffix) if self is DrafterKind.HYBRID else suffix
+
+
+DEFAULT_DRAFTER = DrafterKind.PROMPT_LOOKUP  # for targets without a built-in draft
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Which target and drafter to load, and how. `drafter` and `draft` left None are chosen by
+    `resolved()`: the built-in target's feature head, or prompt lookup for another target."""
+
+    target: str = DEFAULT_TARGET
+    draft: str | None = None  # a draft model or a feature head
+    drafter: DrafterKind | None = None
+    device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
+    dtype: str = "auto"  # auto, float32, bfloat16, float16
+    trust_remote_code: bool = False
+    backend: str = "auto"  # what runs a .gguf model: auto, torch, llama.cpp (`engine.backends`)
+
+    def __post_init__(self) -> None:
+        # what a text field or an option holds: blanks mean the default, a kind may come as its name
+        object.__setattr__(self, "target", (self.target or "").strip() or DEFAULT_TARGET)
+        object.__setattr__(self, "draft", (self.draft or "").strip() or None)
+        object.__setattr__(self, "device", (self.device or "").strip() or "auto")
+        object.__setattr__(self, "dtype", (self.dtype or "").strip() or "auto")
+        object.__setattr__(self, "backend", (self.backend or "").strip() or "auto")
+        if self.drafter is not None and not isinstance(self.drafter, DrafterKind):
+            object.__setattr__(self, "drafter", DrafterKind.named(self.drafter))
+
+    @property
+    def load_options(self) -> LoadOptions:
+        return LoadOptions(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
+                           backend=self.backend)
+
+    def with_drafter(self, drafter: DrafterKind | None, draft: str | None) -> PairSpec:
+        """The same target and options with another drafter."""
+        return replace(self, drafter=drafter, draft=draft)
+
+    def resolved(self) -> PairSpec:
+        """This spec with its drafter kind and model chosen, or a `SpecDeckError` saying what is missing.
+
+        With nothing chosen the built-in target gets its feature head (its distilled draft with the
+        draft-model drafter) and another target prompt lookup; a draft that names a feature head (an
+        alias or a folder) picks the feature-head drafter by itself."""
+        drafter, draft = self.drafter, self.draft
+        if drafter is not None and drafter.copies_text and draft:
+            raise SpecDeckError(f"The {drafter.label} drafter needs no draft model: drop --draft or choose "
+                                "--drafter draft-model.")
+        if drafter is None and draft:
+            drafter = DrafterKind.FEATURE_HEAD if names_head(draft) else DrafterKind.DRAFT_MODEL
+        elif drafter is None:
+            drafter = DrafterKind.FEATURE_HEAD if DrafterKind.FEATURE_HEAD.builtin_model(self.target) else DEFAULT_DRAFTER
+        draft = draft or drafter.builtin_model(self.target)
+        if drafter.needs_model and not draft:
+            raise SpecDeckError(f"The {drafter} drafter needs a model: pass --draft (in bench --drafters: {drafter}:MODEL).")
+        return replace(self, drafter=drafter, draft=draft)
+
+    @property
+    def drafter_entry(self) -> str:
+        """The drafter as `specdeck bench --drafters` lists it: kind or kind:MODEL."""
+        return f"{self.drafter}:{self.draft}" if self.draft else str(self.drafter)
+
+    def model_arguments(self) -> list[str]:
+        """The command-line arguments for the target and how to load it; defaults are left out."""
+        default = PairSpec()
+        arguments = ["--target", self.target] if self.target != default.target else []
+        for flag, value, default_value in (("--device", self.device, default.device),
+                                           ("--dtype", self.dtype, default.dtype),
+                                           ("--backend", self.backend, default.backend)):
+            if value != default_value:
+                arguments += [flag, value]
+        return arguments + (["--trust-remote-code"] if self.trust_remote_code else [])
+
+    def drafter_arguments(self) -> list[str]:
+        """The command-line arguments for the drafter and its model, if chosen."""
+        return (["--drafter", str(self.drafter)] if self.drafter else []) + (["--draft", self.draft] if self.draft else [])
+
+    def arguments(self) -> list[str]:
+        """The `specdeck run` or `specdeck bench` arguments that build this spec again."""
+        return self.model_arguments() + self.drafter_arguments()
+
+
+@dataclass
+class ModelPair:
+    """A loaded target and its drafter's model, if the drafter has one."""
+
+    target: LoadedModel
+    draft: LoadedModel | None = None
+    drafter_kind: DrafterKind | None = None  # None: plain decoding only
+    head: LoadedHead | None = None
+    # the texts of this pair's earlier sessions, which a suffix drafter also drafts from (token ids
+    # mean something for one tokenizer only, so the history belongs to the pair)
+    history: SuffixIndex = field(default_factory=SuffixIndex)
+    vocabulary: VocabularyMatch | None = None  # how a draft model's vocabulary relates to the target's
+    past: PastSessions | None = None  # past sessions' texts (suffix scope `all`); the target's tokenizer's by default
+
+    def __post_init__(self) -> None:
+        if self.past is None:
+            self.past = PastSessions(self.target.tokenizer)
+
+    @property
+    def cross_vocabulary(self) -> bool:
+        """Whether the draft model has a tokenizer of its own (`engine.cross_vocab`)."""
+        return self.vocabulary is not None and not self.vocabulary.same
+
+    @property
+    def hugging_face_runs(self) -> bool:
+        """Whether Hugging Face's assisted generation runs this pair's drafter (`DrafterKind`); a
+        draft with a tokenizer of its own only where its vocabulary size differs from the target's,
+        by which Hugging Face tells different tokenizers from the same one. A draft on llama.cpp is
+        no model Hugging Face can run."""
+        if not self.drafter_kind or not self.drafter_kind.hugging_face_runs:
+            return False
+        if self.draft is not None and self.draft.backend != "torch":
+            return False
+        return not self.cross_vocabulary or self.draft.model.config.vocab_size != self.target.model.config.vocab_size
+
+    def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
+        """A drafter for one session (`DrafterKind.make_drafter`), or None for plain decoding."""
+        return self.drafter_kind.make_drafter(self, history) if self.drafter_kind else None
+
+    @property
+    def description(self) -> str:
+        tail = self.drafter_description if self.drafter_kind else "plain"
+        where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
+        if self.target.backend != "torch":
+            where = f"on {self.target.device.type}, {self.target.backend}"
+        case = f"; {self.vocabulary.describe()}" if self.cross_vocabulary else ""
+        return f"target {self.target.name} + {tail} {where}{case}"
+
+    @property
+    def drafter_model(self) -> str | None:
+        """The name of the drafter's draft model or feature head, if it has one."""
+        return self.draft.name if self.draft else self.head.name if self.head else None
+
+    @property
+    def drafter_description(self) -> str:
+        if not self.drafter_kind:
+            return ""
+        return self.drafter_kind.describe(self.drafter_model) + (" (its own tokenizer)" if self.cross_vocabulary else "")

@@ -1,0 +1,101 @@
+"""The texts of past sessions that a suffix drafter reads under scope `all` (`DecodeConfig.suffix_scope`).
+
+Token ids mean something for one tokenizer only, so each tokenizer has its own file,
+`cache_root()/suffix/<tokenizer key>.tokens`, named by a hash of its vocabulary. The file holds
+whole texts (prompt and answer, as token ids), oldest first; past `max_tokens` the oldest are
+dropped. Every change rewrites the file whole through `engine.atomic`, so a crash leaves the old
+file or the new one. Two SpecDeck processes saving at once may each drop the other's newest text;
+nothing worse.
+
+Format: the line `specdeck-suffix 1`, then per text its length (uint32) and its ids (int32), little-endian.
+`specdeck cache --clear` removes these files with the other caches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import sys
+from array import array
+from pathlib import Path
+
+from engine.atomic import write_bytes
+from engine.cache import suffix_cache
+from engine.suffix import SuffixIndex
+
+MAGIC = b"specdeck-suffix 1\n"
+MAX_TOKENS = 200_000  # about 0.8 MB a tokenizer; indexing that many tokens takes about a second
+
+
+def tokenizer_key(tokenizer) -> str:
+    """A name for `tokenizer`'s ids: the same for tokenizers with the same vocabulary."""
+    vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    digest = hashlib.sha256("\n".join(f"{i} {piece}" for piece, i in vocabulary).encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()[:16]
+
+
+def read_texts(path: Path) -> list[list[int]]:
+    """The texts of a store file; none for a missing, foreign or damaged file (the next save replaces it)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    if not data.startswith(MAGIC):
+        return []
+    texts, at = [], len(MAGIC)
+    while at + 4 <= len(data):
+        (length,) = struct.unpack_from("<I", data, at)
+        end = at + 4 + 4 * length
+        if end > len(data):
+            return texts  # cut short: keep the whole texts before it
+        ids = array("i", data[at + 4: end])
+        if sys.byteorder != "little":
+            ids.byteswap()
+        texts.append(ids.tolist())
+        at = end
+    return texts
+
+
+def encode_texts(texts: list[list[int]]) -> bytes:
+    parts = [MAGIC]
+    for text in texts:
+        ids = array("i", text)
+        if sys.byteorder != "little":
+            ids.byteswap()
+        parts += [struct.pack("<I", len(text)), ids.tobytes()]
+    return b"".join(parts)
+
+
+class PastSessions:
+    """One tokenizer's store of past sessions' texts, read once (on first use) into a `SuffixIndex`."""
+
+    def __init__(self, tokenizer, max_tokens: int = MAX_TOKENS) -> None:
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self._path: Path | None = None
+        self._index: SuffixIndex | None = None
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:  # hashing a vocabulary takes a moment: only for sessions that use the store
+            self._path = suffix_cache() / f"{tokenizer_key(self.tokenizer)}.tokens"
+        return self._path
+
+    def index(self) -> SuffixIndex:
+        """The past sessions' texts as they were when first asked for (what this process saves
+        later is in the session's own history already)."""
+        if self._index is None:
+            self._index = SuffixIndex()
+            for text in read_texts(self.path):
+                self._index.extend(text)
+                self._index.separate()
+        return self._index
+
+    def save(self, ids: list[int]) -> None:
+        """Add one text (prompt and answer) to the store, dropping the oldest past `max_tokens`."""
+        texts = read_texts(self.path) + [list(ids)]
+        total = sum(len(text) for text in texts)
+        while len(texts) > 1 and total > self.max_tokens:
+            total -= len(texts.pop(0))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes(self.path, encode_texts(texts))

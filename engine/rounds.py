@@ -1,0 +1,208 @@
+"""What a decoding round works with, besides the rule that judges its drafts (`engine.decoding`).
+
+- `Drafts`: where a round's drafts come from: the drafter's copier (prompt lookup, a hybrid's
+  suffix drafter) where the text repeats itself, else the drafter; in a tree round, the other
+  first tokens it found likely beside its first draft.
+- `Schedule`: how much each round drafts (`DecodeConfig.schedule`; the auto planner is
+  `engine.autotune.RoundPlanner`).
+- `TargetForward`: the target's forwards over its KV cache, with the cache's invariant kept after
+  every round, and the target's hidden states handed to a drafter that reads them (a feature head).
+- `Clock`: the round's draft and verify times, read after a device synchronisation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.autotune import RoundPlanner, Shape, round_label
+from engine.config import DecodeConfig
+from engine.drafters import Drafter, Proposal
+from engine.kvcache import CachedModel, synchronize
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a round verifies: a chain of drafts (copied from earlier text by prompt lookup if
+    `copied`) and, in a tree, alternatives to the chain's first token, each beside it."""
+
+    proposal: Proposal
+    copied: bool = False
+    alternatives: list[int] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.proposal.tokens
+
+    @property
+    def label(self) -> str:
+        return round_label(len(self.tokens), self.copied, len(self.alternatives))
+
+    def tree(self, newest: int) -> tuple[list[int], list[int]]:
+        """The target's input for this round and each input's parent (-1: the last cached token):
+        the newest kept token, the chain under it, then the alternatives, children of the newest
+        kept token like the chain's first draft. Row i of the forward scores what follows input i."""
+        n = len(self.tokens)
+        return [newest] + self.tokens + self.alternatives, list(range(-1, n)) + [0] * len(self.alternatives)
+
+
+class Drafts:
+    """A session's drafting: the drafter and, before a drafter that does not copy text itself, its
+    copier (`Drafter.copier`, `DecodeConfig.lookup`: where the text so far repeats, copying what
+    followed costs no model call)."""
+
+    def __init__(self, drafter: Drafter | None, config: DecodeConfig, vocab_width: int, device: torch.device) -> None:
+        self.drafter = drafter
+        copies = drafter is not None and config.lookup > 0 and not drafter.copies_text
+        self.copier = drafter.copier(device) if drafter is not None and copies else None
+        self.copy_length = config.lookup if copies else 0  # the most tokens a round copies
+        self.name = (drafter.name + (f" + {self.copier.name}" if self.copier else "")) if drafter else ""
+        self.config = config
+        self.vocab_width = vocab_width
+        self.device = device
+
+    def begin(self, prompt_ids: list[int], generator: torch.Generator) -> None:
+        for drafter in (self.drafter, self.copier):
+            if drafter is not None:
+                drafter.begin(prompt_ids, self.config, self.vocab_width, generator)
+
+    def propose(self, ids: list[int], shape: Shape, room: int) -> Draft:
+        """This round's drafts after the kept tokens `ids`, as `shape` plans them: copies where the
+        text repeats, else the drafter's (with shape.width - 1 alternatives to its first); never more
+        than `room`, what could still be kept, and none for a plain step."""
+        if self.drafter is not None and room > 0:
+            if self.copier is not None and shape.copy:
+                copied = self.copier.propose(ids, min(shape.copy, room))
+                if copied.tokens:
+                    return Draft(copied, copied=True)
+            if shape.k:
+                proposal = self.drafter.propose(ids, min(shape.k, room))
+                return Draft(proposal, alternatives=proposal.alternatives(shape.width))
+        return Draft(Proposal.none(self.vocab_width, self.device))
+
+    def end(self, ids: list[int]) -> None:
+        for drafter in (self.drafter, self.copier):
+            if drafter is not None:
+                drafter.end(ids)
+
+
+class Schedule:
+    """Each round's shape. `auto`: the planner's (`engine.autotune`); `constant`: K drafts every
+    round; `heuristic`: K + 2 after a round whose drafts all passed, K - 1 after one with a refusal,
+    within [1, max_k]. A round that copies from the text (`Drafts`) copies up to `copy_length` tokens."""
+
+    def __init__(self, config: DecodeConfig, copy_length: int, planner: RoundPlanner | None) -> None:
+        self.config = config
+        self.planner = planner
+        self.fixed = Shape(copy_length, config.k)
+
+    def plan(self) -> Shape:
+        return self.planner.plan() if self.planner else self.fixed
+
+    def record(self, shape: Shape, draft: Draft, accepted: int, clock: Clock, first_logits: torch.Tensor) -> None:
+        """What the round planned and what came of it: `accepted` of the chain's drafts passed, and
+        `first_logits` are the target's for the chain's first position."""
+        n, copied = len(draft.tokens), draft.copied
+        if self.planner:
+            # where the target's first token stood among the drafter's choices (0: its first draft)
+            rank = draft.proposal.rank(int(first_logits.argmax())) if n and not copied else None
+            self.planner.record(shape, copied, n, accepted, clock.draft_ms, clock.verify_ms, clock.round_ms(), rank,
+                                len(draft.alternatives))
+        elif self.config.schedule == "heuristic" and n and not copied:
+            k = min(shape.k + 2, self.config.max_k) if accepted == n else max(1, shape.k - 1)
+            self.fixed = Shape(self.fixed.copy, k)
+
+    def describe(self) -> str:
+        return self.planner.describe() if self.planner else ""
+
+
+class TargetForward:
+    """The target over its KV cache (`engine.kvcache`), whose invariant holds between rounds: the
+    cache holds every kept token but the newest, which opens the next round's forward.
+
+    A drafter that drafts from the target's last hidden states (`Drafter.needs_states`, a feature
+    head) is handed the states of every kept token, in order, from the forwards that computed them."""
+
+    def __init__(self, model: torch.nn.Module, drafter: Drafter | None) -> None:
+        self.lm = CachedModel(model, taps=drafter.feature_layers if drafter is not None else ())
+        self.supports_trees = self.lm.supports_trees
+        self.reader = drafter if drafter is not None and drafter.needs_states else None
+        self._cached = 0
+        self._hidden: torch.Tensor | None = None
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        """Cache every prompt token but the last, the newest kept token."""
+        if len(prompt_ids) <= 1:
+            return
+        if self.reader:
+            self.reader.observe(self.lm.states(self.lm.forward_hidden(prompt_ids[:-1])))
+        else:
+            self.lm.forward(prompt_ids[:-1], last_only=True)
+
+    def forward(self, newest: int, draft: Draft) -> torch.Tensor:
+        """Logits for each input of the round's tree (`Draft.tree`) after the cached tokens, in one
+        forward: with tree attention where alternatives stand beside the chain."""
+        self._cached = len(self.lm)
+        if draft.alternatives:
+            self._hidden = self.lm.forward_tree(*draft.tree(newest))
+        elif self.reader:
+            self._hidden = self.lm.forward_hidden([newest] + draft.tokens)
+        else:
+            return self.lm.forward([newest] + draft.tokens)
+        return self.lm.logits(self._hidden)
+
+    def keep(self, path: list[int]) -> None:
+        """Keep the last forward's inputs `path` (the newest kept token's row first, then the accepted
+        drafts') in the cache after the tokens cached before it; drop the rest."""
+        if path[-1] == len(path) - 1:  # a prefix of the forward: crop after it
+            self.lm.crop(self._cached + len(path))
+        else:  # a tree's side branch: its rows moved in after the cached tokens
+            self.lm.compact(path)
+        if self.reader and self._hidden is not None:
+            self.reader.observe(self.lm.states(self._hidden)[path])
+
+
+class Clock:
+    """A round's times. A reading that ends device work first synchronises (`engine.kvcache`), so
+    that queued kernels count where they ran; a round's start does not need to, since the last
+    reading left nothing queued."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.decode_started: float | None = None
+        self.round_started = self.verify_started = self.verify_ended = 0.0
+
+    def now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def ms_since(self, started: float) -> float:
+        return (self.now() - started) * 1e3
+
+    def start_round(self) -> None:
+        self.round_started = time.perf_counter()
+        if self.decode_started is None:
+            self.decode_started = self.round_started
+
+    def drafted(self) -> None:
+        self.verify_started = self.now()
+
+    def verified(self) -> None:
+        self.verify_ended = self.now()
+
+    @property
+    def draft_ms(self) -> float:
+        return (self.verify_started - self.round_started) * 1e3
+
+    @property
+    def verify_ms(self) -> float:
+        return (self.verify_ended - self.verify_started) * 1e3
+
+    def round_ms(self) -> float:
+        return (time.perf_counter() - self.round_started) * 1e3
+
+    def decode_s(self) -> float:
+        """Seconds since the first round started: decoding time so far, prefill excluded."""
+        return time.perf_counter() - (self.decode_started or 0.0)

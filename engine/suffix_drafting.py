@@ -1,0 +1,123 @@
+"""Suffix drafting (SuffixDecoding, Oliaro et al. 2024; vLLM's `suffix` method): drafts copied from
+text already written, and the hybrid that copies them before a model drafter.
+
+- `SuffixDrafter` finds the longest suffix of the kept tokens that occurred earlier, in this
+  request's own text (prompt and answer so far) and in the earlier texts its scope allows
+  (`DecodeConfig.suffix_scope`: this session's answers, past sessions' from the cache folder), and
+  drafts the most frequent continuation after it: at most max_spec_factor x the match's length,
+  stopping where the path's share of what followed falls below `min_share`. Its other first tokens
+  come along as branches, which a tree round verifies beside the path. q is one-hot on each draft,
+  so the rejection rule accepts a draft with probability p(draft) and sampling stays exact.
+- `HybridDrafter` is a model drafter (feature head or draft model) whose copier is a suffix
+  drafter that drafts only when its path's score (the tokens its frequencies expect to be right)
+  reaches `min_score`; the paper's hybrid with EAGLE. The decoding loop tries the copier first
+  and asks the model where it has nothing, as it does with prompt lookup before other drafters.
+
+`python -m engine.bench.suffix_round` times a round of it with 100,000 tokens of earlier texts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.drafters import Drafter, Proposal, one_hot
+from engine.past_sessions import PastSessions
+from engine.suffix import Match, SuffixIndex
+
+HYBRID_MIN_SCORE = 2.0  # a copy the text's frequencies expect to keep at least two tokens of
+
+
+class SuffixDrafter(Drafter):
+    """Drafts from earlier text: this request's, `history` (the answers written since SpecDeck
+    started, scope `session` and `all`) and `past` (past sessions', scope `all`). A request's text
+    joins `history`, and under scope `all` the store of `past`, when it ends, unless `records` is
+    False (a benchmark keeps a prompt's runs out of its own history)."""
+
+    name = "suffix"
+    copies_text = True
+
+    def __init__(self, history: SuffixIndex | None = None, past: PastSessions | None = None, records: bool = True,
+                 max_spec_factor: float = 1.0, min_share: float = 0.1, min_score: float = 0.0,
+                 device: torch.device | str = "cpu") -> None:
+        self.history = history
+        self.past = past
+        self.records = records
+        self.max_spec_factor = max_spec_factor
+        self.min_share = min_share
+        self.min_score = min_score
+        self.device = torch.device(device)
+
+    def begin(self, prompt_ids, config, vocab_width, generator) -> None:
+        super().begin(prompt_ids, config, vocab_width, generator)
+        self._own = SuffixIndex()
+        self._own.extend(prompt_ids)
+        earlier = []
+        if config.suffix_scope != "prompt" and self.history is not None:
+            earlier.append(("session", self.history))
+        if config.suffix_scope == "all" and self.past is not None:
+            earlier.append(("past", self.past.index()))
+        # earlier texts do not change during a request, so their matches stream along with the kept tokens
+        self._earlier = [(source, index, index.stream(prompt_ids)) for source, index in earlier]
+
+    def propose(self, ids: list[int], k: int) -> Proposal:
+        kept = ids[self._own.tokens:]
+        self._own.extend(kept)
+        self._earlier = [(source, index, index.stream(kept, match)) for source, index, match in self._earlier]
+        candidates = [("prompt", self._own, self._own.earlier())]
+        candidates += [(source, index, index.continued(match)) for source, index, match in self._earlier]
+        candidates.sort(key=lambda candidate: -candidate[2].length)  # stable: the request's own first on a tie
+        for source, index, match in candidates:
+            longest = min(k, int(self.max_spec_factor * match.length))
+            if longest <= 0:
+                break
+            tokens, score = index.scored_walk(match, longest, self.min_share)
+            if tokens and score >= self.min_score:
+                return one_hot(tokens, self.vocab_width, self.device, source=source, match_length=match.length,
+                               branches=self._branches(index, match, tokens[0]))
+        return self._empty(self.device)
+
+    def _branches(self, index: SuffixIndex, match: Match, first: int) -> list[int]:
+        """The match's other frequent continuations (at least `min_share` of what followed it), most frequent first."""
+        top, total = index.ranked(match.state)
+        return [token for token, count in top if token != first and count >= self.min_share * total]
+
+    def end(self, ids: list[int]) -> None:
+        if not self.records or self.config.suffix_scope == "prompt":
+            return
+        if self.history is not None:
+            self.history.extend(ids)
+            self.history.separate()
+        if self.config.suffix_scope == "all" and self.past is not None:
+            self.past.save(ids)
+
+
+class HybridDrafter(Drafter):
+    """A model drafter with a suffix drafter as its copier: per round, the suffix draft where its
+    score is high enough, else the model's (the decoding loop chooses, as with any copier)."""
+
+    copies_text = False  # it copies through its copier, which the loop runs first
+
+    def __init__(self, model: Drafter, suffix: SuffixDrafter) -> None:
+        self.model = model
+        self.suffix = suffix
+        self.name = model.name
+        self.needs_states = model.needs_states
+        self.module = model.module
+        self.context_length = model.context_length
+
+    def copier(self, device: torch.device) -> Drafter:
+        return self.suffix
+
+    def begin(self, prompt_ids, config, vocab_width, generator) -> None:
+        super().begin(prompt_ids, config, vocab_width, generator)
+        self.model.begin(prompt_ids, config, vocab_width, generator)
+
+    def propose(self, ids: list[int], k: int) -> Proposal:
+        return self.model.propose(ids, k)
+
+    def observe(self, states: torch.Tensor) -> None:
+        self.model.observe(states)
+
+    def end(self, ids: list[int]) -> None:
+        self.model.end(ids)
+

@@ -1,0 +1,179 @@
+"""A session told as events (`engine.events`): each round's token events in the order a reader
+meets them, its `RoundEvent`, and the summary, with the kept text and the counts (`engine.stats`).
+
+Per round: the kept tokens in order (the accepted drafts, then the target's own token: resampled
+after a refusal, a bonus after a round whose drafts all passed, plain without drafts); the refused
+drafts come just before the token kept in place of the first of them, each at the position it was
+proposed for: the first refused one (and a tree's alternatives beside it) rejected, the chain's
+drafts after it discarded, never judged. A stop (an end-of-text token, a stop string) cuts a round
+short, and its counts hold the shown drafts only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import DecodeConfig
+from engine.detok import Detokenizer
+from engine.drafters import DraftPiece
+from engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
+from engine.models import LoadedModel
+from engine.rounds import Clock, Draft
+from engine.sampling import logits_to_probs, require_finite
+from engine.stats import SessionStats
+
+Refused = tuple[int, float, float, int, DraftPiece | None]  # a refused draft: token, p, q, depth, what a draft wrote
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the target made of a round's drafts, as shown: the kept tokens (the first `accepted`
+    of them drafts, the last the target's own, in state `last`), each one's p and q (None where
+    nothing drafted it), and the refused drafts, shown before kept token `first_refused`. A draft
+    with a tokenizer of its own (`engine.cross_vocab`) adds what it wrote for each kept draft."""
+
+    kept: list[int]
+    accepted: int
+    last: TokenState
+    p: list[float]
+    q: list[float | None]
+    refused: list[Refused]
+    first_refused: int
+    pieces: list[DraftPiece | None] | None = None
+
+    @classmethod
+    def of(cls, draft: Draft, m: int, path: list[int], token: int, p: torch.Tensor, logits: torch.Tensor,
+           config: DecodeConfig) -> Verdict:
+        """The verdict on `draft` whose chain passed its first m drafts (`engine.decoding.verify`,
+        which gave p for the chain's rows), where the round keeps the forward's inputs `path` and
+        then `token`."""
+        n = len(draft.tokens)
+        drafted = draft.tokens + draft.alternatives  # the forward's inputs after the newest kept token
+        kept = [drafted[row - 1] for row in path[1:]] + [token]
+        accepted = len(path) - 1
+        beside = path[-1] > n  # the target's token was an alternative beside the chain
+        if beside:  # p of the alternative at the first row, of the bonus at the alternative's own
+            p_kept = [float(p[0, kept[0]]), float(logits_to_probs(logits[path[1]], config)[kept[1]])]
+        else:
+            p_kept = p[torch.arange(m + 1, device=p.device), torch.tensor(kept, device=p.device)].tolist()
+        last = TokenState.PLAIN if not n else (TokenState.BONUS if beside or m == n else TokenState.RESAMPLED)
+        drawn = accepted + (last is TokenState.RESAMPLED)  # tokens with a q: a resampled token has the refused draft's
+        q = draft.proposal.q
+        q_kept = q[torch.arange(drawn), torch.tensor(kept[:drawn], device=p.device)].tolist() if drawn else []
+        pieces = draft.proposal.pieces
+        refused = _refused_drafts(draft.tokens[m:], p[m:n], q[m:n], m + 1, pieces)  # the first refused, those after
+        if m == 0 and draft.alternatives:  # the alternatives not taken (where all of them were judged)
+            refused += _refused_drafts([t for t in draft.alternatives if t != kept[0]], p[0], q[0], 1)
+        kept_pieces = [pieces[i] if i < accepted and not beside else None for i in range(len(kept))] if pieces else None
+        return cls(kept, accepted, last, p_kept, q_kept + [None] * (len(kept) - drawn), refused, m, kept_pieces)
+
+
+def _refused_drafts(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int,
+                    pieces: list[DraftPiece] | None = None) -> list[Refused]:
+    """Refused drafts with their p and q: one row of p and q per token from `depth` on (a chain,
+    whose pieces are the proposal's from `depth` on), or one row for all (alternatives, all at `depth`)."""
+    if not tokens:
+        return []
+    index = torch.tensor(tokens, device=p.device)
+    if p.dim() == 1:
+        return [(t, pv, qv, depth, None) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
+    rows = torch.arange(len(tokens), device=p.device)
+    return [(t, pv, qv, depth + i, pieces[depth + i - 1] if pieces else None) for i, (t, pv, qv) in
+            enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))]
+
+
+def _piece_fields(piece: DraftPiece | None) -> dict:
+    """A `TokenEvent`'s fields for what a draft with a tokenizer of its own wrote for the token."""
+    return {"draft_tokens": piece.tokens, "draft_q": piece.q} if piece is not None else {}
+
+
+class Transcript:
+    """The session's events, the kept text and the counts; and whether and why it stopped."""
+
+    def __init__(self, target: LoadedModel, config: DecodeConfig, budget: int) -> None:
+        self.eos = target.eos_ids
+        self.dtype = target.dtype
+        self.stop_strings = config.stop_strings
+        self.budget = budget  # new tokens the session may keep
+        self.detok = Detokenizer(target.tokenizer)
+        self.stats = SessionStats()
+        self.new_tokens = 0
+        self.rounds = 0
+        self.stop_reason = "max_new_tokens" if budget == config.max_new_tokens else "context"
+        self.stopped = False
+
+    @property
+    def finished(self) -> bool:
+        return self.stopped or self.new_tokens >= self.budget
+
+    @property
+    def room(self) -> int:
+        """Drafts the next round could still keep: the budget left, less the target's own token."""
+        return self.budget - self.new_tokens - 1
+
+    def stop(self, reason: str) -> None:
+        self.stop_reason = reason
+        self.stopped = True
+
+    def start(self, event: SessionStarted) -> SessionStarted:
+        self.stats.add(event)
+        return event
+
+    def tokens(self, draft: Draft, verdict: Verdict, ids: list[int]) -> list[TokenEvent]:
+        """A round's token events, up to a stop; each kept token shown is appended to `ids`."""
+        require_finite(verdict.p, self.dtype, self.new_tokens)
+        self.rounds += 1
+        start = self.new_tokens  # the round's first position
+        events: list[TokenEvent] = []
+        for i, token in enumerate(verdict.kept):
+            if verdict.refused and i == verdict.first_refused:
+                events += self._refused_events(verdict.refused, draft, start)
+            accepted = i < verdict.accepted
+            final = token in self.eos or self.new_tokens + 1 == self.budget
+            events.append(TokenEvent(TokenState.ACCEPTED if accepted else verdict.last, token,
+                                     self.detok.push(token, final), self.new_tokens, self.rounds, verdict.p[i],
+                                     verdict.q[i], copied=draft.copied and accepted, depth=i + 1 if accepted else 0,
+                                     source=draft.proposal.source if accepted else "",
+                                     **_piece_fields(verdict.pieces[i] if verdict.pieces else None)))
+            ids.append(token)
+            self.new_tokens += 1
+            if token in self.eos:
+                self.stop("eos")
+            elif self.stop_strings and any(s in self.detok.text[-64 - len(s):] for s in self.stop_strings):
+                self.stop("stop_string")
+            if self.stopped:
+                break
+        return events
+
+    def _refused_events(self, refused: list[Refused], draft: Draft, start: int) -> list[TokenEvent]:
+        """Events for a round's refused drafts (the round starts at position `start`; a draft at depth
+        d was proposed for start + d - 1): the first of the chain's was judged and rejected, as were a
+        tree's alternatives beside it; the chain's drafts after it were never judged (discarded)."""
+        texts = self.detok.peek([token for token, *_ in refused])
+        first_depth = refused[0][3]
+        return [TokenEvent(TokenState.REJECTED if i == 0 or depth == first_depth else TokenState.DISCARDED, token,
+                           text, start + depth - 1, self.rounds, pv, qv, copied=draft.copied, depth=depth,
+                           source=draft.proposal.source, **_piece_fields(piece))
+                for i, ((token, pv, qv, depth, piece), text) in enumerate(zip(refused, texts))]
+
+    def round(self, events: list[TokenEvent], draft: Draft, clock: Clock) -> Iterator[Event]:
+        """The round's token events, then its `RoundEvent` (made before any is handed out, so that a
+        slow reader does not slow the figures), each counted as it goes out."""
+        accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
+        discarded = sum(1 for e in events if e.state is TokenState.DISCARDED)
+        drafted = accepted + discarded + sum(1 for e in events if e.state is TokenState.REJECTED)
+        round_event = RoundEvent(self.rounds, drafted, accepted, clock.draft_ms, clock.verify_ms, self.new_tokens,
+                                 clock.decode_s(), copied=draft.copied, shape=draft.label,
+                                 match_length=draft.proposal.match_length, discarded=discarded,
+                                 draft_tokens=draft.proposal.draft_tokens)
+        out: list[Event] = [*events, round_event]
+        for event in out:
+            self.stats.add(event)
+            yield event
+
+    def summary(self, plan: str) -> SummaryEvent:
+        self.detok.flush()
+        return self.stats.summary(self.detok.text, self.stop_reason, plan)

@@ -1,0 +1,49 @@
+"""One source of defaults: a fresh window, `specdeck run` and `specdeck bench` without options load
+the same pair, decode with the same settings and benchmark the same way."""
+
+from app.bench_tab import BenchmarkTab
+from app.panels import DecodingPanel, ModelPanel
+from cli.bench import bench_settings, bench_specs
+from cli.main import build_parser
+from cli.options import decode_config, pair_spec
+from engine.bench.runner import BenchSettings
+from engine.config import DecodeConfig
+from engine.pair import DrafterKind, PairSpec
+
+
+def test_window_command_line_and_benchmark_share_their_defaults(qtbot):
+    """The model panel, the decoding panel and the Benchmark tab start from the values the command
+    line takes when given no options, which are the dataclasses' own."""
+    parser = build_parser()
+    run = parser.parse_args(["run"])
+    bench = parser.parse_args(["bench", "--out", "results"])
+    models, decoding, benchmark = ModelPanel(), DecodingPanel(), BenchmarkTab()
+    for widget in (models, decoding, benchmark):
+        qtbot.addWidget(widget)
+
+    pair = models.spec()
+    assert pair == pair_spec(run).resolved() == pair_spec(bench).resolved() == PairSpec().resolved()
+    assert pair.drafter is DrafterKind.FEATURE_HEAD and pair.draft
+    assert decoding.config() == decode_config(run) == DecodeConfig()
+    assert decoding.chat.isChecked() and not run.no_chat
+    assert benchmark.settings() == bench_settings(bench) == BenchSettings()
+    assert benchmark.other_drafters(pair) == [] and bench_specs(bench) == [pair_spec(bench)]
+
+
+def test_benchmark_tab_writes_the_command_that_rebuilds_its_pair_and_settings(qtbot):
+    """The Benchmark tab's `specdeck bench` line, parsed by the command line, names the panel's pair,
+    the other drafters and the tab's settings."""
+    benchmark = BenchmarkTab()
+    qtbot.addWidget(benchmark)
+    benchmark.ks.setText("auto,2")
+    benchmark.lookups.setText("0,3")
+    benchmark.drafters.setText("prompt-lookup,suffix")
+    benchmark.repeats.setValue(2)
+    pair = PairSpec("models/target", "models/draft", DrafterKind.DRAFT_MODEL, "cpu", "float32", True)
+    argv = benchmark.command_line(pair).split()
+    assert argv[:2] == ["specdeck", "bench"]
+    args = build_parser().parse_args(argv[1:])
+    assert bench_specs(args) == [pair, *benchmark.other_drafters(pair)]
+    assert [spec.drafter for spec in bench_specs(args)] == [DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP,
+                                                            DrafterKind.SUFFIX]
+    assert bench_settings(args) == benchmark.settings()

@@ -1,0 +1,56 @@
+"""The window on the GPU (part of the GPU set, `pytest -m cuda`): Compare's greedy runs agree, and
+running out of GPU memory leaves it usable. Skipped, with the reason, where there is no GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.cuda
+TIMEOUT_MS = 120_000
+
+
+def _run(qtbot, window, button) -> None:
+    button.click()
+    qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
+
+
+@pytest.fixture
+def gpu_window(window, device):
+    """The window set to load its tiny pair on the GPU in float32."""
+    window.model_panel.device.setCurrentText(device.type)
+    window.model_panel.dtype.setCurrentText("float32")
+    return window
+
+
+def test_compare_on_the_gpu_marks_greedy_runs_identical(qtbot, gpu_window, errors, device):
+    """Compare on the GPU: the speculative and the plain greedy text are the same, and the window says so."""
+    _run(qtbot, gpu_window, gpu_window.compare_button)
+    assert errors == []
+    assert gpu_window.host.pair.device.startswith(device.type)
+    speculative, plain = gpu_window.records
+    assert speculative.summary.text == plain.summary.text
+    assert "identical" in gpu_window.comparison.text()
+
+
+def test_running_out_of_gpu_memory_leaves_the_window_usable(qtbot, gpu_window, errors, cuda, monkeypatch):
+    """A session that asks the GPU for more than it has (a real CUDA allocation) shows what to try;
+    the memory it held is given back, and the next run on the GPU completes."""
+    import engine.session
+
+    real_generate, calls = engine.session.generate, []
+
+    def too_big_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            torch.empty(2 * torch.cuda.get_device_properties(cuda).total_memory, dtype=torch.uint8, device=cuda)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine.session, "generate", too_big_once)
+    _run(qtbot, gpu_window, gpu_window.model_panel.load_button)
+    held = torch.cuda.memory_allocated(cuda)
+    _run(qtbot, gpu_window, gpu_window.run_button)
+    assert len(errors) == 1 and errors[0][1].startswith("Out of memory on the GPU.")
+    assert torch.cuda.memory_allocated(cuda) == held
+    _run(qtbot, gpu_window, gpu_window.run_button)
+    assert len(errors) == 1 and gpu_window.records[-1].summary.new_tokens > 0

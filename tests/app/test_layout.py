@@ -1,0 +1,44 @@
+"""The window fits a laptop: its minimum size, charts that reflow instead of clipping, a settings
+panel that collapses."""
+
+from __future__ import annotations
+
+SMALL_SCREEN = (1024, 700)
+TITLE_BAR = 40  # what a window manager's frame takes of the screen's height, about
+
+
+def _run(qtbot, window, button) -> None:
+    button.click()
+    qtbot.waitUntil(lambda: window.idle, timeout=60_000)
+
+
+def test_window_fits_a_1024_by_700_screen_before_and_after_a_compare(qtbot, window):
+    """The minimum size stays within a 1024x700 screen, also once a compare run filled the views."""
+    for _ in range(2):
+        hint = window.minimumSizeHint()
+        assert hint.width() <= SMALL_SCREEN[0] and hint.height() <= SMALL_SCREEN[1] - TITLE_BAR, hint
+        _run(qtbot, window, window.compare_button)
+
+
+def test_charts_reflow_and_keep_their_size_on_a_small_screen(qtbot, window):
+    """At 1024x700 the charts take fewer columns (the rest scrolls) and none is narrower or lower
+    than it needs for its axes; wide, three columns with the figures beside them."""
+    from app.charts import CHART_HEIGHT, CHART_WIDTH
+
+    window.resize(*SMALL_SCREEN)
+    qtbot.waitUntil(lambda: window.charts._place is not None and window.charts._place[0] < 3, timeout=2000)
+    for plot in window.charts.plots:
+        assert plot.width() >= CHART_WIDTH - 20 and plot.height() >= CHART_HEIGHT
+    window.resize(1920, 1080)
+    qtbot.waitUntil(lambda: window.charts._place[:2] == (3, True), timeout=2000)
+
+
+def test_settings_panel_collapses_and_comes_back(qtbot, window):
+    """View > Settings panel hides the left column (the views take its room) and shows it again."""
+    window.resize(1366, 768)
+    before = window.tabs.width()
+    window.settings_action.trigger()
+    qtbot.waitUntil(lambda: window.tabs.width() > before, timeout=2000)
+    assert not window.settings_panel.isVisible()
+    window.settings_action.trigger()
+    assert window.settings_panel.isVisible() and window.run_button.isVisible()
