@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import platform
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
@@ -29,6 +28,7 @@ import torch
 
 from engine import linear
 from engine.atomic import write_text
+from engine.cache import machine_name
 from engine.errors import SpecDeckError
 from engine.kvcache import CachedModel, synchronize
 
@@ -73,17 +73,6 @@ class CostCurve:
 
     def describe(self) -> str:
         return ", ".join(f"{n}: {t:.1f}" for n, t in zip(self.tokens, self.forward_ms)) + " ms"
-
-
-def machine_name() -> str:
-    """The CPU's model name (or the GPU's), for cache keys and reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def measure_curve(model: torch.nn.Module, tokens: tuple[int, ...] = CURVE_TOKENS, passes: int = 3,

@@ -93,8 +93,7 @@ def choose_backend(name: str, requested: str, device: torch.device, dtype: str,
 def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) -> bool:
     """Whether a plain step of `path` is faster on llama.cpp than on torch here (measured once, then saved)."""
     from engine.atomic import write_text
-    from engine.autotune import machine_name
-    from engine.cache import costs_cache
+    from engine.cache import costs_cache, machine_name
     from engine.llamacpp_backend import library
 
     stat = path.stat()

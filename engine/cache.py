@@ -10,6 +10,7 @@ run by llama.cpp keeps only its tokenizer here, in a folder named `TOKENIZER_SUF
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,17 @@ def cache_root() -> Path:
         return Path(os.environ["SPECDECK_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "specdeck"
+
+
+def machine_name() -> str:
+    """The CPU's model name, for the keys of what is measured on it (`costs_cache`) and for reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def gguf_cache() -> Path:

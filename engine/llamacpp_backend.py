@@ -88,7 +88,7 @@ class LlamaCppModel:
         llama.llama_model_desc(handle, description, len(description))
         self.file_type = description.value.decode("utf-8", "replace").split(" ")[-1]  # e.g. "Q4_1"
         stat = path.stat()
-        self.config = PretrainedConfig(
+        self.config = PretrainedConfig.from_dict(dict(
             vocab_size=self.vocab_width, hidden_size=llama.llama_model_n_embd(handle),
             num_hidden_layers=llama.llama_model_n_layer(handle),
             max_position_embeddings=min(llama.llama_model_n_ctx_train(handle), CONTEXT_LIMIT),
@@ -96,7 +96,7 @@ class LlamaCppModel:
             # what the measured costs are cached by (`engine.autotune`): the file and the library
             gguf_file=str(path.resolve()), gguf_size=stat.st_size, gguf_mtime_ns=stat.st_mtime_ns,
             llama_cpp_version=llama.__version__,
-        )
+        ))
         self.generation_config = GenerationConfig(eos_token_id=self.config.eos_token_id)
 
     def take_context(self) -> _Context:
@@ -249,8 +249,9 @@ class LlamaCppForward:
             raise ValueError("the llama.cpp backend gives logits for the states of its latest forward only")
         return self._latest[1]
 
-    def _forward(self, ids: list[int], states: bool, last_only: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(states or None, logits) of `ids` after the cached positions, in calls of up to BATCH tokens."""
+    def _forward(self, ids: list[int], states: bool, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final-norm states, logits) of `ids` after the cached positions, in calls of up to BATCH tokens;
+        no states (0 rows) unless `states`."""
         llama = self._llama
         if self.length + len(ids) > self.model.config.max_position_embeddings:
             raise SpecDeckError(f"The llama.cpp context holds {self.model.config.max_position_embeddings} positions: "
@@ -282,7 +283,7 @@ class LlamaCppForward:
                 logits.append(_copy(llama.llama_get_logits(context.handle), rows, self.width))
             if states:
                 hidden.append(_copy(llama.llama_get_embeddings(context.handle), rows, self.hidden_size))
-        return (torch.cat(hidden) if states else None), torch.cat(logits)
+        return torch.cat(hidden) if states else torch.empty(0, self.hidden_size), torch.cat(logits)
 
 
 def _copy(pointer, rows: int, width: int) -> torch.Tensor:

@@ -8,15 +8,23 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from test_sampling_lossless import chi_square, chi_square_quantile, sample_two_tokens
 
 from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
 from engine.drafters import FeatureHeadDrafter
 from engine.errors import SpecDeckError
 from engine.heads import load_feature_head
 from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library
-from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions, load_model
+from engine.models import (
+    BUILTIN_MODELS,
+    DEFAULT_DRAFT,
+    DEFAULT_HEAD,
+    DEFAULT_TARGET,
+    LoadedModel,
+    LoadOptions,
+    load_model,
+)
 from engine.sampling import logits_to_probs
-from test_sampling_lossless import chi_square, chi_square_quantile, sample_two_tokens
 
 pytestmark = pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")
 
