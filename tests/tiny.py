@@ -4,6 +4,7 @@ offline for tests."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -53,7 +54,11 @@ def build_sentencepiece_tokenizer(directory: Path, vocab_size: int = 300) -> Pre
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, limit_alphabet=40,
+    # the alphabet chosen here, ties broken by the character: the trainer's own choice among equally
+    # frequent characters varies from run to run
+    counts = Counter("".join(CORPUS).replace(" ", "\u2581"))
+    alphabet = sorted(counts, key=lambda char: (-counts[char], char))[:40]
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, limit_alphabet=40, initial_alphabet=alphabet,
                                                         special_tokens=["<unk>", "<s>", "</s>"]))
     spec = json.loads(tok.to_str())
     vocab = spec["model"]["vocab"]

@@ -29,9 +29,9 @@ import torch
 from engine.atomic import write_with
 from engine.distill.corpus import SOURCES
 from engine.distill.forcing import Store, load_store
-from engine.distill.texts import TEXT_SOURCES
+from engine.distill.loop import HeldOut, split_rows, train_loop
 from engine.distill.teacher import Shard, load_shards
-from engine.distill.loop import resume_checkpoint, save_checkpoint, set_learning_rate, split_rows
+from engine.distill.texts import TEXT_SOURCES
 from engine.distill.train import TrainConfig, build_teacher_data
 from engine.errors import SpecDeckError
 from engine.heads import FeatureHead, fingerprint, head_config, save_head
@@ -387,48 +387,31 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
     weight = full_weight[output_ids] if output_ids is not None else full_weight
     head = build_head(target, config)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    checkpoint = out / "checkpoint.pt"
-    step, best = 0, -1.0
-    if resume and checkpoint.exists():
-        step, best = resume_checkpoint(checkpoint, head, optimizer, progress, count)
     lengths = [len(text_ids.ids[r]) for r in training]
-    per_epoch = len(grouped_batches(lengths, config.batch_sequences, config.seed, 0))
-    if per_epoch == 0:
-        raise SpecDeckError(f"{len(training)} training sequences are fewer than a batch of {config.batch_sequences}.")
     positions = sum(len(ids) - 1 for ids in text_ids.ids)
-    def measure() -> list[float]:
-        """Held-out agreement by depth, printed per kind; the first kind's is returned."""
+
+    def batch_loss(rows: list[int], step: int) -> tuple[torch.Tensor, str]:
+        loss, agreements = head_loss(head, *collate_pairs(text_ids, source.features, rows, embedding, source.columns),
+                                     weight, config, noise_seed=config.seed * 1_000_003 + step)
+        return loss, "by depth " + " / ".join(f"{a.mean().item():.3f}" for a in agreements)
+
+    def measure(step: int) -> HeldOut:
+        """Held-out agreement by depth, printed per kind; the first kind's picks the exported head."""
         figures = {kind: evaluate(head, text_ids, source.features, rows, embedding, weight, config, source.columns)
                    for kind, rows in source.held_out.items()}
         for kind, figure in figures.items():
-            progress(f"held-out top-1 agreement by depth at step {step}, {kind}: {' / '.join(f'{a:.3f}' for a in figure)}")
-        return next(iter(figures.values()))
+            by_depth = " / ".join(f"{a:.3f}" for a in figure)
+            progress(f"held-out top-1 agreement by depth at step {step}, {kind}: {by_depth}")
+        first = next(iter(figures.values()))
+        return HeldOut(first[0], tuple(first))
 
-    if step == 0 and config.init_from:  # where the head it grows from stands on this held-out set
-        measure()
-    started, first = time.perf_counter(), step
-    stop = min(config.steps, until or config.steps)
-    head.train()
-    while step < stop:
-        epoch, index = divmod(step, per_epoch)
-        rows = [training[r] for r in grouped_batches(lengths, config.batch_sequences, config.seed, epoch)[index]]
-        set_learning_rate(optimizer, config.lr, step, config.warmup, config.steps, floor=0.05)
-        loss, agreements = head_loss(head, *collate_pairs(text_ids, source.features, rows, embedding, source.columns),
-                                     weight, config, noise_seed=config.seed * 1_000_003 + step)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        step += 1
-        elapsed = time.perf_counter() - started
-        progress(f"step {step}/{config.steps} loss {loss.item():.3f} top-1 agreement by depth "
-                 f"{' / '.join(f'{a.mean().item():.3f}' for a in agreements)} ({elapsed:.0f} s, "
-                 f"about {elapsed / (step - first) * (stop - step) / 60:.0f} min left)")
-        if step % config.eval_every == 0 or step == stop:
-            agree = measure()
-            if agree[0] > best:
-                best = agree[0]
-                card = model_card(target_name, config, head, positions, count, step, agree, output_ids, source.sources)
-                save_head(head, out / "head", vocab, target_name, fingerprint(full_weight), output_ids, card)
-            save_checkpoint(checkpoint, head, optimizer, step, best, config, count)
+    def export(step: int, held: HeldOut) -> None:
+        card = model_card(target_name, config, head, positions, count, step, list(held.figures), output_ids,
+                          source.sources)
+        save_head(head, out / "head", vocab, target_name, fingerprint(full_weight), output_ids, card)
+
+    train_loop(head, optimizer, config, training, count, out / "checkpoint.pt",
+               epoch_batches=lambda epoch: grouped_batches(lengths, config.batch_sequences, config.seed, epoch),
+               batch_loss=batch_loss, evaluate=measure, export=export, floor=0.05, resume=resume,
+               progress=progress, until=until, evaluate_first=bool(config.init_from))
     return out / "head"

@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 
 from engine.atomic import write_with
+from engine.errors import SpecDeckError
 
 Progress = Callable[[str], None]
 
@@ -43,10 +44,9 @@ class LoopConfig(Protocol):
 @dataclass(frozen=True)
 class HeldOut:
     """An evaluation on the held-out sequences: the top-1 agreement with the target that the
-    exported model is chosen by, the line reported, and the figures its model card quotes."""
+    exported model is chosen by, and the figures its model card quotes."""
 
     agreement: float
-    report: str
     figures: tuple[float, ...] = ()
 
 
@@ -94,27 +94,35 @@ def batches(count: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
 
 
 def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: LoopConfig, training: list[int],
-               sequences: int, checkpoint: Path, *, batch_loss: Callable[[list[int], int], tuple[torch.Tensor, str]],
-               evaluate: Callable[[], HeldOut], export: Callable[[int, HeldOut], None], floor: float,
-               resume: bool, progress: Progress, until: int | None) -> None:
+               sequences: int, checkpoint: Path, *, epoch_batches: Callable[[int], list[list[int]]],
+               batch_loss: Callable[[list[int], int], tuple[torch.Tensor, str]], evaluate: Callable[[int], HeldOut],
+               export: Callable[[int, HeldOut], None], floor: float, resume: bool, progress: Progress,
+               until: int | None, evaluate_first: bool = False) -> None:
     """Train `model` on the `training` rows of `sequences` from `checkpoint` (with `resume`) to
     config.steps, or to step `until` for now (the learning-rate schedule always spans config.steps).
 
-    batch_loss(rows, step) gives a batch's loss and its top-1 agreement as reported; every
-    config.eval_every steps and at the last, `evaluate` measures the held-out rows and, where it
-    agrees more than any evaluation before, `export` saves the model as the run's result. A
-    checkpoint follows every evaluation."""
+    epoch_batches(epoch) orders an epoch's batches (indices into `training`, a function of the
+    seed and the epoch alone); batch_loss(rows, step) gives a batch's loss and its top-1 agreement
+    as reported. Every config.eval_every steps and at the last, evaluate(step) measures (and
+    reports) the held-out rows and, where they agree more than at any evaluation before, `export`
+    saves the model as the run's result; a checkpoint follows every evaluation. With
+    `evaluate_first` a run that starts at step 0 is measured before it trains (a model grown from
+    another: where it starts)."""
     step, best = 0, -1.0
     if resume and checkpoint.exists():
         step, best = resume_checkpoint(checkpoint, model, optimizer, progress, sequences)
+    per_epoch = len(epoch_batches(0))
+    if per_epoch == 0:
+        raise SpecDeckError(f"{len(training)} training sequences are fewer than a batch of {config.batch_sequences}.")
+    if step == 0 and evaluate_first:
+        evaluate(step)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    per_epoch = max(1, len(training) // config.batch_sequences)
-    model.train()
-    started = time.perf_counter()
+    started, first = time.perf_counter(), step
     stop = min(config.steps, until or config.steps)
+    model.train()
     while step < stop:
         epoch, index = divmod(step, per_epoch)
-        rows = [training[r] for r in batches(len(training), config.batch_sequences, config.seed, epoch)[index]]
+        rows = [training[r] for r in epoch_batches(epoch)[index]]
         set_learning_rate(optimizer, config.lr, step, config.warmup, config.steps, floor)
         loss, agreement = batch_loss(rows, step)
         optimizer.zero_grad(set_to_none=True)
@@ -122,11 +130,11 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         step += 1
-        progress(f"step {step}/{config.steps} loss {loss.item():.3f} top-1 agreement {agreement} "
-                 f"({time.perf_counter() - started:.0f} s)")
+        elapsed = time.perf_counter() - started
+        progress(f"step {step}/{config.steps} loss {loss.item():.3f} top-1 agreement {agreement} ({elapsed:.0f} s, "
+                 f"about {elapsed / (step - first) * (stop - step) / 60:.0f} min left)")
         if step % config.eval_every == 0 or step == stop:
-            held = evaluate()
-            progress(held.report)
+            held = evaluate(step)
             if held.agreement > best:  # the exported model is the one that agrees most on unseen text
                 best = held.agreement
                 export(step, held)

@@ -35,7 +35,7 @@ from engine.distill.corpus import (
     reading_instruction,
     stdlib_documents,
 )
-from engine.distill.loop import HeldOut, split_rows, train_loop
+from engine.distill.loop import HeldOut, batches, split_rows, train_loop
 from engine.distill.student import DraftShape, build_draft
 from engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
 from engine.models import (
@@ -320,14 +320,17 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
         loss, agree = distill_loss(draft, *_collate(data, rows), output_ids, config.bfloat16)
         return loss, f"{agree.mean().item():.3f}"
 
-    def held_out() -> HeldOut:
+    def held_out(step: int) -> HeldOut:
         loss, agree = evaluate(draft, data, held_out_rows, config.batch_sequences, output_ids, config.bfloat16)
-        return HeldOut(agree, f"held-out loss {loss:.3f} top-1 agreement {agree:.3f}")
+        progress(f"held-out loss {loss:.3f} top-1 agreement {agree:.3f}")
+        return HeldOut(agree)
 
     def export(step: int, held: HeldOut) -> None:
         card = model_card(target_name, config, teacher_tokens, count, step, held.agreement, output_ids)
         export_draft(draft, target_name, source, out / "draft", card=card, output_ids=output_ids)
 
-    train_loop(draft, optimizer, config, training, count, out / "checkpoint.pt", batch_loss=batch_loss,
-               evaluate=held_out, export=export, floor=0.1, resume=resume, progress=progress, until=until)
+    train_loop(draft, optimizer, config, training, count, out / "checkpoint.pt",
+               epoch_batches=lambda epoch: batches(len(training), config.batch_sequences, config.seed, epoch),
+               batch_loss=batch_loss, evaluate=held_out, export=export, floor=0.1, resume=resume,
+               progress=progress, until=until)
     return out / "draft"
