@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 CURVE_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # new tokens a cost curve is measured at
 CURVE_CONTEXT = 128  # cached tokens the curve is measured after
-PROBE_EVERY = 8  # rounds between one-token drafts while the planner has chosen not to draft
+PROBE_EVERY = 8  # rounds at least between one-token drafts while the planner has chosen not to draft
+PROBE_BUDGET = 0.02  # the share of plain rounds' time that probes may lose, at most (expected)
 DECAY = 0.97  # weight of a round's evidence after each later round (about 30 rounds of memory)
 PRIOR = 2.0  # pseudo-rounds behind each acceptance estimate
 MAX_WIDTH = 4  # candidates for a round's first token, at most
@@ -295,13 +296,27 @@ class RoundPlanner:
         return max(((n, self.rate(self.copies, n, 0.0)) for n in range(1, self.max_copy + 1)),
                    key=lambda pair: pair[1])
 
+    def probe_due(self, plain_rate: float) -> bool:
+        """Whether a plain round should draft one token instead, to measure the drafter again: every
+        PROBE_EVERY rounds at most, and no sooner than the probe's expected loss (the time it takes
+        beyond what plain steps take for the tokens it is expected to keep) is PROBE_BUDGET of the
+        plain rounds' time since the last. A drafter that costs about what a target step costs (a
+        feature head beside a quantized target on llama.cpp) is probed rarely, so it costs at most
+        that share of the time when drafting does not pay."""
+        if self.rounds_without_draft < PROBE_EVERY or not self.max_k:
+            return False
+        probe = 1.0 / self.rate(self.drafts, 1, self.draft_ms_per_token)  # ms per token kept by a probe
+        loss_ms = (probe - 1.0 / plain_rate) * self.drafts.expected_tokens(1)
+        return loss_ms <= PROBE_BUDGET * self.rounds_without_draft / plain_rate
+
     def plan(self) -> Shape:
         (k, width), k_rate = self.best_k()
         copy, copy_rate = self.best_copy()
         if k == 0:
             self.rounds_without_draft += 1
-            if self.rounds_without_draft % PROBE_EVERY == 0:
+            if self.probe_due(k_rate):
                 k = min(1, self.max_k)  # keep measuring the drafter, whose acceptance may have changed
+                self.rounds_without_draft = 0
         else:
             self.rounds_without_draft = 0
         return Shape(copy if copy_rate >= k_rate else 0, k, width)
@@ -324,8 +339,10 @@ class RoundPlanner:
         if not self.adapt:
             return
         n = drafted + alternatives + 1
+        # a size's first measurement also moves from the curve's estimate, not to it: one verify slowed
+        # by other work on the machine would otherwise stand until that size is chosen again
+        self.observed[n] = 0.7 * self.verify_ms(n) + 0.3 * verify_ms
         self.scale = 0.8 * self.scale + 0.2 * (verify_ms / self.curve.ms(n))
-        self.observed[n] = verify_ms if n not in self.observed else 0.7 * self.observed[n] + 0.3 * verify_ms
         self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * max(0.0, round_ms - draft_ms - verify_ms)
         if drafted and not copied:
             self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * draft_ms / drafted
