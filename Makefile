@@ -40,15 +40,18 @@ package: $(BIN)/specdeck
 	PYTHON=$(BIN)/python packaging/build_bundle.sh
 
 # The README's results: the default pair against plain decoding and Hugging Face generate(), on
-# one Spec-Bench question per category (all but translation) and the first six HumanEval problems.
+# one Spec-Bench question per category (all but translation) and the first six HumanEval problems;
+# then on llama.cpp, against plain decoding and llama.cpp's own generation.
 SPEC_BENCH ?= ../shared/bench/spec_bench_public.jsonl
 HUMANEVAL ?= ../shared/bench/humaneval_public.jsonl
 CATEGORIES := writing,roleplay,reasoning,math,coding,extraction,stem,humanities,summarization,qa,math_reasoning,rag
 figures: $(BIN)/specdeck
 	$(BIN)/specdeck bench --prompts $(SPEC_BENCH) --categories $(CATEGORIES) --limit 1 --k auto,1 \
-	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --out figures/spec-bench
+	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --backend torch --out figures/spec-bench
 	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --k auto,1 \
-	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --out figures/humaneval
+	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --backend torch --out figures/humaneval
+	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --max-new-tokens 64 --repeats 1 \
+	    --baselines plain,llama.cpp --threads 2 --backend llama.cpp --out figures/humaneval-llama.cpp
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
