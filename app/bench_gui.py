@@ -28,15 +28,14 @@ from dataclasses import dataclass
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PySide6.QtCore import QElapsedTimer, Qt, QTimer  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+import qasync
+from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+from PySide6.QtWidgets import QApplication
 
-import qasync  # noqa: E402
-
-from app.main_window import MainWindow  # noqa: E402
-from app.worker import ModelHost, freeze_long_lived_objects  # noqa: E402
-from engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState  # noqa: E402
-from engine.stats import SessionStats  # noqa: E402
+from app.main_window import MainWindow
+from app.worker import ModelHost, freeze_long_lived_objects
+from engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState
+from engine.stats import SessionStats
 
 PROBE_MS = 2
 GOAL_MS = 50
@@ -93,7 +92,7 @@ class _FakePair:
     drafter_kind = None
     drafter_model = None
 
-    class target:  # noqa: N801 - stands in for a LoadedModel
+    class target:
         name = "synthetic"
         device = "cpu"
         dtype = "float32"
@@ -110,7 +109,7 @@ class TimedApplication(QApplication):
         self.longest_event = ""
         self.recording = False
 
-    def notify(self, receiver, event) -> bool:  # noqa: N802 - Qt override
+    def notify(self, receiver, event) -> bool:
         if not self.recording or threading.get_ident() != self.gui_thread:
             return super().notify(receiver, event)
         started = time.thread_time()

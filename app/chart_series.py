@@ -14,7 +14,7 @@ from engine.stats import SessionStats
 MAX_POINTS = 500  # per curve: a chart is a few hundred pixels wide, so more points only cost paint time
 NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0)  # axis ends: one of these times a power of ten
 
-_FIELDS = ("round", "drafted", "accepted", "kept", "elapsed_s", "new_tokens", "draft_ms", "verify_ms")
+_FIELDS = ("round", "drafted", "accepted", "kept", "elapsed_s", "new_tokens", "draft_ms", "verify_ms", "match_length")
 
 
 class SessionSeries:
@@ -42,7 +42,8 @@ class SessionSeries:
             self._data = grown
         before = self._data[5, self.size - 1] if self.size else 0.0
         self._data[:, self.size] = (event.round, event.drafted, event.accepted, event.new_tokens - before,
-                                    event.elapsed_s, event.new_tokens, event.draft_ms, event.verify_ms)
+                                    event.elapsed_s, event.new_tokens, event.draft_ms, event.verify_ms,
+                                    event.match_length)
         self.size += 1
 
     def column(self, name: str) -> np.ndarray:
@@ -154,7 +155,9 @@ def round_time_readout(series: SessionSeries, x: float) -> str | None:
     if i is None:
         return None
     shape = series.round_shapes[i] or "–"
-    return (f"round {i + 1}, {describe_shape(shape)}: draft {series.column('draft_ms')[i]:.1f} ms, "
+    matched = int(series.column("match_length")[i])
+    where = f" after a {matched}-token match" if matched else ""  # how much of the text repeated earlier text
+    return (f"round {i + 1}, {describe_shape(shape)}{where}: draft {series.column('draft_ms')[i]:.1f} ms, "
             f"verify {series.column('verify_ms')[i]:.1f} ms, kept {int(series.column('kept')[i])}")
 
 

@@ -17,14 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pyqtgraph as pg  # after PySide6, so pyqtgraph binds to it
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QCursor, QFont, QFontMetrics
 from PySide6.QtWidgets import QBoxLayout, QGridLayout, QLabel, QToolTip, QWidget
 
-import pyqtgraph as pg  # after PySide6, so pyqtgraph binds to it
-
 from app.chart_series import (
-    MAX_POINTS,
     SessionSeries,
     acceptance_readout,
     block_means,
@@ -207,7 +205,7 @@ class SessionCharts(QWidget):
             self._figures_grid.addWidget(self._figure_names[name], row, column)
             self._figures_grid.addWidget(self.figures[name], row, column + 1)
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def resizeEvent(self, event) -> None:
         self._reflow(event.size().width())
         super().resizeEvent(event)
 

@@ -128,7 +128,7 @@ class SessionController:
                 self.model.status.emit("Loading cancelled.")
             except asyncio.CancelledError:
                 pass
-            except Exception as error:  # noqa: BLE001 - a dialog, never a traceback
+            except Exception as error:
                 on_error(error_message(error))
 
         task = asyncio.ensure_future(guarded())

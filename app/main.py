@@ -14,10 +14,9 @@ import signal
 import sys
 from collections.abc import Callable, Mapping
 
+import qasync
 from PySide6.QtCore import QSettings, QTimer, qFormatLogMessage, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication
-
-import qasync
 
 from app.main_window import MainWindow, save_picture
 from app.worker import error_message, freeze_long_lived_objects
@@ -130,7 +129,7 @@ async def demo(window: MainWindow, screenshot: str | None, export_csv: str | Non
     except SpecDeckError as error:
         print(f"specdeck: error: {error}", file=sys.stderr)
         return 2
-    except Exception as error:  # noqa: BLE001 - report, exit non-zero
+    except Exception as error:
         print(f"specdeck: error: {error_message(error)}", file=sys.stderr)
         return 1
     finally:

@@ -217,7 +217,7 @@ class MainWindow(QMainWindow):
         return rows + [("Tab, Shift+Tab", "Move the focus (also out of the prompt)"),
                        ("Ctrl+Tab", "Insert a tab character in the prompt")]
 
-    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
+    def eventFilter(self, watched, event) -> bool:
         """The window's shortcuts win over a focused field's own use of the keys (a line edit takes
         Ctrl+E to mean end of line): a field is not offered a key the window has a shortcut for."""
         if (event.type() == QEvent.Type.ShortcutOverride and isinstance(watched, QWidget)
@@ -445,7 +445,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue("window/right_splitter", self.right.saveState())
         self.settings.sync()
 
-    def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def closeEvent(self, event) -> None:
         """Stop any session, end the model thread and wait for it, so nothing outlives the window."""
         QApplication.instance().removeEventFilter(self)
         self.save_settings()

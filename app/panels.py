@@ -367,7 +367,7 @@ class PromptEdit(QPlainTextEdit):
         super().__init__(parent)
         self.setTabChangesFocus(True)
 
-    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def keyPressEvent(self, event) -> None:
         if event.key() == Qt.Key.Key_Tab and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
             self.insertPlainText("\t")
             return

@@ -142,6 +142,6 @@ class ReplayDialog(QDialog):
     def _on_tick(self) -> None:
         self.advance_to(self._clock.elapsed() / 1e3 * SPEEDS[self.speed.currentText()])
 
-    def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def closeEvent(self, event) -> None:
         self._timer.stop()
         super().closeEvent(event)

@@ -350,7 +350,7 @@ class TokenView(QWidget):
             return None
         return event
 
-    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
+    def eventFilter(self, watched, event) -> bool:
         if event.type() == QEvent.Type.ToolTip:
             cursor = self.text.cursorForPosition(event.pos())
             rect = self.text.cursorRect(cursor)

@@ -20,9 +20,9 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import ClassVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
@@ -164,7 +164,7 @@ class ModelWorker(QObject):
             result = self._handlers[type(request)](request)
         except Cancelled:
             self.failed.emit(request.request_id, request.cancelled_message, True)
-        except BaseException as error:  # noqa: BLE001 - every failure becomes a message, never a dead thread
+        except BaseException as error:
             give_back()  # whatever the failed request had allocated (after running out of memory, for the next)
             self.failed.emit(request.request_id, error_message(error), False)
         else:

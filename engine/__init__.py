@@ -6,7 +6,7 @@ events that `generate` yields.
 
 from engine.config import DecodeConfig
 from engine.decoding import generate
-from engine.drafters import DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter, Proposal
+from engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter, Proposal
 from engine.errors import SpecDeckError
 from engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState, event_to_dict
 from engine.models import (

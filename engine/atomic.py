@@ -49,7 +49,7 @@ def _fsync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
-def write_with(path: str | os.PathLike, save: Callable[[Path], None]) -> None:
+def write_with(path: str | os.PathLike, save: Callable[[Path], object]) -> None:
     """Let `save` write a file (torch.save, safetensors, savefig) under a temporary name beside
     `path`, then put it in place whole; or raise and leave `path` as it was."""
     target = Path(path)

@@ -23,6 +23,7 @@ import time
 import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,7 +31,12 @@ from engine import linear
 from engine.atomic import write_text
 from engine.cache import machine_name
 from engine.errors import SpecDeckError
+from engine.hf_parts import input_embedding
 from engine.kvcache import CachedModel, synchronize
+from engine.llamacpp_backend import LlamaCppModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +82,14 @@ class CostCurve:
         return ", ".join(f"{n}: {t:.1f}" for n, t in zip(self.tokens, self.forward_ms)) + " ms"
 
 
-def measure_curve(model: torch.nn.Module, tokens: tuple[int, ...] = CURVE_TOKENS, passes: int = 3,
+def measure_curve(model: PreTrainedModel | LlamaCppModel, tokens: tuple[int, ...] = CURVE_TOKENS, passes: int = 3,
                   context: int = CURVE_CONTEXT) -> CostCurve:
     """Time the model's forward over each number of new tokens after `context` cached ones, on its
     own KV cache: every size once per pass (after a warm-up pass), the best of the passes kept, so
     a burst of other work on the machine spoils one pass, not one size. The curve records how far the
     passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
     lm = CachedModel(model)
-    vocab = model.config.vocab_size
+    vocab = input_embedding(model).num_embeddings  # (a GGUF file's embedding is not read for its size)
     ids = [(7 * i + 3) % vocab for i in range(context + max(tokens))]
     lm.forward(ids[:context], last_only=True)
     runs: list[list[float]] = [[] for _ in tokens]
@@ -165,7 +171,7 @@ def _cached(path: Path | None, measure, what: str):
     return value
 
 
-def cost_curve(model: torch.nn.Module, cache_dir: Path | None = None) -> CostCurve:
+def cost_curve(model: PreTrainedModel, cache_dir: Path | None = None) -> CostCurve:
     """The model's cost curve on this machine: from memory, from `cache_dir`, or measured (and saved,
     so that later sessions plan alike: the auto schedule's choices, and so sampled text for a seed,
     repeat on this machine)."""
@@ -366,7 +372,7 @@ class RoundPlanner:
         depth = len(self.drafts.tried) or 1
         drafts = "/".join(f"{a:.2f}" for a in self.drafts.rates(depth))
         lines = [f"chosen per round: {shapes or 'nothing yet'}",
-                 f"target forward for 1/2/4/8 tokens: " + "/".join(f"{self.verify_ms(n):.1f}" for n in (1, 2, 4, 8))
+                 "target forward for 1/2/4/8 tokens: " + "/".join(f"{self.verify_ms(n):.1f}" for n in (1, 2, 4, 8))
                  + " ms (as this session measured them, else the machine's cost curve"
                  + f" x{self.scale:.2f}" + (f"; {self.curve.noisy_note}" if self.curve.noisy_note else "") + ")",
                  f"drafter acceptance by depth: {drafts}"]

@@ -25,6 +25,7 @@ invariant of `engine.kvcache`: every token it has read but the newest.
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from engine.drafters import Drafter, DraftPiece, Proposal
 from engine.kvcache import CachedModel
 from engine.sampling import logits_to_probs, sample
 from engine.vocabulary import TokenText, VocabularyMatch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 LOOKBEHIND = 4  # tokens before a seam that are tokenized again with the text after it
 
@@ -45,7 +49,7 @@ class CrossVocabularyDrafter(Drafter):
     and the session goes on with plain steps.
     """
 
-    def __init__(self, model: torch.nn.Module, match: VocabularyMatch, name: str = "draft model",
+    def __init__(self, model: PreTrainedModel, match: VocabularyMatch, name: str = "draft model",
                  output_ids: torch.Tensor | None = None) -> None:
         if match.target_text is None or match.draft_text is None or match.twins is None:
             raise ValueError("a cross-vocabulary drafter needs the match of two different tokenizers")

@@ -18,16 +18,24 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.config import DecodeConfig
 from engine.context import context_length
+from engine.hf_parts import input_embedding
 from engine.kvcache import CachedModel, backend_for
 from engine.lean_weights import output_weight
 from engine.linear import Linear, make_linear
 from engine.llama_forward import output_layer
 from engine.sampling import logits_to_probs, sample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from engine.heads import FeatureHead
+
 
 
 @dataclass(frozen=True)
@@ -55,10 +63,13 @@ class Proposal:
 
     def rank(self, token: int) -> int:
         """Where `token` stands among the drafter's choices for the first draft (0: tokens[0]); a
-        copy's choices are its first draft and its branches, past which it ranks last."""
+        copy's choices are its first draft and its branches, past which it ranks last; so does a token
+        the drafter gives no probability, which it would never offer as an alternative."""
         if self.source:
             choices = self.tokens[:1] + self.branches
             return choices.index(token) if token in choices else self.q.shape[-1]
+        if float(self.q[0, token]) <= 0:
+            return self.q.shape[-1]
         return int((self.q[0] > self.q[0, token]).sum())
 
     def alternatives(self, width: int) -> list[int]:
@@ -137,13 +148,13 @@ class Drafter(ABC):
     def propose(self, ids: list[int], k: int) -> Proposal:
         """Up to k tokens to follow `ids` (every kept token, prompt included)."""
 
-    def observe(self, states: torch.Tensor) -> None:
+    def observe(self, states: torch.Tensor) -> None:  # noqa: B027 (a hook: most drafters need no states)
         """The target's last hidden states (n, hidden) for the next n kept tokens, in order, each
         computed with every earlier kept token in context (only when `needs_states`); with
         `feature_layers`, (n, len(feature_layers) + 1, hidden): those layers' residual streams, then
         the last hidden state."""
 
-    def end(self, ids: list[int]) -> None:
+    def end(self, ids: list[int]) -> None:  # noqa: B027 (a hook: most drafters keep nothing)
         """The session ended with `ids` kept (prompt included)."""
 
     def copier(self, device: torch.device) -> Drafter:
@@ -167,13 +178,13 @@ class DraftModelDrafter(Drafter):
     `stand_in` (its end-of-text token) in its place, which only makes its next guesses worse.
     """
 
-    def __init__(self, model: torch.nn.Module, name: str = "draft model",
+    def __init__(self, model: PreTrainedModel, name: str = "draft model",
                  output_ids: torch.Tensor | None = None) -> None:
         self.name = name
         self.module = model
         self.context_length = context_length(model)
         self._lm = CachedModel(model)
-        self._embeddable = model.get_input_embeddings().num_embeddings
+        self._embeddable = input_embedding(model).num_embeddings
         self.stand_in = _stand_in(model.config.eos_token_id, self._embeddable)
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
         self._output_ids = None
@@ -251,13 +262,13 @@ class FeatureHeadDrafter(Drafter):
 
     needs_states = True
 
-    def __init__(self, head: torch.nn.Module, target: torch.nn.Module, name: str = "feature head",
+    def __init__(self, head: FeatureHead, target: PreTrainedModel, name: str = "feature head",
                  output_ids: torch.Tensor | None = None) -> None:
         self.name = name
         self.head = self.module = head
         self.feature_layers = head.feature_layers
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
-        self._embedding = target.get_input_embeddings()
+        self._embedding = input_embedding(target)
         self.device = self._embedding.weight.device
         self._output_ids = None if output_ids is None else output_ids.to(self.device, torch.long)
         # the target's own output layer (shared with its lean forward), or a product of the rows it may propose

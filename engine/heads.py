@@ -26,13 +26,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaModel
+from transformers import LlamaConfig, LlamaModel, PreTrainedModel
 
 from engine.atomic import building_folder
 from engine.errors import SpecDeckError
+from engine.hf_parts import output_projection
 from engine.lean_weights import output_weight
-from engine.models import (BUILTIN_MODELS, HEAD_KEY, OUTPUT_TOKENS_FILE, BundledModel, LoadedModel, Progress, is_head_folder,
-                           locate, read_output_tokens)
+from engine.models import (
+    BUILTIN_MODELS,
+    HEAD_KEY,
+    OUTPUT_TOKENS_FILE,
+    BundledModel,
+    LoadedModel,
+    Progress,
+    is_head_folder,
+    locate,
+    read_output_tokens,
+)
 
 
 class FeatureHead(torch.nn.Module):
@@ -73,7 +83,7 @@ def head_config(target_config, intermediate: int | None = None, feature_layers: 
     """A one-layer Llama shaped like the target's layers (same width, heads, RoPE), reading the
     residual streams after `feature_layers` decoder layers of the target beside its final state."""
     heads = target_config.num_attention_heads
-    return LlamaConfig(feature_layers=list(feature_layers),
+    config = LlamaConfig(
         vocab_size=1, hidden_size=target_config.hidden_size,
         intermediate_size=intermediate or target_config.intermediate_size, num_hidden_layers=1,
         num_attention_heads=heads, num_key_value_heads=getattr(target_config, "num_key_value_heads", heads),
@@ -83,6 +93,8 @@ def head_config(target_config, intermediate: int | None = None, feature_layers: 
         rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-5), pad_token_id=None, bos_token_id=None,
         eos_token_id=None, tie_word_embeddings=False,
     )
+    config.feature_layers = list(feature_layers)  # kept in the head's config.json
+    return config
 
 
 def fingerprint(output_layer: torch.Tensor) -> torch.Tensor:
@@ -110,7 +122,7 @@ def save_head(head: FeatureHead, folder: Path, vocab_width: int, target_name: st
             (staging / "README.md").write_text(card, encoding="utf-8")
 
 
-def load_head(folder: Path, target_model: torch.nn.Module, target_name: str) -> tuple[FeatureHead, torch.Tensor | None]:
+def load_head(folder: Path, target_model: PreTrainedModel, target_name: str) -> tuple[FeatureHead, torch.Tensor | None]:
     """The head in `folder`, on the target's device and dtype, checked against the target; with its
     output tokens if it has a reduced list."""
     from safetensors import SafetensorError
@@ -125,7 +137,7 @@ def load_head(folder: Path, target_model: torch.nn.Module, target_name: str) -> 
         raise SpecDeckError(f"{folder} is not a feature head ({error}): it needs a config.json written by "
                             "`specdeck train-head`.") from error
     width = target_model.config.hidden_size
-    weight = target_model.get_output_embeddings().weight
+    weight = output_projection(target_model).weight
     vocab = weight.shape[0]
     same = meta.get("hidden_size") == width and meta.get("vocab_width") == vocab
     if same and meta.get("fingerprint"):
@@ -175,8 +187,10 @@ class LoadedHead:
     output_ids: torch.Tensor | None
 
 
-def names_head(name: str) -> bool:
+def names_head(name: str | None) -> bool:
     """Whether `name` is a feature head we can tell without downloading: a built-in alias or a folder."""
+    if not name:
+        return False
     if name in BUILTIN_MODELS:
         entry = BUILTIN_MODELS[name]
         return isinstance(entry, BundledModel) and is_head_folder(entry.path())

@@ -12,18 +12,24 @@ own forward over a `DynamicCache`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from transformers import DynamicCache
 
 from engine import llama_forward
 from engine.errors import SpecDeckError
+from engine.hf_parts import input_embedding
 from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class HFForward:
     """Hugging Face's forward over a `DynamicCache`: works for any causal LM."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.taps: tuple[int, ...] = ()  # as `LlamaForward.taps`
         self.tapped: torch.Tensor | None = None
@@ -48,7 +54,7 @@ class HFForward:
         return self._last_hidden(inputs_embeds=inputs[None])
 
     def output_layer(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.get_output_embeddings()(hidden)
+        return output_projection(self.model)(hidden)
 
     def _last_hidden(self, **inputs) -> torch.Tensor:
         out = self.model.base_model(**inputs, past_key_values=self.cache, use_cache=True,
@@ -63,7 +69,7 @@ class HFForward:
             self.cache.crop(-excess)  # transformers 5: a negative count removes that many positions
 
 
-def backend_for(model: torch.nn.Module | LlamaCppModel) -> llama_forward.LlamaForward | HFForward | LlamaCppForward:
+def backend_for(model: PreTrainedModel | LlamaCppModel) -> llama_forward.LlamaForward | HFForward | LlamaCppForward:
     """llama.cpp for a model it opened; else the lean Llama forward where it reproduces `model`, else
     Hugging Face's."""
     if isinstance(model, LlamaCppModel):
@@ -75,10 +81,10 @@ class CachedModel:
     """A causal LM and its KV cache, on llama.cpp for a model it opened, on the lean Llama forward
     when that reproduces the model, else on Hugging Face's."""
 
-    def __init__(self, model: torch.nn.Module | LlamaCppModel, taps: tuple[int, ...] = ()) -> None:
+    def __init__(self, model: PreTrainedModel | LlamaCppModel, taps: tuple[int, ...] = ()) -> None:
         self.model = model
-        self.device = model.device
-        self.rows = model.get_input_embeddings().num_embeddings
+        self.device = model.device if isinstance(model, LlamaCppModel) else next(model.parameters()).device
+        self.rows = input_embedding(model).num_embeddings
         self.backend = backend_for(model)
         self.backend.taps = taps
 
@@ -122,12 +128,17 @@ class CachedModel:
     def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:
         """The last hidden states (n, hidden) of a token tree appended after the cached tokens (see
         `LlamaForward.hidden_tree`); `compact` then keeps one path of it."""
-        return self.backend.hidden_tree(self._ids(token_ids), parents)
+        return self._lean().hidden_tree(self._ids(token_ids), parents)
 
     @torch.inference_mode()
     def compact(self, path: list[int]) -> None:
         """Keep only the nodes `path` (root first) of the last `forward_tree` in the cache."""
-        self.backend.compact(path)
+        self._lean().compact(path)
+
+    def _lean(self) -> llama_forward.LlamaForward:
+        if not isinstance(self.backend, llama_forward.LlamaForward):
+            raise RuntimeError("token trees run on the lean Llama forward only (see supports_trees)")
+        return self.backend
 
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on (rejected drafts)."""

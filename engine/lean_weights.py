@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
+from engine.hf_parts import output_projection
 from engine.linear import Linear, choose_path, make_linear
 from engine.memory import trim_heap
 
@@ -52,6 +55,13 @@ class LeanWeights:
     rope_scaling: float  # the rotary "attention factor" (1 except for yarn)
 
     @property
+    def output(self) -> Linear:
+        """The output layer, which a bare decoder lacks."""
+        if self.head is None:
+            raise ValueError("this model has no output layer: it is a bare decoder")
+        return self.head
+
+    @property
     def row_exact(self) -> bool:
         """Whether every product gives each row the same bits alone as in a batch (`engine.linear`):
         then, with attention computed per query as a one-token step does, a verify's logits for a
@@ -64,7 +74,7 @@ class LeanWeights:
 class _Released:
     """A model's parameters whose values live only in packed products, and the hooks that bring them back."""
 
-    parts: list[tuple[torch.nn.Parameter, Linear, int, int]]  # parameter, product, its rows [a, b)
+    parts: list[tuple[torch.Tensor, Linear, int, int]]  # parameter, product, its rows [a, b)
     hooks: list = field(default_factory=list)
 
 
@@ -72,7 +82,7 @@ _WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (p
 _RELEASED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Released
 
 
-def weights_of(model: torch.nn.Module) -> LeanWeights:
+def weights_of(model: PreTrainedModel) -> LeanWeights:
     """The model's weights for the lean forward, read once and kept while the model lives; read
     again when its parameters were moved or changed in place (their storage or version differ)."""
     cached = _WEIGHTS.get(model)
@@ -90,9 +100,9 @@ def _key(model: torch.nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def _read(model: torch.nn.Module) -> LeanWeights:
-    base = model.base_model
-    head = model.get_output_embeddings() if base is not model else None
+def _read(model: PreTrainedModel) -> LeanWeights:
+    base: Any = model.base_model  # a Hugging Face decoder, walked by its submodules' names
+    head = output_projection(model) if base is not model else None
     groups = []  # per layer: the modules of qkv, out, gate_up, down (fused where one input feeds several)
     for layer in base.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -107,8 +117,8 @@ def _read(model: torch.nn.Module) -> LeanWeights:
     owner = weakref.ref(model)  # the hooks must not keep the model alive
 
     def bring_back(*_) -> None:
-        if owner() is not None:
-            restore(owner())
+        if (alive := owner()) is not None:
+            restore(alive)
 
     def product(modules: list[torch.nn.Linear]) -> Linear:
         weight = _stack([m.weight for m in modules])
@@ -161,7 +171,7 @@ def _own_storage(model: torch.nn.Module, groups: list, head: torch.nn.Module | N
             param.data = param.detach().clone()
 
 
-def _stack(params: list[torch.nn.Parameter]) -> torch.Tensor:
+def _stack(params: list[torch.Tensor]) -> torch.Tensor:
     """The parameters stacked by rows as one tensor that they are views of: theirs if they already
     lie side by side in one storage (read before), else a new one they are pointed at."""
     if len(params) == 1:
@@ -180,7 +190,7 @@ def _stack(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return stacked
 
 
-def restore(model: torch.nn.Module) -> None:
+def restore(model: PreTrainedModel) -> None:
     """Give the model's released parameters their values again (no-op if none were released); the
     packed products keep theirs. The parameters of one fused product become views of one matrix."""
     released = _RELEASED.pop(model, None)
@@ -196,14 +206,14 @@ def restore(model: torch.nn.Module) -> None:
             if id(linear) not in plain:
                 plain[id(linear)] = linear.dense()
             param.data = plain[id(linear)][a:b].to(param.device, param.dtype)
-    if current:  # the same values as the products were packed from: the lean weights stay valid
+    if current and cached is not None:  # the values the products were packed from: the lean weights stay valid
         _WEIGHTS[model] = (_key(model), cached[1])
 
 
-def output_weight(model: torch.nn.Module) -> torch.Tensor:
+def output_weight(model: PreTrainedModel) -> torch.Tensor:
     """The model's output matrix (vocab, hidden) with its values: the parameter, or, where the lean
     forward released it, a plain copy rebuilt from the packed product (for the caller to drop)."""
-    weight = model.get_output_embeddings().weight
+    weight = output_projection(model).weight
     released = _RELEASED.get(model)
     for param, linear, a, b in released.parts if released else []:
         if param is weight:

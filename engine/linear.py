@@ -79,11 +79,12 @@ class PackedLinear:
         count = rows.shape[0]
         if count < MIN_ROWS:  # see MIN_ROWS; each row's bits are the same alone as in a batch
             rows = torch.cat([rows, rows.new_zeros(MIN_ROWS - count, rows.shape[1])])
-        out = None
+        out: torch.Tensor | None = None
         for (a, b), packed in zip(self._slices, self._packed):
             part = rows if len(self._slices) == 1 else rows[:, a:b]
             part = torch.ops.mkldnn._linear_pointwise(part.contiguous(), packed, None, "none", [], "")
             out = part if out is None else out.add_(part)
+        assert out is not None  # a product has at least one slice
         if self.bias is not None:
             out.add_(self.bias)
         return out[:count].view(*x.shape[:-1], self.out_features)
@@ -143,7 +144,7 @@ def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
         raise ValueError(f"SPECDECK_LINEAR must be one of {', '.join(PATHS)} (got {forced!r})")
     missing = next((reason for reason in map(packed_available, weights) if reason), None)
     if forced == "dense" or missing:
-        return PathChoice("dense", "SPECDECK_LINEAR=dense" if forced == "dense" else missing)
+        return PathChoice("dense", "SPECDECK_LINEAR=dense" if forced == "dense" else str(missing))
     if forced == "packed":
         return PathChoice("packed", "SPECDECK_LINEAR=packed")
     for weight in {(tuple(w.shape), w.dtype): w for w in weights}.values():

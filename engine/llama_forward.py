@@ -20,10 +20,13 @@ and packed weights are read once per model, replacing its own copy (`engine.lean
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedModel
 
+from engine.hf_parts import output_projection
 from engine.lean_weights import LayerWeights, weights_of
 from engine.linear import Linear, make_linear
 
@@ -34,17 +37,17 @@ STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 PER_QUERY_LIMIT = 16  # verifies up to this many tokens attend per query (see `LeanWeights.row_exact`)
 
 
-def supports(model: torch.nn.Module) -> bool:
+def supports(model: PreTrainedModel) -> bool:
     """Whether `LlamaForward` reproduces this model's forward (a decoder of `FAMILIES`, with or
     without its output layer)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in FAMILIES:
         return False
-    base = getattr(model, "base_model", None)
+    base: Any = getattr(model, "base_model", None)  # a Hugging Face decoder, read by its submodules' names
     if not all(hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return False
     if base is not model:
-        head = model.get_output_embeddings()
+        head = output_projection(model)
         if head is None or getattr(head, "bias", None) is not None:
             return False
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
@@ -53,7 +56,7 @@ def supports(model: torch.nn.Module) -> bool:
             and all(_biases_alike(layer) for layer in base.layers) and device.type in ("cpu", "cuda"))
 
 
-def _biases_alike(layer: torch.nn.Module) -> bool:
+def _biases_alike(layer: Any) -> bool:
     """Whether the products fused together either all have a bias or none has."""
     attn, mlp = layer.self_attn, layer.mlp
     return all(len({m.bias is None for m in group}) == 1
@@ -76,12 +79,12 @@ def attention_windows(config) -> list[int | None] | None:
     return [window if kind == "sliding_attention" else None for kind in kinds]
 
 
-def output_layer(model: torch.nn.Module) -> Linear:
+def output_layer(model: PreTrainedModel) -> Linear:
     """The model's output layer as a product: the lean forward's own where it runs the model (shared,
     nothing copied), else one made from the model's matrix."""
     if supports(model):
-        return weights_of(model).head
-    return make_linear(model.get_output_embeddings().weight.detach())
+        return weights_of(model).output
+    return make_linear(output_projection(model).weight.detach())
 
 
 @dataclass(frozen=True)
@@ -139,9 +142,12 @@ class LlamaForward:
     """A Llama-family model's forward plus its KV cache: the interface of `engine.kvcache.CachedModel`'s
     backends (`logits`, `hidden`, `crop`, `reset`, `len`)."""
 
-    def __init__(self, model: torch.nn.Module, capacity: int = 256) -> None:
+    def __init__(self, model: PreTrainedModel, capacity: int = 256) -> None:
+        windows = attention_windows(model.config)
+        if windows is None:
+            raise ValueError(f"the lean forward does not reproduce {model.config.model_type}'s attention")
         self.shape = LlamaShape.of(model.config)
-        self.windows = attention_windows(model.config)
+        self.windows = windows
         self.weights = weights_of(model)
         self.row_exact = self.weights.row_exact
         self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device, capacity)
@@ -162,11 +168,11 @@ class LlamaForward:
     def logits(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         """Logits (n, vocab) for token ids (n,) appended after the cached ones; (1, vocab) if last_only."""
         hidden = self.hidden(ids)
-        return self.weights.head(hidden[-1:] if last_only else hidden)
+        return self.weights.output(hidden[-1:] if last_only else hidden)
 
     def output_layer(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's output layer on final-norm states (n, hidden): `logits` without the forward."""
-        return self.weights.head(hidden)
+        return self.weights.output(hidden)
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """The final norm's output (n, hidden) for token ids (n,) appended after the cached ones."""

@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,8 +33,12 @@ from engine.atomic import building_folder
 from engine.backends import choose_backend, gguf_file
 from engine.cache import TOKENIZER_SUFFIX, gguf_cache, heal
 from engine.errors import SpecDeckError
+from engine.hf_parts import output_projection
 from engine.llamacpp_backend import LlamaCppModel
 from engine.preflight import check_model_folder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Progress = Callable[[str], None]
 
@@ -95,8 +100,8 @@ class LoadOptions:
 @dataclass
 class LoadedModel:
     name: str
-    model: torch.nn.Module | LlamaCppModel
-    tokenizer: object
+    model: PreTrainedModel | LlamaCppModel
+    tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
     output_ids: torch.Tensor | None = None  # a draft's reduced output vocabulary (`OUTPUT_TOKENS_FILE`)
@@ -106,7 +111,7 @@ class LoadedModel:
         """Rows of the output layer: the token ids the model can emit (padding rows included)."""
         if isinstance(self.model, LlamaCppModel):
             return self.model.vocab_width  # known without dequantizing the output layer
-        return self.model.get_output_embeddings().weight.shape[0]
+        return output_projection(self.model).weight.shape[0]
 
     @property
     def backend(self) -> str:
@@ -339,8 +344,8 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
                 "pass --trust-remote-code (in the window: the 'Trust remote code' box)."
             ) from error
         raise SpecDeckError(f"Could not load {name}: {error}") from error
-    model.to(device).eval()
-    output_ids = read_output_tokens(Path(source), model.get_output_embeddings().weight.shape[0])
+    model.to(device).eval()  # type: ignore[arg-type]  # a decorator in transformers hides to()'s signature
+    output_ids = read_output_tokens(Path(source), output_projection(model).weight.shape[0])
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
 
 
@@ -377,7 +382,7 @@ def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
 
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except Exception as error:  # noqa: BLE001 - the tokenizers library raises bare Exceptions on bad files
+    except Exception as error:
         folder = Path(source)
         if not folder.is_dir() or isinstance(error, OSError) and not any(folder.glob("tokenizer*")):
             raise

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from engine.cross_vocab import CrossVocabularyDrafter
-from engine.drafters import DraftModelDrafter, Drafter, FeatureHeadDrafter, PromptLookupDrafter
+from engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter
 from engine.errors import SpecDeckError
 from engine.heads import LoadedHead, names_head
 from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
@@ -102,22 +102,26 @@ class DrafterKind(str, Enum):
         the pair's history and past sessions; given `history`, it reads that alone and leaves it as it is."""
         if self is DrafterKind.PROMPT_LOOKUP:
             return PromptLookupDrafter(device=pair.target.device)
-        model = None  # the pair's draft model or feature head, whichever it loaded
-        if pair.cross_vocabulary:
-            model = CrossVocabularyDrafter(pair.draft.model, pair.vocabulary, name=pair.draft.name,
-                                           output_ids=pair.draft.output_ids)
-        elif pair.draft is not None:
-            model = DraftModelDrafter(pair.draft.model, name=pair.draft.name, output_ids=pair.draft.output_ids)
+        model: Drafter | None = None  # the pair's draft model or feature head, whichever it loaded
+        draft, vocabulary = pair.draft, pair.vocabulary
+        if draft is not None and vocabulary is not None and not vocabulary.same:
+            model = CrossVocabularyDrafter(draft.model, vocabulary, name=draft.name, output_ids=draft.output_ids)
+        elif draft is not None:
+            model = DraftModelDrafter(draft.model, name=draft.name, output_ids=draft.output_ids)
         elif pair.head is not None:
             model = FeatureHeadDrafter(pair.head.head, pair.target.model, name=pair.head.name,
                                        output_ids=pair.head.output_ids)
-        if self in (DrafterKind.DRAFT_MODEL, DrafterKind.FEATURE_HEAD):
-            return model
-        mine = history is None
-        suffix = SuffixDrafter(pair.history if mine else history, pair.past if mine else None, records=mine,
-                               min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
-                               device=pair.target.device)
-        return HybridDrafter(model, suffix) if self is DrafterKind.HYBRID else suffix
+        suffix = None
+        if self in (DrafterKind.SUFFIX, DrafterKind.HYBRID):
+            mine = history is None
+            suffix = SuffixDrafter(pair.history if mine else history, pair.past if mine else None, records=mine,
+                                   min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
+                                   device=pair.target.device)
+            if self is DrafterKind.SUFFIX:
+                return suffix
+        if model is None:
+            raise SpecDeckError(f"The {self.label} drafter needs a draft model or a feature head, and none is loaded.")
+        return HybridDrafter(model, suffix) if suffix is not None else model
 
 
 DEFAULT_DRAFTER = DrafterKind.PROMPT_LOOKUP  # for targets without a built-in draft
@@ -218,6 +222,16 @@ class ModelPair:
             self.past = PastSessions(self.target.tokenizer)
 
     @property
+    def reads_history(self) -> bool:
+        """Whether its drafter drafts from earlier texts (`DrafterKind.reads_history`)."""
+        return self.drafter_kind is not None and self.drafter_kind.reads_history
+
+    @property
+    def copies_text(self) -> bool:
+        """Whether its drafter only copies text, with no model of its own (`DrafterKind.copies_text`)."""
+        return self.drafter_kind is not None and self.drafter_kind.copies_text
+
+    @property
     def cross_vocabulary(self) -> bool:
         """Whether the draft model has a tokenizer of its own (`engine.cross_vocab`)."""
         return self.vocabulary is not None and not self.vocabulary.same
@@ -230,9 +244,13 @@ class ModelPair:
         no model Hugging Face can run."""
         if not self.drafter_kind or not self.drafter_kind.hugging_face_runs:
             return False
-        if self.draft is not None and self.draft.backend != "torch":
+        if self.draft is None:
+            return True
+        if self.draft.backend != "torch":
             return False
-        return not self.cross_vocabulary or self.draft.model.config.vocab_size != self.target.model.config.vocab_size
+        if not self.cross_vocabulary:
+            return True
+        return self.draft.model.config.vocab_size != self.target.model.config.vocab_size
 
     def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
         """A drafter for one session (`DrafterKind.make_drafter`), or None for plain decoding."""
@@ -244,7 +262,7 @@ class ModelPair:
         where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
         if self.target.backend != "torch":
             where = f"on {self.target.device.type}, {self.target.backend}"
-        case = f"; {self.vocabulary.describe()}" if self.cross_vocabulary else ""
+        case = f"; {self.vocabulary.describe()}" if self.vocabulary is not None and not self.vocabulary.same else ""
         return f"target {self.target.name} + {tail} {where}{case}"
 
     @property

@@ -42,7 +42,8 @@ def read_texts(path: Path) -> list[list[int]]:
         return []
     if not data.startswith(MAGIC):
         return []
-    texts, at = [], len(MAGIC)
+    texts: list[list[int]] = []
+    at = len(MAGIC)
     while at + 4 <= len(data):
         (length,) = struct.unpack_from("<I", data, at)
         end = at + 4 + 4 * length

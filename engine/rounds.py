@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from engine.autotune import RoundPlanner, Shape, round_label
 from engine.config import DecodeConfig
 from engine.drafters import Drafter, Proposal
 from engine.kvcache import CachedModel, synchronize
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ class TargetForward:
     A drafter that drafts from the target's last hidden states (`Drafter.needs_states`, a feature
     head) is handed the states of every kept token, in order, from the forwards that computed them."""
 
-    def __init__(self, model: torch.nn.Module, drafter: Drafter | None) -> None:
+    def __init__(self, model: PreTrainedModel, drafter: Drafter | None) -> None:
         self.lm = CachedModel(model, taps=drafter.feature_layers if drafter is not None else ())
         self.supports_trees = self.lm.supports_trees
         self.reader = drafter if drafter is not None and drafter.needs_states else None
@@ -174,15 +178,17 @@ class Clock:
         self.decode_started: float | None = None
         self.round_started = self.verify_started = self.verify_ended = 0.0
 
+    read = staticmethod(time.perf_counter)  # seconds; tests that need set costs replace it
+
     def now(self) -> float:
         synchronize(self.device)
-        return time.perf_counter()
+        return self.read()
 
     def ms_since(self, started: float) -> float:
         return (self.now() - started) * 1e3
 
     def start_round(self) -> None:
-        self.round_started = time.perf_counter()
+        self.round_started = self.read()
         if self.decode_started is None:
             self.decode_started = self.round_started
 
@@ -201,8 +207,8 @@ class Clock:
         return (self.verify_ended - self.verify_started) * 1e3
 
     def round_ms(self) -> float:
-        return (time.perf_counter() - self.round_started) * 1e3
+        return (self.read() - self.round_started) * 1e3
 
     def decode_s(self) -> float:
         """Seconds since the first round started: decoding time so far, prefill excluded."""
-        return time.perf_counter() - (self.decode_started or 0.0)
+        return self.read() - (self.decode_started or 0.0)

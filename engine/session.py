@@ -62,11 +62,15 @@ def _attach_drafter(target_model: LoadedModel, spec: PairSpec, progress: Progres
     """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), loading
     its draft or head."""
     draft_model = head = vocabulary = None
+    if spec.drafter is None or not spec.drafter.needs_model:
+        return ModelPair(target_model, None, spec.drafter, None)
+    if not spec.draft:  # `PairSpec.resolved` names one for every kind that needs it
+        raise SpecDeckError(f"The {spec.drafter.label} drafter needs a model: name one with --draft.")
     if spec.drafter is DrafterKind.DRAFT_MODEL and names_head(spec.draft):
         raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
     if spec.drafter is DrafterKind.FEATURE_HEAD or (spec.drafter is DrafterKind.HYBRID and names_head(spec.draft)):
         head = load_feature_head(spec.draft, target_model, progress)
-    elif spec.drafter in (DrafterKind.DRAFT_MODEL, DrafterKind.HYBRID):
+    else:
         options = spec.load_options
         if gguf_file(spec.draft) is None:  # a draft that is no GGUF file runs on torch, whatever runs the target
             options = replace(options, backend="torch")

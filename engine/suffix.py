@@ -30,7 +30,6 @@ import random
 import time
 from typing import NamedTuple
 
-
 RANKED = 8  # continuations `ranked` keeps per state: a walk's next token and a tree's branches
 
 
@@ -167,7 +166,8 @@ class SuffixIndex:
     def scored_walk(self, match: Match, max_tokens: int, floor: float = 0.0) -> tuple[list[int], float]:
         """`walk`'s path and its score: the sum of its prefixes' shares, the number of its tokens the
         text's own frequencies expect to be right (SuffixDecoding's score)."""
-        state, share, score, path = match.state, 1.0, 0.0, []
+        state, share, score = match.state, 1.0, 0.0
+        path: list[int] = []
         while len(path) < max_tokens:
             top, total = self.ranked(state)
             if not top:
@@ -211,7 +211,7 @@ def _bench(tokens: int, queries: int, vocab: int, seed: int) -> None:
         index.walk(index.continued(match), 8, 0.1)
     per_round = (time.perf_counter() - started) / queries
     started = time.perf_counter()
-    for i in range(queries):
+    for _ in range(queries):
         index.walk(index.earlier(), 8, 0.1)
     per_walk = (time.perf_counter() - started) / queries
     print(f"{tokens} tokens indexed in {build_s:.2f} s ({build_s / tokens * 1e6:.1f} us/token), "

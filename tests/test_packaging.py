@@ -12,10 +12,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from tiny import ON_CPU, build_model, build_tokenizer
 
 from engine.errors import SpecDeckError
 from engine.models import load_model
-from tiny import ON_CPU, build_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 DESKTOP = ROOT / "packaging" / "io.github.specdeck.SpecDeck.desktop"

@@ -30,6 +30,7 @@ from engine.config import DecodeConfig
 from engine.decoding import generate
 from engine.drafters import PromptLookupDrafter
 from engine.events import RoundEvent, SummaryEvent, TokenEvent
+from engine.hf_parts import decode, generate_of
 from engine.kvcache import synchronize
 from engine.pair import DrafterKind, ModelPair
 from engine.suffix import SuffixIndex
@@ -82,6 +83,8 @@ def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, s
             shapes[event.shape] = shapes.get(event.shape, 0) + 1
         elif isinstance(event, SummaryEvent):
             summary = event
+    if summary is None:
+        raise RuntimeError("a decoding run ended without its summary")
     return Run("speculative" if speculative else "plain", config.k if speculative else 0, token_ids,
                summary.text, summary.new_tokens, summary.decode_s, summary.prefill_ms, summary.rounds,
                summary.drafted, summary.accepted, draft_ms, verify_ms, shapes)
@@ -107,8 +110,8 @@ def _generation_config(pair: ModelPair, config: DecodeConfig, max_new_tokens: in
     from transformers import GenerationConfig
 
     eos = sorted(pair.target.eos_ids)
-    options = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=eos or None,
-                   pad_token_id=eos[0] if eos else 0, do_sample=not config.greedy)
+    options: dict[str, object] = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=eos or None,
+                                      pad_token_id=eos[0] if eos else 0, do_sample=not config.greedy)
     if not config.greedy:
         options.update(temperature=config.temperature, top_k=config.top_k or None, top_p=config.top_p)
     if method == "hf-assisted" and pair.drafter_kind is DrafterKind.PROMPT_LOOKUP:
@@ -121,8 +124,8 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
     """(new token ids, seconds) of one Hugging Face generate()."""
     target = pair.target
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
-    kwargs = {}
-    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL:
+    kwargs: dict[str, object] = {}
+    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL and pair.draft is not None:
         assistant = pair.draft.model
         if pair.cross_vocabulary:
             if assistant not in _ASSISTANT_COPIES:
@@ -137,7 +140,7 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
         torch.manual_seed(config.seed)
     synchronize(target.device)
     started = time.perf_counter()
-    out = target.model.generate(ids, attention_mask=torch.ones_like(ids),
+    out = generate_of(target.model)(ids, attention_mask=torch.ones_like(ids),
                                 generation_config=_generation_config(pair, config, max_new_tokens, method), **kwargs)
     synchronize(target.device)
     return out[0, len(prompt_ids):].tolist(), time.perf_counter() - started
@@ -160,7 +163,7 @@ def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method:
         # the first forward scores the prompt and its drafts, every later one the newest kept token and its drafts
         drafted = counter.lengths[0] - len(prompt_ids) + sum(n - 1 for n in counter.lengths[1:])
     accepted = max(0, len(token_ids) - rounds) if drafted else 0
-    text = pair.target.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    text = decode(pair.target.tokenizer, token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     return Run(method, config.k if method == "hf-assisted" else 0, token_ids, text,
                max(0, len(token_ids) - 1), max(total_s - prefill_s, 1e-9), prefill_s * 1e3, rounds,
                drafted, accepted)

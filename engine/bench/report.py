@@ -19,11 +19,11 @@ import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from engine.autotune import CURVE_CONTEXT, machine_name
-
 from engine.bench.runner import BenchSettings, Method, PromptResult
 from engine.stats import RoundTotals
 
@@ -52,9 +52,9 @@ class Totals(RoundTotals):
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
-    def acceptance_rate(self) -> float | None:
-        """None (a blank cell) for methods that draft nothing."""
-        return super().acceptance_rate if self.drafted else None
+    def acceptance_cell(self) -> str:
+        """The acceptance rate, blank for methods that draft nothing."""
+        return _num(self.acceptance_rate if self.drafted else None)
 
 
 def totals(results: list[PromptResult], method: Method, category: str = "all", turn: int | None = None) -> Totals:
@@ -90,7 +90,7 @@ def _num(value: float | None, digits: int = 3) -> str:
 def summary_rows(results: list[PromptResult], settings: BenchSettings, methods: list[Method]) -> list[dict]:
     """Per method: a row per category and one for all prompts; with several turns, one per turn too."""
     turns = sorted({r.turn for r in results})
-    groups = [(category, None) for category in categories(results)]
+    groups: list[tuple[str, int | None]] = [(category, None) for category in categories(results)]
     groups += [("all", turn) for turn in turns] if len(turns) > 1 else []
     rows = []
     for method in methods:
@@ -102,7 +102,7 @@ def summary_rows(results: list[PromptResult], settings: BenchSettings, methods: 
                 "turn": "all" if turn is None else turn, "prompts": t.prompts,
                 "new_tokens": t.new_tokens, "tokens_per_s": _num(t.tokens_per_s, 2),
                 "speedup_vs_plain": _num(t.tokens_per_s / plain if plain else None),
-                "acceptance_rate": _num(t.acceptance_rate), "mean_accepted_length": _num(t.mean_accepted_length),
+                "acceptance_rate": t.acceptance_cell, "mean_accepted_length": _num(t.mean_accepted_length),
                 "identical_to_plain": str(t.identical).lower() if settings.decode.greedy else "",
                 "prefill_ms": _num(t.prefill_ms / t.prompts if t.prompts else None, 1),
                 "predicted_speedup": _num(t.predicted_speedup), "cost_ratio": _num(t.cost_ratio, 4),
@@ -143,7 +143,7 @@ def sweep_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]
         hf = totals(results, assisted).tokens_per_s if assisted in methods else None
         rows.append({
             "k": method.shown_k, "speedup": _num(t.tokens_per_s / plain if plain else None),
-            "predicted_speedup": _num(t.predicted_speedup), "acceptance_rate": _num(t.acceptance_rate),
+            "predicted_speedup": _num(t.predicted_speedup), "acceptance_rate": t.acceptance_cell,
             "mean_accepted_length": _num(t.mean_accepted_length), "cost_ratio": _num(t.cost_ratio, 4),
             "hf_assisted_speedup": _num(hf / plain if hf and plain else None),
             "vs_hf_assisted": _num(t.tokens_per_s / hf if hf else None), "drafter": method.shown_drafter,
@@ -218,7 +218,7 @@ def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
 
 
 def write_report(path: Path, results: list[PromptResult], settings: BenchSettings, methods: list[Method],
-                 context: dict[str, str], summary: list[dict], sweep: list[dict], plots: list[str]) -> None:
+                 context: dict[str, Any], summary: list[dict], sweep: list[dict], plots: list[str]) -> None:
     import transformers
 
     device = torch.device(context["device"])

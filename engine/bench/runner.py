@@ -107,14 +107,14 @@ class BenchSettings:
         drafter gets speculative per K and lookup (prompt lookup itself only without), and
         hf-assisted per K where Hugging Face has that drafter."""
         methods = [Method("plain")]
-        pair_kind = {pair.drafter_description: pair.drafter_kind for pair in pairs}
+        reads_history = {pair.drafter_description: pair.reads_history for pair in pairs}
         for pair in pairs:
-            lookups = (0,) if pair.drafter_kind.copies_text else self.lookups
+            lookups = (0,) if pair.copies_text else self.lookups
             copier = "suffix" if pair.drafter_kind is DrafterKind.HYBRID else "prompt lookup"
             methods += [Method("speculative", k, pair.drafter_description, lookup, copier)
                         for k in self.ks for lookup in lookups]
         if self.repeat_scenario:
-            methods += [m._replace(name="repeat") for m in methods[1:] if pair_kind[m.drafter].reads_history]
+            methods += [m._replace(name="repeat") for m in methods[1:] if reads_history[m.drafter]]
         if "hf" in self.baselines:
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
@@ -151,7 +151,7 @@ def _config_for(settings: BenchSettings, method: Method, max_new_tokens: int | N
                    max_new_tokens=max_new_tokens or settings.decode.max_new_tokens)
 
 
-def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: BenchSettings,
+def run_bench(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settings: BenchSettings,
               progress: Progress | None = None, cancel: threading.Event | None = None) -> list[PromptResult]:
     """Every method of `settings.methods(pairs)` on every prompt; the pairs share one target.
 
@@ -164,7 +164,7 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
     if len(pair_of) < len(pairs):
         raise SpecDeckError("Two drafters of the benchmark have the same name: name each drafter once.")
 
-    histories = {pair.drafter_description: SuffixIndex() for pair in pairs if pair.drafter_kind.reads_history}
+    histories = {pair.drafter_description: SuffixIndex() for pair in pairs if pair.reads_history}
 
     def run(method: Method, prompt_ids: list[int], max_new_tokens: int | None = None,
             history: SuffixIndex | None = None) -> Run:
@@ -186,7 +186,7 @@ def run_bench(pairs: Sequence[ModelPair], prompts: list[BenchPrompt], settings: 
             progress(done, total, f"warm-up {method.label}")
         run(method, encode_prompt(tokenizer, prompts[0].text, chat=prompts[0].chat), max_new_tokens=8,
             history=SuffixIndex())
-    results = []
+    results: list[PromptResult] = []
     for index, prompt in enumerate(prompts):
         answers: list[str] = []  # plain decoding's answers to the record's earlier turns
         for turn in range(1, len(prompt.turns) + 1):

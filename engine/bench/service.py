@@ -8,14 +8,23 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from engine.atomic import building_folder, check_writable_folder, remove_abandoned
 from engine.autotune import cost_curve
 from engine.bench import plots as plotting
 from engine.bench.methods import HF_METHODS
 from engine.bench.prompts import BenchPrompt
-from engine.bench.report import (PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS, per_prompt_rows, summary_rows,
-                                 sweep_rows, write_csv, write_report)
+from engine.bench.report import (
+    PER_PROMPT_COLUMNS,
+    SUMMARY_COLUMNS,
+    SWEEP_COLUMNS,
+    per_prompt_rows,
+    summary_rows,
+    sweep_rows,
+    write_csv,
+    write_report,
+)
 from engine.bench.runner import BenchSettings, Progress, run_bench
 from engine.cache import costs_cache
 from engine.errors import SpecDeckError
@@ -48,14 +57,15 @@ def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command
         "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."), "backend": target.backend,
         "prompts": str(prompts_path),
     }
-    crossing = [f"{pair.drafter_description}: {pair.vocabulary.describe()}" for pair in pairs if pair.cross_vocabulary]
+    crossing = [f"{pair.drafter_description}: {pair.vocabulary.describe()}" for pair in pairs
+                if pair.vocabulary is not None and not pair.vocabulary.same]
     if crossing:  # counts are the target's tokens; the pair's case says how the draft's relate to them
         context["note"] = "; ".join(crossing)
     return context
 
 
 def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settings: BenchSettings, out: Path,
-                  context: dict[str, str], plots: bool = True, progress: Progress | None = None,
+                  context: dict[str, Any], plots: bool = True, progress: Progress | None = None,
                   cancel: threading.Event | None = None) -> list[dict]:
     """Run the benchmark of `pairs` (one per drafter, sharing one target) and write every output file
     into `out`, which is built aside and swapped in whole (an earlier `out` stays intact until then);

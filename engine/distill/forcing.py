@@ -20,7 +20,8 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -157,7 +158,7 @@ def grow(target_name: str, folder: Path, config: ForcingConfig, progress: Progre
         states = target_states(target, sequences, config.layers, config.batch_tokens)
         shard = {"ids": [torch.tensor(s, dtype=torch.int32) for s in sequences], "first": firsts, "sources": sources,
                  "states": torch.cat(states), "layers": list(config.layers)}
-        write_with(path, lambda temporary: torch.save(shard, temporary))
+        write_with(path, partial(torch.save, shard))
         positions = sum(len(s) for s in sequences)
         counts: dict[str, int] = {}
         for source, s in zip(sources, sequences):

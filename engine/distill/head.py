@@ -22,7 +22,9 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,6 +37,7 @@ from engine.distill.texts import TEXT_SOURCES
 from engine.distill.train import TrainConfig, build_teacher_data
 from engine.errors import SpecDeckError
 from engine.heads import FeatureHead, fingerprint, head_config, save_head
+from engine.hf_parts import input_embedding, output_projection
 from engine.models import LoadedModel, LoadOptions, load_model
 
 Progress = Callable[[str], None]
@@ -108,7 +111,7 @@ def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_token
                                 for j, r in enumerate(batch)]
             start = end
         path = folder / f"part-{number:05d}.pt"
-        write_with(path, lambda temporary: torch.save(saved, temporary))
+        write_with(path, partial(torch.save, saved))
         for r, states in zip(rows, saved["states"]):
             features[r] = states
         done += sum(len(data.ids[r]) for r in rows)
@@ -146,7 +149,7 @@ def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
             if any(not name.startswith("fuse_fc") for name in missing):
                 raise SpecDeckError(f"{config.init_from} is a head of another shape (it lacks {missing[:3]}).")
             return head
-        body = target.model.base_model
+        body: Any = target.model.base_model
         if config.init_from_target and not config.intermediate:
             head.body.layers[0].load_state_dict(body.layers[-1].state_dict())
         head.body.norm.weight.copy_(body.norm.weight)
@@ -156,7 +159,7 @@ def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
 
 
 def collate_pairs(data: Shard, features: list[torch.Tensor], rows: list[int], embedding: torch.Tensor,
-                  columns: list[int] | int | None = None):
+                  columns: list[int] | int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded states (B, W, h), next-token embeddings for pairs (B, W-1, h), and the mask of the
     pairs that count: those in the answer. Pair i predicts the state after token i+1, which decides
     token i+2; the head drafts from the token after the target's first answer token on, so pairs
@@ -191,10 +194,11 @@ def unrolled(head: FeatureHead, inputs: torch.Tensor, embeds: torch.Tensor, pass
     the states pass s-1 predicted one pair earlier, each attending as `_pass_mask` says."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    layer, body = head.body.layers[0], head.body
-    attention, config = layer.self_attn, head.config
+    body: Any = head.body  # a Hugging Face LlamaModel, read by its submodules' names
+    layer, config = body.layers[0], head.config
+    attention = layer.self_attn
     batch, width, _ = inputs.shape
-    dim = config.head_dim
+    dim = config.head_dim or config.hidden_size // config.num_attention_heads
     keys, values, outputs = [], [], []
     states = inputs
     cos = sin = None
@@ -235,7 +239,7 @@ def head_loss(head: FeatureHead, states, embeds, mask, weight: torch.Tensor, con
         inputs = inputs + noise * config.noise * inputs.pow(2).mean().sqrt()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bfloat16):
         predictions = unrolled(head, inputs, embeds, config.unroll)
-    total, agreements = 0.0, []
+    total, agreements = torch.zeros(()), []
     for step, predicted in enumerate(predictions):
         reach = mask.clone()
         reach[:, :step] = False  # pair j's depth-(step+1) draft follows the real pairs up to j - step
@@ -376,14 +380,14 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
         held, training = split_rows(len(shards.ids))
         source = HeadText(shards, features, training, {"held out": held[: config.eval_sequences]}, None, SOURCES)
     target.model.float()
-    embedding = target.model.get_input_embeddings().weight.detach()
-    vocab = target.model.get_output_embeddings().weight.shape[0]
+    embedding = input_embedding(target.model).weight.detach()
+    vocab = output_projection(target.model).weight.shape[0]
     text_ids, training = source.data, source.training
     count = len(text_ids.ids)
     output_ids = None
     if 0 < config.output_vocab < vocab:
         output_ids = frequent_tokens(text_ids, training, config.output_vocab, vocab, set(target.eos_ids))
-    full_weight = target.model.get_output_embeddings().weight.detach()
+    full_weight = output_projection(target.model).weight.detach()
     weight = full_weight[output_ids] if output_ids is not None else full_weight
     head = build_head(target, config)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))

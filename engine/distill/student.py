@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from engine.hf_parts import input_embedding
 from engine.models import LoadedModel
 
 
@@ -36,7 +37,7 @@ def pca_embedding(target_embedding: torch.Tensor, width: int) -> torch.Tensor:
 def build_draft(target: LoadedModel, shape: DraftShape, seed: int) -> LlamaForCausalLM:
     """A seeded draft for `target`: same vocabulary size, special ids and RoPE settings."""
     source = target.model.config
-    embedding = target.model.get_input_embeddings().weight
+    embedding = input_embedding(target.model).weight
     hidden = min(shape.hidden, embedding.shape[1])
     head_dim = min(shape.head_dim, hidden)
     heads = hidden // head_dim
@@ -51,6 +52,6 @@ def build_draft(target: LoadedModel, shape: DraftShape, seed: int) -> LlamaForCa
     torch.manual_seed(seed)
     draft = LlamaForCausalLM(config)
     with torch.no_grad():
-        draft.get_input_embeddings().weight.copy_(pca_embedding(embedding, hidden))
+        input_embedding(draft).weight.copy_(pca_embedding(embedding, hidden))
     draft.tie_weights()
     return draft

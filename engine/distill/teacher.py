@@ -19,6 +19,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from engine.atomic import write_with
+from engine.hf_parts import generate_of
 from engine.models import LoadedModel, encode_prompt
 
 
@@ -68,7 +69,7 @@ def generate_scored(target: LoadedModel, prompts: Sequence[list[int]], max_new_t
         mask[row, width - len(ids):] = 1
     keep = _KeepTopK(top_k)
     torch.manual_seed(seed)
-    out = target.model.generate(
+    out = generate_of(target.model)(
         input_ids=input_ids.to(target.device), attention_mask=mask.to(target.device),
         max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=None if greedy else temperature,
         top_p=None, top_k=None, pad_token_id=pad, eos_token_id=sorted(target.eos_ids),

@@ -38,6 +38,7 @@ from engine.distill.corpus import (
 from engine.distill.loop import HeldOut, batches, split_rows, train_loop
 from engine.distill.student import DraftShape, build_draft
 from engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
+from engine.hf_parts import decode, input_embedding, output_projection
 from engine.models import (
     BUILTIN_MODELS,
     OUTPUT_TOKENS_FILE,
@@ -154,7 +155,7 @@ def _article_shards(target: LoadedModel, folder: Path, config: TrainConfig, prog
         prompts = []
         for ids, first in zip(written.ids, written.first):
             # at most max_length tokens of article, so a long one cannot push the request out of the prompt
-            article = target.tokenizer.decode(ids[first + 1:][: config.max_length].tolist(), skip_special_tokens=True)
+            article = decode(target.tokenizer, ids[first + 1:][: config.max_length].tolist(), skip_special_tokens=True)
             if len(article) >= config.min_article_chars:
                 topic = topics.get(tuple(ids[: first + 1].tolist()), "it")
                 prompts.append(chat_ids(target, reading_instruction(topic, article, rng)))
@@ -303,11 +304,11 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
     target = load_model(target_name, LoadOptions(device="cpu", dtype=config.teacher_dtype), progress)
     data = build_teacher_data(target, out / "teacher", config, progress)
     draft = build_draft(target, config.shape, config.seed)
-    draft.get_input_embeddings().weight.requires_grad_(config.train_embedding)
+    input_embedding(draft).weight.requires_grad_(config.train_embedding)
     source = locate(target_name)
     count = len(data.ids)
     held_out_rows, training = split_rows(count)
-    vocab = draft.get_output_embeddings().weight.shape[0]
+    vocab = output_projection(draft).weight.shape[0]
     output_ids = None
     if 0 < config.output_vocab < vocab:
         output_ids = choose_output_ids(data, training, config.output_vocab, vocab, set(target.eos_ids))

@@ -8,14 +8,11 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from PySide6.QtCore import QSettings  # noqa: E402
-
-import qasync  # noqa: E402
-
-from tiny import build_pair  # noqa: E402
-
+import pytest
+import qasync
+import torch
+from PySide6.QtCore import QSettings
+from tiny import build_pair
 
 # the tiny models run fastest on one thread, and the tests then leave the other core to the GUI
 torch.set_num_threads(1)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import csv
 
 import pytest
+from tiny import write_two_prompts
 
 from engine.bench.report import SUMMARY_COLUMNS
 from engine.config import DecodeConfig
-from tiny import write_two_prompts
 
 TIMEOUT_MS = 60_000
 

@@ -108,6 +108,18 @@ def test_hovering_a_chart_reads_out_the_point_under_the_mouse(qtbot):
     assert charts.readout(charts.acceptance_plot, 7) is None
 
 
+def test_a_copied_round_reads_out_its_match_length(qtbot):
+    """A round that copied text says how long the match with earlier text was; a model's round does not."""
+    charts = SessionCharts()
+    qtbot.addWidget(charts)
+    charts.add_events((RoundEvent(1, 5, 5, 0.1, 4.0, 6, 0.01, copied=True, shape="copy 5", match_length=12),
+                       RoundEvent(2, 2, 1, 1.0, 4.0, 8, 0.02, shape="K=2")))
+    charts.redraw()
+    assert charts.readout(charts.round_time_plot, 1) == ("round 1, 5 tokens copied after a 12-token match: "
+                                                         "draft 0.1 ms, verify 4.0 ms, kept 6")
+    assert "match" not in charts.readout(charts.round_time_plot, 2)
+
+
 def test_figures_explain_themselves(qtbot):
     """Every figure has a tooltip; the predicted speedup's names the formula and its source."""
     charts = SessionCharts()

@@ -115,10 +115,10 @@ def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pai
     """Choosing the feature-head drafter and a head folder: the session drafts from the head and
     the view holds exactly the kept text."""
     import torch
+    from tiny import ON_CPU
 
     from engine.heads import FeatureHead, fingerprint, head_config, save_head
     from engine.models import load_model
-    from tiny import ON_CPU
 
     model = load_model(str(tiny_pair[0]), ON_CPU).model
     torch.manual_seed(0)

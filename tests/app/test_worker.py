@@ -38,7 +38,7 @@ class _FakePair:
     drafter_model = None
     vocabulary = None
 
-    class target:  # noqa: N801 - stands in for a LoadedModel
+    class target:
         name = "fake"
         device = "cpu"
         dtype = "torch.float32"

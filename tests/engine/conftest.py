@@ -5,9 +5,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tiny import ON_CPU, build_cross_pair, build_pair  # noqa: E402
+from tiny import ON_CPU, build_cross_pair, build_pair
 
-from engine.models import LoadedModel, load_model  # noqa: E402
+from engine.models import LoadedModel, load_model
 
 
 @pytest.fixture(scope="session")

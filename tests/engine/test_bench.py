@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from tiny import build_pair, write_two_prompts
 from transformers import LlamaForCausalLM
 
 from cli.main import main
@@ -20,7 +21,6 @@ from engine.errors import SpecDeckError
 from engine.heads import FeatureHead, fingerprint, head_config, save_head
 from engine.pair import PairSpec
 from engine.session import load_pair, load_pairs
-from tiny import build_pair, write_two_prompts
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny import build_model
 
 from cli.bench import bench_specs
 from cli.main import build_parser, main
 from cli.options import pair_spec
 from engine.pair import DrafterKind, PairSpec
-from tiny import build_model, build_tokenizer
 
 
 @pytest.fixture(scope="module")

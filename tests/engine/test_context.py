@@ -3,8 +3,8 @@
 import pytest
 
 from engine import DecodeConfig, DraftModelDrafter, SummaryEvent, TokenEvent, encode_prompt, generate
-from engine.events import SessionStarted
 from engine.errors import SpecDeckError
+from engine.events import SessionStarted
 
 CONTEXT = 512
 

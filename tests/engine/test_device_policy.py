@@ -6,12 +6,12 @@ import types
 
 import pytest
 import torch
+from tiny import ON_CPU
 
 from engine import DecodeConfig, generate, load_model
 from engine.errors import SpecDeckError
 from engine.kvcache import CachedModel
 from engine.models import resolve_device, resolve_dtype
-from tiny import ON_CPU
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import ON_CPU, build_pair
 
 from cli.main import main
 from engine.config import DecodeConfig
@@ -19,7 +20,6 @@ from engine.heads import FeatureHead, head_config, load_head
 from engine.models import encode_prompt, load_model
 from engine.pair import PairSpec
 from engine.session import load_pair, run_session
-from tiny import ON_CPU, build_pair
 
 TEXT = ["--answers", "4", "--passages", "1", "--code", "3", "--answer-tokens", "16", "--generation-batch", "4"]
 TRAIN = ["--output-vocab", "150", "--batch", "2", "--eval-every", "3", "--threads", "1"]

@@ -9,21 +9,28 @@ import warnings
 
 import pytest
 import torch
+from test_families import FAMILIES, build, reference
+from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
+from tiny import build_model, build_pair, write_two_prompts
 
-from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, SuffixDrafter, TokenEvent, encode_prompt, generate
 from cli.main import main
+from engine import (
+    DecodeConfig,
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    SuffixDrafter,
+    TokenEvent,
+    encode_prompt,
+    generate,
+)
 from engine.drafters import FeatureHeadDrafter
 from engine.heads import FeatureHead, head_config
-from engine.kvcache import CachedModel
 from engine.llama_forward import LlamaForward
 from engine.memory import give_back
 from engine.models import LoadOptions, load_model
 from engine.pair import PairSpec
 from engine.session import load_pair
 from engine.suffix import SuffixIndex
-from test_families import FAMILIES, build, reference
-from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
-from tiny import build_model, build_pair, write_two_prompts
 
 pytestmark = pytest.mark.cuda
 PROMPT = "The quick brown fox"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from tiny import build_pair
 
 from cli.main import main
 from engine.config import DecodeConfig
@@ -17,7 +18,6 @@ from engine.events import TokenEvent
 from engine.models import load_model
 from engine.pair import PairSpec
 from engine.session import load_pair, run_session
-from tiny import build_pair
 
 EXCHANGES = [Exchange("python-docs", f"Explain item {i}.", f"Item {i} reads the file and returns a list of lines. " * 12)
              for i in range(24)]

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
 
 from engine import DecodeConfig, DraftModelDrafter, HybridDrafter, SuffixDrafter, TokenEvent, encode_prompt, generate
 from engine.drafters import FeatureHeadDrafter
@@ -12,7 +13,6 @@ from engine.heads import FeatureHead, head_config
 from engine.pair import DrafterKind, PairSpec
 from engine.sampling import logits_to_probs
 from engine.suffix import SuffixIndex
-from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 

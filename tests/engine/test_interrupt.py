@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tiny import build_pair
 
 ROOT = Path(__file__).resolve().parents[2]

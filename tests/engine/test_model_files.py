@@ -4,10 +4,10 @@ import os
 
 import pytest
 import torch
+from tiny import ON_CPU, build_pair
 
 from engine.errors import SpecDeckError
 from engine.models import BUILTIN_MODELS, DEFAULT_TARGET, WEIGHTS_RECORD_FILE, convert_gguf, load_model
-from tiny import ON_CPU, build_pair
 
 
 class RunsAShellCommand:

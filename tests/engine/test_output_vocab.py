@@ -5,11 +5,11 @@ import json
 
 import pytest
 import torch
+from tiny import ON_CPU, build_pair
 
 from engine import DecodeConfig, DraftModelDrafter, TokenEvent, TokenState, encode_prompt, generate
 from engine.errors import SpecDeckError
 from engine.models import OUTPUT_TOKENS_FILE, load_model
-from tiny import ON_CPU, build_pair
 
 
 def test_reduced_output_greedy_equals_plain(tiny_pair):

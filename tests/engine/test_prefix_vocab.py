@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from tiny import ON_CPU, build_model, build_tokenizer
 
 from engine import DecodeConfig, DraftModelDrafter, TokenEvent, TokenState, encode_prompt, generate
 from engine.models import load_model
 from engine.vocabulary import match_vocabularies
-from tiny import ON_CPU, build_model, build_tokenizer
 
 EXTRA = ["<|user|>", "<|end|>"]
 

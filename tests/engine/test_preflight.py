@@ -5,11 +5,11 @@ import json
 import shutil
 
 import pytest
+from tiny import ON_CPU, build_pair
 
 from engine import preflight
 from engine.errors import SpecDeckError
 from engine.models import load_model
-from tiny import ON_CPU, build_pair
 
 
 @pytest.fixture

@@ -11,8 +11,17 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import (DecodeConfig, DraftModelDrafter, PromptLookupDrafter, RoundEvent, SuffixDrafter, SummaryEvent,
-                    TokenEvent, encode_prompt, generate)
+from engine import (
+    DecodeConfig,
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    RoundEvent,
+    SuffixDrafter,
+    SummaryEvent,
+    TokenEvent,
+    encode_prompt,
+    generate,
+)
 from engine.config import SCHEDULES
 from engine.events import SessionStarted, TokenState
 from engine.suffix import SuffixIndex

@@ -3,9 +3,9 @@
 from pathlib import Path
 
 import pytest
+from tiny import ON_CPU
 
 from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate, load_model
-from tiny import ON_CPU
 
 
 @pytest.fixture(scope="module")

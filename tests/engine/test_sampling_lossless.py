@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from engine import DecodeConfig, DraftModelDrafter, Proposal, SuffixDrafter, TokenEvent, encode_prompt, generate
+from engine.decoding import verify
 from engine.drafters import FeatureHeadDrafter
 from engine.heads import FeatureHead, head_config
-from engine.decoding import verify
 from engine.sampling import logits_to_probs
 from engine.suffix import SuffixIndex
 

@@ -3,12 +3,12 @@ greedy speculative text equals plain text even where the target's top two logits
 
 import pytest
 import torch
+from tiny import ON_CPU, build_pair
 
 from engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
 from engine.kvcache import CachedModel
 from engine.linear import PackedLinear, packed_available
 from engine.models import load_model
-from tiny import ON_CPU, build_pair
 
 needs_packed = pytest.mark.skipif(packed_available(torch.zeros(2, 2)) is not None,
                                   reason="this torch has no oneDNN packed linear")
