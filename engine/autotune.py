@@ -89,7 +89,7 @@ def measure_curve(model: PreTrainedModel | LlamaCppModel, tokens: tuple[int, ...
     a burst of other work on the machine spoils one pass, not one size. The curve records how far the
     passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
     lm = CachedModel(model)
-    vocab = input_embedding(model).num_embeddings  # (a GGUF file's embedding is not read for its size)
+    vocab = model.vocab_width if isinstance(model, LlamaCppModel) else input_embedding(model).num_embeddings
     ids = [(7 * i + 3) % vocab for i in range(context + max(tokens))]
     lm.forward(ids[:context], last_only=True)
     runs: list[list[float]] = [[] for _ in tokens]
@@ -141,13 +141,13 @@ _CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DRAFT_MS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _key(module: torch.nn.Module, what: str) -> str:
-    weights = [p.detach() for p in module.parameters()]
-    if weights:
+def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
+    if isinstance(module, LlamaCppModel):  # its config names the file and the library version
+        runs_on, path = [module.backend], ""
+    else:
+        weights = [p.detach() for p in module.parameters()]
         runs_on = [str(weights[0].dtype), str(weights[0].device)]
         path = linear.choose_path([w for w in weights if w.dim() == 2]).path
-    else:  # a llama.cpp model: its config names the file and the library version
-        runs_on, path = [module.backend], ""
     config = getattr(module, "config", None)
     parts = [what, config.to_json_string(use_diff=False) if config is not None else repr(module), *runs_on,
              torch.__version__, str(torch.get_num_threads()), machine_name(), path, repr(CURVE_TOKENS), str(CURVE_CONTEXT)]
@@ -171,7 +171,7 @@ def _cached(path: Path | None, measure, what: str):
     return value
 
 
-def cost_curve(model: PreTrainedModel, cache_dir: Path | None = None) -> CostCurve:
+def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = None) -> CostCurve:
     """The model's cost curve on this machine: from memory, from `cache_dir`, or measured (and saved,
     so that later sessions plan alike: the auto schedule's choices, and so sampled text for a seed,
     repeat on this machine)."""

@@ -12,14 +12,14 @@ own forward over a `DynamicCache`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import torch
 from transformers import DynamicCache
 
 from engine import llama_forward
 from engine.errors import SpecDeckError
-from engine.hf_parts import input_embedding
+from engine.hf_parts import input_embedding, output_projection
 from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
 if TYPE_CHECKING:
@@ -69,6 +69,14 @@ class HFForward:
             self.cache.crop(-excess)  # transformers 5: a negative count removes that many positions
 
 
+@overload
+def backend_for(model: LlamaCppModel) -> LlamaCppForward: ...
+
+
+@overload
+def backend_for(model: PreTrainedModel) -> llama_forward.LlamaForward | HFForward: ...
+
+
 def backend_for(model: PreTrainedModel | LlamaCppModel) -> llama_forward.LlamaForward | HFForward | LlamaCppForward:
     """llama.cpp for a model it opened; else the lean Llama forward where it reproduces `model`, else
     Hugging Face's."""
@@ -84,7 +92,7 @@ class CachedModel:
     def __init__(self, model: PreTrainedModel | LlamaCppModel, taps: tuple[int, ...] = ()) -> None:
         self.model = model
         self.device = model.device if isinstance(model, LlamaCppModel) else next(model.parameters()).device
-        self.rows = input_embedding(model).num_embeddings
+        self.rows = model.vocab_width if isinstance(model, LlamaCppModel) else input_embedding(model).num_embeddings
         self.backend = backend_for(model)
         self.backend.taps = taps
 

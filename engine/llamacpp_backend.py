@@ -26,11 +26,15 @@ import functools
 import importlib
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 
 from engine.errors import SpecDeckError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 CONTEXT_LIMIT = 8192  # positions a context holds at most (its KV cache is allocated whole)
 BATCH = 512  # tokens per llama.cpp call; a longer prefill goes in several
@@ -130,6 +134,12 @@ class LlamaCppModel:
             raise SpecDeckError(f"{self.path} has no token embedding (token_embd.weight) that SpecDeck can read.")
         embedding = FileMatrix(tensors["token_embd.weight"])
         return embedding, FileMatrix(tensors["output.weight"]) if "output.weight" in tensors else embedding
+
+
+def matrices_of(model: PreTrainedModel | LlamaCppModel) -> PreTrainedModel:
+    """`model` where only its embedding and output matrices are read (`engine.hf_parts`,
+    `engine.lean_weights.output_weight`): a LlamaCppModel has them, as `FileMatrix`es."""
+    return cast("PreTrainedModel", model)
 
 
 class FileMatrix(torch.nn.Module):

@@ -114,6 +114,13 @@ class LoadedModel:
         return output_projection(self.model).weight.shape[0]
 
     @property
+    def torch_model(self) -> PreTrainedModel:
+        """The model, for what only torch runs (training, Hugging Face's `generate()`)."""
+        if isinstance(self.model, LlamaCppModel):
+            raise SpecDeckError(f"{self.name} runs on llama.cpp here, and this needs it on torch: use --backend torch.")
+        return self.model
+
+    @property
     def backend(self) -> str:
         """What runs the model: "torch", or "llama.cpp" with the file's weight type, e.g. "llama.cpp (Q4_1)"."""
         if isinstance(self.model, LlamaCppModel):
@@ -352,6 +359,8 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
 def _load_on_llama_cpp(name: str, progress: Progress | None) -> LoadedModel:
     """The GGUF file `name` on llama.cpp, its weights as they are in the file."""
     path = gguf_file(name)
+    if path is None:
+        raise SpecDeckError(f"{name} is no .gguf file: llama.cpp runs GGUF files only. Use --backend torch.")
     if progress:
         progress(f"Loading {name} on llama.cpp")
     model = LlamaCppModel(path)  # first: a damaged file is named by llama.cpp's reason

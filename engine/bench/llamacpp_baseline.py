@@ -20,6 +20,7 @@ from engine.backends import gguf_file, llama_cpp_installed
 from engine.bench.methods import Run
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
+from engine.hf_parts import decode
 from engine.llamacpp_backend import CONTEXT_LIMIT, library
 from engine.session import ModelPair
 
@@ -72,5 +73,5 @@ def run_llama_cpp(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig) 
         if token in eos or len(token_ids) >= budget:
             break
     decode_s = time.perf_counter() - started
-    text = pair.target.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    text = decode(pair.target.tokenizer, token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     return Run(METHOD, 0, token_ids, text, len(token_ids), max(decode_s, 1e-9), prefill_s * 1e3, len(token_ids))

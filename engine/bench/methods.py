@@ -140,7 +140,7 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
         torch.manual_seed(config.seed)
     synchronize(target.device)
     started = time.perf_counter()
-    out = generate_of(target.model)(ids, attention_mask=torch.ones_like(ids),
+    out = generate_of(target.torch_model)(ids, attention_mask=torch.ones_like(ids),
                                 generation_config=_generation_config(pair, config, max_new_tokens, method), **kwargs)
     synchronize(target.device)
     return out[0, len(prompt_ids):].tolist(), time.perf_counter() - started
@@ -151,7 +151,7 @@ _ASSISTANT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a 
 
 def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:
     _, prefill_s = _hf_generate(pair, prompt_ids, config, method, max_new_tokens=1)
-    counter = _ForwardCounter(pair.target.model)
+    counter = _ForwardCounter(pair.target.torch_model)
     try:
         token_ids, total_s = _hf_generate(pair, prompt_ids, config, method, config.max_new_tokens)
     finally:
