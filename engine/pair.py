@@ -138,6 +138,7 @@ class PairSpec:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16
     trust_remote_code: bool = False
+    backend: str = "auto"  # what runs a .gguf model: auto, torch, llama.cpp (`engine.backends`)
 
     def __post_init__(self) -> None:
         # what a text field or an option holds: blanks mean the default, a kind may come as its name
@@ -145,12 +146,14 @@ class PairSpec:
         object.__setattr__(self, "draft", (self.draft or "").strip() or None)
         object.__setattr__(self, "device", (self.device or "").strip() or "auto")
         object.__setattr__(self, "dtype", (self.dtype or "").strip() or "auto")
+        object.__setattr__(self, "backend", (self.backend or "").strip() or "auto")
         if self.drafter is not None and not isinstance(self.drafter, DrafterKind):
             object.__setattr__(self, "drafter", DrafterKind.named(self.drafter))
 
     @property
     def load_options(self) -> LoadOptions:
-        return LoadOptions(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
+        return LoadOptions(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
+                           backend=self.backend)
 
     def with_drafter(self, drafter: DrafterKind | None, draft: str | None) -> PairSpec:
         """The same target and options with another drafter."""
@@ -185,7 +188,8 @@ class PairSpec:
         default = PairSpec()
         arguments = ["--target", self.target] if self.target != default.target else []
         for flag, value, default_value in (("--device", self.device, default.device),
-                                           ("--dtype", self.dtype, default.dtype)):
+                                           ("--dtype", self.dtype, default.dtype),
+                                           ("--backend", self.backend, default.backend)):
             if value != default_value:
                 arguments += [flag, value]
         return arguments + (["--trust-remote-code"] if self.trust_remote_code else [])
@@ -236,10 +240,15 @@ class ModelPair:
     def hugging_face_runs(self) -> bool:
         """Whether Hugging Face's assisted generation runs this pair's drafter (`DrafterKind`); a
         draft with a tokenizer of its own only where its vocabulary size differs from the target's,
-        by which Hugging Face tells different tokenizers from the same one."""
+        by which Hugging Face tells different tokenizers from the same one. A draft on llama.cpp is
+        no model Hugging Face can run."""
         if not self.drafter_kind or not self.drafter_kind.hugging_face_runs:
             return False
-        if self.draft is None or not self.cross_vocabulary:
+        if self.draft is None:
+            return True
+        if self.draft.backend != "torch":
+            return False
+        if not self.cross_vocabulary:
             return True
         return self.draft.model.config.vocab_size != self.target.model.config.vocab_size
 
@@ -251,6 +260,8 @@ class ModelPair:
     def description(self) -> str:
         tail = self.drafter_description if self.drafter_kind else "plain"
         where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
+        if self.target.backend != "torch":
+            where = f"on {self.target.device.type}, {self.target.backend}"
         case = f"; {self.vocabulary.describe()}" if self.vocabulary is not None and not self.vocabulary.same else ""
         return f"target {self.target.name} + {tail} {where}{case}"
 

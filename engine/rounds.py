@@ -26,6 +26,8 @@ from engine.kvcache import CachedModel, synchronize
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from engine.llamacpp_backend import LlamaCppModel
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -129,7 +131,7 @@ class TargetForward:
     A drafter that drafts from the target's last hidden states (`Drafter.needs_states`, a feature
     head) is handed the states of every kept token, in order, from the forwards that computed them."""
 
-    def __init__(self, model: PreTrainedModel, drafter: Drafter | None) -> None:
+    def __init__(self, model: PreTrainedModel | LlamaCppModel, drafter: Drafter | None) -> None:
         self.lm = CachedModel(model, taps=drafter.feature_layers if drafter is not None else ())
         self.supports_trees = self.lm.supports_trees
         self.reader = drafter if drafter is not None and drafter.needs_states else None
