@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.session_model import SessionModel
+from engine.backends import BACKENDS
 from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
 from engine.models import BUILTIN_MODELS, DEFAULT_TARGET
 from engine.pair import DrafterKind, PairSpec
@@ -138,6 +139,10 @@ class ModelPanel(QGroupBox):
         self.device.addItems(DEVICES)
         self.dtype = QComboBox()
         self.dtype.addItems(DTYPES)
+        self.backend = QComboBox()
+        self.backend.addItems(BACKENDS)
+        self.backend.setToolTip("What runs a .gguf model: llama.cpp on its quantized weights, torch on them "
+                                "dequantized, or auto: llama.cpp where it is installed and faster on this machine")
         self.trust_remote_code = QCheckBox("Trust remote code")
         self.trust_remote_code.setToolTip("Run Python code shipped with the model's files. Only for models you trust.")
         self.load_button = QPushButton("Load")
@@ -156,6 +161,8 @@ class ModelPanel(QGroupBox):
         row.addWidget(self.device, 1)
         row.addWidget(QLabel("dtype"))
         row.addWidget(self.dtype, 1)
+        row.addWidget(QLabel("backend"))
+        row.addWidget(self.backend, 1)
         form.addRow("Device", row)
         form.addRow(self.trust_remote_code)
         form.addRow(self.load_button)
@@ -167,7 +174,8 @@ class ModelPanel(QGroupBox):
 
     def field_widgets(self) -> dict[str, QWidget]:
         """The widget of each field a load failure can blame."""
-        return {"target": self.target.combo, "draft": self.draft.combo, "device": self.device, "dtype": self.dtype}
+        return {"target": self.target.combo, "draft": self.draft.combo, "device": self.device, "dtype": self.dtype,
+                "backend": self.backend}
 
     def _on_pair_changed(self) -> None:
         model = self._model
@@ -202,7 +210,7 @@ class ModelPanel(QGroupBox):
         kind = self.drafter_kind
         return PairSpec(self.target.value, self.draft.value if kind.needs_model else None, kind,
                         self.device.currentText(), self.dtype.currentText(), self.trust_remote_code.isChecked(),
-                        target_model=self.served_model.text())
+                        backend=self.backend.currentText(), target_model=self.served_model.text())
 
     def show_spec(self, spec: PairSpec) -> None:
         """Show a resolved `spec` (one whose drafter is chosen)."""
@@ -212,6 +220,7 @@ class ModelPanel(QGroupBox):
         self.draft.set_value(spec.draft or "")
         self.device.setCurrentText(spec.device)
         self.dtype.setCurrentText(spec.dtype)
+        self.backend.setCurrentText(spec.backend)
         self.trust_remote_code.setChecked(spec.trust_remote_code)
         self.draft.setEnabled(spec.drafter.needs_model)
 
@@ -230,6 +239,7 @@ class ModelPanel(QGroupBox):
         settings.setValue("models/drafter", self.drafter.currentText())
         settings.setValue("models/device", self.device.currentText())
         settings.setValue("models/dtype", self.dtype.currentText())
+        settings.setValue("models/backend", self.backend.currentText())
         settings.setValue("models/recent", self.recent)
 
     def restore(self, settings: QSettings) -> None:
@@ -243,6 +253,7 @@ class ModelPanel(QGroupBox):
         self.drafter.setCurrentText(str(settings.value("models/drafter", default.drafter.label)))
         self.device.setCurrentText(str(settings.value("models/device", default.device)))
         self.dtype.setCurrentText(str(settings.value("models/dtype", default.dtype)))
+        self.backend.setCurrentText(str(settings.value("models/backend", default.backend)))
 
 
 class DecodingPanel(QGroupBox):

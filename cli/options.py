@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from engine.backends import BACKENDS
 from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
 from engine.pair import DrafterKind, PairSpec
 from engine.remote_http import API_KEY_VARIABLE
@@ -32,13 +33,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"what proposes tokens ({kinds}; default: what --draft names, else the default pair's)")
     parser.add_argument("--device", default=defaults.device, help="auto, cpu, cuda, mps")
     parser.add_argument("--dtype", default=defaults.dtype, help="auto, float32, bfloat16, float16")
+    parser.add_argument("--backend", choices=BACKENDS, default=defaults.backend,
+                        help="what runs a .gguf model: llama.cpp (its quantized weights as they are) or torch "
+                             "(dequantized); auto: llama.cpp where installed and faster on this machine")
     parser.add_argument("--trust-remote-code", action="store_true", help="run model code from the model's files")
 
 
 def pair_spec(args: argparse.Namespace) -> PairSpec:
     """The pair that `add_model_arguments`' options name; `PairSpec.arguments()` writes them back."""
     return PairSpec(args.target, args.draft, args.drafter, args.device, args.dtype, args.trust_remote_code,
-                    args.target_model, args.tokenizer, args.timeout)
+                    args.backend, target_model=args.target_model, tokenizer=args.tokenizer, timeout_s=args.timeout)
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:

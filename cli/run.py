@@ -84,13 +84,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 summary = event
     if summary is not None and not args.jsonl:
         print("\n")
-        print(format_summary(summary, pair.description))
+        print(format_summary(summary, pair.description, pair.target.backend))
     return 130 if cancel.is_set() else 0
 
 
-def format_summary(s, description: str) -> str:
+def format_summary(s, description: str, backend: str = "torch") -> str:
     lines = [
         f"pair                  {description}",
+        f"backend               {backend}",
         f"new tokens            {s.new_tokens} in {s.rounds} rounds ({s.stop_reason})",
         f"tokens/s              {s.tokens_per_s:.1f} (prefill {s.prefill_ms:.0f} ms excluded)",
         f"acceptance rate       {s.acceptance_rate:.3f} ({s.accepted}/{s.drafted} drafts)",

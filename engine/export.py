@@ -73,6 +73,7 @@ class RunInfo:
     prompt: str
     extra_versions: dict[str, str] = field(default_factory=dict)
     vocabulary: str = ""  # the pair's vocabulary case (`engine.vocabulary.VocabularyMatch.describe`)
+    backend: str = "torch"  # what ran the target: "torch", or "llama.cpp (Q4_1)" (`LoadedModel.backend`)
 
 
 def library_versions() -> dict[str, str]:
@@ -85,6 +86,16 @@ def library_versions() -> dict[str, str]:
         specdeck = "unknown"
     return {"specdeck": specdeck, "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__}
+
+
+def _backend_version(backend: str) -> dict[str, str]:
+    """llama-cpp-python's version where it ran the target (it fixes the arithmetic, so the figures)."""
+    if not backend.startswith("llama.cpp"):
+        return {}
+    try:
+        return {"llama-cpp-python": metadata.version("llama_cpp_python")}
+    except metadata.PackageNotFoundError:
+        return {}
 
 
 def rounds_csv(records: list[SessionRecord]) -> str:
@@ -138,10 +149,11 @@ def metadata_json(info: RunInfo, records: list[SessionRecord]) -> str:
         "tokenizers": TOKENIZERS,
         "device": info.device,
         "dtype": info.dtype,
+        "backend": info.backend,
         "parameters": {**asdict(info.config), "chat": info.chat},
         "seed": info.config.seed,
         "prompt": info.prompt,
-        "versions": {**library_versions(), **info.extra_versions},
+        "versions": {**library_versions(), **_backend_version(info.backend), **info.extra_versions},
         "measured_speedup": speedup,
         "sessions": sessions,
     }

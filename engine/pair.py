@@ -141,6 +141,7 @@ class PairSpec:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16
     trust_remote_code: bool = False
+    backend: str = "auto"  # what runs a .gguf model: auto, torch, llama.cpp (`engine.backends`)
     # a remote target: the model's name on the server, the local tokenizer that is the served model's
     # (default: the draft model's, else the built-in target's), and the longest a request may take
     target_model: str = ""
@@ -155,6 +156,7 @@ class PairSpec:
         object.__setattr__(self, "tokenizer", (self.tokenizer or "").strip() or None)
         object.__setattr__(self, "device", (self.device or "").strip() or "auto")
         object.__setattr__(self, "dtype", (self.dtype or "").strip() or "auto")
+        object.__setattr__(self, "backend", (self.backend or "").strip() or "auto")
         if self.drafter is not None and not isinstance(self.drafter, DrafterKind):
             object.__setattr__(self, "drafter", DrafterKind.named(self.drafter))
 
@@ -179,7 +181,8 @@ class PairSpec:
 
     @property
     def load_options(self) -> LoadOptions:
-        return LoadOptions(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
+        return LoadOptions(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
+                           backend=self.backend)
 
     def with_drafter(self, drafter: DrafterKind | None, draft: str | None) -> PairSpec:
         """The same target and options with another drafter."""
@@ -217,7 +220,8 @@ class PairSpec:
             arguments += ["--target-model", self.target_model] + (["--tokenizer", self.tokenizer] if self.tokenizer else [])
             arguments += ["--timeout", f"{self.timeout_s:g}"] if self.timeout_s != default.timeout_s else []
         for flag, value, default_value in (("--device", self.device, default.device),
-                                           ("--dtype", self.dtype, default.dtype)):
+                                           ("--dtype", self.dtype, default.dtype),
+                                           ("--backend", self.backend, default.backend)):
             if value != default_value:
                 arguments += [flag, value]
         return arguments + (["--trust-remote-code"] if self.trust_remote_code else [])
@@ -281,10 +285,15 @@ class ModelPair:
     def hugging_face_runs(self) -> bool:
         """Whether Hugging Face's assisted generation runs this pair's drafter (`DrafterKind`); a
         draft with a tokenizer of its own only where its vocabulary size differs from the target's,
-        by which Hugging Face tells different tokenizers from the same one."""
+        by which Hugging Face tells different tokenizers from the same one. A draft on llama.cpp is
+        no model Hugging Face can run."""
         if not self.drafter_kind or not self.drafter_kind.hugging_face_runs or self.remote:
             return False
-        if self.draft is None or not self.cross_vocabulary:
+        if self.draft is None:
+            return True
+        if self.draft.backend != "torch":
+            return False
+        if not self.cross_vocabulary:
             return True
         return self.draft.model.config.vocab_size != self.local_target.model.config.vocab_size
 
@@ -298,6 +307,8 @@ class ModelPair:
         if isinstance(self.target, RemoteTarget):
             return f"target {self.target.describe()} + {tail} (greedy only)"
         where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
+        if self.target.backend != "torch":
+            where = f"on {self.target.device.type}, {self.target.backend}"
         case = f"; {self.vocabulary.describe()}" if self.vocabulary is not None and not self.vocabulary.same else ""
         return f"target {self.target.name} + {tail} {where}{case}"
 

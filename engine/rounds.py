@@ -31,6 +31,8 @@ from engine.remote_target import RemoteTarget
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from engine.llamacpp_backend import LlamaCppModel
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -136,7 +138,7 @@ class TargetForward:
 
     server_time: ServerTime | None = None  # a local forward has no request
 
-    def __init__(self, model: PreTrainedModel, drafter: Drafter | None) -> None:
+    def __init__(self, model: PreTrainedModel | LlamaCppModel, drafter: Drafter | None) -> None:
         self.lm = CachedModel(model, taps=drafter.feature_layers if drafter is not None else ())
         self.supports_trees = self.lm.supports_trees
         self.reader = drafter if drafter is not None and drafter.needs_states else None

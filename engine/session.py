@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
+from engine.backends import gguf_file
 from engine.config import DecodeConfig
 from engine.decoding import generate
 from engine.errors import SpecDeckError
@@ -83,7 +85,10 @@ def _attach_drafter(target_model: LoadedModel | RemoteTarget, spec: PairSpec, pr
                                 "return: choose the draft-model, prompt-lookup or suffix drafter for a remote target.")
         head = load_feature_head(spec.draft, target_model, progress)
     else:
-        draft_model = load_model(spec.draft, spec.load_options, progress)
+        options = spec.load_options
+        if gguf_file(spec.draft) is None:  # a draft that is no GGUF file runs on torch, whatever runs the target
+            options = replace(options, backend="torch")
+        draft_model = load_model(spec.draft, options, progress)
         vocabulary = match_vocabularies(target_model, draft_model)
         if progress and not vocabulary.same:
             progress(f"{draft_model.name} and {target_model.name}: {vocabulary.describe()}")

@@ -9,6 +9,8 @@
   its own runs as Universal Assisted Generation (`tokenizer=` and `assistant_tokenizer=`: greedy
   through the text, sampling over the shared tokens), on a copy of the draft, since sampling cuts
   the assistant's output layer down to the shared tokens in place.
+- `llama.cpp`: llama-cpp-python's own generation on the target's GGUF file
+  (`engine.bench.llamacpp_baseline`), prefill timed apart as SpecDeck's is.
 
 Hugging Face does not time prefill apart, so its prefill is measured as a generate() of one new
 token, and its decoding rate is (new tokens - 1) / (total time - that prefill): the first token
@@ -36,7 +38,7 @@ from engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")
-METHODS = SPECDECK_METHODS + HF_METHODS
+METHODS = SPECDECK_METHODS + HF_METHODS + ("llama.cpp",)
 
 
 @dataclass
@@ -142,7 +144,7 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
         torch.manual_seed(config.seed)
     synchronize(target.device)
     started = time.perf_counter()
-    out = generate_of(target.model)(ids, attention_mask=torch.ones_like(ids),
+    out = generate_of(target.torch_model)(ids, attention_mask=torch.ones_like(ids),
                                 generation_config=_generation_config(pair, config, max_new_tokens, method), **kwargs)
     synchronize(target.device)
     return out[0, len(prompt_ids):].tolist(), time.perf_counter() - started
@@ -153,7 +155,7 @@ _ASSISTANT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a 
 
 def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:
     _, prefill_s = _hf_generate(pair, prompt_ids, config, method, max_new_tokens=1)
-    counter = _ForwardCounter(pair.local_target.model)
+    counter = _ForwardCounter(pair.local_target.torch_model)
     try:
         token_ids, total_s = _hf_generate(pair, prompt_ids, config, method, config.max_new_tokens)
     finally:
@@ -183,4 +185,8 @@ def run_method(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, met
     """One run; `history`: the earlier texts a suffix drafter reads (and leaves as they are)."""
     if method in SPECDECK_METHODS:
         return run_specdeck(pair, prompt_ids, config, speculative=method == "speculative", history=history)
+    if method == "llama.cpp":
+        from engine.bench.llamacpp_baseline import run_llama_cpp
+
+        return run_llama_cpp(pair, prompt_ids, config)
     return run_hf(pair, prompt_ids, config, method)

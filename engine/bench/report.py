@@ -246,7 +246,8 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         f"Command: `{context['command']}`", "",
         "## Machine and versions", "",
         f"- machine: {machine_description(device)}",
-        f"- device {device}, dtype {context['dtype']}, torch threads {torch.get_num_threads()}",
+        f"- device {device}, dtype {context['dtype']}, backend {context.get('backend', 'torch')}, "
+        f"torch threads {torch.get_num_threads()}",
         f"- Python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}",
         "", "## Settings", "",
         f"- target {context['target']}, drafter{'s' if len(drafters) > 1 else ''} {'; '.join(drafters)}",
@@ -262,6 +263,9 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         "- order: methods rotate by one place per prompt and repeat; one untimed warm-up per method",
         "- SpecDeck times prefill and decoding apart; Hugging Face's prefill is a 1-new-token generate(), "
         "and its rate is (new tokens - 1) / (total - prefill)",
+        *(["- llama.cpp: llama-cpp-python's own generate() on the target's GGUF file with its default settings and "
+           "the same threads; its prefill (the prompt but its last token) is timed apart, as SpecDeck's is"]
+          if any(m.name == "llama.cpp" for m in methods) else []),
         "", "## All prompts", "", markdown_table(overview, SUMMARY_COLUMNS),
         "", "## Per category", "", markdown_table(summary, SUMMARY_COLUMNS),
         "", "## K sweep", "", markdown_table(sweep, SWEEP_COLUMNS),
