@@ -57,6 +57,7 @@ class RemoteTarget:
     output_ids = None
     device = torch.device("cpu")
     dtype = torch.float32
+    backend = "a server"  # what runs the target (a local one's `LoadedModel.backend`)
 
     def __init__(self, settings: RemoteSettings, tokenizer, endpoint: Endpoint, scoring: Scoring,
                  server: str) -> None:

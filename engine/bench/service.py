@@ -78,10 +78,9 @@ def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], se
                     f"on {pairs[0].target.backend}.")
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
     without_hf = [pair.drafter_description for pair in pairs if not pair.hugging_face_runs]
-    if pairs[0].remote:
+    if pairs[0].remote:  # (Hugging Face's baselines were left out above: the target runs on a server)
         settings.check_remote()
-        served = "hf and hf-assisted left out: Hugging Face generate() needs the target in this process."
-        context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), served))), "remote": "yes"}
+        context = {**context, "remote": "yes"}
     elif without_hf and "hf-assisted" in settings.baselines:
         # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter, and
         # takes two vocabularies of one size for one tokenizer
