@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QMenu,
     QPlainTextEdit,
     QPushButton,
@@ -32,6 +33,7 @@ from engine.backends import BACKENDS
 from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
 from engine.models import BUILTIN_MODELS, DEFAULT_TARGET
 from engine.pair import DrafterKind, PairSpec
+from engine.remote_http import API_KEY_VARIABLE
 from engine.resources import resource_path
 
 DRAFTER_KINDS = tuple(DrafterKind)  # in the drafter combo's order
@@ -128,6 +130,10 @@ class ModelPanel(QGroupBox):
             self.drafter.addItem(kind.label)
             self.drafter.setItemData(index, kind.description, Qt.ItemDataRole.ToolTipRole)
         self.draft = ModelPicker(allow_empty=True)
+        self.served_model = QLineEdit()  # a served target's model name, where Target is a server's address
+        self.served_model.setPlaceholderText("model name on the server, when Target is http://HOST:PORT/v1")
+        self.served_model.setToolTip("A target served over an OpenAI-compatible API: put its address in Target "
+                                     f"and its model name here (API key from {API_KEY_VARIABLE}; greedy only).")
         self.device = QComboBox()
         self.device.setEditable(True)
         self.device.addItems(DEVICES)
@@ -148,6 +154,7 @@ class ModelPanel(QGroupBox):
         self.drafter.currentIndexChanged.connect(self._on_drafter_changed)
         form = QFormLayout(self)
         form.addRow("Target", self.target)
+        form.addRow("Served as", self.served_model)
         form.addRow("Drafter", self.drafter)
         form.addRow("Draft", self.draft)
         row = QHBoxLayout()
@@ -203,11 +210,12 @@ class ModelPanel(QGroupBox):
         kind = self.drafter_kind
         return PairSpec(self.target.value, self.draft.value if kind.needs_model else None, kind,
                         self.device.currentText(), self.dtype.currentText(), self.trust_remote_code.isChecked(),
-                        backend=self.backend.currentText())
+                        backend=self.backend.currentText(), target_model=self.served_model.text())
 
     def show_spec(self, spec: PairSpec) -> None:
         """Show a resolved `spec` (one whose drafter is chosen)."""
         self.target.set_value(spec.target)
+        self.served_model.setText(spec.target_model)
         self.drafter.setCurrentIndex(DRAFTER_KINDS.index(spec.drafter))
         self.draft.set_value(spec.draft or "")
         self.device.setCurrentText(spec.device)
@@ -226,6 +234,7 @@ class ModelPanel(QGroupBox):
 
     def save(self, settings: QSettings) -> None:
         settings.setValue("models/target", self.target.value)
+        settings.setValue("models/served_model", self.served_model.text())
         settings.setValue("models/draft", self.draft.value)
         settings.setValue("models/drafter", self.drafter.currentText())
         settings.setValue("models/device", self.device.currentText())
@@ -239,6 +248,7 @@ class ModelPanel(QGroupBox):
         self.remember()
         default = PairSpec().resolved()
         self.target.set_value(str(settings.value("models/target", default.target)))
+        self.served_model.setText(str(settings.value("models/served_model", "")))
         self.draft.set_value(str(settings.value("models/draft", default.draft)))
         self.drafter.setCurrentText(str(settings.value("models/drafter", default.drafter.label)))
         self.device.setCurrentText(str(settings.value("models/device", default.device)))

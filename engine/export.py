@@ -25,7 +25,10 @@ from engine.config import DecodeConfig
 from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
 ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "discarded", "draft_ms", "verify_ms",
-                 "tokens_so_far", "elapsed_s", "copied", "match_length", "shape", "draft_tokens")
+                 "tokens_so_far", "elapsed_s", "copied", "match_length", "shape", "draft_tokens", "network_ms",
+                 "server_ms", "server_cache_hit")
+# network_ms, server_ms, server_cache_hit: a remote target's split of verify_ms (`RoundEvent`); blank
+# for a local target, and server_ms and server_cache_hit also where the server does not report them
 # pos: where a kept token stands or a draft was proposed; acceptance_probability: min(1, p/q), only
 # for drafts the rule judged (accepted, rejected), blank for discarded drafts and the target's tokens
 TOKEN_COLUMNS = ("session", "mode", "round", "pos", "depth", "state", "token_id", "text", "p", "q",
@@ -104,8 +107,14 @@ def rounds_csv(records: list[SessionRecord]) -> str:
             writer.writerow((record.session, record.mode, r.round, r.drafted, r.accepted, r.discarded,
                              f"{r.draft_ms:.3f}", f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}",
                              str(r.copied).lower(), r.match_length, r.shape,
-                             "" if r.draft_tokens is None else r.draft_tokens))
+                             "" if r.draft_tokens is None else r.draft_tokens, _optional_ms(r.network_ms),
+                             _optional_ms(r.server_ms),
+                             "" if r.server_cache_hit is None else str(r.server_cache_hit).lower()))
     return out.getvalue()
+
+
+def _optional_ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
 
 
 def tokens_csv(records: list[SessionRecord]) -> str:

@@ -356,6 +356,14 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
 
 
+def load_tokenizer(name: str, progress: Progress | None = None):
+    """The tokenizer of model `name` alone (a remote target's, `engine.remote_target`)."""
+    try:
+        return _load_tokenizer(name, tokenizer_source(locate(name.strip(), progress), progress), False)
+    except OSError as error:
+        raise SpecDeckError(_hub_message(name, error)) from error
+
+
 def _load_on_llama_cpp(name: str, progress: Progress | None) -> LoadedModel:
     """The GGUF file `name` on llama.cpp, its weights as they are in the file."""
     path = gguf_file(name)

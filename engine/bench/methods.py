@@ -33,6 +33,7 @@ from engine.events import RoundEvent, SummaryEvent, TokenEvent
 from engine.hf_parts import decode, generate_of
 from engine.kvcache import synchronize
 from engine.pair import DrafterKind, ModelPair
+from engine.stats import RemoteTotals
 from engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
@@ -57,6 +58,7 @@ class Run:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     shapes: dict[str, int] = field(default_factory=dict)  # rounds per shape ("K=2", "copy 3", "none")
+    remote: RemoteTotals = field(default_factory=RemoteTotals)  # a served target's request times
 
     @property
     def new_tokens(self) -> int:
@@ -74,6 +76,7 @@ def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, s
     summary = None
     draft_ms = verify_ms = 0.0
     shapes: dict[str, int] = {}
+    remote = RemoteTotals()
     for event in generate(pair.target, prompt_ids, config, drafter):
         if isinstance(event, TokenEvent) and event.state.kept:
             token_ids.append(event.token_id)
@@ -81,13 +84,14 @@ def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, s
             draft_ms += event.draft_ms
             verify_ms += event.verify_ms
             shapes[event.shape] = shapes.get(event.shape, 0) + 1
+            remote.add(event)
         elif isinstance(event, SummaryEvent):
             summary = event
     if summary is None:
         raise RuntimeError("a decoding run ended without its summary")
     return Run("speculative" if speculative else "plain", config.k if speculative else 0, token_ids,
                summary.text, summary.new_tokens, summary.decode_s, summary.prefill_ms, summary.rounds,
-               summary.drafted, summary.accepted, draft_ms, verify_ms, shapes)
+               summary.drafted, summary.accepted, draft_ms, verify_ms, shapes, remote)
 
 
 class _ForwardCounter:
@@ -122,7 +126,7 @@ def _generation_config(pair: ModelPair, config: DecodeConfig, max_new_tokens: in
 def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str,
                  max_new_tokens: int) -> tuple[list[int], float]:
     """(new token ids, seconds) of one Hugging Face generate()."""
-    target = pair.target
+    target = pair.local_target
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     kwargs: dict[str, object] = {}
     if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL and pair.draft is not None:
@@ -151,7 +155,7 @@ _ASSISTANT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a 
 
 def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:
     _, prefill_s = _hf_generate(pair, prompt_ids, config, method, max_new_tokens=1)
-    counter = _ForwardCounter(pair.target.torch_model)
+    counter = _ForwardCounter(pair.local_target.torch_model)
     try:
         token_ids, total_s = _hf_generate(pair, prompt_ids, config, method, config.max_new_tokens)
     finally:

@@ -90,6 +90,16 @@ class BenchSettings:
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # K and lookup are each method's own
     repeat_scenario: bool = False  # also time drafters that read earlier texts regenerating each prompt
 
+    def check_remote(self) -> None:
+        """Refuse what a served target cannot run: the auto schedule, which plans from the target's
+        costs measured on this machine, and sampling (`engine.remote_target.require_greedy`)."""
+        if AUTO_K in self.ks:
+            raise SpecDeckError("A served target's forward costs are not measured here, so the auto schedule "
+                                "cannot plan its rounds: give draft lengths with --k (e.g. --k 2,4).")
+        if not self.decode.greedy:
+            raise SpecDeckError("A remote target decodes greedily only (servers return top-k log-probabilities, not "
+                                "the distribution sampling needs): leave --temperature at 0.")
+
     def __post_init__(self) -> None:
         unknown = [b for b in self.baselines if b not in BASELINES + OTHER_BASELINES]
         if unknown:
@@ -115,7 +125,7 @@ class BenchSettings:
                         for k in self.ks for lookup in lookups]
         if self.repeat_scenario:
             methods += [m._replace(name="repeat") for m in methods[1:] if reads_history[m.drafter]]
-        if "hf" in self.baselines:
+        if "hf" in self.baselines and not pairs[0].remote:  # Hugging Face needs the target at hand
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
             methods += [Method("hf-assisted", k, pair.drafter_description)
@@ -248,7 +258,10 @@ def explain_mismatch(pair: ModelPair, prompt_ids: list[int], plain: list[int], o
     if at == min(len(plain), len(other)):
         shorter = "plain" if len(plain) < len(other) else "this method"
         return f"{shorter} stopped after {at} tokens while the other went on (same tokens up to there)"
-    logits = CachedModel(pair.target.model).forward(prompt_ids + plain[:at], last_only=True)[-1].float()
+    if pair.remote:
+        return (f"token {at}: plain chose {decode([plain[at]])!r}, this method {decode([other[at]])!r} (a served "
+                "target: its logits are not at hand to judge a near-tie)")
+    logits = CachedModel(pair.local_target.model).forward(prompt_ids + plain[:at], last_only=True)[-1].float()
     gap = float(logits[plain[at]] - logits[other[at]])
     scale = float(logits.abs().max())
     dtype = str(pair.target.dtype).removeprefix("torch.")

@@ -78,13 +78,17 @@ def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], se
                     f"on {pairs[0].target.backend}.")
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
     without_hf = [pair.drafter_description for pair in pairs if not pair.hugging_face_runs]
-    if without_hf and "hf-assisted" in settings.baselines:
+    if pairs[0].remote:  # (Hugging Face's baselines were left out above: the target runs on a server)
+        settings.check_remote()
+        context = {**context, "remote": "yes"}
+    elif without_hf and "hf-assisted" in settings.baselines:
         # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter, and
         # takes two vocabularies of one size for one tokenizer
         left_out = (f"hf-assisted left out for {', '.join(without_hf)}: Hugging Face generate() has no such "
                     "drafter (or, for a draft with its own tokenizer, not one with as many tokens as the target's).")
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
-    context = {**context, "cost_curve": cost_curve(pairs[0].target.model, costs_cache())}
+    if not pairs[0].remote:
+        context = {**context, "cost_curve": cost_curve(pairs[0].local_target.model, costs_cache())}
     results = run_bench(pairs, prompts, settings, progress, cancel)
     if not results:
         return []
