@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
-LLAMA_CPP ?= llama-cpp-python==0.3.36
+# llama.cpp for GGUF files, with its OpenAI-compatible server (the served target of the remote tests)
+LLAMA_CPP ?= llama-cpp-python[server]==0.3.36
 
 .PHONY: run test gui bench clean package validators figures
 
