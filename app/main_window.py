@@ -380,7 +380,9 @@ class MainWindow(QMainWindow):
         model = self.session_model
         parts = []
         if model.compare and self.charts.measured_speedup is not None:
-            parts.append(f"measured speedup <b>{self.charts.measured_speedup:.2f}x</b>")
+            speculative, plain = (series.summary.tokens_per_s for series in (self.charts.speculative, self.charts.plain))
+            parts.append(f"{speculative:.1f} against {plain:.1f} tokens/s on {model.run_info.backend}: "
+                         f"measured speedup <b>{self.charts.measured_speedup:.2f}x</b>")
         if model.identical is not None:
             colour = "#1b8a2f" if model.identical else "#c62828"
             mark = "greedy outputs identical ✓" if model.identical else "greedy outputs differ ✗"

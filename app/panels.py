@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QMenu,
     QPlainTextEdit,
     QPushButton,
@@ -28,9 +29,11 @@ from PySide6.QtWidgets import (
 )
 
 from app.session_model import SessionModel
+from engine.backends import BACKENDS
 from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
 from engine.models import BUILTIN_MODELS, DEFAULT_TARGET
 from engine.pair import DrafterKind, PairSpec
+from engine.remote_http import API_KEY_VARIABLE
 from engine.resources import resource_path
 
 DRAFTER_KINDS = tuple(DrafterKind)  # in the drafter combo's order
@@ -127,11 +130,19 @@ class ModelPanel(QGroupBox):
             self.drafter.addItem(kind.label)
             self.drafter.setItemData(index, kind.description, Qt.ItemDataRole.ToolTipRole)
         self.draft = ModelPicker(allow_empty=True)
+        self.served_model = QLineEdit()  # a served target's model name, where Target is a server's address
+        self.served_model.setPlaceholderText("model name on the server, when Target is http://HOST:PORT/v1")
+        self.served_model.setToolTip("A target served over an OpenAI-compatible API: put its address in Target "
+                                     f"and its model name here (API key from {API_KEY_VARIABLE}; greedy only).")
         self.device = QComboBox()
         self.device.setEditable(True)
         self.device.addItems(DEVICES)
         self.dtype = QComboBox()
         self.dtype.addItems(DTYPES)
+        self.backend = QComboBox()
+        self.backend.addItems(BACKENDS)
+        self.backend.setToolTip("What runs a .gguf model: llama.cpp on its quantized weights, torch on them "
+                                "dequantized, or auto: llama.cpp where it is installed and faster on this machine")
         self.trust_remote_code = QCheckBox("Trust remote code")
         self.trust_remote_code.setToolTip("Run Python code shipped with the model's files. Only for models you trust.")
         self.load_button = QPushButton("Load")
@@ -143,12 +154,15 @@ class ModelPanel(QGroupBox):
         self.drafter.currentIndexChanged.connect(self._on_drafter_changed)
         form = QFormLayout(self)
         form.addRow("Target", self.target)
+        form.addRow("Served as", self.served_model)
         form.addRow("Drafter", self.drafter)
         form.addRow("Draft", self.draft)
         row = QHBoxLayout()
         row.addWidget(self.device, 1)
         row.addWidget(QLabel("dtype"))
         row.addWidget(self.dtype, 1)
+        row.addWidget(QLabel("backend"))
+        row.addWidget(self.backend, 1)
         form.addRow("Device", row)
         form.addRow(self.trust_remote_code)
         form.addRow(self.load_button)
@@ -160,7 +174,8 @@ class ModelPanel(QGroupBox):
 
     def field_widgets(self) -> dict[str, QWidget]:
         """The widget of each field a load failure can blame."""
-        return {"target": self.target.combo, "draft": self.draft.combo, "device": self.device, "dtype": self.dtype}
+        return {"target": self.target.combo, "draft": self.draft.combo, "device": self.device, "dtype": self.dtype,
+                "backend": self.backend}
 
     def _on_pair_changed(self) -> None:
         model = self._model
@@ -194,15 +209,18 @@ class ModelPanel(QGroupBox):
         """The pair the panel names."""
         kind = self.drafter_kind
         return PairSpec(self.target.value, self.draft.value if kind.needs_model else None, kind,
-                        self.device.currentText(), self.dtype.currentText(), self.trust_remote_code.isChecked())
+                        self.device.currentText(), self.dtype.currentText(), self.trust_remote_code.isChecked(),
+                        backend=self.backend.currentText(), target_model=self.served_model.text())
 
     def show_spec(self, spec: PairSpec) -> None:
         """Show a resolved `spec` (one whose drafter is chosen)."""
         self.target.set_value(spec.target)
+        self.served_model.setText(spec.target_model)
         self.drafter.setCurrentIndex(DRAFTER_KINDS.index(spec.drafter))
         self.draft.set_value(spec.draft or "")
         self.device.setCurrentText(spec.device)
         self.dtype.setCurrentText(spec.dtype)
+        self.backend.setCurrentText(spec.backend)
         self.trust_remote_code.setChecked(spec.trust_remote_code)
         self.draft.setEnabled(spec.drafter.needs_model)
 
@@ -216,10 +234,12 @@ class ModelPanel(QGroupBox):
 
     def save(self, settings: QSettings) -> None:
         settings.setValue("models/target", self.target.value)
+        settings.setValue("models/served_model", self.served_model.text())
         settings.setValue("models/draft", self.draft.value)
         settings.setValue("models/drafter", self.drafter.currentText())
         settings.setValue("models/device", self.device.currentText())
         settings.setValue("models/dtype", self.dtype.currentText())
+        settings.setValue("models/backend", self.backend.currentText())
         settings.setValue("models/recent", self.recent)
 
     def restore(self, settings: QSettings) -> None:
@@ -228,10 +248,12 @@ class ModelPanel(QGroupBox):
         self.remember()
         default = PairSpec().resolved()
         self.target.set_value(str(settings.value("models/target", default.target)))
+        self.served_model.setText(str(settings.value("models/served_model", "")))
         self.draft.set_value(str(settings.value("models/draft", default.draft)))
         self.drafter.setCurrentText(str(settings.value("models/drafter", default.drafter.label)))
         self.device.setCurrentText(str(settings.value("models/device", default.device)))
         self.dtype.setCurrentText(str(settings.value("models/dtype", default.dtype)))
+        self.backend.setCurrentText(str(settings.value("models/backend", default.backend)))
 
 
 class DecodingPanel(QGroupBox):

@@ -36,7 +36,7 @@ class Emitter:
 @dataclass(frozen=True)
 class LoadFailure:
     """A load that failed: what was asked for, the message, and the model panel's field it blames
-    ("target", "draft", "device", "dtype"), or None when the message names none of them."""
+    ("target", "draft", "device", "dtype", "backend"), or None when the message names none of them."""
 
     spec: PairSpec
     message: str
@@ -46,11 +46,13 @@ class LoadFailure:
 def blamed_field(spec: PairSpec, message: str) -> str | None:
     """The field of `spec` that `message` is about: one whose value it quotes, else one it names."""
     lowered = message.lower()
+    if lowered.startswith("the llama.cpp backend"):  # what it runs, and needs: the choice of backend is to blame
+        return "backend"
     if spec.draft and spec.draft in message or "vocabular" in lowered or "feature head" in lowered:
         return "draft"
     if spec.target in message:
         return "target"
-    for name in ("device", "dtype"):
+    for name in ("device", "dtype", "backend"):  # a message about the device or dtype may offer another backend
         if name in lowered:
             return name
     return None

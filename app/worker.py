@@ -94,6 +94,7 @@ class PairInfo:
     device: str
     dtype: str
     vocabulary: str = ""  # a draft model's vocabulary case against the target's, in words
+    backend: str = "torch"  # what runs the target (`LoadedModel.backend`)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def describe(pair: ModelPair) -> PairInfo:
     return PairInfo(pair.description, pair.target.name, pair.drafter_model,
                     pair.drafter_kind and pair.drafter_kind.value, str(pair.target.device),
                     str(pair.target.dtype).removeprefix("torch."),
-                    pair.vocabulary.describe() if pair.vocabulary is not None else "")
+                    pair.vocabulary.describe() if pair.vocabulary is not None else "", pair.target.backend)
 
 
 def error_message(error: BaseException) -> str:

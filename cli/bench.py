@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from cli.options import add_model_arguments, pair_spec
-from engine.bench.runner import BASELINES, BenchSettings
+from engine.bench.runner import BASELINES, OTHER_BASELINES, BenchSettings
 from engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
@@ -45,7 +45,9 @@ def add_bench_command(commands) -> None:
                        help="0 is greedy (texts are then checked)")
     bench.add_argument("--max-new-tokens", type=int, default=defaults.decode.max_new_tokens)
     bench.add_argument("--repeats", type=int, default=defaults.repeats, help="timed runs per prompt and method (median kept)")
-    bench.add_argument("--baselines", default=",".join(defaults.baselines), help=f"any of {', '.join(BASELINES)}")
+    bench.add_argument("--baselines", default=",".join(defaults.baselines),
+                       help=f"any of {', '.join(BASELINES + OTHER_BASELINES)} (llama.cpp: llama-cpp-python's own "
+                            "generation of a .gguf target)")
     bench.add_argument("--repeat-scenario", action="store_true",
                        help="also time suffix and hybrid drafters regenerating each prompt, with its own plain "
                             "answer as history (labelled repeat; the other rows never draft from the same prompt)")

@@ -6,15 +6,26 @@ from __future__ import annotations
 
 import argparse
 
+from engine.backends import BACKENDS
 from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
 from engine.pair import DrafterKind, PairSpec
+from engine.remote_http import API_KEY_VARIABLE
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = PairSpec()
     kinds = "; ".join(f"{kind}: {kind.description}" for kind in DrafterKind)
     parser.add_argument("--target", default=defaults.target,
-                        help="target model: alias, Hugging Face id, folder or .gguf (default %(default)s)")
+                        help="target model: alias, Hugging Face id, folder or .gguf (default %(default)s); or a "
+                             "server's OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (docs/remote.md; its "
+                             f"API key, if any, from the environment variable {API_KEY_VARIABLE})")
+    parser.add_argument("--target-model", default=defaults.target_model,
+                        help="the model's name on the server --target names (its /v1/models lists them)")
+    parser.add_argument("--tokenizer", default=defaults.tokenizer,
+                        help="a served target's tokenizer: a model whose tokenizer is the served one's (default: "
+                             f"the draft model's, else {defaults.target})")
+    parser.add_argument("--timeout", type=float, default=defaults.timeout_s,
+                        help="seconds a request to the server may take before the session stops (default %(default)g)")
     parser.add_argument("--draft", default=defaults.draft,
                         help="draft model (any tokenizer: one of its own drafts through the text) or feature head "
                              "(trained for the target)")
@@ -22,12 +33,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"what proposes tokens ({kinds}; default: what --draft names, else the default pair's)")
     parser.add_argument("--device", default=defaults.device, help="auto, cpu, cuda, mps")
     parser.add_argument("--dtype", default=defaults.dtype, help="auto, float32, bfloat16, float16")
+    parser.add_argument("--backend", choices=BACKENDS, default=defaults.backend,
+                        help="what runs a .gguf model: llama.cpp (its quantized weights as they are) or torch "
+                             "(dequantized); auto: llama.cpp where installed and faster on this machine")
     parser.add_argument("--trust-remote-code", action="store_true", help="run model code from the model's files")
 
 
 def pair_spec(args: argparse.Namespace) -> PairSpec:
     """The pair that `add_model_arguments`' options name; `PairSpec.arguments()` writes them back."""
-    return PairSpec(args.target, args.draft, args.drafter, args.device, args.dtype, args.trust_remote_code)
+    return PairSpec(args.target, args.draft, args.drafter, args.device, args.dtype, args.trust_remote_code,
+                    args.backend, target_model=args.target_model, tokenizer=args.tokenizer, timeout_s=args.timeout)
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:

@@ -84,13 +84,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 summary = event
     if summary is not None and not args.jsonl:
         print("\n")
-        print(format_summary(summary, pair.description))
+        print(format_summary(summary, pair.description, pair.target.backend))
     return 130 if cancel.is_set() else 0
 
 
-def format_summary(s, description: str) -> str:
+def format_summary(s, description: str, backend: str = "torch") -> str:
     lines = [
         f"pair                  {description}",
+        f"backend               {backend}",
         f"new tokens            {s.new_tokens} in {s.rounds} rounds ({s.stop_reason})",
         f"tokens/s              {s.tokens_per_s:.1f} (prefill {s.prefill_ms:.0f} ms excluded)",
         f"acceptance rate       {s.acceptance_rate:.3f} ({s.accepted}/{s.drafted} drafts)",
@@ -103,6 +104,11 @@ def format_summary(s, description: str) -> str:
         lines.append("acceptance by position " + " ".join(f"{a:.2f}" for a in s.accepted_by_position))
     if s.predicted_speedup is not None:
         lines.append(f"predicted speedup     {s.predicted_speedup:.2f}x (Leviathan et al. 2023, from a, K and draft cost)")
+    if s.network_ms is not None:
+        server = f", server {s.server_ms:.0f} ms" if s.server_ms is not None else " (the server reports no time of its own)"
+        lines.append(f"per round             network {s.network_ms:.0f} ms{server}")
+        if s.cache_misses:
+            lines.append(f"prefix cache          the server reported no cache hit in {s.cache_misses} of {s.rounds} rounds")
     if s.plan:
         lines.append("auto schedule         " + "\n                      ".join(s.plan.split("; ")))
     return "\n".join(lines)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import platform
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
@@ -30,9 +29,11 @@ import torch
 
 from engine import linear
 from engine.atomic import write_text
+from engine.cache import machine_name
 from engine.errors import SpecDeckError
 from engine.hf_parts import input_embedding
 from engine.kvcache import CachedModel, synchronize
+from engine.llamacpp_backend import LlamaCppModel
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -41,7 +42,8 @@ log = logging.getLogger(__name__)
 
 CURVE_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # new tokens a cost curve is measured at
 CURVE_CONTEXT = 128  # cached tokens the curve is measured after
-PROBE_EVERY = 8  # rounds between one-token drafts while the planner has chosen not to draft
+PROBE_EVERY = 8  # rounds at least between one-token drafts while the planner has chosen not to draft
+PROBE_BUDGET = 0.02  # the share of plain rounds' time that probes may lose, at most (expected)
 DECAY = 0.97  # weight of a round's evidence after each later round (about 30 rounds of memory)
 PRIOR = 2.0  # pseudo-rounds behind each acceptance estimate
 MAX_WIDTH = 4  # candidates for a round's first token, at most
@@ -80,25 +82,14 @@ class CostCurve:
         return ", ".join(f"{n}: {t:.1f}" for n, t in zip(self.tokens, self.forward_ms)) + " ms"
 
 
-def machine_name() -> str:
-    """The CPU's model name (or the GPU's), for cache keys and reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def measure_curve(model: PreTrainedModel, tokens: tuple[int, ...] = CURVE_TOKENS, passes: int = 3,
+def measure_curve(model: PreTrainedModel | LlamaCppModel, tokens: tuple[int, ...] = CURVE_TOKENS, passes: int = 3,
                   context: int = CURVE_CONTEXT) -> CostCurve:
     """Time the model's forward over each number of new tokens after `context` cached ones, on its
     own KV cache: every size once per pass (after a warm-up pass), the best of the passes kept, so
     a burst of other work on the machine spoils one pass, not one size. The curve records how far the
     passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
     lm = CachedModel(model)
-    vocab = input_embedding(model).weight.shape[0]
+    vocab = model.vocab_width if isinstance(model, LlamaCppModel) else input_embedding(model).num_embeddings
     ids = [(7 * i + 3) % vocab for i in range(context + max(tokens))]
     lm.forward(ids[:context], last_only=True)
     runs: list[list[float]] = [[] for _ in tokens]
@@ -130,10 +121,10 @@ def measure_draft_ms(drafter, vocab_width: int, hidden_size: int, k: int = 4, pa
     seen = ids[:context]
     drafter.begin(seen, DecodeConfig(k=k, schedule="constant", lookup=0), vocab_width, None)
     pending = len(seen) - 1
-    weight = next(drafter.module.parameters()) if drafter.module is not None else torch.zeros(0)
     best = float("inf")
     for pass_no in range(passes + 1):
         if drafter.needs_states:
+            weight = next(drafter.module.parameters())
             taps = (len(drafter.feature_layers) + 1,) if drafter.feature_layers else ()
             drafter.observe(torch.zeros(pending, *taps, hidden_size, device=weight.device, dtype=weight.dtype))
         started = time.perf_counter()
@@ -150,13 +141,16 @@ _CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DRAFT_MS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _key(module: torch.nn.Module, what: str) -> str:
-    weight = next(module.parameters())
-    path = linear.choose_path([p.detach() for p in module.parameters() if p.dim() == 2]).path
+def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
+    if isinstance(module, LlamaCppModel):  # its config names the file and the library version
+        runs_on, path = [module.backend], ""
+    else:
+        weights = [p.detach() for p in module.parameters()]
+        runs_on = [str(weights[0].dtype), str(weights[0].device)]
+        path = linear.choose_path([w for w in weights if w.dim() == 2]).path
     config = getattr(module, "config", None)
-    parts = [what, config.to_json_string(use_diff=False) if config is not None else repr(module),
-             str(weight.dtype), str(weight.device), torch.__version__, str(torch.get_num_threads()),
-             machine_name(), path, repr(CURVE_TOKENS), str(CURVE_CONTEXT)]
+    parts = [what, config.to_json_string(use_diff=False) if config is not None else repr(module), *runs_on,
+             torch.__version__, str(torch.get_num_threads()), machine_name(), path, repr(CURVE_TOKENS), str(CURVE_CONTEXT)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
@@ -177,7 +171,7 @@ def _cached(path: Path | None, measure, what: str):
     return value
 
 
-def cost_curve(model: PreTrainedModel, cache_dir: Path | None = None) -> CostCurve:
+def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = None) -> CostCurve:
     """The model's cost curve on this machine: from memory, from `cache_dir`, or measured (and saved,
     so that later sessions plan alike: the auto schedule's choices, and so sampled text for a seed,
     repeat on this machine)."""
@@ -308,13 +302,27 @@ class RoundPlanner:
         return max(((n, self.rate(self.copies, n, 0.0)) for n in range(1, self.max_copy + 1)),
                    key=lambda pair: pair[1])
 
+    def probe_due(self, plain_rate: float) -> bool:
+        """Whether a plain round should draft one token instead, to measure the drafter again: every
+        PROBE_EVERY rounds at most, and no sooner than the probe's expected loss (the time it takes
+        beyond what plain steps take for the tokens it is expected to keep) is PROBE_BUDGET of the
+        plain rounds' time since the last. A drafter that costs about what a target step costs (a
+        feature head beside a quantized target on llama.cpp) is probed rarely, so it costs at most
+        that share of the time when drafting does not pay."""
+        if self.rounds_without_draft < PROBE_EVERY or not self.max_k:
+            return False
+        probe = 1.0 / self.rate(self.drafts, 1, self.draft_ms_per_token)  # ms per token kept by a probe
+        loss_ms = (probe - 1.0 / plain_rate) * self.drafts.expected_tokens(1)
+        return loss_ms <= PROBE_BUDGET * self.rounds_without_draft / plain_rate
+
     def plan(self) -> Shape:
         (k, width), k_rate = self.best_k()
         copy, copy_rate = self.best_copy()
         if k == 0:
             self.rounds_without_draft += 1
-            if self.rounds_without_draft % PROBE_EVERY == 0:
+            if self.probe_due(k_rate):
                 k = min(1, self.max_k)  # keep measuring the drafter, whose acceptance may have changed
+                self.rounds_without_draft = 0
         else:
             self.rounds_without_draft = 0
         return Shape(copy if copy_rate >= k_rate else 0, k, width)
@@ -337,8 +345,10 @@ class RoundPlanner:
         if not self.adapt:
             return
         n = drafted + alternatives + 1
+        # a size's first measurement also moves from the curve's estimate, not to it: one verify slowed
+        # by other work on the machine would otherwise stand until that size is chosen again
+        self.observed[n] = 0.7 * self.verify_ms(n) + 0.3 * verify_ms
         self.scale = 0.8 * self.scale + 0.2 * (verify_ms / self.curve.ms(n))
-        self.observed[n] = verify_ms if n not in self.observed else 0.7 * self.observed[n] + 0.3 * verify_ms
         self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * max(0.0, round_ms - draft_ms - verify_ms)
         if drafted and not copied:
             self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * draft_ms / drafted

@@ -3,12 +3,14 @@ and where the other cached things live (measured costs, past sessions' texts for
 
 A GGUF file is dequantized once into a safetensors folder under `cache_root()/gguf/` (see
 `engine.models.convert_gguf`). An entry is built under a hidden name carrying the writer's process
-id (`engine.atomic`); one whose process is gone was interrupted, and `heal` removes it.
+id (`engine.atomic`); one whose process is gone was interrupted, and `heal` removes it. A GGUF file
+run by llama.cpp keeps only its tokenizer here, in a folder named `TOKENIZER_SUFFIX`.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 from engine.atomic import leftover_writer, process_alive, remove_abandoned, remove_path
 
 Notice = Callable[[str], None]
+TOKENIZER_SUFFIX = "-tokenizer"
 
 
 def cache_root() -> Path:
@@ -25,6 +28,17 @@ def cache_root() -> Path:
         return Path(os.environ["SPECDECK_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "specdeck"
+
+
+def machine_name() -> str:
+    """The CPU's model name, for the keys of what is measured on it (`costs_cache`) and for reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def gguf_cache() -> Path:
@@ -75,9 +89,11 @@ class CacheEntry:
     def state(self) -> str:
         if self.writer is not None:
             return f"being written by process {self.writer}"
-        if self.path.name.startswith(".") or not (self.path / "model.safetensors").is_file():
+        if self.path.name.startswith("."):
             return "incomplete"
-        return "complete"
+        if self.path.name.endswith(TOKENIZER_SUFFIX):
+            return "complete" if (self.path / "tokenizer_config.json").is_file() else "incomplete"
+        return "complete" if (self.path / "model.safetensors").is_file() else "incomplete"
 
 
 def _size(path: Path) -> int:

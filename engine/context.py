@@ -9,12 +9,17 @@ degrades silently) and a GPT-2's position table has no row (an IndexError), so n
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.errors import SpecDeckError
 
+if TYPE_CHECKING:
+    from engine.llamacpp_backend import LlamaCppModel
 
-def context_length(model: torch.nn.Module) -> int | None:
+
+def context_length(model: torch.nn.Module | LlamaCppModel) -> int | None:
     """The positions `model` was trained on: its config's `max_position_embeddings` (GPT-2's
     `n_positions`), or None when the config does not say."""
     value = getattr(model.config, "max_position_embeddings", None)

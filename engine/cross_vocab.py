@@ -38,6 +38,8 @@ from engine.vocabulary import TokenText, VocabularyMatch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from engine.llamacpp_backend import LlamaCppModel
+
 LOOKBEHIND = 4  # tokens before a seam that are tokenized again with the text after it
 
 
@@ -49,7 +51,7 @@ class CrossVocabularyDrafter(Drafter):
     and the session goes on with plain steps.
     """
 
-    def __init__(self, model: PreTrainedModel, match: VocabularyMatch, name: str = "draft model",
+    def __init__(self, model: PreTrainedModel | LlamaCppModel, match: VocabularyMatch, name: str = "draft model",
                  output_ids: torch.Tensor | None = None) -> None:
         if match.target_text is None or match.draft_text is None or match.twins is None:
             raise ValueError("a cross-vocabulary drafter needs the match of two different tokenizers")

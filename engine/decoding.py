@@ -42,9 +42,11 @@ from engine.cache import costs_cache
 from engine.config import DecodeConfig
 from engine.context import context_length, fit_prompt, shortest
 from engine.drafters import Drafter, Proposal
+from engine.errors import SpecDeckError
 from engine.events import Event, SessionStarted
 from engine.models import LoadedModel
-from engine.rounds import Clock, Drafts, Schedule, TargetForward
+from engine.remote_target import RemoteTarget, require_greedy
+from engine.rounds import Clock, Drafts, Schedule, target_forward
 from engine.sampling import logits_to_probs, residual, sample
 from engine.transcript import Transcript, Verdict
 
@@ -78,19 +80,25 @@ def verify(proposal: Proposal, logits: torch.Tensor, config: DecodeConfig,
     return m, int(token), p
 
 
-def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
+def generate(target: LoadedModel | RemoteTarget, prompt_ids: list[int], config: DecodeConfig,
              drafter: Drafter | None = None, cancel: threading.Event | None = None) -> Iterator[Event]:
     """Run one session and yield its events; the last is a `SummaryEvent`.
 
     Setting `cancel` stops the session at the next round boundary, keeping what was generated.
     Prompt and answer stay within the context of the target (and of a draft model): a longer
     prompt is refused or cut (`engine.context.fit_prompt`), an answer stops at its end.
+    A remote target's server failing (`engine.remote_http.ServerFault`, or another `SpecDeckError`
+    from a round's request) ends the session with stop reason "server_error": its summary, with the
+    text so far, comes out before the error is raised.
     """
-    context = shortest(context_length(target.model), drafter.context_length if drafter else None)
+    if target.model is None:
+        require_greedy(config)
+    own_context = context_length(target.model) if target.model is not None else None
+    context = shortest(own_context, drafter.context_length if drafter else None)
     prompt = fit_prompt(prompt_ids, context, config.max_new_tokens, config.truncate_prompt)
     budget = config.max_new_tokens if context is None else min(config.max_new_tokens, context - len(prompt))
     generator = torch.Generator(device=target.device).manual_seed(config.seed)
-    lm = TargetForward(target.model, drafter)
+    lm = target_forward(target, drafter)
     drafts = Drafts(drafter, config, target.vocab_width, target.device)
     schedule = Schedule(config, drafts.copy_length, _planner(target, drafter, config, drafts, lm.supports_trees))
     transcript, clock = Transcript(target, config, budget), Clock(target.device)
@@ -112,7 +120,13 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         clock.drafted()
         # 2. Verify: ONE target forward over [newest kept token, drafts] gives p at every draft and
         #    after the last (in a tree, also at the alternatives beside the first draft).
-        logits = lm.forward(ids[-1], draft)
+        try:
+            draft = lm.admit(ids[-1], draft)  # a server that takes text verifies what it reads back alone
+            logits = lm.forward(ids[-1], draft)
+        except SpecDeckError as fault:  # a remote target's server failed, or cannot be given the text
+            transcript.stop("server_error")
+            yield transcript.summary(schedule.describe())
+            raise type(fault)(f"{fault} The {transcript.new_tokens} tokens written before it are kept.") from fault
         n = len(draft.tokens)
         # 3. Accept each draft with probability min(1, p/q) until one is refused: m accepted. `token`
         #    corrects the refused one, drawn from norm(max(0, p - q)); or, when all n passed, it is the
@@ -129,7 +143,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
         clock.verified()
         events = transcript.tokens(draft, verdict, ids)
         schedule.record(shape, draft, m, clock, logits[0])
-        yield from transcript.round(events, draft, clock)
+        yield from transcript.round(events, draft, clock, lm.server_time)
     drafts.end(ids)
     yield transcript.summary(schedule.describe())
 
@@ -137,7 +151,7 @@ def generate(target: LoadedModel, prompt_ids: list[int], config: DecodeConfig,
 _PLANNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # each drafter's latest greedy planner
 
 
-def _planner(target: LoadedModel, drafter: Drafter | None, config: DecodeConfig, drafts: Drafts,
+def _planner(target: LoadedModel | RemoteTarget, drafter: Drafter | None, config: DecodeConfig, drafts: Drafts,
              trees: bool) -> RoundPlanner | None:
     """The auto schedule's planner (None under the others, and for plain decoding): each round's
     shape chosen from the costs measured on this machine (cached) and the session's acceptance, with
@@ -145,8 +159,8 @@ def _planner(target: LoadedModel, drafter: Drafter | None, config: DecodeConfig,
     sessions also adapt the costs to what their rounds take (their text cannot change with the
     shape); sampled ones plan from the cached costs alone, so a seed gives the same text on this
     machine."""
-    if drafter is None or config.schedule != "auto":
-        return None
+    if drafter is None or config.schedule != "auto" or isinstance(target, RemoteTarget):
+        return None  # (a served target's costs are not measured here)
     costs = costs_cache()
     per_token = draft_cost(drafter, target.vocab_width, target.model.config.hidden_size, costs)
     planner = RoundPlanner(cost_curve(target.model, costs), per_token, config.max_k, drafts.copy_length,

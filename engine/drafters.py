@@ -29,6 +29,7 @@ from engine.kvcache import CachedModel, backend_for
 from engine.lean_weights import output_weight
 from engine.linear import Linear, make_linear
 from engine.llama_forward import output_layer
+from engine.llamacpp_backend import LlamaCppModel, matrices_of
 from engine.sampling import logits_to_probs, sample
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ class Drafter(ABC):
     name: str
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
     feature_layers: tuple[int, ...] = ()  # and the residual streams after these many target layers
-    module: torch.nn.Module | None = None  # the model that drafts (what its measured cost is cached by)
+    module: torch.nn.Module | LlamaCppModel | None = None  # the model that drafts (what its measured cost is cached by)
     context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
     copies_text = False  # True: it drafts by copying from the text, so nothing copies before it
 
@@ -178,18 +179,18 @@ class DraftModelDrafter(Drafter):
     `stand_in` (its end-of-text token) in its place, which only makes its next guesses worse.
     """
 
-    def __init__(self, model: PreTrainedModel, name: str = "draft model",
+    def __init__(self, model: PreTrainedModel | LlamaCppModel, name: str = "draft model",
                  output_ids: torch.Tensor | None = None) -> None:
         self.name = name
         self.module = model
         self.context_length = context_length(model)
         self._lm = CachedModel(model)
-        self._embeddable = input_embedding(model).num_embeddings
+        self._embeddable = input_embedding(matrices_of(model)).num_embeddings
         self.stand_in = _stand_in(model.config.eos_token_id, self._embeddable)
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
         self._output_ids = None
         if output_ids is not None:
-            weight = output_weight(model)
+            weight = output_weight(matrices_of(model))
             self._output_ids = output_ids.to(weight.device, torch.long)
             self._head = make_linear(weight[self._output_ids].contiguous())
 
@@ -262,18 +263,19 @@ class FeatureHeadDrafter(Drafter):
 
     needs_states = True
 
-    def __init__(self, head: FeatureHead, target: PreTrainedModel, name: str = "feature head",
+    def __init__(self, head: FeatureHead, target: PreTrainedModel | LlamaCppModel, name: str = "feature head",
                  output_ids: torch.Tensor | None = None) -> None:
         self.name = name
         self.head = self.module = head
         self.feature_layers = head.feature_layers
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
-        self._embedding = input_embedding(target)
+        matrices = matrices_of(target)
+        self._embedding = input_embedding(matrices)
         self.device = self._embedding.weight.device
         self._output_ids = None if output_ids is None else output_ids.to(self.device, torch.long)
         # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
-        self._output = output_layer(target) if output_ids is None else make_linear(
-            output_weight(target)[self._output_ids].contiguous())
+        self._output = output_layer(matrices) if output_ids is None else make_linear(
+            output_weight(matrices)[self._output_ids].contiguous())
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)

@@ -97,7 +97,12 @@ class RoundEvent:
     schedule chooses where drafting would not pay). `match_length`: for drafts copied from text, how
     many of the last kept tokens matched where they were copied from. `drafted`, `accepted` and
     `discarded` count the target's tokens; `draft_tokens`, the tokens a draft with a tokenizer of its
-    own wrote in the round (None when the drafter speaks the target's vocabulary)."""
+    own wrote in the round (None when the drafter speaks the target's vocabulary).
+
+    A remote target's round (`engine.remote_target`) also splits `verify_ms`: `network_ms`, the
+    request's round trip less `server_ms`, the server's own time where it reports it (None where
+    not); `server_cache_hit`, whether the server reported reusing a cached prefix (None: not
+    reported). All three are None for a local target."""
 
     round: int
     drafted: int
@@ -112,6 +117,9 @@ class RoundEvent:
     match_length: int = 0
     discarded: int = 0
     draft_tokens: int | None = None
+    network_ms: float | None = None
+    server_ms: float | None = None
+    server_cache_hit: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +139,17 @@ class SummaryEvent:
     target_forwards_per_token: float
     accepted_by_position: tuple[float, ...]
     predicted_speedup: float | None
-    stop_reason: str  # "max_new_tokens", "eos", "stop_string", "cancelled", "context" (`engine.context`)
+    stop_reason: str  # "max_new_tokens", "eos", "stop_string", "cancelled", "context" (`engine.context`), "server_error"
     type: str = "summary"
     copied_drafted: int = 0  # of `drafted`, those prompt lookup copied (`DecodeConfig.lookup`)
     copied_accepted: int = 0  # of `accepted`, those copied
     plan: str = ""  # the auto schedule: what it chose and why (measured costs, acceptance by depth)
     discarded: int = 0  # of `drafted`, those never judged: proposed after a rejected draft of their round
+    # a remote target's rounds (`RoundEvent`): mean network and server ms per round (server: where
+    # reported), and the rounds whose server reported no prefix-cache hit (None: never reported)
+    network_ms: float | None = None
+    server_ms: float | None = None
+    cache_misses: int | None = None
 
 
 Event = SessionStarted | TokenEvent | RoundEvent | SummaryEvent

@@ -25,7 +25,10 @@ from engine.config import DecodeConfig
 from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
 ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "discarded", "draft_ms", "verify_ms",
-                 "tokens_so_far", "elapsed_s", "copied", "match_length", "shape", "draft_tokens")
+                 "tokens_so_far", "elapsed_s", "copied", "match_length", "shape", "draft_tokens", "network_ms",
+                 "server_ms", "server_cache_hit")
+# network_ms, server_ms, server_cache_hit: a remote target's split of verify_ms (`RoundEvent`); blank
+# for a local target, and server_ms and server_cache_hit also where the server does not report them
 # pos: where a kept token stands or a draft was proposed; acceptance_probability: min(1, p/q), only
 # for drafts the rule judged (accepted, rejected), blank for discarded drafts and the target's tokens
 TOKEN_COLUMNS = ("session", "mode", "round", "pos", "depth", "state", "token_id", "text", "p", "q",
@@ -70,6 +73,7 @@ class RunInfo:
     prompt: str
     extra_versions: dict[str, str] = field(default_factory=dict)
     vocabulary: str = ""  # the pair's vocabulary case (`engine.vocabulary.VocabularyMatch.describe`)
+    backend: str = "torch"  # what ran the target: "torch", or "llama.cpp (Q4_1)" (`LoadedModel.backend`)
 
 
 def library_versions() -> dict[str, str]:
@@ -84,6 +88,16 @@ def library_versions() -> dict[str, str]:
             "transformers": transformers.__version__}
 
 
+def _backend_version(backend: str) -> dict[str, str]:
+    """llama-cpp-python's version where it ran the target (it fixes the arithmetic, so the figures)."""
+    if not backend.startswith("llama.cpp"):
+        return {}
+    try:
+        return {"llama-cpp-python": metadata.version("llama_cpp_python")}
+    except metadata.PackageNotFoundError:
+        return {}
+
+
 def rounds_csv(records: list[SessionRecord]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -93,8 +107,14 @@ def rounds_csv(records: list[SessionRecord]) -> str:
             writer.writerow((record.session, record.mode, r.round, r.drafted, r.accepted, r.discarded,
                              f"{r.draft_ms:.3f}", f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}",
                              str(r.copied).lower(), r.match_length, r.shape,
-                             "" if r.draft_tokens is None else r.draft_tokens))
+                             "" if r.draft_tokens is None else r.draft_tokens, _optional_ms(r.network_ms),
+                             _optional_ms(r.server_ms),
+                             "" if r.server_cache_hit is None else str(r.server_cache_hit).lower()))
     return out.getvalue()
+
+
+def _optional_ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
 
 
 def tokens_csv(records: list[SessionRecord]) -> str:
@@ -129,10 +149,11 @@ def metadata_json(info: RunInfo, records: list[SessionRecord]) -> str:
         "tokenizers": TOKENIZERS,
         "device": info.device,
         "dtype": info.dtype,
+        "backend": info.backend,
         "parameters": {**asdict(info.config), "chat": info.chat},
         "seed": info.config.seed,
         "prompt": info.prompt,
-        "versions": {**library_versions(), **info.extra_versions},
+        "versions": {**library_versions(), **_backend_version(info.backend), **info.extra_versions},
         "measured_speedup": speedup,
         "sessions": sessions,
     }

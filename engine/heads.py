@@ -32,6 +32,7 @@ from engine.atomic import building_folder
 from engine.errors import SpecDeckError
 from engine.hf_parts import output_projection
 from engine.lean_weights import output_weight
+from engine.llamacpp_backend import LlamaCppModel, matrices_of
 from engine.models import (
     BUILTIN_MODELS,
     HEAD_KEY,
@@ -122,7 +123,7 @@ def save_head(head: FeatureHead, folder: Path, vocab_width: int, target_name: st
             (staging / "README.md").write_text(card, encoding="utf-8")
 
 
-def load_head(folder: Path, target_model: PreTrainedModel, target_name: str) -> tuple[FeatureHead, torch.Tensor | None]:
+def load_head(folder: Path, target_model: PreTrainedModel | LlamaCppModel, target_name: str) -> tuple[FeatureHead, torch.Tensor | None]:
     """The head in `folder`, on the target's device and dtype, checked against the target; with its
     output tokens if it has a reduced list."""
     from safetensors import SafetensorError
@@ -137,11 +138,11 @@ def load_head(folder: Path, target_model: PreTrainedModel, target_name: str) -> 
         raise SpecDeckError(f"{folder} is not a feature head ({error}): it needs a config.json written by "
                             "`specdeck train-head`.") from error
     width = target_model.config.hidden_size
-    weight = output_projection(target_model).weight
+    weight = output_projection(matrices_of(target_model)).weight
     vocab = weight.shape[0]
     same = meta.get("hidden_size") == width and meta.get("vocab_width") == vocab
     if same and meta.get("fingerprint"):
-        same = torch.nn.functional.cosine_similarity(fingerprint(output_weight(target_model)),
+        same = torch.nn.functional.cosine_similarity(fingerprint(output_weight(matrices_of(target_model))),
                                                      torch.tensor(meta["fingerprint"]), dim=0) > 0.9
     if not same:
         raise SpecDeckError(

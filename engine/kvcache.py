@@ -5,13 +5,14 @@ the newest one. The newest kept token is fed first in the next forward, so each 
 forward over [newest kept token, drafted tokens...]; after a rejection the cache is cropped back
 to the kept prefix, so no round ever re-reads the context.
 
-Llama-family models run on `engine.llama_forward` (same logits, far less overhead per step);
-every other model runs Hugging Face's own forward over a `DynamicCache`.
+Llama-family models run on `engine.llama_forward` (same logits, far less overhead per step),
+GGUF files opened by llama.cpp on `engine.llamacpp_backend`, every other model on Hugging Face's
+own forward over a `DynamicCache`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import torch
 from transformers import DynamicCache
@@ -19,6 +20,7 @@ from transformers import DynamicCache
 from engine import llama_forward
 from engine.errors import SpecDeckError
 from engine.hf_parts import input_embedding, output_projection
+from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -67,19 +69,30 @@ class HFForward:
             self.cache.crop(-excess)  # transformers 5: a negative count removes that many positions
 
 
-def backend_for(model: PreTrainedModel) -> llama_forward.LlamaForward | HFForward:
-    """The lean Llama forward where it reproduces `model`, else Hugging Face's."""
+@overload
+def backend_for(model: LlamaCppModel) -> LlamaCppForward: ...
+
+
+@overload
+def backend_for(model: PreTrainedModel) -> llama_forward.LlamaForward | HFForward: ...
+
+
+def backend_for(model: PreTrainedModel | LlamaCppModel) -> llama_forward.LlamaForward | HFForward | LlamaCppForward:
+    """llama.cpp for a model it opened; else the lean Llama forward where it reproduces `model`, else
+    Hugging Face's."""
+    if isinstance(model, LlamaCppModel):
+        return LlamaCppForward(model)
     return llama_forward.LlamaForward(model) if llama_forward.supports(model) else HFForward(model)
 
 
 class CachedModel:
-    """A causal LM and its KV cache, on the lean Llama forward when it reproduces the model, else
-    on Hugging Face's."""
+    """A causal LM and its KV cache, on llama.cpp for a model it opened, on the lean Llama forward
+    when that reproduces the model, else on Hugging Face's."""
 
-    def __init__(self, model: PreTrainedModel, taps: tuple[int, ...] = ()) -> None:
+    def __init__(self, model: PreTrainedModel | LlamaCppModel, taps: tuple[int, ...] = ()) -> None:
         self.model = model
-        self.device = next(model.parameters()).device
-        self.rows = input_embedding(model).num_embeddings
+        self.device = model.device if isinstance(model, LlamaCppModel) else next(model.parameters()).device
+        self.rows = model.vocab_width if isinstance(model, LlamaCppModel) else input_embedding(model).num_embeddings
         self.backend = backend_for(model)
         self.backend.taps = taps
 
@@ -110,7 +123,8 @@ class CachedModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output layer applied to `forward_hidden`'s states: the same logits `forward` gives for
-        Llama-family models, whose logits are exactly that (through the same product path)."""
+        Llama-family models, whose logits are exactly that (through the same product path). On
+        llama.cpp, the logits of the latest `forward_hidden`'s own call, for its states only."""
         return self.backend.output_layer(hidden)
 
     @property

@@ -1,11 +1,13 @@
 """Finding and loading causal language models: built-in aliases, Hugging Face ids, local folders
-and `.gguf` files, on the device and dtype the user asked for (or the best one here).
+and `.gguf` files, on the device and dtype the user asked for (or the best one here), and on the
+backend it asked for (`engine.backends`): torch, or llama.cpp for a `.gguf` file.
 
 Model files are untrusted input: remote code runs only when the user passes `trust_remote_code`,
 and weights come from safetensors or GGUF (transformers loads a pickled `.bin` with
 `weights_only=True`). A GGUF file is dequantized once into a safetensors cache, since converting
 it takes far longer than loading the result; the cache records the weights' size and SHA-256, and
-a cache that no longer matches them (a disk filled up, a copy cut short) is converted again.
+a cache that no longer matches them (a disk filled up, a copy cut short) is converted again. On
+llama.cpp a GGUF file runs as it is; only its tokenizer is cached (building it takes seconds).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.atomic import building_folder
-from engine.cache import gguf_cache, heal
+from engine.backends import choose_backend, gguf_file
+from engine.cache import TOKENIZER_SUFFIX, gguf_cache, heal
 from engine.errors import SpecDeckError
 from engine.hf_parts import output_projection
+from engine.llamacpp_backend import LlamaCppModel
 from engine.preflight import check_model_folder
 
 if TYPE_CHECKING:
@@ -90,12 +94,13 @@ class LoadOptions:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16
     trust_remote_code: bool = False
+    backend: str = "torch"  # auto, torch, llama.cpp (`engine.backends.choose_backend`)
 
 
 @dataclass
 class LoadedModel:
     name: str
-    model: PreTrainedModel
+    model: PreTrainedModel | LlamaCppModel
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
@@ -104,7 +109,23 @@ class LoadedModel:
     @property
     def vocab_width(self) -> int:
         """Rows of the output layer: the token ids the model can emit (padding rows included)."""
+        if isinstance(self.model, LlamaCppModel):
+            return self.model.vocab_width  # known without dequantizing the output layer
         return output_projection(self.model).weight.shape[0]
+
+    @property
+    def torch_model(self) -> PreTrainedModel:
+        """The model, for what only torch runs (training, Hugging Face's `generate()`)."""
+        if isinstance(self.model, LlamaCppModel):
+            raise SpecDeckError(f"{self.name} runs on llama.cpp here, and this needs it on torch: use --backend torch.")
+        return self.model
+
+    @property
+    def backend(self) -> str:
+        """What runs the model: "torch", or "llama.cpp" with the file's weight type, e.g. "llama.cpp (Q4_1)"."""
+        if isinstance(self.model, LlamaCppModel):
+            return f"llama.cpp ({self.model.file_type})"
+        return "torch"
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -300,6 +321,8 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     if not name.strip():
         raise SpecDeckError("No model given: name a built-in model, a Hugging Face id, a folder or a .gguf file.")
     device = resolve_device(options.device)
+    if choose_backend(name.strip(), options.backend, device, options.dtype, progress) == "llama.cpp":
+        return _load_on_llama_cpp(name.strip(), progress)
     dtype = resolve_dtype(options.dtype, device)
     source = locate(name.strip(), progress)
     if is_head_folder(Path(source)):
@@ -331,6 +354,43 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     model.to(device).eval()  # type: ignore[arg-type]  # a decorator in transformers hides to()'s signature
     output_ids = read_output_tokens(Path(source), output_projection(model).weight.shape[0])
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
+
+
+def load_tokenizer(name: str, progress: Progress | None = None):
+    """The tokenizer of model `name` alone (a remote target's, `engine.remote_target`)."""
+    try:
+        return _load_tokenizer(name, tokenizer_source(locate(name.strip(), progress), progress), False)
+    except OSError as error:
+        raise SpecDeckError(_hub_message(name, error)) from error
+
+
+def _load_on_llama_cpp(name: str, progress: Progress | None) -> LoadedModel:
+    """The GGUF file `name` on llama.cpp, its weights as they are in the file."""
+    path = gguf_file(name)
+    if path is None:
+        raise SpecDeckError(f"{name} is no .gguf file: llama.cpp runs GGUF files only. Use --backend torch.")
+    if progress:
+        progress(f"Loading {name} on llama.cpp")
+    model = LlamaCppModel(path)  # first: a damaged file is named by llama.cpp's reason
+    return LoadedModel(name, model, gguf_tokenizer(path, progress), model.device, torch.float32)
+
+
+def gguf_tokenizer(path: Path, progress: Progress | None = None):
+    """The tokenizer of a GGUF file, built from it once and then read from the cache."""
+    from transformers import AutoTokenizer
+
+    folder = _gguf_cache_dir(path).with_name(_gguf_cache_dir(path).name + TOKENIZER_SUFFIX)
+    if not (folder / "tokenizer_config.json").is_file():
+        if progress:
+            progress(f"Reading the tokenizer of {path.name} (once)")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception as error:  # the gguf reader raises many types on a damaged file
+            raise SpecDeckError(f"The tokenizer in {path} cannot be read ({type(error).__name__}: {error}). "
+                                "Check that the download finished, or pick another file.") from error
+        with building_folder(folder) as staging:
+            tokenizer.save_pretrained(staging)
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def _load_tokenizer(name: str, source: str, trust_remote_code: bool):

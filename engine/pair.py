@@ -3,7 +3,8 @@ loaded pair (`ModelPair`).
 
 `PairSpec` is the one description of a pair that the command line, the window's model panel and
 the Benchmark tab all build; its defaults are the defaults of all three. It writes itself as the
-command-line arguments that build it again.
+command-line arguments that build it again. A target that is a server's address (`--target
+http://HOST:PORT/v1`) is a remote target (`engine.remote_target`), served as `target_model`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from engine.errors import SpecDeckError
 from engine.heads import LoadedHead, names_head
 from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
 from engine.past_sessions import PastSessions
+from engine.remote_http import DEFAULT_TIMEOUT_S, is_url
+from engine.remote_target import RemoteSettings, RemoteTarget
 from engine.suffix import SuffixIndex
 from engine.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
 from engine.vocabulary import VocabularyMatch
@@ -109,7 +112,7 @@ class DrafterKind(str, Enum):
         elif draft is not None:
             model = DraftModelDrafter(draft.model, name=draft.name, output_ids=draft.output_ids)
         elif pair.head is not None:
-            model = FeatureHeadDrafter(pair.head.head, pair.target.model, name=pair.head.name,
+            model = FeatureHeadDrafter(pair.head.head, pair.local_target.model, name=pair.head.name,
                                        output_ids=pair.head.output_ids)
         suffix = None
         if self in (DrafterKind.SUFFIX, DrafterKind.HYBRID):
@@ -138,19 +141,48 @@ class PairSpec:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16
     trust_remote_code: bool = False
+    backend: str = "auto"  # what runs a .gguf model: auto, torch, llama.cpp (`engine.backends`)
+    # a remote target: the model's name on the server, the local tokenizer that is the served model's
+    # (default: the draft model's, else the built-in target's), and the longest a request may take
+    target_model: str = ""
+    tokenizer: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         # what a text field or an option holds: blanks mean the default, a kind may come as its name
         object.__setattr__(self, "target", (self.target or "").strip() or DEFAULT_TARGET)
         object.__setattr__(self, "draft", (self.draft or "").strip() or None)
+        object.__setattr__(self, "target_model", (self.target_model or "").strip())
+        object.__setattr__(self, "tokenizer", (self.tokenizer or "").strip() or None)
         object.__setattr__(self, "device", (self.device or "").strip() or "auto")
         object.__setattr__(self, "dtype", (self.dtype or "").strip() or "auto")
+        object.__setattr__(self, "backend", (self.backend or "").strip() or "auto")
         if self.drafter is not None and not isinstance(self.drafter, DrafterKind):
             object.__setattr__(self, "drafter", DrafterKind.named(self.drafter))
 
     @property
+    def remote(self) -> bool:
+        """Whether the target is served (its name is an address)."""
+        return is_url(self.target)
+
+    @property
+    def remote_settings(self) -> RemoteSettings:
+        return RemoteSettings(self.target, self.target_model, self.timeout_s)
+
+    @property
+    def remote_tokenizer(self) -> str:
+        """Whose tokenizer a remote target is read with: `tokenizer`, else a draft model's, else the
+        built-in target's."""
+        if self.tokenizer:
+            return self.tokenizer
+        if self.drafter is DrafterKind.DRAFT_MODEL and self.draft:
+            return self.draft
+        return DEFAULT_TARGET
+
+    @property
     def load_options(self) -> LoadOptions:
-        return LoadOptions(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
+        return LoadOptions(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
+                           backend=self.backend)
 
     def with_drafter(self, drafter: DrafterKind | None, draft: str | None) -> PairSpec:
         """The same target and options with another drafter."""
@@ -184,8 +216,12 @@ class PairSpec:
         """The command-line arguments for the target and how to load it; defaults are left out."""
         default = PairSpec()
         arguments = ["--target", self.target] if self.target != default.target else []
+        if self.remote:
+            arguments += ["--target-model", self.target_model] + (["--tokenizer", self.tokenizer] if self.tokenizer else [])
+            arguments += ["--timeout", f"{self.timeout_s:g}"] if self.timeout_s != default.timeout_s else []
         for flag, value, default_value in (("--device", self.device, default.device),
-                                           ("--dtype", self.dtype, default.dtype)):
+                                           ("--dtype", self.dtype, default.dtype),
+                                           ("--backend", self.backend, default.backend)):
             if value != default_value:
                 arguments += [flag, value]
         return arguments + (["--trust-remote-code"] if self.trust_remote_code else [])
@@ -201,9 +237,9 @@ class PairSpec:
 
 @dataclass
 class ModelPair:
-    """A loaded target and its drafter's model, if the drafter has one."""
+    """A loaded (or served) target and its drafter's model, if the drafter has one."""
 
-    target: LoadedModel
+    target: LoadedModel | RemoteTarget
     draft: LoadedModel | None = None
     drafter_kind: DrafterKind | None = None  # None: plain decoding only
     head: LoadedHead | None = None
@@ -216,6 +252,19 @@ class ModelPair:
     def __post_init__(self) -> None:
         if self.past is None:
             self.past = PastSessions(self.target.tokenizer)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the target is served (`engine.remote_target`)."""
+        return isinstance(self.target, RemoteTarget)
+
+    @property
+    def local_target(self) -> LoadedModel:
+        """The target, where what asks for it needs its model in this process."""
+        if isinstance(self.target, RemoteTarget):
+            raise SpecDeckError(f"{self.target.describe()} is served, not loaded here: this needs a target in this "
+                                "process (load the model itself with --target).")
+        return self.target
 
     @property
     def reads_history(self) -> bool:
@@ -236,12 +285,17 @@ class ModelPair:
     def hugging_face_runs(self) -> bool:
         """Whether Hugging Face's assisted generation runs this pair's drafter (`DrafterKind`); a
         draft with a tokenizer of its own only where its vocabulary size differs from the target's,
-        by which Hugging Face tells different tokenizers from the same one."""
-        if not self.drafter_kind or not self.drafter_kind.hugging_face_runs:
+        by which Hugging Face tells different tokenizers from the same one. A draft on llama.cpp is
+        no model Hugging Face can run."""
+        if not self.drafter_kind or not self.drafter_kind.hugging_face_runs or self.remote:
             return False
-        if self.draft is None or not self.cross_vocabulary:
+        if self.draft is None:
             return True
-        return self.draft.model.config.vocab_size != self.target.model.config.vocab_size
+        if self.draft.backend != "torch":
+            return False
+        if not self.cross_vocabulary:
+            return True
+        return self.draft.model.config.vocab_size != self.local_target.model.config.vocab_size
 
     def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
         """A drafter for one session (`DrafterKind.make_drafter`), or None for plain decoding."""
@@ -250,7 +304,11 @@ class ModelPair:
     @property
     def description(self) -> str:
         tail = self.drafter_description if self.drafter_kind else "plain"
+        if isinstance(self.target, RemoteTarget):
+            return f"target {self.target.describe()} + {tail} (greedy only)"
         where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
+        if self.target.backend != "torch":
+            where = f"on {self.target.device.type}, {self.target.backend}"
         case = f"; {self.vocabulary.describe()}" if self.vocabulary is not None and not self.vocabulary.same else ""
         return f"target {self.target.name} + {tail} {where}{case}"
 

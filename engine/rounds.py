@@ -7,13 +7,14 @@
   `engine.autotune.RoundPlanner`).
 - `TargetForward`: the target's forwards over its KV cache, with the cache's invariant kept after
   every round, and the target's hidden states handed to a drafter that reads them (a feature head).
+- `RemoteForward`: the same for a target on a server (`engine.remote_target`): one request a round.
 - `Clock`: the round's draft and verify times, read after a device synchronisation.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,10 +22,16 @@ import torch
 from engine.autotune import RoundPlanner, Shape, round_label
 from engine.config import DecodeConfig
 from engine.drafters import Drafter, Proposal
+from engine.errors import SpecDeckError
 from engine.kvcache import CachedModel, synchronize
+from engine.models import LoadedModel
+from engine.remote_scoring import ServerTime
+from engine.remote_target import RemoteTarget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from engine.llamacpp_backend import LlamaCppModel
 
 
 @dataclass(frozen=True)
@@ -129,12 +136,18 @@ class TargetForward:
     A drafter that drafts from the target's last hidden states (`Drafter.needs_states`, a feature
     head) is handed the states of every kept token, in order, from the forwards that computed them."""
 
-    def __init__(self, model: PreTrainedModel, drafter: Drafter | None) -> None:
+    server_time: ServerTime | None = None  # a local forward has no request
+
+    def __init__(self, model: PreTrainedModel | LlamaCppModel, drafter: Drafter | None) -> None:
         self.lm = CachedModel(model, taps=drafter.feature_layers if drafter is not None else ())
         self.supports_trees = self.lm.supports_trees
         self.reader = drafter if drafter is not None and drafter.needs_states else None
         self._cached = 0
         self._hidden: torch.Tensor | None = None
+
+    def admit(self, newest: int, draft: Draft) -> Draft:
+        """The drafts this round verifies: all of them, on a local target."""
+        return draft
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """Cache every prompt token but the last, the newest kept token."""
@@ -166,6 +179,52 @@ class TargetForward:
             self.lm.compact(path)
         if self.reader and self._hidden is not None:
             self.reader.observe(self.lm.states(self._hidden)[path])
+
+
+class RemoteForward:
+    """The target's forwards on a server (`engine.remote_target`), with `TargetForward`'s methods:
+    `held` plays the KV cache's part (every kept token but the newest), and each round sends it with
+    the newest kept token and the drafts in one request. The server's own prefix cache is what keeps
+    a round near K + 1 tokens of work there (`ServerTime.cache_hit`)."""
+
+    supports_trees = False
+    reader = None
+
+    def __init__(self, target: RemoteTarget, drafter: Drafter | None) -> None:
+        if drafter is not None and drafter.needs_states:
+            raise SpecDeckError("A feature head drafts from the target's hidden states, which a server does not "
+                                "return: choose the draft-model, prompt-lookup or suffix drafter for a remote target.")
+        self.target = target
+        self.held: list[int] = []
+        self.server_time: ServerTime | None = None
+        self._inputs: list[int] = []
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        self.held = list(prompt_ids[:-1])
+
+    def admit(self, newest: int, draft: Draft) -> Draft:
+        """The draft cut to what the server can read back as the same tokens (`RemoteTarget.admit`)."""
+        tokens = self.target.admit(self.held + [newest], draft.tokens)
+        if len(tokens) == len(draft.tokens):
+            return draft
+        proposal, n = draft.proposal, len(tokens)
+        pieces = proposal.pieces[:n] if proposal.pieces is not None else None
+        return Draft(replace(proposal, tokens=tokens, q=proposal.q[:n], pieces=pieces), copied=draft.copied)
+
+    def forward(self, newest: int, draft: Draft) -> torch.Tensor:
+        self._inputs = [newest] + draft.tokens
+        logits, self.server_time = self.target.score(self.held + [newest], draft.tokens)
+        return logits
+
+    def keep(self, path: list[int]) -> None:
+        self.held += [self._inputs[row] for row in path]
+
+
+def target_forward(target: LoadedModel | RemoteTarget, drafter: Drafter | None) -> TargetForward | RemoteForward:
+    """The target's forwards: over a local KV cache, or on the server a remote target names."""
+    if isinstance(target, RemoteTarget):
+        return RemoteForward(target, drafter)
+    return TargetForward(target.model, drafter)
 
 
 class Clock:

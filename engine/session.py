@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
+from engine.backends import gguf_file
 from engine.config import DecodeConfig
 from engine.decoding import generate
 from engine.errors import SpecDeckError
 from engine.events import Event
 from engine.heads import load_feature_head, names_head
-from engine.models import LoadedModel, Progress, encode_prompt, load_model
+from engine.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer
 from engine.pair import DrafterKind, ModelPair, PairSpec
+from engine.remote_target import RemoteTarget, connect
 from engine.vocabulary import match_vocabularies
 
 DEFAULT_PROMPT = (
@@ -28,7 +31,7 @@ def load_pair(spec: PairSpec, plain: bool = False, progress: Progress | None = N
     the feature head or draft model its draft names), and compare a draft model's vocabulary with the
     target's (`ModelPair.vocabulary`): one with a tokenizer of its own drafts across them."""
     spec = spec.resolved()
-    target_model = load_model(spec.target, spec.load_options, progress)
+    target_model = _load_target(spec, progress)
     return _attach_drafter(target_model, spec.with_drafter(None, None) if plain else spec, progress)
 
 
@@ -36,7 +39,7 @@ def load_pairs(specs: Sequence[PairSpec], progress: Progress | None = None) -> l
     """One pair per spec, all sharing one loaded target (the specs differ in their drafter only);
     every spec is resolved and checked before anything loads."""
     chosen = _resolve_all(specs)
-    target_model = load_model(chosen[0].target, chosen[0].load_options, progress)
+    target_model = _load_target(chosen[0], progress)
     return [_attach_drafter(target_model, spec, progress) for spec in chosen]
 
 
@@ -44,6 +47,16 @@ def add_drafters(pair: ModelPair, specs: Sequence[PairSpec], progress: Progress 
     """More pairs on `pair`'s loaded target (the one `specs` name), one per spec, resolved and
     loaded as `load_pairs` does; the target is not loaded again."""
     return [_attach_drafter(pair.target, spec, progress) for spec in _resolve_all(specs)]
+
+
+def _load_target(spec: PairSpec, progress: Progress | None) -> LoadedModel | RemoteTarget:
+    """The target model, loaded; or, for a server's address, the served target, read with the
+    tokenizer `PairSpec.remote_tokenizer` names."""
+    if not spec.remote:
+        return load_model(spec.target, spec.load_options, progress)
+    if progress:
+        progress(f"Connecting to {spec.target}")
+    return connect(spec.remote_settings, load_tokenizer(spec.remote_tokenizer, progress))
 
 
 def _resolve_all(specs: Sequence[PairSpec]) -> list[PairSpec]:
@@ -56,7 +69,7 @@ def _resolve_all(specs: Sequence[PairSpec]) -> list[PairSpec]:
     return chosen
 
 
-def _attach_drafter(target_model: LoadedModel, spec: PairSpec, progress: Progress | None) -> ModelPair:
+def _attach_drafter(target_model: LoadedModel | RemoteTarget, spec: PairSpec, progress: Progress | None) -> ModelPair:
     """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), loading
     its draft or head."""
     draft_model = head = vocabulary = None
@@ -67,9 +80,15 @@ def _attach_drafter(target_model: LoadedModel, spec: PairSpec, progress: Progres
     if spec.drafter is DrafterKind.DRAFT_MODEL and names_head(spec.draft):
         raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
     if spec.drafter is DrafterKind.FEATURE_HEAD or (spec.drafter is DrafterKind.HYBRID and names_head(spec.draft)):
+        if isinstance(target_model, RemoteTarget):
+            raise SpecDeckError("A feature head drafts from the target's hidden states, which a server does not "
+                                "return: choose the draft-model, prompt-lookup or suffix drafter for a remote target.")
         head = load_feature_head(spec.draft, target_model, progress)
     else:
-        draft_model = load_model(spec.draft, spec.load_options, progress)
+        options = spec.load_options
+        if gguf_file(spec.draft) is None:  # a draft that is no GGUF file runs on torch, whatever runs the target
+            options = replace(options, backend="torch")
+        draft_model = load_model(spec.draft, options, progress)
         vocabulary = match_vocabularies(target_model, draft_model)
         if progress and not vocabulary.same:
             progress(f"{draft_model.name} and {target_model.name}: {vocabulary.describe()}")

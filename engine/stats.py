@@ -27,6 +27,15 @@ def predicted_speedup(a: float, k: float, cost_ratio: float) -> float:
     return expected_tokens_per_round(a, k) / (cost_ratio * k + 1.0)
 
 
+def remote_tokens_per_s(kept: float, k: float, round_trip_ms: float, draft_ms: float, server_ms: float) -> float:
+    """Tokens/s against a served target: a round of K drafts keeps `kept` tokens (measured, or
+    (1 - a^(K+1)) / (1 - a) at acceptance rate a) for K local draft steps of `draft_ms`, one round
+    trip and the server's verify time. Plain decoding over the network keeps one token per round
+    trip (kept 1, K 0). Speculation pays where `kept` exceeds 1 + K draft_ms / (round_trip_ms +
+    server_ms): the longer the round trip, the more."""
+    return 1e3 * kept / (k * draft_ms + round_trip_ms + server_ms)
+
+
 @dataclass
 class RoundTotals:
     """Sums over rounds and the figures derived from them: one session's, or a benchmark's."""
@@ -62,6 +71,43 @@ class RoundTotals:
 
 
 @dataclass
+class RemoteTotals:
+    """A remote target's rounds: where their requests' time went, and the prefix-cache misses the
+    server reported (`RoundEvent.network_ms`, `server_ms`, `server_cache_hit`)."""
+
+    rounds: int = 0
+    network_ms: float = 0.0
+    server_rounds: int = 0
+    server_ms: float = 0.0
+    reported_cache: int = 0
+    misses: int = 0
+
+    def add(self, event: RoundEvent) -> None:
+        if event.network_ms is None:
+            return
+        self.rounds += 1
+        self.network_ms += event.network_ms
+        if event.server_ms is not None:
+            self.server_rounds += 1
+            self.server_ms += event.server_ms
+        if event.server_cache_hit is not None:
+            self.reported_cache += 1
+            self.misses += not event.server_cache_hit
+
+    @property
+    def mean_network_ms(self) -> float | None:
+        return self.network_ms / self.rounds if self.rounds else None
+
+    @property
+    def mean_server_ms(self) -> float | None:
+        return self.server_ms / self.server_rounds if self.server_rounds else None
+
+    @property
+    def cache_misses(self) -> int | None:
+        return self.misses if self.reported_cache else None
+
+
+@dataclass
 class SessionStats(RoundTotals):
     """Running totals of one session; feed it every event with `add`."""
 
@@ -72,6 +118,7 @@ class SessionStats(RoundTotals):
     copied_drafted: int = 0  # drafts that prompt lookup copied (among `drafted`)
     copied_accepted: int = 0
     discarded: int = 0  # drafts never judged: proposed after a rejected draft of their round
+    remote: RemoteTotals = field(default_factory=RemoteTotals)
     _round_position: int = 0
 
     def add(self, event) -> None:
@@ -98,6 +145,7 @@ class SessionStats(RoundTotals):
             self.verify_ms += event.verify_ms
             self.discarded += event.discarded
             self.decode_s = event.elapsed_s
+            self.remote.add(event)
             self._round_position = 0
 
     @property
@@ -128,4 +176,7 @@ class SessionStats(RoundTotals):
             copied_accepted=self.copied_accepted,
             plan=plan,
             discarded=self.discarded,
+            network_ms=self.remote.mean_network_ms,
+            server_ms=self.remote.mean_server_ms,
+            cache_misses=self.remote.cache_misses,
         )

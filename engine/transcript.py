@@ -21,6 +21,8 @@ from engine.detok import Detokenizer
 from engine.drafters import DraftPiece
 from engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
 from engine.models import LoadedModel
+from engine.remote_scoring import ServerTime
+from engine.remote_target import RemoteTarget
 from engine.rounds import Clock, Draft
 from engine.sampling import logits_to_probs, require_finite
 from engine.stats import SessionStats
@@ -93,7 +95,7 @@ def _piece_fields(piece: DraftPiece | None) -> dict:
 class Transcript:
     """The session's events, the kept text and the counts; and whether and why it stopped."""
 
-    def __init__(self, target: LoadedModel, config: DecodeConfig, budget: int) -> None:
+    def __init__(self, target: LoadedModel | RemoteTarget, config: DecodeConfig, budget: int) -> None:
         self.eos = target.eos_ids
         self.dtype = target.dtype
         self.stop_strings = config.stop_strings
@@ -159,16 +161,21 @@ class Transcript:
                            source=draft.proposal.source, **_piece_fields(piece))
                 for i, ((token, pv, qv, depth, piece), text) in enumerate(zip(refused, texts))]
 
-    def round(self, events: list[TokenEvent], draft: Draft, clock: Clock) -> Iterator[Event]:
+    def round(self, events: list[TokenEvent], draft: Draft, clock: Clock,
+              server: ServerTime | None = None) -> Iterator[Event]:
         """The round's token events, then its `RoundEvent` (made before any is handed out, so that a
-        slow reader does not slow the figures), each counted as it goes out."""
+        slow reader does not slow the figures), each counted as it goes out; `server`, where the
+        round's request went, for a remote target."""
         accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
         discarded = sum(1 for e in events if e.state is TokenState.DISCARDED)
         drafted = accepted + discarded + sum(1 for e in events if e.state is TokenState.REJECTED)
         round_event = RoundEvent(self.rounds, drafted, accepted, clock.draft_ms, clock.verify_ms, self.new_tokens,
                                  clock.decode_s(), copied=draft.copied, shape=draft.label,
                                  match_length=draft.proposal.match_length, discarded=discarded,
-                                 draft_tokens=draft.proposal.draft_tokens)
+                                 draft_tokens=draft.proposal.draft_tokens,
+                                 network_ms=server.network_ms if server else None,
+                                 server_ms=server.server_ms if server else None,
+                                 server_cache_hit=server.cache_hit if server else None)
         out: list[Event] = [*events, round_event]
         for event in out:
             self.stats.add(event)

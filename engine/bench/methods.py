@@ -9,6 +9,8 @@
   its own runs as Universal Assisted Generation (`tokenizer=` and `assistant_tokenizer=`: greedy
   through the text, sampling over the shared tokens), on a copy of the draft, since sampling cuts
   the assistant's output layer down to the shared tokens in place.
+- `llama.cpp`: llama-cpp-python's own generation on the target's GGUF file
+  (`engine.bench.llamacpp_baseline`), prefill timed apart as SpecDeck's is.
 
 Hugging Face does not time prefill apart, so its prefill is measured as a generate() of one new
 token, and its decoding rate is (new tokens - 1) / (total time - that prefill): the first token
@@ -31,11 +33,12 @@ from engine.events import RoundEvent, SummaryEvent, TokenEvent
 from engine.hf_parts import decode, generate_of
 from engine.kvcache import synchronize
 from engine.pair import DrafterKind, ModelPair
+from engine.stats import RemoteTotals
 from engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")
-METHODS = SPECDECK_METHODS + HF_METHODS
+METHODS = SPECDECK_METHODS + HF_METHODS + ("llama.cpp",)
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Run:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     shapes: dict[str, int] = field(default_factory=dict)  # rounds per shape ("K=2", "copy 3", "none")
+    remote: RemoteTotals = field(default_factory=RemoteTotals)  # a served target's request times
 
     @property
     def new_tokens(self) -> int:
@@ -72,6 +76,7 @@ def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, s
     summary = None
     draft_ms = verify_ms = 0.0
     shapes: dict[str, int] = {}
+    remote = RemoteTotals()
     for event in generate(pair.target, prompt_ids, config, drafter):
         if isinstance(event, TokenEvent) and event.state.kept:
             token_ids.append(event.token_id)
@@ -79,13 +84,14 @@ def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, s
             draft_ms += event.draft_ms
             verify_ms += event.verify_ms
             shapes[event.shape] = shapes.get(event.shape, 0) + 1
+            remote.add(event)
         elif isinstance(event, SummaryEvent):
             summary = event
     if summary is None:
         raise RuntimeError("a decoding run ended without its summary")
     return Run("speculative" if speculative else "plain", config.k if speculative else 0, token_ids,
                summary.text, summary.new_tokens, summary.decode_s, summary.prefill_ms, summary.rounds,
-               summary.drafted, summary.accepted, draft_ms, verify_ms, shapes)
+               summary.drafted, summary.accepted, draft_ms, verify_ms, shapes, remote)
 
 
 class _ForwardCounter:
@@ -120,7 +126,7 @@ def _generation_config(pair: ModelPair, config: DecodeConfig, max_new_tokens: in
 def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str,
                  max_new_tokens: int) -> tuple[list[int], float]:
     """(new token ids, seconds) of one Hugging Face generate()."""
-    target = pair.target
+    target = pair.local_target
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     kwargs: dict[str, object] = {}
     if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL and pair.draft is not None:
@@ -138,7 +144,7 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
         torch.manual_seed(config.seed)
     synchronize(target.device)
     started = time.perf_counter()
-    out = generate_of(target.model)(ids, attention_mask=torch.ones_like(ids),
+    out = generate_of(target.torch_model)(ids, attention_mask=torch.ones_like(ids),
                                 generation_config=_generation_config(pair, config, max_new_tokens, method), **kwargs)
     synchronize(target.device)
     return out[0, len(prompt_ids):].tolist(), time.perf_counter() - started
@@ -149,7 +155,7 @@ _ASSISTANT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a 
 
 def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str) -> Run:
     _, prefill_s = _hf_generate(pair, prompt_ids, config, method, max_new_tokens=1)
-    counter = _ForwardCounter(pair.target.model)
+    counter = _ForwardCounter(pair.local_target.torch_model)
     try:
         token_ids, total_s = _hf_generate(pair, prompt_ids, config, method, config.max_new_tokens)
     finally:
@@ -179,4 +185,8 @@ def run_method(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, met
     """One run; `history`: the earlier texts a suffix drafter reads (and leaves as they are)."""
     if method in SPECDECK_METHODS:
         return run_specdeck(pair, prompt_ids, config, speculative=method == "speculative", history=history)
+    if method == "llama.cpp":
+        from engine.bench.llamacpp_baseline import run_llama_cpp
+
+        return run_llama_cpp(pair, prompt_ids, config)
     return run_hf(pair, prompt_ids, config, method)

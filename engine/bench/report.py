@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from engine.autotune import CURVE_CONTEXT, machine_name
+from engine.bench.remote_report import LATENCY_COLUMNS, SPLIT_COLUMNS, latency_rows, split_rows
 from engine.bench.runner import BenchSettings, Method, PromptResult
 from engine.stats import RoundTotals
 
@@ -217,6 +218,21 @@ def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def remote_lines(results: list[PromptResult], methods: list[Method]) -> list[str]:
+    """report.md's section on a served target: the time split and the latency model (`remote_report`)."""
+    return ["", "## Served target: where a round's time goes", "",
+            "draft: the local drafter; network: the request's round trip less the server's own time (all of it "
+            "where the server reports none); server: its own time where it reports it. A round with no prefix-cache "
+            "hit made the server recompute the whole context.", "",
+            markdown_table(split_rows(results, methods), SPLIT_COLUMNS),
+            "", "## Latency model: tokens/s against round-trip time", "",
+            "From the measured tokens per round, drafts per round, draft time per token and request time per "
+            "round: a round keeps its tokens for K draft steps, the request measured here and the added round "
+            "trip; plain decoding keeps one token per request (`engine.bench.remote_report`). Speculation pays "
+            "where speedup > 1, and pays more the longer the round trip.", "",
+            markdown_table(latency_rows(results, methods), LATENCY_COLUMNS)]
+
+
 def write_report(path: Path, results: list[PromptResult], settings: BenchSettings, methods: list[Method],
                  context: dict[str, Any], summary: list[dict], sweep: list[dict], plots: list[str]) -> None:
     import transformers
@@ -230,7 +246,8 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         f"Command: `{context['command']}`", "",
         "## Machine and versions", "",
         f"- machine: {machine_description(device)}",
-        f"- device {device}, dtype {context['dtype']}, torch threads {torch.get_num_threads()}",
+        f"- device {device}, dtype {context['dtype']}, backend {context.get('backend', 'torch')}, "
+        f"torch threads {torch.get_num_threads()}",
         f"- Python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}",
         "", "## Settings", "",
         f"- target {context['target']}, drafter{'s' if len(drafters) > 1 else ''} {'; '.join(drafters)}",
@@ -246,6 +263,9 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         "- order: methods rotate by one place per prompt and repeat; one untimed warm-up per method",
         "- SpecDeck times prefill and decoding apart; Hugging Face's prefill is a 1-new-token generate(), "
         "and its rate is (new tokens - 1) / (total - prefill)",
+        *(["- llama.cpp: llama-cpp-python's own generate() on the target's GGUF file with its default settings and "
+           "the same threads; its prefill (the prompt but its last token) is timed apart, as SpecDeck's is"]
+          if any(m.name == "llama.cpp" for m in methods) else []),
         "", "## All prompts", "", markdown_table(overview, SUMMARY_COLUMNS),
         "", "## Per category", "", markdown_table(summary, SUMMARY_COLUMNS),
         "", "## K sweep", "", markdown_table(sweep, SWEEP_COLUMNS),
@@ -259,6 +279,7 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
         markdown_table(shape_rows(results, methods), ("method", "k", "drafter", "shapes")),
         *(["", "## The target's forward on this machine", "", *cost_curve_lines(context["cost_curve"])]
           if context.get("cost_curve") else []),
+        *(remote_lines(results, methods) if context.get("remote") else []),
         "", "## Greedy identity with plain decoding", "",
     ]
     if not settings.decode.greedy:

@@ -30,10 +30,12 @@ from typing import NamedTuple
 
 import torch
 
+from engine.bench.llamacpp_baseline import OTHER_ROUNDING, check_baseline
 from engine.bench.methods import Run, run_method
 from engine.bench.prompts import BenchPrompt
 from engine.config import DecodeConfig
 from engine.errors import SpecDeckError
+from engine.kvcache import CachedModel
 from engine.models import encode_conversation, encode_prompt
 from engine.pair import DrafterKind, ModelPair
 from engine.suffix import SuffixIndex
@@ -41,6 +43,7 @@ from engine.suffix import SuffixIndex
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
 AUTO_K = 0  # a speculative method's K when the auto schedule chooses it each round
 BASELINES = ("plain", "hf", "hf-assisted")  # what speculative decoding is compared with
+OTHER_BASELINES = ("llama.cpp",)  # asked for by name: llama-cpp-python's own generation of a .gguf target
 
 
 class Method(NamedTuple):
@@ -87,10 +90,21 @@ class BenchSettings:
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # K and lookup are each method's own
     repeat_scenario: bool = False  # also time drafters that read earlier texts regenerating each prompt
 
+    def check_remote(self) -> None:
+        """Refuse what a served target cannot run: the auto schedule, which plans from the target's
+        costs measured on this machine, and sampling (`engine.remote_target.require_greedy`)."""
+        if AUTO_K in self.ks:
+            raise SpecDeckError("A served target's forward costs are not measured here, so the auto schedule "
+                                "cannot plan its rounds: give draft lengths with --k (e.g. --k 2,4).")
+        if not self.decode.greedy:
+            raise SpecDeckError("A remote target decodes greedily only (servers return top-k log-probabilities, not "
+                                "the distribution sampling needs): leave --temperature at 0.")
+
     def __post_init__(self) -> None:
-        unknown = [b for b in self.baselines if b not in BASELINES]
+        unknown = [b for b in self.baselines if b not in BASELINES + OTHER_BASELINES]
         if unknown:
-            raise SpecDeckError(f"Unknown baseline {', '.join(unknown)}: choose from {', '.join(BASELINES)}.")
+            raise SpecDeckError(f"Unknown baseline {', '.join(unknown)}: choose from "
+                                f"{', '.join(BASELINES + OTHER_BASELINES)}.")
         if not self.ks or min(self.ks) < AUTO_K:
             raise SpecDeckError("--k takes positive draft lengths or auto, e.g. 4 or auto,1,2,4.")
         if not self.lookups or min(self.lookups) < 0:
@@ -111,11 +125,13 @@ class BenchSettings:
                         for k in self.ks for lookup in lookups]
         if self.repeat_scenario:
             methods += [m._replace(name="repeat") for m in methods[1:] if reads_history[m.drafter]]
-        if "hf" in self.baselines:
+        if "hf" in self.baselines and not pairs[0].remote:  # Hugging Face needs the target at hand
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
             methods += [Method("hf-assisted", k, pair.drafter_description)
                         for pair in pairs if pair.hugging_face_runs for k in self.ks if k != AUTO_K]
+        if "llama.cpp" in self.baselines:
+            methods.append(Method("llama.cpp"))
         return methods
 
 
@@ -152,6 +168,8 @@ def run_bench(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settin
     Setting `cancel` stops before the next run; the prompts whose runs all finished are returned."""
     if not pairs or any(pair.drafter_kind is None for pair in pairs):
         raise SpecDeckError("The benchmark compares speculative decoding with plain decoding: it needs a drafter.")
+    if "llama.cpp" in settings.baselines:
+        check_baseline(pairs[0])
     pair_of = {pair.drafter_description: pair for pair in pairs}
     if len(pair_of) < len(pairs):
         raise SpecDeckError("Two drafters of the benchmark have the same name: name each drafter once.")
@@ -208,7 +226,13 @@ def run_bench(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settin
             plain = result.runs[Method("plain")][0]
             if settings.decode.greedy:
                 for method, runs in result.runs.items():
-                    if runs[0].token_ids != plain.token_ids:
+                    if runs[0].token_ids == plain.token_ids:
+                        continue
+                    if method.name == "llama.cpp":
+                        result.mismatch[method] = OTHER_ROUNDING.format(
+                            backend="the file's weights dequantized on torch" if pairs[0].target.backend == "torch"
+                            else "llama.cpp with flash attention on an 8-bit KV cache")
+                    else:
                         result.mismatch[method] = explain_mismatch(pairs[0], prompt_ids, plain.token_ids,
                                                                    runs[0].token_ids)
             answers.append(plain.text)
@@ -234,9 +258,10 @@ def explain_mismatch(pair: ModelPair, prompt_ids: list[int], plain: list[int], o
     if at == min(len(plain), len(other)):
         shorter = "plain" if len(plain) < len(other) else "this method"
         return f"{shorter} stopped after {at} tokens while the other went on (same tokens up to there)"
-    with torch.inference_mode():
-        ids = torch.tensor([prompt_ids + plain[:at]], device=pair.target.device)
-        logits = pair.target.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+    if pair.remote:
+        return (f"token {at}: plain chose {decode([plain[at]])!r}, this method {decode([other[at]])!r} (a served "
+                "target: its logits are not at hand to judge a near-tie)")
+    logits = CachedModel(pair.local_target.model).forward(prompt_ids + plain[:at], last_only=True)[-1].float()
     gap = float(logits[plain[at]] - logits[other[at]])
     scale = float(logits.abs().max())
     dtype = str(pair.target.dtype).removeprefix("torch.")

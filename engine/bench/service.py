@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from engine.atomic import building_folder, check_writable_folder, remove_abandoned
 from engine.autotune import cost_curve
 from engine.bench import plots as plotting
+from engine.bench.methods import HF_METHODS
 from engine.bench.prompts import BenchPrompt
 from engine.bench.report import (
     PER_PROMPT_COLUMNS,
@@ -52,7 +54,7 @@ def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command
     target = pairs[0].target
     context = {
         "command": command, "target": target.name,
-        "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
+        "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."), "backend": target.backend,
         "prompts": str(prompts_path),
     }
     crossing = [f"{pair.drafter_description}: {pair.vocabulary.describe()}" for pair in pairs
@@ -69,14 +71,24 @@ def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], se
     into `out`, which is built aside and swapped in whole (an earlier `out` stays intact until then);
     return the summary rows. Cancelled (`cancel` set), the files cover the prompts that finished
     and report.md says so; with none finished nothing is written and no rows are returned."""
+    hf = [b for b in settings.baselines if b in HF_METHODS]
+    if hf and pairs[0].target.backend != "torch":
+        settings = replace(settings, baselines=tuple(b for b in settings.baselines if b not in HF_METHODS))
+        left_out = (f"{' and '.join(hf)} left out: Hugging Face generate() runs torch models, and the target runs "
+                    f"on {pairs[0].target.backend}.")
+        context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
     without_hf = [pair.drafter_description for pair in pairs if not pair.hugging_face_runs]
-    if without_hf and "hf-assisted" in settings.baselines:
+    if pairs[0].remote:  # (Hugging Face's baselines were left out above: the target runs on a server)
+        settings.check_remote()
+        context = {**context, "remote": "yes"}
+    elif without_hf and "hf-assisted" in settings.baselines:
         # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter, and
         # takes two vocabularies of one size for one tokenizer
         left_out = (f"hf-assisted left out for {', '.join(without_hf)}: Hugging Face generate() has no such "
                     "drafter (or, for a draft with its own tokenizer, not one with as many tokens as the target's).")
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
-    context = {**context, "cost_curve": cost_curve(pairs[0].target.model, costs_cache())}
+    if not pairs[0].remote:
+        context = {**context, "cost_curve": cost_curve(pairs[0].local_target.model, costs_cache())}
     results = run_bench(pairs, prompts, settings, progress, cancel)
     if not results:
         return []

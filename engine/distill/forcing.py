@@ -76,7 +76,7 @@ def target_states(target: LoadedModel, sequences: list[list[int]], layers: tuple
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         for row, i in enumerate(batch):
             ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
-        hidden = target.model.base_model(input_ids=ids.to(target.device), output_hidden_states=True).hidden_states
+        hidden = target.torch_model.base_model(input_ids=ids.to(target.device), output_hidden_states=True).hidden_states
         stacked = torch.stack([hidden[t] for t in layers] + [hidden[-1]], dim=2).to(torch.bfloat16).cpu()
         for row, i in enumerate(batch):
             states[i] = stacked[row, : len(sequences[i])].clone()

@@ -106,7 +106,7 @@ def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_token
             ids = torch.zeros(len(batch), width, dtype=torch.long)
             for j, r in enumerate(batch):
                 ids[j, : len(data.ids[r])] = data.ids[r].long()
-            hidden = target.model.base_model(input_ids=ids.to(target.device)).last_hidden_state
+            hidden = target.torch_model.base_model(input_ids=ids.to(target.device)).last_hidden_state
             saved["states"] += [hidden[j, : len(data.ids[r])].to(torch.bfloat16).cpu().clone()
                                 for j, r in enumerate(batch)]
             start = end
@@ -149,7 +149,7 @@ def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
             if any(not name.startswith("fuse_fc") for name in missing):
                 raise SpecDeckError(f"{config.init_from} is a head of another shape (it lacks {missing[:3]}).")
             return head
-        body: Any = target.model.base_model
+        body: Any = target.torch_model.base_model
         if config.init_from_target and not config.intermediate:
             head.body.layers[0].load_state_dict(body.layers[-1].state_dict())
         head.body.norm.weight.copy_(body.norm.weight)
@@ -379,15 +379,15 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
         features = extract_features(target, shards, out / "features", config.feature_batch_tokens, progress)
         held, training = split_rows(len(shards.ids))
         source = HeadText(shards, features, training, {"held out": held[: config.eval_sequences]}, None, SOURCES)
-    target.model.float()
-    embedding = input_embedding(target.model).weight.detach()
-    vocab = output_projection(target.model).weight.shape[0]
+    target.torch_model.float()
+    embedding = input_embedding(target.torch_model).weight.detach()
+    vocab = output_projection(target.torch_model).weight.shape[0]
     text_ids, training = source.data, source.training
     count = len(text_ids.ids)
     output_ids = None
     if 0 < config.output_vocab < vocab:
         output_ids = frequent_tokens(text_ids, training, config.output_vocab, vocab, set(target.eos_ids))
-    full_weight = output_projection(target.model).weight.detach()
+    full_weight = output_projection(target.torch_model).weight.detach()
     weight = full_weight[output_ids] if output_ids is not None else full_weight
     head = build_head(target, config)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))

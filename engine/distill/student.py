@@ -37,7 +37,7 @@ def pca_embedding(target_embedding: torch.Tensor, width: int) -> torch.Tensor:
 def build_draft(target: LoadedModel, shape: DraftShape, seed: int) -> LlamaForCausalLM:
     """A seeded draft for `target`: same vocabulary size, special ids and RoPE settings."""
     source = target.model.config
-    embedding = input_embedding(target.model).weight
+    embedding = input_embedding(target.torch_model).weight
     hidden = min(shape.hidden, embedding.shape[1])
     head_dim = min(shape.head_dim, hidden)
     heads = hidden // head_dim

@@ -69,7 +69,7 @@ def generate_scored(target: LoadedModel, prompts: Sequence[list[int]], max_new_t
         mask[row, width - len(ids):] = 1
     keep = _KeepTopK(top_k)
     torch.manual_seed(seed)
-    out = generate_of(target.model)(
+    out = generate_of(target.torch_model)(
         input_ids=input_ids.to(target.device), attention_mask=mask.to(target.device),
         max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=None if greedy else temperature,
         top_p=None, top_k=None, pad_token_id=pad, eos_token_id=sorted(target.eos_ids),
@@ -103,7 +103,7 @@ def score(target: LoadedModel, sequences: Sequence[list[int]], top_k: int) -> Sh
     for row, ids in enumerate(sequences):
         input_ids[row, : len(ids)] = torch.tensor(ids)
         mask[row, : len(ids)] = 1
-    logits = target.model(input_ids=input_ids.to(target.device), attention_mask=mask.to(target.device)).logits
+    logits = target.torch_model(input_ids=input_ids.to(target.device), attention_mask=mask.to(target.device)).logits
     shard = Shard([], [], [], [])
     for row, ids in enumerate(sequences):
         logp = torch.log_softmax(logits[row, : len(ids) - 1].float(), dim=-1)

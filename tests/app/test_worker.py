@@ -42,6 +42,7 @@ class _FakePair:
         name = "fake"
         device = "cpu"
         dtype = "torch.float32"
+        backend = "torch"
 
 
 def test_superseded_session_events_are_ignored(qtbot, loop):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -41,6 +43,20 @@ def _wait_blocked_on_output(child: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
+def _read_stderr_until(child: subprocess.Popen, text: str, timeout: float = 30) -> str:
+    """What the child wrote to stderr up to and including `text` (read as it comes, so that the
+    test acts after the child has, whatever the machine's load)."""
+    seen, deadline = "", time.monotonic() + timeout
+    while text not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([child.stderr], [], [], 0.1)
+        if ready:
+            chunk = os.read(child.stderr.fileno(), 4096).decode(errors="replace")
+            if not chunk:
+                break
+            seen += chunk
+    return seen
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_run_stops_at_a_round_and_still_summarises(models, signum):
     """One Ctrl-C or SIGTERM ends the session at a round boundary with a `cancelled` summary event."""
@@ -61,9 +77,11 @@ def test_second_ctrl_c_quits_at_once(models):
         child.stdout.readline()
         _wait_blocked_on_output(child)
         child.send_signal(signal.SIGINT)
-        time.sleep(0.3)
+        noticed = _read_stderr_until(child, "press Ctrl-C again")
+        assert "press Ctrl-C again" in noticed
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=60)
+        err = noticed + err
     assert child.returncode == 130 and "Traceback" not in err
     assert '"summary"' not in out
 

@@ -1,0 +1,152 @@
+"""Which backend runs a model: torch (every model) or llama.cpp (`.gguf` files, where
+llama-cpp-python is installed; `engine.llamacpp_backend`).
+
+`auto` picks llama.cpp for a GGUF file when it measures faster on this machine: one-token forwards
+(a plain decoding step) after a short context on both backends, with the threads torch uses. The
+verdict is saved with the measured costs (`specdeck cache --clear` forgets it), so the measurement
+runs once per file, machine and thread count. A model that would not fit in memory dequantized
+for torch goes to llama.cpp unmeasured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine.errors import SpecDeckError
+
+BACKENDS = ("auto", "torch", "llama.cpp")
+STEPS = 12  # timed one-token forwards per backend (their median counts)
+CONTEXT = 64  # cached tokens before them
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+
+def gguf_file(name: str) -> Path | None:
+    """The GGUF file that `name` (a built-in alias or a path) stands for, or None."""
+    from engine.models import BUILTIN_MODELS, BuiltinModel
+
+    entry = BUILTIN_MODELS.get(name)
+    if isinstance(entry, BuiltinModel):
+        path = entry.path()
+        return path if path.suffix == ".gguf" else None
+    path = Path(name).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
+_told_missing = False
+
+
+def llama_cpp_installed(progress: Progress | None = None) -> bool:
+    """Whether llama-cpp-python imports here; where it does not, say so once per process."""
+    from engine.llamacpp_backend import library
+
+    global _told_missing
+    if library() is not None:
+        return True
+    if not _told_missing:
+        _told_missing = True
+        notice = ("llama-cpp-python is not installed, so GGUF files run on torch (dequantized to float32): "
+                  "`make` installs it, or `pip install llama-cpp-python`")
+        (progress or log.warning)(notice)
+    return False
+
+
+def choose_backend(name: str, requested: str, device: torch.device, dtype: str,
+                   progress: Progress | None = None) -> str:
+    """"torch" or "llama.cpp" for the model `name`, as `requested` (auto, torch or llama.cpp) allows;
+    a request llama.cpp cannot serve is a `SpecDeckError` that says why."""
+    if requested not in BACKENDS:
+        raise SpecDeckError(f"Unknown backend {requested!r}: use {', '.join(BACKENDS)}.")
+    if requested == "torch":
+        return "torch"
+    path = gguf_file(name)
+    if requested == "llama.cpp":
+        if path is None:
+            raise SpecDeckError(f"The llama.cpp backend runs .gguf files, and {name} is not one: use --backend torch "
+                                "or auto.")
+        if device.type != "cpu":
+            raise SpecDeckError(f"The llama.cpp backend runs on the CPU here, not on {device.type}: "
+                                "use --device cpu, or --backend torch.")
+        if dtype not in ("auto", "float32"):
+            raise SpecDeckError(f"--dtype {dtype} applies to torch: llama.cpp runs the file's own quantized weights. "
+                                "Drop --dtype, or use --backend torch.")
+        if not llama_cpp_installed(progress):
+            raise SpecDeckError("The llama.cpp backend needs llama-cpp-python, which is not installed: "
+                                "`pip install llama-cpp-python` (it builds llama.cpp, about 12 minutes on 2 cores), "
+                                "or use --backend torch.")
+        return "llama.cpp"
+    if path is None or device.type != "cpu" or dtype not in ("auto", "float32") \
+            or not llama_cpp_installed(progress):
+        return "torch"
+    return "llama.cpp" if llama_cpp_faster(name, path, progress) else "torch"
+
+
+def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) -> bool:
+    """Whether a plain step of `path` is faster on llama.cpp than on torch here (measured once, then saved)."""
+    from engine.atomic import write_text
+    from engine.cache import costs_cache, machine_name
+    from engine.llamacpp_backend import library
+
+    stat = path.stat()
+    key = "\n".join([str(path.resolve()), str(stat.st_size), str(stat.st_mtime_ns), machine_name(),
+                     str(torch.get_num_threads()), torch.__version__, library().__version__])
+    saved = costs_cache() / f"backend-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    try:
+        verdict = json.loads(saved.read_text(encoding="utf-8"))
+        return verdict["llama.cpp"] < verdict["torch"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if progress:
+        progress(f"Timing {name} on llama.cpp and on torch (once on this machine)")
+    try:
+        verdict = {"llama.cpp": _llama_cpp_step_ms(path)}
+    except SpecDeckError:  # a file llama.cpp cannot read: torch's loader says what is wrong with it
+        return False
+    verdict["torch"] = _torch_step_ms(name, progress)
+    try:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        write_text(saved, json.dumps(verdict))
+    except (OSError, SpecDeckError) as error:
+        log.warning("could not save the backend timing to %s (%s)", saved, error)
+    return verdict["llama.cpp"] < verdict["torch"]
+
+
+def _llama_cpp_step_ms(path: Path) -> float:
+    from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
+
+    model = LlamaCppModel(path)
+    return _step_ms(LlamaCppForward(model), model.vocab_width)
+
+
+def _torch_step_ms(name: str, progress: Progress | None) -> float:
+    """A torch plain step's milliseconds, or infinity where the dequantized model would not fit in memory."""
+    from engine.kvcache import CachedModel
+    from engine.models import LoadOptions, load_model
+
+    try:
+        loaded = load_model(name, LoadOptions(device="cpu", backend="torch"), progress)
+    except SpecDeckError:  # too large for this machine's memory, or unreadable to torch
+        return float("inf")
+    return _step_ms(CachedModel(loaded.model).backend, loaded.vocab_width)
+
+
+@torch.inference_mode()
+def _step_ms(backend, vocab: int) -> float:
+    """The median milliseconds of STEPS one-token forwards after CONTEXT cached tokens (two untimed first)."""
+    ids = torch.tensor([(7 * i + 3) % vocab for i in range(CONTEXT + STEPS + 2)])
+    backend.logits(ids[:CONTEXT], last_only=True)
+    times = []
+    for i in range(CONTEXT, CONTEXT + STEPS + 2):
+        started = time.perf_counter()
+        backend.logits(ids[i: i + 1], last_only=False)
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times[2:])

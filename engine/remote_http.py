@@ -1,0 +1,140 @@
+"""The HTTP side of a remote target (`engine.remote_target`): JSON requests to an OpenAI-compatible
+server, each bounded by the user's timeout, and every way one can fail told as a `ServerFault`
+that says what went wrong and what to do.
+
+Only the standard library's `urllib` is used. The API key, where the server wants one, comes from
+the environment variable `SPECDECK_API_KEY` alone: never from a flag (it would show in the
+process list and the shell's history) nor from the settings file.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from engine.errors import SpecDeckError
+
+API_KEY_VARIABLE = "SPECDECK_API_KEY"
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class ServerFault(SpecDeckError):
+    """A request to the target's server that failed: the server is down, slow, refused it or
+    dropped the connection. A session stops at it and keeps the text it had."""
+
+
+def is_url(name: str) -> bool:
+    """Whether a target name is a server's address rather than a model."""
+    return name.strip().lower().startswith(("http://", "https://"))
+
+
+class Endpoint:
+    """An OpenAI-compatible server at `url` (its `/v1` base, e.g. http://127.0.0.1:8000/v1); paths
+    outside the base (llama-cpp-python's `/extras`, SGLang's `/generate`) are taken from its root."""
+
+    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        parts = urllib.parse.urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SpecDeckError(f"{url!r} is not a server address: give one like http://127.0.0.1:8000/v1.")
+        if timeout_s <= 0:
+            raise SpecDeckError(f"The timeout must be a positive number of seconds (got {timeout_s}).")
+        self.base = url.strip().rstrip("/")
+        path = parts.path.rstrip("/")
+        self.root = f"{parts.scheme}://{parts.netloc}{path.removesuffix('/v1')}"
+        self.timeout_s = timeout_s
+        self.key = os.environ.get(API_KEY_VARIABLE, "")
+
+    def get(self, path: str, root: bool = False) -> dict:
+        return self.request(path, None, root)[0]
+
+    def post(self, path: str, body: dict, root: bool = False) -> tuple[dict, float]:
+        """The server's JSON answer to `body` at `path`, and the milliseconds from sending to the
+        whole answer read (the round trip, the server's own time included)."""
+        return self.request(path, body, root)
+
+    def request(self, path: str, body: dict | None, root: bool) -> tuple[dict, float]:
+        url = (self.root if root else self.base) + path
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as error:
+            raise ServerFault(self._status_message(error.code, _error_text(error), path)) from error
+        except urllib.error.URLError as error:
+            raise ServerFault(self._connection_message(error.reason)) from error
+        except TimeoutError as error:
+            raise ServerFault(self._connection_message(error)) from error
+        except (http.client.HTTPException, ConnectionError) as error:
+            raise ServerFault(self._connection_message(error)) from error
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        try:
+            answer = json.loads(raw)
+        except ValueError as error:
+            raise ServerFault(f"The server at {self.base} answered {path} with something that is not JSON "
+                              f"({raw[:80]!r}): check that --target names an OpenAI-compatible API.") from error
+        if not isinstance(answer, dict):
+            raise ServerFault(f"The server at {self.base} answered {path} with {type(answer).__name__}, not an "
+                              "object: check that --target names an OpenAI-compatible API.")
+        return answer, elapsed_ms
+
+    def _status_message(self, status: int, text: str, path: str) -> str:
+        said = f" ({text})" if text else ""
+        if status in (401, 403):
+            return (f"The server at {self.base} refused the request: HTTP {status}{said}. "
+                    + (f"Check the API key in {API_KEY_VARIABLE}." if self.key else
+                       f"It wants an API key: set the environment variable {API_KEY_VARIABLE} to it."))
+        if status == 404:
+            return (f"The server at {self.base} has no {path} (HTTP 404{said}): check the address (the API's "
+                    "base, usually ending in /v1) and the model name (--target-model).")
+        if status == 429:
+            return f"The server at {self.base} is rate-limiting requests (HTTP 429{said}): wait and run again."
+        if 400 <= status < 500:
+            return (f"The server at {self.base} rejected the request to {path}: HTTP {status}{said}. Check "
+                    "--target-model and that the server offers log-probabilities (docs/remote.md).")
+        return (f"The server at {self.base} failed on {path}: HTTP {status}{said}. Check the server's log; "
+                "run again once it is healthy.")
+
+    def _connection_message(self, reason: object) -> str:
+        if isinstance(reason, TimeoutError):
+            return (f"The server at {self.base} did not answer within {self.timeout_s:g} s (--timeout): it is "
+                    "busy, or the model is slow on it. Raise --timeout, or check the server.")
+        if isinstance(reason, ConnectionRefusedError):
+            return (f"Nothing answers at {self.base} (connection refused): start the server, or check the "
+                    "host and port in --target.")
+        if isinstance(reason, socket.gaierror):
+            return f"The host in {self.base} cannot be found ({reason}): check the address in --target."
+        if isinstance(reason, (http.client.RemoteDisconnected, ConnectionResetError, http.client.IncompleteRead,
+                               BrokenPipeError, ConnectionAbortedError)):
+            return (f"The connection to {self.base} dropped before the answer was complete ({reason}): the "
+                    "server stopped or restarted. Run again once it is back.")
+        return f"Cannot reach the server at {self.base} ({reason}): check the address in --target and the network."
+
+
+def _error_text(error: urllib.error.HTTPError) -> str:
+    """The message a server gave with an error status (OpenAI's {"error": {"message": ...}}, FastAPI's
+    {"detail": ...}), cut short; empty when it gave none."""
+    try:
+        raw = error.read()
+    except (OSError, http.client.HTTPException):
+        return ""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace").strip()[:200]
+    if isinstance(body, dict):
+        detail = body.get("error", body.get("detail", body.get("message", body)))
+        if isinstance(detail, dict):
+            detail = detail.get("message", detail)
+        return str(detail)[:200]
+    return str(body)[:200]

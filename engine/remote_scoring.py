@@ -1,0 +1,222 @@
+"""How each kind of server is asked for a round's log-probabilities (`engine.remote_target`), and
+where the round's request time went (`ServerTime`).
+
+Each `Scoring.score` sends the kept tokens `ids` and the drafts in one request and returns one
+row per position r = 0..len(drafts): {token id: log-probability} of the server's top tokens after
+ids + drafts[:r]. The positions line up as each server numbers them:
+- vLLM, `prompt_logprobs[j]`: the distribution that predicted prompt token j (None for j = 0); the
+  row after the whole prompt is the generated token's `top_logprobs`.
+- SGLang, `meta_info.input_top_logprobs[i]`: the distribution that predicted input token
+  `logprob_start_len + i`; after the whole input, `output_top_logprobs[0]`.
+- llama-cpp-python, `echo` + `logprobs`: one entry per token of the prompt and the generated token,
+  a leading BOS token dropped and every later one skipped; entry i holds the model's output after
+  token i of the full prompt (measured, docs/remote.md), so that with a leading BOS each
+  entry is the distribution that predicted its own token, and without one it is shifted by one
+  (and the generated token has no entry: the server holds one output per prompt token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.errors import SpecDeckError
+from engine.remote_http import Endpoint, ServerFault
+
+Row = dict[int, float]  # token id -> log-probability
+
+
+@dataclass(frozen=True)
+class ServerTime:
+    """Where a round's request went: the whole round trip, of it the server's own time where the
+    server reports it, and the prompt tokens it reports reusing from its prefix cache (None: not
+    reported). The network's share is the round trip less the server's time."""
+
+    round_trip_ms: float
+    server_ms: float | None = None
+    cached_tokens: int | None = None
+
+    @property
+    def network_ms(self) -> float:
+        return self.round_trip_ms - self.server_ms if self.server_ms is not None else self.round_trip_ms
+
+    @property
+    def cache_hit(self) -> bool | None:
+        """Whether the server reused a cached prefix (None where it does not say)."""
+        return None if self.cached_tokens is None else self.cached_tokens > 0
+
+    @classmethod
+    def of(cls, answer: dict, round_trip_ms: float) -> ServerTime:
+        """The times an answer reports: llama.cpp's `timings`, OpenAI's `usage.prompt_tokens_details`,
+        SGLang's `meta_info`."""
+        timings = answer.get("timings") or {}
+        usage = answer.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        meta = answer.get("meta_info") or {}
+        server_ms = None
+        if "prompt_ms" in timings:
+            server_ms = float(timings.get("prompt_ms", 0.0)) + float(timings.get("predicted_ms", 0.0))
+        elif "e2e_latency" in meta:
+            server_ms = float(meta["e2e_latency"]) * 1e3
+        cached = timings.get("cache_n", details.get("cached_tokens", meta.get("cached_tokens")))
+        return cls(round_trip_ms, server_ms, int(cached) if cached is not None else None)
+
+
+class Scoring(Protocol):
+    def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]: ...
+
+    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
+        ...
+
+
+def _shape_fault(endpoint: Endpoint, what: str) -> ServerFault:
+    return ServerFault(f"The server at {endpoint.base} answered without {what}: it does not offer the "
+                       "log-probabilities a remote target needs (docs/remote.md lists the flags servers need).")
+
+
+class VllmScoring:
+    """vLLM's `/v1/completions`: token ids in, `prompt_logprobs` out."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+
+    def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
+        return drafts
+
+    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
+        body = {"model": model, "prompt": ids + drafts, "max_tokens": 1, "temperature": 0.0, "logprobs": self.top,
+                "prompt_logprobs": self.top, "return_tokens_as_token_ids": True}
+        answer, ms = endpoint.post("/completions", body)
+        try:
+            choice = answer["choices"][0]
+            prompt = choice["prompt_logprobs"]
+            rows = [{int(t): float(v["logprob"]) for t, v in prompt[j].items()}
+                    for j in range(len(ids), len(ids) + len(drafts))]
+            last = choice["logprobs"]["top_logprobs"][0]
+            rows.append({int(t.removeprefix("token_id:")): float(v) for t, v in last.items()})
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            raise _shape_fault(endpoint, "prompt_logprobs") from None
+        return rows, ServerTime.of(answer, ms)
+
+
+class SglangScoring:
+    """SGLang's native `/generate`: `input_ids` in, top log-probabilities from the first draft on out."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+
+    def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
+        return drafts
+
+    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
+        full = ids + drafts
+        start = min(len(ids), len(full) - 1)  # the first draft's position (a start past the input is refused)
+        body = {"input_ids": full, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                "return_logprob": True, "logprob_start_len": start, "top_logprobs_num": self.top}
+        answer, ms = endpoint.post("/generate", body, root=True)
+        try:
+            meta = answer["meta_info"]
+            given = meta["input_top_logprobs"]
+            rows = [{int(t): float(lp) for lp, t, *_ in given[j - start]} for j in range(len(ids), len(full))]
+            rows.append({int(t): float(lp) for lp, t, *_ in meta["output_top_logprobs"][0]})
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise _shape_fault(endpoint, "input_top_logprobs") from None
+        return rows, ServerTime.of(answer, ms)
+
+
+class EchoScoring:
+    """llama-cpp-python's `/v1/completions` with `echo` and `logprobs`, which takes text: the text of
+    the ids is checked against the server's `/extras/tokenize` first."""
+
+    def __init__(self, tokenizer, top: int) -> None:
+        self.tokenizer = tokenizer
+        self.top = top
+        self.bos = tokenizer.bos_token_id
+        self.eos = tokenizer.eos_token_id
+        self._pieces: dict[str, list[int]] | None = None
+
+    def text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
+        """The longest run of `drafts` whose text, after the kept tokens', the server tokenizes back
+        to the same ids; the kept tokens themselves must read back, else a `SpecDeckError`. At most
+        three tokenize requests: the drafts, the drafts up to where the server first read otherwise,
+        then none."""
+        if self.bos in drafts:  # the server's answer leaves out BOS tokens, and with them their rows
+            drafts = drafts[: drafts.index(self.bos)]
+        for attempt in range(3):
+            full = ids + drafts
+            read, _ = endpoint.post("/extras/tokenize", {"input": self.text(full)}, root=True)
+            tokens = read.get("tokens")
+            if not isinstance(tokens, list):
+                raise _shape_fault(endpoint, "tokens from /extras/tokenize")
+            if tokens == full:
+                return drafts
+            differ = next((i for i, (a, b) in enumerate(zip(tokens, full)) if a != b), min(len(tokens), len(full)))
+            if differ < len(ids) or not drafts:
+                raise SpecDeckError(
+                    f"The server at {endpoint.base} takes text, and reads the text so far as other tokens than "
+                    f"SpecDeck holds (from token {differ}: the server reads {self._shown(tokens[differ:differ + 3])}, "
+                    f"SpecDeck holds {self._shown(full[differ:differ + 3])}). Either SpecDeck's tokenizer is not the "
+                    "served model's (pass --tokenizer naming it), or the target wrote tokens that its tokenizer "
+                    "joins or splits otherwise when it reads their text, which a server that takes text cannot be "
+                    "given back: serve the model with vLLM or SGLang, which take token ids.")
+            drafts = drafts[: differ - len(ids)] if attempt == 0 else []
+        return drafts
+
+    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
+        full = ids + drafts
+        body = {"model": model, "prompt": self.text(full), "max_tokens": 1, "temperature": 0.0, "echo": True,
+                "logprobs": self.top, "repeat_penalty": 1.0}  # its default penalty (1.1) would move the argmax
+        answer, ms = endpoint.post("/completions", body)
+        try:
+            given = answer["choices"][0]["logprobs"]["top_logprobs"]
+        except (KeyError, IndexError, TypeError):
+            raise _shape_fault(endpoint, "logprobs for the prompt (echo)") from None
+        lead = 1 if full[0] == self.bos else 0
+        # the entries' tokens: what is left of the prompt, then the generated one, as far as the server
+        # has outputs for (one per prompt token: without a leading BOS, the generated one goes unlisted)
+        labels = (full[lead:] + [-1])[: len(full)]
+        entry = [i for i, token in enumerate(labels) if token != self.bos]  # the entries the answer holds
+        if lead and len(given) == len(entry) - 1 and not (answer.get("usage") or {}).get("completion_tokens"):
+            # the generated token was an end-of-text one, which the server leaves out with its entry:
+            # the argmax after the whole prompt is that token, its log-probability not given (shown as 0)
+            given = [*given, {"": 0.0}]
+        if len(given) != len(entry):
+            raise _shape_fault(endpoint, f"one log-probability entry per token ({len(given)} for {len(entry)})")
+        rows = []
+        for r in range(len(ids) - 1, len(full)):  # entry r holds the output after token r of the full prompt
+            if labels[r] == self.bos or given[entry.index(r)] is None:
+                raise SpecDeckError("A remote target on this server needs a prompt of two tokens or more, and "
+                                    "cannot verify a BOS token: use a longer prompt.")
+            draft = full[r + 1] if r + 1 < len(full) else None
+            rows.append({self._token(text, draft): float(lp) for text, lp in given[entry.index(r)].items()})
+        return rows, ServerTime.of(answer, ms)
+
+    def _shown(self, tokens: list[int]) -> str:
+        return "[" + ", ".join(f"{t} {self.text([t])!r}" for t in tokens) + "]"
+
+    def _token(self, text: str, draft: int | None) -> int:
+        """The token the server named by `text` (module docstring: how a shared text is resolved)."""
+        candidates = self.pieces().get(text)
+        if not candidates:
+            raise SpecDeckError(f"The server names a token {text!r} that SpecDeck's tokenizer has no token for: "
+                                "pass --tokenizer naming the served model.")
+        if draft in candidates or len(candidates) == 1:
+            return draft if draft in candidates else candidates[0]
+        if text == "" and self.eos in candidates:
+            return self.eos
+        written = self.tokenizer.encode(text, add_special_tokens=False)
+        return written[0] if len(written) == 1 and written[0] in candidates else candidates[0]
+
+    def pieces(self) -> dict[str, list[int]]:
+        """Each token's text as this server prints it (special tokens as nothing, a byte that is part
+        of a character as nothing), and the tokens printed so."""
+        if self._pieces is None:
+            self._pieces = {}
+            for token in range(len(self.tokenizer)):
+                text = self.tokenizer.decode([token], skip_special_tokens=True,
+                                             clean_up_tokenization_spaces=False).replace("\ufffd", "")
+                self._pieces.setdefault(text, []).append(token)
+        return self._pieces

@@ -1,0 +1,136 @@
+"""A target served over an OpenAI-compatible HTTP API (vLLM, SGLang, llama-cpp-python's server): the
+local drafter proposes, and one request per round asks the server for the target's
+log-probabilities at every drafted position and after the last, which is all that greedy
+verification needs (`engine.decoding.verify`; Leviathan et al. 2023 with temperature 0).
+
+Round i of a session sends the kept tokens x_1..x_t and the drafts d_1..d_K; the answer gives, for
+rows r = 0..K, the server's top log-probabilities after x_1..x_t, d_1..d_r. Each row becomes a logit
+row: the listed tokens at their log-probabilities, every other token at an equal share of the
+probability the server did not list, so that p is exact for the listed tokens and the argmax is the
+server's. Sampling would need the whole distribution, which these servers return only as top-k:
+a remote target decodes greedily, and refuses sampling saying so.
+
+How each server is asked (`owned_by` in its `/v1/models` answer says which one it is):
+- vLLM: `/v1/completions` with the prompt as token ids and `prompt_logprobs` (its extension).
+- SGLang: `/generate` with `input_ids`, `return_logprob`, `logprob_start_len`, `top_logprobs_num`.
+- otherwise, llama-cpp-python's server: `/v1/completions` with `echo` and `logprobs`. It takes
+  text only, so the text is first sent to its `/extras/tokenize` to check that the server reads
+  back the very ids SpecDeck holds; drafts it would read otherwise are cut off before the round.
+  Its answer names tokens by their text; a text several tokens share is resolved to the draft at
+  that position where it is one of them, else to the end-of-text token for the empty text, else to
+  the token SpecDeck's tokenizer writes for that text.
+Only the llama-cpp-python path is tested against a real server here (tests/engine/test_remote.py);
+the vLLM and SGLang requests follow their documented APIs (docs/remote.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import DecodeConfig
+from engine.errors import SpecDeckError
+from engine.remote_http import Endpoint, ServerFault
+from engine.remote_scoring import EchoScoring, Scoring, ServerTime, SglangScoring, VllmScoring
+
+TOP_LOGPROBS = 5  # log-probabilities asked per position: the argmax and a few to show p by
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """Where the target is served: the API's base address, the model's name there, and how long a
+    request may take before the session stops (the key comes from the environment, `remote_http`)."""
+
+    url: str
+    model: str
+    timeout_s: float
+
+
+class RemoteTarget:
+    """A served target with what the decoding loop reads of a loaded one (`LoadedModel`): its name,
+    tokenizer (SpecDeck's own, which must be the served model's), vocabulary width and end-of-text
+    ids; no local model (`model` is None)."""
+
+    model = None
+    output_ids = None
+    device = torch.device("cpu")
+    dtype = torch.float32
+    backend = "a server"  # what runs the target (a local one's `LoadedModel.backend`)
+
+    def __init__(self, settings: RemoteSettings, tokenizer, endpoint: Endpoint, scoring: Scoring,
+                 server: str) -> None:
+        self.settings = settings
+        self.name = f"{settings.model} at {settings.url}"
+        self.tokenizer = tokenizer
+        self.endpoint = endpoint
+        self.scoring = scoring
+        self.server = server  # which API the requests follow: "vllm", "sglang" or "llama-cpp-python"
+        self.vocab_width = len(tokenizer)
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        eos = self.tokenizer.eos_token_id
+        return frozenset([eos] if isinstance(eos, int) else eos or [])
+
+    def admit(self, ids: list[int], drafts: list[int]) -> list[int]:
+        """The drafts this round can send after the kept tokens `ids`: all of them where the server
+        takes token ids; where it takes text, those whose text it reads back as the same ids."""
+        return self.scoring.admit(self.endpoint, ids, drafts)
+
+    def score(self, ids: list[int], drafts: list[int]) -> tuple[torch.Tensor, ServerTime]:
+        """Logit rows (len(drafts) + 1, vocab) after `ids` and after each draft, from one request,
+        and where the request's time went."""
+        rows, time = self.scoring.score(self.endpoint, self.settings.model, ids, drafts)
+        if len(rows) != len(drafts) + 1:
+            raise ServerFault(f"The server at {self.settings.url} gave {len(rows)} rows of log-probabilities for "
+                              f"{len(drafts) + 1} positions: it does not answer as the {self.server} API does.")
+        return torch.stack([self._logit_row(row) for row in rows]), time
+
+    def _logit_row(self, row: dict[int, float]) -> torch.Tensor:
+        """Listed tokens at their log-probabilities; the rest share what the server left unlisted."""
+        if not row:
+            raise ServerFault(f"The server at {self.settings.url} gave no log-probabilities for a position.")
+        listed = sum(math.exp(lp) for lp in row.values())
+        unlisted = self.vocab_width - len(row)
+        rest = math.log(max(1.0 - listed, 1e-30) / unlisted) if unlisted else -math.inf
+        logits = torch.full((self.vocab_width,), min(rest, min(row.values())))
+        for token, lp in row.items():
+            if not 0 <= token < self.vocab_width:
+                raise SpecDeckError(f"The server at {self.settings.url} names token {token}, beyond SpecDeck's "
+                                    f"tokenizer ({self.vocab_width} tokens): pass --tokenizer naming the served model.")
+            logits[token] = lp
+        return logits
+
+    def describe(self) -> str:
+        return f"{self.settings.model} served at {self.settings.url} ({self.server} API)"
+
+
+def require_greedy(config: DecodeConfig) -> None:
+    """Refuse sampling for a remote target, and say why."""
+    if not config.greedy:
+        raise SpecDeckError(
+            "A remote target decodes greedily only (temperature 0): sampling speculatively needs the target's "
+            "whole distribution at each draft, and servers return only its top few log-probabilities, so the "
+            "text would no longer follow the target's distribution. Set the temperature to 0.")
+
+
+def connect(settings: RemoteSettings, tokenizer) -> RemoteTarget:
+    """The served target, after one request that checks the server answers and serves the model."""
+    if not settings.model.strip():
+        raise SpecDeckError("A remote target needs the model's name on the server: pass --target-model "
+                            "(the server lists its models at /v1/models).")
+    endpoint = Endpoint(settings.url, settings.timeout_s)
+    listing = endpoint.get("/models")
+    models = [m for m in listing.get("data", []) if isinstance(m, dict)]
+    names = [str(m.get("id")) for m in models]
+    if settings.model not in names:
+        raise SpecDeckError(f"The server at {settings.url} serves {', '.join(names) or 'no model'}, not "
+                            f"{settings.model!r}: pass one of those as --target-model.")
+    owner = str(models[names.index(settings.model)].get("owned_by", "")).lower()
+    if owner == "vllm":
+        return RemoteTarget(settings, tokenizer, endpoint, VllmScoring(TOP_LOGPROBS), "vllm")
+    if owner == "sglang":
+        return RemoteTarget(settings, tokenizer, endpoint, SglangScoring(TOP_LOGPROBS), "sglang")
+    return RemoteTarget(settings, tokenizer, endpoint, EchoScoring(tokenizer, TOP_LOGPROBS), "llama-cpp-python")

@@ -1,0 +1,197 @@
+"""The llama.cpp backend on the built-in GGUF: its logits do not depend on how tokens are grouped into
+calls, a crop forgets rejected tokens, and greedy speculative text equals plain text through it for
+every drafter; sampling through it follows the target's distribution."""
+
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from test_sampling_lossless import chi_square, chi_square_quantile, sample_two_tokens
+
+from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
+from engine.drafters import FeatureHeadDrafter
+from engine.errors import SpecDeckError
+from engine.heads import load_feature_head
+from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library
+from engine.models import (
+    BUILTIN_MODELS,
+    DEFAULT_DRAFT,
+    DEFAULT_HEAD,
+    DEFAULT_TARGET,
+    LoadedModel,
+    LoadOptions,
+    load_model,
+)
+from engine.sampling import logits_to_probs
+
+pytestmark = pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")
+
+ON_LLAMA_CPP = LoadOptions(backend="llama.cpp")
+PROMPT = "Write a Python function that checks whether the given string s reads the same backwards."
+# over 512 cached positions, where llama.cpp's one-token attention would split the cache between threads
+LONG_PROMPT = "Summarize this log in three sentences.\n" + "\n".join(
+    f"step {i}: the worker read batch {i * 7 % 50} and wrote {i * 13 % 90} rows to table {i % 4}" for i in range(26))
+
+
+@pytest.fixture
+def two_threads():
+    """Two threads, as on the machines SpecDeck runs on: llama.cpp's kernels may split work between
+    them (and do, for one-token attention over 512 cached positions or more)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_model(DEFAULT_TARGET, ON_LLAMA_CPP)
+
+
+@pytest.fixture(scope="module")
+def noisy_draft(target, tmp_path_factory):
+    """The built-in GGUF with every norm weight scaled by 1 + 0.1 N(0, 1), on llama.cpp: a draft that
+    agrees with the target about half the time (with the target's tokenizer, so nothing is cached for it)."""
+    from gguf import GGUFReader
+
+    path = tmp_path_factory.mktemp("gguf") / "noisy.gguf"
+    shutil.copy(BUILTIN_MODELS[DEFAULT_TARGET].path(), path)
+    reader = GGUFReader(path, "r+")
+    noise = np.random.default_rng(0)
+    for tensor in reader.tensors:
+        if tensor.name.endswith("norm.weight"):
+            tensor.data[:] = tensor.data * (1 + 0.1 * noise.standard_normal(tensor.data.shape)).astype(np.float32)
+    reader.data.flush()
+    del reader
+    return LoadedModel("noisy", LlamaCppModel(path), target.tokenizer, target.device, target.dtype)
+
+
+def _logits_in_calls(forward: LlamaCppForward, ids: list[int], sizes: list[int], states: bool) -> torch.Tensor:
+    rows, start = [], 0
+    for size in sizes:
+        chunk = torch.tensor(ids[start: start + size])
+        rows.append(forward.output_layer(forward.hidden(chunk)) if states else forward.logits(chunk, last_only=False))
+        start += size
+    return torch.cat(rows)
+
+
+@pytest.mark.usefixtures("two_threads")
+@pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["short", "long"])
+def test_one_token_and_several_token_calls_give_identical_logits(target, prompt):
+    """The logits of 70 tokens after a chat prompt (short, or over 512 tokens) are the same bits one
+    token a call (plain decoding), in calls of several (verifies, prefills), and with the final-norm
+    states asked for too (a feature head)."""
+    prompt = encode_prompt(target.tokenizer, prompt)
+    forward = LlamaCppForward(target.model)
+    forward.logits(torch.tensor(prompt), last_only=True)
+    tokens = list(range(1000, 1070))
+    one_at_a_time = _logits_in_calls(forward, tokens, [1] * 70, states=False)
+    for sizes, states in (([70], False), ([4] * 16 + [6], False), ([3, 5, 62], False), ([2] * 35, True),
+                          ([1, 69], True)):
+        forward.crop(len(prompt))
+        assert torch.equal(_logits_in_calls(forward, tokens, sizes, states), one_at_a_time), (sizes, states)
+
+
+def test_crop_forgets_rejected_tokens(target):
+    """After 6 drafts are fed and the last 4 cropped away, the next tokens get the logits they get
+    where the rejected drafts were never fed."""
+    prompt = encode_prompt(target.tokenizer, PROMPT)
+    cropped, fresh = LlamaCppForward(target.model), LlamaCppForward(target.model)
+    cropped.logits(torch.tensor(prompt + [11, 12, 13, 14, 15, 16]), last_only=False)
+    cropped.crop(len(prompt) + 2)
+    assert len(cropped) == len(prompt) + 2
+    following = torch.tensor([21, 22, 23])
+    fresh.logits(torch.tensor(prompt + [11, 12]), last_only=True)
+    assert torch.equal(cropped.logits(following, last_only=False), fresh.logits(following, last_only=False))
+
+
+def _kept(events) -> list[int]:
+    return [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
+
+
+@pytest.mark.usefixtures("two_threads")
+@pytest.mark.parametrize("schedule", ["auto", "constant"])
+@pytest.mark.parametrize("drafter", ["feature-head", "draft-on-torch", "draft-on-llama.cpp", "prompt-lookup"])
+def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, schedule, tmp_path, monkeypatch):
+    """Greedy speculative decoding keeps plain greedy decoding's 48 tokens through llama.cpp after a
+    prompt of over 512 tokens, with the built-in feature head (fed llama.cpp's final-norm states), a
+    draft on either backend and prompt lookup, under the auto schedule and at a fixed K; the drafts
+    are both accepted and rejected."""
+    if drafter == "feature-head":
+        head = load_feature_head(DEFAULT_HEAD, target)
+        make = lambda: FeatureHeadDrafter(head.head, target.model, output_ids=head.output_ids)  # noqa: E731
+    elif drafter == "draft-on-torch":
+        draft = load_model(DEFAULT_DRAFT)
+        make = lambda: DraftModelDrafter(draft.model, output_ids=draft.output_ids)  # noqa: E731
+    elif drafter == "draft-on-llama.cpp":
+        monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))  # its measured cost names a file of this test run
+        make = lambda: DraftModelDrafter(noisy_draft.model)  # noqa: E731
+    else:
+        make = PromptLookupDrafter
+    ids = encode_prompt(target.tokenizer, LONG_PROMPT)
+    assert len(ids) > 512
+    config = DecodeConfig(max_new_tokens=48, k=3, schedule=schedule, lookup=0)
+    plain = _kept(generate(target, ids, config))
+    events = list(generate(target, ids, config, make()))
+    assert _kept(events) == plain
+    summary = events[-1]
+    if schedule == "constant":
+        assert 0 < summary.accepted < summary.drafted
+
+
+def test_feature_head_drafts_as_well_from_llama_cpp_states_as_from_torch(target):
+    """The built-in head, trained on torch's states, reads llama.cpp's as well: on a code prompt at
+    K=1 its acceptance is within 0.1 of what it reaches on the same file through torch."""
+    on_torch = load_model(DEFAULT_TARGET, LoadOptions(backend="torch"))
+    config = DecodeConfig(max_new_tokens=48, k=1, schedule="constant", lookup=0)
+    rates = []
+    for loaded in (target, on_torch):
+        head = load_feature_head(DEFAULT_HEAD, loaded)
+        ids = encode_prompt(loaded.tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
+        drafter = FeatureHeadDrafter(head.head, loaded.model, output_ids=head.output_ids)
+        rates.append(list(generate(loaded, ids, config, drafter))[-1].acceptance_rate)
+    assert rates[0] > rates[1] - 0.1
+
+
+def test_speculative_sampling_follows_target(target, noisy_draft):
+    """Over 1000 seeds (one thread: a short prompt gets the same logits on any), the first two tokens
+    sampled with the llama.cpp draft follow the llama.cpp target's distribution exactly; the same
+    counts fail against the target at a hotter temperature (the control: the test tells a near miss)."""
+    ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
+    config = DecodeConfig(k=3, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2, schedule="constant", lookup=0)
+    forward = LlamaCppForward(target.model)
+    first_logits = forward.logits(torch.tensor(ids), last_only=True)[-1]
+    p1 = logits_to_probs(first_logits, config)
+    exact = {}
+    for t1 in p1.nonzero().flatten().tolist():
+        forward.crop(len(ids))
+        p2 = logits_to_probs(forward.logits(torch.tensor([t1]), last_only=True)[-1], config)
+        exact.update({(t1, t2): float(p1[t1] * p2[t2]) for t2 in p2.nonzero().flatten().tolist()})
+    del forward
+    n = 1000
+    counts, rejections = sample_two_tokens(target, ids, config, lambda: DraftModelDrafter(noisy_draft.model), n)
+    assert 0.05 * n < rejections < 0.95 * n  # both branches of the rule were taken often
+    stat, df = chi_square(counts, exact, n)
+    assert df >= 5
+    assert stat < chi_square_quantile(df)
+    first: dict = {}
+    for (t1, *_), count in counts.items():
+        first[t1] = first.get(t1, 0) + count
+    hotter = logits_to_probs(first_logits, replace(config, temperature=1.2))
+    stat_wrong, df_wrong = chi_square(first, dict(enumerate(hotter.tolist())), n)
+    assert stat_wrong > chi_square_quantile(df_wrong)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+@pytest.mark.parametrize("backend", ["llama.cpp", "auto"])
+def test_damaged_gguf_is_named_with_what_to_do(tmp_path, damage, backend):
+    """A cut-short or overwritten .gguf file is refused with a message that names it and says what
+    to do, on llama.cpp and where auto chooses (llama.cpp cannot read it, so torch's reader says why)."""
+    path = tmp_path / "model.gguf"
+    whole = BUILTIN_MODELS[DEFAULT_TARGET].path().read_bytes()
+    path.write_bytes(whole[: len(whole) // 3] if damage == "truncated" else b"GGUF" + bytes(range(256)) * 64)
+    with pytest.raises(SpecDeckError, match="not a readable GGUF model.*download finished") as error:
+        load_model(str(path), LoadOptions(backend=backend))
+    assert str(path) in str(error.value)

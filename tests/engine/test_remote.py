@@ -1,0 +1,286 @@
+"""A remote target against a real OpenAI-compatible server: llama-cpp-python's, started here on
+127.0.0.1 with the built-in GGUF (flash attention and a q8_0 KV cache, so that its one-token and
+many-token forwards give the same logits); its faults against a small stub server."""
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from engine.config import DecodeConfig
+from engine.decoding import generate
+from engine.errors import SpecDeckError
+from engine.events import RoundEvent, SummaryEvent
+from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, encode_prompt, load_tokenizer
+from engine.pair import DrafterKind, PairSpec
+from engine.remote_http import API_KEY_VARIABLE
+from engine.remote_scoring import ServerTime
+from engine.remote_target import RemoteSettings, connect
+from engine.session import load_pair
+from engine.stats import expected_tokens_per_round, remote_tokens_per_s
+
+SERVED = importlib.util.find_spec("llama_cpp") is not None and all(
+    importlib.util.find_spec(name) is not None for name in ("fastapi", "uvicorn", "sse_starlette", "pydantic_settings"))
+needs_server = pytest.mark.skipif(not SERVED, reason='llama_cpp or its server extra is not installed '
+                                  '(pip install "llama-cpp-python[server]==0.3.36")')
+GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=16)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The base URL of a llama-cpp-python server on the built-in GGUF, model name "target"."""
+    if not SERVED:
+        pytest.skip('llama_cpp or its server extra is not installed (pip install "llama-cpp-python[server]==0.3.36")')
+    port = free_port()
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(BUILTIN_MODELS[DEFAULT_TARGET].path()),
+               "--model_alias", "target", "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1",
+               "--logits_all", "true", "--flash_attn", "true", "--type_k", "8", "--type_v", "8"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(url + "/models", timeout=1):
+                    break
+            except OSError:
+                if process.poll() is not None:
+                    pytest.fail("llama-cpp-python's server exited while starting")
+                time.sleep(0.25)
+        else:
+            pytest.fail("llama-cpp-python's server did not answer within 60 s")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def server_greedy(url: str, prompt_text: str, n: int) -> str:
+    """The server's own greedy completion (its repeat penalty off, which would change greedy text)."""
+    body = {"model": "target", "prompt": prompt_text, "max_tokens": n, "temperature": 0, "top_k": 1,
+            "repeat_penalty": 1.0}
+    return post(url + "/completions", body)["choices"][0]["text"]
+
+
+@needs_server
+@pytest.mark.parametrize("drafter, draft, prompt", [
+    (DrafterKind.PROMPT_LOOKUP, None, "The cat sat on the mat. The cat"),
+    (DrafterKind.DRAFT_MODEL, DEFAULT_DRAFT, "Once upon a time,"),
+])
+def test_remote_greedy_text_is_the_servers_own(server, drafter, draft, prompt):
+    """Speculative decoding against the server writes exactly the server's own greedy completion."""
+    pair = load_pair(PairSpec(server, draft, drafter, device="cpu", target_model="target"))
+    ids = encode_prompt(pair.target.tokenizer, prompt, chat=False)
+    events = list(generate(pair.target, ids, GREEDY, pair.make_drafter()))
+    summary = events[-1]
+    assert summary.text == server_greedy(server, prompt, GREEDY.max_new_tokens)
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
+    assert summary.accepted > 0 and summary.rounds < summary.new_tokens  # the drafts paid: fewer requests than tokens
+    assert all(r.network_ms is not None and r.network_ms > 0 for r in rounds)
+
+
+@needs_server
+def test_remote_chat_prompt_matches_too(server):
+    """A chat prompt (which opens with the BOS token the server leaves out of its answer) decodes
+    to the server's own greedy text as well."""
+    pair = load_pair(PairSpec(server, DEFAULT_DRAFT, DrafterKind.DRAFT_MODEL, device="cpu", target_model="target"))
+    ids = encode_prompt(pair.target.tokenizer, "Name three colours.", chat=True)
+    config = DecodeConfig(k=4, schedule="constant", max_new_tokens=6)  # a long prompt: each request scores it all
+    summary = list(generate(pair.target, ids, config, pair.make_drafter()))[-1]
+    assert summary.text == server_greedy(server, pair.target.tokenizer.decode(ids), 6)
+
+
+@needs_server
+def test_remote_sampling_is_refused(server):
+    """Sampling against a server is refused, saying that servers give only top-k log-probabilities."""
+    pair = load_pair(PairSpec(server, None, DrafterKind.PROMPT_LOOKUP, target_model="target"))
+    with pytest.raises(SpecDeckError, match="greedily only.*top few log-probabilities"):
+        next(generate(pair.target, [1, 2, 3], DecodeConfig(temperature=0.8), pair.make_drafter()))
+
+
+@needs_server
+def test_wrong_model_name_lists_the_served_ones(server):
+    """A model name the server does not serve is refused with the names it does serve."""
+    with pytest.raises(SpecDeckError, match="serves target, not 'llama-70b'.*--target-model"):
+        load_pair(PairSpec(server, None, DrafterKind.PROMPT_LOOKUP, target_model="llama-70b"))
+
+
+@needs_server
+def test_dropped_connection_keeps_the_text_so_far(server):
+    """A connection dropped mid-session stops it with a clear message; the text written is kept."""
+    with Stub(upstream=server, drop_after=2) as stub:
+        pair = load_pair(PairSpec(stub.url, None, DrafterKind.PROMPT_LOOKUP, target_model="target"))
+        ids = encode_prompt(pair.target.tokenizer, "The cat sat on the mat. The cat", chat=False)
+        events = []
+        with pytest.raises(SpecDeckError, match="dropped before the answer was complete.*Run again.*kept"):
+            for event in generate(pair.target, ids, GREEDY, pair.make_drafter()):
+                events.append(event)
+    summary = events[-1]
+    assert isinstance(summary, SummaryEvent) and summary.stop_reason == "server_error"
+    assert summary.new_tokens > 0 and server_greedy(server, "The cat sat on the mat. The cat", 16).startswith(summary.text)
+
+
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that gave up (a timeout, a drop) leaves a broken pipe here: expected, not news."""
+
+
+class Stub:
+    """A stub OpenAI-compatible server on a free port: it lists the model "target", answers with
+    `status` (and `detail`) or after `delay_s`, wants `key` if given, and forwards to `upstream`
+    otherwise, dropping the connection at the request after `drop_after` completions."""
+
+    def __init__(self, status: int = 200, detail: str = "", delay_s: float = 0.0, key: str = "",
+                 upstream: str = "", drop_after: int | None = None) -> None:
+        stub = self
+        self.completions = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._answer(200, {"object": "list", "data": [{"id": "target", "owned_by": "me"}]})
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if key and self.headers.get("Authorization") != f"Bearer {key}":
+                    return self._answer(401, {"detail": "Invalid API key"})
+                if status != 200:
+                    return self._answer(status, {"detail": detail})
+                time.sleep(delay_s)
+                if self.path.endswith("/completions"):
+                    stub.completions += 1
+                    if drop_after is not None and stub.completions > drop_after:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return None
+                if not upstream:
+                    return self._answer(404, {"detail": "no upstream"})
+                path = self.path.removeprefix("/v1")
+                target = upstream + path if path.startswith("/completions") else upstream.removesuffix("/v1") + path
+                self._answer(200, post(target, json.loads(body)))
+                return None
+
+            def _answer(self, code: int, answer: dict) -> None:
+                data = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "Stub":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(DEFAULT_TARGET)
+
+
+def first_round(url: str, tokenizer, timeout_s: float = 10.0) -> list:
+    """The events of a one-round session against `url`, up to the error it ends with."""
+    target = connect(RemoteSettings(url, "target", timeout_s), tokenizer)
+    events = []
+    for event in generate(target, tokenizer.encode("The cat sat"), DecodeConfig(max_new_tokens=4)):
+        events.append(event)
+    return events
+
+
+@pytest.mark.parametrize("stub, message", [
+    (dict(status=500, detail="CUDA out of memory"), r"failed on /extras/tokenize: HTTP 500 \(CUDA out of memory\).*log"),
+    (dict(status=400, detail="prompt too long"), r"rejected the request .*HTTP 400 \(prompt too long\)"),
+    (dict(status=503), r"HTTP 503.*run again once it is healthy"),
+    (dict(key="sesame"), rf"refused the request: HTTP 401 \(Invalid API key\).*set the environment variable {API_KEY_VARIABLE}"),
+])
+def test_server_errors_say_what_happened(tokenizer, stub, message):
+    """Error statuses and a missing API key each stop the session with what went wrong and what to do."""
+    with Stub(**stub) as server, pytest.raises(SpecDeckError, match=message):
+        first_round(server.url, tokenizer)
+
+
+def test_error_summary_comes_before_the_error(tokenizer):
+    """A session whose server fails still hands out its summary, stop reason server_error."""
+    events = []
+    with Stub(status=502) as server, pytest.raises(SpecDeckError, match="HTTP 502"):
+        target = connect(RemoteSettings(server.url, "target", 5.0), tokenizer)
+        for event in generate(target, tokenizer.encode("The cat sat"), DecodeConfig(max_new_tokens=4)):
+            events.append(event)
+    assert isinstance(events[-1], SummaryEvent) and events[-1].stop_reason == "server_error"
+
+
+def test_wrong_api_key_is_named(tokenizer, monkeypatch):
+    """A key the server refuses is named as the one in the environment variable to check."""
+    monkeypatch.setenv(API_KEY_VARIABLE, "guess")
+    with Stub(key="sesame") as server, pytest.raises(SpecDeckError, match=f"Check the API key in {API_KEY_VARIABLE}"):
+        first_round(server.url, tokenizer)
+
+
+def test_slow_server_times_out_at_the_users_timeout(tokenizer):
+    """A server slower than --timeout stops the session at that timeout, saying how to raise it."""
+    with Stub(delay_s=2.0) as server, pytest.raises(SpecDeckError, match=r"did not answer within 0.3 s \(--timeout\)"):
+        started = time.perf_counter()
+        try:
+            first_round(server.url, tokenizer, timeout_s=0.3)
+        finally:
+            assert time.perf_counter() - started < 2.0
+
+
+def test_server_down_is_named():
+    """An address where nothing listens says so, and what to do."""
+    with pytest.raises(SpecDeckError, match="Nothing answers at .*connection refused.*start the server"):
+        connect(RemoteSettings(f"http://127.0.0.1:{free_port()}/v1", "target", 5.0), None)
+
+
+def test_feature_head_is_refused_for_a_remote_target(tokenizer):
+    """A feature head needs hidden states a server does not return: refused, naming the drafters that work."""
+    with Stub() as server, pytest.raises(SpecDeckError, match="hidden states.*draft-model, prompt-lookup"):
+        load_pair(PairSpec(server.url, DEFAULT_HEAD, DrafterKind.FEATURE_HEAD, target_model="target"))
+
+
+def test_latency_model_pays_more_the_longer_the_round_trip():
+    """Speculation's gain over plain decoding grows with the round trip; drafts never accepted never pay."""
+    def speedup(a, rtt):
+        kept = expected_tokens_per_round(a, 4)
+        return remote_tokens_per_s(kept, 4, rtt, 2.0, 20.0) / remote_tokens_per_s(1.0, 0, rtt, 0.0, 15.0)
+
+    gains = [speedup(0.7, rtt) for rtt in (0, 10, 100, 300)]
+    assert gains == sorted(gains) and gains[-1] > 2.0
+    assert all(speedup(0.0, rtt) < 1.0 for rtt in (0, 10, 100, 300))
+
+
+def test_server_time_reads_what_servers_report():
+    """The round's split: llama.cpp's timings and OpenAI's cached-token count; nothing invented where absent."""
+    timed = ServerTime.of({"timings": {"prompt_ms": 30.0, "predicted_ms": 10.0, "cache_n": 0}}, 100.0)
+    assert (timed.server_ms, timed.network_ms, timed.cache_hit) == (40.0, 60.0, False)
+    cached = ServerTime.of({"usage": {"prompt_tokens_details": {"cached_tokens": 96}}}, 50.0)
+    assert (cached.server_ms, cached.network_ms, cached.cache_hit) == (None, 50.0, True)
+    assert ServerTime.of({}, 25.0).cache_hit is None
