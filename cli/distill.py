@@ -1,5 +1,6 @@
-"""`specdeck train-draft` and `specdeck train-head`: distil a draft model or train a feature head
-for a target, on the terminal."""
+"""`specdeck train-draft`, `train-cross-draft`, `train-head` and `head-data`: distil a draft model,
+train a draft with a tokenizer of its own, or train a feature head and grow its data, for a target,
+on the terminal."""
 
 from __future__ import annotations
 
@@ -86,6 +87,80 @@ def _add_text_arguments(parser, defaults) -> None:
                         help="prompts the target answers at once")
     parser.add_argument("--teacher-shards", type=int, default=defaults.teacher_shards,
                         help="stop the teacher after this many shards (0: all)")
+
+
+def add_train_cross_draft_command(commands) -> None:
+    from engine.distill.own_tokenizer import CrossDraftConfig
+
+    defaults = CrossDraftConfig()
+    shape = defaults.shape
+    parser = commands.add_parser(
+        "train-cross-draft",
+        help="train a small draft with a tokenizer of its own (byte-level BPE) on the target's text")
+    parser.add_argument("--target", default=None, help="target model (default: the built-in target)")
+    parser.add_argument("--out", default=None,
+                        help="output folder: text, tokenizer, checkpoint, draft/ (default: SpecDeck's cache, "
+                             "cross-draft/<target>)")
+    parser.add_argument("--teacher", default=None,
+                        help="read the target's text from these teacher shards (e.g. a train-draft run's) instead "
+                             "of writing it")
+    parser.add_argument("--vocab", type=int, default=defaults.vocab_size, help="tokens of the draft's own tokenizer")
+    parser.add_argument("--exchanges", type=int, default=defaults.exchanges,
+                        help="passages of existing text (Python documentation and standard library, WordNet) "
+                             "also trained on")
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    parser.add_argument("--until", type=int, default=None,
+                        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--hidden", type=int, default=shape.hidden)
+    parser.add_argument("--layers", type=int, default=shape.layers)
+    parser.add_argument("--intermediate", type=int, default=shape.intermediate)
+    _add_text_arguments(parser, defaults)
+    parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="blocks per step")
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--max-length", type=int, default=defaults.max_length, help="tokens per block")
+    parser.add_argument("--eval-every", type=int, default=defaults.eval_every,
+                        help="steps between held-out evaluations (and checkpoints)")
+    parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    parser.set_defaults(handler=run_train_cross_draft)
+
+
+def run_train_cross_draft(args) -> int:
+    from engine.distill.own_tokenizer import CrossDraftConfig, default_folder, train_cross_draft
+    from engine.distill.student import DraftShape
+    from engine.models import DEFAULT_TARGET
+
+    if min(args.steps, args.batch, args.layers, args.eval_every, args.max_length) < 1 or args.hidden < 8:
+        raise SpecDeckError("--steps, --batch, --layers, --eval-every and --max-length must be at least 1, "
+                            "--hidden at least 8.")
+    if min(args.answers, args.passages, args.code, args.articles, args.exchanges, args.teacher_shards) < 0:
+        raise SpecDeckError("--answers, --passages, --code, --articles, --exchanges and --teacher-shards cannot be "
+                            "negative.")
+    if args.vocab < 300:
+        raise SpecDeckError(f"--vocab {args.vocab} is too small: a byte-level BPE needs 256 tokens for the bytes "
+                            "alone; give at least 300.")
+    config = CrossDraftConfig(
+        shape=DraftShape(hidden=args.hidden, layers=args.layers, intermediate=args.intermediate),
+        vocab_size=args.vocab, seed=args.seed, answers=args.answers, passages=args.passages, code=args.code,
+        articles=args.articles, answer_tokens=args.answer_tokens, generation_batch=args.generation_batch,
+        teacher_shards=args.teacher_shards, exchanges=args.exchanges, max_length=args.max_length,
+        steps=args.steps, batch_sequences=args.batch, lr=args.lr, eval_every=args.eval_every,
+        bfloat16=not args.float32, threads=args.threads,
+    )
+    if not (config.writes or config.exchanges or args.teacher):
+        raise SpecDeckError("No text to train on: give --answers, --passages, --code, --articles or --exchanges, "
+                            "or --teacher shards.")
+    name = args.target or DEFAULT_TARGET
+    out = Path(args.out).expanduser() if args.out else default_folder(name)
+    if (out / "checkpoint.pt").exists() and not args.resume:
+        raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
+    draft = train_cross_draft(name, out, config, Path(args.teacher).expanduser() if args.teacher else None,
+                              resume=args.resume, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                              until=args.until)
+    print(f"draft saved in {draft}: try it with `specdeck run --draft {draft}`")
+    return 0
 
 
 def add_train_head_command(commands) -> None:
@@ -208,4 +283,5 @@ def run_head_data(args) -> int:
     return 0
 
 
-__all__ = ["add_head_data_command", "add_train_draft_command", "add_train_head_command"]
+__all__ = ["add_head_data_command", "add_train_cross_draft_command", "add_train_draft_command",
+           "add_train_head_command"]

@@ -1,5 +1,5 @@
-"""The `specdeck` command: `run` (terminal), `gui` (the window), `bench`, `train-draft`, `train-head`,
-`cache`.
+"""The `specdeck` command: `run` (terminal), `gui` (the window), `bench`, `train-draft`,
+`train-cross-draft`, `train-head`, `head-data`, `cache`.
 
 Bare `specdeck` opens the window. Every user error ends in one clear line and exit status 2, never
 a traceback.
@@ -12,7 +12,12 @@ import os
 import sys
 
 from cli.bench import add_bench_command
-from cli.distill import add_head_data_command, add_train_draft_command, add_train_head_command
+from cli.distill import (
+    add_head_data_command,
+    add_train_cross_draft_command,
+    add_train_draft_command,
+    add_train_head_command,
+)
 from cli.run import add_run_command
 from engine.errors import SpecDeckError
 from engine.quiet import silence_libraries
@@ -79,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_command(commands)
     add_train_draft_command(commands)
+    add_train_cross_draft_command(commands)
     add_train_head_command(commands)
     add_head_data_command(commands)
     return parser

@@ -111,6 +111,8 @@ def build_teacher_data(target: LoadedModel, folder: Path, config: TrainConfig, p
     started, made = time.perf_counter(), 0
     if config.teacher_shards:
         jobs = jobs[: config.teacher_shards]
+    missing = [i for i in range(len(jobs)) if not (folder / f"shard-{i:05d}.pt").exists()]
+    progress(f"teacher: the target writes {len(missing)} of {len(jobs)} shards")
     for index, (kind, items) in enumerate(jobs):
         path = folder / f"shard-{index:05d}.pt"
         if path.exists():
@@ -123,8 +125,10 @@ def build_teacher_data(target: LoadedModel, folder: Path, config: TrainConfig, p
         save_shard(shard, path)
         made += sum(len(t) for t in shard.top_ids)
         elapsed = time.perf_counter() - started
+        done = missing.index(index) + 1
         progress(f"teacher {index + 1}/{len(jobs)} shards ({kind}), {made} target tokens, "
-                 f"{made / elapsed:.0f} tokens/s, {elapsed:.0f} s")
+                 f"{made / elapsed:.0f} tokens/s, {elapsed:.0f} s, "
+                 f"about {elapsed / done * (len(missing) - done) / 60:.0f} min left")
     _article_shards(target, folder, config, progress)
     return load_shards(folder)
 
