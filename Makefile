@@ -35,6 +35,7 @@ test: $(BIN)/specdeck validators
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 # One-folder Linux bundle in dist/specdeck/ (see packaging/README.md); needs the CPU build of torch.

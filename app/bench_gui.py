@@ -2,7 +2,7 @@
 the real path (model thread, batched signals, token view, charts) and report the longest stall of
 the GUI event loop, the drawing cost per token, and whether any event was lost.
 
-    python -m app.bench_gui [--rate 2000] [--seconds 20]
+    python -m specdeck.app.bench_gui [--rate 2000] [--seconds 20]
 
 A 2 ms precise timer in the GUI thread records the gap between its ticks; a gap well beyond 2 ms
 is time the event loop could not answer (a stall). The (fake) pair is loaded and the window drawn
@@ -32,10 +32,10 @@ import qasync
 from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtWidgets import QApplication
 
-from app.main_window import MainWindow
-from app.worker import ModelHost, freeze_long_lived_objects
-from engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState
-from engine.stats import SessionStats
+from specdeck.app.main_window import MainWindow
+from specdeck.app.worker import ModelHost, freeze_long_lived_objects
+from specdeck.engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState
+from specdeck.engine.stats import SessionStats
 
 PROBE_MS = 2
 GOAL_MS = 50
@@ -289,7 +289,7 @@ async def measure(window: MainWindow, source: SyntheticSource) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.bench_gui", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specdeck.app.bench_gui", description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=2000.0, help="kept tokens per second")
     parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args(argv)

@@ -36,18 +36,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import dialogs
-from app.panels import double_spin_box, spin_box
-from app.session_model import Activity, SessionModel
-from app.worker import BenchOutcome
-from engine.atomic import write_bytes
-from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
-from engine.bench.report import SUMMARY_COLUMNS
-from engine.bench.runner import BASELINES, BenchSettings
-from engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
-from engine.config import DecodeConfig
-from engine.errors import SpecDeckError
-from engine.pair import DrafterKind, PairSpec
+from specdeck.app import dialogs
+from specdeck.app.panels import double_spin_box, spin_box
+from specdeck.app.session_model import Activity, SessionModel
+from specdeck.app.worker import BenchOutcome
+from specdeck.engine.atomic import write_bytes
+from specdeck.engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
+from specdeck.engine.bench.report import SUMMARY_COLUMNS
+from specdeck.engine.bench.runner import BASELINES, BenchSettings
+from specdeck.engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.pair import DrafterKind, PairSpec
 
 SAMPLE_LABEL = "bundled Spec-Bench sample"
 SPEEDUP_PLOT = "speedup_by_category.png"  # shown first: the figure the benchmark is for

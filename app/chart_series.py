@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.events import RoundEvent, SummaryEvent
-from engine.stats import SessionStats
+from specdeck.engine.events import RoundEvent, SummaryEvent
+from specdeck.engine.stats import SessionStats
 
 MAX_POINTS = 500  # per curve: a chart is a few hundred pixels wide, so more points only cost paint time
 NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0)  # axis ends: one of these times a power of ten

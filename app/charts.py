@@ -22,7 +22,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QCursor, QFont, QFontMetrics
 from PySide6.QtWidgets import QBoxLayout, QGridLayout, QLabel, QToolTip, QWidget
 
-from app.chart_series import (
+from specdeck.app.chart_series import (
     SessionSeries,
     acceptance_readout,
     block_means,
@@ -34,9 +34,9 @@ from app.chart_series import (
     speed_readout,
     thinned,
 )
-from app.session_model import SessionModel
-from engine.events import SummaryEvent
-from engine.export import SessionRecord
+from specdeck.app.session_model import SessionModel
+from specdeck.engine.events import SummaryEvent
+from specdeck.engine.export import SessionRecord
 
 REDRAW_HZ = 8
 SYMBOL_LIMIT = 300  # rounds: beyond this, per-round points are drawn as a line (symbols cost per point)

@@ -11,16 +11,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 
-from app.session_model import SessionModel
-from app.worker import BenchCancelled, BenchOutcome, LoadCancelled, ModelHost, PairInfo, error_message
-from engine.bench.prompts import BenchPrompt
-from engine.bench.runner import BenchSettings
-from engine.config import DecodeConfig
-from engine.errors import SpecDeckError
-from engine.events import SummaryEvent
-from engine.export import RunInfo
-from engine.models import check_prompt
-from engine.pair import PairSpec
+from specdeck.app.session_model import SessionModel
+from specdeck.app.worker import BenchCancelled, BenchOutcome, LoadCancelled, ModelHost, PairInfo, error_message
+from specdeck.engine.bench.prompts import BenchPrompt
+from specdeck.engine.bench.runner import BenchSettings
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import SummaryEvent
+from specdeck.engine.export import RunInfo
+from specdeck.engine.models import check_prompt
+from specdeck.engine.pair import PairSpec
 
 
 class SessionController:

@@ -8,7 +8,7 @@ from PySide6 import __version__ as pyside_version
 from PySide6.QtCore import qVersion
 from PySide6.QtWidgets import QMessageBox, QWidget
 
-from engine.export import library_versions
+from specdeck.engine.export import library_versions
 
 
 def show_error(parent: QWidget | None, title: str, message: str) -> None:

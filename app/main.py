@@ -18,9 +18,9 @@ import qasync
 from PySide6.QtCore import QSettings, QTimer, qFormatLogMessage, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication
 
-from app.main_window import MainWindow, save_picture
-from app.worker import error_message, freeze_long_lived_objects
-from engine.errors import SpecDeckError
+from specdeck.app.main_window import MainWindow, save_picture
+from specdeck.app.worker import error_message, freeze_long_lived_objects
+from specdeck.engine.errors import SpecDeckError
 
 DEMO_PRESET = "chat"
 

@@ -26,18 +26,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import dialogs
-from app.bench_tab import BenchmarkTab
-from app.charts import SessionCharts
-from app.controller import SessionController
-from app.panels import DecodingPanel, ModelPanel
-from app.replay import ReplayDialog
-from app.session_model import Activity, SessionModel
-from app.token_view import Legend, TokenView
-from app.worker import ModelHost, PairInfo
-from engine.atomic import write_with
-from engine.errors import SpecDeckError
-from engine.export import SessionRecord
+from specdeck.app import dialogs
+from specdeck.app.bench_tab import BenchmarkTab
+from specdeck.app.charts import SessionCharts
+from specdeck.app.controller import SessionController
+from specdeck.app.panels import DecodingPanel, ModelPanel
+from specdeck.app.replay import ReplayDialog
+from specdeck.app.session_model import Activity, SessionModel
+from specdeck.app.token_view import Legend, TokenView
+from specdeck.app.worker import ModelHost, PairInfo
+from specdeck.engine.atomic import write_with
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.export import SessionRecord
 
 MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
 

@@ -28,13 +28,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.session_model import SessionModel
-from engine.backends import BACKENDS
-from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
-from engine.models import BUILTIN_MODELS, DEFAULT_TARGET
-from engine.pair import DrafterKind, PairSpec
-from engine.remote_http import API_KEY_VARIABLE
-from engine.resources import resource_path
+from specdeck.app.session_model import SessionModel
+from specdeck.engine.backends import BACKENDS
+from specdeck.engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
+from specdeck.engine.models import BUILTIN_MODELS, DEFAULT_TARGET
+from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.remote_http import API_KEY_VARIABLE
+from specdeck.engine.resources import resource_path
 
 DRAFTER_KINDS = tuple(DrafterKind)  # in the drafter combo's order
 BUILTIN_DRAFTS = {kind.builtin_model(DEFAULT_TARGET) for kind in DrafterKind} - {None}

@@ -22,8 +22,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.token_view import TokenView
-from engine.export import SessionRecord
+from specdeck.app.token_view import TokenView
+from specdeck.engine.export import SessionRecord
 
 TICK_MS = 30
 SPEEDS = {"1x (measured pace)": 1.0, "0.5x": 0.5, "0.25x": 0.25}

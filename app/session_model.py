@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.context import prompt_cut_notice
-from engine.errors import SpecDeckError
-from engine.events import SessionStarted, SummaryEvent
-from engine.export import RunInfo, SessionRecord, export_sessions
-from engine.pair import PairSpec
+from specdeck.engine.context import prompt_cut_notice
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import SessionStarted, SummaryEvent
+from specdeck.engine.export import RunInfo, SessionRecord, export_sessions
+from specdeck.engine.pair import PairSpec
 
 
 class Emitter:

@@ -26,9 +26,9 @@ from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QToolTip, QVBoxLayout, QWidget
 
-from app.session_model import SessionModel
-from engine.events import SummaryEvent, TokenEvent, TokenState
-from engine.export import SessionRecord
+from specdeck.app.session_model import SessionModel
+from specdeck.engine.events import SummaryEvent, TokenEvent, TokenState
+from specdeck.engine.export import SessionRecord
 
 RENDER_INTERVAL_MS = 50
 REFUSED = (TokenState.REJECTED, TokenState.DISCARDED)

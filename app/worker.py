@@ -26,15 +26,15 @@ from typing import ClassVar
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine.bench.prompts import BenchPrompt
-from engine.bench.runner import BenchSettings
-from engine.bench.service import report_context, run_and_write
-from engine.config import DecodeConfig
-from engine.errors import SpecDeckError
-from engine.events import SummaryEvent
-from engine.memory import give_back, is_out_of_memory, out_of_memory_message
-from engine.pair import ModelPair, PairSpec
-from engine.session import add_drafters, load_pair, run_session
+from specdeck.engine.bench.prompts import BenchPrompt
+from specdeck.engine.bench.runner import BenchSettings
+from specdeck.engine.bench.service import report_context, run_and_write
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import SummaryEvent
+from specdeck.engine.memory import give_back, is_out_of_memory, out_of_memory_message
+from specdeck.engine.pair import ModelPair, PairSpec
+from specdeck.engine.session import add_drafters, load_pair, run_session
 
 BATCH_INTERVAL_S = 0.025
 

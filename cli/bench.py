@@ -12,12 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-from cli.options import add_model_arguments, pair_spec
-from engine.bench.runner import BASELINES, OTHER_BASELINES, BenchSettings
-from engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
-from engine.config import DecodeConfig
-from engine.errors import SpecDeckError
-from engine.pair import DrafterKind, PairSpec
+from specdeck.cli.options import add_model_arguments, pair_spec
+from specdeck.engine.bench.runner import BASELINES, OTHER_BASELINES, BenchSettings
+from specdeck.engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.pair import DrafterKind, PairSpec
 
 
 def add_bench_command(commands) -> None:
@@ -102,12 +102,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
-    from engine.bench.prompts import prompts_path as prompts_path_named
-    from engine.bench.prompts import read_prompts, sample_prompts
-    from engine.bench.report import markdown_table
-    from engine.bench.service import check_results_folder, report_context, run_and_write
-    from engine.interrupt import cancel_on_signals, to_stderr
-    from engine.session import load_pairs
+    from specdeck.engine.bench.prompts import prompts_path as prompts_path_named
+    from specdeck.engine.bench.prompts import read_prompts, sample_prompts
+    from specdeck.engine.bench.report import markdown_table
+    from specdeck.engine.bench.service import check_results_folder, report_context, run_and_write
+    from specdeck.engine.interrupt import cancel_on_signals, to_stderr
+    from specdeck.engine.session import load_pairs
 
     settings = bench_settings(args)
     specs = bench_specs(args)

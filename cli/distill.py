@@ -7,11 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError
 
 
 def add_train_draft_command(commands) -> None:
-    from engine.distill.train import TrainConfig
+    from specdeck.engine.distill.train import TrainConfig
 
     defaults = TrainConfig()
     shape = defaults.shape
@@ -43,9 +43,9 @@ def add_train_draft_command(commands) -> None:
 
 
 def run_train_draft(args) -> int:
-    from engine.distill.student import DraftShape
-    from engine.distill.train import TrainConfig, train_draft
-    from engine.models import DEFAULT_TARGET
+    from specdeck.engine.distill.student import DraftShape
+    from specdeck.engine.distill.train import TrainConfig, train_draft
+    from specdeck.engine.models import DEFAULT_TARGET
 
     if min(args.steps, args.batch, args.layers, args.eval_every) < 1 or args.hidden < 8:
         raise SpecDeckError("--steps, --batch, --layers and --eval-every must be at least 1, --hidden at least 8.")
@@ -90,7 +90,7 @@ def _add_text_arguments(parser, defaults) -> None:
 
 
 def add_train_cross_draft_command(commands) -> None:
-    from engine.distill.own_tokenizer import CrossDraftConfig
+    from specdeck.engine.distill.own_tokenizer import CrossDraftConfig
 
     defaults = CrossDraftConfig()
     shape = defaults.shape
@@ -128,9 +128,9 @@ def add_train_cross_draft_command(commands) -> None:
 
 
 def run_train_cross_draft(args) -> int:
-    from engine.distill.own_tokenizer import CrossDraftConfig, default_folder, train_cross_draft
-    from engine.distill.student import DraftShape
-    from engine.models import DEFAULT_TARGET
+    from specdeck.engine.distill.own_tokenizer import CrossDraftConfig, default_folder, train_cross_draft
+    from specdeck.engine.distill.student import DraftShape
+    from specdeck.engine.models import DEFAULT_TARGET
 
     if min(args.steps, args.batch, args.layers, args.eval_every, args.max_length) < 1 or args.hidden < 8:
         raise SpecDeckError("--steps, --batch, --layers, --eval-every and --max-length must be at least 1, "
@@ -164,8 +164,8 @@ def run_train_cross_draft(args) -> int:
 
 
 def add_train_head_command(commands) -> None:
-    from engine.distill.head import HeadConfig
-    from engine.distill.train import TrainConfig
+    from specdeck.engine.distill.head import HeadConfig
+    from specdeck.engine.distill.train import TrainConfig
 
     defaults = HeadConfig()
     parser = commands.add_parser("train-head", help="train a feature head (EAGLE-style drafter) for a target")
@@ -202,9 +202,9 @@ def add_train_head_command(commands) -> None:
 
 
 def run_train_head(args) -> int:
-    from engine.distill.head import HeadConfig, train_head
-    from engine.distill.train import TrainConfig
-    from engine.models import DEFAULT_TARGET
+    from specdeck.engine.distill.head import HeadConfig, train_head
+    from specdeck.engine.distill.train import TrainConfig
+    from specdeck.engine.models import DEFAULT_TARGET
 
     if min(args.steps, args.batch, args.unroll, args.eval_every) < 1:
         raise SpecDeckError("--steps, --batch, --unroll and --eval-every must be at least 1.")
@@ -237,7 +237,7 @@ def run_train_head(args) -> int:
 
 
 def add_head_data_command(commands) -> None:
-    from engine.distill.forcing import ForcingConfig
+    from specdeck.engine.distill.forcing import ForcingConfig
 
     defaults = ForcingConfig()
     parser = commands.add_parser(
@@ -262,8 +262,8 @@ def add_head_data_command(commands) -> None:
 
 
 def run_head_data(args) -> int:
-    from engine.distill.forcing import ForcingConfig, default_folder, grow
-    from engine.models import DEFAULT_TARGET
+    from specdeck.engine.distill.forcing import ForcingConfig, default_folder, grow
+    from specdeck.engine.models import DEFAULT_TARGET
 
     try:
         layers = tuple(int(n) for n in args.layers.split(",") if n.strip())

@@ -11,20 +11,20 @@ import argparse
 import os
 import sys
 
-from cli.bench import add_bench_command
-from cli.distill import (
+from specdeck.cli.bench import add_bench_command
+from specdeck.cli.distill import (
     add_head_data_command,
     add_train_cross_draft_command,
     add_train_draft_command,
     add_train_head_command,
 )
-from cli.run import add_run_command
-from engine.errors import SpecDeckError
-from engine.quiet import silence_libraries
+from specdeck.cli.run import add_run_command
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.quiet import silence_libraries
 
 
 def _cmd_cache(args) -> int:
-    from engine import cache
+    from specdeck.engine import cache
 
     cache.heal(lambda line: print(f"[{line}]", file=sys.stderr))
     if not args.clear:
@@ -51,7 +51,7 @@ def _cmd_gui(args) -> int:
                   "(`specdeck run`; set QT_QPA_PLATFORM=offscreen to force the window).", file=sys.stderr)
             return main(["run"])
     try:
-        from app.main import run_gui, xcb_problem
+        from specdeck.app.main import run_gui, xcb_problem
     except ImportError as error:
         raise SpecDeckError(f"The window needs PySide6, pyqtgraph and qasync ({error}): reinstall SpecDeck with its dependencies.") from error
     problem = xcb_problem()
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdeck: error: {error}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as error:  # torch's OutOfMemoryError is a RuntimeError
-        from engine.memory import is_out_of_memory, out_of_memory_message
+        from specdeck.engine.memory import is_out_of_memory, out_of_memory_message
 
         if not is_out_of_memory(error):
             raise

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 
-from engine.backends import BACKENDS
-from engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
-from engine.pair import DrafterKind, PairSpec
-from engine.remote_http import API_KEY_VARIABLE
+from specdeck.engine.backends import BACKENDS
+from specdeck.engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
+from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.remote_http import API_KEY_VARIABLE
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

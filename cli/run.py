@@ -10,9 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-from cli.options import add_decode_arguments, add_model_arguments, decode_config, pair_spec
-from engine.errors import SpecDeckError
-from engine.interrupt import cancel_on_signals, to_stderr
+from specdeck.cli.options import add_decode_arguments, add_model_arguments, decode_config, pair_spec
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.interrupt import cancel_on_signals, to_stderr
 
 _COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "discarded": "\033[9;2m", "resampled": "\033[33m",
             "bonus": "\033[34m", "plain": ""}
@@ -49,8 +49,8 @@ def read_prompt_file(path: Path) -> str:
 
 
 def _prompt(args: argparse.Namespace) -> str:
-    from engine.models import check_prompt
-    from engine.session import DEFAULT_PROMPT
+    from specdeck.engine.models import check_prompt
+    from specdeck.engine.session import DEFAULT_PROMPT
 
     if args.prompt_file:
         return check_prompt(read_prompt_file(Path(args.prompt_file)))
@@ -58,9 +58,9 @@ def _prompt(args: argparse.Namespace) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from engine.context import prompt_cut_notice
-    from engine.events import RoundEvent, SessionStarted, SummaryEvent, TokenEvent, event_to_dict
-    from engine.session import load_pair, run_session
+    from specdeck.engine.context import prompt_cut_notice
+    from specdeck.engine.events import RoundEvent, SessionStarted, SummaryEvent, TokenEvent, event_to_dict
+    from specdeck.engine.session import load_pair, run_session
 
     config = decode_config(args)  # validate before the slow part
     prompt = _prompt(args)

@@ -4,12 +4,20 @@ Front ends use `load_model`, `make_drafter`, `encode_prompt` and `generate`, and
 events that `generate` yields.
 """
 
-from engine.config import DecodeConfig
-from engine.decoding import generate
-from engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter, Proposal
-from engine.errors import SpecDeckError
-from engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState, event_to_dict
-from engine.models import (
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.decoding import generate
+from specdeck.engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter, Proposal
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import (
+    Event,
+    RoundEvent,
+    SessionStarted,
+    SummaryEvent,
+    TokenEvent,
+    TokenState,
+    event_to_dict,
+)
+from specdeck.engine.models import (
     BUILTIN_MODELS,
     DEFAULT_TARGET,
     LoadedModel,
@@ -17,9 +25,9 @@ from engine.models import (
     encode_prompt,
     load_model,
 )
-from engine.pair import DrafterKind, ModelPair, PairSpec
-from engine.stats import SessionStats, expected_tokens_per_round, predicted_speedup
-from engine.suffix_drafting import HybridDrafter, SuffixDrafter
+from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
+from specdeck.engine.stats import SessionStats, expected_tokens_per_round, predicted_speedup
+from specdeck.engine.suffix_drafting import HybridDrafter, SuffixDrafter
 
 __all__ = [
     "BUILTIN_MODELS", "DEFAULT_TARGET", "DecodeConfig", "DraftModelDrafter", "Drafter", "DrafterKind",

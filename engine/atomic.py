@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError
 
 _LEFTOVER = re.compile(r"^\..+\.(partial|old)-(\d+)-")
 

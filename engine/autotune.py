@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine import linear
-from engine.atomic import write_text
-from engine.cache import machine_name
-from engine.errors import SpecDeckError
-from engine.hf_parts import input_embedding
-from engine.kvcache import CachedModel, synchronize
-from engine.llamacpp_backend import LlamaCppModel
+from specdeck.engine import linear
+from specdeck.engine.atomic import write_text
+from specdeck.engine.cache import machine_name
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.hf_parts import input_embedding
+from specdeck.engine.kvcache import CachedModel, synchronize
+from specdeck.engine.llamacpp_backend import LlamaCppModel
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -115,7 +115,7 @@ def measure_draft_ms(drafter, vocab_width: int, hidden_size: int, k: int = 4, pa
     """Milliseconds per drafted token: the best of `passes` proposals of up to k tokens after a
     `context`-token prompt (a warm-up first). Feature heads get zero vectors for the target's states:
     their cost does not depend on the values."""
-    from engine.config import DecodeConfig
+    from specdeck.engine.config import DecodeConfig
 
     ids = [(7 * i + 3) % vocab_width for i in range(context + passes + 1)]
     seen = ids[:context]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError
 
 BACKENDS = ("auto", "torch", "llama.cpp")
 STEPS = 12  # timed one-token forwards per backend (their median counts)
@@ -32,7 +32,7 @@ Progress = Callable[[str], None]
 
 def gguf_file(name: str) -> Path | None:
     """The GGUF file that `name` (a built-in alias or a path) stands for, or None."""
-    from engine.models import BUILTIN_MODELS, BuiltinModel
+    from specdeck.engine.models import BUILTIN_MODELS, BuiltinModel
 
     entry = BUILTIN_MODELS.get(name)
     if isinstance(entry, BuiltinModel):
@@ -47,7 +47,7 @@ _told_missing = False
 
 def llama_cpp_installed(progress: Progress | None = None) -> bool:
     """Whether llama-cpp-python imports here; where it does not, say so once per process."""
-    from engine.llamacpp_backend import library
+    from specdeck.engine.llamacpp_backend import library
 
     global _told_missing
     if library() is not None:
@@ -92,9 +92,9 @@ def choose_backend(name: str, requested: str, device: torch.device, dtype: str,
 
 def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) -> bool:
     """Whether a plain step of `path` is faster on llama.cpp than on torch here (measured once, then saved)."""
-    from engine.atomic import write_text
-    from engine.cache import costs_cache, machine_name
-    from engine.llamacpp_backend import library
+    from specdeck.engine.atomic import write_text
+    from specdeck.engine.cache import costs_cache, machine_name
+    from specdeck.engine.llamacpp_backend import library
 
     stat = path.stat()
     key = "\n".join([str(path.resolve()), str(stat.st_size), str(stat.st_mtime_ns), machine_name(),
@@ -121,7 +121,7 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
 
 
 def _llama_cpp_step_ms(path: Path) -> float:
-    from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
+    from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
     model = LlamaCppModel(path)
     return _step_ms(LlamaCppForward(model), model.vocab_width)
@@ -129,8 +129,8 @@ def _llama_cpp_step_ms(path: Path) -> float:
 
 def _torch_step_ms(name: str, progress: Progress | None) -> float:
     """A torch plain step's milliseconds, or infinity where the dequantized model would not fit in memory."""
-    from engine.kvcache import CachedModel
-    from engine.models import LoadOptions, load_model
+    from specdeck.engine.kvcache import CachedModel
+    from specdeck.engine.models import LoadOptions, load_model
 
     try:
         loaded = load_model(name, LoadOptions(device="cpu", backend="torch"), progress)

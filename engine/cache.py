@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.atomic import leftover_writer, process_alive, remove_abandoned, remove_path
+from specdeck.engine.atomic import leftover_writer, process_alive, remove_abandoned, remove_path
 
 Notice = Callable[[str], None]
 TOKENIZER_SUFFIX = "-tokenizer"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError
 
 SCHEDULES = ("auto", "constant", "heuristic")
 SUFFIX_SCOPES = ("prompt", "session", "all")  # what a suffix drafter reads (`DecodeConfig.suffix_scope`)

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError
 
 if TYPE_CHECKING:
-    from engine.llamacpp_backend import LlamaCppModel
+    from specdeck.engine.llamacpp_backend import LlamaCppModel
 
 
 def context_length(model: torch.nn.Module | LlamaCppModel) -> int | None:

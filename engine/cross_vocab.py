@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.context import context_length
-from engine.drafters import Drafter, DraftPiece, Proposal
-from engine.kvcache import CachedModel
-from engine.sampling import logits_to_probs, sample
-from engine.vocabulary import TokenText, VocabularyMatch
+from specdeck.engine.context import context_length
+from specdeck.engine.drafters import Drafter, DraftPiece, Proposal
+from specdeck.engine.kvcache import CachedModel
+from specdeck.engine.sampling import logits_to_probs, sample
+from specdeck.engine.vocabulary import TokenText, VocabularyMatch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from engine.llamacpp_backend import LlamaCppModel
+    from specdeck.engine.llamacpp_backend import LlamaCppModel
 
 LOOKBEHIND = 4  # tokens before a seam that are tokenized again with the text after it
 

@@ -37,18 +37,18 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.autotune import MAX_WIDTH, RoundPlanner, cost_curve, draft_cost
-from engine.cache import costs_cache
-from engine.config import DecodeConfig
-from engine.context import context_length, fit_prompt, shortest
-from engine.drafters import Drafter, Proposal
-from engine.errors import SpecDeckError
-from engine.events import Event, SessionStarted
-from engine.models import LoadedModel
-from engine.remote_target import RemoteTarget, require_greedy
-from engine.rounds import Clock, Drafts, Schedule, target_forward
-from engine.sampling import logits_to_probs, residual, sample
-from engine.transcript import Transcript, Verdict
+from specdeck.engine.autotune import MAX_WIDTH, RoundPlanner, cost_curve, draft_cost
+from specdeck.engine.cache import costs_cache
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.context import context_length, fit_prompt, shortest
+from specdeck.engine.drafters import Drafter, Proposal
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import Event, SessionStarted
+from specdeck.engine.models import LoadedModel
+from specdeck.engine.remote_target import RemoteTarget, require_greedy
+from specdeck.engine.rounds import Clock, Drafts, Schedule, target_forward
+from specdeck.engine.sampling import logits_to_probs, residual, sample
+from specdeck.engine.transcript import Transcript, Verdict
 
 
 def verify(proposal: Proposal, logits: torch.Tensor, config: DecodeConfig,

@@ -22,20 +22,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.config import DecodeConfig
-from engine.context import context_length
-from engine.hf_parts import input_embedding
-from engine.kvcache import CachedModel, backend_for
-from engine.lean_weights import output_weight
-from engine.linear import Linear, make_linear
-from engine.llama_forward import output_layer
-from engine.llamacpp_backend import LlamaCppModel, matrices_of
-from engine.sampling import logits_to_probs, sample
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.context import context_length
+from specdeck.engine.hf_parts import input_embedding
+from specdeck.engine.kvcache import CachedModel, backend_for
+from specdeck.engine.lean_weights import output_weight
+from specdeck.engine.linear import Linear, make_linear
+from specdeck.engine.llama_forward import output_layer
+from specdeck.engine.llamacpp_backend import LlamaCppModel, matrices_of
+from specdeck.engine.sampling import logits_to_probs, sample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from engine.heads import FeatureHead
+    from specdeck.engine.heads import FeatureHead
 
 
 

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from engine.atomic import write_text
-from engine.config import DecodeConfig
-from engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
+from specdeck.engine.atomic import write_text
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
 ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "discarded", "draft_ms", "verify_ms",
                  "tokens_so_far", "elapsed_s", "copied", "match_length", "shape", "draft_tokens", "network_ms",

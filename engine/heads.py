@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaModel, PreTrainedModel
 
-from engine.atomic import building_folder
-from engine.errors import SpecDeckError
-from engine.hf_parts import output_projection
-from engine.lean_weights import output_weight
-from engine.llamacpp_backend import LlamaCppModel, matrices_of
-from engine.models import (
+from specdeck.engine.atomic import building_folder
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.hf_parts import output_projection
+from specdeck.engine.lean_weights import output_weight
+from specdeck.engine.llamacpp_backend import LlamaCppModel, matrices_of
+from specdeck.engine.models import (
     BUILTIN_MODELS,
     HEAD_KEY,
     OUTPUT_TOKENS_FILE,

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, overload
 import torch
 from transformers import DynamicCache
 
-from engine import llama_forward
-from engine.errors import SpecDeckError
-from engine.hf_parts import input_embedding, output_projection
-from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
+from specdeck.engine import llama_forward
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.hf_parts import input_embedding, output_projection
+from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

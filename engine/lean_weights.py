@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from engine.hf_parts import output_projection
-from engine.linear import Linear, choose_path, make_linear
-from engine.memory import trim_heap
+from specdeck.engine.hf_parts import output_projection
+from specdeck.engine.linear import Linear, choose_path, make_linear
+from specdeck.engine.memory import trim_heap
 
 
 @dataclass

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from engine.hf_parts import output_projection
-from engine.lean_weights import LayerWeights, weights_of
-from engine.linear import Linear, make_linear
+from specdeck.engine.hf_parts import output_projection
+from specdeck.engine.lean_weights import LayerWeights, weights_of
+from specdeck.engine.linear import Linear, make_linear
 
 FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})  # Hugging Face `model_type`s this forward reproduces
 # Rotary variants whose frequencies are fixed when the model loads ("dynamic" and "longrope"

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.atomic import building_folder
-from engine.backends import choose_backend, gguf_file
-from engine.cache import TOKENIZER_SUFFIX, gguf_cache, heal
-from engine.errors import SpecDeckError
-from engine.hf_parts import output_projection
-from engine.llamacpp_backend import LlamaCppModel
-from engine.preflight import check_model_folder
+from specdeck.engine.atomic import building_folder
+from specdeck.engine.backends import choose_backend, gguf_file
+from specdeck.engine.cache import TOKENIZER_SUFFIX, gguf_cache, heal
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.hf_parts import output_projection
+from specdeck.engine.llamacpp_backend import LlamaCppModel
+from specdeck.engine.preflight import check_model_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -73,7 +73,7 @@ class BundledModel:
     description: str
 
     def path(self) -> Path:
-        from engine.resources import resource_path
+        from specdeck.engine.resources import resource_path
 
         path = resource_path("models", self.folder)
         if not (path / "config.json").is_file():

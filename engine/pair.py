@@ -12,17 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from engine.cross_vocab import CrossVocabularyDrafter
-from engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter
-from engine.errors import SpecDeckError
-from engine.heads import LoadedHead, names_head
-from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
-from engine.past_sessions import PastSessions
-from engine.remote_http import DEFAULT_TIMEOUT_S, is_url
-from engine.remote_target import RemoteSettings, RemoteTarget
-from engine.suffix import SuffixIndex
-from engine.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
-from engine.vocabulary import VocabularyMatch
+from specdeck.engine.cross_vocab import CrossVocabularyDrafter
+from specdeck.engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.heads import LoadedHead, names_head
+from specdeck.engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
+from specdeck.engine.past_sessions import PastSessions
+from specdeck.engine.remote_http import DEFAULT_TIMEOUT_S, is_url
+from specdeck.engine.remote_target import RemoteSettings, RemoteTarget
+from specdeck.engine.suffix import SuffixIndex
+from specdeck.engine.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
+from specdeck.engine.vocabulary import VocabularyMatch
 
 
 class DrafterKind(str, Enum):

@@ -19,9 +19,9 @@ import sys
 from array import array
 from pathlib import Path
 
-from engine.atomic import write_bytes
-from engine.cache import suffix_cache
-from engine.suffix import SuffixIndex
+from specdeck.engine.atomic import write_bytes
+from specdeck.engine.cache import suffix_cache
+from specdeck.engine.suffix import SuffixIndex
 
 MAGIC = b"specdeck-suffix 1\n"
 MAX_TOKENS = 200_000  # about 0.8 MB a tokenizer; indexing that many tokens takes about a second

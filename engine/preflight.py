@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError
 
 # config fields that must be positive whole numbers where a config has them (Llama / GPT-2 names)
 POSITIVE_FIELDS = ("vocab_size", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads",

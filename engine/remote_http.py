@@ -18,7 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError
 
 API_KEY_VARIABLE = "SPECDECK_API_KEY"
 DEFAULT_TIMEOUT_S = 60.0

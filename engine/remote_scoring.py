@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.errors import SpecDeckError
-from engine.remote_http import Endpoint, ServerFault
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.remote_http import Endpoint, ServerFault
 
 Row = dict[int, float]  # token id -> log-probability
 

@@ -19,19 +19,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.autotune import RoundPlanner, Shape, round_label
-from engine.config import DecodeConfig
-from engine.drafters import Drafter, Proposal
-from engine.errors import SpecDeckError
-from engine.kvcache import CachedModel, synchronize
-from engine.models import LoadedModel
-from engine.remote_scoring import ServerTime
-from engine.remote_target import RemoteTarget
+from specdeck.engine.autotune import RoundPlanner, Shape, round_label
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.drafters import Drafter, Proposal
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.kvcache import CachedModel, synchronize
+from specdeck.engine.models import LoadedModel
+from specdeck.engine.remote_scoring import ServerTime
+from specdeck.engine.remote_target import RemoteTarget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from engine.llamacpp_backend import LlamaCppModel
+    from specdeck.engine.llamacpp_backend import LlamaCppModel
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from engine.config import DecodeConfig
-from engine.errors import SpecDeckError
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.errors import SpecDeckError
 
 
 def logits_to_probs(logits: torch.Tensor, config: DecodeConfig) -> torch.Tensor:

@@ -7,16 +7,16 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from engine.backends import gguf_file
-from engine.config import DecodeConfig
-from engine.decoding import generate
-from engine.errors import SpecDeckError
-from engine.events import Event
-from engine.heads import load_feature_head, names_head
-from engine.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer
-from engine.pair import DrafterKind, ModelPair, PairSpec
-from engine.remote_target import RemoteTarget, connect
-from engine.vocabulary import match_vocabularies
+from specdeck.engine.backends import gguf_file
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.decoding import generate
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import Event
+from specdeck.engine.heads import load_feature_head, names_head
+from specdeck.engine.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer
+from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
+from specdeck.engine.remote_target import RemoteTarget, connect
+from specdeck.engine.vocabulary import match_vocabularies
 
 DEFAULT_PROMPT = (
     "Summarize in two sentences: Speculative decoding speeds up a large language model by letting a "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.events import RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
+from specdeck.engine.events import RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
 
 
 def expected_tokens_per_round(a: float, k: float) -> float:

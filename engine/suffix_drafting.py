@@ -13,16 +13,16 @@ text already written, and the hybrid that copies them before a model drafter.
   reaches `min_score`; the paper's hybrid with EAGLE. The decoding loop tries the copier first
   and asks the model where it has nothing, as it does with prompt lookup before other drafters.
 
-`python -m engine.bench.suffix_round` times a round of it with 100,000 tokens of earlier texts.
+`python -m specdeck.engine.bench.suffix_round` times a round of it with 100,000 tokens of earlier texts.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.drafters import Drafter, Proposal, one_hot
-from engine.past_sessions import PastSessions
-from engine.suffix import Match, SuffixIndex
+from specdeck.engine.drafters import Drafter, Proposal, one_hot
+from specdeck.engine.past_sessions import PastSessions
+from specdeck.engine.suffix import Match, SuffixIndex
 
 HYBRID_MIN_SCORE = 2.0  # a copy the text's frequencies expect to keep at least two tokens of
 

@@ -16,16 +16,16 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import DecodeConfig
-from engine.detok import Detokenizer
-from engine.drafters import DraftPiece
-from engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
-from engine.models import LoadedModel
-from engine.remote_scoring import ServerTime
-from engine.remote_target import RemoteTarget
-from engine.rounds import Clock, Draft
-from engine.sampling import logits_to_probs, require_finite
-from engine.stats import SessionStats
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.detok import Detokenizer
+from specdeck.engine.drafters import DraftPiece
+from specdeck.engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
+from specdeck.engine.models import LoadedModel
+from specdeck.engine.remote_scoring import ServerTime
+from specdeck.engine.remote_target import RemoteTarget
+from specdeck.engine.rounds import Clock, Draft
+from specdeck.engine.sampling import logits_to_probs, require_finite
+from specdeck.engine.stats import SessionStats
 
 Refused = tuple[int, float, float, int, DraftPiece | None]  # a refused draft: token, p, q, depth, what a draft wrote
 

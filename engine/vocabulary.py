@@ -18,7 +18,7 @@ from functools import cache
 
 import torch
 
-from engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 LITTLE_SHARED = 0.25  # below this share of the draft's tokens with a twin, a pair has "little in common"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from tiny import ON_CPU, build_model, build_tokenizer
 
-from engine.errors import SpecDeckError
-from engine.models import load_model
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.models import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DESKTOP = ROOT / "packaging" / "io.github.specdeck.SpecDeck.desktop"
@@ -81,7 +81,7 @@ def wheel(tmp_path_factory) -> Path:
     source = tmp / "source"
     source.mkdir()
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("cli", "engine", "app", "resources"):
+    for name in ("specdeck", "cli", "engine", "app", "resources"):
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, source / name, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
@@ -95,13 +95,20 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_carries_every_resource(wheel):
     """Every file under resources/ (presets, icons, shipped models, samples) is in the wheel."""
     expected = {
-        path.relative_to(ROOT).as_posix()
+        "specdeck/" + path.relative_to(ROOT).as_posix()
         for path in (ROOT / "resources").rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "resources/icons/specdeck.svg" in expected
+    assert "specdeck/resources/icons/specdeck.svg" in expected
     assert expected <= names, sorted(expected - names)
+
+
+def test_wheel_installs_one_import_package(wheel):
+    """Installed, SpecDeck adds one top-level name, `specdeck`, so it cannot shadow another
+    project's `app` or `engine` package (or be shadowed by one)."""
+    top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert {name for name in top if not name.endswith(".dist-info")} == {"specdeck"}
 
 
 def test_wheel_entry_point_runs_from_the_installed_files(wheel, tmp_path):
@@ -112,14 +119,14 @@ def test_wheel_entry_point_runs_from_the_installed_files(wheel, tmp_path):
         "import sys, importlib.metadata as md\n"
         "(ep,) = [e for e in md.entry_points(group='console_scripts') if e.name == 'specdeck']\n"
         "main = ep.load()\n"
-        "from engine.resources import resource_path\n"
-        "print(ep.value, main.__module__, sys.modules['engine'].__file__, resource_path('icons', 'specdeck.svg'))\n"
+        "from specdeck.engine.resources import resource_path\n"
+        "print(ep.value, main.__module__, sys.modules['specdeck.engine'].__file__, resource_path('icons', 'specdeck.svg'))\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
                             env={"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     value, module, engine_file, icon = result.stdout.split()
-    assert (value, module) == ("cli.main:main", "cli.main")
+    assert (value, module) == ("specdeck.cli.main:main", "specdeck.cli.main")
     assert Path(engine_file).is_relative_to(installed)
     assert Path(icon).is_relative_to(installed) and Path(icon).is_file()
 

@@ -18,7 +18,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from engine.models import LoadOptions
+from specdeck.engine.models import LoadOptions
 
 # What tests of CPU behaviour load with, so that they test the same thing on a machine with a GPU
 # (where `auto` would pick it and a half dtype); the GPU set (`-m cuda`) asks for the GPU itself.

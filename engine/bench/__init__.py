@@ -1,9 +1,9 @@
 """`specdeck bench`: tokens/s of SpecDeck's plain and speculative decoding against Hugging Face's
 `generate()` and its own speculative decoding, on the same prompts, in one alternating run."""
 
-from engine.bench.methods import METHODS, Run
-from engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
-from engine.bench.runner import BenchSettings, Method, PromptResult, explain_mismatch, run_bench
+from specdeck.engine.bench.methods import METHODS, Run
+from specdeck.engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
+from specdeck.engine.bench.runner import BenchSettings, Method, PromptResult, explain_mismatch, run_bench
 
 __all__ = ["METHODS", "BenchPrompt", "BenchSettings", "Method", "PromptResult", "Run", "explain_mismatch",
            "read_prompts", "run_bench", "sample_prompts"]

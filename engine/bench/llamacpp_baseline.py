@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from engine.backends import gguf_file, llama_cpp_installed
-from engine.bench.methods import Run
-from engine.config import DecodeConfig
-from engine.errors import SpecDeckError
-from engine.hf_parts import decode
-from engine.llamacpp_backend import CONTEXT_LIMIT, library
-from engine.session import ModelPair
+from specdeck.engine.backends import gguf_file, llama_cpp_installed
+from specdeck.engine.bench.methods import Run
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.hf_parts import decode
+from specdeck.engine.llamacpp_backend import CONTEXT_LIMIT, library
+from specdeck.engine.session import ModelPair
 
 METHOD = "llama.cpp"
 OTHER_ROUNDING = ("llama.cpp's own loop, with its defaults (float16 KV cache, no flash attention), rounds otherwise "

@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.config import DecodeConfig
-from engine.decoding import generate
-from engine.drafters import PromptLookupDrafter
-from engine.events import RoundEvent, SummaryEvent, TokenEvent
-from engine.hf_parts import decode, generate_of
-from engine.kvcache import synchronize
-from engine.pair import DrafterKind, ModelPair
-from engine.stats import RemoteTotals
-from engine.suffix import SuffixIndex
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.decoding import generate
+from specdeck.engine.drafters import PromptLookupDrafter
+from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent
+from specdeck.engine.hf_parts import decode, generate_of
+from specdeck.engine.kvcache import synchronize
+from specdeck.engine.pair import DrafterKind, ModelPair
+from specdeck.engine.stats import RemoteTotals
+from specdeck.engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")
@@ -186,7 +186,7 @@ def run_method(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, met
     if method in SPECDECK_METHODS:
         return run_specdeck(pair, prompt_ids, config, speculative=method == "speculative", history=history)
     if method == "llama.cpp":
-        from engine.bench.llamacpp_baseline import run_llama_cpp
+        from specdeck.engine.bench.llamacpp_baseline import run_llama_cpp
 
         return run_llama_cpp(pair, prompt_ids, config)
     return run_hf(pair, prompt_ids, config, method)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError
 
 
 def _pyplot():

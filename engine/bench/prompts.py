@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import SpecDeckError
-from engine.resources import resource_path
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.resources import resource_path
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ decoding's.
 
 from __future__ import annotations
 
-from engine.bench.runner import Method, PromptResult
-from engine.stats import RemoteTotals, remote_tokens_per_s
+from specdeck.engine.bench.runner import Method, PromptResult
+from specdeck.engine.stats import RemoteTotals, remote_tokens_per_s
 
 ADDED_ROUND_TRIPS_MS = (0, 10, 30, 100, 300)  # a LAN, a region, a continent, across the world
 SPLIT_COLUMNS = ("method", "k", "drafter", "rounds", "draft_ms", "network_ms", "server_ms", "no_cache_hit_rounds")

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from engine.autotune import CURVE_CONTEXT, machine_name
-from engine.bench.remote_report import LATENCY_COLUMNS, SPLIT_COLUMNS, latency_rows, split_rows
-from engine.bench.runner import BenchSettings, Method, PromptResult
-from engine.stats import RoundTotals
+from specdeck.engine.autotune import CURVE_CONTEXT, machine_name
+from specdeck.engine.bench.remote_report import LATENCY_COLUMNS, SPLIT_COLUMNS, latency_rows, split_rows
+from specdeck.engine.bench.runner import BenchSettings, Method, PromptResult
+from specdeck.engine.stats import RoundTotals
 
 SUMMARY_COLUMNS = ("method", "k", "category", "turn", "prompts", "new_tokens", "tokens_per_s", "speedup_vs_plain",
                    "acceptance_rate", "mean_accepted_length", "identical_to_plain", "prefill_ms",

@@ -30,15 +30,15 @@ from typing import NamedTuple
 
 import torch
 
-from engine.bench.llamacpp_baseline import OTHER_ROUNDING, check_baseline
-from engine.bench.methods import Run, run_method
-from engine.bench.prompts import BenchPrompt
-from engine.config import DecodeConfig
-from engine.errors import SpecDeckError
-from engine.kvcache import CachedModel
-from engine.models import encode_conversation, encode_prompt
-from engine.pair import DrafterKind, ModelPair
-from engine.suffix import SuffixIndex
+from specdeck.engine.bench.llamacpp_baseline import OTHER_ROUNDING, check_baseline
+from specdeck.engine.bench.methods import Run, run_method
+from specdeck.engine.bench.prompts import BenchPrompt
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.kvcache import CachedModel
+from specdeck.engine.models import encode_conversation, encode_prompt
+from specdeck.engine.pair import DrafterKind, ModelPair
+from specdeck.engine.suffix import SuffixIndex
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
 AUTO_K = 0  # a speculative method's K when the auto schedule chooses it each round

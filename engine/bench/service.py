@@ -10,12 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import building_folder, check_writable_folder, remove_abandoned
-from engine.autotune import cost_curve
-from engine.bench import plots as plotting
-from engine.bench.methods import HF_METHODS
-from engine.bench.prompts import BenchPrompt
-from engine.bench.report import (
+from specdeck.engine.atomic import building_folder, check_writable_folder, remove_abandoned
+from specdeck.engine.autotune import cost_curve
+from specdeck.engine.bench import plots as plotting
+from specdeck.engine.bench.methods import HF_METHODS
+from specdeck.engine.bench.prompts import BenchPrompt
+from specdeck.engine.bench.report import (
     PER_PROMPT_COLUMNS,
     SUMMARY_COLUMNS,
     SWEEP_COLUMNS,
@@ -25,10 +25,10 @@ from engine.bench.report import (
     write_csv,
     write_report,
 )
-from engine.bench.runner import BenchSettings, Progress, run_bench
-from engine.cache import costs_cache
-from engine.errors import SpecDeckError
-from engine.pair import ModelPair
+from specdeck.engine.bench.runner import BenchSettings, Progress, run_bench
+from specdeck.engine.cache import costs_cache
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.pair import ModelPair
 
 RESULT_FILES = ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md", "speedup_by_category.png",
                 "k_sweep.png")

@@ -1,5 +1,5 @@
 """What a suffix drafter's round costs (`engine.suffix_drafting.SuffixDrafter.propose`, q included)
-with a long history of earlier texts: `python -m engine.bench.suffix_round` (100,000 tokens by default).
+with a long history of earlier texts: `python -m specdeck.engine.bench.suffix_round` (100,000 tokens by default).
 
 The history is random phrases, three in ten copied from earlier (`engine.suffix.repetitive_text`),
 in texts of 1,000 tokens; the request's prompt is 64 tokens of it, and each round keeps its drafts
@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from engine.config import DecodeConfig
-from engine.suffix import SuffixIndex, repetitive_text
-from engine.suffix_drafting import SuffixDrafter
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.suffix import SuffixIndex, repetitive_text
+from specdeck.engine.suffix_drafting import SuffixDrafter
 
 
 def _bench(tokens: int, rounds: int, k: int, vocab: int, seed: int) -> None:
@@ -50,7 +50,7 @@ def _bench(tokens: int, rounds: int, k: int, vocab: int, seed: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m engine.bench.suffix_round", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specdeck.engine.bench.suffix_round", description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=100_000, help="tokens of earlier texts in the history")
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--k", type=int, default=8)

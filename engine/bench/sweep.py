@@ -4,9 +4,9 @@ read the same text the same way; the `format_*` functions write it back."""
 
 from __future__ import annotations
 
-from engine.bench.runner import AUTO_K
-from engine.errors import SpecDeckError
-from engine.pair import DrafterKind
+from specdeck.engine.bench.runner import AUTO_K
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.pair import DrafterKind
 
 
 def parse_ks(text: str) -> tuple[int, ...]:

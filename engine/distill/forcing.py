@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from engine.atomic import write_with
-from engine.cache import cache_root
-from engine.distill.corpus import instructions
-from engine.distill.teacher import chat_ids, generate_scored
-from engine.distill.texts import TEXT_SOURCES, existing_exchanges, reading_requests
-from engine.errors import SpecDeckError
-from engine.models import LoadedModel, LoadOptions, load_model
+from specdeck.engine.atomic import write_with
+from specdeck.engine.cache import cache_root
+from specdeck.engine.distill.corpus import instructions
+from specdeck.engine.distill.teacher import chat_ids, generate_scored
+from specdeck.engine.distill.texts import TEXT_SOURCES, existing_exchanges, reading_requests
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.models import LoadedModel, LoadOptions, load_model
 
 Progress = Callable[[str], None]
 HELD_OUT_EVERY = 20  # sequence j of a shard is held out when j % 20 == 0

@@ -28,17 +28,17 @@ from typing import Any
 
 import torch
 
-from engine.atomic import write_with
-from engine.distill.corpus import SOURCES
-from engine.distill.forcing import Store, load_store
-from engine.distill.loop import HeldOut, split_rows, train_loop
-from engine.distill.teacher import Shard, load_shards
-from engine.distill.texts import TEXT_SOURCES
-from engine.distill.train import TrainConfig, build_teacher_data
-from engine.errors import SpecDeckError
-from engine.heads import FeatureHead, fingerprint, head_config, save_head
-from engine.hf_parts import input_embedding, output_projection
-from engine.models import LoadedModel, LoadOptions, load_model
+from specdeck.engine.atomic import write_with
+from specdeck.engine.distill.corpus import SOURCES
+from specdeck.engine.distill.forcing import Store, load_store
+from specdeck.engine.distill.loop import HeldOut, split_rows, train_loop
+from specdeck.engine.distill.teacher import Shard, load_shards
+from specdeck.engine.distill.texts import TEXT_SOURCES
+from specdeck.engine.distill.train import TrainConfig, build_teacher_data
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.heads import FeatureHead, fingerprint, head_config, save_head
+from specdeck.engine.hf_parts import input_embedding, output_projection
+from specdeck.engine.models import LoadedModel, LoadOptions, load_model
 
 Progress = Callable[[str], None]
 
@@ -143,7 +143,7 @@ def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
             head.fuse_fc.weight.zero_()
             head.fuse_fc.weight[:, -width:] = torch.eye(width)
         if config.init_from:
-            from engine.heads import load_feature_head_weights
+            from specdeck.engine.heads import load_feature_head_weights
 
             missing = load_feature_head_weights(head, config.init_from)
             if any(not name.startswith("fuse_fc") for name in missing):

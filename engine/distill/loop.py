@@ -18,8 +18,8 @@ from typing import Protocol
 
 import torch
 
-from engine.atomic import write_with
-from engine.errors import SpecDeckError
+from specdeck.engine.atomic import write_with
+from specdeck.engine.errors import SpecDeckError
 
 Progress = Callable[[str], None]
 

@@ -27,16 +27,16 @@ from typing import Any
 
 import torch
 
-from engine.atomic import building_folder, write_text
-from engine.cache import cache_root
-from engine.distill.corpus import SOURCES
-from engine.distill.loop import HeldOut, batches, split_rows, train_loop
-from engine.distill.student import DraftShape
-from engine.distill.teacher import chat_ids, load_shards
-from engine.distill.texts import TEXT_SOURCES, existing_exchanges
-from engine.distill.train import TrainConfig, build_teacher_data
-from engine.models import LoadedModel, LoadOptions, load_model
-from engine.vocabulary import TokenText
+from specdeck.engine.atomic import building_folder, write_text
+from specdeck.engine.cache import cache_root
+from specdeck.engine.distill.corpus import SOURCES
+from specdeck.engine.distill.loop import HeldOut, batches, split_rows, train_loop
+from specdeck.engine.distill.student import DraftShape
+from specdeck.engine.distill.teacher import chat_ids, load_shards
+from specdeck.engine.distill.texts import TEXT_SOURCES, existing_exchanges
+from specdeck.engine.distill.train import TrainConfig, build_teacher_data
+from specdeck.engine.models import LoadedModel, LoadOptions, load_model
+from specdeck.engine.vocabulary import TokenText
 
 Progress = Callable[[str], None]
 TEXTS_FILE = "texts.json"

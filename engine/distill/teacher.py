@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from engine.atomic import write_with
-from engine.hf_parts import generate_of
-from engine.models import LoadedModel, encode_prompt
+from specdeck.engine.atomic import write_with
+from specdeck.engine.hf_parts import generate_of
+from specdeck.engine.models import LoadedModel, encode_prompt
 
 
 @dataclass

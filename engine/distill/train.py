@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from engine.atomic import building_folder
-from engine.distill.corpus import (
+from specdeck.engine.atomic import building_folder
+from specdeck.engine.distill.corpus import (
     SOURCES,
     article_instructions,
     code_prefixes,
@@ -35,11 +35,11 @@ from engine.distill.corpus import (
     reading_instruction,
     stdlib_documents,
 )
-from engine.distill.loop import HeldOut, batches, split_rows, train_loop
-from engine.distill.student import DraftShape, build_draft
-from engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
-from engine.hf_parts import decode, input_embedding, output_projection
-from engine.models import (
+from specdeck.engine.distill.loop import HeldOut, batches, split_rows, train_loop
+from specdeck.engine.distill.student import DraftShape, build_draft
+from specdeck.engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
+from specdeck.engine.hf_parts import decode, input_embedding, output_projection
+from specdeck.engine.models import (
     BUILTIN_MODELS,
     OUTPUT_TOKENS_FILE,
     TOKENIZER_REFERENCE_FILE,

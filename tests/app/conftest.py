@@ -55,14 +55,14 @@ def settings(tmp_path):
 def errors(monkeypatch):
     """Every error dialog the window would show, as (title, message), instead of a modal box."""
     shown: list[tuple[str, str]] = []
-    monkeypatch.setattr("app.dialogs.show_error", lambda parent, title, message: shown.append((title, message)))
+    monkeypatch.setattr("specdeck.app.dialogs.show_error", lambda parent, title, message: shown.append((title, message)))
     return shown
 
 
 @pytest.fixture
 def window(qtbot, loop, settings, tiny_pair, errors):
     """The main window, set to load the tiny pair with the draft-model drafter."""
-    from app.main_window import MainWindow
+    from specdeck.app.main_window import MainWindow
 
     win = MainWindow(settings=settings)
     qtbot.addWidget(win)

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from app.panels import ModelPanel
-from cli.main import build_parser
-from cli.options import pair_spec
-from engine.llamacpp_backend import library
-from engine.models import DEFAULT_HEAD, DEFAULT_TARGET
+from specdeck.app.panels import ModelPanel
+from specdeck.cli.main import build_parser
+from specdeck.cli.options import pair_spec
+from specdeck.engine.llamacpp_backend import library
+from specdeck.engine.models import DEFAULT_HEAD, DEFAULT_TARGET
 
 TIMEOUT_MS = 120_000
 

@@ -7,8 +7,8 @@ import csv
 import pytest
 from tiny import write_two_prompts
 
-from engine.bench.report import SUMMARY_COLUMNS
-from engine.config import DecodeConfig
+from specdeck.engine.bench.report import SUMMARY_COLUMNS
+from specdeck.engine.config import DecodeConfig
 
 TIMEOUT_MS = 60_000
 
@@ -23,7 +23,7 @@ def bench(window, two_prompts, monkeypatch):
     """The window's Benchmark tab, on the two-prompt file chosen with Browse..., short runs."""
     tab = window.bench_tab
     window.tabs.setCurrentWidget(tab)
-    monkeypatch.setattr("app.bench_tab.QFileDialog.getOpenFileName", lambda *a, **k: (str(two_prompts), ""))
+    monkeypatch.setattr("specdeck.app.bench_tab.QFileDialog.getOpenFileName", lambda *a, **k: (str(two_prompts), ""))
     tab.browse_button.click()
     tab.ks.setText("2")
     tab.max_new_tokens.setValue(10)
@@ -68,7 +68,7 @@ def test_export_writes_the_files_of_a_k_sweep(qtbot, window, bench, errors, tmp_
     assert errors == []
     out = tmp_path / "exported"
     out.mkdir()
-    monkeypatch.setattr("app.bench_tab.QFileDialog.getExistingDirectory", lambda *a, **k: str(out))
+    monkeypatch.setattr("specdeck.app.bench_tab.QFileDialog.getExistingDirectory", lambda *a, **k: str(out))
     bench.export_button.click()
     assert errors == [] and str(out) in bench.stage.text()
     assert {p.name for p in out.iterdir()} == {"summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md",
@@ -98,7 +98,7 @@ def test_other_drafters_are_timed_beside_the_loaded_one(qtbot, window, bench, er
     assert bench.progress.maximum() == 2 * 3
     out = tmp_path / "exported"
     out.mkdir()
-    monkeypatch.setattr("app.bench_tab.QFileDialog.getExistingDirectory", lambda *a, **k: str(out))
+    monkeypatch.setattr("specdeck.app.bench_tab.QFileDialog.getExistingDirectory", lambda *a, **k: str(out))
     bench.export_button.click()
     report = (out / "report.md").read_text(encoding="utf-8")
     assert f"--drafters draft-model:{window.model_panel.spec().draft},prompt-lookup" in report
@@ -150,7 +150,7 @@ def test_closing_during_a_benchmark_leaves_no_thread_running(qtbot, window, benc
 def test_plan_counts_the_runs_and_says_which_baselines_are_skipped(qtbot, window, bench):
     """Before starting, the tab states how many timed runs the settings make, an estimate from a
     measured rate, and that hf-assisted is skipped (and why) where it cannot run."""
-    from engine.pair import PairSpec
+    from specdeck.engine.pair import PairSpec
 
     spec = window.model_panel.spec()  # the draft-model drafter, K=2: Hugging Face runs it
     plan = bench.plan(spec, tokens_per_s=10.0)
@@ -169,7 +169,7 @@ def test_plan_counts_the_runs_and_says_which_baselines_are_skipped(qtbot, window
 
 def test_table_headers_are_words_and_name_their_column(qtbot):
     """Headers read as words (two lines when long); each names its summary.csv column in its tooltip."""
-    from app.bench_tab import BenchmarkTab
+    from specdeck.app.bench_tab import BenchmarkTab
 
     tab = BenchmarkTab()
     qtbot.addWidget(tab)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.chart_series import MAX_POINTS, nice_ceiling, thinned
-from app.charts import SessionCharts
-from engine.events import RoundEvent, TokenEvent, TokenState
+from specdeck.app.chart_series import MAX_POINTS, nice_ceiling, thinned
+from specdeck.app.charts import SessionCharts
+from specdeck.engine.events import RoundEvent, TokenEvent, TokenState
 
 
 def _long_session(rounds: int) -> tuple:
@@ -74,7 +74,7 @@ def test_nice_ceiling_steps():
 def test_draft_shapes_figure_shows_what_the_rounds_drafted(qtbot):
     """The figures name the most frequent round shapes with their share, and the summary's plan
     (why the auto schedule chose them) is the figure's tooltip."""
-    from engine.events import SummaryEvent
+    from specdeck.engine.events import SummaryEvent
 
     charts = SessionCharts()
     qtbot.addWidget(charts)

@@ -1,14 +1,14 @@
 """One source of defaults: a fresh window, `specdeck run` and `specdeck bench` without options load
 the same pair, decode with the same settings and benchmark the same way."""
 
-from app.bench_tab import BenchmarkTab
-from app.panels import DecodingPanel, ModelPanel
-from cli.bench import bench_settings, bench_specs
-from cli.main import build_parser
-from cli.options import decode_config, pair_spec
-from engine.bench.runner import BenchSettings
-from engine.config import DecodeConfig
-from engine.pair import DrafterKind, PairSpec
+from specdeck.app.bench_tab import BenchmarkTab
+from specdeck.app.panels import DecodingPanel, ModelPanel
+from specdeck.cli.bench import bench_settings, bench_specs
+from specdeck.cli.main import build_parser
+from specdeck.cli.options import decode_config, pair_spec
+from specdeck.engine.bench.runner import BenchSettings
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.pair import DrafterKind, PairSpec
 
 
 def test_window_command_line_and_benchmark_share_their_defaults(qtbot):

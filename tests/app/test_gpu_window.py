@@ -36,9 +36,9 @@ def test_compare_on_the_gpu_marks_greedy_runs_identical(qtbot, gpu_window, error
 def test_running_out_of_gpu_memory_leaves_the_window_usable(qtbot, gpu_window, errors, cuda, monkeypatch):
     """A session that asks the GPU for more than it has (a real CUDA allocation) shows what to try;
     the memory it held is given back, and the next run on the GPU completes."""
-    import engine.session
+    from specdeck.engine import session as engine_session
 
-    real_generate, calls = engine.session.generate, []
+    real_generate, calls = engine_session.generate, []
 
     def too_big_once(*args, **kwargs):
         calls.append(1)
@@ -46,7 +46,7 @@ def test_running_out_of_gpu_memory_leaves_the_window_usable(qtbot, gpu_window, e
             torch.empty(2 * torch.cuda.get_device_properties(cuda).total_memory, dtype=torch.uint8, device=cuda)
         return real_generate(*args, **kwargs)
 
-    monkeypatch.setattr(engine.session, "generate", too_big_once)
+    monkeypatch.setattr(engine_session, "generate", too_big_once)
     _run(qtbot, gpu_window, gpu_window.model_panel.load_button)
     held = torch.cuda.memory_allocated(cuda)
     _run(qtbot, gpu_window, gpu_window.run_button)

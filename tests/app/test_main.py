@@ -3,8 +3,8 @@
 import pytest
 from PySide6.QtCore import qInstallMessageHandler, qWarning
 
-from app.main import XCB_LIBRARIES, filter_qt_messages, xcb_problem
-from cli import main as specdeck_cli
+from specdeck.app.main import XCB_LIBRARIES, filter_qt_messages, xcb_problem
+from specdeck.cli import main as specdeck_cli
 
 X_DESKTOP = {"DISPLAY": ":0"}
 ABSENT = {"libxcb-cursor.so.0", "libxcb-icccm.so.4", "libxcb-keysyms.so.1"}
@@ -45,8 +45,8 @@ def test_gui_falls_back_to_the_terminal_job(monkeypatch, capsys):
     monkeypatch.setenv("DISPLAY", ":0")
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     monkeypatch.delenv("QT_QPA_PLATFORM", raising=False)
-    monkeypatch.setattr("app.main.loadable", lacking(*ABSENT))
-    monkeypatch.setattr("app.main.run_gui", lambda args: pytest.fail("the window must not start"))
+    monkeypatch.setattr("specdeck.app.main.loadable", lacking(*ABSENT))
+    monkeypatch.setattr("specdeck.app.main.run_gui", lambda args: pytest.fail("the window must not start"))
     ran = []
     specdeck = specdeck_cli.main
 

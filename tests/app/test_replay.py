@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from app.replay import ReplayDialog, timeline
-from engine.events import RoundEvent, TokenEvent, TokenState
-from engine.export import SessionRecord
-from engine.stats import SessionStats
+from specdeck.app.replay import ReplayDialog, timeline
+from specdeck.engine.events import RoundEvent, TokenEvent, TokenState
+from specdeck.engine.export import SessionRecord
+from specdeck.engine.stats import SessionStats
 
 
 def _record(mode: str, seconds_per_round: float, tokens_per_round: int, rounds: int) -> SessionRecord:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.token_view import LEGEND, PALETTES, Legend, TokenView, describe_token, state_of, token_format
-from engine.events import RoundEvent, SummaryEvent, TokenEvent, TokenState
+from specdeck.app.token_view import LEGEND, PALETTES, Legend, TokenView, describe_token, state_of, token_format
+from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent, TokenState
 
 A, R, S, B, P = TokenState.ACCEPTED, TokenState.REJECTED, TokenState.RESAMPLED, TokenState.BONUS, TokenState.PLAIN
 D = TokenState.DISCARDED
@@ -139,7 +139,7 @@ def test_tooltip_event_shows_the_hovered_token(qtbot, monkeypatch):
     from PySide6.QtGui import QHelpEvent, QTextCursor
 
     shown: list[str] = []
-    monkeypatch.setattr("app.token_view.QToolTip.showText", lambda pos, text, widget=None: shown.append(text))
+    monkeypatch.setattr("specdeck.app.token_view.QToolTip.showText", lambda pos, text, widget=None: shown.append(text))
     view = TokenView()
     qtbot.addWidget(view)
     view.resize(600, 300)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.events import TokenEvent, TokenState
+from specdeck.engine.events import TokenEvent, TokenState
 
 TIMEOUT_MS = 60_000
 
@@ -117,8 +117,8 @@ def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pai
     import torch
     from tiny import ON_CPU
 
-    from engine.heads import FeatureHead, fingerprint, head_config, save_head
-    from engine.models import load_model
+    from specdeck.engine.heads import FeatureHead, fingerprint, head_config, save_head
+    from specdeck.engine.models import load_model
 
     model = load_model(str(tiny_pair[0]), ON_CPU).model
     torch.manual_seed(0)
@@ -161,7 +161,7 @@ def test_closing_during_a_run_leaves_no_thread_running(qtbot, window):
 
 def test_settings_persist_between_launches(qtbot, loop, window, settings):
     """Parameters and models chosen in one launch are there in the next."""
-    from app.main_window import MainWindow
+    from specdeck.app.main_window import MainWindow
 
     window.decoding_panel.k.setValue(7)
     window.decoding_panel.temperature.setValue(0.7)
@@ -189,7 +189,7 @@ def test_token_events_arrive_in_order_and_complete(qtbot, window):
 
 def test_about_lists_the_versions(qtbot, window):
     """The About text names SpecDeck, torch, transformers, Qt and the device."""
-    from app.dialogs import about_text
+    from specdeck.app.dialogs import about_text
 
     text = about_text("cpu")
     for name in ("SpecDeck", "torch", "transformers", "Qt", "device", "cpu"):
@@ -199,8 +199,8 @@ def test_about_lists_the_versions(qtbot, window):
 def test_fresh_window_offers_the_default_pair(qtbot, loop, settings):
     """A first launch proposes the built-in target with its feature head; choosing the draft-model
     drafter swaps in the built-in draft, and back."""
-    from app.main_window import MainWindow
-    from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+    from specdeck.app.main_window import MainWindow
+    from specdeck.engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 
     fresh = MainWindow(settings=settings)
     qtbot.addWidget(fresh)
@@ -217,8 +217,8 @@ def test_fresh_window_offers_the_default_pair(qtbot, loop, settings):
 def test_demo_refuses_an_unknown_preset_before_loading(qtbot, loop, settings, capsys):
     """`specdeck gui --demo --preset NAME` names the presets there are when NAME is not one of them,
     exits with status 2 without loading a model, and closes its window."""
-    from app.main import demo
-    from app.main_window import MainWindow
+    from specdeck.app.main import demo
+    from specdeck.app.main_window import MainWindow
 
     demo_window = MainWindow(settings=settings)
     qtbot.addWidget(demo_window)
@@ -249,9 +249,9 @@ def test_running_out_of_memory_says_what_to_try_and_the_next_run_works(qtbot, wi
     run on the same loaded pair completes."""
     import torch
 
-    import engine.session
+    from specdeck.engine import session as engine_session
 
-    real_generate, calls = engine.session.generate, []
+    real_generate, calls = engine_session.generate, []
 
     def out_of_memory_once(*args, **kwargs):
         calls.append(1)
@@ -259,7 +259,7 @@ def test_running_out_of_memory_says_what_to_try_and_the_next_run_works(qtbot, wi
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real_generate(*args, **kwargs)
 
-    monkeypatch.setattr(engine.session, "generate", out_of_memory_once)
+    monkeypatch.setattr(engine_session, "generate", out_of_memory_once)
     _run(qtbot, window, window.run_button)
     assert len(errors) == 1 and errors[0][1].startswith("Out of memory on the GPU.")
     assert "smaller dtype" in errors[0][1] and "Unexpected" not in errors[0][1]

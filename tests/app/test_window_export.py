@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from engine.errors import SpecDeckError
-from engine.export import ROUND_COLUMNS
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.export import ROUND_COLUMNS
 
 
 def _compare(qtbot, window) -> None:
@@ -46,12 +46,12 @@ def test_failed_export_says_so_and_keeps_the_data(qtbot, window, tmp_path, error
     """Writing into a missing folder shows a dialog; the rows stay in memory and a retry succeeds."""
     _compare(qtbot, window)
     missing = tmp_path / "missing" / "run.csv"
-    monkeypatch.setattr("app.main_window.QFileDialog.getSaveFileName", lambda *a, **k: (str(missing), ""))
+    monkeypatch.setattr("specdeck.app.main_window.QFileDialog.getSaveFileName", lambda *a, **k: (str(missing), ""))
     window.export_button.click()
     assert len(errors) == 1 and "Cannot write" in errors[0][1] and "kept" in errors[0][1]
     assert not missing.parent.exists()
     assert len(window.session_model.records) == 2
-    monkeypatch.setattr("app.main_window.QFileDialog.getSaveFileName", lambda *a, **k: (str(tmp_path / "ok.csv"), ""))
+    monkeypatch.setattr("specdeck.app.main_window.QFileDialog.getSaveFileName", lambda *a, **k: (str(tmp_path / "ok.csv"), ""))
     window.export_button.click()
     assert len(errors) == 1 and (tmp_path / "ok.csv").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

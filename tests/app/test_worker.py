@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from app.worker import ModelHost, error_message
-from engine.config import DecodeConfig
-from engine.errors import SpecDeckError
-from engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState
-from engine.pair import PairSpec
-from engine.stats import SessionStats
+from specdeck.app.worker import ModelHost, error_message
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState
+from specdeck.engine.pair import PairSpec
+from specdeck.engine.stats import SessionStats
 
 
 def _slow_session(pair, prompt, config, chat=True, plain=False, cancel: threading.Event | None = None):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.atomic import building_folder, remove_abandoned, write_text, write_with
-from engine.errors import SpecDeckError
+from specdeck.engine.atomic import building_folder, remove_abandoned, write_text, write_with
+from specdeck.engine.errors import SpecDeckError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def test_unwritable_target_is_a_clear_error(tmp_path):
 CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from engine.atomic import building_folder, write_with
+    from specdeck.engine.atomic import building_folder, write_with
     kind, target = sys.argv[1], Path(sys.argv[2])
     def slow(path):
         path.write_text("half", encoding="utf-8")

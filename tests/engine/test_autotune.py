@@ -6,11 +6,11 @@ import re
 import pytest
 import torch
 
-from engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, autotune, encode_prompt, generate
-from engine.autotune import CostCurve, DepthAcceptance, RoundPlanner
-from engine.drafters import Drafter, Proposal
-from engine.kvcache import CachedModel
-from engine.rounds import Clock
+from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, autotune, encode_prompt, generate
+from specdeck.engine.autotune import CostCurve, DepthAcceptance, RoundPlanner
+from specdeck.engine.drafters import Drafter, Proposal
+from specdeck.engine.kvcache import CachedModel
+from specdeck.engine.rounds import Clock
 
 FLAT = CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0))
 STEEP = CostCurve((1, 2, 4, 8, 16), (10.0, 20.0, 40.0, 80.0, 160.0))
@@ -86,8 +86,8 @@ def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch):
 
 def _forcing_drafts(monkeypatch, curve: CostCurve = FLAT, draft_ms: float = 0.1) -> None:
     """Costs under which drafting pays, whatever the tiny test models really cost."""
-    monkeypatch.setattr("engine.decoding.cost_curve", lambda model, cache_dir=None: curve)
-    monkeypatch.setattr("engine.decoding.draft_cost", lambda drafter, *args, **kwargs: draft_ms)
+    monkeypatch.setattr("specdeck.engine.decoding.cost_curve", lambda model, cache_dir=None: curve)
+    monkeypatch.setattr("specdeck.engine.decoding.draft_cost", lambda drafter, *args, **kwargs: draft_ms)
 
 
 def test_auto_schedule_keeps_greedy_exact(tiny_pair, monkeypatch):

@@ -4,10 +4,10 @@ what happens where llama-cpp-python is not installed."""
 import pytest
 import torch
 
-from engine import backends
-from engine.errors import SpecDeckError
-from engine.llamacpp_backend import library
-from engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdeck.engine import backends
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.llamacpp_backend import library
+from specdeck.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 CPU = torch.device("cpu")
 
@@ -15,7 +15,7 @@ CPU = torch.device("cpu")
 @pytest.fixture
 def not_installed(monkeypatch):
     """llama-cpp-python missing, and the process not yet told about it."""
-    monkeypatch.setattr("engine.llamacpp_backend.library", lambda: None)
+    monkeypatch.setattr("specdeck.engine.llamacpp_backend.library", lambda: None)
     monkeypatch.setattr(backends, "_told_missing", False)
 
 

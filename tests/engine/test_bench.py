@@ -10,17 +10,17 @@ import torch
 from tiny import build_pair, write_two_prompts
 from transformers import LlamaForCausalLM
 
-from cli.main import main
-from engine.bench.prompts import read_prompts, sample_prompts
-from engine.bench.report import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
-from engine.bench.runner import BenchSettings
-from engine.bench.service import run_and_write
-from engine.bench.sweep import parse_drafters, parse_lookups
-from engine.config import DecodeConfig
-from engine.errors import SpecDeckError
-from engine.heads import FeatureHead, fingerprint, head_config, save_head
-from engine.pair import PairSpec
-from engine.session import load_pair, load_pairs
+from specdeck.cli.main import main
+from specdeck.engine.bench.prompts import read_prompts, sample_prompts
+from specdeck.engine.bench.report import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
+from specdeck.engine.bench.runner import BenchSettings
+from specdeck.engine.bench.service import run_and_write
+from specdeck.engine.bench.sweep import parse_drafters, parse_lookups
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.heads import FeatureHead, fingerprint, head_config, save_head
+from specdeck.engine.pair import PairSpec
+from specdeck.engine.session import load_pair, load_pairs
 
 
 @pytest.fixture(scope="module")

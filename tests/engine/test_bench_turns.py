@@ -1,12 +1,12 @@
 """Benchmark conversations: every turn of a record asked in one conversation and reported per turn,
 the bundled refine workload by name, and the repeat scenario kept apart from the other rows."""
 
-from engine import DecodeConfig
-from engine.bench.prompts import BenchPrompt, read_prompts
-from engine.bench.report import summary_rows
-from engine.bench.runner import BenchSettings, Method, run_bench
-from engine.models import encode_conversation, encode_prompt
-from engine.pair import DrafterKind, ModelPair
+from specdeck.engine import DecodeConfig
+from specdeck.engine.bench.prompts import BenchPrompt, read_prompts
+from specdeck.engine.bench.report import summary_rows
+from specdeck.engine.bench.runner import BenchSettings, Method, run_bench
+from specdeck.engine.models import encode_conversation, encode_prompt
+from specdeck.engine.pair import DrafterKind, ModelPair
 
 TURNS = ("The quick brown fox", "Say it again")
 

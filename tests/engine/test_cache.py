@@ -2,8 +2,8 @@
 
 import torch
 
-from engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
-from engine.kvcache import CachedModel
+from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
+from specdeck.engine.kvcache import CachedModel
 
 
 def fresh_logits(model, ids: list[int]) -> torch.Tensor:

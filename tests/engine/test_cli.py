@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny import build_model
 
-from cli.bench import bench_specs
-from cli.main import build_parser, main
-from cli.options import pair_spec
-from engine.pair import DrafterKind, PairSpec
+from specdeck.cli.bench import bench_specs
+from specdeck.cli.main import build_parser, main
+from specdeck.cli.options import pair_spec
+from specdeck.engine.pair import DrafterKind, PairSpec
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_jsonl_stream(tiny_dirs):
     """`--jsonl` writes one parseable object per event, with the documented fields."""
     target, draft = tiny_dirs
     out = subprocess.run(
-        [sys.executable, "-m", "cli.main", "run", "--target", str(target), "--draft", str(draft),
+        [sys.executable, "-m", "specdeck.cli.main", "run", "--target", str(target), "--draft", str(draft),
          "--no-chat", "--prompt", "The quick brown fox", "--max-new-tokens", "16", "--jsonl"],
         capture_output=True, text=True, check=True, timeout=120,
     ).stdout.splitlines()

@@ -2,9 +2,9 @@
 
 import pytest
 
-from engine import DecodeConfig, DraftModelDrafter, SummaryEvent, TokenEvent, encode_prompt, generate
-from engine.errors import SpecDeckError
-from engine.events import SessionStarted
+from specdeck.engine import DecodeConfig, DraftModelDrafter, SummaryEvent, TokenEvent, encode_prompt, generate
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import SessionStarted
 
 CONTEXT = 512
 

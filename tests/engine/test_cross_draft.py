@@ -10,13 +10,13 @@ import pytest
 import torch
 from tiny import ON_CPU
 
-from cli.main import main
-from engine import DecodeConfig, TokenEvent, encode_prompt, generate
-from engine.cross_vocab import CrossVocabularyDrafter
-from engine.models import DEFAULT_TARGET, load_model
-from engine.pair import PairSpec
-from engine.session import load_pair
-from engine.vocabulary import match_vocabularies
+from specdeck.cli.main import main
+from specdeck.engine import DecodeConfig, TokenEvent, encode_prompt, generate
+from specdeck.engine.cross_vocab import CrossVocabularyDrafter
+from specdeck.engine.models import DEFAULT_TARGET, load_model
+from specdeck.engine.pair import PairSpec
+from specdeck.engine.session import load_pair
+from specdeck.engine.vocabulary import match_vocabularies
 
 # a few seconds: the target writes six short answers, the draft memorises them in part
 SMALL = ["--answers", "4", "--code", "2", "--passages", "0", "--answer-tokens", "32", "--generation-batch", "3",

@@ -8,11 +8,11 @@ import torch
 from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
 from tiny import write_two_prompts
 
-from cli.main import main
-from engine import DecodeConfig, RoundEvent, TokenEvent, encode_prompt, generate
-from engine.cross_vocab import CrossVocabularyDrafter
-from engine.drafters import Proposal
-from engine.vocabulary import TokenText, match_vocabularies
+from specdeck.cli.main import main
+from specdeck.engine import DecodeConfig, RoundEvent, TokenEvent, encode_prompt, generate
+from specdeck.engine.cross_vocab import CrossVocabularyDrafter
+from specdeck.engine.drafters import Proposal
+from specdeck.engine.vocabulary import TokenText, match_vocabularies
 
 PROMPTS = [
     "The quick brown fox",
@@ -189,7 +189,7 @@ def test_pair_with_little_in_common_is_said_and_still_exact(cross_pair, tmp_path
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from engine.models import load_model
+    from specdeck.engine.models import load_model
 
     words = sorted({word for text in CORPUS for word in text.split()})
     tok = Tokenizer(models.WordLevel({word: i for i, word in enumerate(["[UNK]", "[EOS]", *words])}, unk_token="[UNK]"))

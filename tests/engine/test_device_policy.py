@@ -8,10 +8,10 @@ import pytest
 import torch
 from tiny import ON_CPU
 
-from engine import DecodeConfig, generate, load_model
-from engine.errors import SpecDeckError
-from engine.kvcache import CachedModel
-from engine.models import resolve_device, resolve_dtype
+from specdeck.engine import DecodeConfig, generate, load_model
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.kvcache import CachedModel
+from specdeck.engine.models import resolve_device, resolve_dtype
 
 
 @pytest.fixture
@@ -76,13 +76,13 @@ def test_non_finite_logits_stop_the_session_with_a_message(tiny_root, temperatur
 
 def test_running_out_of_memory_in_the_terminal_says_what_to_try(monkeypatch, capsys):
     """`specdeck run` that runs out of GPU memory ends with one line saying what to try, not a traceback."""
-    from cli.main import main
+    from specdeck.cli.main import main
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr("engine.session.load_pair", lambda *args, **kwargs: types.SimpleNamespace(description="pair"))
-    monkeypatch.setattr("engine.session.run_session", out_of_memory)
+    monkeypatch.setattr("specdeck.engine.session.load_pair", lambda *args, **kwargs: types.SimpleNamespace(description="pair"))
+    monkeypatch.setattr("specdeck.engine.session.run_session", out_of_memory)
     assert main(["run", "--prompt", "hello", "--jsonl"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specdeck: error: Out of memory on the GPU.")

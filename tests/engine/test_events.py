@@ -3,8 +3,16 @@
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engine import DecodeConfig, DraftModelDrafter, RoundEvent, SummaryEvent, TokenEvent, encode_prompt, generate
-from engine.detok import Detokenizer
+from specdeck.engine import (
+    DecodeConfig,
+    DraftModelDrafter,
+    RoundEvent,
+    SummaryEvent,
+    TokenEvent,
+    encode_prompt,
+    generate,
+)
+from specdeck.engine.detok import Detokenizer
 
 
 def session(target, draft, **settings):

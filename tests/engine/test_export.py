@@ -3,8 +3,8 @@
 import csv
 import io
 
-from engine import DecodeConfig, DraftModelDrafter, RoundEvent, encode_prompt, generate
-from engine.export import ROUND_COLUMNS, SessionRecord, rounds_csv, tokens_csv
+from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, encode_prompt, generate
+from specdeck.engine.export import ROUND_COLUMNS, SessionRecord, rounds_csv, tokens_csv
 
 
 def test_token_rows_give_each_draft_its_position_and_unjudged_drafts_their_own_state(tiny_pair):

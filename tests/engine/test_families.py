@@ -14,9 +14,9 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from engine.kvcache import CachedModel
-from engine.linear import packed_available
-from engine.llama_forward import LlamaForward, supports
+from specdeck.engine.kvcache import CachedModel
+from specdeck.engine.linear import packed_available
+from specdeck.engine.llama_forward import LlamaForward, supports
 
 SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, initializer_range=0.2, max_position_embeddings=128, tie_word_embeddings=False)

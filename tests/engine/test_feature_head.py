@@ -8,18 +8,18 @@ import pytest
 import torch
 from tiny import ON_CPU, build_pair
 
-from cli.main import main
-from engine.config import DecodeConfig
-from engine.decoding import generate
-from engine.distill.head import HeadConfig, build_head, collate_pairs, extract_features, unrolled
-from engine.distill.teacher import Shard, load_shards
-from engine.drafters import FeatureHeadDrafter
-from engine.errors import SpecDeckError
-from engine.events import SummaryEvent, TokenEvent, TokenState
-from engine.heads import FeatureHead, head_config, load_head
-from engine.models import encode_prompt, load_model
-from engine.pair import PairSpec
-from engine.session import load_pair, run_session
+from specdeck.cli.main import main
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.decoding import generate
+from specdeck.engine.distill.head import HeadConfig, build_head, collate_pairs, extract_features, unrolled
+from specdeck.engine.distill.teacher import Shard, load_shards
+from specdeck.engine.drafters import FeatureHeadDrafter
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import SummaryEvent, TokenEvent, TokenState
+from specdeck.engine.heads import FeatureHead, head_config, load_head
+from specdeck.engine.models import encode_prompt, load_model
+from specdeck.engine.pair import PairSpec
+from specdeck.engine.session import load_pair, run_session
 
 TEXT = ["--answers", "4", "--passages", "1", "--code", "3", "--answer-tokens", "16", "--generation-batch", "4"]
 TRAIN = ["--output-vocab", "150", "--batch", "2", "--eval-every", "3", "--threads", "1"]

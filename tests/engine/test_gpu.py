@@ -13,8 +13,8 @@ from test_families import FAMILIES, build, reference
 from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
 from tiny import build_model, build_pair, write_two_prompts
 
-from cli.main import main
-from engine import (
+from specdeck.cli.main import main
+from specdeck.engine import (
     DecodeConfig,
     DraftModelDrafter,
     PromptLookupDrafter,
@@ -23,14 +23,14 @@ from engine import (
     encode_prompt,
     generate,
 )
-from engine.drafters import FeatureHeadDrafter
-from engine.heads import FeatureHead, head_config
-from engine.llama_forward import LlamaForward
-from engine.memory import give_back
-from engine.models import LoadOptions, load_model
-from engine.pair import PairSpec
-from engine.session import load_pair
-from engine.suffix import SuffixIndex
+from specdeck.engine.drafters import FeatureHeadDrafter
+from specdeck.engine.heads import FeatureHead, head_config
+from specdeck.engine.llama_forward import LlamaForward
+from specdeck.engine.memory import give_back
+from specdeck.engine.models import LoadOptions, load_model
+from specdeck.engine.pair import PairSpec
+from specdeck.engine.session import load_pair
+from specdeck.engine.suffix import SuffixIndex
 
 pytestmark = pytest.mark.cuda
 PROMPT = "The quick brown fox"

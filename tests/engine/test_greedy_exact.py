@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
+from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 

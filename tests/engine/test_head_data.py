@@ -9,15 +9,15 @@ import pytest
 import torch
 from tiny import build_pair
 
-from cli.main import main
-from engine.config import DecodeConfig
-from engine.distill import forcing
-from engine.distill.forcing import load_store
-from engine.distill.texts import TEXT_SOURCES, Exchange
-from engine.events import TokenEvent
-from engine.models import load_model
-from engine.pair import PairSpec
-from engine.session import load_pair, run_session
+from specdeck.cli.main import main
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.distill import forcing
+from specdeck.engine.distill.forcing import load_store
+from specdeck.engine.distill.texts import TEXT_SOURCES, Exchange
+from specdeck.engine.events import TokenEvent
+from specdeck.engine.models import load_model
+from specdeck.engine.pair import PairSpec
+from specdeck.engine.session import load_pair, run_session
 
 EXCHANGES = [Exchange("python-docs", f"Explain item {i}.", f"Item {i} reads the file and returns a list of lines. " * 12)
              for i in range(24)]

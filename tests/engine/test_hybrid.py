@@ -7,12 +7,20 @@ import pytest
 import torch
 from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
 
-from engine import DecodeConfig, DraftModelDrafter, HybridDrafter, SuffixDrafter, TokenEvent, encode_prompt, generate
-from engine.drafters import FeatureHeadDrafter
-from engine.heads import FeatureHead, head_config
-from engine.pair import DrafterKind, PairSpec
-from engine.sampling import logits_to_probs
-from engine.suffix import SuffixIndex
+from specdeck.engine import (
+    DecodeConfig,
+    DraftModelDrafter,
+    HybridDrafter,
+    SuffixDrafter,
+    TokenEvent,
+    encode_prompt,
+    generate,
+)
+from specdeck.engine.drafters import FeatureHeadDrafter
+from specdeck.engine.heads import FeatureHead, head_config
+from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.sampling import logits_to_probs
+from specdeck.engine.suffix import SuffixIndex
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 

@@ -25,7 +25,7 @@ def models(tiny_root):
 
 
 def _specdeck(*argv: str, stdout=subprocess.PIPE) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cli.main", *argv], cwd=ROOT, stdout=stdout,
+    return subprocess.Popen([sys.executable, "-m", "specdeck.cli.main", *argv], cwd=ROOT, stdout=stdout,
                             stderr=subprocess.PIPE, text=True)
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine import DecodeConfig, TokenEvent, encode_prompt, generate
-from engine.kvcache import CachedModel, HFForward
-from engine.llama_forward import LlamaForward
+from specdeck.engine import DecodeConfig, TokenEvent, encode_prompt, generate
+from specdeck.engine.kvcache import CachedModel, HFForward
+from specdeck.engine.llama_forward import LlamaForward
 
 
 def test_logits_match_hf_through_prefill_steps_growth_and_crop(tiny_llama):

@@ -10,12 +10,12 @@ import pytest
 import torch
 from test_sampling_lossless import chi_square, chi_square_quantile, sample_two_tokens
 
-from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
-from engine.drafters import FeatureHeadDrafter
-from engine.errors import SpecDeckError
-from engine.heads import load_feature_head
-from engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library
-from engine.models import (
+from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
+from specdeck.engine.drafters import FeatureHeadDrafter
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.heads import load_feature_head
+from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library
+from specdeck.engine.models import (
     BUILTIN_MODELS,
     DEFAULT_DRAFT,
     DEFAULT_HEAD,
@@ -24,7 +24,7 @@ from engine.models import (
     LoadOptions,
     load_model,
 )
-from engine.sampling import logits_to_probs
+from specdeck.engine.sampling import logits_to_probs
 
 pytestmark = pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")
 

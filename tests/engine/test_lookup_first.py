@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_sampling_lossless import chi_square, chi_square_quantile
 
-from engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, TokenState, encode_prompt, generate
-from engine.drafters import FeatureHeadDrafter, PromptLookupDrafter
-from engine.errors import SpecDeckError
-from engine.heads import FeatureHead, head_config
-from engine.sampling import logits_to_probs
+from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, TokenState, encode_prompt, generate
+from specdeck.engine.drafters import FeatureHeadDrafter, PromptLookupDrafter
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.heads import FeatureHead, head_config
+from specdeck.engine.sampling import logits_to_probs
 
 REPEATING = "one two three four five one two three four five one two three"
 

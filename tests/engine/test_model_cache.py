@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cli.main import main
+from specdeck.cli.main import main
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import pytest
 import torch
 from tiny import ON_CPU, build_pair
 
-from engine import DecodeConfig, DraftModelDrafter, TokenEvent, TokenState, encode_prompt, generate
-from engine.errors import SpecDeckError
-from engine.models import OUTPUT_TOKENS_FILE, load_model
+from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, TokenState, encode_prompt, generate
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.models import OUTPUT_TOKENS_FILE, load_model
 
 
 def test_reduced_output_greedy_equals_plain(tiny_pair):

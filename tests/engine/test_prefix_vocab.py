@@ -4,9 +4,9 @@ import pytest
 import torch
 from tiny import ON_CPU, build_model, build_tokenizer
 
-from engine import DecodeConfig, DraftModelDrafter, TokenEvent, TokenState, encode_prompt, generate
-from engine.models import load_model
-from engine.vocabulary import match_vocabularies
+from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, TokenState, encode_prompt, generate
+from specdeck.engine.models import load_model
+from specdeck.engine.vocabulary import match_vocabularies
 
 EXTRA = ["<|user|>", "<|end|>"]
 

@@ -7,9 +7,9 @@ import shutil
 import pytest
 from tiny import ON_CPU, build_pair
 
-from engine import preflight
-from engine.errors import SpecDeckError
-from engine.models import load_model
+from specdeck.engine import preflight
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.models import load_model
 
 
 @pytest.fixture

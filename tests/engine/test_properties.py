@@ -11,7 +11,7 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import (
+from specdeck.engine import (
     DecodeConfig,
     DraftModelDrafter,
     PromptLookupDrafter,
@@ -22,9 +22,9 @@ from engine import (
     encode_prompt,
     generate,
 )
-from engine.config import SCHEDULES
-from engine.events import SessionStarted, TokenState
-from engine.suffix import SuffixIndex
+from specdeck.engine.config import SCHEDULES
+from specdeck.engine.events import SessionStarted, TokenState
+from specdeck.engine.suffix import SuffixIndex
 
 LONG = os.environ.get("SPECDECK_HYPOTHESIS") == "long"
 PROFILE = settings(max_examples=300 if LONG else 40, deadline=None, derandomize=not LONG, database=None,

@@ -5,7 +5,15 @@ from pathlib import Path
 import pytest
 from tiny import ON_CPU
 
-from engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate, load_model
+from specdeck.engine import (
+    DecodeConfig,
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    TokenEvent,
+    encode_prompt,
+    generate,
+    load_model,
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +47,8 @@ def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
     """The bundled draft fits the size limit, shares the built-in target's vocabulary, proposes from
     its reduced vocabulary, and leaves greedy output unchanged while
     actually getting drafts accepted."""
-    from engine.models import DEFAULT_DRAFT, locate
-    from engine.vocabulary import match_vocabularies
+    from specdeck.engine.models import DEFAULT_DRAFT, locate
+    from specdeck.engine.vocabulary import match_vocabularies
 
     folder = Path(locate(DEFAULT_DRAFT))
     assert sum(f.stat().st_size for f in folder.glob("*.safetensors")) <= 32_000_000
@@ -59,9 +67,9 @@ def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
 def test_builtin_head_ships_small_and_keeps_greedy_exact(smollm2):
     """The bundled feature head fits the size limit, carries its card, binds to the built-in target
     and leaves greedy output unchanged while getting drafts accepted."""
-    from engine.drafters import FeatureHeadDrafter
-    from engine.heads import load_feature_head
-    from engine.models import DEFAULT_HEAD, locate
+    from specdeck.engine.drafters import FeatureHeadDrafter
+    from specdeck.engine.heads import load_feature_head
+    from specdeck.engine.models import DEFAULT_HEAD, locate
 
     folder = Path(locate(DEFAULT_HEAD))
     assert sum(f.stat().st_size for f in folder.iterdir()) <= 32_000_000
@@ -80,10 +88,10 @@ def test_builtin_head_ships_small_and_keeps_greedy_exact(smollm2):
 def test_default_pair_copies_from_an_article_and_stays_exact(smollm2):
     """The default settings (head, K=1, prompt lookup first) on the summarization preset: some copies
     of the article are accepted, and the text equals plain greedy decoding."""
-    from engine.drafters import FeatureHeadDrafter
-    from engine.heads import load_feature_head
-    from engine.models import DEFAULT_HEAD
-    from engine.resources import resource_path
+    from specdeck.engine.drafters import FeatureHeadDrafter
+    from specdeck.engine.heads import load_feature_head
+    from specdeck.engine.models import DEFAULT_HEAD
+    from specdeck.engine.resources import resource_path
 
     head = load_feature_head(DEFAULT_HEAD, smollm2)
     prompt = resource_path("presets", "summarization.txt").read_text(encoding="utf-8")
@@ -102,9 +110,9 @@ def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
     drafters, README "Feature heads"); with its distilled draft when that drafter is asked for; the
     head by itself when named; prompt lookup when asked for it; a target of one's own without a
     draft gets prompt lookup."""
-    from engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
-    from engine.pair import PairSpec
-    from engine.session import load_pair
+    from specdeck.engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+    from specdeck.engine.pair import PairSpec
+    from specdeck.engine.session import load_pair
 
     pair = load_pair(PairSpec(device="cpu"))
     assert (pair.target.name, pair.drafter_kind, pair.head.name) == (DEFAULT_TARGET, "feature-head", DEFAULT_HEAD)
@@ -121,8 +129,8 @@ def test_lean_forward_keeps_hf_logits_and_greedy_text(smollm2):
     Hugging Face generate()'s."""
     import torch
 
-    from engine.kvcache import CachedModel, HFForward
-    from engine.llama_forward import LlamaForward
+    from specdeck.engine.kvcache import CachedModel, HFForward
+    from specdeck.engine.llama_forward import LlamaForward
 
     assert isinstance(CachedModel(smollm2.model).backend, LlamaForward)
     ids = encode_prompt(smollm2.tokenizer, "Summarize: the cat sat on the mat because the mat was warm.")

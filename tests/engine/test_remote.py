@@ -14,17 +14,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from engine.config import DecodeConfig
-from engine.decoding import generate
-from engine.errors import SpecDeckError
-from engine.events import RoundEvent, SummaryEvent
-from engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, encode_prompt, load_tokenizer
-from engine.pair import DrafterKind, PairSpec
-from engine.remote_http import API_KEY_VARIABLE
-from engine.remote_scoring import ServerTime
-from engine.remote_target import RemoteSettings, connect
-from engine.session import load_pair
-from engine.stats import expected_tokens_per_round, remote_tokens_per_s
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.decoding import generate
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import RoundEvent, SummaryEvent
+from specdeck.engine.models import (
+    BUILTIN_MODELS,
+    DEFAULT_DRAFT,
+    DEFAULT_HEAD,
+    DEFAULT_TARGET,
+    encode_prompt,
+    load_tokenizer,
+)
+from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.remote_http import API_KEY_VARIABLE
+from specdeck.engine.remote_scoring import ServerTime
+from specdeck.engine.remote_target import RemoteSettings, connect
+from specdeck.engine.session import load_pair
+from specdeck.engine.stats import expected_tokens_per_round, remote_tokens_per_s
 
 SERVED = importlib.util.find_spec("llama_cpp") is not None and all(
     importlib.util.find_spec(name) is not None for name in ("fastapi", "uvicorn", "sse_starlette", "pydantic_settings"))

@@ -10,12 +10,20 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine import DecodeConfig, DraftModelDrafter, Proposal, SuffixDrafter, TokenEvent, encode_prompt, generate
-from engine.decoding import verify
-from engine.drafters import FeatureHeadDrafter
-from engine.heads import FeatureHead, head_config
-from engine.sampling import logits_to_probs
-from engine.suffix import SuffixIndex
+from specdeck.engine import (
+    DecodeConfig,
+    DraftModelDrafter,
+    Proposal,
+    SuffixDrafter,
+    TokenEvent,
+    encode_prompt,
+    generate,
+)
+from specdeck.engine.decoding import verify
+from specdeck.engine.drafters import FeatureHeadDrafter
+from specdeck.engine.heads import FeatureHead, head_config
+from specdeck.engine.sampling import logits_to_probs
+from specdeck.engine.suffix import SuffixIndex
 
 Z_999 = 3.090  # standard normal 99.9% quantile
 
@@ -169,10 +177,10 @@ def test_auto_schedule_sampling_follows_target(tiny_llama, monkeypatch):
     """Under the auto schedule, with costs that make drafting pay, the first two sampled tokens still
     follow the target exactly; the same counts fail against the target at another temperature (the
     control: the test can tell a near miss)."""
-    from engine.autotune import CostCurve
+    from specdeck.engine.autotune import CostCurve
 
-    monkeypatch.setattr("engine.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0)))
-    monkeypatch.setattr("engine.decoding.draft_cost", lambda *args, **kwargs: 0.1)
+    monkeypatch.setattr("specdeck.engine.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0)))
+    monkeypatch.setattr("specdeck.engine.decoding.draft_cost", lambda *args, **kwargs: 0.1)
     target, draft = tiny_llama
     ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
     base = DecodeConfig(temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2)

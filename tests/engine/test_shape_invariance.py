@@ -5,10 +5,10 @@ import pytest
 import torch
 from tiny import ON_CPU, build_pair
 
-from engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
-from engine.kvcache import CachedModel
-from engine.linear import PackedLinear, packed_available
-from engine.models import load_model
+from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
+from specdeck.engine.kvcache import CachedModel
+from specdeck.engine.linear import PackedLinear, packed_available
+from specdeck.engine.models import load_model
 
 needs_packed = pytest.mark.skipif(packed_available(torch.zeros(2, 2)) is not None,
                                   reason="this torch has no oneDNN packed linear")
@@ -81,7 +81,7 @@ def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama):
     """In a tree forward (a chain and two alternatives to its first token) each node's logits equal,
     bit for bit, one-token steps along its own path; keeping an alternative's path leaves the cache
     as if only that path had been fed."""
-    from engine.llama_forward import LlamaForward
+    from specdeck.engine.llama_forward import LlamaForward
 
     forward = LlamaForward(packed_llama.model)
     forward.hidden(torch.arange(5, 30))

@@ -10,7 +10,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.suffix import SuffixIndex
+from specdeck.engine.suffix import SuffixIndex
 
 LONG = os.environ.get("SPECDECK_HYPOTHESIS") == "long"
 PROFILE = settings(max_examples=1000 if LONG else 150, deadline=None, derandomize=not LONG, database=None,

@@ -3,11 +3,11 @@ session, and a benchmark that never lets a prompt draft from its own runs."""
 
 import pytest
 
-from engine import DecodeConfig, SuffixDrafter, TokenEvent, encode_prompt, generate
-from engine.bench.prompts import BenchPrompt
-from engine.bench.runner import BenchSettings, Method, run_bench
-from engine.pair import DrafterKind, ModelPair
-from engine.suffix import SuffixIndex
+from specdeck.engine import DecodeConfig, SuffixDrafter, TokenEvent, encode_prompt, generate
+from specdeck.engine.bench.prompts import BenchPrompt
+from specdeck.engine.bench.runner import BenchSettings, Method, run_bench
+from specdeck.engine.pair import DrafterKind, ModelPair
+from specdeck.engine.suffix import SuffixIndex
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 

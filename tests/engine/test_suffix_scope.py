@@ -6,12 +6,12 @@ import io
 
 import pytest
 
-from engine import DecodeConfig, PromptLookupDrafter, RoundEvent, TokenEvent, encode_prompt, generate
-from engine.cache import clear_suffix_texts, suffix_cache
-from engine.errors import SpecDeckError
-from engine.export import SessionRecord, tokens_csv
-from engine.pair import DrafterKind, ModelPair
-from engine.past_sessions import PastSessions, read_texts
+from specdeck.engine import DecodeConfig, PromptLookupDrafter, RoundEvent, TokenEvent, encode_prompt, generate
+from specdeck.engine.cache import clear_suffix_texts, suffix_cache
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.export import SessionRecord, tokens_csv
+from specdeck.engine.pair import DrafterKind, ModelPair
+from specdeck.engine.past_sessions import PastSessions, read_texts
 
 PROMPT = "The quick brown fox"
 

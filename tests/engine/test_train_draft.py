@@ -6,14 +6,14 @@ import pytest
 import torch
 from tiny import build_pair
 
-from cli.main import main
-from engine.config import DecodeConfig
-from engine.distill.teacher import load_shards
-from engine.distill.train import TrainConfig, build_teacher_data
-from engine.events import SummaryEvent, TokenEvent, TokenState
-from engine.models import LoadOptions, load_model
-from engine.pair import PairSpec
-from engine.session import load_pair, run_session
+from specdeck.cli.main import main
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.distill.teacher import load_shards
+from specdeck.engine.distill.train import TrainConfig, build_teacher_data
+from specdeck.engine.events import SummaryEvent, TokenEvent, TokenState
+from specdeck.engine.models import LoadOptions, load_model
+from specdeck.engine.pair import PairSpec
+from specdeck.engine.session import load_pair, run_session
 
 TINY = ["--hidden", "32", "--layers", "1", "--intermediate", "64", "--answers", "3", "--passages", "1",
         "--code", "2", "--answer-tokens", "12", "--generation-batch", "2", "--documents", "4", "--output-vocab", "200",

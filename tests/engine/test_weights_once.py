@@ -5,9 +5,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.lean_weights import output_weight, weights_of
-from engine.linear import DenseLinear, PackedLinear, packed_available
-from engine.llama_forward import LlamaForward
+from specdeck.engine.lean_weights import output_weight, weights_of
+from specdeck.engine.linear import DenseLinear, PackedLinear, packed_available
+from specdeck.engine.llama_forward import LlamaForward
 
 PATHS = ["dense"] + (["packed"] if packed_available(torch.zeros(2, 2)) is None else [])
 
