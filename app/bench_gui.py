@@ -69,11 +69,15 @@ class SyntheticSource:
                 time.sleep(ahead)
             round_no += 1
             accepted = round_no % 5  # 0..4 of 4 drafts: every outcome, in turn
-            events = [TokenEvent(TokenState.ACCEPTED, 1, WORDS[(pos + i) % len(WORDS)], pos + i, round_no, 0.9, 0.8)
-                      for i in range(min(accepted, 4))]
+            events = [
+                TokenEvent(TokenState.ACCEPTED, 1, WORDS[(pos + i) % len(WORDS)], pos + i, round_no, 0.9, 0.8)
+                for i in range(min(accepted, 4))
+            ]
             if accepted < 4:
-                events += [TokenEvent(TokenState.REJECTED, 2, " draft", pos + accepted, round_no, 0.1, 0.6)
-                           for _ in range(4 - accepted)]
+                events += [
+                    TokenEvent(TokenState.REJECTED, 2, " draft", pos + accepted, round_no, 0.1, 0.6)
+                    for _ in range(4 - accepted)
+                ]
                 events.append(TokenEvent(TokenState.RESAMPLED, 3, " fix", pos + accepted, round_no, 0.5, 0.1))
             else:
                 events.append(TokenEvent(TokenState.BONUS, 4, " more", pos + 4, round_no, 0.7, None))
@@ -194,8 +198,7 @@ class StallProbe:
         longest = max(self.gaps, key=lambda g: g.ms)
         return {
             f"{prefix}longest stall ms": longest.ms,
-            f"{prefix}  GUI CPU / run-queue wait / other ms":
-                f"{longest.cpu_ms:.1f} / {longest.waiting_ms:.1f} / {longest.other_ms:.1f}",
+            f"{prefix}  GUI CPU / run-queue wait / other ms": f"{longest.cpu_ms:.1f} / {longest.waiting_ms:.1f} / {longest.other_ms:.1f}",
             f"{prefix}99.9th percentile gap ms": ms[int(0.999 * (len(ms) - 1))],
             f"{prefix}gaps over {GOAL_MS} ms": sum(g.ms > GOAL_MS for g in self.gaps),
             f"{prefix}most GUI CPU in one gap ms": max(g.cpu_ms for g in self.gaps),
@@ -225,6 +228,7 @@ class CollectionWatch:
 def _timed(accumulator: list[float], function):
     """`function`, adding its wall time to accumulator[0]; accumulator[1] counts the timed calls
     running, so that a call made from inside another one is not counted twice."""
+
     def wrapper(*args, **kwargs):
         started = time.perf_counter()
         accumulator[1] += 1
@@ -234,6 +238,7 @@ def _timed(accumulator: list[float], function):
             accumulator[1] -= 1
             if not accumulator[1]:
                 accumulator[0] += time.perf_counter() - started
+
     return wrapper
 
 
@@ -305,12 +310,16 @@ def main(argv: list[str] | None = None) -> int:
         freeze_long_lived_objects()
         result = loop.run_until_complete(measure(window, source))
         window.close()
-    print(f"window responsiveness at {args.rate:.0f} tokens/s for {args.seconds:.0f} s "
-          f"(Qt platform {app.platformName()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}):")
+    print(
+        f"window responsiveness at {args.rate:.0f} tokens/s for {args.seconds:.0f} s "
+        f"(Qt platform {app.platformName()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}):"
+    )
     for name, value in result.items():
         print(f"  {name:58s} {value:.2f}" if isinstance(value, float) else f"  {name:58s} {value}")
-    print(f"Stalls the window causes show as GUI CPU (goal: under {GOAL_MS} ms in any gap); run-queue wait, "
-          "stolen CPU and gaps the idle window has too are the machine's.")
+    print(
+        f"Stalls the window causes show as GUI CPU (goal: under {GOAL_MS} ms in any gap); run-queue wait, "
+        "stolen CPU and gaps the idle window has too are the machine's."
+    )
     return 0 if result["lost events"] == 0 and result["kept positions contiguous"] else 1
 
 

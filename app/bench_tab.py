@@ -61,7 +61,7 @@ def readable_header(column: str) -> str:
         return words
     middle = len(words) // 2
     cut = min((i for i, c in enumerate(words) if c == " "), key=lambda i: abs(i - middle))
-    return words[:cut] + "\n" + words[cut + 1:]
+    return words[:cut] + "\n" + words[cut + 1 :]
 
 
 class PlotImage(QWidget):
@@ -83,8 +83,9 @@ class PlotImage(QWidget):
         if self.pixmap.isNull():
             return
         size = self.pixmap.size().scaled(self.size(), Qt.AspectRatioMode.KeepAspectRatio)
-        area = QRect((self.width() - size.width()) // 2, (self.height() - size.height()) // 2,
-                     size.width(), size.height())
+        area = QRect(
+            (self.width() - size.width()) // 2, (self.height() - size.height()) // 2, size.width(), size.height()
+        )
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform)
         painter.drawPixmap(area, self.pixmap)
@@ -115,15 +116,21 @@ class BenchmarkTab(QWidget):
         self.limit.setSpecialValueText("all")
         defaults = BenchSettings()
         self.ks = QLineEdit(format_ks(defaults.ks))
-        self.ks.setToolTip("Draft tokens per round, auto (chosen each round from measured costs), or a sweep: auto,1,2,4")
+        self.ks.setToolTip(
+            "Draft tokens per round, auto (chosen each round from measured costs), or a sweep: auto,1,2,4"
+        )
         self.lookups = QLineEdit(format_lookups(defaults.lookups))
-        self.lookups.setToolTip("Tokens prompt lookup may copy per round where the text repeats, before asking the "
-                                "drafter; 0 is off; a sweep such as 0,2 times each")
+        self.lookups.setToolTip(
+            "Tokens prompt lookup may copy per round where the text repeats, before asking the "
+            "drafter; 0 is off; a sweep such as 0,2 times each"
+        )
         self.drafters = QLineEdit()
         self.drafters.setPlaceholderText("e.g. draft-model,prompt-lookup")
-        self.drafters.setToolTip("Other drafters of the loaded target, timed in the same run against the same plain "
-                                 f"runs: comma-separated kinds ({', '.join(kind.value for kind in DrafterKind)}), each "
-                                 "optionally kind:MODEL. Empty: the loaded drafter only")
+        self.drafters.setToolTip(
+            "Other drafters of the loaded target, timed in the same run against the same plain "
+            f"runs: comma-separated kinds ({', '.join(kind.value for kind in DrafterKind)}), each "
+            "optionally kind:MODEL. Empty: the loaded drafter only"
+        )
         self.baselines = {name: QCheckBox(name) for name in BASELINES}
         for name, box in self.baselines.items():
             box.setChecked(name in defaults.baselines)
@@ -147,8 +154,10 @@ class BenchmarkTab(QWidget):
         self.plan_note = QLabel()  # what Run benchmark will do: runs, an estimate, skipped baselines
         self.plan_note.setWordWrap(True)
         self.plan_note.setTextFormat(Qt.TextFormat.RichText)
-        scope = QLabel("Runs the model panel's pair with the settings on this tab; the Decoding panel's "
-                       "settings apply to Run and Compare only.")
+        scope = QLabel(
+            "Runs the model panel's pair with the settings on this tab; the Decoding panel's "
+            "settings apply to Run and Compare only."
+        )
         scope.setWordWrap(True)
         scope.setStyleSheet("color: #555;")
         self.scope_note = scope
@@ -239,11 +248,14 @@ class BenchmarkTab(QWidget):
         """The drafters to time beside the loaded pair `models`; raises SpecDeckError for an unknown kind."""
         if not self.drafters.text().strip():
             return []
-        return [models.with_drafter(kind, draft) for kind, draft in parse_drafters(self.drafters.text(), "Also compare")]
+        return [
+            models.with_drafter(kind, draft) for kind, draft in parse_drafters(self.drafters.text(), "Also compare")
+        ]
 
     def settings(self) -> BenchSettings:
         return BenchSettings(
-            ks=parse_ks(self.ks.text()), lookups=parse_lookups(self.lookups.text()),
+            ks=parse_ks(self.ks.text()),
+            lookups=parse_lookups(self.lookups.text()),
             baselines=tuple(name for name, box in self.baselines.items() if box.isChecked()),
             repeats=self.repeats.value(),
             decode=DecodeConfig(temperature=self.temperature.value(), max_new_tokens=self.max_new_tokens.value()),
@@ -255,24 +267,39 @@ class BenchmarkTab(QWidget):
         raises SpecDeckError for settings or prompts that cannot run."""
         settings, prompts = self.settings(), self.prompts()
         specs = [models.resolved(), *(spec.resolved() for spec in self.other_drafters(models))]
-        stand_ins = [SimpleNamespace(drafter_kind=spec.drafter, drafter_description=spec.drafter.describe(spec.draft),
-                                     hugging_face_runs=spec.drafter.hugging_face_runs and not spec.remote,
-                                     copies_text=spec.drafter.copies_text, reads_history=spec.drafter.reads_history,
-                                     remote=spec.remote)
-                     for spec in specs]  # what `BenchSettings.methods` reads of a loaded pair (before its vocabularies are known)
+        stand_ins = [
+            SimpleNamespace(
+                drafter_kind=spec.drafter,
+                drafter_description=spec.drafter.describe(spec.draft),
+                hugging_face_runs=spec.drafter.hugging_face_runs and not spec.remote,
+                copies_text=spec.drafter.copies_text,
+                reads_history=spec.drafter.reads_history,
+                remote=spec.remote,
+            )
+            for spec in specs
+        ]  # what `BenchSettings.methods` reads of a loaded pair (before its vocabularies are known)
         methods = settings.methods(stand_ins)
         runs = len(prompts) * settings.repeats * len(methods)
-        lines = [f"{runs} timed runs: {len(prompts)} prompts x {settings.repeats} repeats x {len(methods)} methods, "
-                 f"up to {settings.decode.max_new_tokens} new tokens each"]
+        lines = [
+            f"{runs} timed runs: {len(prompts)} prompts x {settings.repeats} repeats x {len(methods)} methods, "
+            f"up to {settings.decode.max_new_tokens} new tokens each"
+        ]
         if tokens_per_s:
             minutes = runs * settings.decode.max_new_tokens / tokens_per_s / 60
-            lines.append(f"about {minutes:.0f} min at the {tokens_per_s:.0f} tokens/s this pair's last session "
-                         "measured (warm-up and loading not counted)" if minutes >= 1 else "under a minute")
+            lines.append(
+                f"about {minutes:.0f} min at the {tokens_per_s:.0f} tokens/s this pair's last session "
+                "measured (warm-up and loading not counted)"
+                if minutes >= 1
+                else "under a minute"
+            )
         if "hf-assisted" in settings.baselines and not any(m.name == "hf-assisted" for m in methods):
-            why = ("it needs a fixed K (auto chooses K per round)"
-                   if any(spec.drafter.hugging_face_runs for spec in specs) else
-                   "Hugging Face has no " + " or ".join(dict.fromkeys(spec.drafter.label for spec in specs)) +
-                   " drafter")
+            why = (
+                "it needs a fixed K (auto chooses K per round)"
+                if any(spec.drafter.hugging_face_runs for spec in specs)
+                else "Hugging Face has no "
+                + " or ".join(dict.fromkeys(spec.drafter.label for spec in specs))
+                + " drafter"
+            )
             lines.append(f"<b>hf-assisted is skipped</b>: {why}")
         return "<br>".join(lines)
 
@@ -286,8 +313,13 @@ class BenchmarkTab(QWidget):
         """The `specdeck bench` command that runs the same benchmark from a terminal."""
         others = self.other_drafters(models)
         if others:
-            parts = ["specdeck", "bench", *models.model_arguments(),
-                     "--drafters", ",".join(spec.drafter_entry for spec in (models, *others))]
+            parts = [
+                "specdeck",
+                "bench",
+                *models.model_arguments(),
+                "--drafters",
+                ",".join(spec.drafter_entry for spec in (models, *others)),
+            ]
         else:
             parts = ["specdeck", "bench", *models.arguments()]
         if self.prompts_path:
@@ -297,10 +329,22 @@ class BenchmarkTab(QWidget):
         if self.limit.value():
             parts += ["--limit", str(self.limit.value())]
         settings = self.settings()
-        parts += ["--k", format_ks(settings.ks), "--lookup", format_lookups(settings.lookups),
-                  "--temperature", f"{settings.decode.temperature:g}",
-                  "--max-new-tokens", str(settings.decode.max_new_tokens), "--repeats", str(settings.repeats),
-                  "--baselines", ",".join(settings.baselines), "--out", "."]
+        parts += [
+            "--k",
+            format_ks(settings.ks),
+            "--lookup",
+            format_lookups(settings.lookups),
+            "--temperature",
+            f"{settings.decode.temperature:g}",
+            "--max-new-tokens",
+            str(settings.decode.max_new_tokens),
+            "--repeats",
+            str(settings.repeats),
+            "--baselines",
+            ",".join(settings.baselines),
+            "--out",
+            ".",
+        ]
         return " ".join(shlex.quote(part) for part in parts)
 
     # progress and results ---------------------------------------------------------------------------
@@ -365,8 +409,9 @@ class BenchmarkTab(QWidget):
     # slots ------------------------------------------------------------------------------------------
 
     def _on_browse_clicked(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Choose benchmark prompts", "",
-                                              "Prompt files (*.jsonl *.txt);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Choose benchmark prompts", "", "Prompt files (*.jsonl *.txt);;All files (*)"
+        )
         if path:
             self._set_prompts_path(Path(path))
 

@@ -41,9 +41,17 @@ class SessionSeries:
             grown[:, : self.size] = self._data
             self._data = grown
         before = self._data[5, self.size - 1] if self.size else 0.0
-        self._data[:, self.size] = (event.round, event.drafted, event.accepted, event.new_tokens - before,
-                                    event.elapsed_s, event.new_tokens, event.draft_ms, event.verify_ms,
-                                    event.match_length)
+        self._data[:, self.size] = (
+            event.round,
+            event.drafted,
+            event.accepted,
+            event.new_tokens - before,
+            event.elapsed_s,
+            event.new_tokens,
+            event.draft_ms,
+            event.verify_ms,
+            event.match_length,
+        )
         self.size += 1
 
     def column(self, name: str) -> np.ndarray:
@@ -109,7 +117,6 @@ def shape_shares(shapes: dict[str, int], shown: int = 2) -> str:
     return ", ".join(f"{shape or 'K'} {count / total:.0%}" for shape, count in common)
 
 
-
 def nice_ceiling(value: float) -> float:
     """The smallest 1, 1.5, 2, 3, 5 or 7.5 times a power of ten that is at least `value`."""
     if not np.isfinite(value) or value <= 0:
@@ -119,6 +126,7 @@ def nice_ceiling(value: float) -> float:
 
 
 # what a point of each chart says when the mouse is over it ----------------------------------------
+
 
 def _round_index(series: SessionSeries, x: float) -> int | None:
     """The index of the round nearest `x` on a round axis, None outside the session."""
@@ -157,8 +165,10 @@ def round_time_readout(series: SessionSeries, x: float) -> str | None:
     shape = series.round_shapes[i] or "–"
     matched = int(series.column("match_length")[i])
     where = f" after a {matched}-token match" if matched else ""  # how much of the text repeated earlier text
-    return (f"round {i + 1}, {describe_shape(shape)}{where}: draft {series.column('draft_ms')[i]:.1f} ms, "
-            f"verify {series.column('verify_ms')[i]:.1f} ms, kept {int(series.column('kept')[i])}")
+    return (
+        f"round {i + 1}, {describe_shape(shape)}{where}: draft {series.column('draft_ms')[i]:.1f} ms, "
+        f"verify {series.column('verify_ms')[i]:.1f} ms, kept {int(series.column('kept')[i])}"
+    )
 
 
 def histogram_readout(series: SessionSeries, x: float) -> str | None:
@@ -175,8 +185,10 @@ def position_readout(series: SessionSeries, x: float) -> str | None:
     stats = series.stats
     if not 1 <= d <= len(stats.drafted_at):
         return None
-    return (f"draft depth {d}: accepted {stats.accepted_at[d - 1]} of {stats.drafted_at[d - 1]} "
-            f"({stats.accepted_by_position[d - 1]:.2f})")
+    return (
+        f"draft depth {d}: accepted {stats.accepted_at[d - 1]} of {stats.drafted_at[d - 1]} "
+        f"({stats.accepted_by_position[d - 1]:.2f})"
+    )
 
 
 def describe_shape(shape: str) -> str:

@@ -52,18 +52,18 @@ PLAIN_PEN = pg.mkPen(PLAIN_COLOUR, width=2, style=pg.QtCore.Qt.PenStyle.DashLine
 
 FIGURE_TIPS = {
     "acceptance rate": "Drafts the target accepted, of the drafts it judged (drafts discarded after an earlier "
-                       "rejection were never judged and are not counted)",
+    "rejection were never judged and are not counted)",
     "copied drafts": "Drafts that prompt lookup copied from earlier text (Lookup > 0): accepted of copied",
     "mean accepted length": "Tokens kept per round, the target's own token included: plain decoding scores 1",
     "tokens/s": "Kept tokens per second of decoding, prefill excluded",
     "plain tokens/s": "The same for the plain half of a compare run",
     "rounds": "Target forwards (one verify per round)",
     "draft shapes": "The rounds' draft shapes: K=n drafted a chain of n tokens (wN: N candidates for the first), "
-                    "copy n copied n by prompt lookup, none was a plain step",
+    "copy n copied n by prompt lookup, none was a plain step",
     "draft / verify": "Mean time per round spent drafting and in the target's verify forward",
     "predicted speedup": "Leviathan et al. 2023, eq. 1: (1 - a^(K+1)) / ((1 - a)(cK + 1)), with a the measured "
-                         "acceptance rate, K the mean drafts per round and c the measured cost of one draft token "
-                         "over one verify: what the rounds should gain over plain decoding on this machine",
+    "acceptance rate, K the mean drafts per round and c the measured cost of one draft token "
+    "over one verify: what the rounds should gain over plain decoding on this machine",
     "measured speedup": "Speculative tokens/s over plain tokens/s, measured by Compare on the same prompt and settings",
     "greedy outputs": "Whether Compare's speculative and plain texts are identical (greedy runs must be)",
     "backend": "What ran the target: torch, or llama.cpp on the GGUF file's quantized weights (their type named)",
@@ -83,8 +83,9 @@ def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
     for side in ("left", "bottom"):
         widget.getAxis(side).enableAutoSIPrefix(False)
     # room for six-digit ticks from the start: an axis that widens as values grow relayouts its plot
-    widget.getAxis("left").setStyle(autoExpandTextSpace=False,
-                                    tickTextWidth=QFontMetrics(widget.font()).horizontalAdvance("000000"))
+    widget.getAxis("left").setStyle(
+        autoExpandTextSpace=False, tickTextWidth=QFontMetrics(widget.font()).horizontalAdvance("000000")
+    )
     return widget
 
 
@@ -101,18 +102,23 @@ class SessionCharts(QWidget):
         self._model = model
         self.acceptance_plot = _plot("Acceptance per round", "accepted / drafted", "round")
         self.acceptance_plot.setYRange(0, 1.0, padding=RANGE_MARGIN)
-        self._per_round = self.acceptance_plot.plot(pen=None, symbol="o", symbolSize=5, symbolBrush="#1b8a2f",
-                                                    symbolPen=None)
+        self._per_round = self.acceptance_plot.plot(
+            pen=None, symbol="o", symbolSize=5, symbolBrush="#1b8a2f", symbolPen=None
+        )
         self._cumulative = self.acceptance_plot.plot(pen=pg.mkPen("#222", width=2))
 
         # the key is in the title: a legend inside the chart would cover the curves
-        self.speed_plot = _plot(f"Tokens/s {_key(SPEC_COLOUR, 'speculative')} {_key(PLAIN_COLOUR, 'plain')}",
-                                "tokens/s", "decoding time (s)")
+        self.speed_plot = _plot(
+            f"Tokens/s {_key(SPEC_COLOUR, 'speculative')} {_key(PLAIN_COLOUR, 'plain')}",
+            "tokens/s",
+            "decoding time (s)",
+        )
         self._spec_speed = self.speed_plot.plot(pen=SPEC_PEN, name="speculative")
         self._plain_speed = self.speed_plot.plot(pen=PLAIN_PEN, name="plain")
 
-        self.round_time_plot = _plot(f"Round time {_key(DRAFT_COLOUR, 'draft')} {_key(VERIFY_COLOUR, 'verify')}",
-                                     "ms", "round")
+        self.round_time_plot = _plot(
+            f"Round time {_key(DRAFT_COLOUR, 'draft')} {_key(VERIFY_COLOUR, 'verify')}", "ms", "round"
+        )
         self._draft_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=DRAFT_COLOUR, pen=None)
         self._verify_bars = pg.BarGraphItem(x=[], y0=[], height=[], width=0.8, brush=VERIFY_COLOUR, pen=None)
         self.round_time_plot.addItem(self._draft_bars)
@@ -129,8 +135,13 @@ class SessionCharts(QWidget):
         self.position_plot.addItem(self._by_position)
         self.position_plot.getAxis("bottom").setTickSpacing(1, 1)
 
-        self.plots = (self.acceptance_plot, self.speed_plot, self.round_time_plot, self.histogram_plot,
-                      self.position_plot)
+        self.plots = (
+            self.acceptance_plot,
+            self.speed_plot,
+            self.round_time_plot,
+            self.histogram_plot,
+            self.position_plot,
+        )
         self.readouts: dict[pg.PlotWidget, Callable[[float], str | None]] = {
             self.acceptance_plot: lambda x: acceptance_readout(self.speculative, x),
             self.speed_plot: lambda x: speed_readout(self.speculative, self.plain, x),
@@ -165,14 +176,22 @@ class SessionCharts(QWidget):
         self._layout.setContentsMargins(0, 0, 0, 0)
         self._layout.addLayout(self._grid, 1)
         self._layout.addWidget(self._figures)
-        self._figure_column_width = (max(label.width() for label in self.figures.values())
-                                     + max(label.sizeHint().width() for label in self._figure_names.values()) + 24)
+        self._figure_column_width = (
+            max(label.width() for label in self.figures.values())
+            + max(label.sizeHint().width() for label in self._figure_names.values())
+            + 24
+        )
         self._place: tuple[int, bool, int] | None = None
         self._reflow(FIGURES_BESIDE_WIDTH)
 
         self._dirty = False
-        self._parts = (self._draw_acceptance, self._draw_speed, self._draw_round_time, self._draw_histogram,
-                       self._draw_by_position)
+        self._parts = (
+            self._draw_acceptance,
+            self._draw_speed,
+            self._draw_round_time,
+            self._draw_histogram,
+            self._draw_by_position,
+        )
         self._next_part = 0
         self._timer = QTimer(self)
         self._timer.setInterval(1000 // (REDRAW_HZ * len(self._parts)))
@@ -285,8 +304,12 @@ class SessionCharts(QWidget):
         spec = self.speculative
         rounds = spec.column("round")
         if rounds.size > SYMBOL_LIMIT:
-            self._per_round.setData(*block_means(rounds, spec.acceptance_per_round), connect="finite", symbol=None,
-                                    pen=pg.mkPen("#1b8a2f88"))
+            self._per_round.setData(
+                *block_means(rounds, spec.acceptance_per_round),
+                connect="finite",
+                symbol=None,
+                pen=pg.mkPen("#1b8a2f88"),
+            )
         else:  # symbols only where the round drafted: a plain-step round has no acceptance to mark
             drafted = np.isfinite(spec.acceptance_per_round)
             self._per_round.setData(rounds[drafted], spec.acceptance_per_round[drafted], symbol="o", pen=None)
@@ -312,15 +335,21 @@ class SessionCharts(QWidget):
         self._draft_bars.setOpts(x=rounds, height=draft, width=width)
         self._verify_bars.setOpts(x=rounds, y0=draft, height=verify, width=width)
         longest = float(np.nanmax(draft + verify)) if rounds.size else 1.0
-        _show_range(self.round_time_plot, x=(0.0, nice_ceiling(float(rounds[-1]) + width / 2 if rounds.size else 1.0)),
-                    y=(0.0, nice_ceiling(1.05 * longest)))
+        _show_range(
+            self.round_time_plot,
+            x=(0.0, nice_ceiling(float(rounds[-1]) + width / 2 if rounds.size else 1.0)),
+            y=(0.0, nice_ceiling(1.05 * longest)),
+        )
 
     def _draw_histogram(self) -> None:
         lengths, counts = self.speculative.kept_histogram()
         self._histogram.setOpts(x=lengths, height=counts)
         longest = float(lengths[-1]) if lengths.size else 1.0
-        _show_range(self.histogram_plot, x=(0.4, longest + 0.6),
-                    y=(0.0, nice_ceiling(1.05 * float(counts.max())) if counts.size else 1.0))
+        _show_range(
+            self.histogram_plot,
+            x=(0.4, longest + 0.6),
+            y=(0.0, nice_ceiling(1.05 * float(counts.max())) if counts.size else 1.0),
+        )
 
     def _draw_by_position(self) -> None:
         by_position = np.asarray(self.speculative.stats.accepted_by_position, dtype=np.float64)
@@ -331,20 +360,25 @@ class SessionCharts(QWidget):
         stats = self.speculative.stats
         f = self.figures
         has_drafts = stats.drafted > 0
-        f["acceptance rate"].setText(f"{stats.acceptance_rate:.3f}  ({stats.accepted}/{stats.drafted})" if has_drafts else "–")
-        f["copied drafts"].setText(f"{stats.copied_accepted}/{stats.copied_drafted} accepted" if stats.copied_drafted
-                                   else "–")
+        f["acceptance rate"].setText(
+            f"{stats.acceptance_rate:.3f}  ({stats.accepted}/{stats.drafted})" if has_drafts else "–"
+        )
+        f["copied drafts"].setText(
+            f"{stats.copied_accepted}/{stats.copied_drafted} accepted" if stats.copied_drafted else "–"
+        )
         f["mean accepted length"].setText(f"{stats.mean_accepted_length:.2f}" if stats.rounds else "–")
         f["tokens/s"].setText(_rate(stats.tokens_per_s) if stats.rounds else "–")
         plain = self.plain.stats if self.plain is not None else None
         f["plain tokens/s"].setText(_rate(plain.tokens_per_s) if plain and plain.rounds else "–")
         f["rounds"].setText(str(stats.rounds) if stats.rounds else "–")
         f["draft shapes"].setText(shape_shares(self.speculative.shapes) if has_drafts or stats.rounds else "–")
-        f["draft / verify"].setText(f"{stats.draft_ms / stats.rounds:.1f} / {stats.verify_ms / stats.rounds:.1f} ms"
-                                    if stats.rounds else "–")
+        f["draft / verify"].setText(
+            f"{stats.draft_ms / stats.rounds:.1f} / {stats.verify_ms / stats.rounds:.1f} ms" if stats.rounds else "–"
+        )
         summary = self.speculative.summary
-        f["draft shapes"].setToolTip(_plan_tooltip(summary.plan) if summary is not None and summary.plan else
-                                     FIGURE_TIPS["draft shapes"])
+        f["draft shapes"].setToolTip(
+            _plan_tooltip(summary.plan) if summary is not None and summary.plan else FIGURE_TIPS["draft shapes"]
+        )
         predicted = stats.predicted_speedup
         f["predicted speedup"].setText(f"{predicted:.2f}x" if predicted is not None else "–")
         measured = self.measured_speedup
@@ -372,7 +406,9 @@ def _plan_tooltip(plan: str) -> str:
     return "Auto schedule\n" + "\n".join(plan.split("; "))
 
 
-def _show_range(plot: pg.PlotWidget, x: tuple[float, float] | None = None, y: tuple[float, float] | None = None) -> None:
+def _show_range(
+    plot: pg.PlotWidget, x: tuple[float, float] | None = None, y: tuple[float, float] | None = None
+) -> None:
     """Set a chart's ranges, which grow in steps as the data does, and settle its view now.
 
     A range that followed the data exactly would change at every redraw, and each change makes

@@ -59,8 +59,15 @@ class SessionController:
 
     # sessions ---------------------------------------------------------------------------------------
 
-    async def run(self, spec: PairSpec, prompt: str, config: DecodeConfig, chat: bool, compare: bool = False,
-                  versions: dict[str, str] | None = None) -> None:
+    async def run(
+        self,
+        spec: PairSpec,
+        prompt: str,
+        config: DecodeConfig,
+        chat: bool,
+        compare: bool = False,
+        versions: dict[str, str] | None = None,
+    ) -> None:
         """One session (speculative with the pair's drafter), or a compare run: speculative, then
         plain, one after the other on the same device so neither timing disturbs the other."""
         self._stop_requested = False
@@ -68,9 +75,22 @@ class SessionController:
         try:
             prompt = check_prompt(prompt)
             pair = await self.ensure_loaded(spec)
-            self.model.start_run(RunInfo(pair.target, pair.draft, pair.drafter, pair.device, pair.dtype, config,
-                                         chat, prompt, extra_versions=dict(versions or {}),
-                                         vocabulary=pair.vocabulary, backend=pair.backend), compare)
+            self.model.start_run(
+                RunInfo(
+                    pair.target,
+                    pair.draft,
+                    pair.drafter,
+                    pair.device,
+                    pair.dtype,
+                    config,
+                    chat,
+                    prompt,
+                    extra_versions=dict(versions or {}),
+                    vocabulary=pair.vocabulary,
+                    backend=pair.backend,
+                ),
+                compare,
+            )
             speculative = await self._session(prompt, config, chat, plain=False)
             if compare and not self._stop_requested:
                 await self._session(prompt, config, chat, plain=True)
@@ -92,8 +112,15 @@ class SessionController:
 
     # benchmark --------------------------------------------------------------------------------------
 
-    async def benchmark(self, spec: PairSpec, prompts: list[BenchPrompt], settings: BenchSettings, source: str,
-                        command: str, drafters: tuple[PairSpec, ...]) -> BenchOutcome | None:
+    async def benchmark(
+        self,
+        spec: PairSpec,
+        prompts: list[BenchPrompt],
+        settings: BenchSettings,
+        source: str,
+        command: str,
+        drafters: tuple[PairSpec, ...],
+    ) -> BenchOutcome | None:
         """The harness on the pair `spec` names (loaded first if needed), in the model thread; None
         when cancelled."""
         self.model.set_activity(benchmarking=True)
@@ -105,9 +132,14 @@ class SessionController:
             except BenchCancelled as cancelled:
                 self.model.status.emit(str(cancelled))
                 return None
-            self.model.status.emit("Benchmark done: " + ", ".join(
-                f"{r['method']}{' K=' + str(r['k']) if r['k'] else ''} {r['speedup_vs_plain']}x"
-                for r in outcome.summary if r["category"] == "all" and r["method"] != "plain"))
+            self.model.status.emit(
+                "Benchmark done: "
+                + ", ".join(
+                    f"{r['method']}{' K=' + str(r['k']) if r['k'] else ''} {r['speedup_vs_plain']}x"
+                    for r in outcome.summary
+                    if r["category"] == "all" and r["method"] != "plain"
+                )
+            )
             return outcome
         finally:
             self.model.set_activity(benchmarking=False)
@@ -148,5 +180,7 @@ class SessionController:
 
 def describe(summary: SummaryEvent) -> str:
     """A session's figures in one line, for the status bar."""
-    return (f"{summary.new_tokens} tokens in {summary.rounds} rounds ({summary.stop_reason}), "
-            f"{summary.tokens_per_s:.1f} tokens/s, acceptance {summary.acceptance_rate:.2f}")
+    return (
+        f"{summary.new_tokens} tokens in {summary.rounds} rounds ({summary.stop_reason}), "
+        f"{summary.tokens_per_s:.1f} tokens/s, acceptance {summary.acceptance_rate:.2f}"
+    )

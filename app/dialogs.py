@@ -18,15 +18,23 @@ def show_error(parent: QWidget | None, title: str, message: str) -> None:
 def versions(device: str | None) -> dict[str, str]:
     import pyqtgraph
 
-    return {**library_versions(), "Qt": qVersion(), "PySide6": pyside_version, "pyqtgraph": pyqtgraph.__version__,
-            "platform": platform.platform(terse=True), "device": device or "no models loaded"}
+    return {
+        **library_versions(),
+        "Qt": qVersion(),
+        "PySide6": pyside_version,
+        "pyqtgraph": pyqtgraph.__version__,
+        "platform": platform.platform(terse=True),
+        "device": device or "no models loaded",
+    }
 
 
 def about_text(device: str | None) -> str:
     rows = "".join(f"<tr><td>{name}</td><td>&nbsp;<b>{value}</b></td></tr>" for name, value in versions(device).items())
-    return ("<h3>SpecDeck</h3><p>A playground for speculative decoding: watch every drafted token being "
-            "accepted or rejected, live, next to plain decoding.</p>"
-            f"<table>{rows}</table>")
+    return (
+        "<h3>SpecDeck</h3><p>A playground for speculative decoding: watch every drafted token being "
+        "accepted or rejected, live, next to plain decoding.</p>"
+        f"<table>{rows}</table>"
+    )
 
 
 def show_about(parent: QWidget | None, device: str | None) -> None:

@@ -47,9 +47,11 @@ XCB_LIBRARIES = (
 )
 
 # Qt messages known to be harmless; every other message passes through
-HARMLESS_QT_MESSAGES = frozenset({
-    "This plugin does not support propagateSizeHints()",  # offscreen and Wayland plugins, on every window
-})
+HARMLESS_QT_MESSAGES = frozenset(
+    {
+        "This plugin does not support propagateSizeHints()",  # offscreen and Wayland plugins, on every window
+    }
+)
 
 
 def loadable(library: str) -> bool:
@@ -79,10 +81,12 @@ def xcb_problem(environ: Mapping[str, str] = os.environ, find: Callable[[str], b
         return None
     debian = " ".join(dict.fromkeys(package for _, package, _ in missing))
     fedora = " ".join(dict.fromkeys(package for _, _, package in missing))
-    return (f"The window's X11 back end (Qt's xcb plugin) needs system libraries this machine lacks: "
-            f"{', '.join(library for library, _, _ in missing)}. Install them with\n"
-            f"  sudo apt install {debian}    (Debian, Ubuntu)\n"
-            f"  sudo dnf install {fedora}    (Fedora)")
+    return (
+        f"The window's X11 back end (Qt's xcb plugin) needs system libraries this machine lacks: "
+        f"{', '.join(library for library, _, _ in missing)}. Install them with\n"
+        f"  sudo apt install {debian}    (Debian, Ubuntu)\n"
+        f"  sudo dnf install {fedora}    (Fedora)"
+    )
 
 
 def filter_qt_messages() -> Callable | None:

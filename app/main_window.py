@@ -41,6 +41,7 @@ from specdeck.engine.export import SessionRecord
 
 MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
 
+
 def save_picture(widget: QWidget, path: str | Path) -> None:
     """Save what `widget` shows as an image (format from the suffix, PNG without one), whole or not
     at all (`engine.atomic`); raises SpecDeckError."""
@@ -203,26 +204,37 @@ class MainWindow(QMainWindow):
 
         help_menu = self.menuBar().addMenu("&Help")
         shortcuts = action("&Keyboard shortcuts", lambda: dialogs.show_shortcuts(self, self.shortcut_list()), "F1")
-        about = action("&About SpecDeck", lambda: dialogs.show_about(self, self.host.pair.device if self.host.pair
-                                                                     else None))
+        about = action(
+            "&About SpecDeck", lambda: dialogs.show_about(self, self.host.pair.device if self.host.pair else None)
+        )
         help_menu.addActions([shortcuts, about])
         self._window_keys = {key for made in self.actions() for key in made.shortcuts()}
         QApplication.instance().installEventFilter(self)
 
     def shortcut_list(self) -> list[tuple[str, str]]:
         """(keys, what they do) for every action with a shortcut, and for the prompt's Tab keys."""
-        rows = [(", ".join(key.toString(QKeySequence.SequenceFormat.NativeText) for key in made.shortcuts()),
-                 made.text().replace("&", "").rstrip("…"))
-                for made in self.actions() if made.shortcuts()]
-        return rows + [("Tab, Shift+Tab", "Move the focus (also out of the prompt)"),
-                       ("Ctrl+Tab", "Insert a tab character in the prompt")]
+        rows = [
+            (
+                ", ".join(key.toString(QKeySequence.SequenceFormat.NativeText) for key in made.shortcuts()),
+                made.text().replace("&", "").rstrip("…"),
+            )
+            for made in self.actions()
+            if made.shortcuts()
+        ]
+        return rows + [
+            ("Tab, Shift+Tab", "Move the focus (also out of the prompt)"),
+            ("Ctrl+Tab", "Insert a tab character in the prompt"),
+        ]
 
     def eventFilter(self, watched, event) -> bool:
         """The window's shortcuts win over a focused field's own use of the keys (a line edit takes
         Ctrl+E to mean end of line): a field is not offered a key the window has a shortcut for."""
-        if (event.type() == QEvent.Type.ShortcutOverride and isinstance(watched, QWidget)
-                and watched.window() is self
-                and QKeySequence(event.keyCombination()) in self._window_keys):
+        if (
+            event.type() == QEvent.Type.ShortcutOverride
+            and isinstance(watched, QWidget)
+            and watched.window() is self
+            and QKeySequence(event.keyCombination()) in self._window_keys
+        ):
             return True
         return super().eventFilter(watched, event)
 
@@ -236,8 +248,14 @@ class MainWindow(QMainWindow):
         """Run (or compare) with the panels' settings; raises SpecDeckError if they are invalid."""
         config = self.decoding_panel.config()
         versions = {k: v for k, v in dialogs.versions(None).items() if k in ("Qt", "PySide6", "pyqtgraph")}
-        await self.controller.run(self.model_panel.spec(), self.decoding_panel.prompt_text(), config,
-                                  self.decoding_panel.chat.isChecked(), compare, versions)
+        await self.controller.run(
+            self.model_panel.spec(),
+            self.decoding_panel.prompt_text(),
+            config,
+            self.decoding_panel.chat.isChecked(),
+            compare,
+            versions,
+        )
 
     async def run_benchmark(self) -> None:
         """The Benchmark tab's harness on the model panel's pair; the tab shows progress and results."""
@@ -280,8 +298,7 @@ class MainWindow(QMainWindow):
         while the Benchmark tab shows, and its plan is brought up to date."""
         benchmark = self.tabs.widget(index) is self.bench_tab
         self.decoding_panel.setEnabled(not benchmark)
-        self.decoding_panel.setTitle("Decoding: Run and Compare only" if benchmark
-                                     else "Decoding")
+        self.decoding_panel.setTitle("Decoding: Run and Compare only" if benchmark else "Decoding")
         if benchmark:
             self._on_bench_options_changed()
 
@@ -342,8 +359,13 @@ class MainWindow(QMainWindow):
 
     def _on_activity_changed(self, activity: Activity) -> None:
         busy = activity.busy
-        for widget in (self.run_button, self.compare_button, self.model_panel.load_button, self.run_action,
-                       self.compare_action):
+        for widget in (
+            self.run_button,
+            self.compare_button,
+            self.model_panel.load_button,
+            self.run_action,
+            self.compare_action,
+        ):
             widget.setEnabled(not busy)
         self.stop_button.setEnabled(activity.running)
         exportable = not busy and bool(self.session_model.records)
@@ -380,9 +402,13 @@ class MainWindow(QMainWindow):
         model = self.session_model
         parts = []
         if model.compare and self.charts.measured_speedup is not None:
-            speculative, plain = (series.summary.tokens_per_s for series in (self.charts.speculative, self.charts.plain))
-            parts.append(f"{speculative:.1f} against {plain:.1f} tokens/s on {model.run_info.backend}: "
-                         f"measured speedup <b>{self.charts.measured_speedup:.2f}x</b>")
+            speculative, plain = (
+                series.summary.tokens_per_s for series in (self.charts.speculative, self.charts.plain)
+            )
+            parts.append(
+                f"{speculative:.1f} against {plain:.1f} tokens/s on {model.run_info.backend}: "
+                f"measured speedup <b>{self.charts.measured_speedup:.2f}x</b>"
+            )
         if model.identical is not None:
             colour = "#1b8a2f" if model.identical else "#c62828"
             mark = "greedy outputs identical ✓" if model.identical else "greedy outputs differ ✗"
@@ -412,8 +438,11 @@ class MainWindow(QMainWindow):
     # settings and closing ---------------------------------------------------------------------------
 
     def _remembered_choices(self) -> tuple[tuple[str, QAction], ...]:
-        return (("export/per_token_rows", self.per_token_rows), ("view/settings_panel", self.settings_action),
-                ("view/colour_blind_safe", self.colour_blind_action))
+        return (
+            ("export/per_token_rows", self.per_token_rows),
+            ("view/settings_panel", self.settings_action),
+            ("view/colour_blind_safe", self.colour_blind_action),
+        )
 
     def _restore_settings(self, settings: QSettings) -> None:
         self.model_panel.restore(settings)
@@ -423,9 +452,13 @@ class MainWindow(QMainWindow):
         for key, action in self._remembered_choices():
             action.setChecked(str(settings.value(key, action.isChecked())).lower() == "true")
         self.speculative_view.show_rejected.setChecked(
-            str(settings.value("view/show_rejected", "true")).lower() == "true")
-        for key, widget in (("window/geometry", self), ("window/main_splitter", self.main_splitter),
-                            ("window/right_splitter", self.right)):
+            str(settings.value("view/show_rejected", "true")).lower() == "true"
+        )
+        for key, widget in (
+            ("window/geometry", self),
+            ("window/main_splitter", self.main_splitter),
+            ("window/right_splitter", self.right),
+        ):
             state = settings.value(key)
             if isinstance(state, QByteArray):
                 (widget.restoreGeometry if widget is self else widget.restoreState)(state)

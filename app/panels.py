@@ -132,8 +132,10 @@ class ModelPanel(QGroupBox):
         self.draft = ModelPicker(allow_empty=True)
         self.served_model = QLineEdit()  # a served target's model name, where Target is a server's address
         self.served_model.setPlaceholderText("model name on the server, when Target is http://HOST:PORT/v1")
-        self.served_model.setToolTip("A target served over an OpenAI-compatible API: put its address in Target "
-                                     f"and its model name here (API key from {API_KEY_VARIABLE}; greedy only).")
+        self.served_model.setToolTip(
+            "A target served over an OpenAI-compatible API: put its address in Target "
+            f"and its model name here (API key from {API_KEY_VARIABLE}; greedy only)."
+        )
         self.device = QComboBox()
         self.device.setEditable(True)
         self.device.addItems(DEVICES)
@@ -141,8 +143,10 @@ class ModelPanel(QGroupBox):
         self.dtype.addItems(DTYPES)
         self.backend = QComboBox()
         self.backend.addItems(BACKENDS)
-        self.backend.setToolTip("What runs a .gguf model: llama.cpp on its quantized weights, torch on them "
-                                "dequantized, or auto: llama.cpp where it is installed and faster on this machine")
+        self.backend.setToolTip(
+            "What runs a .gguf model: llama.cpp on its quantized weights, torch on them "
+            "dequantized, or auto: llama.cpp where it is installed and faster on this machine"
+        )
         self.trust_remote_code = QCheckBox("Trust remote code")
         self.trust_remote_code.setToolTip("Run Python code shipped with the model's files. Only for models you trust.")
         self.load_button = QPushButton("Load")
@@ -174,8 +178,13 @@ class ModelPanel(QGroupBox):
 
     def field_widgets(self) -> dict[str, QWidget]:
         """The widget of each field a load failure can blame."""
-        return {"target": self.target.combo, "draft": self.draft.combo, "device": self.device, "dtype": self.dtype,
-                "backend": self.backend}
+        return {
+            "target": self.target.combo,
+            "draft": self.draft.combo,
+            "device": self.device,
+            "dtype": self.dtype,
+            "backend": self.backend,
+        }
 
     def _on_pair_changed(self) -> None:
         model = self._model
@@ -208,9 +217,16 @@ class ModelPanel(QGroupBox):
     def spec(self) -> PairSpec:
         """The pair the panel names."""
         kind = self.drafter_kind
-        return PairSpec(self.target.value, self.draft.value if kind.needs_model else None, kind,
-                        self.device.currentText(), self.dtype.currentText(), self.trust_remote_code.isChecked(),
-                        backend=self.backend.currentText(), target_model=self.served_model.text())
+        return PairSpec(
+            self.target.value,
+            self.draft.value if kind.needs_model else None,
+            kind,
+            self.device.currentText(),
+            self.dtype.currentText(),
+            self.trust_remote_code.isChecked(),
+            backend=self.backend.currentText(),
+            target_model=self.served_model.text(),
+        )
 
     def show_spec(self, spec: PairSpec) -> None:
         """Show a resolved `spec` (one whose drafter is chosen)."""
@@ -266,15 +282,19 @@ class DecodingPanel(QGroupBox):
         self.schedule.setCurrentText(defaults.schedule)
         self.lookup = spin_box(0, 16, defaults.lookup)
         self.lookup.setSpecialValueText("off")
-        self.lookup.setToolTip("Where the text repeats (a summary quoting its article, edited code), copy up to this "
-                               "many tokens from what followed the earlier occurrence instead of asking the drafter. "
-                               "Copies cost no model call and keep decoding exact.")
+        self.lookup.setToolTip(
+            "Where the text repeats (a summary quoting its article, edited code), copy up to this "
+            "many tokens from what followed the earlier occurrence instead of asking the drafter. "
+            "Copies cost no model call and keep decoding exact."
+        )
         self.suffix_scope = QComboBox()
         self.suffix_scope.addItems(SUFFIX_SCOPES)
         self.suffix_scope.setCurrentText(defaults.suffix_scope)
-        self.suffix_scope.setToolTip("What the suffix and hybrid drafters copy from: prompt, this request's text; "
-                                     "session, also the answers written since SpecDeck started; all, also past "
-                                     "sessions' answers, kept in the cache folder (specdeck cache --clear forgets them).")
+        self.suffix_scope.setToolTip(
+            "What the suffix and hybrid drafters copy from: prompt, this request's text; "
+            "session, also the answers written since SpecDeck started; all, also past "
+            "sessions' answers, kept in the cache folder (specdeck cache --clear forgets them)."
+        )
         self.temperature = double_spin_box(0.0, 5.0, defaults.temperature, 0.1)
         self.temperature.setSpecialValueText("0 (greedy)")
         self.top_k = spin_box(0, 100000, defaults.top_k)
@@ -285,8 +305,10 @@ class DecodingPanel(QGroupBox):
         self.chat = QCheckBox("Chat template")
         self.chat.setChecked(True)
         self.truncate_prompt = QCheckBox("Keep a long prompt's end")
-        self.truncate_prompt.setToolTip("A prompt too long for the model's context is refused; checked, its start "
-                                        "is dropped instead so that it and the answer fit.")
+        self.truncate_prompt.setToolTip(
+            "A prompt too long for the model's context is refused; checked, its start "
+            "is dropped instead so that it and the answer fit."
+        )
         self.presets = load_presets()
         self.preset = QComboBox()
         self.preset.addItems(list(self.presets))
@@ -336,12 +358,18 @@ class DecodingPanel(QGroupBox):
 
     def config(self) -> DecodeConfig:
         """The settings as a DecodeConfig; raises SpecDeckError with the reason if they are invalid."""
-        return DecodeConfig(k=self.k.value(), schedule=self.schedule.currentText(), lookup=self.lookup.value(),
-                            temperature=self.temperature.value(), top_k=self.top_k.value(),
-                            top_p=self.top_p.value(), seed=self.seed.value(),
-                            max_new_tokens=self.max_new_tokens.value(),
-                            truncate_prompt=self.truncate_prompt.isChecked(),
-                            suffix_scope=self.suffix_scope.currentText())
+        return DecodeConfig(
+            k=self.k.value(),
+            schedule=self.schedule.currentText(),
+            lookup=self.lookup.value(),
+            temperature=self.temperature.value(),
+            top_k=self.top_k.value(),
+            top_p=self.top_p.value(),
+            seed=self.seed.value(),
+            max_new_tokens=self.max_new_tokens.value(),
+            truncate_prompt=self.truncate_prompt.isChecked(),
+            suffix_scope=self.suffix_scope.currentText(),
+        )
 
     def prompt_text(self) -> str:
         return self.prompt.toPlainText()

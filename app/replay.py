@@ -95,8 +95,10 @@ class ReplayDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Replay: speculative and plain decoding at their measured pace")
         self.lanes = (ReplayLane("Speculative", speculative), ReplayLane("Plain", plain))
-        note = QLabel("A replay of the measured decoding times of the last Compare (prefill excluded): nothing "
-                      "runs again, each round's tokens appear when its recorded time comes.")
+        note = QLabel(
+            "A replay of the measured decoding times of the last Compare (prefill excluded): nothing "
+            "runs again, each round's tokens appear when its recorded time comes."
+        )
         note.setWordWrap(True)
         self.speed = QComboBox()
         self.speed.addItems(list(SPEEDS))

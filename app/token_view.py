@@ -35,24 +35,42 @@ REFUSED = (TokenState.REJECTED, TokenState.DISCARDED)
 LEGEND_SEPARATOR = " · "
 
 PALETTES = {
-    "standard": {TokenState.ACCEPTED: "#1b8a2f", TokenState.REJECTED: "#c62828", TokenState.DISCARDED: "#8a8a8a",
-                 TokenState.RESAMPLED: "#e07000", TokenState.BONUS: "#1f5fd1"},
+    "standard": {
+        TokenState.ACCEPTED: "#1b8a2f",
+        TokenState.REJECTED: "#c62828",
+        TokenState.DISCARDED: "#8a8a8a",
+        TokenState.RESAMPLED: "#e07000",
+        TokenState.BONUS: "#1f5fd1",
+    },
     # Okabe and Ito's palette: told apart under protanopia, deuteranopia and tritanopia
-    "colour-blind safe": {TokenState.ACCEPTED: "#0072b2", TokenState.REJECTED: "#d55e00",
-                          TokenState.DISCARDED: "#8a8a8a", TokenState.RESAMPLED: "#cc79a7",
-                          TokenState.BONUS: "#009e73"},
+    "colour-blind safe": {
+        TokenState.ACCEPTED: "#0072b2",
+        TokenState.REJECTED: "#d55e00",
+        TokenState.DISCARDED: "#8a8a8a",
+        TokenState.RESAMPLED: "#cc79a7",
+        TokenState.BONUS: "#009e73",
+    },
 }
 
 LEGEND = (  # (state, copied, label, what it means)
     (TokenState.ACCEPTED, False, "accepted", "A draft the target accepted: kept"),
     (TokenState.REJECTED, False, "rejected", "The draft the target refused, where it was proposed: not kept"),
-    (TokenState.DISCARDED, False, "discarded", "Drafts after the rejected one in the same round: never judged, "
-                                                "not kept (not counted in acceptance by depth)"),
+    (
+        TokenState.DISCARDED,
+        False,
+        "discarded",
+        "Drafts after the rejected one in the same round: never judged, not kept (not counted in acceptance by depth)",
+    ),
     (TokenState.RESAMPLED, False, "resampled", "The target's token in place of the rejected draft"),
     (TokenState.BONUS, False, "bonus", "Every draft passed: the target's next token came free from the same forward"),
     (TokenState.PLAIN, False, "plain", "Plain decoding: one target forward per token"),
-    (TokenState.ACCEPTED, True, "copied", "A draft prompt lookup copied from earlier text (Lookup > 0), shown in "
-                                          "its state's look (here accepted) and dotted underneath"),
+    (
+        TokenState.ACCEPTED,
+        True,
+        "copied",
+        "A draft prompt lookup copied from earlier text (Lookup > 0), shown in "
+        "its state's look (here accepted) and dotted underneath",
+    ),
 )
 
 
@@ -136,8 +154,10 @@ def describe_token(event: TokenEvent) -> str:
         lines.append(f"q ({source}) = {event.q:.4f}" if event.q is not None else "")
         lines.append("never judged: an earlier draft of this round was rejected")
     elif event.state is TokenState.RESAMPLED:
-        lines.append("the target's token in place of the rejected draft: drawn from max(0, p - q), normalised "
-                     "(greedy: the target's top token)")
+        lines.append(
+            "the target's token in place of the rejected draft: drawn from max(0, p - q), normalised "
+            "(greedy: the target's top token)"
+        )
     elif event.state is TokenState.BONUS:
         lines.append("every draft passed: the target's next token, from the same forward")
     if event.draft_tokens:  # a draft with a tokenizer of its own: what it wrote, in its tokens
@@ -188,15 +208,21 @@ class TokenView(QWidget):
     Given a `SessionModel`, it follows the sessions of `mode` ("speculative" or "plain") that the
     model's runs hold; a plain view shows only in compare runs."""
 
-    def __init__(self, title: str = "", model: SessionModel | None = None, mode: str = "speculative",
-                 parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        title: str = "",
+        model: SessionModel | None = None,
+        mode: str = "speculative",
+        parent: QWidget | None = None,
+    ) -> None:
         super().__init__(parent)
         self.mode = mode
         self.title = QLabel(f"<b>{title}</b>")
         self.palette_name = "standard"
         self.show_rejected = QCheckBox("Show rejected drafts")
-        self.show_rejected.setToolTip("Show the drafts the target refused, and the discarded ones after them, where "
-                                      "they were proposed")
+        self.show_rejected.setToolTip(
+            "Show the drafts the target refused, and the discarded ones after them, where they were proposed"
+        )
         self.show_rejected.setChecked(True)
         self.show_rejected.toggled.connect(self._on_show_rejected_toggled)
         self.text = QPlainTextEdit()
@@ -269,7 +295,7 @@ class TokenView(QWidget):
                 self._flush()
                 kept = self.kept_text()
                 if event.text.startswith(kept) and len(event.text) > len(kept):
-                    self._tail = event.text[len(kept):]
+                    self._tail = event.text[len(kept) :]
                     self._insert(self._tail, TokenState.PLAIN)
 
     def _flush(self) -> None:

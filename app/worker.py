@@ -125,10 +125,16 @@ class BenchOutcome:
 
 
 def describe(pair: ModelPair) -> PairInfo:
-    return PairInfo(pair.description, pair.target.name, pair.drafter_model,
-                    pair.drafter_kind and pair.drafter_kind.value, str(pair.target.device),
-                    str(pair.target.dtype).removeprefix("torch."),
-                    pair.vocabulary.describe() if pair.vocabulary is not None else "", pair.target.backend)
+    return PairInfo(
+        pair.description,
+        pair.target.name,
+        pair.drafter_model,
+        pair.drafter_kind and pair.drafter_kind.value,
+        str(pair.target.device),
+        str(pair.target.dtype).removeprefix("torch."),
+        pair.vocabulary.describe() if pair.vocabulary is not None else "",
+        pair.target.backend,
+    )
 
 
 def error_message(error: BaseException) -> str:
@@ -197,8 +203,9 @@ class ModelWorker(QObject):
         summary = None
         last_emit = time.perf_counter()
         try:
-            for event in self._session_fn(pair, request.prompt, request.config, chat=request.chat,
-                                          plain=request.plain, cancel=request.cancel):
+            for event in self._session_fn(
+                pair, request.prompt, request.config, chat=request.chat, plain=request.plain, cancel=request.cancel
+            ):
                 batch.append(event)
                 now = time.perf_counter()
                 if isinstance(event, SummaryEvent):
@@ -228,8 +235,9 @@ class ModelWorker(QObject):
             pairs += add_drafters(pair, request.drafters, progress=lambda stage: progress(0, 0, stage))
         context = report_context(pairs, request.source, request.command)
         with tempfile.TemporaryDirectory(prefix="specdeck-bench-") as folder:
-            summary = run_and_write(pairs, list(request.prompts), request.settings, Path(folder), context,
-                                    progress=progress)
+            summary = run_and_write(
+                pairs, list(request.prompts), request.settings, Path(folder), context, progress=progress
+            )
             files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir())}
         return BenchOutcome(summary, files)
 
@@ -247,8 +255,9 @@ class ModelHost(QObject):
     bench_progress = Signal(int, int, str)  # runs done, runs in all, what runs now: the current benchmark's
     _request = Signal(object)
 
-    def __init__(self, parent: QObject | None = None, session_fn: Callable = run_session,
-                 load_fn: Callable = load_pair) -> None:
+    def __init__(
+        self, parent: QObject | None = None, session_fn: Callable = run_session, load_fn: Callable = load_pair
+    ) -> None:
         super().__init__(parent)
         self._thread = QThread()
         self._thread.setObjectName("specdeck-models")
@@ -276,7 +285,9 @@ class ModelHost(QObject):
         """Stop waiting for the current load; the model thread drops it at its next stage."""
         self._cancel(LoadRequest)
 
-    def run(self, prompt: str, config: DecodeConfig, chat: bool = True, plain: bool = False) -> tuple[int, asyncio.Future]:
+    def run(
+        self, prompt: str, config: DecodeConfig, chat: bool = True, plain: bool = False
+    ) -> tuple[int, asyncio.Future]:
         """Start a session (after any earlier one has stopped); returns its id and a future of its
         `SummaryEvent`, which raises SpecDeckError if the session failed."""
         self.stop()
@@ -288,8 +299,14 @@ class ModelHost(QObject):
         if SessionRequest in self._current:
             self._current[SessionRequest][0].cancel.set()
 
-    def bench(self, prompts: list[BenchPrompt], settings: BenchSettings, source: str, command: str,
-              drafters: tuple[PairSpec, ...] = ()) -> asyncio.Future:
+    def bench(
+        self,
+        prompts: list[BenchPrompt],
+        settings: BenchSettings,
+        source: str,
+        command: str,
+        drafters: tuple[PairSpec, ...] = (),
+    ) -> asyncio.Future:
         """Benchmark the resident pair in the model thread, with `drafters` of its target beside its own
         drafter; the future gives a `BenchOutcome`, or raises SpecDeckError if the harness failed, or
         BenchCancelled."""

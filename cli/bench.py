@@ -25,32 +25,53 @@ def add_bench_command(commands) -> None:
     defaults = BenchSettings()
     bench = commands.add_parser("bench", help="measure tokens/s of plain, speculative and Hugging Face decoding")
     add_model_arguments(bench)
-    bench.add_argument("--drafters", default=None,
-                       help="several drafters in one run instead of --drafter/--draft: comma-separated kinds "
-                            f"({', '.join(kind.value for kind in DrafterKind)}), each optionally kind:MODEL, "
-                            "e.g. draft-model,feature-head:path/to/head,prompt-lookup")
-    bench.add_argument("--prompts", default=None,
-                       help="Spec-Bench jsonl (every turn of a record asked as one conversation), HumanEval jsonl, "
-                            "one prompt per line, or a bundled set: spec-bench, humaneval, refine "
-                            "(default: spec-bench)")
+    bench.add_argument(
+        "--drafters",
+        default=None,
+        help="several drafters in one run instead of --drafter/--draft: comma-separated kinds "
+        f"({', '.join(kind.value for kind in DrafterKind)}), each optionally kind:MODEL, "
+        "e.g. draft-model,feature-head:path/to/head,prompt-lookup",
+    )
+    bench.add_argument(
+        "--prompts",
+        default=None,
+        help="Spec-Bench jsonl (every turn of a record asked as one conversation), HumanEval jsonl, "
+        "one prompt per line, or a bundled set: spec-bench, humaneval, refine "
+        "(default: spec-bench)",
+    )
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
-    bench.add_argument("--k", default=format_ks(defaults.ks),
-                       help="draft tokens per round, auto (chosen each round from measured costs), "
-                            "or a sweep: auto,1,2,4 (default %(default)s)")
-    bench.add_argument("--lookup", default=format_lookups(defaults.lookups),
-                       help="tokens prompt lookup may copy per round before the drafter (0: off), or a sweep: 0,2 "
-                            "(default %(default)s)")
-    bench.add_argument("--temperature", type=float, default=defaults.decode.temperature,
-                       help="0 is greedy (texts are then checked)")
+    bench.add_argument(
+        "--k",
+        default=format_ks(defaults.ks),
+        help="draft tokens per round, auto (chosen each round from measured costs), "
+        "or a sweep: auto,1,2,4 (default %(default)s)",
+    )
+    bench.add_argument(
+        "--lookup",
+        default=format_lookups(defaults.lookups),
+        help="tokens prompt lookup may copy per round before the drafter (0: off), or a sweep: 0,2 "
+        "(default %(default)s)",
+    )
+    bench.add_argument(
+        "--temperature", type=float, default=defaults.decode.temperature, help="0 is greedy (texts are then checked)"
+    )
     bench.add_argument("--max-new-tokens", type=int, default=defaults.decode.max_new_tokens)
-    bench.add_argument("--repeats", type=int, default=defaults.repeats, help="timed runs per prompt and method (median kept)")
-    bench.add_argument("--baselines", default=",".join(defaults.baselines),
-                       help=f"any of {', '.join(BASELINES + OTHER_BASELINES)} (llama.cpp: llama-cpp-python's own "
-                            "generation of a .gguf target)")
-    bench.add_argument("--repeat-scenario", action="store_true",
-                       help="also time suffix and hybrid drafters regenerating each prompt, with its own plain "
-                            "answer as history (labelled repeat; the other rows never draft from the same prompt)")
+    bench.add_argument(
+        "--repeats", type=int, default=defaults.repeats, help="timed runs per prompt and method (median kept)"
+    )
+    bench.add_argument(
+        "--baselines",
+        default=",".join(defaults.baselines),
+        help=f"any of {', '.join(BASELINES + OTHER_BASELINES)} (llama.cpp: llama-cpp-python's own "
+        "generation of a .gguf target)",
+    )
+    bench.add_argument(
+        "--repeat-scenario",
+        action="store_true",
+        help="also time suffix and hybrid drafters regenerating each prompt, with its own plain "
+        "answer as history (labelled repeat; the other rows never draft from the same prompt)",
+    )
     bench.add_argument("--seed", type=int, default=defaults.decode.seed)
     bench.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -61,8 +82,10 @@ def add_bench_command(commands) -> None:
 def bench_settings(args: argparse.Namespace) -> BenchSettings:
     """The benchmark `specdeck bench`'s options describe; raises SpecDeckError."""
     return BenchSettings(
-        ks=parse_ks(args.k), lookups=parse_lookups(args.lookup),
-        baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()), repeats=args.repeats,
+        ks=parse_ks(args.k),
+        lookups=parse_lookups(args.lookup),
+        baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()),
+        repeats=args.repeats,
         decode=DecodeConfig(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens),
         repeat_scenario=args.repeat_scenario,
     )
@@ -122,22 +145,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out = check_results_folder(Path(args.out), notice)
     transformers.logging.set_verbosity_error()  # its assisted-generation notices would break the progress bar
     pairs = load_pairs(specs, progress=notice)
-    command = ("specdeck bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"]
-               else "specdeck bench")
+    command = (
+        "specdeck bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["bench"]
+        else "specdeck bench"
+    )
     context = report_context(pairs, prompts_path, command)
     with cancel_on_signals(to_stderr) as cancel:  # Ctrl-C keeps the prompts that finished
-        summary = run_and_write(pairs, prompts, settings, out, context, plots=not args.no_plots,
-                                progress=ProgressBar(), cancel=cancel)
+        summary = run_and_write(
+            pairs, prompts, settings, out, context, plots=not args.no_plots, progress=ProgressBar(), cancel=cancel
+        )
     if not summary:
         print(f"Cancelled before any prompt finished: nothing written, {out} left as it was.", file=sys.stderr)
         return 130
     overview = [r for r in summary if r["category"] == "all"]
-    print(markdown_table(overview, ("method", "k", "drafter", "turn", "new_tokens", "tokens_per_s", "speedup_vs_plain",
-                                    "acceptance_rate", "mean_accepted_length", "identical_to_plain")))
+    print(
+        markdown_table(
+            overview,
+            (
+                "method",
+                "k",
+                "drafter",
+                "turn",
+                "new_tokens",
+                "tokens_per_s",
+                "speedup_vs_plain",
+                "acceptance_rate",
+                "mean_accepted_length",
+                "identical_to_plain",
+            ),
+        )
+    )
     print(f"\nWrote {out}/: {', '.join(sorted(path.name for path in out.iterdir()))}.")
     asked = sum(len(prompt.turns) for prompt in prompts)
     if int(overview[0]["prompts"]) < asked:
-        print(f"Cancelled: the results cover the {overview[0]['prompts']} of {asked} prompts (turns) that finished.",
-              file=sys.stderr)
+        print(
+            f"Cancelled: the results cover the {overview[0]['prompts']} of {asked} prompts (turns) that finished.",
+            file=sys.stderr,
+        )
         return 130
     return 0

@@ -20,24 +20,40 @@ def add_train_draft_command(commands) -> None:
     parser.add_argument("--out", required=True, help="output folder: teacher shards, checkpoint, draft/")
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    parser.add_argument("--until", type=int, default=None,
-                        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)")
+    parser.add_argument(
+        "--until",
+        type=int,
+        default=None,
+        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--hidden", type=int, default=shape.hidden)
     parser.add_argument("--layers", type=int, default=shape.layers)
     parser.add_argument("--intermediate", type=int, default=shape.intermediate)
     _add_text_arguments(parser, defaults)
-    parser.add_argument("--output-vocab", type=int, default=defaults.output_vocab,
-                        help="tokens the draft may propose: the teacher's most likely ones (0: the whole vocabulary)")
+    parser.add_argument(
+        "--output-vocab",
+        type=int,
+        default=defaults.output_vocab,
+        help="tokens the draft may propose: the teacher's most likely ones (0: the whole vocabulary)",
+    )
     parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
-    parser.add_argument("--documents", type=int, default=defaults.documents,
-                        help="standard-library passages the target scores as given text")
+    parser.add_argument(
+        "--documents",
+        type=int,
+        default=defaults.documents,
+        help="standard-library passages the target scores as given text",
+    )
     parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="sequences per step")
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--max-length", type=int, default=defaults.max_length)
     parser.add_argument("--train-embedding", action="store_true", help="also train the tied embedding")
-    parser.add_argument("--eval-every", type=int, default=defaults.eval_every,
-                        help="steps between held-out evaluations (and checkpoints)")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=defaults.eval_every,
+        help="steps between held-out evaluations (and checkpoints)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.set_defaults(handler=run_train_draft)
 
@@ -49,44 +65,90 @@ def run_train_draft(args) -> int:
 
     if min(args.steps, args.batch, args.layers, args.eval_every) < 1 or args.hidden < 8:
         raise SpecDeckError("--steps, --batch, --layers and --eval-every must be at least 1, --hidden at least 8.")
-    if min(args.answers, args.passages, args.code, args.articles, args.documents, args.teacher_shards,
-           args.output_vocab) < 0:
-        raise SpecDeckError("--answers, --passages, --code, --articles, --documents, --teacher-shards and "
-                            "--output-vocab cannot be negative.")
+    if (
+        min(
+            args.answers,
+            args.passages,
+            args.code,
+            args.articles,
+            args.documents,
+            args.teacher_shards,
+            args.output_vocab,
+        )
+        < 0
+    ):
+        raise SpecDeckError(
+            "--answers, --passages, --code, --articles, --documents, --teacher-shards and "
+            "--output-vocab cannot be negative."
+        )
     config = TrainConfig(
         shape=DraftShape(hidden=args.hidden, layers=args.layers, intermediate=args.intermediate),
-        seed=args.seed, answers=args.answers, passages=args.passages, code=args.code, articles=args.articles,
-        answer_tokens=args.answer_tokens, generation_batch=args.generation_batch,
-        teacher_shards=args.teacher_shards, output_vocab=args.output_vocab, bfloat16=not args.float32,
-        documents=args.documents, max_length=args.max_length,
-        steps=args.steps, batch_sequences=args.batch, lr=args.lr, train_embedding=args.train_embedding,
-        threads=args.threads, eval_every=args.eval_every,
+        seed=args.seed,
+        answers=args.answers,
+        passages=args.passages,
+        code=args.code,
+        articles=args.articles,
+        answer_tokens=args.answer_tokens,
+        generation_batch=args.generation_batch,
+        teacher_shards=args.teacher_shards,
+        output_vocab=args.output_vocab,
+        bfloat16=not args.float32,
+        documents=args.documents,
+        max_length=args.max_length,
+        steps=args.steps,
+        batch_sequences=args.batch,
+        lr=args.lr,
+        train_embedding=args.train_embedding,
+        threads=args.threads,
+        eval_every=args.eval_every,
     )
     out = Path(args.out).expanduser()
     if (out / "checkpoint.pt").exists() and not args.resume:
         raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
-    draft = train_draft(args.target or DEFAULT_TARGET, out, config, resume=args.resume,
-                        progress=lambda line: print(line, file=sys.stderr, flush=True), until=args.until)
+    draft = train_draft(
+        args.target or DEFAULT_TARGET,
+        out,
+        config,
+        resume=args.resume,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        until=args.until,
+    )
     print(f"draft saved in {draft}")
     return 0
 
 
 def _add_text_arguments(parser, defaults) -> None:
     """What the target writes for the student to learn from (shared by both commands)."""
-    parser.add_argument("--answers", type=int, default=defaults.answers,
-                        help="chat instructions the target answers itself")
-    parser.add_argument("--passages", type=int, default=defaults.passages,
-                        help="documentation passages the target summarises or answers questions on")
-    parser.add_argument("--code", type=int, default=defaults.code,
-                        help="code beginnings the target continues without a chat template")
-    parser.add_argument("--articles", type=int, default=defaults.articles,
-                        help="articles the target writes, then summarises, extracts from or answers questions on")
-    parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens,
-                        help="longest answer the target writes")
-    parser.add_argument("--generation-batch", type=int, default=defaults.generation_batch,
-                        help="prompts the target answers at once")
-    parser.add_argument("--teacher-shards", type=int, default=defaults.teacher_shards,
-                        help="stop the teacher after this many shards (0: all)")
+    parser.add_argument(
+        "--answers", type=int, default=defaults.answers, help="chat instructions the target answers itself"
+    )
+    parser.add_argument(
+        "--passages",
+        type=int,
+        default=defaults.passages,
+        help="documentation passages the target summarises or answers questions on",
+    )
+    parser.add_argument(
+        "--code", type=int, default=defaults.code, help="code beginnings the target continues without a chat template"
+    )
+    parser.add_argument(
+        "--articles",
+        type=int,
+        default=defaults.articles,
+        help="articles the target writes, then summarises, extracts from or answers questions on",
+    )
+    parser.add_argument(
+        "--answer-tokens", type=int, default=defaults.answer_tokens, help="longest answer the target writes"
+    )
+    parser.add_argument(
+        "--generation-batch", type=int, default=defaults.generation_batch, help="prompts the target answers at once"
+    )
+    parser.add_argument(
+        "--teacher-shards",
+        type=int,
+        default=defaults.teacher_shards,
+        help="stop the teacher after this many shards (0: all)",
+    )
 
 
 def add_train_cross_draft_command(commands) -> None:
@@ -96,22 +158,34 @@ def add_train_cross_draft_command(commands) -> None:
     shape = defaults.shape
     parser = commands.add_parser(
         "train-cross-draft",
-        help="train a small draft with a tokenizer of its own (byte-level BPE) on the target's text")
+        help="train a small draft with a tokenizer of its own (byte-level BPE) on the target's text",
+    )
     parser.add_argument("--target", default=None, help="target model (default: the built-in target)")
-    parser.add_argument("--out", default=None,
-                        help="output folder: text, tokenizer, checkpoint, draft/ (default: SpecDeck's cache, "
-                             "cross-draft/<target>)")
-    parser.add_argument("--teacher", default=None,
-                        help="read the target's text from these teacher shards (e.g. a train-draft run's) instead "
-                             "of writing it")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder: text, tokenizer, checkpoint, draft/ (default: SpecDeck's cache, cross-draft/<target>)",
+    )
+    parser.add_argument(
+        "--teacher",
+        default=None,
+        help="read the target's text from these teacher shards (e.g. a train-draft run's) instead of writing it",
+    )
     parser.add_argument("--vocab", type=int, default=defaults.vocab_size, help="tokens of the draft's own tokenizer")
-    parser.add_argument("--exchanges", type=int, default=defaults.exchanges,
-                        help="passages of existing text (Python documentation and standard library, WordNet) "
-                             "also trained on")
+    parser.add_argument(
+        "--exchanges",
+        type=int,
+        default=defaults.exchanges,
+        help="passages of existing text (Python documentation and standard library, WordNet) also trained on",
+    )
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    parser.add_argument("--until", type=int, default=None,
-                        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)")
+    parser.add_argument(
+        "--until",
+        type=int,
+        default=None,
+        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--hidden", type=int, default=shape.hidden)
     parser.add_argument("--layers", type=int, default=shape.layers)
@@ -120,8 +194,12 @@ def add_train_cross_draft_command(commands) -> None:
     parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="blocks per step")
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--max-length", type=int, default=defaults.max_length, help="tokens per block")
-    parser.add_argument("--eval-every", type=int, default=defaults.eval_every,
-                        help="steps between held-out evaluations (and checkpoints)")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=defaults.eval_every,
+        help="steps between held-out evaluations (and checkpoints)",
+    )
     parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.set_defaults(handler=run_train_cross_draft)
@@ -133,32 +211,55 @@ def run_train_cross_draft(args) -> int:
     from specdeck.engine.models import DEFAULT_TARGET
 
     if min(args.steps, args.batch, args.layers, args.eval_every, args.max_length) < 1 or args.hidden < 8:
-        raise SpecDeckError("--steps, --batch, --layers, --eval-every and --max-length must be at least 1, "
-                            "--hidden at least 8.")
+        raise SpecDeckError(
+            "--steps, --batch, --layers, --eval-every and --max-length must be at least 1, --hidden at least 8."
+        )
     if min(args.answers, args.passages, args.code, args.articles, args.exchanges, args.teacher_shards) < 0:
-        raise SpecDeckError("--answers, --passages, --code, --articles, --exchanges and --teacher-shards cannot be "
-                            "negative.")
+        raise SpecDeckError(
+            "--answers, --passages, --code, --articles, --exchanges and --teacher-shards cannot be negative."
+        )
     if args.vocab < 300:
-        raise SpecDeckError(f"--vocab {args.vocab} is too small: a byte-level BPE needs 256 tokens for the bytes "
-                            "alone; give at least 300.")
+        raise SpecDeckError(
+            f"--vocab {args.vocab} is too small: a byte-level BPE needs 256 tokens for the bytes "
+            "alone; give at least 300."
+        )
     config = CrossDraftConfig(
         shape=DraftShape(hidden=args.hidden, layers=args.layers, intermediate=args.intermediate),
-        vocab_size=args.vocab, seed=args.seed, answers=args.answers, passages=args.passages, code=args.code,
-        articles=args.articles, answer_tokens=args.answer_tokens, generation_batch=args.generation_batch,
-        teacher_shards=args.teacher_shards, exchanges=args.exchanges, max_length=args.max_length,
-        steps=args.steps, batch_sequences=args.batch, lr=args.lr, eval_every=args.eval_every,
-        bfloat16=not args.float32, threads=args.threads,
+        vocab_size=args.vocab,
+        seed=args.seed,
+        answers=args.answers,
+        passages=args.passages,
+        code=args.code,
+        articles=args.articles,
+        answer_tokens=args.answer_tokens,
+        generation_batch=args.generation_batch,
+        teacher_shards=args.teacher_shards,
+        exchanges=args.exchanges,
+        max_length=args.max_length,
+        steps=args.steps,
+        batch_sequences=args.batch,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        bfloat16=not args.float32,
+        threads=args.threads,
     )
     if not (config.writes or config.exchanges or args.teacher):
-        raise SpecDeckError("No text to train on: give --answers, --passages, --code, --articles or --exchanges, "
-                            "or --teacher shards.")
+        raise SpecDeckError(
+            "No text to train on: give --answers, --passages, --code, --articles or --exchanges, or --teacher shards."
+        )
     name = args.target or DEFAULT_TARGET
     out = Path(args.out).expanduser() if args.out else default_folder(name)
     if (out / "checkpoint.pt").exists() and not args.resume:
         raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
-    draft = train_cross_draft(name, out, config, Path(args.teacher).expanduser() if args.teacher else None,
-                              resume=args.resume, progress=lambda line: print(line, file=sys.stderr, flush=True),
-                              until=args.until)
+    draft = train_cross_draft(
+        name,
+        out,
+        config,
+        Path(args.teacher).expanduser() if args.teacher else None,
+        resume=args.resume,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        until=args.until,
+    )
     print(f"draft saved in {draft}: try it with `specdeck run --draft {draft}`")
     return 0
 
@@ -171,31 +272,61 @@ def add_train_head_command(commands) -> None:
     parser = commands.add_parser("train-head", help="train a feature head (EAGLE-style drafter) for a target")
     parser.add_argument("--target", default=None, help="target model (default: the built-in target)")
     parser.add_argument("--out", required=True, help="output folder: teacher shards, features, checkpoint, head/")
-    parser.add_argument("--teacher", default=None,
-                        help="teacher shards to learn from (default OUT/teacher), e.g. a train-draft run's")
-    parser.add_argument("--data", default=None,
-                        help="learn from the shards of `specdeck head-data` in this folder instead of teacher shards")
-    parser.add_argument("--feature-layers", default="",
-                        help="with --data: also read the residual streams after these many target layers "
-                             "(comma-separated, among the data's --layers), EAGLE-3's fused features")
-    parser.add_argument("--feature-weight", type=float, default=defaults.feature_weight,
-                        help="weight of the pull of predicted states towards the target's (0: none)")
-    parser.add_argument("--init-from", default="",
-                        help="start from this head's weights (a folder or a built-in name such as smollm2-135m-head)")
+    parser.add_argument(
+        "--teacher", default=None, help="teacher shards to learn from (default OUT/teacher), e.g. a train-draft run's"
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="learn from the shards of `specdeck head-data` in this folder instead of teacher shards",
+    )
+    parser.add_argument(
+        "--feature-layers",
+        default="",
+        help="with --data: also read the residual streams after these many target layers "
+        "(comma-separated, among the data's --layers), EAGLE-3's fused features",
+    )
+    parser.add_argument(
+        "--feature-weight",
+        type=float,
+        default=defaults.feature_weight,
+        help="weight of the pull of predicted states towards the target's (0: none)",
+    )
+    parser.add_argument(
+        "--init-from",
+        default="",
+        help="start from this head's weights (a folder or a built-in name such as smollm2-135m-head)",
+    )
     _add_text_arguments(parser, TrainConfig())
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    parser.add_argument("--until", type=int, default=None,
-                        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)")
+    parser.add_argument(
+        "--until",
+        type=int,
+        default=None,
+        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--output-vocab", type=int, default=defaults.output_vocab,
-                        help="tokens the head may propose: the target's most frequent ones (0: the whole vocabulary)")
-    parser.add_argument("--unroll", type=int, default=defaults.unroll,
-                        help="passes per step; each later one reads the states the previous one predicted")
+    parser.add_argument(
+        "--output-vocab",
+        type=int,
+        default=defaults.output_vocab,
+        help="tokens the head may propose: the target's most frequent ones (0: the whole vocabulary)",
+    )
+    parser.add_argument(
+        "--unroll",
+        type=int,
+        default=defaults.unroll,
+        help="passes per step; each later one reads the states the previous one predicted",
+    )
     parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="sequences per step")
     parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--eval-every", type=int, default=defaults.eval_every,
-                        help="steps between held-out evaluations (and checkpoints)")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=defaults.eval_every,
+        help="steps between held-out evaluations (and checkpoints)",
+    )
     parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.set_defaults(handler=run_train_head)
@@ -209,29 +340,55 @@ def run_train_head(args) -> int:
     if min(args.steps, args.batch, args.unroll, args.eval_every) < 1:
         raise SpecDeckError("--steps, --batch, --unroll and --eval-every must be at least 1.")
     if min(args.answers, args.passages, args.code, args.articles, args.teacher_shards, args.output_vocab) < 0:
-        raise SpecDeckError("--answers, --passages, --code, --articles, --teacher-shards and --output-vocab "
-                            "cannot be negative.")
+        raise SpecDeckError(
+            "--answers, --passages, --code, --articles, --teacher-shards and --output-vocab cannot be negative."
+        )
     try:
         layers = tuple(int(n) for n in args.feature_layers.split(",") if n.strip())
     except ValueError:
-        raise SpecDeckError(f"--feature-layers takes layer counts separated by commas, not {args.feature_layers!r}.") from None
-    config = HeadConfig(seed=args.seed, output_vocab=args.output_vocab, unroll=args.unroll, steps=args.steps,
-                        batch_sequences=args.batch, lr=args.lr, eval_every=args.eval_every,
-                        bfloat16=not args.float32, threads=args.threads, feature_layers=layers,
-                        feature_weight=args.feature_weight, init_from=args.init_from)
+        raise SpecDeckError(
+            f"--feature-layers takes layer counts separated by commas, not {args.feature_layers!r}."
+        ) from None
+    config = HeadConfig(
+        seed=args.seed,
+        output_vocab=args.output_vocab,
+        unroll=args.unroll,
+        steps=args.steps,
+        batch_sequences=args.batch,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        bfloat16=not args.float32,
+        threads=args.threads,
+        feature_layers=layers,
+        feature_weight=args.feature_weight,
+        init_from=args.init_from,
+    )
     text = None
     if args.answers or args.passages or args.code or args.articles:
-        text = TrainConfig(seed=args.seed, answers=args.answers, passages=args.passages, code=args.code,
-                           articles=args.articles,
-                           answer_tokens=args.answer_tokens, generation_batch=args.generation_batch,
-                           teacher_shards=args.teacher_shards)
+        text = TrainConfig(
+            seed=args.seed,
+            answers=args.answers,
+            passages=args.passages,
+            code=args.code,
+            articles=args.articles,
+            answer_tokens=args.answer_tokens,
+            generation_batch=args.generation_batch,
+            teacher_shards=args.teacher_shards,
+        )
     out = Path(args.out).expanduser()
     if (out / "checkpoint.pt").exists() and not args.resume:
         raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
-    head = train_head(args.target or DEFAULT_TARGET, out, config, text,
-                      Path(args.teacher).expanduser() if args.teacher else None, resume=args.resume,
-                      progress=lambda line: print(line, file=sys.stderr, flush=True), until=args.until,
-                      data=Path(args.data).expanduser() if args.data else None)
+    head = train_head(
+        args.target or DEFAULT_TARGET,
+        out,
+        config,
+        text,
+        Path(args.teacher).expanduser() if args.teacher else None,
+        resume=args.resume,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        until=args.until,
+        data=Path(args.data).expanduser() if args.data else None,
+    )
     print(f"feature head saved in {head}")
     return 0
 
@@ -241,22 +398,39 @@ def add_head_data_command(commands) -> None:
 
     defaults = ForcingConfig()
     parser = commands.add_parser(
-        "head-data", help="grow a feature head's teacher data: the target's hidden states over free text and its own answers")
+        "head-data",
+        help="grow a feature head's teacher data: the target's hidden states over free text and its own answers",
+    )
     parser.add_argument("--target", default=None, help="target model (default: the built-in target)")
-    parser.add_argument("--out", default=None,
-                        help="folder of the shards (default: SpecDeck's cache, teacher-head/<target>); rerun to resume")
-    parser.add_argument("--positions", type=int, default=defaults.positions,
-                        help="stop when the shards hold this many target positions")
-    parser.add_argument("--layers", default=",".join(map(str, defaults.layers)),
-                        help="also keep the residual stream after these many decoder layers (comma-separated)")
-    parser.add_argument("--answer-every", type=int, default=defaults.answer_every,
-                        help="every n-th shard is the target's own generated answers (0: existing text only)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder of the shards (default: SpecDeck's cache, teacher-head/<target>); rerun to resume",
+    )
+    parser.add_argument(
+        "--positions", type=int, default=defaults.positions, help="stop when the shards hold this many target positions"
+    )
+    parser.add_argument(
+        "--layers",
+        default=",".join(map(str, defaults.layers)),
+        help="also keep the residual stream after these many decoder layers (comma-separated)",
+    )
+    parser.add_argument(
+        "--answer-every",
+        type=int,
+        default=defaults.answer_every,
+        help="every n-th shard is the target's own generated answers (0: existing text only)",
+    )
     parser.add_argument("--answer-batch", type=int, default=defaults.answer_batch, help="prompts answered at once")
-    parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens, help="longest answer the target writes")
-    parser.add_argument("--shard-sequences", type=int, default=defaults.shard_sequences,
-                        help="existing-text sequences per shard")
-    parser.add_argument("--reserve-gb", type=float, default=defaults.reserve_gb,
-                        help="stop while this much disk is still free")
+    parser.add_argument(
+        "--answer-tokens", type=int, default=defaults.answer_tokens, help="longest answer the target writes"
+    )
+    parser.add_argument(
+        "--shard-sequences", type=int, default=defaults.shard_sequences, help="existing-text sequences per shard"
+    )
+    parser.add_argument(
+        "--reserve-gb", type=float, default=defaults.reserve_gb, help="stop while this much disk is still free"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.set_defaults(handler=run_head_data)
 
@@ -268,20 +442,37 @@ def run_head_data(args) -> int:
     try:
         layers = tuple(int(n) for n in args.layers.split(",") if n.strip())
     except ValueError:
-        raise SpecDeckError(f"--layers takes layer counts separated by commas, e.g. 3,15, not {args.layers!r}.") from None
-    if min(args.positions, args.answer_batch, args.answer_tokens, args.shard_sequences, min(layers, default=1)) < 1 \
-            or args.answer_every < 0:
-        raise SpecDeckError("--positions, --answer-batch, --answer-tokens, --shard-sequences and every --layers entry "
-                            "must be at least 1, --answer-every at least 0.")
+        raise SpecDeckError(
+            f"--layers takes layer counts separated by commas, e.g. 3,15, not {args.layers!r}."
+        ) from None
+    if (
+        min(args.positions, args.answer_batch, args.answer_tokens, args.shard_sequences, min(layers, default=1)) < 1
+        or args.answer_every < 0
+    ):
+        raise SpecDeckError(
+            "--positions, --answer-batch, --answer-tokens, --shard-sequences and every --layers entry "
+            "must be at least 1, --answer-every at least 0."
+        )
     name = args.target or DEFAULT_TARGET
-    config = ForcingConfig(positions=args.positions, layers=layers, answer_every=args.answer_every,
-                           answer_batch=args.answer_batch, answer_tokens=args.answer_tokens,
-                           shard_sequences=args.shard_sequences, reserve_gb=args.reserve_gb, threads=args.threads)
+    config = ForcingConfig(
+        positions=args.positions,
+        layers=layers,
+        answer_every=args.answer_every,
+        answer_batch=args.answer_batch,
+        answer_tokens=args.answer_tokens,
+        shard_sequences=args.shard_sequences,
+        reserve_gb=args.reserve_gb,
+        threads=args.threads,
+    )
     out = Path(args.out).expanduser() if args.out else default_folder(name)
     grow(name, out, config, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"head data in {out}")
     return 0
 
 
-__all__ = ["add_head_data_command", "add_train_cross_draft_command", "add_train_draft_command",
-           "add_train_head_command"]
+__all__ = [
+    "add_head_data_command",
+    "add_train_cross_draft_command",
+    "add_train_draft_command",
+    "add_train_head_command",
+]

@@ -31,35 +31,51 @@ def _cmd_cache(args) -> int:
         print(cache.describe(cache.entries()))
         return 0
     removed, kept = cache.clear()
-    print(f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
-          f"({cache.format_size(sum(e.size for e in removed))}) from {cache.gguf_cache()}.")
+    print(
+        f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
+        f"({cache.format_size(sum(e.size for e in removed))}) from {cache.gguf_cache()}."
+    )
     for entry in kept:
         print(f"Kept {entry.path.name}: {entry.state}.")
-    print(f"Removed {cache.clear_costs()} measured cost files from {cache.costs_cache()} (measured again when next needed).")
-    print(f"Removed {cache.clear_suffix_texts()} files of past sessions' texts from {cache.suffix_cache()} "
-          "(suffix drafting under --suffix-scope all starts afresh).")
+    print(
+        f"Removed {cache.clear_costs()} measured cost files from {cache.costs_cache()} (measured again when next needed)."
+    )
+    print(
+        f"Removed {cache.clear_suffix_texts()} files of past sessions' texts from {cache.suffix_cache()} "
+        "(suffix drafting under --suffix-scope all starts afresh)."
+    )
     return 0
 
 
 def _cmd_gui(args) -> int:
-    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY") \
-            and os.environ.get("QT_QPA_PLATFORM") != "offscreen" and sys.platform.startswith("linux"):
+    if (
+        not os.environ.get("DISPLAY")
+        and not os.environ.get("WAYLAND_DISPLAY")
+        and os.environ.get("QT_QPA_PLATFORM") != "offscreen"
+        and sys.platform.startswith("linux")
+    ):
         if args.demo:
             os.environ["QT_QPA_PLATFORM"] = "offscreen"
         else:
-            print("No display found: running the default pair in the terminal instead "
-                  "(`specdeck run`; set QT_QPA_PLATFORM=offscreen to force the window).", file=sys.stderr)
+            print(
+                "No display found: running the default pair in the terminal instead "
+                "(`specdeck run`; set QT_QPA_PLATFORM=offscreen to force the window).",
+                file=sys.stderr,
+            )
             return main(["run"])
     try:
         from specdeck.app.main import run_gui, xcb_problem
     except ImportError as error:
-        raise SpecDeckError(f"The window needs PySide6, pyqtgraph and qasync ({error}): reinstall SpecDeck with its dependencies.") from error
+        raise SpecDeckError(
+            f"The window needs PySide6, pyqtgraph and qasync ({error}): reinstall SpecDeck with its dependencies."
+        ) from error
     problem = xcb_problem()
     if problem and args.demo:
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
     elif problem:
-        print(f"{problem}\nMeanwhile, running the default pair in the terminal instead (`specdeck run`).",
-              file=sys.stderr)
+        print(
+            f"{problem}\nMeanwhile, running the default pair in the terminal instead (`specdeck run`).", file=sys.stderr
+        )
         return main(["run"])
     return run_gui(args)
 
@@ -78,8 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     gui.set_defaults(handler=_cmd_gui)
 
     cache = commands.add_parser("cache", help="list the converted models SpecDeck keeps, and their sizes")
-    cache.add_argument("--clear", action="store_true", help="delete them (they are converted again when needed), the measured costs and the "
-                            "past sessions' texts kept for suffix drafting")
+    cache.add_argument(
+        "--clear",
+        action="store_true",
+        help="delete them (they are converted again when needed), the measured costs and the "
+        "past sessions' texts kept for suffix drafting",
+    )
     cache.set_defaults(handler=_cmd_cache)
 
     add_bench_command(commands)

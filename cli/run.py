@@ -14,8 +14,14 @@ from specdeck.cli.options import add_decode_arguments, add_model_arguments, deco
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.interrupt import cancel_on_signals, to_stderr
 
-_COLOURS = {"accepted": "\033[32m", "rejected": "\033[9;31m", "discarded": "\033[9;2m", "resampled": "\033[33m",
-            "bonus": "\033[34m", "plain": ""}
+_COLOURS = {
+    "accepted": "\033[32m",
+    "rejected": "\033[9;31m",
+    "discarded": "\033[9;2m",
+    "resampled": "\033[33m",
+    "bonus": "\033[34m",
+    "plain": "",
+}
 _UNDERLINE = "\033[4m"  # drafts copied by prompt lookup
 _RESET = "\033[0m"
 
@@ -73,8 +79,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.jsonl:
                 print(json.dumps(event_to_dict(event), ensure_ascii=False), flush=isinstance(event, RoundEvent))
             elif isinstance(event, SessionStarted) and event.prompt_tokens_dropped:
-                print(f"[{prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)}]", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"[{prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)}]",
+                    file=sys.stderr,
+                    flush=True,
+                )
             elif isinstance(event, TokenEvent):
                 if not event.state.kept and not colour:
                     continue
@@ -95,20 +104,29 @@ def format_summary(s, description: str, backend: str = "torch") -> str:
         f"new tokens            {s.new_tokens} in {s.rounds} rounds ({s.stop_reason})",
         f"tokens/s              {s.tokens_per_s:.1f} (prefill {s.prefill_ms:.0f} ms excluded)",
         f"acceptance rate       {s.acceptance_rate:.3f} ({s.accepted}/{s.drafted} drafts)",
-        *([f"copied drafts         {s.copied_accepted}/{s.copied_drafted} accepted (prompt lookup)"]
-          if s.copied_drafted else []),
+        *(
+            [f"copied drafts         {s.copied_accepted}/{s.copied_drafted} accepted (prompt lookup)"]
+            if s.copied_drafted
+            else []
+        ),
         f"mean accepted length  {s.mean_accepted_length:.2f} tokens per target forward",
         f"target forwards/token {s.target_forwards_per_token:.3f}",
     ]
     if s.accepted_by_position:
         lines.append("acceptance by position " + " ".join(f"{a:.2f}" for a in s.accepted_by_position))
     if s.predicted_speedup is not None:
-        lines.append(f"predicted speedup     {s.predicted_speedup:.2f}x (Leviathan et al. 2023, from a, K and draft cost)")
+        lines.append(
+            f"predicted speedup     {s.predicted_speedup:.2f}x (Leviathan et al. 2023, from a, K and draft cost)"
+        )
     if s.network_ms is not None:
-        server = f", server {s.server_ms:.0f} ms" if s.server_ms is not None else " (the server reports no time of its own)"
+        server = (
+            f", server {s.server_ms:.0f} ms" if s.server_ms is not None else " (the server reports no time of its own)"
+        )
         lines.append(f"per round             network {s.network_ms:.0f} ms{server}")
         if s.cache_misses:
-            lines.append(f"prefix cache          the server reported no cache hit in {s.cache_misses} of {s.rounds} rounds")
+            lines.append(
+                f"prefix cache          the server reported no cache hit in {s.cache_misses} of {s.rounds} rounds"
+            )
     if s.plan:
         lines.append("auto schedule         " + "\n                      ".join(s.plan.split("; ")))
     return "\n".join(lines)

@@ -150,9 +150,13 @@ def abandoned(folder: Path, name: str | None = None) -> list[Path]:
     """Partial entries in `folder` (of the entry `name` only, if given) whose writing process is gone."""
     if not folder.is_dir():
         return []
-    return sorted(path for path in folder.iterdir()
-                  if (pid := leftover_writer(path)) is not None and not process_alive(pid)
-                  and (name is None or path.name.startswith(f".{name}.")))
+    return sorted(
+        path
+        for path in folder.iterdir()
+        if (pid := leftover_writer(path)) is not None
+        and not process_alive(pid)
+        and (name is None or path.name.startswith(f".{name}."))
+    )
 
 
 def remove_path(path: Path) -> None:
@@ -173,8 +177,7 @@ def _restore_set_aside(leftover: Path) -> bool:
     return False
 
 
-def remove_abandoned(folder: Path, notice: Callable[[str], None] | None = None,
-                     name: str | None = None) -> list[Path]:
+def remove_abandoned(folder: Path, notice: Callable[[str], None] | None = None, name: str | None = None) -> list[Path]:
     """Delete what killed writers left in `folder` (of the entry `name` only, if given), telling
     `notice` about each; return the paths."""
     removed = abandoned(folder, name)
@@ -182,9 +185,12 @@ def remove_abandoned(folder: Path, notice: Callable[[str], None] | None = None,
         restored = _restore_set_aside(path)
         remove_path(path)
         if notice:
-            notice(f"Put back {path.parent / path.name[1:].split('.old-')[0]}, set aside by process "
-                   f"{leftover_writer(path)}, which is gone" if restored else
-                   f"Removed {path}, left incomplete by process {leftover_writer(path)}, which is gone")
+            notice(
+                f"Put back {path.parent / path.name[1:].split('.old-')[0]}, set aside by process "
+                f"{leftover_writer(path)}, which is gone"
+                if restored
+                else f"Removed {path}, left incomplete by process {leftover_writer(path)}, which is gone"
+            )
     return removed
 
 
@@ -200,6 +206,7 @@ def check_writable_folder(folder: str | os.PathLike) -> Path:
         probe = Path(tempfile.mkdtemp(dir=folder.parent, prefix=_prefix(folder)))
         probe.rmdir()
     except OSError as error:
-        raise SpecDeckError(f"Cannot write results to {folder}: {error.strerror or error} "
-                            f"(in {folder.parent.resolve()}).") from error
+        raise SpecDeckError(
+            f"Cannot write results to {folder}: {error.strerror or error} (in {folder.parent.resolve()})."
+        ) from error
     return folder

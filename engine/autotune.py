@@ -65,8 +65,10 @@ class CostCurve:
         """A warning for reports and plans where the curve was measured on a busy machine, else ""."""
         if self.spread <= NOISY:
             return ""
-        return (f"measured while the machine was busy (passes {self.spread:.0%} apart): `specdeck cache --clear` "
-                "measures it again")
+        return (
+            f"measured while the machine was busy (passes {self.spread:.0%} apart): `specdeck cache --clear` "
+            "measures it again"
+        )
 
     def ms(self, n: int) -> float:
         points = list(zip(self.tokens, self.forward_ms))
@@ -82,8 +84,12 @@ class CostCurve:
         return ", ".join(f"{n}: {t:.1f}" for n, t in zip(self.tokens, self.forward_ms)) + " ms"
 
 
-def measure_curve(model: PreTrainedModel | LlamaCppModel, tokens: tuple[int, ...] = CURVE_TOKENS, passes: int = 3,
-                  context: int = CURVE_CONTEXT) -> CostCurve:
+def measure_curve(
+    model: PreTrainedModel | LlamaCppModel,
+    tokens: tuple[int, ...] = CURVE_TOKENS,
+    passes: int = 3,
+    context: int = CURVE_CONTEXT,
+) -> CostCurve:
     """Time the model's forward over each number of new tokens after `context` cached ones, on its
     own KV cache: every size once per pass (after a warm-up pass), the best of the passes kept, so
     a burst of other work on the machine spoils one pass, not one size. The curve records how far the
@@ -98,7 +104,7 @@ def measure_curve(model: PreTrainedModel | LlamaCppModel, tokens: tuple[int, ...
             lm.crop(context)
             synchronize(lm.device)
             started = time.perf_counter()
-            lm.forward(ids[context: context + n])
+            lm.forward(ids[context : context + n])
             synchronize(lm.device)
             if pass_no:  # pass 0 warms every shape up
                 runs[i].append((time.perf_counter() - started) * 1e3)
@@ -106,12 +112,14 @@ def measure_curve(model: PreTrainedModel | LlamaCppModel, tokens: tuple[int, ...
     spread = max(sorted(r)[len(r) // 2] / b - 1.0 for r, b in zip(runs, best))
     device = lm.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else machine_name()
-    return CostCurve(tuple(tokens), tuple(round(b, 3) for b in best), f"{name}, {torch.get_num_threads()} threads",
-                     round(spread, 3))
+    return CostCurve(
+        tuple(tokens), tuple(round(b, 3) for b in best), f"{name}, {torch.get_num_threads()} threads", round(spread, 3)
+    )
 
 
-def measure_draft_ms(drafter, vocab_width: int, hidden_size: int, k: int = 4, passes: int = 3,
-                     context: int = 64) -> float:
+def measure_draft_ms(
+    drafter, vocab_width: int, hidden_size: int, k: int = 4, passes: int = 3, context: int = 64
+) -> float:
     """Milliseconds per drafted token: the best of `passes` proposals of up to k tokens after a
     `context`-token prompt (a warm-up first). Feature heads get zero vectors for the target's states:
     their cost does not depend on the values."""
@@ -149,8 +157,17 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
         runs_on = [str(weights[0].dtype), str(weights[0].device)]
         path = linear.choose_path([w for w in weights if w.dim() == 2]).path
     config = getattr(module, "config", None)
-    parts = [what, config.to_json_string(use_diff=False) if config is not None else repr(module), *runs_on,
-             torch.__version__, str(torch.get_num_threads()), machine_name(), path, repr(CURVE_TOKENS), str(CURVE_CONTEXT)]
+    parts = [
+        what,
+        config.to_json_string(use_diff=False) if config is not None else repr(module),
+        *runs_on,
+        torch.__version__,
+        str(torch.get_num_threads()),
+        machine_name(),
+        path,
+        repr(CURVE_TOKENS),
+        str(CURVE_CONTEXT),
+    ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
@@ -179,8 +196,9 @@ def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = 
         path = cache_dir / f"curve-{_key(model, 'curve')}.json" if cache_dir else None
         raw = _cached(path, lambda: asdict(measure_curve(model)), "cost curve")
         try:
-            _CURVES[model] = CostCurve(tuple(raw["tokens"]), tuple(raw["forward_ms"]), raw.get("machine", ""),
-                                       float(raw.get("spread", 0.0)))
+            _CURVES[model] = CostCurve(
+                tuple(raw["tokens"]), tuple(raw["forward_ms"]), raw.get("machine", ""), float(raw.get("spread", 0.0))
+            )
         except (KeyError, TypeError, ValueError):
             _CURVES[model] = measure_curve(model)
     return _CURVES[model]
@@ -194,8 +212,9 @@ def draft_cost(drafter, vocab_width: int, hidden_size: int, cache_dir: Path | No
     if module not in _DRAFT_MS:
         path = cache_dir / f"draft-{_key(module, type(drafter).__name__)}.json" if cache_dir else None
         value = _cached(path, lambda: measure_draft_ms(drafter, vocab_width, hidden_size), "draft cost")
-        _DRAFT_MS[module] = float(value) if isinstance(value, (int, float)) else measure_draft_ms(
-            drafter, vocab_width, hidden_size)
+        _DRAFT_MS[module] = (
+            float(value) if isinstance(value, (int, float)) else measure_draft_ms(drafter, vocab_width, hidden_size)
+        )
     return _DRAFT_MS[module]
 
 
@@ -259,8 +278,15 @@ def round_label(drafted: int, copied: bool, alternatives: int = 0) -> str:
 class RoundPlanner:
     """Picks each round's `Shape` to maximise expected kept tokens per millisecond."""
 
-    def __init__(self, curve: CostCurve, draft_ms_per_token: float, max_k: int, max_copy: int,
-                 adapt: bool = True, max_width: int = MAX_WIDTH) -> None:
+    def __init__(
+        self,
+        curve: CostCurve,
+        draft_ms_per_token: float,
+        max_k: int,
+        max_copy: int,
+        adapt: bool = True,
+        max_width: int = MAX_WIDTH,
+    ) -> None:
         self.curve = curve
         self.adapt = adapt  # False: plan from the cached costs alone, so a seed repeats its choices
         self.max_k = max(0, min(max_k, curve.tokens[-1] - 1))
@@ -293,14 +319,15 @@ class RoundPlanner:
 
     def best_k(self) -> tuple[tuple[int, int], float]:
         shapes = [(0, 1)] + [(k, w) for k in range(1, self.max_k + 1) for w in range(1, self.max_width + 1)]
-        return max(((shape, self.rate(self.drafts, shape[0], self.draft_ms_per_token, shape[1])) for shape in shapes),
-                   key=lambda pair: pair[1])
+        return max(
+            ((shape, self.rate(self.drafts, shape[0], self.draft_ms_per_token, shape[1])) for shape in shapes),
+            key=lambda pair: pair[1],
+        )
 
     def best_copy(self) -> tuple[int, float]:
         if not self.max_copy:
             return 0, 0.0
-        return max(((n, self.rate(self.copies, n, 0.0)) for n in range(1, self.max_copy + 1)),
-                   key=lambda pair: pair[1])
+        return max(((n, self.rate(self.copies, n, 0.0)) for n in range(1, self.max_copy + 1)), key=lambda pair: pair[1])
 
     def probe_due(self, plain_rate: float) -> bool:
         """Whether a plain round should draft one token instead, to measure the drafter again: every
@@ -327,8 +354,18 @@ class RoundPlanner:
             self.rounds_without_draft = 0
         return Shape(copy if copy_rate >= k_rate else 0, k, width)
 
-    def record(self, shape: Shape, copied: bool, drafted: int, accepted: int, draft_ms: float, verify_ms: float,
-               round_ms: float, rank: int | None = None, alternatives: int = 0) -> None:
+    def record(
+        self,
+        shape: Shape,
+        copied: bool,
+        drafted: int,
+        accepted: int,
+        draft_ms: float,
+        verify_ms: float,
+        round_ms: float,
+        rank: int | None = None,
+        alternatives: int = 0,
+    ) -> None:
         """What a round planned and what it measured; `rank`: where the target's first token stood
         among the drafter's first distribution (0: its top choice), for a round the drafter drafted."""
         label = round_label(drafted, copied, alternatives)
@@ -367,19 +404,27 @@ class RoundPlanner:
 
     def describe(self) -> str:
         """What was chosen and why, in one paragraph for the terminal and the window."""
-        shapes = ", ".join(f"{label} x{count}" for label, count in
-                           sorted(self.chosen.items(), key=lambda item: -item[1]))
+        shapes = ", ".join(
+            f"{label} x{count}" for label, count in sorted(self.chosen.items(), key=lambda item: -item[1])
+        )
         depth = len(self.drafts.tried) or 1
         drafts = "/".join(f"{a:.2f}" for a in self.drafts.rates(depth))
-        lines = [f"chosen per round: {shapes or 'nothing yet'}",
-                 "target forward for 1/2/4/8 tokens: " + "/".join(f"{self.verify_ms(n):.1f}" for n in (1, 2, 4, 8))
-                 + " ms (as this session measured them, else the machine's cost curve"
-                 + f" x{self.scale:.2f}" + (f"; {self.curve.noisy_note}" if self.curve.noisy_note else "") + ")",
-                 f"drafter acceptance by depth: {drafts}"]
+        lines = [
+            f"chosen per round: {shapes or 'nothing yet'}",
+            "target forward for 1/2/4/8 tokens: "
+            + "/".join(f"{self.verify_ms(n):.1f}" for n in (1, 2, 4, 8))
+            + " ms (as this session measured them, else the machine's cost curve"
+            + f" x{self.scale:.2f}"
+            + (f"; {self.curve.noisy_note}" if self.curve.noisy_note else "")
+            + ")",
+            f"drafter acceptance by depth: {drafts}",
+        ]
         lines.append(f"draft cost {self.draft_ms_per_token:.1f} ms per token")
         if self.ranked and self.max_width > 1:
             shares = "/".join(f"{sum(self.ranks[:w]) / self.ranked:.2f}" for w in range(1, self.max_width + 1))
             lines.append(f"target's first token among the drafter's top 1..{self.max_width}: {shares}")
         if self.copies.tried:
-            lines.append("copy acceptance by depth: " + "/".join(f"{a:.2f}" for a in self.copies.rates(len(self.copies.tried))))
+            lines.append(
+                "copy acceptance by depth: " + "/".join(f"{a:.2f}" for a in self.copies.rates(len(self.copies.tried)))
+            )
         return "; ".join(lines)

@@ -54,15 +54,18 @@ def llama_cpp_installed(progress: Progress | None = None) -> bool:
         return True
     if not _told_missing:
         _told_missing = True
-        notice = ("llama-cpp-python is not installed, so GGUF files run on torch (dequantized to float32): "
-                  "`make` installs it, or `pip install llama-cpp-python`")
+        notice = (
+            "llama-cpp-python is not installed, so GGUF files run on torch (dequantized to float32): "
+            "`make` installs it, or `pip install llama-cpp-python`"
+        )
         (progress or log.warning)(notice)
     return False
 
 
-def choose_backend(name: str, requested: str, device: torch.device, dtype: str,
-                   progress: Progress | None = None) -> str:
-    """"torch" or "llama.cpp" for the model `name`, as `requested` (auto, torch or llama.cpp) allows;
+def choose_backend(
+    name: str, requested: str, device: torch.device, dtype: str, progress: Progress | None = None
+) -> str:
+    """ "torch" or "llama.cpp" for the model `name`, as `requested` (auto, torch or llama.cpp) allows;
     a request llama.cpp cannot serve is a `SpecDeckError` that says why."""
     if requested not in BACKENDS:
         raise SpecDeckError(f"Unknown backend {requested!r}: use {', '.join(BACKENDS)}.")
@@ -71,21 +74,27 @@ def choose_backend(name: str, requested: str, device: torch.device, dtype: str,
     path = gguf_file(name)
     if requested == "llama.cpp":
         if path is None:
-            raise SpecDeckError(f"The llama.cpp backend runs .gguf files, and {name} is not one: use --backend torch "
-                                "or auto.")
+            raise SpecDeckError(
+                f"The llama.cpp backend runs .gguf files, and {name} is not one: use --backend torch or auto."
+            )
         if device.type != "cpu":
-            raise SpecDeckError(f"The llama.cpp backend runs on the CPU here, not on {device.type}: "
-                                "use --device cpu, or --backend torch.")
+            raise SpecDeckError(
+                f"The llama.cpp backend runs on the CPU here, not on {device.type}: "
+                "use --device cpu, or --backend torch."
+            )
         if dtype not in ("auto", "float32"):
-            raise SpecDeckError(f"--dtype {dtype} applies to torch: llama.cpp runs the file's own quantized weights. "
-                                "Drop --dtype, or use --backend torch.")
+            raise SpecDeckError(
+                f"--dtype {dtype} applies to torch: llama.cpp runs the file's own quantized weights. "
+                "Drop --dtype, or use --backend torch."
+            )
         if not llama_cpp_installed(progress):
-            raise SpecDeckError("The llama.cpp backend needs llama-cpp-python, which is not installed: "
-                                "`pip install llama-cpp-python` (it builds llama.cpp, about 12 minutes on 2 cores), "
-                                "or use --backend torch.")
+            raise SpecDeckError(
+                "The llama.cpp backend needs llama-cpp-python, which is not installed: "
+                "`pip install llama-cpp-python` (it builds llama.cpp, about 12 minutes on 2 cores), "
+                "or use --backend torch."
+            )
         return "llama.cpp"
-    if path is None or device.type != "cpu" or dtype not in ("auto", "float32") \
-            or not llama_cpp_installed(progress):
+    if path is None or device.type != "cpu" or dtype not in ("auto", "float32") or not llama_cpp_installed(progress):
         return "torch"
     return "llama.cpp" if llama_cpp_faster(name, path, progress) else "torch"
 
@@ -97,8 +106,17 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
     from specdeck.engine.llamacpp_backend import library
 
     stat = path.stat()
-    key = "\n".join([str(path.resolve()), str(stat.st_size), str(stat.st_mtime_ns), machine_name(),
-                     str(torch.get_num_threads()), torch.__version__, library().__version__])
+    key = "\n".join(
+        [
+            str(path.resolve()),
+            str(stat.st_size),
+            str(stat.st_mtime_ns),
+            machine_name(),
+            str(torch.get_num_threads()),
+            torch.__version__,
+            library().__version__,
+        ]
+    )
     saved = costs_cache() / f"backend-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
     try:
         verdict = json.loads(saved.read_text(encoding="utf-8"))
@@ -147,6 +165,6 @@ def _step_ms(backend, vocab: int) -> float:
     times = []
     for i in range(CONTEXT, CONTEXT + STEPS + 2):
         started = time.perf_counter()
-        backend.logits(ids[i: i + 1], last_only=False)
+        backend.logits(ids[i : i + 1], last_only=False)
         times.append((time.perf_counter() - started) * 1e3)
     return statistics.median(times[2:])

@@ -46,22 +46,31 @@ class DecodeConfig:
     seed: int = 0
     max_new_tokens: int = 128
     stop_strings: tuple[str, ...] = field(default_factory=tuple)
-    truncate_prompt: bool = False  # a prompt too long for the context: keep its last part, not refuse (`engine.context`)
+    truncate_prompt: bool = (
+        False  # a prompt too long for the context: keep its last part, not refuse (`engine.context`)
+    )
     suffix_scope: str = "session"
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise SpecDeckError(f"K must be at least 1 (got {self.k}): it is how many tokens the drafter proposes per round.")
+            raise SpecDeckError(
+                f"K must be at least 1 (got {self.k}): it is how many tokens the drafter proposes per round."
+            )
         if self.max_k < self.k:
             raise SpecDeckError(
                 f"K can be at most {self.max_k} (got {self.k}): a round keeps drafts only up to the first one the "
                 "target rejects, so even a drafter right 9 times in 10 keeps about 10 a round, while every "
-                "extra draft costs a drafter step and widens the target's forward.")
+                "extra draft costs a drafter step and widens the target's forward."
+            )
         if self.schedule not in SCHEDULES:
-            raise SpecDeckError(f"Unknown draft-length schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}.")
+            raise SpecDeckError(
+                f"Unknown draft-length schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}."
+            )
         if self.suffix_scope not in SUFFIX_SCOPES:
-            raise SpecDeckError(f"Unknown suffix scope {self.suffix_scope!r}: choose prompt (this request's text), "
-                                "session (also earlier answers since SpecDeck started) or all (also past sessions').")
+            raise SpecDeckError(
+                f"Unknown suffix scope {self.suffix_scope!r}: choose prompt (this request's text), "
+                "session (also earlier answers since SpecDeck started) or all (also past sessions')."
+            )
         if self.lookup < 0:
             raise SpecDeckError(f"Lookup must be 0 (off) or the most tokens to copy per round (got {self.lookup}).")
         if not 0.0 <= self.confidence_threshold < 1.0:

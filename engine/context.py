@@ -43,10 +43,12 @@ def fit_prompt(prompt_ids: list[int], context: int | None, max_new_tokens: int, 
             "(prompt and answer must fit together). Shorten the prompt, or let SpecDeck keep its last part "
             "(--truncate-prompt; in the window: 'Keep the end of long prompts')."
         )
-    return prompt_ids[len(prompt_ids) - (context - min(max_new_tokens, context // 2)):]
+    return prompt_ids[len(prompt_ids) - (context - min(max_new_tokens, context // 2)) :]
 
 
 def prompt_cut_notice(prompt_tokens: int, dropped: int) -> str:
     """What `truncate_prompt` did to a prompt too long for the context (`SessionStarted`'s counts)."""
-    return (f"The prompt ({prompt_tokens + dropped} tokens) was too long for the model's context: "
-            f"kept its last {prompt_tokens} tokens, dropped the first {dropped}.")
+    return (
+        f"The prompt ({prompt_tokens + dropped} tokens) was too long for the model's context: "
+        f"kept its last {prompt_tokens} tokens, dropped the first {dropped}."
+    )

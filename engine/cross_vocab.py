@@ -51,8 +51,13 @@ class CrossVocabularyDrafter(Drafter):
     and the session goes on with plain steps.
     """
 
-    def __init__(self, model: PreTrainedModel | LlamaCppModel, match: VocabularyMatch, name: str = "draft model",
-                 output_ids: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel | LlamaCppModel,
+        match: VocabularyMatch,
+        name: str = "draft model",
+        output_ids: torch.Tensor | None = None,
+    ) -> None:
         if match.target_text is None or match.draft_text is None or match.twins is None:
             raise ValueError("a cross-vocabulary drafter needs the match of two different tokenizers")
         self.name = name
@@ -104,7 +109,7 @@ class CrossVocabularyDrafter(Drafter):
     def _read_kept(self, ids: list[int]) -> None:
         """Extend the kept text with the target's tokens kept since the last call (`ids` only grows
         within a session)."""
-        new = ids[len(self._kept_ends):]
+        new = ids[len(self._kept_ends) :]
         pieces = [self._target.text([token]) for token in new] if self._kept_ends else self._target.starting(new)
         end = len(self._kept_text)
         for piece in pieces:
@@ -126,8 +131,12 @@ class CrossVocabularyDrafter(Drafter):
         start = self._ends[first - 1] if first else 0
         fresh = self._draft.encode(text[start:], at_start=start == 0)
         same = 0
-        while (first + same < keep and same < len(fresh) and fresh[same][0] == self._tokens[first + same]
-               and start + fresh[same][1] == self._ends[first + same]):
+        while (
+            first + same < keep
+            and same < len(fresh)
+            and fresh[same][0] == self._tokens[first + same]
+            and start + fresh[same][1] == self._ends[first + same]
+        ):
             same += 1
         valid = first + same
         self._tokens[valid:] = [token for token, _ in fresh[same:]]
@@ -136,7 +145,7 @@ class CrossVocabularyDrafter(Drafter):
         self._agreed = len(text)
         self._cached = max(0, min(self._cached, valid, len(self._tokens) - 1))
         self._lm.crop(self._cached)
-        return self._tokens[self._cached:]
+        return self._tokens[self._cached :]
 
     def _step(self, feed: list[int]) -> torch.Tensor:
         """The draft's logits for the token after `feed`, which it reads into its cache."""
@@ -174,7 +183,9 @@ class CrossVocabularyDrafter(Drafter):
                 break
             feed = [token]
         tokens = [token for token, _ in converted[:k]]
-        pieces = [self._piece(drafted, converted[i - 1][1] if i else 0, end) for i, (_, end) in enumerate(converted[:k])]
+        pieces = [
+            self._piece(drafted, converted[i - 1][1] if i else 0, end) for i, (_, end) in enumerate(converted[:k])
+        ]
         if closing is not None and len(tokens) < k and len(converted) == len(tokens):
             tokens.append(closing[0])
             pieces.append(DraftPiece((closing[1],), (closing[2],)))
@@ -194,7 +205,7 @@ class CrossVocabularyDrafter(Drafter):
         fresh = self._target.encode(self._kept_text[start:] + written)
         at = next((i for i, (_, end) in enumerate(fresh) if end >= seam), len(fresh))
         if at < len(fresh) and fresh[at][1] == seam:
-            tokens = [(token, end - seam) for token, end in fresh[at + 1:]]
+            tokens = [(token, end - seam) for token, end in fresh[at + 1 :]]
         elif seam == 0:
             tokens = fresh
         else:

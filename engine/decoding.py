@@ -51,8 +51,9 @@ from specdeck.engine.sampling import logits_to_probs, residual, sample
 from specdeck.engine.transcript import Transcript, Verdict
 
 
-def verify(proposal: Proposal, logits: torch.Tensor, config: DecodeConfig,
-           generator: torch.Generator | None) -> tuple[int, int, torch.Tensor]:
+def verify(
+    proposal: Proposal, logits: torch.Tensor, config: DecodeConfig, generator: torch.Generator | None
+) -> tuple[int, int, torch.Tensor]:
     """Judge the drafts against the target's logits (len(drafts) + 1 rows).
 
     Returns (accepted count m, the target's own next token, p for every row).
@@ -80,8 +81,13 @@ def verify(proposal: Proposal, logits: torch.Tensor, config: DecodeConfig,
     return m, int(token), p
 
 
-def generate(target: LoadedModel | RemoteTarget, prompt_ids: list[int], config: DecodeConfig,
-             drafter: Drafter | None = None, cancel: threading.Event | None = None) -> Iterator[Event]:
+def generate(
+    target: LoadedModel | RemoteTarget,
+    prompt_ids: list[int],
+    config: DecodeConfig,
+    drafter: Drafter | None = None,
+    cancel: threading.Event | None = None,
+) -> Iterator[Event]:
     """Run one session and yield its events; the last is a `SummaryEvent`.
 
     Setting `cancel` stops the session at the next round boundary, keeping what was generated.
@@ -106,8 +112,15 @@ def generate(target: LoadedModel | RemoteTarget, prompt_ids: list[int], config: 
     started = clock.now()
     drafts.begin(prompt, generator)
     lm.prefill(prompt)  # the cache: every kept token but the newest, which opens each round's forward
-    yield transcript.start(SessionStarted("speculative" if drafter else "plain", drafts.name, len(prompt),
-                                          clock.ms_since(started), prompt_tokens_dropped=len(prompt_ids) - len(prompt)))
+    yield transcript.start(
+        SessionStarted(
+            "speculative" if drafter else "plain",
+            drafts.name,
+            len(prompt),
+            clock.ms_since(started),
+            prompt_tokens_dropped=len(prompt_ids) - len(prompt),
+        )
+    )
     ids = list(prompt)
     while not transcript.finished:
         if cancel is not None and cancel.is_set():
@@ -151,8 +164,9 @@ def generate(target: LoadedModel | RemoteTarget, prompt_ids: list[int], config: 
 _PLANNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # each drafter's latest greedy planner
 
 
-def _planner(target: LoadedModel | RemoteTarget, drafter: Drafter | None, config: DecodeConfig, drafts: Drafts,
-             trees: bool) -> RoundPlanner | None:
+def _planner(
+    target: LoadedModel | RemoteTarget, drafter: Drafter | None, config: DecodeConfig, drafts: Drafts, trees: bool
+) -> RoundPlanner | None:
     """The auto schedule's planner (None under the others, and for plain decoding): each round's
     shape chosen from the costs measured on this machine (cached) and the session's acceptance, with
     alternatives to the first draft (a tree) where the session is greedy and `trees` can run. Greedy
@@ -163,8 +177,14 @@ def _planner(target: LoadedModel | RemoteTarget, drafter: Drafter | None, config
         return None  # (a served target's costs are not measured here)
     costs = costs_cache()
     per_token = draft_cost(drafter, target.vocab_width, target.model.config.hidden_size, costs)
-    planner = RoundPlanner(cost_curve(target.model, costs), per_token, config.max_k, drafts.copy_length,
-                           adapt=config.greedy, max_width=MAX_WIDTH if config.greedy and trees else 1)
+    planner = RoundPlanner(
+        cost_curve(target.model, costs),
+        per_token,
+        config.max_k,
+        drafts.copy_length,
+        adapt=config.greedy,
+        max_width=MAX_WIDTH if config.greedy and trees else 1,
+    )
     if config.greedy and drafter.module is not None:  # greedy text cannot depend on it; a seed's would
         earlier = _PLANNERS.get(drafter.module)
         if earlier is not None:

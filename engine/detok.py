@@ -24,12 +24,12 @@ class Detokenizer:
 
     def _added_text(self, ids: list[int]) -> str:
         """What `ids[_emitted:]` add to the text, decoded with a few emitted tokens as left context."""
-        left = ids[max(0, self._emitted - _WINDOW):self._emitted]
-        full = self._decode(left + ids[self._emitted:])
+        left = ids[max(0, self._emitted - _WINDOW) : self._emitted]
+        full = self._decode(left + ids[self._emitted :])
         left_text = self._decode(left) if left else ""
         if full.startswith(left_text):
-            return full[len(left_text):]
-        return self._decode(ids)[len(self.text):]  # rare: fall back to the whole text
+            return full[len(left_text) :]
+        return self._decode(ids)[len(self.text) :]  # rare: fall back to the whole text
 
     def push(self, token_id: int, final: bool = False) -> str:
         """Add a kept token; return the text it completes ("" while a character is unfinished,
@@ -48,7 +48,7 @@ class Detokenizer:
         shown = ""
         for end in range(1, len(token_ids) + 1):
             text = self._added_text(self._ids + token_ids[:end])
-            pieces.append(text[len(shown):] if text.startswith(shown) else text)
+            pieces.append(text[len(shown) :] if text.startswith(shown) else text)
             shown = text
         return pieces
 
@@ -56,7 +56,7 @@ class Detokenizer:
         """Whatever is still held back at the end of a session (an unfinished character)."""
         if self._emitted == len(self._ids):
             return ""
-        piece = self._decode(self._ids)[len(self.text):]
+        piece = self._decode(self._ids)[len(self.text) :]
         self._emitted = len(self._ids)
         self.text += piece
         return piece

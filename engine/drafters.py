@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from specdeck.engine.heads import FeatureHead
 
 
-
 @dataclass(frozen=True)
 class DraftPiece:
     """What a draft with a tokenizer of its own wrote for one proposed token: its own tokens (as
@@ -119,8 +118,7 @@ class _Chain:
         return Proposal(self.tokens, torch.stack(self.dists)) if self.tokens else Proposal.none(vocab_width, device)
 
 
-def output_logits(hidden: torch.Tensor, layer: Linear, output_ids: torch.Tensor | None,
-                  width: int) -> torch.Tensor:
+def output_logits(hidden: torch.Tensor, layer: Linear, output_ids: torch.Tensor | None, width: int) -> torch.Tensor:
     """Logits over `width` token ids from an output layer cut to the rows `output_ids` (all rows if
     None): -inf, so q = 0, for every id outside them."""
     if output_ids is None:
@@ -138,8 +136,9 @@ class Drafter(ABC):
     context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
     copies_text = False  # True: it drafts by copying from the text, so nothing copies before it
 
-    def begin(self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int,
-              generator: torch.Generator | None) -> None:
+    def begin(
+        self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int, generator: torch.Generator | None
+    ) -> None:
         """A new session: remember its settings (and prefill, for model drafters)."""
         self.config = config
         self.vocab_width = vocab_width
@@ -179,8 +178,9 @@ class DraftModelDrafter(Drafter):
     `stand_in` (its end-of-text token) in its place, which only makes its next guesses worse.
     """
 
-    def __init__(self, model: PreTrainedModel | LlamaCppModel, name: str = "draft model",
-                 output_ids: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, model: PreTrainedModel | LlamaCppModel, name: str = "draft model", output_ids: torch.Tensor | None = None
+    ) -> None:
         self.name = name
         self.module = model
         self.context_length = context_length(model)
@@ -263,8 +263,13 @@ class FeatureHeadDrafter(Drafter):
 
     needs_states = True
 
-    def __init__(self, head: FeatureHead, target: PreTrainedModel | LlamaCppModel, name: str = "feature head",
-                 output_ids: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        head: FeatureHead,
+        target: PreTrainedModel | LlamaCppModel,
+        name: str = "feature head",
+        output_ids: torch.Tensor | None = None,
+    ) -> None:
         self.name = name
         self.head = self.module = head
         self.feature_layers = head.feature_layers
@@ -274,8 +279,11 @@ class FeatureHeadDrafter(Drafter):
         self.device = self._embedding.weight.device
         self._output_ids = None if output_ids is None else output_ids.to(self.device, torch.long)
         # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
-        self._output = output_layer(matrices) if output_ids is None else make_linear(
-            output_weight(matrices)[self._output_ids].contiguous())
+        self._output = (
+            output_layer(matrices)
+            if output_ids is None
+            else make_linear(output_weight(matrices)[self._output_ids].contiguous())
+        )
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -295,18 +303,21 @@ class FeatureHeadDrafter(Drafter):
             states = self._embedding.weight.new_zeros(0, self._embedding.weight.shape[1])
         known = self._paired + len(states)
         if known != len(ids) - 1 or (known and not len(states)):
-            raise RuntimeError(f"the head has target states for {known} tokens, the session kept {len(ids) - 1}: "
-                               "each proposal needs the states of the tokens kept since the last one")
+            raise RuntimeError(
+                f"the head has target states for {known} tokens, the session kept {len(ids) - 1}: "
+                "each proposal needs the states of the tokens kept since the last one"
+            )
         if known == 0:
             return self._empty(self.device)
         self._body.crop(self._paired)  # forget the states predicted last round
-        following = torch.tensor(ids[self._paired + 1: known + 1], device=self.device)
+        following = torch.tensor(ids[self._paired + 1 : known + 1], device=self.device)
         self._paired = known
         chain = _Chain(self.config, self.generator)
         for _ in range(k):
             predicted = self._body.hidden_from_inputs(self.head.mix(states, self._embedding(following)))[-1]
-            token = chain.draw(logits_to_probs(output_logits(predicted, self._output, self._output_ids,
-                                                             self.vocab_width), self.config))
+            token = chain.draw(
+                logits_to_probs(output_logits(predicted, self._output, self._output_ids, self.vocab_width), self.config)
+            )
             if token is None:
                 break
             states = predicted[None]
@@ -329,12 +340,12 @@ class PromptLookupDrafter(Drafter):
         length = ids.shape[0]
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             windows = ids[: length - 1].unfold(0, n, 1)  # every earlier n-gram, the tail excluded
-            hits = (windows == ids[length - n:]).all(dim=1).nonzero().flatten()
+            hits = (windows == ids[length - n :]).all(dim=1).nonzero().flatten()
             if hits.numel():
                 # the latest match that still has k tokens after it, else the earliest (longest)
                 full = hits[hits + n + k <= length]
                 start = int(full[-1] if full.numel() else hits[0]) + n
-                return ids[start: start + k].tolist()
+                return ids[start : start + k].tolist()
         return []
 
     def propose(self, ids: list[int], k: int) -> Proposal:

@@ -139,7 +139,9 @@ class SummaryEvent:
     target_forwards_per_token: float
     accepted_by_position: tuple[float, ...]
     predicted_speedup: float | None
-    stop_reason: str  # "max_new_tokens", "eos", "stop_string", "cancelled", "context" (`engine.context`), "server_error"
+    stop_reason: (
+        str  # "max_new_tokens", "eos", "stop_string", "cancelled", "context" (`engine.context`), "server_error"
+    )
     type: str = "summary"
     copied_drafted: int = 0  # of `drafted`, those prompt lookup copied (`DecodeConfig.lookup`)
     copied_accepted: int = 0  # of `accepted`, those copied

@@ -24,19 +24,50 @@ from specdeck.engine.atomic import write_text
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
-ROUND_COLUMNS = ("session", "mode", "round", "drafted", "accepted", "discarded", "draft_ms", "verify_ms",
-                 "tokens_so_far", "elapsed_s", "copied", "match_length", "shape", "draft_tokens", "network_ms",
-                 "server_ms", "server_cache_hit")
+ROUND_COLUMNS = (
+    "session",
+    "mode",
+    "round",
+    "drafted",
+    "accepted",
+    "discarded",
+    "draft_ms",
+    "verify_ms",
+    "tokens_so_far",
+    "elapsed_s",
+    "copied",
+    "match_length",
+    "shape",
+    "draft_tokens",
+    "network_ms",
+    "server_ms",
+    "server_cache_hit",
+)
 # network_ms, server_ms, server_cache_hit: a remote target's split of verify_ms (`RoundEvent`); blank
 # for a local target, and server_ms and server_cache_hit also where the server does not report them
 # pos: where a kept token stands or a draft was proposed; acceptance_probability: min(1, p/q), only
 # for drafts the rule judged (accepted, rejected), blank for discarded drafts and the target's tokens
-TOKEN_COLUMNS = ("session", "mode", "round", "pos", "depth", "state", "token_id", "text", "p", "q",
-                 "acceptance_probability", "copied", "source", "draft_tokens", "draft_q")
+TOKEN_COLUMNS = (
+    "session",
+    "mode",
+    "round",
+    "pos",
+    "depth",
+    "state",
+    "token_id",
+    "text",
+    "p",
+    "q",
+    "acceptance_probability",
+    "copied",
+    "source",
+    "draft_tokens",
+    "draft_q",
+)
 TOKENIZERS = {
     "target": "drafted, accepted, discarded, tokens_so_far, match_length, token_id, text, p and q: the target's tokens",
     "draft": "draft_tokens (per round a count, per token the draft's own tokens as a JSON list) and draft_q: "
-             "the tokens of a draft with a tokenizer of its own, blank when it shares the target's",
+    "the tokens of a draft with a tokenizer of its own, blank when it shares the target's",
 }
 
 
@@ -84,8 +115,12 @@ def library_versions() -> dict[str, str]:
         specdeck = metadata.version("specdeck")
     except metadata.PackageNotFoundError:
         specdeck = "unknown"
-    return {"specdeck": specdeck, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {
+        "specdeck": specdeck,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def _backend_version(backend: str) -> dict[str, str]:
@@ -104,12 +139,27 @@ def rounds_csv(records: list[SessionRecord]) -> str:
     writer.writerow(ROUND_COLUMNS)
     for record in records:
         for r in record.rounds:
-            writer.writerow((record.session, record.mode, r.round, r.drafted, r.accepted, r.discarded,
-                             f"{r.draft_ms:.3f}", f"{r.verify_ms:.3f}", r.new_tokens, f"{r.elapsed_s:.6f}",
-                             str(r.copied).lower(), r.match_length, r.shape,
-                             "" if r.draft_tokens is None else r.draft_tokens, _optional_ms(r.network_ms),
-                             _optional_ms(r.server_ms),
-                             "" if r.server_cache_hit is None else str(r.server_cache_hit).lower()))
+            writer.writerow(
+                (
+                    record.session,
+                    record.mode,
+                    r.round,
+                    r.drafted,
+                    r.accepted,
+                    r.discarded,
+                    f"{r.draft_ms:.3f}",
+                    f"{r.verify_ms:.3f}",
+                    r.new_tokens,
+                    f"{r.elapsed_s:.6f}",
+                    str(r.copied).lower(),
+                    r.match_length,
+                    r.shape,
+                    "" if r.draft_tokens is None else r.draft_tokens,
+                    _optional_ms(r.network_ms),
+                    _optional_ms(r.server_ms),
+                    "" if r.server_cache_hit is None else str(r.server_cache_hit).lower(),
+                )
+            )
     return out.getvalue()
 
 
@@ -124,9 +174,25 @@ def tokens_csv(records: list[SessionRecord]) -> str:
     for record in records:
         for t in record.tokens:
             a = t.acceptance_probability
-            writer.writerow((record.session, record.mode, t.round, t.pos, t.depth, t.state.value, t.token_id, t.text,
-                             f"{t.p:.6g}", "" if t.q is None else f"{t.q:.6g}", "" if a is None else f"{a:.6g}",
-                             str(t.copied).lower(), t.source, _json_list(t.draft_tokens), _json_list(t.draft_q)))
+            writer.writerow(
+                (
+                    record.session,
+                    record.mode,
+                    t.round,
+                    t.pos,
+                    t.depth,
+                    t.state.value,
+                    t.token_id,
+                    t.text,
+                    f"{t.p:.6g}",
+                    "" if t.q is None else f"{t.q:.6g}",
+                    "" if a is None else f"{a:.6g}",
+                    str(t.copied).lower(),
+                    t.source,
+                    _json_list(t.draft_tokens),
+                    _json_list(t.draft_q),
+                )
+            )
     return out.getvalue()
 
 
@@ -144,8 +210,7 @@ def metadata_json(info: RunInfo, records: list[SessionRecord]) -> str:
     if "speculative" in by_mode and "plain" in by_mode and by_mode["plain"].tokens_per_s > 0:
         speedup = by_mode["speculative"].tokens_per_s / by_mode["plain"].tokens_per_s
     document = {
-        "models": {"target": info.target, "draft": info.draft, "drafter": info.drafter,
-                   "vocabulary": info.vocabulary},
+        "models": {"target": info.target, "draft": info.draft, "drafter": info.drafter, "vocabulary": info.vocabulary},
         "tokenizers": TOKENIZERS,
         "device": info.device,
         "dtype": info.dtype,
@@ -167,8 +232,9 @@ def export_paths(csv_path: str | os.PathLike) -> tuple[Path, Path, Path]:
     return path, stem.with_name(stem.name + ".meta.json"), stem.with_name(stem.name + ".tokens.csv")
 
 
-def export_sessions(csv_path: str | os.PathLike, info: RunInfo, records: list[SessionRecord],
-                    per_token: bool = False) -> list[Path]:
+def export_sessions(
+    csv_path: str | os.PathLike, info: RunInfo, records: list[SessionRecord], per_token: bool = False
+) -> list[Path]:
     """Write the round CSV and its metadata (and the token CSV when asked); return the paths written."""
     rounds_path, meta_path, tokens_path = export_paths(csv_path)
     write_text(rounds_path, rounds_csv(records))

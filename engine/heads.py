@@ -85,14 +85,21 @@ def head_config(target_config, intermediate: int | None = None, feature_layers: 
     residual streams after `feature_layers` decoder layers of the target beside its final state."""
     heads = target_config.num_attention_heads
     config = LlamaConfig(
-        vocab_size=1, hidden_size=target_config.hidden_size,
-        intermediate_size=intermediate or target_config.intermediate_size, num_hidden_layers=1,
-        num_attention_heads=heads, num_key_value_heads=getattr(target_config, "num_key_value_heads", heads),
+        vocab_size=1,
+        hidden_size=target_config.hidden_size,
+        intermediate_size=intermediate or target_config.intermediate_size,
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(target_config, "num_key_value_heads", heads),
         head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // heads,
         max_position_embeddings=target_config.max_position_embeddings,
-        rope_parameters=getattr(target_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0},
-        rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-5), pad_token_id=None, bos_token_id=None,
-        eos_token_id=None, tie_word_embeddings=False,
+        rope_parameters=getattr(target_config, "rope_parameters", None)
+        or {"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-5),
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=False,
     )
     config.feature_layers = list(feature_layers)  # kept in the head's config.json
     return config
@@ -105,15 +112,29 @@ def fingerprint(output_layer: torch.Tensor) -> torch.Tensor:
     return output_layer.detach()[rows.to(output_layer.device), :8].float().flatten().cpu()
 
 
-def save_head(head: FeatureHead, folder: Path, vocab_width: int, target_name: str, target_print: torch.Tensor,
-              output_ids: torch.Tensor | None = None, card: str | None = None) -> None:
+def save_head(
+    head: FeatureHead,
+    folder: Path,
+    vocab_width: int,
+    target_name: str,
+    target_print: torch.Tensor,
+    output_ids: torch.Tensor | None = None,
+    card: str | None = None,
+) -> None:
     from safetensors.torch import save_file
 
     config = head.config.to_dict()
-    config[HEAD_KEY] = {"target": target_name, "hidden_size": head.config.hidden_size, "vocab_width": vocab_width,
-                        "fingerprint": [round(v, 5) for v in target_print.tolist()]}
-    state = {name: tensor.detach().to(torch.float16).contiguous() for name, tensor in head.state_dict().items()
-             if not name.startswith("body.embed_tokens")}
+    config[HEAD_KEY] = {
+        "target": target_name,
+        "hidden_size": head.config.hidden_size,
+        "vocab_width": vocab_width,
+        "fingerprint": [round(v, 5) for v in target_print.tolist()],
+    }
+    state = {
+        name: tensor.detach().to(torch.float16).contiguous()
+        for name, tensor in head.state_dict().items()
+        if not name.startswith("body.embed_tokens")
+    }
     with building_folder(folder) as staging:  # a reader never loads half a head
         (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         save_file(state, staging / "model.safetensors")
@@ -123,7 +144,9 @@ def save_head(head: FeatureHead, folder: Path, vocab_width: int, target_name: st
             (staging / "README.md").write_text(card, encoding="utf-8")
 
 
-def load_head(folder: Path, target_model: PreTrainedModel | LlamaCppModel, target_name: str) -> tuple[FeatureHead, torch.Tensor | None]:
+def load_head(
+    folder: Path, target_model: PreTrainedModel | LlamaCppModel, target_name: str
+) -> tuple[FeatureHead, torch.Tensor | None]:
     """The head in `folder`, on the target's device and dtype, checked against the target; with its
     output tokens if it has a reduced list."""
     from safetensors import SafetensorError
@@ -135,32 +158,41 @@ def load_head(folder: Path, target_model: PreTrainedModel | LlamaCppModel, targe
         meta = raw.pop(HEAD_KEY)
         config = LlamaConfig(**raw)
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise SpecDeckError(f"{folder} is not a feature head ({error}): it needs a config.json written by "
-                            "`specdeck train-head`.") from error
+        raise SpecDeckError(
+            f"{folder} is not a feature head ({error}): it needs a config.json written by `specdeck train-head`."
+        ) from error
     width = target_model.config.hidden_size
     weight = output_projection(matrices_of(target_model)).weight
     vocab = weight.shape[0]
     same = meta.get("hidden_size") == width and meta.get("vocab_width") == vocab
     if same and meta.get("fingerprint"):
-        same = torch.nn.functional.cosine_similarity(fingerprint(output_weight(matrices_of(target_model))),
-                                                     torch.tensor(meta["fingerprint"]), dim=0) > 0.9
+        same = (
+            torch.nn.functional.cosine_similarity(
+                fingerprint(output_weight(matrices_of(target_model))), torch.tensor(meta["fingerprint"]), dim=0
+            )
+            > 0.9
+        )
     if not same:
         raise SpecDeckError(
             f"The feature head in {folder} was trained for {meta.get('target', 'another target')} "
             f"(hidden size {meta.get('hidden_size')}, vocabulary {meta.get('vocab_width')}), not for "
             f"{target_name} (hidden size {width}, vocabulary {vocab}, other weights): a head only works with "
-            "its own target.")
+            "its own target."
+        )
     head = FeatureHead(config)
     try:
         state = load_file(folder / "model.safetensors")
     except (OSError, SafetensorError) as error:
-        raise SpecDeckError(f"Could not read the feature head's weights in {folder} ({error}): the file is "
-                            "missing or corrupt.") from error
+        raise SpecDeckError(
+            f"Could not read the feature head's weights in {folder} ({error}): the file is missing or corrupt."
+        ) from error
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [name for name in missing if not name.startswith("body.embed_tokens")]
     if missing or unexpected:
-        raise SpecDeckError(f"The feature head's weights in {folder} do not match its config "
-                            f"(missing {missing[:3]}, unexpected {unexpected[:3]}).")
+        raise SpecDeckError(
+            f"The feature head's weights in {folder} do not match its config "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})."
+        )
     head.to(device=weight.device, dtype=weight.dtype).eval()
     return head, read_output_tokens(folder, vocab)
 
@@ -204,10 +236,14 @@ def load_feature_head(name: str, target: LoadedModel, progress: Progress | None 
     if progress:
         progress(f"Loading {name}")
     if not is_head_folder(folder):
-        raise SpecDeckError(f"{name} is not a feature head (its config.json has no {HEAD_KEY!r} entry). "
-                            "For a separate draft model choose the draft-model drafter.")
+        raise SpecDeckError(
+            f"{name} is not a feature head (its config.json has no {HEAD_KEY!r} entry). "
+            "For a separate draft model choose the draft-model drafter."
+        )
     if any(getattr(target.model.config, key, None) for key in ("final_logit_softcapping", "logit_scale")):
-        raise SpecDeckError(f"{target.name} rescales its logits after the output layer, which feature heads do not support: "
-                            "use a draft model or prompt lookup.")
+        raise SpecDeckError(
+            f"{target.name} rescales its logits after the output layer, which feature heads do not support: "
+            "use a draft model or prompt lookup."
+        )
     head, output_ids = load_head(folder, target.model, target.name)
     return LoadedHead(name, head, output_ids)

@@ -31,8 +31,10 @@ def cancel_on_signals(notice: Callable[[str], None] | None = None) -> Iterator[t
             raise KeyboardInterrupt
         cancel.set()
         if notice:
-            notice(f"{signal.Signals(number).name}: stopping where the work done so far can be kept "
-                   "(press Ctrl-C again to quit at once)")
+            notice(
+                f"{signal.Signals(number).name}: stopping where the work done so far can be kept "
+                "(press Ctrl-C again to quit at once)"
+            )
 
     previous = {number: signal.signal(number, on_signal) for number in SIGNALS}
     try:

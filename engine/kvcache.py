@@ -42,8 +42,9 @@ class HFForward:
         return self.cache.get_seq_length()
 
     def logits(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
-        out = self.model(input_ids=ids[None], past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1 if last_only else 0)
+        out = self.model(
+            input_ids=ids[None], past_key_values=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0
+        )
         self.cache = out.past_key_values
         return out.logits[0]
 
@@ -57,8 +58,9 @@ class HFForward:
         return output_projection(self.model)(hidden)
 
     def _last_hidden(self, **inputs) -> torch.Tensor:
-        out = self.model.base_model(**inputs, past_key_values=self.cache, use_cache=True,
-                                    output_hidden_states=bool(self.taps))
+        out = self.model.base_model(
+            **inputs, past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.taps)
+        )
         self.cache = out.past_key_values
         self.tapped = torch.stack([out.hidden_states[t][0] for t in self.taps], dim=1) if self.taps else None
         return out.last_hidden_state[0]
@@ -157,9 +159,11 @@ class CachedModel:
         would fail inside the device (on CUDA, an assert that leaves the process's GPU unusable)."""
         bad = next((i for i in token_ids if not 0 <= i < self.rows), None)
         if bad is not None:
-            raise SpecDeckError(f"Token id {bad} is outside this model's vocabulary (ids 0 to {self.rows - 1}): "
-                                "the tokenizer or the drafter does not match the model. Load the model with "
-                                "its own tokenizer, and a draft of the same vocabulary.")
+            raise SpecDeckError(
+                f"Token id {bad} is outside this model's vocabulary (ids 0 to {self.rows - 1}): "
+                "the tokenizer or the drafter does not match the model. Load the model with "
+                "its own tokenizer, and a draft of the same vocabulary."
+            )
         return torch.tensor(token_ids, dtype=torch.long, device=self.device)
 
 

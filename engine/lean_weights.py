@@ -106,8 +106,9 @@ def _read(model: PreTrainedModel) -> LeanWeights:
     groups = []  # per layer: the modules of qkv, out, gate_up, down (fused where one input feeds several)
     for layer in base.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        groups.append([[attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj],
-                       [mlp.down_proj]])
+        groups.append(
+            [[attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]]
+        )
     matrices = [module.weight for layer in groups for group in layer for module in group]
     choice = choose_path(matrices + ([head.weight] if head is not None else []))
     keep = {id(base.embed_tokens.weight)}  # token lookup reads the embedding's plain table
@@ -139,18 +140,37 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         attn = layer.self_attn
         qk_norm = None
         if hasattr(attn, "q_norm"):  # Qwen3: each query and key head normalised before the rotary
-            qk_norm = torch.cat([attn.q_norm.weight.detach().expand(attn.config.num_attention_heads, -1),
-                                 attn.k_norm.weight.detach().expand(attn.config.num_key_value_heads, -1)])
-        layers.append(LayerWeights(layer.input_layernorm.weight.detach(), product(qkv), qk_norm, product(out),
-                                   layer.post_attention_layernorm.weight.detach(), product(gate_up), product(down)))
+            qk_norm = torch.cat(
+                [
+                    attn.q_norm.weight.detach().expand(attn.config.num_attention_heads, -1),
+                    attn.k_norm.weight.detach().expand(attn.config.num_key_value_heads, -1),
+                ]
+            )
+        layers.append(
+            LayerWeights(
+                layer.input_layernorm.weight.detach(),
+                product(qkv),
+                qk_norm,
+                product(out),
+                layer.post_attention_layernorm.weight.detach(),
+                product(gate_up),
+                product(down),
+            )
+        )
     output = product([head]) if head is not None else None
     for param, *_ in released.parts:  # the packed products hold these now
         param.data = torch.zeros((), dtype=param.dtype, device=param.device).expand(param.shape)
     if released.parts:
         _RELEASED[model] = released
     rotary = base.rotary_emb
-    return LeanWeights(base.embed_tokens.weight.detach(), layers, base.norm.weight.detach(), output,
-                       rotary.inv_freq.float(), float(rotary.attention_scaling))
+    return LeanWeights(
+        base.embed_tokens.weight.detach(),
+        layers,
+        base.norm.weight.detach(),
+        output,
+        rotary.inv_freq.float(),
+        float(rotary.attention_scaling),
+    )
 
 
 def _own_storage(model: torch.nn.Module, groups: list, head: torch.nn.Module | None, packed_keep: set | None) -> None:
@@ -160,8 +180,15 @@ def _own_storage(model: torch.nn.Module, groups: list, head: torch.nn.Module | N
     pages stay resident) while any of them does: the matrices fused or packed here would still
     occupy it. A first read on the CPU therefore copies the rest (embedding, norms, the products it
     keeps plain) out of the mapping, so that it closes once the fused and packed copies exist."""
-    moved = {id(p) for layer in groups for group in layer if len(group) > 1 for m in group
-             for p in (m.weight, m.bias) if p is not None}
+    moved = {
+        id(p)
+        for layer in groups
+        for group in layer
+        if len(group) > 1
+        for m in group
+        for p in (m.weight, m.bias)
+        if p is not None
+    }
     if packed_keep is not None:  # packed: every matrix but the kept ones is released
         moved |= {id(m.weight) for layer in groups for group in layer for m in group}
         moved |= {id(head.weight)} if head is not None else set()
@@ -178,14 +205,14 @@ def _stack(params: list[torch.Tensor]) -> torch.Tensor:
         return params[0].detach()
     rows = sum(p.shape[0] for p in params)
     first = params[0]
-    if all(p.is_contiguous() and p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-           for p in params) and all(b.storage_offset() == a.storage_offset() + a.numel()
-                                    for a, b in zip(params, params[1:])):
+    if all(
+        p.is_contiguous() and p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for p in params
+    ) and all(b.storage_offset() == a.storage_offset() + a.numel() for a, b in zip(params, params[1:])):
         return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
     stacked = torch.cat([p.detach() for p in params])
     row = 0
     for p in params:
-        p.data = stacked[row: row + p.shape[0]]
+        p.data = stacked[row : row + p.shape[0]]
         row += p.shape[0]
     return stacked
 

@@ -71,8 +71,9 @@ class PackedLinear:
         pieces = -(-width // SLICE)
         step = -(-width // pieces)
         self._slices = [(start, min(start + step, width)) for start in range(0, width, step)]
-        self._packed = [torch.ops.mkldnn._reorder_linear_weight(weight.detach()[:, a:b].contiguous(), None)
-                        for a, b in self._slices]
+        self._packed = [
+            torch.ops.mkldnn._reorder_linear_weight(weight.detach()[:, a:b].contiguous(), None) for a, b in self._slices
+        ]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -131,7 +132,7 @@ def _shape_invariant(linear: Linear, width: int, dtype: torch.dtype) -> bool:
     """Whether every row comes out with the same bits alone as in a batch of 8."""
     x = torch.randn(8, width, generator=torch.Generator().manual_seed(0)).to(dtype)
     batch = linear(x)
-    return all(torch.equal(linear(x[j:j + 1]), batch[j:j + 1]) for j in range(8))
+    return all(torch.equal(linear(x[j : j + 1]), batch[j : j + 1]) for j in range(8))
 
 
 def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
@@ -149,12 +150,17 @@ def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
         return PathChoice("packed", "SPECDECK_LINEAR=packed")
     for weight in {(tuple(w.shape), w.dtype): w for w in weights}.values():
         if not _memo(weight, "invariant", lambda w=weight: _shape_invariant(PackedLinear(w), w.shape[1], w.dtype)):
-            return PathChoice("dense", f"oneDNN's packed product of a {tuple(weight.shape)} weight gives a row "
-                                       "other bits alone than in a batch")
+            return PathChoice(
+                "dense",
+                f"oneDNN's packed product of a {tuple(weight.shape)} weight gives a row "
+                "other bits alone than in a batch",
+            )
     largest = max(weights, key=lambda w: w.numel())
     packed_ms, dense_ms = _memo(largest, "timing", lambda: _timings(largest))
-    reason = (f"{'+'.join(map(str, _ROWS))} rows through a {tuple(largest.shape)} weight: packed {packed_ms:.2f} ms, "
-              f"F.linear {dense_ms:.2f} ms")
+    reason = (
+        f"{'+'.join(map(str, _ROWS))} rows through a {tuple(largest.shape)} weight: packed {packed_ms:.2f} ms, "
+        f"F.linear {dense_ms:.2f} ms"
+    )
     return PathChoice("packed" if packed_ms <= dense_ms else "dense", reason)
 
 

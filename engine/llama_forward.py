@@ -52,15 +52,22 @@ def supports(model: PreTrainedModel) -> bool:
             return False
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
     device = next(model.parameters()).device
-    return (rope_type in STATIC_ROPE_TYPES and config.hidden_act == "silu" and attention_windows(config) is not None
-            and all(_biases_alike(layer) for layer in base.layers) and device.type in ("cpu", "cuda"))
+    return (
+        rope_type in STATIC_ROPE_TYPES
+        and config.hidden_act == "silu"
+        and attention_windows(config) is not None
+        and all(_biases_alike(layer) for layer in base.layers)
+        and device.type in ("cpu", "cuda")
+    )
 
 
 def _biases_alike(layer: Any) -> bool:
     """Whether the products fused together either all have a bias or none has."""
     attn, mlp = layer.self_attn, layer.mlp
-    return all(len({m.bias is None for m in group}) == 1
-               for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]))
+    return all(
+        len({m.bias is None for m in group}) == 1
+        for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj])
+    )
 
 
 def attention_windows(config) -> list[int | None] | None:
@@ -74,7 +81,8 @@ def attention_windows(config) -> list[int | None] | None:
         return [window] * layers
     kinds = getattr(config, "layer_types", None) or ["full_attention"] * layers
     if any(kind not in ("full_attention", "sliding_attention") for kind in kinds) or (
-            "sliding_attention" in kinds and not window):
+        "sliding_attention" in kinds and not window
+    ):
         return None
     return [window if kind == "sliding_attention" else None for kind in kinds]
 
@@ -98,8 +106,13 @@ class LlamaShape:
     @classmethod
     def of(cls, config) -> LlamaShape:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
-                   head_dim, config.rms_norm_eps)
+        return cls(
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            head_dim,
+            config.rms_norm_eps,
+        )
 
 
 class KVCache:
@@ -191,8 +204,8 @@ class LlamaForward:
         cache = self.cache
         start = cache.length - self._chunk
         index = torch.tensor(path, device=cache.keys.device) + start
-        cache.keys[:, :, :, start: start + len(path)] = cache.keys.index_select(3, index)
-        cache.values[:, :, :, start: start + len(path)] = cache.values.index_select(3, index)
+        cache.keys[:, :, :, start : start + len(path)] = cache.keys.index_select(3, index)
+        cache.values[:, :, :, start : start + len(path)] = cache.values.index_select(3, index)
         cache.length = start + len(path)
 
     def hidden_from_inputs(self, inputs: torch.Tensor, parents: list[int] | None = None) -> torch.Tensor:
@@ -212,13 +225,17 @@ class LlamaForward:
             positions = torch.tensor(depths, dtype=torch.float32) + start
         cos, sin = self._rotary(positions, x.dtype)
         per_query = self.row_exact and start > 0 and 1 < n <= PER_QUERY_LIMIT
-        masks = {} if per_query else {window: _mask(start, depths, paths, window, inputs.device)
-                                      for window in set(self.windows)}
+        masks = (
+            {}
+            if per_query
+            else {window: _mask(start, depths, paths, window, inputs.device) for window in set(self.windows)}
+        )
         tapped = []
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, s.rms_eps)
-            x = x + self._attention(i, layer, h, start, cos, sin, masks.get(self.windows[i]),
-                                    (paths or True) if per_query else None)
+            x = x + self._attention(
+                i, layer, h, start, cos, sin, masks.get(self.windows[i]), (paths or True) if per_query else None
+            )
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
             if i + 1 in self.taps:
@@ -239,8 +256,17 @@ class LlamaForward:
         sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         return cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
 
-    def _attention(self, i: int, layer: LayerWeights, h: torch.Tensor, start: int, cos: torch.Tensor,
-                   sin: torch.Tensor, mask: torch.Tensor | None, per_query) -> torch.Tensor:
+    def _attention(
+        self,
+        i: int,
+        layer: LayerWeights,
+        h: torch.Tensor,
+        start: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        per_query,
+    ) -> torch.Tensor:
         s, cache = self.shape, self.cache
         n = h.shape[1]
         end = start + n
@@ -250,8 +276,8 @@ class LlamaForward:
             qk = rms_norm(qk, layer.qk_norm, s.rms_eps)
         qk = qk * cos + qk.roll(s.head_dim // 2, dims=-1) * sin  # rotary, query and key heads at once
         q = qk[:, :, : s.heads].transpose(1, 2)
-        cache.keys[i, :, :, start:end] = qk[:, :, s.heads:].transpose(1, 2)
-        cache.values[i, :, :, start:end] = qkv[:, :, s.heads + s.kv_heads:].transpose(1, 2)
+        cache.keys[i, :, :, start:end] = qk[:, :, s.heads :].transpose(1, 2)
+        cache.values[i, :, :, start:end] = qkv[:, :, s.heads + s.kv_heads :].transpose(1, 2)
         keys, values = cache.keys[i, :, :, :end], cache.values[i, :, :, :end]
         # No mask for one query or a first chunk (Hugging Face's sdpa path: the same kernels run);
         # a chunk after cached positions, where query j sees positions up to start + j, gets a
@@ -261,7 +287,7 @@ class LlamaForward:
         # that position, so a verified token's logits are a plain step's, bit for bit. `per_query`
         # is True for a chain, or each node's path from the root for a tree; a side branch's path is
         # copied over the chain's first slots for its call (a few rows, not the whole cache).
-        scale = s.head_dim ** -0.5
+        scale = s.head_dim**-0.5
         window = self.windows[i]
         if per_query:
             outs = []
@@ -270,21 +296,30 @@ class LlamaForward:
                 end_j = start + len(path)
                 low = _low(end_j, window)
                 if path == list(range(j + 1)):  # a chain: the cache as it stands
-                    out_j = F.scaled_dot_product_attention(q[:, :, j: j + 1], keys[:, :, low:end_j],
-                                                           values[:, :, low:end_j], scale=scale, enable_gqa=True)
+                    out_j = F.scaled_dot_product_attention(
+                        q[:, :, j : j + 1], keys[:, :, low:end_j], values[:, :, low:end_j], scale=scale, enable_gqa=True
+                    )
                 else:  # a side branch: its path moved in after the cache for this call, then put back
                     index = torch.tensor(path, device=keys.device) + start
                     kept_k, kept_v = keys[:, :, start:end_j].clone(), values[:, :, start:end_j].clone()
                     keys[:, :, start:end_j], values[:, :, start:end_j] = keys[:, :, index], values[:, :, index]
-                    out_j = F.scaled_dot_product_attention(q[:, :, j: j + 1], keys[:, :, low:end_j],
-                                                           values[:, :, low:end_j], scale=scale, enable_gqa=True)
+                    out_j = F.scaled_dot_product_attention(
+                        q[:, :, j : j + 1], keys[:, :, low:end_j], values[:, :, low:end_j], scale=scale, enable_gqa=True
+                    )
                     keys[:, :, start:end_j], values[:, :, start:end_j] = kept_k, kept_v
                 outs.append(out_j)
             out = torch.cat(outs, dim=2)
         else:
             low = _low(end, window) if mask is None and n == 1 else 0
-            out = F.scaled_dot_product_attention(q, keys[:, :, low:], values[:, :, low:], attn_mask=mask,
-                                                 is_causal=mask is None and n > 1, scale=scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                q,
+                keys[:, :, low:],
+                values[:, :, low:],
+                attn_mask=mask,
+                is_causal=mask is None and n > 1,
+                scale=scale,
+                enable_gqa=True,
+            )
         return layer.out(out.transpose(1, 2).reshape(1, n, s.heads * s.head_dim))
 
 
@@ -293,8 +328,9 @@ def _low(end: int, window: int | None) -> int:
     return 0 if window is None else max(0, end - window)
 
 
-def _mask(start: int, depths: list[int], paths: list[list[int]] | None, window: int | None,
-          device: torch.device) -> torch.Tensor | None:
+def _mask(
+    start: int, depths: list[int], paths: list[list[int]] | None, window: int | None, device: torch.device
+) -> torch.Tensor | None:
     """Which of the start + n positions each of a chunk's n queries attends to (n, start + n), or
     None where the attention call needs no mask: one query in a chain (its keys are cut to the
     window instead), or a first chunk that fits the window (causal)."""

@@ -80,8 +80,10 @@ class LlamaCppModel:
         handle = llama.llama_model_load_from_file(str(path).encode(), llama.llama_model_default_params())
         if not handle:
             reason = "; ".join(_ERRORS) or "llama.cpp could not read it"
-            raise SpecDeckError(f"{path} is not a readable GGUF model ({reason}). "
-                                "Check that the download finished, or pick another file.")
+            raise SpecDeckError(
+                f"{path} is not a readable GGUF model ({reason}). "
+                "Check that the download finished, or pick another file."
+            )
         self.handle = handle
         self._idle: list[_Context] = []  # contexts no forward uses now, kept for the next (opening one takes 0.1 s)
         weakref.finalize(self, _free_model, llama, handle, self._idle)
@@ -92,15 +94,20 @@ class LlamaCppModel:
         llama.llama_model_desc(handle, description, len(description))
         self.file_type = description.value.decode("utf-8", "replace").split(" ")[-1]  # e.g. "Q4_1"
         stat = path.stat()
-        self.config = PretrainedConfig.from_dict(dict(
-            vocab_size=self.vocab_width, hidden_size=llama.llama_model_n_embd(handle),
-            num_hidden_layers=llama.llama_model_n_layer(handle),
-            max_position_embeddings=min(llama.llama_model_n_ctx_train(handle), CONTEXT_LIMIT),
-            eos_token_id=eos if eos >= 0 else None,
-            # what the measured costs are cached by (`engine.autotune`): the file and the library
-            gguf_file=str(path.resolve()), gguf_size=stat.st_size, gguf_mtime_ns=stat.st_mtime_ns,
-            llama_cpp_version=llama.__version__,
-        ))
+        self.config = PretrainedConfig.from_dict(
+            dict(
+                vocab_size=self.vocab_width,
+                hidden_size=llama.llama_model_n_embd(handle),
+                num_hidden_layers=llama.llama_model_n_layer(handle),
+                max_position_embeddings=min(llama.llama_model_n_ctx_train(handle), CONTEXT_LIMIT),
+                eos_token_id=eos if eos >= 0 else None,
+                # what the measured costs are cached by (`engine.autotune`): the file and the library
+                gguf_file=str(path.resolve()),
+                gguf_size=stat.st_size,
+                gguf_mtime_ns=stat.st_mtime_ns,
+                llama_cpp_version=llama.__version__,
+            )
+        )
         self.generation_config = GenerationConfig(eos_token_id=self.config.eos_token_id)
 
     def take_context(self) -> _Context:
@@ -158,7 +165,8 @@ class FileMatrix(torch.nn.Module):
 
         values = dequantize(self._tensor.data, self._tensor.tensor_type)
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(
-            self.num_embeddings, self.embedding_dim)
+            self.num_embeddings, self.embedding_dim
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(ids, self.weight)
@@ -181,8 +189,10 @@ class _Context:
         params.no_perf = True
         self.handle = llama.llama_init_from_model(model.handle, params)
         if not self.handle:
-            raise SpecDeckError(f"llama.cpp could not open a context of {params.n_ctx} positions for "
-                                f"{model.path.name} (out of memory?): close other programs, or use --backend torch.")
+            raise SpecDeckError(
+                f"llama.cpp could not open a context of {params.n_ctx} positions for "
+                f"{model.path.name} (out of memory?): close other programs, or use --backend torch."
+            )
         self.memory = llama.llama_get_memory(self.handle)
         self.batch = llama.llama_batch_init(BATCH, 0, 1)
         self.states = False
@@ -226,8 +236,10 @@ class LlamaCppForward:
     def taps(self, layers: tuple[int, ...]) -> None:
         """Lower layers' states (`LlamaForward.taps`) are torch's alone."""
         if layers:
-            raise SpecDeckError("This feature head reads lower layers of its target, which SpecDeck takes from "
-                                "torch only: run the target with --backend torch.")
+            raise SpecDeckError(
+                "This feature head reads lower layers of its target, which SpecDeck takes from "
+                "torch only: run the target with --backend torch."
+            )
 
     def reset(self) -> None:
         self.crop(0)
@@ -264,15 +276,17 @@ class LlamaCppForward:
         no states (0 rows) unless `states`."""
         llama = self._llama
         if self.length + len(ids) > self.model.config.max_position_embeddings:
-            raise SpecDeckError(f"The llama.cpp context holds {self.model.config.max_position_embeddings} positions: "
-                                f"{self.length + len(ids)} do not fit.")
+            raise SpecDeckError(
+                f"The llama.cpp context holds {self.model.config.max_position_embeddings} positions: "
+                f"{self.length + len(ids)} do not fit."
+            )
         context = self.context
         if states != context.states:
             llama.llama_set_embeddings(context.handle, states)  # with states on, every position is output
             context.states = states
         logits, hidden = [], []
         for start in range(0, len(ids), BATCH):
-            chunk = ids[start: start + BATCH]
+            chunk = ids[start : start + BATCH]
             last = start + len(chunk) == len(ids)
             batch = context.batch
             batch.n_tokens = len(chunk)

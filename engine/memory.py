@@ -16,8 +16,10 @@ import gc
 
 import torch
 
-TRY_INSTEAD = ("Try a smaller dtype (bfloat16 or float16), a shorter context (a shorter prompt or fewer new "
-               "tokens), a smaller model, or the CPU (--device cpu).")
+TRY_INSTEAD = (
+    "Try a smaller dtype (bfloat16 or float16), a shorter context (a shorter prompt or fewer new "
+    "tokens), a smaller model, or the CPU (--device cpu)."
+)
 
 
 def give_back(collect: bool = True) -> None:
@@ -47,7 +49,8 @@ def trim_heap() -> None:
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether `error` is a device or the host running out of memory."""
     return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error).lower())
+        isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    )
 
 
 def out_of_memory_message(error: BaseException) -> str:

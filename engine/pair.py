@@ -43,8 +43,9 @@ class DrafterKind(str, Enum):
         try:
             return cls(name.strip())
         except ValueError:
-            raise SpecDeckError(f"Unknown drafter {name!r} in {where}: choose from "
-                                f"{', '.join(kind.value for kind in cls)}.") from None
+            raise SpecDeckError(
+                f"Unknown drafter {name!r} in {where}: choose from {', '.join(kind.value for kind in cls)}."
+            ) from None
 
     @property
     def label(self) -> str:
@@ -59,7 +60,7 @@ class DrafterKind(str, Enum):
             DrafterKind.PROMPT_LOOKUP: "copies what followed an earlier occurrence of the text's last tokens",
             DrafterKind.SUFFIX: "copies the most frequent continuation from this and earlier texts (--suffix-scope)",
             DrafterKind.HYBRID: "the suffix drafter's copy where it scores high, else the feature head or the draft "
-                                "model --draft names",
+            "model --draft names",
         }[self]
 
     @property
@@ -87,8 +88,11 @@ class DrafterKind(str, Enum):
         """The bundled draft or head of this kind for `target`, if SpecDeck ships one."""
         if target != DEFAULT_TARGET:
             return None
-        return {DrafterKind.DRAFT_MODEL: DEFAULT_DRAFT, DrafterKind.FEATURE_HEAD: DEFAULT_HEAD,
-                DrafterKind.HYBRID: DEFAULT_HEAD}.get(self)
+        return {
+            DrafterKind.DRAFT_MODEL: DEFAULT_DRAFT,
+            DrafterKind.FEATURE_HEAD: DEFAULT_HEAD,
+            DrafterKind.HYBRID: DEFAULT_HEAD,
+        }.get(self)
 
     def describe(self, model: str | None) -> str:
         """The drafter as reports name it: 'draft NAME', 'feature head NAME', 'prompt lookup'."""
@@ -97,7 +101,9 @@ class DrafterKind(str, Enum):
         if self is DrafterKind.FEATURE_HEAD:
             return f"feature head {model}"
         if self is DrafterKind.HYBRID:
-            return "hybrid " + (DrafterKind.FEATURE_HEAD if names_head(model) else DrafterKind.DRAFT_MODEL).describe(model)
+            return "hybrid " + (DrafterKind.FEATURE_HEAD if names_head(model) else DrafterKind.DRAFT_MODEL).describe(
+                model
+            )
         return self.label
 
     def make_drafter(self, pair: ModelPair, history: SuffixIndex | None = None) -> Drafter:
@@ -112,14 +118,19 @@ class DrafterKind(str, Enum):
         elif draft is not None:
             model = DraftModelDrafter(draft.model, name=draft.name, output_ids=draft.output_ids)
         elif pair.head is not None:
-            model = FeatureHeadDrafter(pair.head.head, pair.local_target.model, name=pair.head.name,
-                                       output_ids=pair.head.output_ids)
+            model = FeatureHeadDrafter(
+                pair.head.head, pair.local_target.model, name=pair.head.name, output_ids=pair.head.output_ids
+            )
         suffix = None
         if self in (DrafterKind.SUFFIX, DrafterKind.HYBRID):
             mine = history is None
-            suffix = SuffixDrafter(pair.history if mine else history, pair.past if mine else None, records=mine,
-                                   min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
-                                   device=pair.target.device)
+            suffix = SuffixDrafter(
+                pair.history if mine else history,
+                pair.past if mine else None,
+                records=mine,
+                min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
+                device=pair.target.device,
+            )
             if self is DrafterKind.SUFFIX:
                 return suffix
         if model is None:
@@ -181,8 +192,9 @@ class PairSpec:
 
     @property
     def load_options(self) -> LoadOptions:
-        return LoadOptions(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
-                           backend=self.backend)
+        return LoadOptions(
+            device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code, backend=self.backend
+        )
 
     def with_drafter(self, drafter: DrafterKind | None, draft: str | None) -> PairSpec:
         """The same target and options with another drafter."""
@@ -196,15 +208,20 @@ class PairSpec:
         alias or a folder) picks the feature-head drafter by itself."""
         drafter, draft = self.drafter, self.draft
         if drafter is not None and drafter.copies_text and draft:
-            raise SpecDeckError(f"The {drafter.label} drafter needs no draft model: drop --draft or choose "
-                                "--drafter draft-model.")
+            raise SpecDeckError(
+                f"The {drafter.label} drafter needs no draft model: drop --draft or choose --drafter draft-model."
+            )
         if drafter is None and draft:
             drafter = DrafterKind.FEATURE_HEAD if names_head(draft) else DrafterKind.DRAFT_MODEL
         elif drafter is None:
-            drafter = DrafterKind.FEATURE_HEAD if DrafterKind.FEATURE_HEAD.builtin_model(self.target) else DEFAULT_DRAFTER
+            drafter = (
+                DrafterKind.FEATURE_HEAD if DrafterKind.FEATURE_HEAD.builtin_model(self.target) else DEFAULT_DRAFTER
+            )
         draft = draft or drafter.builtin_model(self.target)
         if drafter.needs_model and not draft:
-            raise SpecDeckError(f"The {drafter} drafter needs a model: pass --draft (in bench --drafters: {drafter}:MODEL).")
+            raise SpecDeckError(
+                f"The {drafter} drafter needs a model: pass --draft (in bench --drafters: {drafter}:MODEL)."
+            )
         return replace(self, drafter=drafter, draft=draft)
 
     @property
@@ -217,18 +234,24 @@ class PairSpec:
         default = PairSpec()
         arguments = ["--target", self.target] if self.target != default.target else []
         if self.remote:
-            arguments += ["--target-model", self.target_model] + (["--tokenizer", self.tokenizer] if self.tokenizer else [])
+            arguments += ["--target-model", self.target_model] + (
+                ["--tokenizer", self.tokenizer] if self.tokenizer else []
+            )
             arguments += ["--timeout", f"{self.timeout_s:g}"] if self.timeout_s != default.timeout_s else []
-        for flag, value, default_value in (("--device", self.device, default.device),
-                                           ("--dtype", self.dtype, default.dtype),
-                                           ("--backend", self.backend, default.backend)):
+        for flag, value, default_value in (
+            ("--device", self.device, default.device),
+            ("--dtype", self.dtype, default.dtype),
+            ("--backend", self.backend, default.backend),
+        ):
             if value != default_value:
                 arguments += [flag, value]
         return arguments + (["--trust-remote-code"] if self.trust_remote_code else [])
 
     def drafter_arguments(self) -> list[str]:
         """The command-line arguments for the drafter and its model, if chosen."""
-        return (["--drafter", str(self.drafter)] if self.drafter else []) + (["--draft", self.draft] if self.draft else [])
+        return (["--drafter", str(self.drafter)] if self.drafter else []) + (
+            ["--draft", self.draft] if self.draft else []
+        )
 
     def arguments(self) -> list[str]:
         """The `specdeck run` or `specdeck bench` arguments that build this spec again."""
@@ -262,8 +285,10 @@ class ModelPair:
     def local_target(self) -> LoadedModel:
         """The target, where what asks for it needs its model in this process."""
         if isinstance(self.target, RemoteTarget):
-            raise SpecDeckError(f"{self.target.describe()} is served, not loaded here: this needs a target in this "
-                                "process (load the model itself with --target).")
+            raise SpecDeckError(
+                f"{self.target.describe()} is served, not loaded here: this needs a target in this "
+                "process (load the model itself with --target)."
+            )
         return self.target
 
     @property
@@ -321,4 +346,6 @@ class ModelPair:
     def drafter_description(self) -> str:
         if not self.drafter_kind:
             return ""
-        return self.drafter_kind.describe(self.drafter_model) + (" (its own tokenizer)" if self.cross_vocabulary else "")
+        return self.drafter_kind.describe(self.drafter_model) + (
+            " (its own tokenizer)" if self.cross_vocabulary else ""
+        )

@@ -49,7 +49,7 @@ def read_texts(path: Path) -> list[list[int]]:
         end = at + 4 + 4 * length
         if end > len(data):
             return texts  # cut short: keep the whole texts before it
-        ids = array("i", data[at + 4: end])
+        ids = array("i", data[at + 4 : end])
         if sys.byteorder != "little":
             ids.byteswap()
         texts.append(ids.tolist())

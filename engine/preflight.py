@@ -12,12 +12,24 @@ import torch
 from specdeck.engine.errors import SpecDeckError
 
 # config fields that must be positive whole numbers where a config has them (Llama / GPT-2 names)
-POSITIVE_FIELDS = ("vocab_size", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads",
-                   "n_head", "max_position_embeddings", "n_positions", "intermediate_size")
+POSITIVE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "n_embd",
+    "num_hidden_layers",
+    "n_layer",
+    "num_attention_heads",
+    "n_head",
+    "max_position_embeddings",
+    "n_positions",
+    "intermediate_size",
+)
 # weights whose first dimension a config field fixes
-SHAPED_BY = {"vocab_size": ("embed_tokens.weight", "wte.weight"),
-             "max_position_embeddings": ("embed_positions.weight", "wpe.weight"),
-             "n_positions": ("wpe.weight",)}
+SHAPED_BY = {
+    "vocab_size": ("embed_tokens.weight", "wte.weight"),
+    "max_position_embeddings": ("embed_positions.weight", "wpe.weight"),
+    "n_positions": ("wpe.weight",),
+}
 HEADROOM = 1.2  # the weights plus activations, caches and the libraries' own copies
 
 
@@ -31,17 +43,21 @@ def check_model_folder(folder: Path, name: str, dtype: torch.dtype, device: torc
     for field in POSITIVE_FIELDS:
         value = config.get(field)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-            raise SpecDeckError(f"{config_path}: {field} is {value!r}, but it must be a positive whole number. "
-                                "The file is damaged or was edited by hand: restore it from the model's source.")
+            raise SpecDeckError(
+                f"{config_path}: {field} is {value!r}, but it must be a positive whole number. "
+                "The file is damaged or was edited by hand: restore it from the model's source."
+            )
     shapes, stored = _weights(folder)
     for field, suffixes in SHAPED_BY.items():
         if field not in config:
             continue
         for tensor, shape in shapes.items():
             if tensor.endswith(suffixes) and shape and shape[0] != config[field]:
-                raise SpecDeckError(f"{config_path}: {field} is {config[field]}, but the weights' {tensor} has "
-                                    f"{shape[0]} rows. The config does not belong to these weights: restore the "
-                                    "model's own config.json.")
+                raise SpecDeckError(
+                    f"{config_path}: {field} is {config[field]}, but the weights' {tensor} has "
+                    f"{shape[0]} rows. The config does not belong to these weights: restore the "
+                    "model's own config.json."
+                )
     if device.type == "cpu" and stored:
         _check_memory(name, stored, dtype)
 
@@ -84,9 +100,11 @@ def _check_memory(name: str, elements: int, dtype: torch.dtype) -> None:
     free = available_memory()
     if free is not None and needed > free:
         smaller = " or a smaller dtype (--dtype bfloat16 halves it)" if dtype == torch.float32 else ""
-        raise SpecDeckError(f"{name} needs about {needed / 1e9:.1f} GB of memory in {str(dtype).removeprefix('torch.')}, "
-                            f"and {free / 1e9:.1f} GB are free: close other programs, or choose a smaller model"
-                            f"{smaller}.")
+        raise SpecDeckError(
+            f"{name} needs about {needed / 1e9:.1f} GB of memory in {str(dtype).removeprefix('torch.')}, "
+            f"and {free / 1e9:.1f} GB are free: close other programs, or choose a smaller model"
+            f"{smaller}."
+        )
 
 
 def available_memory() -> int | None:

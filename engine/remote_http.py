@@ -81,43 +81,69 @@ class Endpoint:
         try:
             answer = json.loads(raw)
         except ValueError as error:
-            raise ServerFault(f"The server at {self.base} answered {path} with something that is not JSON "
-                              f"({raw[:80]!r}): check that --target names an OpenAI-compatible API.") from error
+            raise ServerFault(
+                f"The server at {self.base} answered {path} with something that is not JSON "
+                f"({raw[:80]!r}): check that --target names an OpenAI-compatible API."
+            ) from error
         if not isinstance(answer, dict):
-            raise ServerFault(f"The server at {self.base} answered {path} with {type(answer).__name__}, not an "
-                              "object: check that --target names an OpenAI-compatible API.")
+            raise ServerFault(
+                f"The server at {self.base} answered {path} with {type(answer).__name__}, not an "
+                "object: check that --target names an OpenAI-compatible API."
+            )
         return answer, elapsed_ms
 
     def _status_message(self, status: int, text: str, path: str) -> str:
         said = f" ({text})" if text else ""
         if status in (401, 403):
-            return (f"The server at {self.base} refused the request: HTTP {status}{said}. "
-                    + (f"Check the API key in {API_KEY_VARIABLE}." if self.key else
-                       f"It wants an API key: set the environment variable {API_KEY_VARIABLE} to it."))
+            return f"The server at {self.base} refused the request: HTTP {status}{said}. " + (
+                f"Check the API key in {API_KEY_VARIABLE}."
+                if self.key
+                else f"It wants an API key: set the environment variable {API_KEY_VARIABLE} to it."
+            )
         if status == 404:
-            return (f"The server at {self.base} has no {path} (HTTP 404{said}): check the address (the API's "
-                    "base, usually ending in /v1) and the model name (--target-model).")
+            return (
+                f"The server at {self.base} has no {path} (HTTP 404{said}): check the address (the API's "
+                "base, usually ending in /v1) and the model name (--target-model)."
+            )
         if status == 429:
             return f"The server at {self.base} is rate-limiting requests (HTTP 429{said}): wait and run again."
         if 400 <= status < 500:
-            return (f"The server at {self.base} rejected the request to {path}: HTTP {status}{said}. Check "
-                    "--target-model and that the server offers log-probabilities (docs/remote.md).")
-        return (f"The server at {self.base} failed on {path}: HTTP {status}{said}. Check the server's log; "
-                "run again once it is healthy.")
+            return (
+                f"The server at {self.base} rejected the request to {path}: HTTP {status}{said}. Check "
+                "--target-model and that the server offers log-probabilities (docs/remote.md)."
+            )
+        return (
+            f"The server at {self.base} failed on {path}: HTTP {status}{said}. Check the server's log; "
+            "run again once it is healthy."
+        )
 
     def _connection_message(self, reason: object) -> str:
         if isinstance(reason, TimeoutError):
-            return (f"The server at {self.base} did not answer within {self.timeout_s:g} s (--timeout): it is "
-                    "busy, or the model is slow on it. Raise --timeout, or check the server.")
+            return (
+                f"The server at {self.base} did not answer within {self.timeout_s:g} s (--timeout): it is "
+                "busy, or the model is slow on it. Raise --timeout, or check the server."
+            )
         if isinstance(reason, ConnectionRefusedError):
-            return (f"Nothing answers at {self.base} (connection refused): start the server, or check the "
-                    "host and port in --target.")
+            return (
+                f"Nothing answers at {self.base} (connection refused): start the server, or check the "
+                "host and port in --target."
+            )
         if isinstance(reason, socket.gaierror):
             return f"The host in {self.base} cannot be found ({reason}): check the address in --target."
-        if isinstance(reason, (http.client.RemoteDisconnected, ConnectionResetError, http.client.IncompleteRead,
-                               BrokenPipeError, ConnectionAbortedError)):
-            return (f"The connection to {self.base} dropped before the answer was complete ({reason}): the "
-                    "server stopped or restarted. Run again once it is back.")
+        if isinstance(
+            reason,
+            (
+                http.client.RemoteDisconnected,
+                ConnectionResetError,
+                http.client.IncompleteRead,
+                BrokenPipeError,
+                ConnectionAbortedError,
+            ),
+        ):
+            return (
+                f"The connection to {self.base} dropped before the answer was complete ({reason}): the "
+                "server stopped or restarted. Run again once it is back."
+            )
         return f"Cannot reach the server at {self.base} ({reason}): check the address in --target and the network."
 
 

@@ -65,13 +65,16 @@ class ServerTime:
 class Scoring(Protocol):
     def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]: ...
 
-    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
-        ...
+    def score(
+        self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]
+    ) -> tuple[list[Row], ServerTime]: ...
 
 
 def _shape_fault(endpoint: Endpoint, what: str) -> ServerFault:
-    return ServerFault(f"The server at {endpoint.base} answered without {what}: it does not offer the "
-                       "log-probabilities a remote target needs (docs/remote.md lists the flags servers need).")
+    return ServerFault(
+        f"The server at {endpoint.base} answered without {what}: it does not offer the "
+        "log-probabilities a remote target needs (docs/remote.md lists the flags servers need)."
+    )
 
 
 class VllmScoring:
@@ -84,14 +87,23 @@ class VllmScoring:
         return drafts
 
     def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
-        body = {"model": model, "prompt": ids + drafts, "max_tokens": 1, "temperature": 0.0, "logprobs": self.top,
-                "prompt_logprobs": self.top, "return_tokens_as_token_ids": True}
+        body = {
+            "model": model,
+            "prompt": ids + drafts,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": self.top,
+            "prompt_logprobs": self.top,
+            "return_tokens_as_token_ids": True,
+        }
         answer, ms = endpoint.post("/completions", body)
         try:
             choice = answer["choices"][0]
             prompt = choice["prompt_logprobs"]
-            rows = [{int(t): float(v["logprob"]) for t, v in prompt[j].items()}
-                    for j in range(len(ids), len(ids) + len(drafts))]
+            rows = [
+                {int(t): float(v["logprob"]) for t, v in prompt[j].items()}
+                for j in range(len(ids), len(ids) + len(drafts))
+            ]
             last = choice["logprobs"]["top_logprobs"][0]
             rows.append({int(t.removeprefix("token_id:")): float(v) for t, v in last.items()})
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):
@@ -111,8 +123,13 @@ class SglangScoring:
     def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
         full = ids + drafts
         start = min(len(ids), len(full) - 1)  # the first draft's position (a start past the input is refused)
-        body = {"input_ids": full, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-                "return_logprob": True, "logprob_start_len": start, "top_logprobs_num": self.top}
+        body = {
+            "input_ids": full,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": start,
+            "top_logprobs_num": self.top,
+        }
         answer, ms = endpoint.post("/generate", body, root=True)
         try:
             meta = answer["meta_info"]
@@ -157,18 +174,26 @@ class EchoScoring:
             if differ < len(ids) or not drafts:
                 raise SpecDeckError(
                     f"The server at {endpoint.base} takes text, and reads the text so far as other tokens than "
-                    f"SpecDeck holds (from token {differ}: the server reads {self._shown(tokens[differ:differ + 3])}, "
-                    f"SpecDeck holds {self._shown(full[differ:differ + 3])}). Either SpecDeck's tokenizer is not the "
+                    f"SpecDeck holds (from token {differ}: the server reads {self._shown(tokens[differ : differ + 3])}, "
+                    f"SpecDeck holds {self._shown(full[differ : differ + 3])}). Either SpecDeck's tokenizer is not the "
                     "served model's (pass --tokenizer naming it), or the target wrote tokens that its tokenizer "
                     "joins or splits otherwise when it reads their text, which a server that takes text cannot be "
-                    "given back: serve the model with vLLM or SGLang, which take token ids.")
+                    "given back: serve the model with vLLM or SGLang, which take token ids."
+                )
             drafts = drafts[: differ - len(ids)] if attempt == 0 else []
         return drafts
 
     def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
         full = ids + drafts
-        body = {"model": model, "prompt": self.text(full), "max_tokens": 1, "temperature": 0.0, "echo": True,
-                "logprobs": self.top, "repeat_penalty": 1.0}  # its default penalty (1.1) would move the argmax
+        body = {
+            "model": model,
+            "prompt": self.text(full),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "echo": True,
+            "logprobs": self.top,
+            "repeat_penalty": 1.0,
+        }  # its default penalty (1.1) would move the argmax
         answer, ms = endpoint.post("/completions", body)
         try:
             given = answer["choices"][0]["logprobs"]["top_logprobs"]
@@ -188,8 +213,10 @@ class EchoScoring:
         rows = []
         for r in range(len(ids) - 1, len(full)):  # entry r holds the output after token r of the full prompt
             if labels[r] == self.bos or given[entry.index(r)] is None:
-                raise SpecDeckError("A remote target on this server needs a prompt of two tokens or more, and "
-                                    "cannot verify a BOS token: use a longer prompt.")
+                raise SpecDeckError(
+                    "A remote target on this server needs a prompt of two tokens or more, and "
+                    "cannot verify a BOS token: use a longer prompt."
+                )
             draft = full[r + 1] if r + 1 < len(full) else None
             rows.append({self._token(text, draft): float(lp) for text, lp in given[entry.index(r)].items()})
         return rows, ServerTime.of(answer, ms)
@@ -201,8 +228,10 @@ class EchoScoring:
         """The token the server named by `text` (module docstring: how a shared text is resolved)."""
         candidates = self.pieces().get(text)
         if not candidates:
-            raise SpecDeckError(f"The server names a token {text!r} that SpecDeck's tokenizer has no token for: "
-                                "pass --tokenizer naming the served model.")
+            raise SpecDeckError(
+                f"The server names a token {text!r} that SpecDeck's tokenizer has no token for: "
+                "pass --tokenizer naming the served model."
+            )
         if draft in candidates or len(candidates) == 1:
             return draft if draft in candidates else candidates[0]
         if text == "" and self.eos in candidates:
@@ -216,7 +245,8 @@ class EchoScoring:
         if self._pieces is None:
             self._pieces = {}
             for token in range(len(self.tokenizer)):
-                text = self.tokenizer.decode([token], skip_special_tokens=True,
-                                             clean_up_tokenization_spaces=False).replace("\ufffd", "")
+                text = self.tokenizer.decode(
+                    [token], skip_special_tokens=True, clean_up_tokenization_spaces=False
+                ).replace("\ufffd", "")
                 self._pieces.setdefault(text, []).append(token)
         return self._pieces

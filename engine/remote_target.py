@@ -59,8 +59,7 @@ class RemoteTarget:
     dtype = torch.float32
     backend = "a server"  # what runs the target (a local one's `LoadedModel.backend`)
 
-    def __init__(self, settings: RemoteSettings, tokenizer, endpoint: Endpoint, scoring: Scoring,
-                 server: str) -> None:
+    def __init__(self, settings: RemoteSettings, tokenizer, endpoint: Endpoint, scoring: Scoring, server: str) -> None:
         self.settings = settings
         self.name = f"{settings.model} at {settings.url}"
         self.tokenizer = tokenizer
@@ -84,8 +83,10 @@ class RemoteTarget:
         and where the request's time went."""
         rows, time = self.scoring.score(self.endpoint, self.settings.model, ids, drafts)
         if len(rows) != len(drafts) + 1:
-            raise ServerFault(f"The server at {self.settings.url} gave {len(rows)} rows of log-probabilities for "
-                              f"{len(drafts) + 1} positions: it does not answer as the {self.server} API does.")
+            raise ServerFault(
+                f"The server at {self.settings.url} gave {len(rows)} rows of log-probabilities for "
+                f"{len(drafts) + 1} positions: it does not answer as the {self.server} API does."
+            )
         return torch.stack([self._logit_row(row) for row in rows]), time
 
     def _logit_row(self, row: dict[int, float]) -> torch.Tensor:
@@ -98,8 +99,10 @@ class RemoteTarget:
         logits = torch.full((self.vocab_width,), min(rest, min(row.values())))
         for token, lp in row.items():
             if not 0 <= token < self.vocab_width:
-                raise SpecDeckError(f"The server at {self.settings.url} names token {token}, beyond SpecDeck's "
-                                    f"tokenizer ({self.vocab_width} tokens): pass --tokenizer naming the served model.")
+                raise SpecDeckError(
+                    f"The server at {self.settings.url} names token {token}, beyond SpecDeck's "
+                    f"tokenizer ({self.vocab_width} tokens): pass --tokenizer naming the served model."
+                )
             logits[token] = lp
         return logits
 
@@ -113,21 +116,26 @@ def require_greedy(config: DecodeConfig) -> None:
         raise SpecDeckError(
             "A remote target decodes greedily only (temperature 0): sampling speculatively needs the target's "
             "whole distribution at each draft, and servers return only its top few log-probabilities, so the "
-            "text would no longer follow the target's distribution. Set the temperature to 0.")
+            "text would no longer follow the target's distribution. Set the temperature to 0."
+        )
 
 
 def connect(settings: RemoteSettings, tokenizer) -> RemoteTarget:
     """The served target, after one request that checks the server answers and serves the model."""
     if not settings.model.strip():
-        raise SpecDeckError("A remote target needs the model's name on the server: pass --target-model "
-                            "(the server lists its models at /v1/models).")
+        raise SpecDeckError(
+            "A remote target needs the model's name on the server: pass --target-model "
+            "(the server lists its models at /v1/models)."
+        )
     endpoint = Endpoint(settings.url, settings.timeout_s)
     listing = endpoint.get("/models")
     models = [m for m in listing.get("data", []) if isinstance(m, dict)]
     names = [str(m.get("id")) for m in models]
     if settings.model not in names:
-        raise SpecDeckError(f"The server at {settings.url} serves {', '.join(names) or 'no model'}, not "
-                            f"{settings.model!r}: pass one of those as --target-model.")
+        raise SpecDeckError(
+            f"The server at {settings.url} serves {', '.join(names) or 'no model'}, not "
+            f"{settings.model!r}: pass one of those as --target-model."
+        )
     owner = str(models[names.index(settings.model)].get("owned_by", "")).lower()
     if owner == "vllm":
         return RemoteTarget(settings, tokenizer, endpoint, VllmScoring(TOP_LOGPROBS), "vllm")

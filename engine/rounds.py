@@ -119,8 +119,17 @@ class Schedule:
         if self.planner:
             # where the target's first token stood among the drafter's choices (0: its first draft)
             rank = draft.proposal.rank(int(first_logits.argmax())) if n and not copied else None
-            self.planner.record(shape, copied, n, accepted, clock.draft_ms, clock.verify_ms, clock.round_ms(), rank,
-                                len(draft.alternatives))
+            self.planner.record(
+                shape,
+                copied,
+                n,
+                accepted,
+                clock.draft_ms,
+                clock.verify_ms,
+                clock.round_ms(),
+                rank,
+                len(draft.alternatives),
+            )
         elif self.config.schedule == "heuristic" and n and not copied:
             k = min(shape.k + 2, self.config.max_k) if accepted == n else max(1, shape.k - 1)
             self.fixed = Shape(self.fixed.copy, k)
@@ -192,8 +201,10 @@ class RemoteForward:
 
     def __init__(self, target: RemoteTarget, drafter: Drafter | None) -> None:
         if drafter is not None and drafter.needs_states:
-            raise SpecDeckError("A feature head drafts from the target's hidden states, which a server does not "
-                                "return: choose the draft-model, prompt-lookup or suffix drafter for a remote target.")
+            raise SpecDeckError(
+                "A feature head drafts from the target's hidden states, which a server does not "
+                "return: choose the draft-model, prompt-lookup or suffix drafter for a remote target."
+            )
         self.target = target
         self.held: list[int] = []
         self.server_time: ServerTime | None = None

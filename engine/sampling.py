@@ -52,9 +52,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool)
 def non_finite_message(whose: str, dtype: torch.dtype | None = None, position: int | None = None) -> str:
     where = f" at new token {position}" if position is not None else ""
     name = f" in {str(dtype).removeprefix('torch.')}" if dtype is not None else ""
-    return (f"{whose} logits{where} are not finite (NaN or infinity): its numbers overflowed{name}. Run it in "
-            "float32 (--dtype float32), or in bfloat16 on a GPU that has it; a model that overflows in float32 "
-            "has damaged weights.")
+    return (
+        f"{whose} logits{where} are not finite (NaN or infinity): its numbers overflowed{name}. Run it in "
+        "float32 (--dtype float32), or in bfloat16 on a GPU that has it; a model that overflows in float32 "
+        "has damaged weights."
+    )
 
 
 def require_finite(kept_probs: list[float], dtype: torch.dtype, position: int) -> None:

@@ -81,8 +81,10 @@ def _attach_drafter(target_model: LoadedModel | RemoteTarget, spec: PairSpec, pr
         raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
     if spec.drafter is DrafterKind.FEATURE_HEAD or (spec.drafter is DrafterKind.HYBRID and names_head(spec.draft)):
         if isinstance(target_model, RemoteTarget):
-            raise SpecDeckError("A feature head drafts from the target's hidden states, which a server does not "
-                                "return: choose the draft-model, prompt-lookup or suffix drafter for a remote target.")
+            raise SpecDeckError(
+                "A feature head drafts from the target's hidden states, which a server does not "
+                "return: choose the draft-model, prompt-lookup or suffix drafter for a remote target."
+            )
         head = load_feature_head(spec.draft, target_model, progress)
     else:
         options = spec.load_options
@@ -95,8 +97,14 @@ def _attach_drafter(target_model: LoadedModel | RemoteTarget, spec: PairSpec, pr
     return ModelPair(target_model, draft_model, spec.drafter, head, vocabulary=vocabulary)
 
 
-def run_session(pair: ModelPair, prompt: str, config: DecodeConfig, chat: bool = True, plain: bool = False,
-                cancel: threading.Event | None = None) -> Iterator[Event]:
+def run_session(
+    pair: ModelPair,
+    prompt: str,
+    config: DecodeConfig,
+    chat: bool = True,
+    plain: bool = False,
+    cancel: threading.Event | None = None,
+) -> Iterator[Event]:
     """Encode the prompt and decode: speculatively with the pair's drafter, or plainly."""
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, chat)
     drafter = None if plain else pair.make_drafter()

@@ -190,7 +190,7 @@ def repetitive_text(tokens: int, vocab: int, seed: int) -> list[int]:
     while len(text) < tokens:
         if len(text) > 64 and rng.random() < 0.3:
             start = rng.randrange(len(text) - 32)
-            text.extend(text[start: start + rng.randint(4, 32)])
+            text.extend(text[start : start + rng.randint(4, 32)])
         else:
             text.extend(rng.randrange(vocab) for _ in range(rng.randint(4, 32)))
     return text[:tokens]
@@ -206,7 +206,7 @@ def _bench(tokens: int, queries: int, vocab: int, seed: int) -> None:
     match = index.match(text[:16])
     started = time.perf_counter()
     for i in range(queries):  # a round: step over the kept tokens (about 3), then walk 8
-        for token in text[16 + 3 * i: 19 + 3 * i]:
+        for token in text[16 + 3 * i : 19 + 3 * i]:
             match = index.step(match, token)
         index.walk(index.continued(match), 8, 0.1)
     per_round = (time.perf_counter() - started) / queries
@@ -214,9 +214,12 @@ def _bench(tokens: int, queries: int, vocab: int, seed: int) -> None:
     for _ in range(queries):
         index.walk(index.earlier(), 8, 0.1)
     per_walk = (time.perf_counter() - started) / queries
-    print(f"{tokens} tokens indexed in {build_s:.2f} s ({build_s / tokens * 1e6:.1f} us/token), "
-          f"{len(index._len)} states")
-    print(f"a round (step 3 tokens, walk 8): {per_round * 1e6:.1f} us; walk from the text's own end: {per_walk * 1e6:.1f} us")
+    print(
+        f"{tokens} tokens indexed in {build_s:.2f} s ({build_s / tokens * 1e6:.1f} us/token), {len(index._len)} states"
+    )
+    print(
+        f"a round (step 3 tokens, walk 8): {per_round * 1e6:.1f} us; walk from the text's own end: {per_walk * 1e6:.1f} us"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

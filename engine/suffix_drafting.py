@@ -36,9 +36,16 @@ class SuffixDrafter(Drafter):
     name = "suffix"
     copies_text = True
 
-    def __init__(self, history: SuffixIndex | None = None, past: PastSessions | None = None, records: bool = True,
-                 max_spec_factor: float = 1.0, min_share: float = 0.1, min_score: float = 0.0,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        history: SuffixIndex | None = None,
+        past: PastSessions | None = None,
+        records: bool = True,
+        max_spec_factor: float = 1.0,
+        min_share: float = 0.1,
+        min_score: float = 0.0,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.history = history
         self.past = past
         self.records = records
@@ -60,7 +67,7 @@ class SuffixDrafter(Drafter):
         self._earlier = [(source, index, index.stream(prompt_ids)) for source, index in earlier]
 
     def propose(self, ids: list[int], k: int) -> Proposal:
-        kept = ids[self._own.tokens:]
+        kept = ids[self._own.tokens :]
         self._own.extend(kept)
         self._earlier = [(source, index, index.stream(kept, match)) for source, index, match in self._earlier]
         candidates = [("prompt", self._own, self._own.earlier())]
@@ -72,8 +79,14 @@ class SuffixDrafter(Drafter):
                 break
             tokens, score = index.scored_walk(match, longest, self.min_share)
             if tokens and score >= self.min_score:
-                return one_hot(tokens, self.vocab_width, self.device, source=source, match_length=match.length,
-                               branches=self._branches(index, match, tokens[0]))
+                return one_hot(
+                    tokens,
+                    self.vocab_width,
+                    self.device,
+                    source=source,
+                    match_length=match.length,
+                    branches=self._branches(index, match, tokens[0]),
+                )
         return self._empty(self.device)
 
     def _branches(self, index: SuffixIndex, match: Match, first: int) -> list[int]:
@@ -120,4 +133,3 @@ class HybridDrafter(Drafter):
 
     def end(self, ids: list[int]) -> None:
         self.model.end(ids)
-

@@ -47,8 +47,16 @@ class Verdict:
     pieces: list[DraftPiece | None] | None = None
 
     @classmethod
-    def of(cls, draft: Draft, m: int, path: list[int], token: int, p: torch.Tensor, logits: torch.Tensor,
-           config: DecodeConfig) -> Verdict:
+    def of(
+        cls,
+        draft: Draft,
+        m: int,
+        path: list[int],
+        token: int,
+        p: torch.Tensor,
+        logits: torch.Tensor,
+        config: DecodeConfig,
+    ) -> Verdict:
         """The verdict on `draft` whose chain passed its first m drafts (`engine.decoding.verify`,
         which gave p for the chain's rows), where the round keeps the forward's inputs `path` and
         then `token`."""
@@ -73,8 +81,9 @@ class Verdict:
         return cls(kept, accepted, last, p_kept, q_kept + [None] * (len(kept) - drawn), refused, m, kept_pieces)
 
 
-def _refused_drafts(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int,
-                    pieces: list[DraftPiece] | None = None) -> list[Refused]:
+def _refused_drafts(
+    tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int, pieces: list[DraftPiece] | None = None
+) -> list[Refused]:
     """Refused drafts with their p and q: one row of p and q per token from `depth` on (a chain,
     whose pieces are the proposal's from `depth` on), or one row for all (alternatives, all at `depth`)."""
     if not tokens:
@@ -83,8 +92,10 @@ def _refused_drafts(tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: 
     if p.dim() == 1:
         return [(t, pv, qv, depth, None) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
     rows = torch.arange(len(tokens), device=p.device)
-    return [(t, pv, qv, depth + i, pieces[depth + i - 1] if pieces else None) for i, (t, pv, qv) in
-            enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))]
+    return [
+        (t, pv, qv, depth + i, pieces[depth + i - 1] if pieces else None)
+        for i, (t, pv, qv) in enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))
+    ]
 
 
 def _piece_fields(piece: DraftPiece | None) -> dict:
@@ -135,16 +146,26 @@ class Transcript:
                 events += self._refused_events(verdict.refused, draft, start)
             accepted = i < verdict.accepted
             final = token in self.eos or self.new_tokens + 1 == self.budget
-            events.append(TokenEvent(TokenState.ACCEPTED if accepted else verdict.last, token,
-                                     self.detok.push(token, final), self.new_tokens, self.rounds, verdict.p[i],
-                                     verdict.q[i], copied=draft.copied and accepted, depth=i + 1 if accepted else 0,
-                                     source=draft.proposal.source if accepted else "",
-                                     **_piece_fields(verdict.pieces[i] if verdict.pieces else None)))
+            events.append(
+                TokenEvent(
+                    TokenState.ACCEPTED if accepted else verdict.last,
+                    token,
+                    self.detok.push(token, final),
+                    self.new_tokens,
+                    self.rounds,
+                    verdict.p[i],
+                    verdict.q[i],
+                    copied=draft.copied and accepted,
+                    depth=i + 1 if accepted else 0,
+                    source=draft.proposal.source if accepted else "",
+                    **_piece_fields(verdict.pieces[i] if verdict.pieces else None),
+                )
+            )
             ids.append(token)
             self.new_tokens += 1
             if token in self.eos:
                 self.stop("eos")
-            elif self.stop_strings and any(s in self.detok.text[-64 - len(s):] for s in self.stop_strings):
+            elif self.stop_strings and any(s in self.detok.text[-64 - len(s) :] for s in self.stop_strings):
                 self.stop("stop_string")
             if self.stopped:
                 break
@@ -156,26 +177,49 @@ class Transcript:
         tree's alternatives beside it; the chain's drafts after it were never judged (discarded)."""
         texts = self.detok.peek([token for token, *_ in refused])
         first_depth = refused[0][3]
-        return [TokenEvent(TokenState.REJECTED if i == 0 or depth == first_depth else TokenState.DISCARDED, token,
-                           text, start + depth - 1, self.rounds, pv, qv, copied=draft.copied, depth=depth,
-                           source=draft.proposal.source, **_piece_fields(piece))
-                for i, ((token, pv, qv, depth, piece), text) in enumerate(zip(refused, texts))]
+        return [
+            TokenEvent(
+                TokenState.REJECTED if i == 0 or depth == first_depth else TokenState.DISCARDED,
+                token,
+                text,
+                start + depth - 1,
+                self.rounds,
+                pv,
+                qv,
+                copied=draft.copied,
+                depth=depth,
+                source=draft.proposal.source,
+                **_piece_fields(piece),
+            )
+            for i, ((token, pv, qv, depth, piece), text) in enumerate(zip(refused, texts))
+        ]
 
-    def round(self, events: list[TokenEvent], draft: Draft, clock: Clock,
-              server: ServerTime | None = None) -> Iterator[Event]:
+    def round(
+        self, events: list[TokenEvent], draft: Draft, clock: Clock, server: ServerTime | None = None
+    ) -> Iterator[Event]:
         """The round's token events, then its `RoundEvent` (made before any is handed out, so that a
         slow reader does not slow the figures), each counted as it goes out; `server`, where the
         round's request went, for a remote target."""
         accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
         discarded = sum(1 for e in events if e.state is TokenState.DISCARDED)
         drafted = accepted + discarded + sum(1 for e in events if e.state is TokenState.REJECTED)
-        round_event = RoundEvent(self.rounds, drafted, accepted, clock.draft_ms, clock.verify_ms, self.new_tokens,
-                                 clock.decode_s(), copied=draft.copied, shape=draft.label,
-                                 match_length=draft.proposal.match_length, discarded=discarded,
-                                 draft_tokens=draft.proposal.draft_tokens,
-                                 network_ms=server.network_ms if server else None,
-                                 server_ms=server.server_ms if server else None,
-                                 server_cache_hit=server.cache_hit if server else None)
+        round_event = RoundEvent(
+            self.rounds,
+            drafted,
+            accepted,
+            clock.draft_ms,
+            clock.verify_ms,
+            self.new_tokens,
+            clock.decode_s(),
+            copied=draft.copied,
+            shape=draft.label,
+            match_length=draft.proposal.match_length,
+            discarded=discarded,
+            draft_tokens=draft.proposal.draft_tokens,
+            network_ms=server.network_ms if server else None,
+            server_ms=server.server_ms if server else None,
+            server_cache_hit=server.cache_hit if server else None,
+        )
         out: list[Event] = [*events, round_event]
         for event in out:
             self.stats.add(event)

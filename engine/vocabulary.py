@@ -27,8 +27,9 @@ LITTLE_SHARED = 0.25  # below this share of the draft's tokens with a twin, a pa
 @cache
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's printable stand-in character for each byte, inverted (character -> byte)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for byte in range(256):
         if byte in printable:
@@ -101,14 +102,18 @@ class TokenText:
         self.tokenizer = tokenizer
         added = getattr(tokenizer, "added_tokens_decoder", {})
         self.special = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", [])) | frozenset(
-            int(i) for i, token in added.items() if getattr(token, "special", False))
+            int(i) for i, token in added.items() if getattr(token, "special", False)
+        )
         backend = getattr(tokenizer, "backend_tokenizer", None)
         spec = json.loads(backend.to_str()) if backend is not None else {}
         self.pieces, fallback = _read_pieces(tokenizer, added, "ByteLevel" in _types(spec.get("decoder")))
         self._by_bytes: dict[bytes, int] = {}  # a text token per string, rather not a byte-fallback one
         for token_id, piece in enumerate(self.pieces):
-            if piece and token_id not in self.special and (piece not in self._by_bytes or token_id not in fallback
-                                                           and self._by_bytes[piece] in fallback):
+            if (
+                piece
+                and token_id not in self.special
+                and (piece not in self._by_bytes or token_id not in fallback and self._by_bytes[piece] in fallback)
+            ):
                 self._by_bytes[piece] = token_id
         self._longest = max(map(len, self._by_bytes), default=1)
         self._encoder = None
@@ -204,7 +209,7 @@ class TokenText:
         position = start
         while position < end:
             for length in range(min(self._longest, end - position), 0, -1):
-                token_id = self._by_bytes.get(text[position: position + length])
+                token_id = self._by_bytes.get(text[position : position + length])
                 if token_id is not None:
                     position += length
                     out.append((token_id, position))
@@ -220,15 +225,21 @@ def _char_length(text: bytes, position: int, end: int) -> int:
     """Bytes of the UTF-8 character at `position` (1 for a byte that starts none)."""
     for length in (1, 2, 3, 4):
         try:
-            text[position: position + length].decode("utf-8")
+            text[position : position + length].decode("utf-8")
             return length
         except UnicodeDecodeError:
             continue
     return 1 if position < end else 0
 
 
-def twins(target: TokenText, draft: TokenText, target_eos: frozenset[int], draft_eos: frozenset[int],
-          draft_width: int, target_width: int) -> torch.Tensor:
+def twins(
+    target: TokenText,
+    draft: TokenText,
+    target_eos: frozenset[int],
+    draft_eos: frozenset[int],
+    draft_width: int,
+    target_width: int,
+) -> torch.Tensor:
     """For each of the draft's `draft_width` output ids, its twin among the target's first
     `target_width` ids, or -1: the text token spelling the same bytes, the control token with the
     same content, the target's end of text for the draft's."""
@@ -276,8 +287,10 @@ class VocabularyMatch:
         counts = f"{self.shared:,} of the draft's {self.draft_tokens:,} tokens have a twin in the target's"
         if self.case == "different":
             return f"different tokenizers: {counts} ({share:.0%}); greedy and sampling both exact"
-        return (f"different tokenizers with little in common: only {counts} ({share:.1%}), so sampled "
-                "drafts are rarely possible; greedy drafts through the text; both exact")
+        return (
+            f"different tokenizers with little in common: only {counts} ({share:.1%}), so sampled "
+            "drafts are rarely possible; greedy drafts through the text; both exact"
+        )
 
 
 def vocabulary_difference(target, draft) -> str | None:
@@ -305,9 +318,11 @@ def match_vocabularies(target, draft) -> VocabularyMatch:
     try:
         target_text, draft_text = TokenText(target.tokenizer), TokenText(draft.tokenizer)
     except Exception as error:  # the tokenizers library raises bare Exceptions
-        raise SpecDeckError(f"The tokenizers of {target.name!r} and {draft.name!r} differ ({difference}) and "
-                            f"could not be compared token by token ({error}): pick a draft from the target's "
-                            "model family.") from error
+        raise SpecDeckError(
+            f"The tokenizers of {target.name!r} and {draft.name!r} differ ({difference}) and "
+            f"could not be compared token by token ({error}): pick a draft from the target's "
+            "model family."
+        ) from error
     table = twins(target_text, draft_text, target.eos_ids, draft.eos_ids, draft.vocab_width, target.vocab_width)
     text_tokens = [i for i in range(min(len(draft_text), draft.vocab_width)) if i not in draft_text.special]
     shared = int((table[text_tokens] >= 0).sum()) if text_tokens else 0

@@ -33,18 +33,20 @@ def _validator(name: str, package: str) -> str:
 
 def test_desktop_entry_validates():
     """The .desktop file passes desktop-file-validate with no error or warning."""
-    result = subprocess.run([_validator("desktop-file-validate", "desktop-file-utils"), str(DESKTOP)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [_validator("desktop-file-validate", "desktop-file-utils"), str(DESKTOP)], capture_output=True, text=True
+    )
     problems = [line for line in result.stdout.splitlines() if ": error:" in line or ": warning:" in line]
     assert result.returncode == 0 and not problems, result.stdout + result.stderr
 
 
 def test_metainfo_validates():
     """The AppStream metainfo passes appstreamcli validate and launches the desktop entry."""
-    result = subprocess.run([_validator("appstreamcli", "appstream"), "validate", "--no-net", str(METAINFO)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [_validator("appstreamcli", "appstream"), "validate", "--no-net", str(METAINFO)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"<launchable type=\"desktop-id\">{DESKTOP.name}</launchable>" in METAINFO.read_text()
+    assert f'<launchable type="desktop-id">{DESKTOP.name}</launchable>' in METAINFO.read_text()
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -63,8 +65,12 @@ def test_icon_ships_in_every_usual_size():
 
 def test_menu_entry_installs_with_its_icon_in_every_size(tmp_path):
     """install_desktop_entry.sh puts a valid menu entry and the icon it names under XDG_DATA_HOME."""
-    subprocess.run(["bash", str(ROOT / "packaging" / "install_desktop_entry.sh")], check=True,
-                   capture_output=True, env={"XDG_DATA_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    subprocess.run(
+        ["bash", str(ROOT / "packaging" / "install_desktop_entry.sh")],
+        check=True,
+        capture_output=True,
+        env={"XDG_DATA_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     entry = tmp_path / "applications" / DESKTOP.name
     fields = dict(line.split("=", 1) for line in entry.read_text().splitlines() if "=" in line)
     assert fields["Exec"] == "specdeck gui"
@@ -86,8 +92,22 @@ def wheel(tmp_path_factory) -> Path:
             shutil.copytree(ROOT / name, source / name, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp / "dist"), str(source)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (built,) = (tmp / "dist").glob("specdeck-*.whl")
     return built
 
@@ -122,8 +142,13 @@ def test_wheel_entry_point_runs_from_the_installed_files(wheel, tmp_path):
         "from specdeck.engine.resources import resource_path\n"
         "print(ep.value, main.__module__, sys.modules['specdeck.engine'].__file__, resource_path('icons', 'specdeck.svg'))\n"
     )
-    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                            env={"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr
     value, module, engine_file, icon = result.stdout.split()
     assert (value, module) == ("specdeck.cli.main:main", "specdeck.cli.main")

@@ -38,8 +38,9 @@ def build_tokenizer(directory: Path, vocab_size: int = 320) -> PreTrainedTokeniz
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
     fast.save_pretrained(directory)
@@ -52,14 +53,19 @@ def build_sentencepiece_tokenizer(directory: Path, vocab_size: int = 300) -> Pre
     "<s>" before every text."""
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     # the alphabet chosen here, ties broken by the character: the trainer's own choice among equally
     # frequent characters varies from run to run
     counts = Counter("".join(CORPUS).replace(" ", "\u2581"))
     alphabet = sorted(counts, key=lambda char: (-counts[char], char))[:40]
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, limit_alphabet=40, initial_alphabet=alphabet,
-                                                        special_tokens=["<unk>", "<s>", "</s>"]))
+    tok.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size, limit_alphabet=40, initial_alphabet=alphabet, special_tokens=["<unk>", "<s>", "</s>"]
+        ),
+    )
     spec = json.loads(tok.to_str())
     vocab = spec["model"]["vocab"]
     for byte in range(256):
@@ -71,18 +77,41 @@ def build_sentencepiece_tokenizer(directory: Path, vocab_size: int = 300) -> Pre
     return fast
 
 
-def build_model(directory: Path, arch: str, vocab_size: int, seed: int, layers: int = 2,
-                hidden: int = 64, eos_token_id: int | None = None) -> Path:
+def build_model(
+    directory: Path,
+    arch: str,
+    vocab_size: int,
+    seed: int,
+    layers: int = 2,
+    hidden: int = 64,
+    eos_token_id: int | None = None,
+) -> Path:
     """A randomly initialised (seeded) Llama or GPT-2 saved as safetensors in `directory`."""
     torch.manual_seed(seed)
     if arch == "llama":
-        config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-                             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                             max_position_embeddings=512, eos_token_id=eos_token_id, tie_word_embeddings=False)
+        config = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=False,
+        )
         model = LlamaForCausalLM(config)
     elif arch == "gpt2":
-        config = GPT2Config(vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=4, n_positions=512,
-                            eos_token_id=eos_token_id, bos_token_id=eos_token_id, tie_word_embeddings=False)
+        config = GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=4,
+            n_positions=512,
+            eos_token_id=eos_token_id,
+            bos_token_id=eos_token_id,
+            tie_word_embeddings=False,
+        )
         model = GPT2LMHeadModel(config)
     else:
         raise ValueError(arch)
@@ -147,7 +176,11 @@ def build_cross_pair(root: Path) -> tuple[Path, Path]:
 def write_two_prompts(path: Path) -> Path:
     """A two-prompt Spec-Bench-style file in two categories, for benchmark tests."""
     records = [
-        {"question_id": 1, "category": "summarization", "turns": ["The quick brown fox jumps over the lazy dog. The quick"]},
+        {
+            "question_id": 1,
+            "category": "summarization",
+            "turns": ["The quick brown fox jumps over the lazy dog. The quick"],
+        },
         {"question_id": 2, "category": "qa", "turns": ["def add(a, b):\n    return a + b"]},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")

@@ -5,5 +5,15 @@ from specdeck.engine.bench.methods import METHODS, Run
 from specdeck.engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
 from specdeck.engine.bench.runner import BenchSettings, Method, PromptResult, explain_mismatch, run_bench
 
-__all__ = ["METHODS", "BenchPrompt", "BenchSettings", "Method", "PromptResult", "Run", "explain_mismatch",
-           "read_prompts", "run_bench", "sample_prompts"]
+__all__ = [
+    "METHODS",
+    "BenchPrompt",
+    "BenchSettings",
+    "Method",
+    "PromptResult",
+    "Run",
+    "explain_mismatch",
+    "read_prompts",
+    "run_bench",
+    "sample_prompts",
+]

@@ -25,8 +25,10 @@ from specdeck.engine.llamacpp_backend import CONTEXT_LIMIT, library
 from specdeck.engine.session import ModelPair
 
 METHOD = "llama.cpp"
-OTHER_ROUNDING = ("llama.cpp's own loop, with its defaults (float16 KV cache, no flash attention), rounds otherwise "
-                  "than SpecDeck's target ({backend}): another arithmetic, not a decoding bug")
+OTHER_ROUNDING = (
+    "llama.cpp's own loop, with its defaults (float16 KV cache, no flash attention), rounds otherwise "
+    "than SpecDeck's target ({backend}): another arithmetic, not a decoding bug"
+)
 
 _OPENED: dict[tuple[Path, int], object] = {}  # the one `Llama` a benchmark times, by file and threads
 
@@ -35,11 +37,15 @@ def check_baseline(pair: ModelPair) -> Path:
     """The GGUF file the baseline runs, or a `SpecDeckError` saying why it cannot run."""
     path = gguf_file(pair.target.name)
     if path is None:
-        raise SpecDeckError(f"The llama.cpp baseline runs .gguf files, and the target {pair.target.name} is not "
-                            "one: drop llama.cpp from --baselines.")
+        raise SpecDeckError(
+            f"The llama.cpp baseline runs .gguf files, and the target {pair.target.name} is not "
+            "one: drop llama.cpp from --baselines."
+        )
     if not llama_cpp_installed():
-        raise SpecDeckError("The llama.cpp baseline needs llama-cpp-python, which is not installed: "
-                            "`pip install llama-cpp-python`, or drop llama.cpp from --baselines.")
+        raise SpecDeckError(
+            "The llama.cpp baseline needs llama-cpp-python, which is not installed: "
+            "`pip install llama-cpp-python`, or drop llama.cpp from --baselines."
+        )
     return path
 
 
@@ -48,8 +54,9 @@ def _opened(path: Path):
     key = (path, threads)
     if key not in _OPENED:
         _OPENED.clear()
-        _OPENED[key] = library().Llama(model_path=str(path), n_ctx=CONTEXT_LIMIT, n_threads=threads,
-                                       n_threads_batch=threads, verbose=False)
+        _OPENED[key] = library().Llama(
+            model_path=str(path), n_ctx=CONTEXT_LIMIT, n_threads=threads, n_threads_batch=threads, verbose=False
+        )
     return _OPENED[key]
 
 
@@ -58,8 +65,9 @@ def run_llama_cpp(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig) 
     `config.max_new_tokens`, or at the end of the context."""
     llm = _opened(check_baseline(pair))
     budget = min(config.max_new_tokens, llm.n_ctx() - len(prompt_ids))
-    sampling = dict(temp=0.0) if config.greedy else dict(temp=config.temperature, top_k=config.top_k,
-                                                         top_p=config.top_p)
+    sampling = (
+        dict(temp=0.0) if config.greedy else dict(temp=config.temperature, top_k=config.top_k, top_p=config.top_p)
+    )
     llm.reset()
     llm.set_seed(config.seed)
     started = time.perf_counter()

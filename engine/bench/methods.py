@@ -69,8 +69,9 @@ class Run:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, speculative: bool,
-                 history: SuffixIndex | None = None) -> Run:
+def run_specdeck(
+    pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, speculative: bool, history: SuffixIndex | None = None
+) -> Run:
     drafter = pair.make_drafter(history) if speculative else None
     token_ids: list[int] = []
     summary = None
@@ -89,9 +90,22 @@ def run_specdeck(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, s
             summary = event
     if summary is None:
         raise RuntimeError("a decoding run ended without its summary")
-    return Run("speculative" if speculative else "plain", config.k if speculative else 0, token_ids,
-               summary.text, summary.new_tokens, summary.decode_s, summary.prefill_ms, summary.rounds,
-               summary.drafted, summary.accepted, draft_ms, verify_ms, shapes, remote)
+    return Run(
+        "speculative" if speculative else "plain",
+        config.k if speculative else 0,
+        token_ids,
+        summary.text,
+        summary.new_tokens,
+        summary.decode_s,
+        summary.prefill_ms,
+        summary.rounds,
+        summary.drafted,
+        summary.accepted,
+        draft_ms,
+        verify_ms,
+        shapes,
+        remote,
+    )
 
 
 class _ForwardCounter:
@@ -114,8 +128,13 @@ def _generation_config(pair: ModelPair, config: DecodeConfig, max_new_tokens: in
     from transformers import GenerationConfig
 
     eos = sorted(pair.target.eos_ids)
-    options: dict[str, object] = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=eos or None,
-                                      pad_token_id=eos[0] if eos else 0, do_sample=not config.greedy)
+    options: dict[str, object] = dict(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
+        eos_token_id=eos or None,
+        pad_token_id=eos[0] if eos else 0,
+        do_sample=not config.greedy,
+    )
     if not config.greedy:
         options.update(temperature=config.temperature, top_k=config.top_k or None, top_p=config.top_p)
     if method == "hf-assisted" and pair.drafter_kind is DrafterKind.PROMPT_LOOKUP:
@@ -123,8 +142,9 @@ def _generation_config(pair: ModelPair, config: DecodeConfig, max_new_tokens: in
     return GenerationConfig(**options)
 
 
-def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str,
-                 max_new_tokens: int) -> tuple[list[int], float]:
+def _hf_generate(
+    pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str, max_new_tokens: int
+) -> tuple[list[int], float]:
     """(new token ids, seconds) of one Hugging Face generate()."""
     target = pair.local_target
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
@@ -144,10 +164,14 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, m
         torch.manual_seed(config.seed)
     synchronize(target.device)
     started = time.perf_counter()
-    out = generate_of(target.torch_model)(ids, attention_mask=torch.ones_like(ids),
-                                generation_config=_generation_config(pair, config, max_new_tokens, method), **kwargs)
+    out = generate_of(target.torch_model)(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        generation_config=_generation_config(pair, config, max_new_tokens, method),
+        **kwargs,
+    )
     synchronize(target.device)
-    return out[0, len(prompt_ids):].tolist(), time.perf_counter() - started
+    return out[0, len(prompt_ids) :].tolist(), time.perf_counter() - started
 
 
 _ASSISTANT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a draft -> the copy HF may change
@@ -168,9 +192,18 @@ def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method:
         drafted = counter.lengths[0] - len(prompt_ids) + sum(n - 1 for n in counter.lengths[1:])
     accepted = max(0, len(token_ids) - rounds) if drafted else 0
     text = decode(pair.target.tokenizer, token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    return Run(method, config.k if method == "hf-assisted" else 0, token_ids, text,
-               max(0, len(token_ids) - 1), max(total_s - prefill_s, 1e-9), prefill_s * 1e3, rounds,
-               drafted, accepted)
+    return Run(
+        method,
+        config.k if method == "hf-assisted" else 0,
+        token_ids,
+        text,
+        max(0, len(token_ids) - 1),
+        max(total_s - prefill_s, 1e-9),
+        prefill_s * 1e3,
+        rounds,
+        drafted,
+        accepted,
+    )
 
 
 def _cut_at_eos(token_ids: list[int], eos: frozenset[int]) -> list[int]:
@@ -180,8 +213,9 @@ def _cut_at_eos(token_ids: list[int], eos: frozenset[int]) -> list[int]:
     return token_ids
 
 
-def run_method(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str,
-               history: SuffixIndex | None = None) -> Run:
+def run_method(
+    pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method: str, history: SuffixIndex | None = None
+) -> Run:
     """One run; `history`: the earlier texts a suffix drafter reads (and leaves as they are)."""
     if method in SPECDECK_METHODS:
         return run_specdeck(pair, prompt_ids, config, speculative=method == "speculative", history=history)

@@ -16,7 +16,9 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError as error:
-        raise SpecDeckError("Plots need matplotlib, which SpecDeck depends on: reinstall SpecDeck, or pass --no-plots.") from error
+        raise SpecDeckError(
+            "Plots need matplotlib, which SpecDeck depends on: reinstall SpecDeck, or pass --no-plots."
+        ) from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -35,8 +37,12 @@ def plot_speedup_by_category(summary: list[dict], path: Path) -> None:
     width = 0.8 / max(len(methods), 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(cats) + 2), 4.0), dpi=100)
     for i, method in enumerate(methods):
-        values = [next((float(r["speedup_vs_plain"] or 0) for r in summary
-                        if _label(r) == method and r["category"] == c), 0.0) for c in cats]
+        values = [
+            next(
+                (float(r["speedup_vs_plain"] or 0) for r in summary if _label(r) == method and r["category"] == c), 0.0
+            )
+            for c in cats
+        ]
         ax.bar([x + (i - (len(methods) - 1) / 2) * width for x in range(len(cats))], values, width, label=method)
     ax.axhline(1.0, color="grey", linewidth=1, linestyle="--", label="plain decoding")
     ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
@@ -63,11 +69,23 @@ def plot_k_sweep(sweep: list[dict], path: Path) -> None:
         rows = [r for r in sweep if r["drafter"] == drafter and r["k"] != "auto"]
         ks = [int(r["k"]) for r in rows]
         left.plot(ks, _series(rows, "speedup"), marker="o", color=colour, label=f"measured{name}")
-        left.plot(ks, _series(rows, "predicted_speedup"), marker="s", linestyle="--", color=colour,
-                  label=f"predicted (Leviathan et al.){name}")
+        left.plot(
+            ks,
+            _series(rows, "predicted_speedup"),
+            marker="s",
+            linestyle="--",
+            color=colour,
+            label=f"predicted (Leviathan et al.){name}",
+        )
         if any(r["hf_assisted_speedup"] for r in rows):
-            left.plot(ks, _series(rows, "hf_assisted_speedup"), marker="^", linestyle=":", color=colour,
-                      label=f"hf-assisted, measured{name}")
+            left.plot(
+                ks,
+                _series(rows, "hf_assisted_speedup"),
+                marker="^",
+                linestyle=":",
+                color=colour,
+                label=f"hf-assisted, measured{name}",
+            )
         right.plot(ks, _series(rows, "acceptance_rate"), marker="o", color=colour, label=drafter)
     left.axhline(1.0, color="grey", linewidth=1)
     left.set_xlabel("K (drafts per round)")

@@ -64,13 +64,22 @@ def _from_record(record: dict, path: Path, line_no: int) -> BenchPrompt:
     if "turns" in record:
         turns = record["turns"]
         if not (isinstance(turns, list) and turns):
-            raise SpecDeckError(f"{where}: field `turns` must be a list of prompt texts (Spec-Bench), got {_kind(turns)}.")
+            raise SpecDeckError(
+                f"{where}: field `turns` must be a list of prompt texts (Spec-Bench), got {_kind(turns)}."
+            )
         for number, turn in enumerate(turns, start=1):
             if not (isinstance(turn, str) and turn.strip()):
-                raise SpecDeckError(f"{where}: field `turns` must be a list of prompt texts (Spec-Bench), "
-                                    f"got a list whose {'first turn' if number == 1 else f'turn {number}'} is {_kind(turn)}.")
-        return BenchPrompt(str(record.get("question_id", line_no)), str(record.get("category", "spec-bench")),
-                           turns[0], chat=True, later_turns=tuple(turns[1:]))
+                raise SpecDeckError(
+                    f"{where}: field `turns` must be a list of prompt texts (Spec-Bench), "
+                    f"got a list whose {'first turn' if number == 1 else f'turn {number}'} is {_kind(turn)}."
+                )
+        return BenchPrompt(
+            str(record.get("question_id", line_no)),
+            str(record.get("category", "spec-bench")),
+            turns[0],
+            chat=True,
+            later_turns=tuple(turns[1:]),
+        )
     if "prompt" in record:
         prompt = record["prompt"]
         if not (isinstance(prompt, str) and prompt.strip()):

@@ -46,10 +46,18 @@ def split_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]
         remote, rounds, _, _, draft_ms, _ = _sums(results, method)
         if not rounds:
             continue
-        rows.append({"method": method.name, "k": method.shown_k, "drafter": method.shown_drafter, "rounds": rounds,
-                     "draft_ms": _fmt(draft_ms / rounds), "network_ms": _fmt(remote.mean_network_ms),
-                     "server_ms": _fmt(remote.mean_server_ms) or "not reported",
-                     "no_cache_hit_rounds": "not reported" if remote.cache_misses is None else remote.cache_misses})
+        rows.append(
+            {
+                "method": method.name,
+                "k": method.shown_k,
+                "drafter": method.shown_drafter,
+                "rounds": rounds,
+                "draft_ms": _fmt(draft_ms / rounds),
+                "network_ms": _fmt(remote.mean_network_ms),
+                "server_ms": _fmt(remote.mean_server_ms) or "not reported",
+                "no_cache_hit_rounds": "not reported" if remote.cache_misses is None else remote.cache_misses,
+            }
+        )
     return rows
 
 
@@ -65,10 +73,19 @@ def latency_rows(results: list[PromptResult], methods: list[Method]) -> list[dic
         if not rounds or not drafted:
             continue
         for added in ADDED_ROUND_TRIPS_MS:
-            speculative = remote_tokens_per_s(kept / rounds, drafted / rounds, added, draft_ms / drafted,
-                                              verify_ms / rounds)
+            speculative = remote_tokens_per_s(
+                kept / rounds, drafted / rounds, added, draft_ms / drafted, verify_ms / rounds
+            )
             plain = remote_tokens_per_s(1.0, 0, added, 0.0, plain_request)
-            rows.append({"method": method.name, "k": method.shown_k, "drafter": method.shown_drafter,
-                         "added_round_trip_ms": added, "tokens_per_s": _fmt(speculative),
-                         "plain_tokens_per_s": _fmt(plain), "speedup": _fmt(speculative / plain, 3)})
+            rows.append(
+                {
+                    "method": method.name,
+                    "k": method.shown_k,
+                    "drafter": method.shown_drafter,
+                    "added_round_trip_ms": added,
+                    "tokens_per_s": _fmt(speculative),
+                    "plain_tokens_per_s": _fmt(plain),
+                    "speedup": _fmt(speculative / plain, 3),
+                }
+            )
     return rows

@@ -28,14 +28,55 @@ from specdeck.engine.bench.remote_report import LATENCY_COLUMNS, SPLIT_COLUMNS, 
 from specdeck.engine.bench.runner import BenchSettings, Method, PromptResult
 from specdeck.engine.stats import RoundTotals
 
-SUMMARY_COLUMNS = ("method", "k", "category", "turn", "prompts", "new_tokens", "tokens_per_s", "speedup_vs_plain",
-                   "acceptance_rate", "mean_accepted_length", "identical_to_plain", "prefill_ms",
-                   "predicted_speedup", "cost_ratio", "drafter")
-PER_PROMPT_COLUMNS = ("method", "k", "category", "prompt", "turn", "prompt_tokens", "new_tokens", "decode_s", "tokens_per_s",
-                      "prefill_ms", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
-                      "identical_to_plain", "mismatch", "repeat_tokens_per_s", "drafter")
-SWEEP_COLUMNS = ("k", "speedup", "predicted_speedup", "acceptance_rate", "mean_accepted_length", "cost_ratio",
-                 "hf_assisted_speedup", "vs_hf_assisted", "drafter")
+SUMMARY_COLUMNS = (
+    "method",
+    "k",
+    "category",
+    "turn",
+    "prompts",
+    "new_tokens",
+    "tokens_per_s",
+    "speedup_vs_plain",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "identical_to_plain",
+    "prefill_ms",
+    "predicted_speedup",
+    "cost_ratio",
+    "drafter",
+)
+PER_PROMPT_COLUMNS = (
+    "method",
+    "k",
+    "category",
+    "prompt",
+    "turn",
+    "prompt_tokens",
+    "new_tokens",
+    "decode_s",
+    "tokens_per_s",
+    "prefill_ms",
+    "rounds",
+    "drafted",
+    "accepted",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "identical_to_plain",
+    "mismatch",
+    "repeat_tokens_per_s",
+    "drafter",
+)
+SWEEP_COLUMNS = (
+    "k",
+    "speedup",
+    "predicted_speedup",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "cost_ratio",
+    "hf_assisted_speedup",
+    "vs_hf_assisted",
+    "drafter",
+)
 
 
 @dataclass
@@ -98,17 +139,25 @@ def summary_rows(results: list[PromptResult], settings: BenchSettings, methods: 
         for category, turn in groups:
             t = totals(results, method, category, turn)
             plain = totals(results, Method("plain"), category, turn).tokens_per_s
-            rows.append({
-                "method": method.name, "k": method.shown_k, "category": category,
-                "turn": "all" if turn is None else turn, "prompts": t.prompts,
-                "new_tokens": t.new_tokens, "tokens_per_s": _num(t.tokens_per_s, 2),
-                "speedup_vs_plain": _num(t.tokens_per_s / plain if plain else None),
-                "acceptance_rate": t.acceptance_cell, "mean_accepted_length": _num(t.mean_accepted_length),
-                "identical_to_plain": str(t.identical).lower() if settings.decode.greedy else "",
-                "prefill_ms": _num(t.prefill_ms / t.prompts if t.prompts else None, 1),
-                "predicted_speedup": _num(t.predicted_speedup), "cost_ratio": _num(t.cost_ratio, 4),
-                "drafter": method.shown_drafter,
-            })
+            rows.append(
+                {
+                    "method": method.name,
+                    "k": method.shown_k,
+                    "category": category,
+                    "turn": "all" if turn is None else turn,
+                    "prompts": t.prompts,
+                    "new_tokens": t.new_tokens,
+                    "tokens_per_s": _num(t.tokens_per_s, 2),
+                    "speedup_vs_plain": _num(t.tokens_per_s / plain if plain else None),
+                    "acceptance_rate": t.acceptance_cell,
+                    "mean_accepted_length": _num(t.mean_accepted_length),
+                    "identical_to_plain": str(t.identical).lower() if settings.decode.greedy else "",
+                    "prefill_ms": _num(t.prefill_ms / t.prompts if t.prompts else None, 1),
+                    "predicted_speedup": _num(t.predicted_speedup),
+                    "cost_ratio": _num(t.cost_ratio, 4),
+                    "drafter": method.shown_drafter,
+                }
+            )
     return rows
 
 
@@ -117,19 +166,29 @@ def per_prompt_rows(results: list[PromptResult], settings: BenchSettings, method
     for result in results:
         for method in methods:
             run = result.median_run(method)
-            rows.append({
-                "method": method.name, "k": method.shown_k, "category": result.prompt.category,
-                "prompt": result.prompt.name, "turn": result.turn, "prompt_tokens": result.prompt_tokens, "new_tokens": run.new_tokens,
-                "decode_s": f"{run.decode_s:.4f}", "tokens_per_s": _num(run.tokens_per_s, 2),
-                "prefill_ms": _num(result.median_prefill_ms(method), 1), "rounds": run.rounds,
-                "drafted": run.drafted, "accepted": run.accepted,
-                "acceptance_rate": _num(run.accepted / run.drafted if run.drafted else None),
-                "mean_accepted_length": _num(run.new_tokens / run.rounds if run.rounds else None),
-                "identical_to_plain": str(method not in result.mismatch).lower() if settings.decode.greedy else "",
-                "mismatch": result.mismatch.get(method, ""),
-                "repeat_tokens_per_s": " ".join(f"{r.tokens_per_s:.2f}" for r in result.runs[method]),
-                "drafter": method.shown_drafter,
-            })
+            rows.append(
+                {
+                    "method": method.name,
+                    "k": method.shown_k,
+                    "category": result.prompt.category,
+                    "prompt": result.prompt.name,
+                    "turn": result.turn,
+                    "prompt_tokens": result.prompt_tokens,
+                    "new_tokens": run.new_tokens,
+                    "decode_s": f"{run.decode_s:.4f}",
+                    "tokens_per_s": _num(run.tokens_per_s, 2),
+                    "prefill_ms": _num(result.median_prefill_ms(method), 1),
+                    "rounds": run.rounds,
+                    "drafted": run.drafted,
+                    "accepted": run.accepted,
+                    "acceptance_rate": _num(run.accepted / run.drafted if run.drafted else None),
+                    "mean_accepted_length": _num(run.new_tokens / run.rounds if run.rounds else None),
+                    "identical_to_plain": str(method not in result.mismatch).lower() if settings.decode.greedy else "",
+                    "mismatch": result.mismatch.get(method, ""),
+                    "repeat_tokens_per_s": " ".join(f"{r.tokens_per_s:.2f}" for r in result.runs[method]),
+                    "drafter": method.shown_drafter,
+                }
+            )
     return rows
 
 
@@ -142,13 +201,19 @@ def sweep_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]
         t = totals(results, method)
         assisted = method._replace(name="hf-assisted")
         hf = totals(results, assisted).tokens_per_s if assisted in methods else None
-        rows.append({
-            "k": method.shown_k, "speedup": _num(t.tokens_per_s / plain if plain else None),
-            "predicted_speedup": _num(t.predicted_speedup), "acceptance_rate": t.acceptance_cell,
-            "mean_accepted_length": _num(t.mean_accepted_length), "cost_ratio": _num(t.cost_ratio, 4),
-            "hf_assisted_speedup": _num(hf / plain if hf and plain else None),
-            "vs_hf_assisted": _num(t.tokens_per_s / hf if hf else None), "drafter": method.shown_drafter,
-        })
+        rows.append(
+            {
+                "k": method.shown_k,
+                "speedup": _num(t.tokens_per_s / plain if plain else None),
+                "predicted_speedup": _num(t.predicted_speedup),
+                "acceptance_rate": t.acceptance_cell,
+                "mean_accepted_length": _num(t.mean_accepted_length),
+                "cost_ratio": _num(t.cost_ratio, 4),
+                "hf_assisted_speedup": _num(hf / plain if hf and plain else None),
+                "vs_hf_assisted": _num(t.tokens_per_s / hf if hf else None),
+                "drafter": method.shown_drafter,
+            }
+        )
     return rows
 
 
@@ -166,9 +231,18 @@ def round_time_rows(results: list[PromptResult], methods: list[Method]) -> list[
             continue
         round_ms = t.decode_s * 1e3 / t.rounds
         other = max(0.0, round_ms - (t.draft_ms + t.verify_ms) / t.rounds)
-        rows.append({"method": method.name, "k": method.shown_k, "drafter": method.shown_drafter, "rounds": t.rounds,
-                     "draft_ms": _num(t.draft_ms / t.rounds, 2), "verify_ms": _num(t.verify_ms / t.rounds, 2),
-                     "other_ms": _num(other, 2), "other_share": _num(other / round_ms if round_ms else None)})
+        rows.append(
+            {
+                "method": method.name,
+                "k": method.shown_k,
+                "drafter": method.shown_drafter,
+                "rounds": t.rounds,
+                "draft_ms": _num(t.draft_ms / t.rounds, 2),
+                "verify_ms": _num(t.verify_ms / t.rounds, 2),
+                "other_ms": _num(other, 2),
+                "other_share": _num(other / round_ms if round_ms else None),
+            }
+        )
     return rows
 
 
@@ -181,8 +255,9 @@ def shape_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]
             for shape, rounds in result.median_run(method).shapes.items():
                 counts[shape] = counts.get(shape, 0) + rounds
         total = sum(counts.values()) or 1
-        shown = ", ".join(f"{shape} {rounds / total:.0%}" for shape, rounds in
-                          sorted(counts.items(), key=lambda item: -item[1])[:8])
+        shown = ", ".join(
+            f"{shape} {rounds / total:.0%}" for shape, rounds in sorted(counts.items(), key=lambda item: -item[1])[:8]
+        )
         rows.append({"method": method.name, "k": method.shown_k, "drafter": method.shown_drafter, "shapes": shown})
     return rows
 
@@ -193,9 +268,15 @@ def cost_curve_lines(curve) -> list[str]:
     ms = "| ms | " + " | ".join(f"{t:.1f}" for t in curve.forward_ms) + " |"
     ratio = "| x one token | " + " | ".join(f"{t / curve.forward_ms[0]:.2f}" for t in curve.forward_ms) + " |"
     busy = f" It was {curve.noisy_note}." if curve.noisy_note else ""
-    return [f"Measured on {curve.machine}, after {CURVE_CONTEXT} cached tokens, best of 3 "
-            f"(the auto schedule plans with it, scaled by what each session's verifies take).{busy}", "",
-            header, "|---|" + "---|" * len(curve.tokens), ms, ratio]
+    return [
+        f"Measured on {curve.machine}, after {CURVE_CONTEXT} cached tokens, best of 3 "
+        f"(the auto schedule plans with it, scaled by what each session's verifies take).{busy}",
+        "",
+        header,
+        "|---|" + "---|" * len(curve.tokens),
+        ms,
+        ratio,
+    ]
 
 
 def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
@@ -220,21 +301,37 @@ def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
 
 def remote_lines(results: list[PromptResult], methods: list[Method]) -> list[str]:
     """report.md's section on a served target: the time split and the latency model (`remote_report`)."""
-    return ["", "## Served target: where a round's time goes", "",
-            "draft: the local drafter; network: the request's round trip less the server's own time (all of it "
-            "where the server reports none); server: its own time where it reports it. A round with no prefix-cache "
-            "hit made the server recompute the whole context.", "",
-            markdown_table(split_rows(results, methods), SPLIT_COLUMNS),
-            "", "## Latency model: tokens/s against round-trip time", "",
-            "From the measured tokens per round, drafts per round, draft time per token and request time per "
-            "round: a round keeps its tokens for K draft steps, the request measured here and the added round "
-            "trip; plain decoding keeps one token per request (`engine.bench.remote_report`). Speculation pays "
-            "where speedup > 1, and pays more the longer the round trip.", "",
-            markdown_table(latency_rows(results, methods), LATENCY_COLUMNS)]
+    return [
+        "",
+        "## Served target: where a round's time goes",
+        "",
+        "draft: the local drafter; network: the request's round trip less the server's own time (all of it "
+        "where the server reports none); server: its own time where it reports it. A round with no prefix-cache "
+        "hit made the server recompute the whole context.",
+        "",
+        markdown_table(split_rows(results, methods), SPLIT_COLUMNS),
+        "",
+        "## Latency model: tokens/s against round-trip time",
+        "",
+        "From the measured tokens per round, drafts per round, draft time per token and request time per "
+        "round: a round keeps its tokens for K draft steps, the request measured here and the added round "
+        "trip; plain decoding keeps one token per request (`engine.bench.remote_report`). Speculation pays "
+        "where speedup > 1, and pays more the longer the round trip.",
+        "",
+        markdown_table(latency_rows(results, methods), LATENCY_COLUMNS),
+    ]
 
 
-def write_report(path: Path, results: list[PromptResult], settings: BenchSettings, methods: list[Method],
-                 context: dict[str, Any], summary: list[dict], sweep: list[dict], plots: list[str]) -> None:
+def write_report(
+    path: Path,
+    results: list[PromptResult],
+    settings: BenchSettings,
+    methods: list[Method],
+    context: dict[str, Any],
+    summary: list[dict],
+    sweep: list[dict],
+    plots: list[str],
+) -> None:
     import transformers
 
     device = torch.device(context["device"])
@@ -242,45 +339,83 @@ def write_report(path: Path, results: list[PromptResult], settings: BenchSetting
     flagged = [(r.prompt, m, reason) for r in results for m, reason in r.mismatch.items()]
     drafters = list(dict.fromkeys(m.shown_drafter for m in methods if m.name == "speculative"))
     lines = [
-        "# SpecDeck benchmark", "",
-        f"Command: `{context['command']}`", "",
-        "## Machine and versions", "",
+        "# SpecDeck benchmark",
+        "",
+        f"Command: `{context['command']}`",
+        "",
+        "## Machine and versions",
+        "",
         f"- machine: {machine_description(device)}",
         f"- device {device}, dtype {context['dtype']}, backend {context.get('backend', 'torch')}, "
         f"torch threads {torch.get_num_threads()}",
         f"- Python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}",
-        "", "## Settings", "",
+        "",
+        "## Settings",
+        "",
         f"- target {context['target']}, drafter{'s' if len(drafters) > 1 else ''} {'; '.join(drafters)}",
         *([f"- {context['note']}"] if context.get("note") else []),
         f"- prompts: {len(results)} from {context['prompts']} ({', '.join(categories(results)[:-1])})"
-        + (", each record's turns asked as one conversation (a later turn after the plain answers to the earlier)"
-           if any(r.turn > 1 for r in results) else ""),
-        *(["- repeat: the speculative method regenerating each prompt with only that prompt and its plain answer "
-           "as history (what a re-run in the window gains; not a speedup of new text)"]
-          if any(m.name == "repeat" for m in methods) else []),
+        + (
+            ", each record's turns asked as one conversation (a later turn after the plain answers to the earlier)"
+            if any(r.turn > 1 for r in results)
+            else ""
+        ),
+        *(
+            [
+                "- repeat: the speculative method regenerating each prompt with only that prompt and its plain answer "
+                "as history (what a re-run in the window gains; not a speedup of new text)"
+            ]
+            if any(m.name == "repeat" for m in methods)
+            else []
+        ),
         f"- K {', '.join(m.shown_k for m in methods if m.name == 'speculative' and m.shown_k) or 'none'}; temperature {settings.decode.temperature}; "
         f"max new tokens {settings.decode.max_new_tokens}; repeats {settings.repeats} (median-time repeat kept)",
         "- order: methods rotate by one place per prompt and repeat; one untimed warm-up per method",
         "- SpecDeck times prefill and decoding apart; Hugging Face's prefill is a 1-new-token generate(), "
         "and its rate is (new tokens - 1) / (total - prefill)",
-        *(["- llama.cpp: llama-cpp-python's own generate() on the target's GGUF file with its default settings and "
-           "the same threads; its prefill (the prompt but its last token) is timed apart, as SpecDeck's is"]
-          if any(m.name == "llama.cpp" for m in methods) else []),
-        "", "## All prompts", "", markdown_table(overview, SUMMARY_COLUMNS),
-        "", "## Per category", "", markdown_table(summary, SUMMARY_COLUMNS),
-        "", "## K sweep", "", markdown_table(sweep, SWEEP_COLUMNS),
-        "", "## Where a round's time goes (SpecDeck, all prompts)", "",
+        *(
+            [
+                "- llama.cpp: llama-cpp-python's own generate() on the target's GGUF file with its default settings and "
+                "the same threads; its prefill (the prompt but its last token) is timed apart, as SpecDeck's is"
+            ]
+            if any(m.name == "llama.cpp" for m in methods)
+            else []
+        ),
+        "",
+        "## All prompts",
+        "",
+        markdown_table(overview, SUMMARY_COLUMNS),
+        "",
+        "## Per category",
+        "",
+        markdown_table(summary, SUMMARY_COLUMNS),
+        "",
+        "## K sweep",
+        "",
+        markdown_table(sweep, SWEEP_COLUMNS),
+        "",
+        "## Where a round's time goes (SpecDeck, all prompts)",
+        "",
         "draft: the drafter's proposal; verify: the target's forward, the acceptance test and the cache crop; "
-        "other: everything else in the loop (event building, detokenisation, stop checks).", "",
+        "other: everything else in the loop (event building, detokenisation, stop checks).",
+        "",
         markdown_table(round_time_rows(results, methods), ROUND_TIME_COLUMNS),
-        "", "## Round shapes (share of rounds)", "",
+        "",
+        "## Round shapes (share of rounds)",
+        "",
         "K=n: the drafter proposed n tokens; copy n: prompt lookup copied n; none: a plain step, which the "
-        "auto schedule takes where drafting would not pay.", "",
+        "auto schedule takes where drafting would not pay.",
+        "",
         markdown_table(shape_rows(results, methods), ("method", "k", "drafter", "shapes")),
-        *(["", "## The target's forward on this machine", "", *cost_curve_lines(context["cost_curve"])]
-          if context.get("cost_curve") else []),
+        *(
+            ["", "## The target's forward on this machine", "", *cost_curve_lines(context["cost_curve"])]
+            if context.get("cost_curve")
+            else []
+        ),
         *(remote_lines(results, methods) if context.get("remote") else []),
-        "", "## Greedy identity with plain decoding", "",
+        "",
+        "## Greedy identity with plain decoding",
+        "",
     ]
     if not settings.decode.greedy:
         lines.append("Not checked: sampling runs differ from plain decoding by design.")

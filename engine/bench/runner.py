@@ -94,17 +94,22 @@ class BenchSettings:
         """Refuse what a served target cannot run: the auto schedule, which plans from the target's
         costs measured on this machine, and sampling (`engine.remote_target.require_greedy`)."""
         if AUTO_K in self.ks:
-            raise SpecDeckError("A served target's forward costs are not measured here, so the auto schedule "
-                                "cannot plan its rounds: give draft lengths with --k (e.g. --k 2,4).")
+            raise SpecDeckError(
+                "A served target's forward costs are not measured here, so the auto schedule "
+                "cannot plan its rounds: give draft lengths with --k (e.g. --k 2,4)."
+            )
         if not self.decode.greedy:
-            raise SpecDeckError("A remote target decodes greedily only (servers return top-k log-probabilities, not "
-                                "the distribution sampling needs): leave --temperature at 0.")
+            raise SpecDeckError(
+                "A remote target decodes greedily only (servers return top-k log-probabilities, not "
+                "the distribution sampling needs): leave --temperature at 0."
+            )
 
     def __post_init__(self) -> None:
         unknown = [b for b in self.baselines if b not in BASELINES + OTHER_BASELINES]
         if unknown:
-            raise SpecDeckError(f"Unknown baseline {', '.join(unknown)}: choose from "
-                                f"{', '.join(BASELINES + OTHER_BASELINES)}.")
+            raise SpecDeckError(
+                f"Unknown baseline {', '.join(unknown)}: choose from {', '.join(BASELINES + OTHER_BASELINES)}."
+            )
         if not self.ks or min(self.ks) < AUTO_K:
             raise SpecDeckError("--k takes positive draft lengths or auto, e.g. 4 or auto,1,2,4.")
         if not self.lookups or min(self.lookups) < 0:
@@ -121,15 +126,23 @@ class BenchSettings:
         for pair in pairs:
             lookups = (0,) if pair.copies_text else self.lookups
             copier = "suffix" if pair.drafter_kind is DrafterKind.HYBRID else "prompt lookup"
-            methods += [Method("speculative", k, pair.drafter_description, lookup, copier)
-                        for k in self.ks for lookup in lookups]
+            methods += [
+                Method("speculative", k, pair.drafter_description, lookup, copier)
+                for k in self.ks
+                for lookup in lookups
+            ]
         if self.repeat_scenario:
             methods += [m._replace(name="repeat") for m in methods[1:] if reads_history[m.drafter]]
         if "hf" in self.baselines and not pairs[0].remote:  # Hugging Face needs the target at hand
             methods.append(Method("hf"))
         if "hf-assisted" in self.baselines:
-            methods += [Method("hf-assisted", k, pair.drafter_description)
-                        for pair in pairs if pair.hugging_face_runs for k in self.ks if k != AUTO_K]
+            methods += [
+                Method("hf-assisted", k, pair.drafter_description)
+                for pair in pairs
+                if pair.hugging_face_runs
+                for k in self.ks
+                if k != AUTO_K
+            ]
         if "llama.cpp" in self.baselines:
             methods.append(Method("llama.cpp"))
         return methods
@@ -157,12 +170,23 @@ class PromptResult:
 def _config_for(settings: BenchSettings, method: Method, max_new_tokens: int | None = None) -> DecodeConfig:
     k = method.k or settings.decode.k
     schedule = "auto" if method.auto else "constant"
-    return replace(settings.decode, k=k, lookup=method.lookup, schedule=schedule, confidence_threshold=0.0,
-                   max_new_tokens=max_new_tokens or settings.decode.max_new_tokens)
+    return replace(
+        settings.decode,
+        k=k,
+        lookup=method.lookup,
+        schedule=schedule,
+        confidence_threshold=0.0,
+        max_new_tokens=max_new_tokens or settings.decode.max_new_tokens,
+    )
 
 
-def run_bench(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settings: BenchSettings,
-              progress: Progress | None = None, cancel: threading.Event | None = None) -> list[PromptResult]:
+def run_bench(
+    pairs: Sequence[ModelPair],
+    prompts: Sequence[BenchPrompt],
+    settings: BenchSettings,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> list[PromptResult]:
     """Every method of `settings.methods(pairs)` on every prompt; the pairs share one target.
 
     Setting `cancel` stops before the next run; the prompts whose runs all finished are returned."""
@@ -176,12 +200,17 @@ def run_bench(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settin
 
     histories = {pair.drafter_description: SuffixIndex() for pair in pairs if pair.reads_history}
 
-    def run(method: Method, prompt_ids: list[int], max_new_tokens: int | None = None,
-            history: SuffixIndex | None = None) -> Run:
+    def run(
+        method: Method, prompt_ids: list[int], max_new_tokens: int | None = None, history: SuffixIndex | None = None
+    ) -> Run:
         pair = pair_of.get(method.drafter, pairs[0])  # plain and hf use the (shared) target alone
-        return run_method(pair, prompt_ids, _config_for(settings, method, max_new_tokens),
-                          "speculative" if method.speculative else method.name,
-                          history if history is not None else histories.get(method.drafter))
+        return run_method(
+            pair,
+            prompt_ids,
+            _config_for(settings, method, max_new_tokens),
+            "speculative" if method.speculative else method.name,
+            history if history is not None else histories.get(method.drafter),
+        )
 
     methods = settings.methods(pairs)
     timed = [m for m in methods if m.name != "repeat"]  # rotated; the repeat scenario runs after them
@@ -194,8 +223,12 @@ def run_bench(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settin
             return []
         if progress:
             progress(done, total, f"warm-up {method.label}")
-        run(method, encode_prompt(tokenizer, prompts[0].text, chat=prompts[0].chat), max_new_tokens=8,
-            history=SuffixIndex())
+        run(
+            method,
+            encode_prompt(tokenizer, prompts[0].text, chat=prompts[0].chat),
+            max_new_tokens=8,
+            history=SuffixIndex(),
+        )
     results: list[PromptResult] = []
     for index, prompt in enumerate(prompts):
         answers: list[str] = []  # plain decoding's answers to the record's earlier turns
@@ -208,8 +241,9 @@ def run_bench(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settin
                     if cancel is not None and cancel.is_set():
                         return results  # a prompt with some methods missing would skew every figure
                     if progress:
-                        progress(done, total, f"{prompt.category} {prompt.name}{_turn_label(prompt, turn)}: "
-                                              f"{method.label}")
+                        progress(
+                            done, total, f"{prompt.category} {prompt.name}{_turn_label(prompt, turn)}: {method.label}"
+                        )
                     own = None
                     if method.name == "repeat":  # this prompt asked again: its own plain answer is the history
                         own = SuffixIndex()
@@ -230,11 +264,14 @@ def run_bench(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settin
                         continue
                     if method.name == "llama.cpp":
                         result.mismatch[method] = OTHER_ROUNDING.format(
-                            backend="the file's weights dequantized on torch" if pairs[0].target.backend == "torch"
-                            else "llama.cpp with flash attention on an 8-bit KV cache")
+                            backend="the file's weights dequantized on torch"
+                            if pairs[0].target.backend == "torch"
+                            else "llama.cpp with flash attention on an 8-bit KV cache"
+                        )
                     else:
-                        result.mismatch[method] = explain_mismatch(pairs[0], prompt_ids, plain.token_ids,
-                                                                   runs[0].token_ids)
+                        result.mismatch[method] = explain_mismatch(
+                            pairs[0], prompt_ids, plain.token_ids, runs[0].token_ids
+                        )
             answers.append(plain.text)
             results.append(result)
     if progress:
@@ -259,8 +296,10 @@ def explain_mismatch(pair: ModelPair, prompt_ids: list[int], plain: list[int], o
         shorter = "plain" if len(plain) < len(other) else "this method"
         return f"{shorter} stopped after {at} tokens while the other went on (same tokens up to there)"
     if pair.remote:
-        return (f"token {at}: plain chose {decode([plain[at]])!r}, this method {decode([other[at]])!r} (a served "
-                "target: its logits are not at hand to judge a near-tie)")
+        return (
+            f"token {at}: plain chose {decode([plain[at]])!r}, this method {decode([other[at]])!r} (a served "
+            "target: its logits are not at hand to judge a near-tie)"
+        )
     logits = CachedModel(pair.local_target.model).forward(prompt_ids + plain[:at], last_only=True)[-1].float()
     gap = float(logits[plain[at]] - logits[other[at]])
     scale = float(logits.abs().max())

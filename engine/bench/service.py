@@ -30,8 +30,7 @@ from specdeck.engine.cache import costs_cache
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.pair import ModelPair
 
-RESULT_FILES = ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md", "speedup_by_category.png",
-                "k_sweep.png")
+RESULT_FILES = ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md", "speedup_by_category.png", "k_sweep.png")
 
 
 def check_results_folder(out: Path, notice: Callable[[str], None]) -> Path:
@@ -42,9 +41,11 @@ def check_results_folder(out: Path, notice: Callable[[str], None]) -> Path:
     remove_abandoned(out.parent, notice, name=out.name)
     foreign = sorted(path.name for path in out.iterdir() if path.name not in RESULT_FILES) if out.is_dir() else []
     if foreign:
-        raise SpecDeckError(f"{out} holds files a benchmark did not write ({', '.join(foreign[:3])}"
-                            f"{', ...' if len(foreign) > 3 else ''}): the results replace that folder whole, "
-                            "so choose a new or empty --out.")
+        raise SpecDeckError(
+            f"{out} holds files a benchmark did not write ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}): the results replace that folder whole, "
+            "so choose a new or empty --out."
+        )
     return out
 
 
@@ -53,20 +54,33 @@ def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command
     (the drafters it names from the methods that ran)."""
     target = pairs[0].target
     context = {
-        "command": command, "target": target.name,
-        "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."), "backend": target.backend,
+        "command": command,
+        "target": target.name,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "backend": target.backend,
         "prompts": str(prompts_path),
     }
-    crossing = [f"{pair.drafter_description}: {pair.vocabulary.describe()}" for pair in pairs
-                if pair.vocabulary is not None and not pair.vocabulary.same]
+    crossing = [
+        f"{pair.drafter_description}: {pair.vocabulary.describe()}"
+        for pair in pairs
+        if pair.vocabulary is not None and not pair.vocabulary.same
+    ]
     if crossing:  # counts are the target's tokens; the pair's case says how the draft's relate to them
         context["note"] = "; ".join(crossing)
     return context
 
 
-def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], settings: BenchSettings, out: Path,
-                  context: dict[str, Any], plots: bool = True, progress: Progress | None = None,
-                  cancel: threading.Event | None = None) -> list[dict]:
+def run_and_write(
+    pairs: Sequence[ModelPair],
+    prompts: Sequence[BenchPrompt],
+    settings: BenchSettings,
+    out: Path,
+    context: dict[str, Any],
+    plots: bool = True,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> list[dict]:
     """Run the benchmark of `pairs` (one per drafter, sharing one target) and write every output file
     into `out`, which is built aside and swapped in whole (an earlier `out` stays intact until then);
     return the summary rows. Cancelled (`cancel` set), the files cover the prompts that finished
@@ -74,8 +88,10 @@ def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], se
     hf = [b for b in settings.baselines if b in HF_METHODS]
     if hf and pairs[0].target.backend != "torch":
         settings = replace(settings, baselines=tuple(b for b in settings.baselines if b not in HF_METHODS))
-        left_out = (f"{' and '.join(hf)} left out: Hugging Face generate() runs torch models, and the target runs "
-                    f"on {pairs[0].target.backend}.")
+        left_out = (
+            f"{' and '.join(hf)} left out: Hugging Face generate() runs torch models, and the target runs "
+            f"on {pairs[0].target.backend}."
+        )
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
     without_hf = [pair.drafter_description for pair in pairs if not pair.hugging_face_runs]
     if pairs[0].remote:  # (Hugging Face's baselines were left out above: the target runs on a server)
@@ -84,8 +100,10 @@ def run_and_write(pairs: Sequence[ModelPair], prompts: Sequence[BenchPrompt], se
     elif without_hf and "hf-assisted" in settings.baselines:
         # Hugging Face has no drafter that reads the target's hidden state, nor a suffix drafter, and
         # takes two vocabularies of one size for one tokenizer
-        left_out = (f"hf-assisted left out for {', '.join(without_hf)}: Hugging Face generate() has no such "
-                    "drafter (or, for a draft with its own tokenizer, not one with as many tokens as the target's).")
+        left_out = (
+            f"hf-assisted left out for {', '.join(without_hf)}: Hugging Face generate() has no such "
+            "drafter (or, for a draft with its own tokenizer, not one with as many tokens as the target's)."
+        )
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
     if not pairs[0].remote:
         context = {**context, "cost_curve": cost_curve(pairs[0].local_target.model, costs_cache())}

@@ -17,8 +17,12 @@ def parse_ks(text: str) -> tuple[int, ...]:
         if part == "auto":
             ks.append(AUTO_K)
         elif part:
-            ks += _parse_sweep(part, 1, "K takes whole numbers or auto, e.g. 4, auto or a sweep auto,1,2,4",
-                               "K takes positive draft lengths or auto, e.g. 4, auto or a sweep auto,1,2")
+            ks += _parse_sweep(
+                part,
+                1,
+                "K takes whole numbers or auto, e.g. 4, auto or a sweep auto,1,2,4",
+                "K takes positive draft lengths or auto, e.g. 4, auto or a sweep auto,1,2",
+            )
     if not ks:
         raise SpecDeckError(f"K takes whole numbers or auto, e.g. 4, auto or a sweep auto,1,2,4 (got {text!r}).")
     return tuple(dict.fromkeys(ks))
@@ -31,8 +35,12 @@ def format_ks(ks: tuple[int, ...]) -> str:
 
 def parse_lookups(text: str) -> tuple[int, ...]:
     """'2' or a sweep '0,2' as lookup lengths (0: off), in the order given, without repeats."""
-    return _parse_sweep(text, 0, "--lookup takes whole numbers, e.g. 2 or a sweep 0,2",
-                        "--lookup takes tokens to copy per round, 0 for off, e.g. 0,2")
+    return _parse_sweep(
+        text,
+        0,
+        "--lookup takes whole numbers, e.g. 2 or a sweep 0,2",
+        "--lookup takes tokens to copy per round, 0 for off, e.g. 0,2",
+    )
 
 
 def format_lookups(lookups: tuple[int, ...]) -> str:
@@ -65,7 +73,9 @@ def parse_drafters(text: str, where: str = "--drafters") -> list[tuple[DrafterKi
         except SpecDeckError as error:
             raise SpecDeckError(f"{error} Each may come as kind:MODEL.") from None
         if kind.copies_text and model:
-            raise SpecDeckError(f"The {kind.label} drafter needs no model: write {kind} alone in {where} (got {entry!r}).")
+            raise SpecDeckError(
+                f"The {kind.label} drafter needs no model: write {kind} alone in {where} (got {entry!r})."
+            )
         entries.append((kind, model or None))
     if not entries:
         raise SpecDeckError(f"{where} names no drafter: e.g. draft-model,feature-head.")

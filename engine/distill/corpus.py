@@ -24,55 +24,244 @@ SOURCES = {
     "instructions": "chat instructions composed from the topic/task/role lists in engine/distill/corpus.py (project license)",
     "answers": "the target's own replies and code continuations (generated; the target model's license)",
     "articles": "articles the target writes from requests composed in engine/distill/corpus.py (topic, form, "
-                "invented names, places and figures), then summarises, extracts from or answers questions "
-                "on (generated; the target model's license)",
+    "invented names, places and figures), then summarises, extracts from or answers questions "
+    "on (generated; the target model's license)",
     "python-stdlib": "docstrings and source of the Python standard library, as passages to summarise or "
-                     "question and as code to continue (PSF License 2.0)",
+    "question and as code to continue (PSF License 2.0)",
 }
 
 TOPICS = [
-    "photosynthesis", "the water cycle", "black holes", "interest rates", "inflation", "volcanoes",
-    "the French Revolution", "machine learning", "climate change", "the human heart", "vaccines",
-    "renewable energy", "the stock market", "plate tectonics", "the Roman Empire", "electric cars",
-    "sleep", "healthy eating", "meditation", "time management", "public speaking", "recycling",
-    "honeybees", "the moon landing", "the printing press", "the internet", "blockchain", "DNA",
-    "the immune system", "gravity", "rainbows", "coffee", "chess", "learning a new language",
-    "remote work", "job interviews", "saving money", "the solar system", "ocean currents",
-    "antibiotics", "earthquakes", "democracy", "supply and demand", "social media", "bread baking",
-    "gardening", "the Renaissance", "ancient Egypt", "electricity", "magnets", "the periodic table",
-    "dinosaurs", "exercise", "friendship", "cloud computing", "cybersecurity", "password safety",
-    "the Great Wall of China", "jazz music", "photography", "marathon training", "urban planning",
-    "bicycles", "quantum computing", "the theory of evolution", "forests", "deserts", "wolves",
-    "tea ceremonies", "volunteering", "email etiquette", "project planning", "budgeting for a trip",
-    "the Industrial Revolution", "the Cold War", "ancient Greece", "the Silk Road", "the Vikings",
-    "the Olympic Games", "the history of writing", "the invention of the telephone", "medieval castles",
-    "the Moon", "Mars exploration", "comets", "the Big Bang", "light and color", "sound waves", "friction",
-    "nuclear energy", "wind turbines", "solar panels", "batteries", "semiconductors", "robots",
-    "self-driving cars", "3D printing", "virtual reality", "smartphones", "databases", "open source software",
-    "version control", "unit testing", "algorithms", "sorting algorithms", "recursion", "encryption",
-    "neural networks", "statistics", "probability", "fractions", "geometry", "prime numbers", "compound interest",
-    "taxes", "credit cards", "insurance", "starting a small business", "marketing", "customer service",
-    "negotiation", "leadership", "teamwork", "giving feedback", "writing a resume", "networking",
-    "mental health", "stress", "habits", "motivation", "procrastination", "mindfulness", "yoga", "running",
-    "swimming", "nutrition labels", "vitamins", "drinking water", "the human brain", "the digestive system",
-    "bones and muscles", "allergies", "the common cold", "first aid", "pets", "dogs", "cats", "birds migration",
-    "coral reefs", "rainforests", "the Arctic", "glaciers", "hurricanes", "tornadoes", "air pollution",
-    "plastic waste", "composting", "electric bikes", "public transport", "architecture", "bridges",
-    "skyscrapers", "painting", "sculpture", "classical music", "film making", "video games", "board games",
-    "soccer", "basketball", "tennis", "cooking pasta", "baking cookies", "spices", "chocolate", "cheese",
-    "wine making", "farming", "bees and pollination", "mushrooms", "trees in autumn", "camping",
-    "hiking safety", "travel in Japan", "visiting Paris", "learning to drive", "moving to a new city",
-    "parenting", "reading to children", "homework", "online learning", "libraries", "museums",
-    "the scientific method", "critical thinking", "philosophy", "ethics of AI", "privacy online",
-    "fake news", "human rights", "elections", "the United Nations", "world languages", "poetry",
-    "Shakespeare", "fairy tales", "science fiction", "mythology", "the history of money", "banks",
+    "photosynthesis",
+    "the water cycle",
+    "black holes",
+    "interest rates",
+    "inflation",
+    "volcanoes",
+    "the French Revolution",
+    "machine learning",
+    "climate change",
+    "the human heart",
+    "vaccines",
+    "renewable energy",
+    "the stock market",
+    "plate tectonics",
+    "the Roman Empire",
+    "electric cars",
+    "sleep",
+    "healthy eating",
+    "meditation",
+    "time management",
+    "public speaking",
+    "recycling",
+    "honeybees",
+    "the moon landing",
+    "the printing press",
+    "the internet",
+    "blockchain",
+    "DNA",
+    "the immune system",
+    "gravity",
+    "rainbows",
+    "coffee",
+    "chess",
+    "learning a new language",
+    "remote work",
+    "job interviews",
+    "saving money",
+    "the solar system",
+    "ocean currents",
+    "antibiotics",
+    "earthquakes",
+    "democracy",
+    "supply and demand",
+    "social media",
+    "bread baking",
+    "gardening",
+    "the Renaissance",
+    "ancient Egypt",
+    "electricity",
+    "magnets",
+    "the periodic table",
+    "dinosaurs",
+    "exercise",
+    "friendship",
+    "cloud computing",
+    "cybersecurity",
+    "password safety",
+    "the Great Wall of China",
+    "jazz music",
+    "photography",
+    "marathon training",
+    "urban planning",
+    "bicycles",
+    "quantum computing",
+    "the theory of evolution",
+    "forests",
+    "deserts",
+    "wolves",
+    "tea ceremonies",
+    "volunteering",
+    "email etiquette",
+    "project planning",
+    "budgeting for a trip",
+    "the Industrial Revolution",
+    "the Cold War",
+    "ancient Greece",
+    "the Silk Road",
+    "the Vikings",
+    "the Olympic Games",
+    "the history of writing",
+    "the invention of the telephone",
+    "medieval castles",
+    "the Moon",
+    "Mars exploration",
+    "comets",
+    "the Big Bang",
+    "light and color",
+    "sound waves",
+    "friction",
+    "nuclear energy",
+    "wind turbines",
+    "solar panels",
+    "batteries",
+    "semiconductors",
+    "robots",
+    "self-driving cars",
+    "3D printing",
+    "virtual reality",
+    "smartphones",
+    "databases",
+    "open source software",
+    "version control",
+    "unit testing",
+    "algorithms",
+    "sorting algorithms",
+    "recursion",
+    "encryption",
+    "neural networks",
+    "statistics",
+    "probability",
+    "fractions",
+    "geometry",
+    "prime numbers",
+    "compound interest",
+    "taxes",
+    "credit cards",
+    "insurance",
+    "starting a small business",
+    "marketing",
+    "customer service",
+    "negotiation",
+    "leadership",
+    "teamwork",
+    "giving feedback",
+    "writing a resume",
+    "networking",
+    "mental health",
+    "stress",
+    "habits",
+    "motivation",
+    "procrastination",
+    "mindfulness",
+    "yoga",
+    "running",
+    "swimming",
+    "nutrition labels",
+    "vitamins",
+    "drinking water",
+    "the human brain",
+    "the digestive system",
+    "bones and muscles",
+    "allergies",
+    "the common cold",
+    "first aid",
+    "pets",
+    "dogs",
+    "cats",
+    "birds migration",
+    "coral reefs",
+    "rainforests",
+    "the Arctic",
+    "glaciers",
+    "hurricanes",
+    "tornadoes",
+    "air pollution",
+    "plastic waste",
+    "composting",
+    "electric bikes",
+    "public transport",
+    "architecture",
+    "bridges",
+    "skyscrapers",
+    "painting",
+    "sculpture",
+    "classical music",
+    "film making",
+    "video games",
+    "board games",
+    "soccer",
+    "basketball",
+    "tennis",
+    "cooking pasta",
+    "baking cookies",
+    "spices",
+    "chocolate",
+    "cheese",
+    "wine making",
+    "farming",
+    "bees and pollination",
+    "mushrooms",
+    "trees in autumn",
+    "camping",
+    "hiking safety",
+    "travel in Japan",
+    "visiting Paris",
+    "learning to drive",
+    "moving to a new city",
+    "parenting",
+    "reading to children",
+    "homework",
+    "online learning",
+    "libraries",
+    "museums",
+    "the scientific method",
+    "critical thinking",
+    "philosophy",
+    "ethics of AI",
+    "privacy online",
+    "fake news",
+    "human rights",
+    "elections",
+    "the United Nations",
+    "world languages",
+    "poetry",
+    "Shakespeare",
+    "fairy tales",
+    "science fiction",
+    "mythology",
+    "the history of money",
+    "banks",
 ]
 
 ROLES = [
-    "a friendly tour guide", "a pirate captain", "a medieval knight", "a detective", "a chef",
-    "a personal trainer", "a museum curator", "a space station astronaut", "a librarian", "a travel agent",
-    "a teacher on the first day of school", "a customer support agent", "a wise old wizard", "a news reporter",
-    "a park ranger", "a job interviewer", "a poet", "a robot learning about humans",
+    "a friendly tour guide",
+    "a pirate captain",
+    "a medieval knight",
+    "a detective",
+    "a chef",
+    "a personal trainer",
+    "a museum curator",
+    "a space station astronaut",
+    "a librarian",
+    "a travel agent",
+    "a teacher on the first day of school",
+    "a customer support agent",
+    "a wise old wizard",
+    "a news reporter",
+    "a park ranger",
+    "a job interviewer",
+    "a poet",
+    "a robot learning about humans",
 ]
 
 ROLE_TASKS = [
@@ -115,18 +304,35 @@ TASKS = [
 ]
 
 CODE_TASKS = [
-    "reverses a string", "checks whether a number is prime", "computes the factorial of n",
-    "returns the n-th Fibonacci number", "counts the vowels in a string", "merges two sorted lists",
-    "removes duplicates from a list while keeping order", "finds the largest element in a list",
-    "checks whether a string is a palindrome", "converts Celsius to Fahrenheit",
-    "reads a text file and counts its words", "sorts a list of dictionaries by a key",
-    "computes the average of a list of numbers", "flattens a nested list", "implements binary search",
-    "returns the greatest common divisor of two numbers", "capitalizes every word in a sentence",
-    "counts how often each word appears in a text", "checks whether two strings are anagrams",
-    "generates all permutations of a list", "validates an email address with a regular expression",
-    "implements a stack class with push and pop", "transposes a matrix", "converts a number to binary",
-    "returns the sum of the digits of an integer", "finds the second largest number in a list",
-    "implements bubble sort", "parses a CSV line into fields", "computes the median of a list",
+    "reverses a string",
+    "checks whether a number is prime",
+    "computes the factorial of n",
+    "returns the n-th Fibonacci number",
+    "counts the vowels in a string",
+    "merges two sorted lists",
+    "removes duplicates from a list while keeping order",
+    "finds the largest element in a list",
+    "checks whether a string is a palindrome",
+    "converts Celsius to Fahrenheit",
+    "reads a text file and counts its words",
+    "sorts a list of dictionaries by a key",
+    "computes the average of a list of numbers",
+    "flattens a nested list",
+    "implements binary search",
+    "returns the greatest common divisor of two numbers",
+    "capitalizes every word in a sentence",
+    "counts how often each word appears in a text",
+    "checks whether two strings are anagrams",
+    "generates all permutations of a list",
+    "validates an email address with a regular expression",
+    "implements a stack class with push and pop",
+    "transposes a matrix",
+    "converts a number to binary",
+    "returns the sum of the digits of an integer",
+    "finds the second largest number in a list",
+    "implements bubble sort",
+    "parses a CSV line into fields",
+    "computes the median of a list",
     "checks whether a year is a leap year",
 ]
 
@@ -147,14 +353,28 @@ MATH_TEMPLATES = [
 ]
 
 QUESTIONS = [
-    "What is the capital of France?", "Who wrote Romeo and Juliet?", "How many planets are in the solar system?",
-    "What is the boiling point of water?", "Why is the sky blue?", "What does a CPU do?",
-    "What is the difference between weather and climate?", "How do airplanes fly?",
-    "What is a noun? Give examples.", "What causes the seasons on Earth?", "How does a refrigerator work?",
-    "What is the tallest mountain in the world?", "Translate 'good morning' into Spanish.",
-    "Give me a recipe for a simple pancake.", "Suggest a name for a pet cat.", "What is an API?",
-    "How can I improve my writing?", "Recommend three classic novels.", "What is the Pythagorean theorem?",
-    "Write a haiku about autumn.", "How do I make a good first impression?", "What is a prime number?",
+    "What is the capital of France?",
+    "Who wrote Romeo and Juliet?",
+    "How many planets are in the solar system?",
+    "What is the boiling point of water?",
+    "Why is the sky blue?",
+    "What does a CPU do?",
+    "What is the difference between weather and climate?",
+    "How do airplanes fly?",
+    "What is a noun? Give examples.",
+    "What causes the seasons on Earth?",
+    "How does a refrigerator work?",
+    "What is the tallest mountain in the world?",
+    "Translate 'good morning' into Spanish.",
+    "Give me a recipe for a simple pancake.",
+    "Suggest a name for a pet cat.",
+    "What is an API?",
+    "How can I improve my writing?",
+    "Recommend three classic novels.",
+    "What is the Pythagorean theorem?",
+    "Write a haiku about autumn.",
+    "How do I make a good first impression?",
+    "What is a prime number?",
 ]
 
 
@@ -168,28 +388,89 @@ PASSAGE_TASKS = [
 ]
 
 ARTICLE_FORMS = [
-    "a news report", "a press release", "a short magazine feature", "a blog post", "a product review",
-    "an announcement from a company", "an encyclopedia entry", "a letter to the editor", "a report on a local event",
-    "a summary of an interview", "a short biography", "a report on a scientific study", "a travel guide entry",
-    "a school newsletter item", "a sports match report", "a business news story", "a weather report",
-    "meeting minutes", "a court news story", "an obituary of a fictional person",
+    "a news report",
+    "a press release",
+    "a short magazine feature",
+    "a blog post",
+    "a product review",
+    "an announcement from a company",
+    "an encyclopedia entry",
+    "a letter to the editor",
+    "a report on a local event",
+    "a summary of an interview",
+    "a short biography",
+    "a report on a scientific study",
+    "a travel guide entry",
+    "a school newsletter item",
+    "a sports match report",
+    "a business news story",
+    "a weather report",
+    "meeting minutes",
+    "a court news story",
+    "an obituary of a fictional person",
 ]
 
 PEOPLE = [
-    "Maria Lopez", "James Chen", "Aisha Bello", "Tom Becker", "Priya Nair", "Lars Nilsson", "Fatima Haddad",
-    "Kenji Watanabe", "Olivia Brown", "Samuel Okoro", "Elena Petrova", "David Cohen", "Lucia Romano",
-    "Ahmed Karim", "Grace Kim", "Pedro Alves", "Hannah Schmidt", "Mohammed Ali Khan", "Sophie Martin", "Ravi Patel",
+    "Maria Lopez",
+    "James Chen",
+    "Aisha Bello",
+    "Tom Becker",
+    "Priya Nair",
+    "Lars Nilsson",
+    "Fatima Haddad",
+    "Kenji Watanabe",
+    "Olivia Brown",
+    "Samuel Okoro",
+    "Elena Petrova",
+    "David Cohen",
+    "Lucia Romano",
+    "Ahmed Karim",
+    "Grace Kim",
+    "Pedro Alves",
+    "Hannah Schmidt",
+    "Mohammed Ali Khan",
+    "Sophie Martin",
+    "Ravi Patel",
 ]
 
 PLACES = [
-    "Springfield", "Lyon", "Osaka", "Nairobi", "Toronto", "Valencia", "Krakow", "Melbourne", "Denver", "Porto",
-    "Bergen", "Austin", "Cape Town", "Edinburgh", "Hanoi", "Lima", "Dublin", "Seattle", "Munich", "Auckland",
+    "Springfield",
+    "Lyon",
+    "Osaka",
+    "Nairobi",
+    "Toronto",
+    "Valencia",
+    "Krakow",
+    "Melbourne",
+    "Denver",
+    "Porto",
+    "Bergen",
+    "Austin",
+    "Cape Town",
+    "Edinburgh",
+    "Hanoi",
+    "Lima",
+    "Dublin",
+    "Seattle",
+    "Munich",
+    "Auckland",
 ]
 
 ORGANIZATIONS = [
-    "the city council", "Greenfield University", "Northwind Energy", "the national weather service",
-    "a local hospital", "Brightpath Software", "the regional museum", "Harbor Foods", "the health ministry",
-    "a community library", "Atlas Motors", "the football club", "Bluewave Telecom", "a research institute",
+    "the city council",
+    "Greenfield University",
+    "Northwind Energy",
+    "the national weather service",
+    "a local hospital",
+    "Brightpath Software",
+    "the regional museum",
+    "Harbor Foods",
+    "the health ministry",
+    "a community library",
+    "Atlas Motors",
+    "the football club",
+    "Bluewave Telecom",
+    "a research institute",
 ]
 
 ARTICLE_DETAILS = [
@@ -233,8 +514,11 @@ def instructions(seed: int = 0) -> list[str]:
         prompts.append(rng.choice(MATH_TEMPLATES).format(a=a, b=b, c=a * rng.randint(2, 9) + b))
     for _ in range(200):
         x, y = rng.randint(2, 30), rng.randint(2, 30)
-        prompts.append(rng.choice(REASONING_TEMPLATES).format(
-            a=rng.choice(ANIMALS), b=rng.choice(QUALITIES), n=rng.choice(NAMES), x=x, y=y, z=x + 2 * y))
+        prompts.append(
+            rng.choice(REASONING_TEMPLATES).format(
+                a=rng.choice(ANIMALS), b=rng.choice(QUALITIES), n=rng.choice(NAMES), x=x, y=y, z=x + 2 * y
+            )
+        )
     prompts += QUESTIONS
     rng.shuffle(prompts)
     return prompts
@@ -248,10 +532,16 @@ def article_instructions(limit: int, seed: int = 0) -> list[tuple[str, str]]:
     for _ in range(limit):
         topic = rng.choice(TOPICS)
         detail = rng.choice(ARTICLE_DETAILS).format(
-            person=rng.choice(PEOPLE), place=rng.choice(PLACES), org=rng.choice(ORGANIZATIONS),
-            year=rng.randint(1990, 2030), number=rng.choice([rng.randint(3, 99), rng.randint(100, 50000)]))
+            person=rng.choice(PEOPLE),
+            place=rng.choice(PLACES),
+            org=rng.choice(ORGANIZATIONS),
+            year=rng.randint(1990, 2030),
+            number=rng.choice([rng.randint(3, 99), rng.randint(100, 50000)]),
+        )
         words = rng.choice([120, 150, 200])
-        requests.append((topic, f"Write {rng.choice(ARTICLE_FORMS)} of about {words} words about {topic}. {detail}".strip()))
+        requests.append(
+            (topic, f"Write {rng.choice(ARTICLE_FORMS)} of about {words} words about {topic}. {detail}".strip())
+        )
     return requests
 
 
@@ -264,8 +554,11 @@ def passage_instructions(limit: int, seed: int = 0, max_chars: int = 1000) -> li
     """Requests to summarise, question or rewrite a passage of standard-library documentation: the
     answers copy from their context, as summaries and retrieval-augmented answers do."""
     rng = random.Random(seed + 1)
-    docs = [text for question, text in stdlib_documents(2 * limit, seed + 1, max_chars)
-            if not text.startswith("```") and len(text) > 200]
+    docs = [
+        text
+        for question, text in stdlib_documents(2 * limit, seed + 1, max_chars)
+        if not text.startswith("```") and len(text) > 200
+    ]
     return [rng.choice(PASSAGE_TASKS).format(p=doc) for doc in docs[:limit]]
 
 
@@ -293,9 +586,13 @@ def code_prefixes(limit: int, seed: int = 0, max_chars: int = 700) -> list[str]:
             break
         lines = source.splitlines()
         for node in ast.walk(tree):
-            if (isinstance(node, ast.FunctionDef) and len(node.body) > 1 and not node.decorator_list
-                    and ast.get_docstring(node) is not None):
-                prefix = textwrap.dedent("\n".join(lines[node.lineno - 1: node.body[0].end_lineno])) + "\n"
+            if (
+                isinstance(node, ast.FunctionDef)
+                and len(node.body) > 1
+                and not node.decorator_list
+                and ast.get_docstring(node) is not None
+            ):
+                prefix = textwrap.dedent("\n".join(lines[node.lineno - 1 : node.body[0].end_lineno])) + "\n"
                 if 60 < len(prefix) < max_chars:
                     prefixes.append(prefix)
     rng.shuffle(prefixes)
@@ -321,7 +618,11 @@ def stdlib_documents(limit: int, seed: int = 0, max_chars: int = 1200) -> list[t
                     pairs.append((f"What does `{module}.{node.name}` do in Python?", doc[:max_chars]))
                 segment = ast.get_source_segment(source, node)
                 if isinstance(node, ast.FunctionDef) and segment and 200 < len(segment) < max_chars:
-                    pairs.append((f"Show me how `{node.name}` is implemented in Python's `{module}` module.",
-                                  f"```python\n{segment}\n```"))
+                    pairs.append(
+                        (
+                            f"Show me how `{node.name}` is implemented in Python's `{module}` module.",
+                            f"```python\n{segment}\n```",
+                        )
+                    )
     rng.shuffle(pairs)
     return pairs[:limit]

@@ -59,8 +59,9 @@ def default_folder(target_name: str) -> Path:
 
 
 @torch.inference_mode()
-def target_states(target: LoadedModel, sequences: list[list[int]], layers: tuple[int, ...],
-                  batch_tokens: int) -> list[torch.Tensor]:
+def target_states(
+    target: LoadedModel, sequences: list[list[int]], layers: tuple[int, ...], batch_tokens: int
+) -> list[torch.Tensor]:
     """Per sequence, (L, len(layers) + 1, hidden) bfloat16: the residual stream after each of
     `layers` decoder layers, then the final norm's output. Right-padded batches of similar length
     (padding after a sequence cannot change what a causal model computes for it)."""
@@ -93,11 +94,15 @@ def _plan(target: LoadedModel, folder: Path, config: ForcingConfig, progress: Pr
     exchanges = existing_exchanges(config.seed)
     requests = instructions(config.seed) + reading_requests(exchanges, config.seed)
     random.Random(config.seed + 11).shuffle(requests)
-    plan = {"sources": [e.source for e in exchanges],
-            "sequences": [torch.tensor(chat_ids(target, e.instruction, e.answer)[: config.max_length], dtype=torch.int32)
-                          for e in exchanges],
-            "firsts": [len(chat_ids(target, e.instruction)) - 1 for e in exchanges],
-            "requests": [torch.tensor(chat_ids(target, r), dtype=torch.int32) for r in requests]}
+    plan = {
+        "sources": [e.source for e in exchanges],
+        "sequences": [
+            torch.tensor(chat_ids(target, e.instruction, e.answer)[: config.max_length], dtype=torch.int32)
+            for e in exchanges
+        ],
+        "firsts": [len(chat_ids(target, e.instruction)) - 1 for e in exchanges],
+        "requests": [torch.tensor(chat_ids(target, r), dtype=torch.int32) for r in requests],
+    }
     write_with(path, lambda temporary: torch.save(plan, temporary))
     return plan
 
@@ -109,15 +114,19 @@ def _shard_text(plan: dict, number: int, config: ForcingConfig, target: LoadedMo
         g = number // every
         requests = plan["requests"]
         chunk = [requests[(g * config.answer_batch + j) % len(requests)].tolist() for j in range(config.answer_batch)]
-        made = generate_scored(target, chunk, config.answer_tokens, greedy=g % 4 != 3,
-                               seed=config.seed + 7919 * g, top_k=1)
+        made = generate_scored(
+            target, chunk, config.answer_tokens, greedy=g % 4 != 3, seed=config.seed + 7919 * g, top_k=1
+        )
         return ["target-answers"] * len(made.ids), [ids.tolist() for ids in made.ids], made.first
     f = number - (number // every if every else 0)
     rows = range(f * config.shard_sequences, min((f + 1) * config.shard_sequences, len(plan["sequences"])))
     if not rows:
         return None
-    return ([plan["sources"][r] for r in rows], [plan["sequences"][r].tolist() for r in rows],
-            [min(plan["firsts"][r], len(plan["sequences"][r]) - 2) for r in rows])
+    return (
+        [plan["sources"][r] for r in rows],
+        [plan["sequences"][r].tolist() for r in rows],
+        [min(plan["firsts"][r], len(plan["sequences"][r]) - 2) for r in rows],
+    )
 
 
 def grow(target_name: str, folder: Path, config: ForcingConfig, progress: Progress = print) -> Path:
@@ -128,12 +137,20 @@ def grow(target_name: str, folder: Path, config: ForcingConfig, progress: Progre
     folder.mkdir(parents=True, exist_ok=True)
     manifest_path = folder / "manifest.json"
     manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else {}
-    settings = {"target": target_name, "layers": list(config.layers), "seed": config.seed,
-                "max_length": config.max_length, "shard_sequences": config.shard_sequences,
-                "answer_every": config.answer_every, "answer_batch": config.answer_batch}
+    settings = {
+        "target": target_name,
+        "layers": list(config.layers),
+        "seed": config.seed,
+        "max_length": config.max_length,
+        "shard_sequences": config.shard_sequences,
+        "answer_every": config.answer_every,
+        "answer_batch": config.answer_batch,
+    }
     if manifest and manifest["settings"] != settings:
-        raise SpecDeckError(f"{folder} was made with other settings ({manifest['settings']}): grow it with those, "
-                            "or choose another --out.")
+        raise SpecDeckError(
+            f"{folder} was made with other settings ({manifest['settings']}): grow it with those, "
+            "or choose another --out."
+        )
     manifest = manifest or {"settings": settings, "sources": TEXT_SOURCES, "shards": {}}
     target = load_model(target_name, LoadOptions(device="cpu", dtype=config.dtype), progress)
     if max(config.layers, default=0) >= target.model.config.num_hidden_layers:
@@ -156,8 +173,13 @@ def grow(target_name: str, folder: Path, config: ForcingConfig, progress: Progre
             break
         sources, sequences, firsts = text
         states = target_states(target, sequences, config.layers, config.batch_tokens)
-        shard = {"ids": [torch.tensor(s, dtype=torch.int32) for s in sequences], "first": firsts, "sources": sources,
-                 "states": torch.cat(states), "layers": list(config.layers)}
+        shard = {
+            "ids": [torch.tensor(s, dtype=torch.int32) for s in sequences],
+            "first": firsts,
+            "sources": sources,
+            "states": torch.cat(states),
+            "layers": list(config.layers),
+        }
         write_with(path, partial(torch.save, shard))
         positions = sum(len(s) for s in sequences)
         counts: dict[str, int] = {}
@@ -168,8 +190,10 @@ def grow(target_name: str, folder: Path, config: ForcingConfig, progress: Progre
         total += positions
         made += positions
         rate = made / (time.perf_counter() - started)
-        progress(f"{path.name}: {total:,} / {config.positions:,} positions ({sources[0] if len(set(sources)) == 1 else 'text'}), "
-                 f"{rate:.0f} positions/s, about {max(0, config.positions - total) / rate / 3600:.1f} h left")
+        progress(
+            f"{path.name}: {total:,} / {config.positions:,} positions ({sources[0] if len(set(sources)) == 1 else 'text'}), "
+            f"{rate:.0f} positions/s, about {max(0, config.positions - total) / rate / 3600:.1f} h left"
+        )
         number += 1
     return folder
 
@@ -202,7 +226,7 @@ def load_store(folder: Path) -> Store:
             store.first.append(first)
             store.sources.append(source)
             store.held_out.append(j % HELD_OUT_EVERY == 0)
-            store.states.append(shard["states"][offset: offset + len(ids)])
+            store.states.append(shard["states"][offset : offset + len(ids)])
             offset += len(ids)
     return store
 

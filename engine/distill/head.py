@@ -67,8 +67,9 @@ class HeadConfig:
 
 
 @torch.inference_mode()
-def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_tokens: int,
-                     progress: Progress) -> list[torch.Tensor]:
+def extract_features(
+    target: LoadedModel, data: Shard, folder: Path, batch_tokens: int, progress: Progress
+) -> list[torch.Tensor]:
     """The target's last hidden state (bfloat16, (L, hidden)) for every sequence, computed once:
     parts of ~64k tokens already in `folder` are kept, so an interrupted run resumes and a grown
     teacher text (shards appended) only costs its new sequences."""
@@ -79,8 +80,10 @@ def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_token
         saved = torch.load(path, weights_only=True)
         for r, states in zip(saved["rows"], saved["states"]):
             if r >= len(data.ids) or len(states) != len(data.ids[r]):
-                raise SpecDeckError(f"The hidden states in {folder} belong to other teacher text (sequence {r} "
-                                    "differs): delete that folder, or train into a new --out.")
+                raise SpecDeckError(
+                    f"The hidden states in {folder} belong to other teacher text (sequence {r} "
+                    "differs): delete that folder, or train into a new --out."
+                )
             features[r] = states
     missing = sorted((i for i in range(len(data.ids)) if features[i] is None), key=lambda i: len(data.ids[i]))
     parts, part, size = [], [], 0
@@ -107,8 +110,9 @@ def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_token
             for j, r in enumerate(batch):
                 ids[j, : len(data.ids[r])] = data.ids[r].long()
             hidden = target.torch_model.base_model(input_ids=ids.to(target.device)).last_hidden_state
-            saved["states"] += [hidden[j, : len(data.ids[r])].to(torch.bfloat16).cpu().clone()
-                                for j, r in enumerate(batch)]
+            saved["states"] += [
+                hidden[j, : len(data.ids[r])].to(torch.bfloat16).cpu().clone() for j, r in enumerate(batch)
+            ]
             start = end
         path = folder / f"part-{number:05d}.pt"
         write_with(path, partial(torch.save, saved))
@@ -116,8 +120,10 @@ def extract_features(target: LoadedModel, data: Shard, folder: Path, batch_token
             features[r] = states
         done += sum(len(data.ids[r]) for r in rows)
         elapsed = time.perf_counter() - started
-        progress(f"features {number + 1 - len(existing)}/{len(parts)} new parts, {done / elapsed:.0f} tokens/s, "
-                 f"{elapsed:.0f} s")
+        progress(
+            f"features {number + 1 - len(existing)}/{len(parts)} new parts, {done / elapsed:.0f} tokens/s, "
+            f"{elapsed:.0f} s"
+        )
     return features  # type: ignore[return-value]
 
 
@@ -158,8 +164,13 @@ def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
     return head
 
 
-def collate_pairs(data: Shard, features: list[torch.Tensor], rows: list[int], embedding: torch.Tensor,
-                  columns: list[int] | int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate_pairs(
+    data: Shard,
+    features: list[torch.Tensor],
+    rows: list[int],
+    embedding: torch.Tensor,
+    columns: list[int] | int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded states (B, W, h), next-token embeddings for pairs (B, W-1, h), and the mask of the
     pairs that count: those in the answer. Pair i predicts the state after token i+1, which decides
     token i+2; the head drafts from the token after the target's first answer token on, so pairs
@@ -176,7 +187,7 @@ def collate_pairs(data: Shard, features: list[torch.Tensor], rows: list[int], em
         n = len(data.ids[r])
         states[j, :n] = picked[j].float()
         ids[j, :n] = data.ids[r].long()
-        mask[j, data.first[r]: n - 1] = True
+        mask[j, data.first[r] : n - 1] = True
     return states, embedding[ids[:, 1:]], mask
 
 
@@ -213,8 +224,13 @@ def unrolled(head: FeatureHead, inputs: torch.Tensor, embeds: torch.Tensor, pass
         keys.append(k)
         values.append(attention.v_proj(h).view(batch, width, -1, dim).transpose(1, 2))
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, torch.cat(keys, dim=2), torch.cat(values, dim=2), attn_mask=_pass_mask(width, s).to(x.device),
-            scale=dim ** -0.5, enable_gqa=True)
+            q,
+            torch.cat(keys, dim=2),
+            torch.cat(values, dim=2),
+            attn_mask=_pass_mask(width, s).to(x.device),
+            scale=dim**-0.5,
+            enable_gqa=True,
+        )
         x = x + attention.o_proj(out.transpose(1, 2).reshape(batch, width, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         predicted = body.norm(x)
@@ -224,8 +240,9 @@ def unrolled(head: FeatureHead, inputs: torch.Tensor, embeds: torch.Tensor, pass
     return outputs
 
 
-def head_loss(head: FeatureHead, states, embeds, mask, weight: torch.Tensor, config: HeadConfig,
-              noise_seed: int | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def head_loss(
+    head: FeatureHead, states, embeds, mask, weight: torch.Tensor, config: HeadConfig, noise_seed: int | None = None
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The loss over every pass, and per pass whether the head's argmax equals the target's at each
     pair that pass can draft. `states` are the target's, (B, W, h) or (B, W, m, h) with the final
     state last. With `noise_seed` (training) the input states get noise drawn from that seed."""
@@ -250,23 +267,42 @@ def head_loss(head: FeatureHead, states, embeds, mask, weight: torch.Tensor, con
         logq = torch.log_softmax(logits.float(), dim=-1)
         loss = -(p * logq).sum(-1).mean()
         if config.feature_weight:
-            loss = loss + config.feature_weight * torch.nn.functional.smooth_l1_loss(predicted[reach].float(), truth[reach])
+            loss = loss + config.feature_weight * torch.nn.functional.smooth_l1_loss(
+                predicted[reach].float(), truth[reach]
+            )
         total = total + loss / (step + 1)
         agreements.append((logits.argmax(-1) == p.argmax(-1)).float().detach())
     return total, agreements
 
 
-def model_card(target_name: str, config: HeadConfig, head: FeatureHead, positions: int, sequences: int,
-               step: int, agree: list[float], output_ids: torch.Tensor | None, sources: dict[str, str]) -> str:
+def model_card(
+    target_name: str,
+    config: HeadConfig,
+    head: FeatureHead,
+    positions: int,
+    sequences: int,
+    step: int,
+    agree: list[float],
+    output_ids: torch.Tensor | None,
+    sources: dict[str, str],
+) -> str:
     listed = "\n".join(f"- {name}: {text}" for name, text in sources.items())
     params = sum(p.numel() for n, p in head.named_parameters() if not n.startswith("body.embed_tokens"))
     vocab = f"{len(output_ids)} tokens (`output_tokens.json`)" if output_ids is not None else "the whole vocabulary"
     shape = head.config
     layers = " and ".join(map(str, head.feature_layers))
-    fused = (f"the residual streams after the target's first {layers} layers (each scaled to unit RMS) and its last "
-             "hidden state, mixed by one linear map, " if head.feature_layers else "the target's last hidden state ")
-    grown = (f"\nIt started from the weights of `{config.init_from}` (its own card lists what it learnt from), the "
-             "fusion weights on lower layers from zero.\n" if config.init_from else "")
+    fused = (
+        f"the residual streams after the target's first {layers} layers (each scaled to unit RMS) and its last "
+        "hidden state, mixed by one linear map, "
+        if head.feature_layers
+        else "the target's last hidden state "
+    )
+    grown = (
+        f"\nIt started from the weights of `{config.init_from}` (its own card lists what it learnt from), the "
+        "fusion weights on lower layers from zero.\n"
+        if config.init_from
+        else ""
+    )
     return f"""# Feature head for {target_name}
 
 An EAGLE-style drafter (Li et al. 2024, 2025) for {target_name} in speculative decoding: from
@@ -287,7 +323,7 @@ the output tokens{f" plus {config.feature_weight} x smooth-L1 to its next hidden
 over {config.unroll} passes run as drafting runs them (each later pass reads the states the
 previous one predicted and attends as a deeper draft would). {step} steps of {config.batch_sequences}
 sequences, AdamW, lr {config.lr}, seed {config.seed}. Top-1 agreement with the target at the answer
-positions of held-out sequences (every 20th, never trained on), by draft depth: {', '.join(f'{a:.3f}' for a in agree)}.
+positions of held-out sequences (every 20th, never trained on), by draft depth: {", ".join(f"{a:.3f}" for a in agree)}.
 {grown}
 Settings: `{json.dumps(asdict(config))}`
 
@@ -303,8 +339,12 @@ def evaluate(head, data, features, rows, embedding, weight, config, columns=None
     head.eval()
     totals: list[list[torch.Tensor]] = [[] for _ in range(config.unroll)]
     for i in range(0, len(rows), config.batch_sequences):
-        _, agreements = head_loss(head, *collate_pairs(data, features, rows[i: i + config.batch_sequences], embedding,
-                                                       columns), weight, config)
+        _, agreements = head_loss(
+            head,
+            *collate_pairs(data, features, rows[i : i + config.batch_sequences], embedding, columns),
+            weight,
+            config,
+        )
         for pass_no, agree in enumerate(agreements):
             totals[pass_no].append(agree)
     head.train()
@@ -318,8 +358,8 @@ def grouped_batches(lengths: list[int], batch: int, seed: int, epoch: int) -> li
     order = torch.randperm(len(lengths), generator=generator).tolist()
     batches = []
     for start in range(0, len(order) - batch + 1, 32 * batch):
-        run = sorted(order[start: start + 32 * batch], key=lambda i: lengths[i])
-        batches += [run[i: i + batch] for i in range(0, len(run) - batch + 1, batch)]
+        run = sorted(order[start : start + 32 * batch], key=lambda i: lengths[i])
+        batches += [run[i : i + batch] for i in range(0, len(run) - batch + 1, batch)]
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
@@ -339,8 +379,10 @@ class HeadText:
 def _store_text(store: Store, config: HeadConfig) -> HeadText:
     missing = [n for n in config.feature_layers if n not in store.layers]
     if missing:
-        raise SpecDeckError(f"The head data holds layers {list(store.layers)}, not {missing}: train on those, "
-                            "or grow new data with --layers.")
+        raise SpecDeckError(
+            f"The head data holds layers {list(store.layers)}, not {missing}: train on those, "
+            "or grow new data with --layers."
+        )
     final = len(store.layers)
     columns = [store.layers.index(n) for n in config.feature_layers] + [final] if config.feature_layers else final
     held = [r for r, h in enumerate(store.held_out) if h]
@@ -348,14 +390,27 @@ def _store_text(store: Store, config: HeadConfig) -> HeadText:
     given = [r for r in held if store.sources[r] != "target-answers"]
     half = config.eval_sequences // 2
     kinds = {"own answers": own[:half], "given text": given[:half]}
-    return HeadText(Shard(store.ids, [], [], store.first), store.states, [r for r, h in enumerate(store.held_out) if not h],
-                    {kind: rows for kind, rows in kinds.items() if rows}, columns,
-                    {name: TEXT_SOURCES[name] for name in sorted(set(store.sources))})
+    return HeadText(
+        Shard(store.ids, [], [], store.first),
+        store.states,
+        [r for r, h in enumerate(store.held_out) if not h],
+        {kind: rows for kind, rows in kinds.items() if rows},
+        columns,
+        {name: TEXT_SOURCES[name] for name in sorted(set(store.sources))},
+    )
 
 
-def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfig | None = None,
-               teacher: Path | None = None, resume: bool = False, progress: Progress = print,
-               until: int | None = None, data: Path | None = None) -> Path:
+def train_head(
+    target_name: str,
+    out: Path,
+    config: HeadConfig,
+    text: TrainConfig | None = None,
+    teacher: Path | None = None,
+    resume: bool = False,
+    progress: Progress = print,
+    until: int | None = None,
+    data: Path | None = None,
+) -> Path:
     """Train into `out`; return the exported head's folder (`out/head`): the checkpoint with the
     best held-out agreement of the first pass so far.
 
@@ -374,8 +429,10 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
         teacher = teacher or out / "teacher"
         shards = build_teacher_data(target, teacher, text, progress) if text else load_shards(teacher)
         if not shards.ids:
-            raise SpecDeckError(f"No teacher text in {teacher}: ask for some with --answers/--passages/--code, "
-                                "or point --teacher at the shards of an earlier train-draft run.")
+            raise SpecDeckError(
+                f"No teacher text in {teacher}: ask for some with --answers/--passages/--code, "
+                "or point --teacher at the shards of an earlier train-draft run."
+            )
         features = extract_features(target, shards, out / "features", config.feature_batch_tokens, progress)
         held, training = split_rows(len(shards.ids))
         source = HeadText(shards, features, training, {"held out": held[: config.eval_sequences]}, None, SOURCES)
@@ -395,14 +452,21 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
     positions = sum(len(ids) - 1 for ids in text_ids.ids)
 
     def batch_loss(rows: list[int], step: int) -> tuple[torch.Tensor, str]:
-        loss, agreements = head_loss(head, *collate_pairs(text_ids, source.features, rows, embedding, source.columns),
-                                     weight, config, noise_seed=config.seed * 1_000_003 + step)
+        loss, agreements = head_loss(
+            head,
+            *collate_pairs(text_ids, source.features, rows, embedding, source.columns),
+            weight,
+            config,
+            noise_seed=config.seed * 1_000_003 + step,
+        )
         return loss, "by depth " + " / ".join(f"{a.mean().item():.3f}" for a in agreements)
 
     def measure(step: int) -> HeldOut:
         """Held-out agreement by depth, printed per kind; the first kind's picks the exported head."""
-        figures = {kind: evaluate(head, text_ids, source.features, rows, embedding, weight, config, source.columns)
-                   for kind, rows in source.held_out.items()}
+        figures = {
+            kind: evaluate(head, text_ids, source.features, rows, embedding, weight, config, source.columns)
+            for kind, rows in source.held_out.items()
+        }
         for kind, figure in figures.items():
             by_depth = " / ".join(f"{a:.3f}" for a in figure)
             progress(f"held-out top-1 agreement by depth at step {step}, {kind}: {by_depth}")
@@ -410,12 +474,26 @@ def train_head(target_name: str, out: Path, config: HeadConfig, text: TrainConfi
         return HeldOut(first[0], tuple(first))
 
     def export(step: int, held: HeldOut) -> None:
-        card = model_card(target_name, config, head, positions, count, step, list(held.figures), output_ids,
-                          source.sources)
+        card = model_card(
+            target_name, config, head, positions, count, step, list(held.figures), output_ids, source.sources
+        )
         save_head(head, out / "head", vocab, target_name, fingerprint(full_weight), output_ids, card)
 
-    train_loop(head, optimizer, config, training, count, out / "checkpoint.pt",
-               epoch_batches=lambda epoch: grouped_batches(lengths, config.batch_sequences, config.seed, epoch),
-               batch_loss=batch_loss, evaluate=measure, export=export, floor=0.05, resume=resume,
-               progress=progress, until=until, evaluate_first=bool(config.init_from))
+    train_loop(
+        head,
+        optimizer,
+        config,
+        training,
+        count,
+        out / "checkpoint.pt",
+        epoch_batches=lambda epoch: grouped_batches(lengths, config.batch_sequences, config.seed, epoch),
+        batch_loss=batch_loss,
+        evaluate=measure,
+        export=export,
+        floor=0.05,
+        resume=resume,
+        progress=progress,
+        until=until,
+        evaluate_first=bool(config.init_from),
+    )
     return out / "head"

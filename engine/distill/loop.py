@@ -72,16 +72,24 @@ def resume_checkpoint(checkpoint: Path, model, optimizer, progress: Progress, se
     best = state["best_agreement"]
     if state.get("sequences") != sequences:
         best = -1.0
-        progress(f"resumed at step {state['step']} on other teacher text ({sequences} sequences, "
-                 f"{state.get('sequences', 'unknown')} before): the next evaluation exports afresh")
+        progress(
+            f"resumed at step {state['step']} on other teacher text ({sequences} sequences, "
+            f"{state.get('sequences', 'unknown')} before): the next evaluation exports afresh"
+        )
     else:
         progress(f"resumed at step {state['step']}")
     return state["step"], best
 
 
 def save_checkpoint(checkpoint: Path, model, optimizer, step: int, best: float, config, sequences: int) -> None:
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-             "best_agreement": best, "sequences": sequences, "config": asdict(config)}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": step,
+        "best_agreement": best,
+        "sequences": sequences,
+        "config": asdict(config),
+    }
     write_with(checkpoint, lambda temporary: torch.save(state, temporary))
 
 
@@ -90,14 +98,27 @@ def batches(count: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
     remainder that fills no batch waits for another epoch."""
     generator = torch.Generator().manual_seed(seed * 1000 + epoch)
     order = torch.randperm(count, generator=generator).tolist()
-    return [order[i: i + batch] for i in range(0, count - batch + 1, batch)]
+    return [order[i : i + batch] for i in range(0, count - batch + 1, batch)]
 
 
-def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: LoopConfig, training: list[int],
-               sequences: int, checkpoint: Path, *, epoch_batches: Callable[[int], list[list[int]]],
-               batch_loss: Callable[[list[int], int], tuple[torch.Tensor, str]], evaluate: Callable[[int], HeldOut],
-               export: Callable[[int, HeldOut], None], floor: float, resume: bool, progress: Progress,
-               until: int | None, evaluate_first: bool = False) -> None:
+def train_loop(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: LoopConfig,
+    training: list[int],
+    sequences: int,
+    checkpoint: Path,
+    *,
+    epoch_batches: Callable[[int], list[list[int]]],
+    batch_loss: Callable[[list[int], int], tuple[torch.Tensor, str]],
+    evaluate: Callable[[int], HeldOut],
+    export: Callable[[int, HeldOut], None],
+    floor: float,
+    resume: bool,
+    progress: Progress,
+    until: int | None,
+    evaluate_first: bool = False,
+) -> None:
     """Train `model` on the `training` rows of `sequences` from `checkpoint` (with `resume`) to
     config.steps, or to step `until` for now (the learning-rate schedule always spans config.steps).
 
@@ -131,8 +152,10 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config:
         optimizer.step()
         step += 1
         elapsed = time.perf_counter() - started
-        progress(f"step {step}/{config.steps} loss {loss.item():.3f} top-1 agreement {agreement} ({elapsed:.0f} s, "
-                 f"about {elapsed / (step - first) * (stop - step) / 60:.0f} min left)")
+        progress(
+            f"step {step}/{config.steps} loss {loss.item():.3f} top-1 agreement {agreement} ({elapsed:.0f} s, "
+            f"about {elapsed / (step - first) * (stop - step) / 60:.0f} min left)"
+        )
         if step % config.eval_every == 0 or step == stop:
             held = evaluate(step)
             if held.agreement > best:  # the exported model is the one that agrees most on unseen text

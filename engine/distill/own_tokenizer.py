@@ -66,10 +66,17 @@ class CrossDraftConfig:
 
     def teacher(self) -> TrainConfig:
         """The settings `build_teacher_data` reads: what the target writes."""
-        return TrainConfig(seed=self.seed, answers=self.answers, passages=self.passages, code=self.code,
-                           articles=self.articles, answer_tokens=self.answer_tokens,
-                           generation_batch=self.generation_batch, teacher_shards=self.teacher_shards,
-                           max_length=self.max_length)
+        return TrainConfig(
+            seed=self.seed,
+            answers=self.answers,
+            passages=self.passages,
+            code=self.code,
+            articles=self.articles,
+            answer_tokens=self.answer_tokens,
+            generation_batch=self.generation_batch,
+            teacher_shards=self.teacher_shards,
+            max_length=self.max_length,
+        )
 
     @property
     def writes(self) -> bool:
@@ -81,8 +88,9 @@ def default_folder(target_name: str) -> Path:
     return cache_root() / "cross-draft" / target_name.replace("/", "--")
 
 
-def teacher_texts(target: LoadedModel, config: CrossDraftConfig, shards: Path, write: bool,
-                  progress: Progress) -> list[str]:
+def teacher_texts(
+    target: LoadedModel, config: CrossDraftConfig, shards: Path, write: bool, progress: Progress
+) -> list[str]:
     """The training text: every sequence of the teacher shards in `shards` (with `write`, the
     target first writes those the config asks for and the folder lacks) as the text the drafter
     reads, then `config.exchanges` passages of existing text in the target's chat format."""
@@ -108,11 +116,16 @@ def train_tokenizer(texts: list[str], size: int, controls: list[str], eos: str, 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=size, special_tokens=controls, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=size,
+        special_tokens=controls,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos, pad_token=eos,
-                                   chat_template=chat_template)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token=eos, pad_token=eos, chat_template=chat_template
+    )
 
 
 def pack(tokenizer, texts: list[str], length: int) -> torch.Tensor:
@@ -121,8 +134,11 @@ def pack(tokenizer, texts: list[str], length: int) -> torch.Tensor:
     ids = [token for text in texts for token in tokenizer(text, add_special_tokens=False)["input_ids"]]
     count = max(0, (len(ids) - 1) // length)
     stream = torch.tensor(ids[: count * length + 1], dtype=torch.long)
-    return torch.stack([stream[i * length: (i + 1) * length + 1] for i in range(count)]) if count \
+    return (
+        torch.stack([stream[i * length : (i + 1) * length + 1] for i in range(count)])
+        if count
         else torch.zeros(0, length + 1, dtype=torch.long)
+    )
 
 
 def build_cross_draft(tokenizer, shape: DraftShape, seed: int, positions: int, rope: dict | None):
@@ -133,12 +149,20 @@ def build_cross_draft(tokenizer, shape: DraftShape, seed: int, positions: int, r
     head_dim = min(shape.head_dim, shape.hidden)
     heads = shape.hidden // head_dim
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-        head_dim=head_dim, max_position_embeddings=positions,
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=head_dim,
+        max_position_embeddings=positions,
         rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0},
-        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
@@ -159,7 +183,7 @@ def evaluate(model, blocks: torch.Tensor, rows: list[int], batch: int, bfloat16:
     model.eval()
     losses, hits = [], []
     for i in range(0, len(rows), batch):
-        loss, hit = next_token_loss(model, blocks[rows[i: i + batch]], bfloat16)
+        loss, hit = next_token_loss(model, blocks[rows[i : i + batch]], bfloat16)
         losses.append(loss.item() * len(hit))
         hits.append(hit)
     model.train()
@@ -167,8 +191,9 @@ def evaluate(model, blocks: torch.Tensor, rows: list[int], batch: int, bfloat16:
     return sum(losses) / max(1, len(hit)), hit.mean().item()
 
 
-def model_card(target_name: str, config: CrossDraftConfig, tokenizer, texts: int, blocks: int, step: int,
-               held: HeldOut) -> str:
+def model_card(
+    target_name: str, config: CrossDraftConfig, tokenizer, texts: int, blocks: int, step: int, held: HeldOut
+) -> str:
     """What the draft is, what it learnt from (with licenses) and how to make it again."""
     shape = config.shape
     listed = {**SOURCES, **TEXT_SOURCES} if config.exchanges else SOURCES  # existing text only where read
@@ -218,15 +243,27 @@ def _texts(target_name: str, out: Path, config: CrossDraftConfig, teacher: Path 
         settings: Any = target.model.config
         texts = teacher_texts(target, config, teacher or out / "teacher", teacher is None, progress)
         controls = sorted({str(t) for t in tokenizer.all_special_tokens} | {tokenizer.eos_token})
-        record = {"texts": texts, "controls": controls,
-                  "eos": tokenizer.eos_token, "chat_template": tokenizer.chat_template,
-                  "positions": settings.max_position_embeddings, "rope": getattr(settings, "rope_parameters", None)}
+        record = {
+            "texts": texts,
+            "controls": controls,
+            "eos": tokenizer.eos_token,
+            "chat_template": tokenizer.chat_template,
+            "positions": settings.max_position_embeddings,
+            "rope": getattr(settings, "rope_parameters", None),
+        }
         write_text(path, json.dumps(record, ensure_ascii=False))
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def train_cross_draft(target_name: str, out: Path, config: CrossDraftConfig, teacher: Path | None = None,
-                      resume: bool = False, progress: Progress = print, until: int | None = None) -> Path:
+def train_cross_draft(
+    target_name: str,
+    out: Path,
+    config: CrossDraftConfig,
+    teacher: Path | None = None,
+    resume: bool = False,
+    progress: Progress = print,
+    until: int | None = None,
+) -> Path:
     """Run the three stages into `out` (teacher shards in `teacher`, default `out/teacher`); return
     the folder of the exported draft (`out/draft`), the checkpoint with the best held-out accuracy.
 
@@ -241,8 +278,9 @@ def train_cross_draft(target_name: str, out: Path, config: CrossDraftConfig, tea
     texts = record["texts"]
     if not (out / "tokenizer").is_dir():
         progress(f"training a byte-level BPE of {config.vocab_size} tokens on {len(texts)} texts")
-        tokenizer = train_tokenizer(texts, config.vocab_size, record["controls"], record["eos"],
-                                    record["chat_template"])
+        tokenizer = train_tokenizer(
+            texts, config.vocab_size, record["controls"], record["eos"], record["chat_template"]
+        )
         with building_folder(out / "tokenizer") as staging:
             tokenizer.save_pretrained(staging)
     tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
@@ -265,9 +303,20 @@ def train_cross_draft(target_name: str, out: Path, config: CrossDraftConfig, tea
         card = model_card(target_name, config, tokenizer, len(texts), len(blocks), step, held)
         export_cross_draft(draft, tokenizer, out / "draft", card)
 
-    train_loop(draft, optimizer, config, training, len(blocks), out / "checkpoint.pt",
-               epoch_batches=lambda epoch: batches(len(training), config.batch_sequences, config.seed, epoch),
-               batch_loss=batch_loss, evaluate=held_out, export=export, floor=0.1, resume=resume,
-               progress=progress, until=until)
+    train_loop(
+        draft,
+        optimizer,
+        config,
+        training,
+        len(blocks),
+        out / "checkpoint.pt",
+        epoch_batches=lambda epoch: batches(len(training), config.batch_sequences, config.seed, epoch),
+        batch_loss=batch_loss,
+        evaluate=held_out,
+        export=export,
+        floor=0.1,
+        resume=resume,
+        progress=progress,
+        until=until,
+    )
     return out / "draft"
-

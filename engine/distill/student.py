@@ -42,12 +42,20 @@ def build_draft(target: LoadedModel, shape: DraftShape, seed: int) -> LlamaForCa
     head_dim = min(shape.head_dim, hidden)
     heads = hidden // head_dim
     config = LlamaConfig(
-        vocab_size=embedding.shape[0], hidden_size=hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-        head_dim=head_dim, max_position_embeddings=source.max_position_embeddings,
+        vocab_size=embedding.shape[0],
+        hidden_size=hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=head_dim,
+        max_position_embeddings=source.max_position_embeddings,
         rope_parameters=getattr(source, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0},
-        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=source.bos_token_id,
-        eos_token_id=source.eos_token_id, pad_token_id=getattr(source, "pad_token_id", None),
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=source.bos_token_id,
+        eos_token_id=source.eos_token_id,
+        pad_token_id=getattr(source, "pad_token_id", None),
     )
     torch.manual_seed(seed)
     draft = LlamaForCausalLM(config)

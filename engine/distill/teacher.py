@@ -56,8 +56,15 @@ class _KeepTopK(LogitsProcessor):
 
 
 @torch.inference_mode()
-def generate_scored(target: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int, greedy: bool,
-                    seed: int, top_k: int, temperature: float = 0.7) -> Shard:
+def generate_scored(
+    target: LoadedModel,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    greedy: bool,
+    seed: int,
+    top_k: int,
+    temperature: float = 0.7,
+) -> Shard:
     """The target's own continuations of `prompts` (token ids), generated in one left-padded batch,
     with its top-k next-token log-probabilities (temperature 1) at every generated position."""
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else sorted(target.eos_ids)[0]
@@ -65,14 +72,20 @@ def generate_scored(target: LoadedModel, prompts: Sequence[list[int]], max_new_t
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros_like(input_ids)
     for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        mask[row, width - len(ids):] = 1
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        mask[row, width - len(ids) :] = 1
     keep = _KeepTopK(top_k)
     torch.manual_seed(seed)
     out = generate_of(target.torch_model)(
-        input_ids=input_ids.to(target.device), attention_mask=mask.to(target.device),
-        max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=None if greedy else temperature,
-        top_p=None, top_k=None, pad_token_id=pad, eos_token_id=sorted(target.eos_ids),
+        input_ids=input_ids.to(target.device),
+        attention_mask=mask.to(target.device),
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        temperature=None if greedy else temperature,
+        top_p=None,
+        top_k=None,
+        pad_token_id=pad,
+        eos_token_id=sorted(target.eos_ids),
         logits_processor=LogitsProcessorList([keep]),
     )
     top_ids = torch.stack([ids for ids, _ in keep.steps], dim=1)  # (rows, steps, k)

@@ -50,8 +50,14 @@ from specdeck.engine.models import (
 )
 
 Progress = Callable[[str], None]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 @dataclass(frozen=True)
@@ -87,15 +93,17 @@ def _generation_jobs(target: LoadedModel, config: TrainConfig) -> list[list[list
     whose order mixes all kinds, so that any prefix of the jobs is a fair sample."""
     prompts = [chat_ids(target, text) for text in instructions(config.seed)[: config.answers]]
     prompts += [chat_ids(target, text) for text in passage_instructions(config.passages, config.seed)]
-    prompts += [target.tokenizer(text, add_special_tokens=False)["input_ids"]
-                for text in code_prefixes(config.code, config.seed)]
-    prompts = [p[-config.max_length:] for p in prompts]
+    prompts += [
+        target.tokenizer(text, add_special_tokens=False)["input_ids"]
+        for text in code_prefixes(config.code, config.seed)
+    ]
+    prompts = [p[-config.max_length :] for p in prompts]
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(config.seed)).tolist()
     batch, window = config.generation_batch, 4 * config.generation_batch
     jobs = []
     for start in range(0, len(order), window):
-        chunk = sorted(order[start: start + window], key=lambda i: len(prompts[i]))
-        jobs += [[prompts[i] for i in chunk[j: j + batch]] for j in range(0, len(chunk), batch)]
+        chunk = sorted(order[start : start + window], key=lambda i: len(prompts[i]))
+        jobs += [[prompts[i] for i in chunk[j : j + batch]] for j in range(0, len(chunk), batch)]
     return jobs
 
 
@@ -104,10 +112,14 @@ def build_teacher_data(target: LoadedModel, folder: Path, config: TrainConfig, p
     already written."""
     folder.mkdir(parents=True, exist_ok=True)
     jobs: list[tuple[str, list]] = [("answers", job) for job in _generation_jobs(target, config)]
-    documents = [chat_ids(target, question, text)[: config.max_length]
-                 for question, text in stdlib_documents(config.documents, config.seed)]
-    jobs += [("documents", documents[i: i + config.batch_sequences])
-             for i in range(0, len(documents), config.batch_sequences)]
+    documents = [
+        chat_ids(target, question, text)[: config.max_length]
+        for question, text in stdlib_documents(config.documents, config.seed)
+    ]
+    jobs += [
+        ("documents", documents[i : i + config.batch_sequences])
+        for i in range(0, len(documents), config.batch_sequences)
+    ]
     started, made = time.perf_counter(), 0
     if config.teacher_shards:
         jobs = jobs[: config.teacher_shards]
@@ -118,17 +130,25 @@ def build_teacher_data(target: LoadedModel, folder: Path, config: TrainConfig, p
         if path.exists():
             continue
         if kind == "answers":
-            shard = generate_scored(target, items, config.answer_tokens, greedy=index % config.sampled_every != 0,
-                                    seed=config.seed + index, top_k=config.top_k)
+            shard = generate_scored(
+                target,
+                items,
+                config.answer_tokens,
+                greedy=index % config.sampled_every != 0,
+                seed=config.seed + index,
+                top_k=config.top_k,
+            )
         else:
             shard = score(target, items, config.top_k)
         save_shard(shard, path)
         made += sum(len(t) for t in shard.top_ids)
         elapsed = time.perf_counter() - started
         done = missing.index(index) + 1
-        progress(f"teacher {index + 1}/{len(jobs)} shards ({kind}), {made} target tokens, "
-                 f"{made / elapsed:.0f} tokens/s, {elapsed:.0f} s, "
-                 f"about {elapsed / done * (len(missing) - done) / 60:.0f} min left")
+        progress(
+            f"teacher {index + 1}/{len(jobs)} shards ({kind}), {made} target tokens, "
+            f"{made / elapsed:.0f} tokens/s, {elapsed:.0f} s, "
+            f"about {elapsed / done * (len(missing) - done) / 60:.0f} min left"
+        )
     _article_shards(target, folder, config, progress)
     return load_shards(folder)
 
@@ -142,7 +162,7 @@ def _article_shards(target: LoadedModel, folder: Path, config: TrainConfig, prog
     batch = config.generation_batch
     started = time.perf_counter()
     for number, start in enumerate(range(0, len(requests), batch)):
-        chunk = requests[start: start + batch]
+        chunk = requests[start : start + batch]
         write = folder / f"shard-articles-{number:05d}-1-write.pt"
         read = folder / f"shard-articles-{number:05d}-2-read.pt"
         if read.exists():
@@ -151,23 +171,40 @@ def _article_shards(target: LoadedModel, folder: Path, config: TrainConfig, prog
         if write.exists():
             written = Shard(**torch.load(write, weights_only=True))
         else:
-            written = generate_scored(target, requests_ids, config.answer_tokens, greedy=False,
-                                      seed=config.seed + 7919 * (number + 1), top_k=config.top_k)
+            written = generate_scored(
+                target,
+                requests_ids,
+                config.answer_tokens,
+                greedy=False,
+                seed=config.seed + 7919 * (number + 1),
+                top_k=config.top_k,
+            )
             save_shard(written, write)
         topics = {tuple(ids): topic for ids, (topic, _) in zip(requests_ids, chunk)}
         rng = random.Random(config.seed * 1009 + number)
         prompts = []
         for ids, first in zip(written.ids, written.first):
             # at most max_length tokens of article, so a long one cannot push the request out of the prompt
-            article = decode(target.tokenizer, ids[first + 1:][: config.max_length].tolist(), skip_special_tokens=True)
+            article = decode(target.tokenizer, ids[first + 1 :][: config.max_length].tolist(), skip_special_tokens=True)
             if len(article) >= config.min_article_chars:
                 topic = topics.get(tuple(ids[: first + 1].tolist()), "it")
                 prompts.append(chat_ids(target, reading_instruction(topic, article, rng)))
         if prompts:
-            save_shard(generate_scored(target, prompts, config.answer_tokens, greedy=number % config.sampled_every != 0,
-                                       seed=config.seed + 7919 * (number + 1) + 1, top_k=config.top_k), read)
-        progress(f"articles {min(start + batch, len(requests))}/{len(requests)} written and read, "
-                 f"{time.perf_counter() - started:.0f} s")
+            save_shard(
+                generate_scored(
+                    target,
+                    prompts,
+                    config.answer_tokens,
+                    greedy=number % config.sampled_every != 0,
+                    seed=config.seed + 7919 * (number + 1) + 1,
+                    top_k=config.top_k,
+                ),
+                read,
+            )
+        progress(
+            f"articles {min(start + batch, len(requests))}/{len(requests)} written and read, "
+            f"{time.perf_counter() - started:.0f} s"
+        )
 
 
 def _collate(data: Shard, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -198,8 +235,9 @@ def choose_output_ids(data: Shard, rows: list[int], size: int, vocab: int, alway
     return torch.tensor(sorted(ids), dtype=torch.long)
 
 
-def distill_loss(model, inputs, top_ids, top_p, mask, output_ids: torch.Tensor | None = None,
-                 bfloat16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def distill_loss(
+    model, inputs, top_ids, top_p, mask, output_ids: torch.Tensor | None = None, bfloat16: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy to the teacher's top-k distribution, and whether the argmaxes agree, at every
     position that has a teacher distribution. The batch is right-padded, which a causal model never
     sees from earlier positions, so no attention mask is needed; the output layer, the costliest
@@ -230,13 +268,14 @@ def distill_loss(model, inputs, top_ids, top_p, mask, output_ids: torch.Tensor |
 
 
 @torch.no_grad()
-def evaluate(model, data: Shard, rows: list[int], batch: int, output_ids: torch.Tensor | None = None,
-             bfloat16: bool = False) -> tuple[float, float]:
+def evaluate(
+    model, data: Shard, rows: list[int], batch: int, output_ids: torch.Tensor | None = None, bfloat16: bool = False
+) -> tuple[float, float]:
     """Mean loss and top-1 agreement with the teacher over `rows`, per position."""
     model.eval()
     losses, agrees = [], []
     for i in range(0, len(rows), batch):
-        loss, agree = distill_loss(model, *_collate(data, rows[i: i + batch]), output_ids, bfloat16)
+        loss, agree = distill_loss(model, *_collate(data, rows[i : i + batch]), output_ids, bfloat16)
         losses.append(loss.item() * len(agree))
         agrees.append(agree)
     model.train()
@@ -244,8 +283,14 @@ def evaluate(model, data: Shard, rows: list[int], batch: int, output_ids: torch.
     return sum(losses) / max(1, len(agree)), agree.mean().item()
 
 
-def export_draft(model, target_name: str, target_source: str, folder: Path, card: str | None = None,
-                 output_ids: torch.Tensor | None = None) -> None:
+def export_draft(
+    model,
+    target_name: str,
+    target_source: str,
+    folder: Path,
+    card: str | None = None,
+    output_ids: torch.Tensor | None = None,
+) -> None:
     """Save the draft in float16 safetensors with its tokenizer (a copy of the target's files, or
     a reference to a built-in target), the model card, and the tokens it proposes from
     (`output_tokens.json`) if they are a subset."""
@@ -263,8 +308,15 @@ def export_draft(model, target_name: str, target_source: str, folder: Path, card
                 shutil.copy(Path(target_source) / name, staging / name)
 
 
-def model_card(target_name: str, config: TrainConfig, teacher_tokens: int, sequences: int, step: int,
-               held_agree: float, output_ids: torch.Tensor | None) -> str:
+def model_card(
+    target_name: str,
+    config: TrainConfig,
+    teacher_tokens: int,
+    sequences: int,
+    step: int,
+    held_agree: float,
+    output_ids: torch.Tensor | None,
+) -> str:
     """What the draft is, what it learnt from (with licenses) and how to make it again."""
     shape = config.shape
     sources = "\n".join(f"- {name}: {text}" for name, text in SOURCES.items())
@@ -277,7 +329,7 @@ It shares the target's tokenizer and vocabulary.
 ## Architecture
 {shape.layers} layers, hidden size {shape.hidden}, MLP {shape.intermediate}, head size {shape.head_dim},
 tied input/output embedding initialised as the target's embedding projected on its {shape.hidden}
-leading principal directions ({'trained' if config.train_embedding else 'frozen'}). The drafter proposes only
+leading principal directions ({"trained" if config.train_embedding else "frozen"}). The drafter proposes only
 from {head}: the target's most likely tokens in the training text; q = 0 elsewhere keeps
 rejection sampling exact.
 
@@ -295,8 +347,14 @@ No benchmark prompts were used.
 """
 
 
-def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool = False,
-                progress: Progress = print, until: int | None = None) -> Path:
+def train_draft(
+    target_name: str,
+    out: Path,
+    config: TrainConfig,
+    resume: bool = False,
+    progress: Progress = print,
+    until: int | None = None,
+) -> Path:
     """Run both stages into `out`; return the folder of the exported draft (`out/draft`): the
     checkpoint with the best held-out top-1 agreement so far.
 
@@ -334,8 +392,20 @@ def train_draft(target_name: str, out: Path, config: TrainConfig, resume: bool =
         card = model_card(target_name, config, teacher_tokens, count, step, held.agreement, output_ids)
         export_draft(draft, target_name, source, out / "draft", card=card, output_ids=output_ids)
 
-    train_loop(draft, optimizer, config, training, count, out / "checkpoint.pt",
-               epoch_batches=lambda epoch: batches(len(training), config.batch_sequences, config.seed, epoch),
-               batch_loss=batch_loss, evaluate=held_out, export=export, floor=0.1, resume=resume,
-               progress=progress, until=until)
+    train_loop(
+        draft,
+        optimizer,
+        config,
+        training,
+        count,
+        out / "checkpoint.pt",
+        epoch_batches=lambda epoch: batches(len(training), config.batch_sequences, config.seed, epoch),
+        batch_loss=batch_loss,
+        evaluate=held_out,
+        export=export,
+        floor=0.1,
+        resume=resume,
+        progress=progress,
+        until=until,
+    )
     return out / "draft"

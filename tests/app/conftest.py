@@ -55,7 +55,9 @@ def settings(tmp_path):
 def errors(monkeypatch):
     """Every error dialog the window would show, as (title, message), instead of a modal box."""
     shown: list[tuple[str, str]] = []
-    monkeypatch.setattr("specdeck.app.dialogs.show_error", lambda parent, title, message: shown.append((title, message)))
+    monkeypatch.setattr(
+        "specdeck.app.dialogs.show_error", lambda parent, title, message: shown.append((title, message))
+    )
     return shown
 
 

@@ -48,7 +48,9 @@ def test_table_has_a_row_per_method_and_category_and_greedy_runs_are_identical(q
     rows = _table(bench)
     assert tuple(rows[0]) == SUMMARY_COLUMNS
     methods = ["plain", "speculative", "hf", "hf-assisted"]
-    assert [(r["method"], r["category"]) for r in rows] == [(m, c) for m in methods for c in ("summarization", "qa", "all")]
+    assert [(r["method"], r["category"]) for r in rows] == [
+        (m, c) for m in methods for c in ("summarization", "qa", "all")
+    ]
     assert all(r["identical_to_plain"] == "true" for r in rows)
     assert all(int(r["prompts"]) == (2 if r["category"] == "all" else 1) for r in rows)
     assert bench.progress.maximum() == 2 * len(methods) and bench.progress.value() == bench.progress.maximum()
@@ -71,8 +73,14 @@ def test_export_writes_the_files_of_a_k_sweep(qtbot, window, bench, errors, tmp_
     monkeypatch.setattr("specdeck.app.bench_tab.QFileDialog.getExistingDirectory", lambda *a, **k: str(out))
     bench.export_button.click()
     assert errors == [] and str(out) in bench.stage.text()
-    assert {p.name for p in out.iterdir()} == {"summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md",
-                                               "speedup_by_category.png", "k_sweep.png"}
+    assert {p.name for p in out.iterdir()} == {
+        "summary.csv",
+        "per_prompt.csv",
+        "k_sweep.csv",
+        "report.md",
+        "speedup_by_category.png",
+        "k_sweep.png",
+    }
     with open(out / "summary.csv", newline="", encoding="utf-8") as handle:
         assert list(csv.DictReader(handle)) == _table(bench)
     with open(out / "k_sweep.csv", newline="", encoding="utf-8") as handle:
@@ -93,7 +101,9 @@ def test_other_drafters_are_timed_beside_the_loaded_one(qtbot, window, bench, er
     rows = _table(bench)
     speculative = [r for r in rows if r["method"] == "speculative"]
     assert [r["drafter"] for r in speculative if r["category"] == "all"] == [
-        f"draft {window.host.pair.draft} + prompt lookup {DecodeConfig.lookup}", "prompt lookup"]
+        f"draft {window.host.pair.draft} + prompt lookup {DecodeConfig.lookup}",
+        "prompt lookup",
+    ]
     assert len(speculative) == 2 * 3 and all(r["identical_to_plain"] == "true" for r in rows)
     assert bench.progress.maximum() == 2 * 3
     out = tmp_path / "exported"

@@ -14,12 +14,14 @@ def _long_session(rounds: int) -> tuple:
     events = []
     for i in range(1, rounds + 1):
         pos = 3 * (i - 1)
-        events += [TokenEvent(TokenState.ACCEPTED, 1, "a", pos, i, 0.9, 0.8),
-                   TokenEvent(TokenState.ACCEPTED, 1, "b", pos + 1, i, 0.9, 0.8),
-                   TokenEvent(TokenState.REJECTED, 2, "c", pos + 2, i, 0.1, 0.6),
-                   TokenEvent(TokenState.REJECTED, 2, "d", pos + 2, i, 0.1, 0.6),
-                   TokenEvent(TokenState.RESAMPLED, 3, "e", pos + 2, i, 0.5, 0.1),
-                   RoundEvent(i, 4, 2, 1.0, 4.0, 3 * i, 0.01 * i)]
+        events += [
+            TokenEvent(TokenState.ACCEPTED, 1, "a", pos, i, 0.9, 0.8),
+            TokenEvent(TokenState.ACCEPTED, 1, "b", pos + 1, i, 0.9, 0.8),
+            TokenEvent(TokenState.REJECTED, 2, "c", pos + 2, i, 0.1, 0.6),
+            TokenEvent(TokenState.REJECTED, 2, "d", pos + 2, i, 0.1, 0.6),
+            TokenEvent(TokenState.RESAMPLED, 3, "e", pos + 2, i, 0.5, 0.1),
+            RoundEvent(i, 4, 2, 1.0, 4.0, 3 * i, 0.01 * i),
+        ]
     return tuple(events)
 
 
@@ -54,11 +56,13 @@ def test_every_curve_and_bar_stays_inside_its_chart(qtbot):
         charts.reset()
         charts.add_events(_long_session(rounds))
         charts.redraw()
-        for plot, items in ((charts.acceptance_plot, (charts._per_round, charts._cumulative)),
-                            (charts.speed_plot, (charts._spec_speed,)),
-                            (charts.round_time_plot, (charts._draft_bars, charts._verify_bars)),
-                            (charts.histogram_plot, (charts._histogram,)),
-                            (charts.position_plot, (charts._by_position,))):
+        for plot, items in (
+            (charts.acceptance_plot, (charts._per_round, charts._cumulative)),
+            (charts.speed_plot, (charts._spec_speed,)),
+            (charts.round_time_plot, (charts._draft_bars, charts._verify_bars)),
+            (charts.histogram_plot, (charts._histogram,)),
+            (charts.position_plot, (charts._by_position,)),
+        ):
             (x0, x1), (y0, y1) = plot.getViewBox().viewRange()
             for item in items:
                 bounds = item.boundingRect() if hasattr(item, "setOpts") else item.curve.boundingRect()
@@ -79,14 +83,29 @@ def test_draft_shapes_figure_shows_what_the_rounds_drafted(qtbot):
     charts = SessionCharts()
     qtbot.addWidget(charts)
     shapes = ["K=2", "K=2", "none", "K=2", "copy 3", "none"]
-    charts.add_events(tuple(RoundEvent(i + 1, 0 if s == "none" else int(s[-1]), 0, 1.0, 4.0, i + 1, 0.01 * (i + 1),
-                                       copied=s.startswith("copy"), shape=s) for i, s in enumerate(shapes)))
+    charts.add_events(
+        tuple(
+            RoundEvent(
+                i + 1,
+                0 if s == "none" else int(s[-1]),
+                0,
+                1.0,
+                4.0,
+                i + 1,
+                0.01 * (i + 1),
+                copied=s.startswith("copy"),
+                shape=s,
+            )
+            for i, s in enumerate(shapes)
+        )
+    )
     charts.redraw()
     assert charts.figures["draft shapes"].text() == "K=2 50%, none 33%"
     assert charts.figures["draft / verify"].text() == "1.0 / 4.0 ms"  # mean per round
     plan = "chosen per round: K=2 x3; drafter acceptance by depth: 0.90/0.40"
-    charts.add_events((SummaryEvent("", 6, 6, 7, 0, 0.0, 1.0, 10.0, 0.6, 1.0, 1.0, (), None, "max_new_tokens",
-                                    plan=plan),))
+    charts.add_events(
+        (SummaryEvent("", 6, 6, 7, 0, 0.0, 1.0, 10.0, 0.6, 1.0, 1.0, (), None, "max_new_tokens", plan=plan),)
+    )
     charts.redraw()
     assert "drafter acceptance by depth: 0.90/0.40" in charts.figures["draft shapes"].toolTip()
 
@@ -100,8 +119,9 @@ def test_hovering_a_chart_reads_out_the_point_under_the_mouse(qtbot):
     charts.add_events(tuple(events))
     charts.redraw()
     assert charts.readout(charts.acceptance_plot, 1.2) == "round 1: accepted 2/4; cumulative 0.500"
-    assert charts.readout(charts.round_time_plot, 0.9) == ("round 1, chain of 4, tree width 2: draft 1.0 ms, "
-                                                           "verify 4.0 ms, kept 3")
+    assert charts.readout(charts.round_time_plot, 0.9) == (
+        "round 1, chain of 4, tree width 2: draft 1.0 ms, verify 4.0 ms, kept 3"
+    )
     assert charts.readout(charts.histogram_plot, 3) == "3 rounds kept 3 tokens"
     assert charts.readout(charts.position_plot, 2) == "draft depth 2: accepted 3 of 3 (1.00)"
     assert charts.readout(charts.speed_plot, 0.025).startswith("at 0.03 s: speculative 300.0 tokens/s")
@@ -112,11 +132,16 @@ def test_a_copied_round_reads_out_its_match_length(qtbot):
     """A round that copied text says how long the match with earlier text was; a model's round does not."""
     charts = SessionCharts()
     qtbot.addWidget(charts)
-    charts.add_events((RoundEvent(1, 5, 5, 0.1, 4.0, 6, 0.01, copied=True, shape="copy 5", match_length=12),
-                       RoundEvent(2, 2, 1, 1.0, 4.0, 8, 0.02, shape="K=2")))
+    charts.add_events(
+        (
+            RoundEvent(1, 5, 5, 0.1, 4.0, 6, 0.01, copied=True, shape="copy 5", match_length=12),
+            RoundEvent(2, 2, 1, 1.0, 4.0, 8, 0.02, shape="K=2"),
+        )
+    )
     charts.redraw()
-    assert charts.readout(charts.round_time_plot, 1) == ("round 1, 5 tokens copied after a 12-token match: "
-                                                         "draft 0.1 ms, verify 4.0 ms, kept 6")
+    assert charts.readout(charts.round_time_plot, 1) == (
+        "round 1, 5 tokens copied after a 12-token match: draft 0.1 ms, verify 4.0 ms, kept 6"
+    )
     assert "match" not in charts.readout(charts.round_time_plot, 2)
 
 

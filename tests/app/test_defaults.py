@@ -44,8 +44,11 @@ def test_benchmark_tab_writes_the_command_that_rebuilds_its_pair_and_settings(qt
     assert argv[:2] == ["specdeck", "bench"]
     args = build_parser().parse_args(argv[1:])
     assert bench_specs(args) == [pair, *benchmark.other_drafters(pair)]
-    assert [spec.drafter for spec in bench_specs(args)] == [DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP,
-                                                            DrafterKind.SUFFIX]
+    assert [spec.drafter for spec in bench_specs(args)] == [
+        DrafterKind.DRAFT_MODEL,
+        DrafterKind.PROMPT_LOOKUP,
+        DrafterKind.SUFFIX,
+    ]
     assert bench_settings(args) == benchmark.settings()
 
 
@@ -57,8 +60,9 @@ def test_model_panel_names_a_served_target_as_the_command_line_does(qtbot):
     models.target.set_value("http://127.0.0.1:8000/v1")
     models.served_model.setText("llama-70b")
     models.drafter.setCurrentIndex(list(DrafterKind).index(DrafterKind.PROMPT_LOOKUP))
-    run = build_parser().parse_args(["run", "--target", "http://127.0.0.1:8000/v1", "--target-model", "llama-70b",
-                                     "--drafter", "prompt-lookup"])
+    run = build_parser().parse_args(
+        ["run", "--target", "http://127.0.0.1:8000/v1", "--target-model", "llama-70b", "--drafter", "prompt-lookup"]
+    )
     spec = models.spec()
     assert spec == pair_spec(run) and spec.remote
     assert build_parser().parse_args(["run", *spec.arguments()]) == run

@@ -42,8 +42,10 @@ def test_ctrl_e_exports_while_a_spin_box_has_the_focus(qtbot, window, tmp_path, 
     window.run_button.click()
     qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
     asked = []
-    monkeypatch.setattr("specdeck.app.main_window.QFileDialog.getSaveFileName",
-                        lambda *a, **k: asked.append(1) or (str(tmp_path / "run.csv"), ""))
+    monkeypatch.setattr(
+        "specdeck.app.main_window.QFileDialog.getSaveFileName",
+        lambda *a, **k: asked.append(1) or (str(tmp_path / "run.csv"), ""),
+    )
     _focus(qtbot, window.decoding_panel.seed)
     qtbot.keyClick(window.decoding_panel.seed, Qt.Key.Key_E, CTRL)
     assert asked and (tmp_path / "run.csv").exists()

@@ -15,8 +15,10 @@ def _record(mode: str, seconds_per_round: float, tokens_per_round: int, rounds: 
     state = TokenState.PLAIN if mode == "plain" else TokenState.BONUS
     pos = 0
     for r in range(1, rounds + 1):
-        events = [TokenEvent(TokenState.ACCEPTED if i < tokens_per_round - 1 else state, 1, "x", pos + i, r, 0.9, None)
-                  for i in range(tokens_per_round)]
+        events = [
+            TokenEvent(TokenState.ACCEPTED if i < tokens_per_round - 1 else state, 1, "x", pos + i, r, 0.9, None)
+            for i in range(tokens_per_round)
+        ]
         pos += tokens_per_round
         events.append(RoundEvent(r, tokens_per_round - 1, tokens_per_round - 1, 0.1, 1.0, pos, r * seconds_per_round))
         for event in events:

@@ -46,8 +46,16 @@ def test_each_token_drawn_in_its_state_look(qtbot):
     view = TokenView()
     qtbot.addWidget(view)
     view.add_events(_session())
-    assert view.formats() == [("The cat", A), (" dog", R), (" ran", D), (" sat", S), (" on", A), (" mat", B),
-                              ("\n", None), ("é", None)]
+    assert view.formats() == [
+        ("The cat", A),
+        (" dog", R),
+        (" ran", D),
+        (" sat", S),
+        (" on", A),
+        (" mat", B),
+        ("\n", None),
+        ("é", None),
+    ]
 
 
 def test_every_state_has_a_cue_besides_colour_in_both_palettes():
@@ -57,8 +65,13 @@ def test_every_state_has_a_cue_besides_colour_in_both_palettes():
         for state in TokenState:
             fmt = token_format(state, palette=palette)
             assert state_of(fmt) == (None if state is P else state)
-            looks[state] = (fmt.fontStrikeOut(), fmt.fontItalic(), fmt.fontWeight(), fmt.underlineStyle(),
-                            fmt.hasProperty(fmt.Property.BackgroundBrush))
+            looks[state] = (
+                fmt.fontStrikeOut(),
+                fmt.fontItalic(),
+                fmt.fontWeight(),
+                fmt.underlineStyle(),
+                fmt.hasProperty(fmt.Property.BackgroundBrush),
+            )
         assert len(set(looks.values())) == len(TokenState)
         copied = token_format(A, copied=True, palette=palette)
         assert state_of(copied) is A and copied.underlineStyle() == copied.UnderlineStyle.DotLine
@@ -159,12 +172,14 @@ def test_copied_drafts_are_underlined_and_say_so(qtbot):
     names the copy; the drafter's own drafts are not underlined."""
     view = TokenView()
     qtbot.addWidget(view)
-    view.add_events((
-        TokenEvent(A, 1, "The", 0, 1, 0.9, 0.8),
-        TokenEvent(A, 2, " cat", 1, 2, 0.7, 1.0, copied=True, source="prompt"),
-        TokenEvent(R, 3, " dog", 2, 2, 0.1, 1.0, copied=True, source="prompt"),
-        TokenEvent(S, 4, " sat", 2, 2, 0.6, 0.0),
-    ))
+    view.add_events(
+        (
+            TokenEvent(A, 1, "The", 0, 1, 0.9, 0.8),
+            TokenEvent(A, 2, " cat", 1, 2, 0.7, 1.0, copied=True, source="prompt"),
+            TokenEvent(R, 3, " dog", 2, 2, 0.1, 1.0, copied=True, source="prompt"),
+            TokenEvent(S, 4, " sat", 2, 2, 0.6, 0.0),
+        )
+    )
     assert view.formats() == [("The", A), (" cat", A), (" dog", R), (" sat", S)]
     underlined = []
     it = view.text.document().begin().begin()
@@ -178,12 +193,15 @@ def test_copied_drafts_are_underlined_and_say_so(qtbot):
     assert "copied from this prompt" in tip and "q (copy) = 1.0000" in tip
 
 
-@pytest.mark.parametrize("source, said", [("prompt", "this prompt"), ("session", "an earlier answer this session"),
-                                          ("past", "a past session")])
+@pytest.mark.parametrize(
+    "source, said",
+    [("prompt", "this prompt"), ("session", "an earlier answer this session"), ("past", "a past session")],
+)
 def test_hover_names_where_a_copied_token_came_from(source, said):
     """A copied draft's tooltip says where its text was; a model's draft and the target's own tokens say nothing of it."""
-    assert f"copied from {said}" in describe_token(TokenEvent(TokenState.ACCEPTED, 7, " cat", 3, 2, 0.9, 1.0,
-                                                              depth=1, source=source))
+    assert f"copied from {said}" in describe_token(
+        TokenEvent(TokenState.ACCEPTED, 7, " cat", 3, 2, 0.9, 1.0, depth=1, source=source)
+    )
     assert "copied" not in describe_token(TokenEvent(TokenState.ACCEPTED, 7, " cat", 3, 2, 0.9, 0.6, depth=1))
     assert "copied" not in describe_token(TokenEvent(TokenState.BONUS, 8, " dog", 4, 2, 0.6, None))
 

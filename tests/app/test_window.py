@@ -123,8 +123,13 @@ def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pai
     model = load_model(str(tiny_pair[0]), ON_CPU).model
     torch.manual_seed(0)
     output_layer = model.get_output_embeddings().weight
-    save_head(FeatureHead(head_config(model.config)), tmp_path / "head", output_layer.shape[0], "tiny",
-              fingerprint(output_layer))
+    save_head(
+        FeatureHead(head_config(model.config)),
+        tmp_path / "head",
+        output_layer.shape[0],
+        "tiny",
+        fingerprint(output_layer),
+    )
     window.model_panel.drafter.setCurrentText("feature head")
     window.model_panel.draft.set_value(str(tmp_path / "head"))
     _run(qtbot, window, window.run_button)
@@ -205,8 +210,11 @@ def test_fresh_window_offers_the_default_pair(qtbot, loop, settings):
     fresh = MainWindow(settings=settings)
     qtbot.addWidget(fresh)
     panel = fresh.model_panel
-    assert (panel.target.value, panel.drafter.currentText(), panel.draft.value) == (DEFAULT_TARGET, "feature head",
-                                                                                    DEFAULT_HEAD)
+    assert (panel.target.value, panel.drafter.currentText(), panel.draft.value) == (
+        DEFAULT_TARGET,
+        "feature head",
+        DEFAULT_HEAD,
+    )
     panel.drafter.setCurrentText("draft model")
     assert panel.draft.value == DEFAULT_DRAFT
     panel.drafter.setCurrentText("feature head")

@@ -36,7 +36,9 @@ def test_csv_has_one_row_per_round_and_totals_match(qtbot, window, tmp_path, err
     assert meta["models"]["drafter"] == "draft-model"
     assert meta["parameters"]["max_new_tokens"] == 40 and meta["seed"] == 0
     assert {"torch", "transformers", "Qt"} <= set(meta["versions"])
-    assert [s["summary"]["new_tokens"] for s in meta["sessions"]] == [r.summary.new_tokens for r in window.session_model.records]
+    assert [s["summary"]["new_tokens"] for s in meta["sessions"]] == [
+        r.summary.new_tokens for r in window.session_model.records
+    ]
     with open(tmp_path / "run.tokens.csv", newline="", encoding="utf-8") as handle:
         tokens = list(csv.DictReader(handle))
     assert len(tokens) == sum(len(r.tokens) for r in window.session_model.records)
@@ -51,7 +53,9 @@ def test_failed_export_says_so_and_keeps_the_data(qtbot, window, tmp_path, error
     assert len(errors) == 1 and "Cannot write" in errors[0][1] and "kept" in errors[0][1]
     assert not missing.parent.exists()
     assert len(window.session_model.records) == 2
-    monkeypatch.setattr("specdeck.app.main_window.QFileDialog.getSaveFileName", lambda *a, **k: (str(tmp_path / "ok.csv"), ""))
+    monkeypatch.setattr(
+        "specdeck.app.main_window.QFileDialog.getSaveFileName", lambda *a, **k: (str(tmp_path / "ok.csv"), "")
+    )
     window.export_button.click()
     assert len(errors) == 1 and (tmp_path / "ok.csv").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

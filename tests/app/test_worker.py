@@ -66,6 +66,7 @@ def test_superseded_session_events_are_ignored(qtbot, loop):
 
 def test_session_exception_becomes_a_message(qtbot, loop):
     """An error inside a session reaches the GUI as a message; the thread keeps serving."""
+
     def broken(*args, **kwargs):
         yield SessionStarted("plain", "", 1, 0.0)
         raise RuntimeError("boom")

@@ -84,8 +84,9 @@ def test_killed_writer_leaves_the_old_version_and_the_next_run_heals(tmp_path, k
     else:
         with building_folder(target) as staging:
             (staging / "summary.csv").write_text("old", encoding="utf-8")
-    with subprocess.Popen([sys.executable, "-c", CHILD, kind, str(target)], cwd=ROOT, stdout=subprocess.PIPE,
-                          text=True) as child:
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD, kind, str(target)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    ) as child:
         assert child.stdout.readline() == "writing\n"
         child.send_signal(signal.SIGKILL)
     assert _visible(tmp_path) == [target.name]
@@ -97,8 +98,9 @@ def test_killed_writer_leaves_the_old_version_and_the_next_run_heals(tmp_path, k
 
 def test_a_live_writers_partial_entry_is_left_alone(tmp_path):
     """Healing never removes what a running process is still writing."""
-    with subprocess.Popen([sys.executable, "-c", CHILD, "folder", str(tmp_path / "out")], cwd=ROOT,
-                          stdout=subprocess.PIPE, text=True) as child:
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD, "folder", str(tmp_path / "out")], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    ) as child:
         try:
             assert child.stdout.readline() == "writing\n"
             assert remove_abandoned(tmp_path) == [] and len(os.listdir(tmp_path)) == 1

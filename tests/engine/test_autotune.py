@@ -80,6 +80,7 @@ def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch):
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again instead of reading the cache")
+
     monkeypatch.setattr(autotune, "measure_curve", no_measuring)
     assert autotune.cost_curve(target.model, tmp_path) == first
 

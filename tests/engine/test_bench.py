@@ -45,8 +45,9 @@ def _read(path):
 
 def _run(pairs, prompts_path, out, ks=(2,), baselines=("plain", "hf", "hf-assisted"), lookups=(0,)):
     prompts = read_prompts(prompts_path)
-    settings = BenchSettings(ks=ks, lookups=lookups, baselines=baselines, repeats=1,
-                             decode=DecodeConfig(k=ks[0], max_new_tokens=12))
+    settings = BenchSettings(
+        ks=ks, lookups=lookups, baselines=baselines, repeats=1, decode=DecodeConfig(k=ks[0], max_new_tokens=12)
+    )
     context = {"command": "test", "target": "tiny", "device": "cpu", "dtype": "float32", "prompts": str(prompts_path)}
     run_and_write(pairs, prompts, settings, out, context, plots=False)
     return out
@@ -61,7 +62,8 @@ def test_summary_has_a_row_per_method_and_category_and_all(bench_models, two_pro
     assert tuple(rows[0]) == SUMMARY_COLUMNS
     methods = ["plain", "speculative", "hf", "hf-assisted"]
     assert [(r["method"], r["category"]) for r in rows] == [
-        (m, c) for m in methods for c in ("summarization", "qa", "all")]
+        (m, c) for m in methods for c in ("summarization", "qa", "all")
+    ]
     assert all(int(r["prompts"]) == (2 if r["category"] == "all" else 1) for r in rows)
     per_prompt = _read(out / "per_prompt.csv")
     assert tuple(per_prompt[0]) == PER_PROMPT_COLUMNS
@@ -97,8 +99,27 @@ def test_bench_command_writes_plots(bench_models, two_prompts, tmp_path, capsys)
     target, _ = bench_models
     pytest.importorskip("matplotlib")
     out = tmp_path / "out"
-    status = main(["bench", "--target", str(target), "--drafter", "prompt-lookup", "--prompts", str(two_prompts),
-                   "--k", "1,2", "--repeats", "1", "--max-new-tokens", "8", "--device", "cpu", "--out", str(out)])
+    status = main(
+        [
+            "bench",
+            "--target",
+            str(target),
+            "--drafter",
+            "prompt-lookup",
+            "--prompts",
+            str(two_prompts),
+            "--k",
+            "1,2",
+            "--repeats",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     assert status == 0
     for name in ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md", "speedup_by_category.png", "k_sweep.png"):
         assert (out / name).stat().st_size > 0
@@ -132,14 +153,18 @@ def test_feature_head_beside_a_draft_model_skips_only_its_hf_assisted(bench_mode
     target_model = LlamaForCausalLM.from_pretrained(target)
     weight = target_model.get_output_embeddings().weight
     torch.manual_seed(0)
-    save_head(FeatureHead(head_config(target_model.config)), tmp_path / "head", weight.shape[0], "tiny",
-              fingerprint(weight))
+    save_head(
+        FeatureHead(head_config(target_model.config)), tmp_path / "head", weight.shape[0], "tiny", fingerprint(weight)
+    )
     pairs = load_pairs(specs(str(target), ("draft-model", str(draft)), ("feature-head", str(tmp_path / "head"))))
     out = _run(pairs, two_prompts, tmp_path / "out", baselines=("plain", "hf-assisted"))
     summary = [r for r in _read(out / "summary.csv") if r["category"] == "all"]
     assert [(r["method"], r["drafter"]) for r in summary] == [
-        ("plain", ""), ("speculative", f"draft {draft}"), ("speculative", f"feature head {tmp_path / 'head'}"),
-        ("hf-assisted", f"draft {draft}")]
+        ("plain", ""),
+        ("speculative", f"draft {draft}"),
+        ("speculative", f"feature head {tmp_path / 'head'}"),
+        ("hf-assisted", f"draft {draft}"),
+    ]
     assert all(r["identical_to_plain"] == "true" for r in summary)
     report = (out / "report.md").read_text(encoding="utf-8")
     assert f"hf-assisted left out for feature head {tmp_path / 'head'}" in report
@@ -153,8 +178,11 @@ def test_lookup_sweep_times_model_drafters_with_and_without_it(bench_models, two
     out = _run(pairs, two_prompts, tmp_path / "out", baselines=("plain",), lookups=(0, 2))
     summary = [r for r in _read(out / "summary.csv") if r["category"] == "all"]
     assert [(r["method"], r["drafter"]) for r in summary] == [
-        ("plain", ""), ("speculative", f"draft {draft}"), ("speculative", f"draft {draft} + prompt lookup 2"),
-        ("speculative", "prompt lookup")]
+        ("plain", ""),
+        ("speculative", f"draft {draft}"),
+        ("speculative", f"draft {draft} + prompt lookup 2"),
+        ("speculative", "prompt lookup"),
+    ]
     assert all(r["identical_to_plain"] == "true" for r in summary)
     assert [r["drafter"] for r in _read(out / "k_sweep.csv")] == [r["drafter"] for r in summary[1:]]
     with pytest.raises(SpecDeckError, match="--lookup takes"):
@@ -167,14 +195,38 @@ def test_bench_command_takes_several_drafters(bench_models, two_prompts, tmp_pat
     target, draft = bench_models
     pytest.importorskip("matplotlib")
     out = tmp_path / "out"
-    status = main(["bench", "--target", str(target), "--drafters", f"draft-model:{draft},prompt-lookup",
-                   "--prompts", str(two_prompts), "--k", "1,2", "--baselines", "plain", "--repeats", "1",
-                   "--max-new-tokens", "8", "--device", "cpu", "--out", str(out)])
+    status = main(
+        [
+            "bench",
+            "--target",
+            str(target),
+            "--drafters",
+            f"draft-model:{draft},prompt-lookup",
+            "--prompts",
+            str(two_prompts),
+            "--k",
+            "1,2",
+            "--baselines",
+            "plain",
+            "--repeats",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     assert status == 0
     sweep = _read(out / "k_sweep.csv")
     with_lookup = f"draft {draft} + prompt lookup {DecodeConfig.lookup}"  # the default --lookup
     assert [(r["drafter"], r["k"]) for r in sweep] == [
-        (with_lookup, "1"), (with_lookup, "2"), ("prompt lookup", "1"), ("prompt lookup", "2")]
+        (with_lookup, "1"),
+        (with_lookup, "2"),
+        ("prompt lookup", "1"),
+        ("prompt lookup", "2"),
+    ]
     assert (out / "k_sweep.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -221,9 +273,15 @@ def test_bad_prompt_files_get_a_clear_error(tmp_path):
         read_prompts(sample_prompts(), categories=["poetry"])
 
 
-@pytest.mark.parametrize("turns, got", [
-    ({"text": "hi"}, "got a dict"), (7, "got a number"), ([], "got an empty list"), ([3], "first turn is a number"),
-])
+@pytest.mark.parametrize(
+    "turns, got",
+    [
+        ({"text": "hi"}, "got a dict"),
+        (7, "got a number"),
+        ([], "got an empty list"),
+        ([3], "first turn is a number"),
+    ],
+)
 def test_prompt_records_with_wrong_turns_name_file_line_and_field(tmp_path, turns, got):
     """A `turns` that holds no prompt text is refused with the file, the line and the field."""
     bad = tmp_path / "bad.jsonl"
@@ -243,9 +301,28 @@ def test_prompt_files_with_a_byte_order_mark_read_as_text(tmp_path):
 
 
 def _bench_argv(target, prompts, out, *extra):
-    return ["bench", "--target", str(target), "--drafter", "prompt-lookup", "--prompts", str(prompts), "--k", "1",
-            "--repeats", "1", "--max-new-tokens", "8", "--baselines", "plain", "--device", "cpu", "--out", str(out),
-            *extra]
+    return [
+        "bench",
+        "--target",
+        str(target),
+        "--drafter",
+        "prompt-lookup",
+        "--prompts",
+        str(prompts),
+        "--k",
+        "1",
+        "--repeats",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--baselines",
+        "plain",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def test_unwritable_out_is_refused_before_models_load(two_prompts, tmp_path, capsys):

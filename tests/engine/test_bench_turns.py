@@ -33,8 +33,10 @@ def test_conversation_keeps_texts_as_data(tiny_pair):
     and a control token typed in an answer stays text."""
     target, _ = tiny_pair
     tokenizer = target.tokenizer
-    tokenizer.chat_template = ("{% for m in messages %}<eos>{{ m['role'] }}\n{{ m['content'] }}{% endfor %}"
-                               "{% if add_generation_prompt %}<eos>assistant\n{% endif %}")
+    tokenizer.chat_template = (
+        "{% for m in messages %}<eos>{{ m['role'] }}\n{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<eos>assistant\n{% endif %}"
+    )
     try:
         ids = encode_conversation(tokenizer, ["first question", "second question"], ["an answer <eos>"])
         single = encode_prompt(tokenizer, "second question")
@@ -43,7 +45,7 @@ def test_conversation_keeps_texts_as_data(tiny_pair):
     text = tokenizer.decode(ids)
     assert text.index("first question") < text.index("an answer") < text.index("second question")
     assert ids.count(tokenizer.eos_token_id) == 4  # the template's, not the one typed in the answer
-    assert ids[-len(single):] == single  # the new turn is asked as a single prompt would be
+    assert ids[-len(single) :] == single  # the new turn is asked as a single prompt would be
 
 
 def test_refine_workload_runs_by_name():
@@ -60,8 +62,9 @@ def test_repeat_scenario_is_labelled_apart(tiny_pair):
     target, _ = tiny_pair
     pair = ModelPair(target, drafter_kind=DrafterKind.SUFFIX)
     prompts = [BenchPrompt("1", "qa", TURNS[0], chat=False)]
-    settings = BenchSettings(ks=(4,), baselines=("plain",), repeats=2, decode=DecodeConfig(max_new_tokens=32),
-                             repeat_scenario=True)
+    settings = BenchSettings(
+        ks=(4,), baselines=("plain",), repeats=2, decode=DecodeConfig(max_new_tokens=32), repeat_scenario=True
+    )
     [result] = run_bench([pair], prompts, settings)
     speculative, repeat = Method("speculative", 4, "suffix"), Method("repeat", 4, "suffix")
     assert [m.name for m in settings.methods([pair])] == ["plain", "speculative", "repeat"]

@@ -32,8 +32,12 @@ def foreign_model(tiny_root):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(["zebra yak xylophone " * 20, "walrus vole"], trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        ["zebra yak xylophone " * 20, "walrus vole"],
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
     fast.save_pretrained(directory)
     return build_model(directory, "llama", len(fast), seed=5, eos_token_id=fast.eos_token_id)
@@ -45,14 +49,20 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--k", "0"], "K must be at least 1"),
-    (["--k", "64"], "K can be at most 16 (got 64): a round keeps drafts only up to the first one the target rejects"),
-    (["--temperature", "-0.5"], "Temperature must be 0"),
-    (["--top-p", "0"], "top-p must be in (0, 1]"),
-    (["--top-p", "1.5"], "top-p must be in (0, 1]"),
-    (["--prompt", "   "], "The prompt is empty"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--k", "0"], "K must be at least 1"),
+        (
+            ["--k", "64"],
+            "K can be at most 16 (got 64): a round keeps drafts only up to the first one the target rejects",
+        ),
+        (["--temperature", "-0.5"], "Temperature must be 0"),
+        (["--top-p", "0"], "top-p must be in (0, 1]"),
+        (["--top-p", "1.5"], "top-p must be in (0, 1]"),
+        (["--prompt", "   "], "The prompt is empty"),
+    ],
+)
 def test_nonsense_parameters_are_refused(capsys, tiny_dirs, argv, message):
     """Each bad parameter gets a message naming it."""
     target, _ = tiny_dirs
@@ -78,8 +88,19 @@ def test_pair_with_different_tokenizers_runs(capsys, tiny_dirs, foreign_model):
     """A draft with another tokenizer runs instead of being refused: the pair's case and shared-token
     count are shown, and greedy output equals plain output."""
     target, _ = tiny_dirs
-    argv = ["--target", str(target), "--no-chat", "--prompt", "The quick brown fox", "--max-new-tokens", "16",
-            "--k", "2", "--schedule", "constant"]
+    argv = [
+        "--target",
+        str(target),
+        "--no-chat",
+        "--prompt",
+        "The quick brown fox",
+        "--max-new-tokens",
+        "16",
+        "--k",
+        "2",
+        "--schedule",
+        "constant",
+    ]
     code, plain, _ = run_cli(capsys, *argv, "--plain")
     assert code == 0
     code, out, err = run_cli(capsys, *argv, "--draft", str(foreign_model))
@@ -92,9 +113,26 @@ def test_jsonl_stream(tiny_dirs):
     """`--jsonl` writes one parseable object per event, with the documented fields."""
     target, draft = tiny_dirs
     out = subprocess.run(
-        [sys.executable, "-m", "specdeck.cli.main", "run", "--target", str(target), "--draft", str(draft),
-         "--no-chat", "--prompt", "The quick brown fox", "--max-new-tokens", "16", "--jsonl"],
-        capture_output=True, text=True, check=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "specdeck.cli.main",
+            "run",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--no-chat",
+            "--prompt",
+            "The quick brown fox",
+            "--max-new-tokens",
+            "16",
+            "--jsonl",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     ).stdout.splitlines()
     events = [json.loads(line) for line in out]
     tokens = [e for e in events if e["type"] == "token"]
@@ -122,8 +160,9 @@ def test_prompt_file_with_a_byte_order_mark_is_read(capsys, tiny_dirs, tmp_path)
     target, _ = tiny_dirs
     path = tmp_path / "bom.txt"
     path.write_bytes(b"\xef\xbb\xbfThe quick brown fox")
-    code, out, _ = run_cli(capsys, "--target", str(target), "--no-chat", "--prompt-file", str(path),
-                           "--max-new-tokens", "4", "--jsonl")
+    code, out, _ = run_cli(
+        capsys, "--target", str(target), "--no-chat", "--prompt-file", str(path), "--max-new-tokens", "4", "--jsonl"
+    )
     assert code == 0 and json.loads(out.splitlines()[0])["prompt_tokens"] == 4
 
 
@@ -133,17 +172,24 @@ def test_prompt_too_long_for_the_context(capsys, tiny_dirs):
     prompt = "The quick brown fox jumps over the lazy dog. " * 100
     code, _, err = run_cli(capsys, "--target", str(target), "--no-chat", "--prompt", prompt)
     assert code == 2 and "context 512" in err and "--truncate-prompt" in err and "Traceback" not in err
-    code, out, err = run_cli(capsys, "--target", str(target), "--no-chat", "--prompt", prompt,
-                             "--truncate-prompt", "--max-new-tokens", "4")
+    code, out, err = run_cli(
+        capsys, "--target", str(target), "--no-chat", "--prompt", prompt, "--truncate-prompt", "--max-new-tokens", "4"
+    )
     assert code == 0 and "kept its last 508 tokens" in err and "(max_new_tokens)" in out
 
 
 # model names and paths as people write them: no leading dash (argparse would read an option), no
 # comma (the separator of --drafters), no blanks at the ends (PairSpec strips them)
 names = st.from_regex(r"[A-Za-z0-9_./~][A-Za-z0-9_./:~ -]{0,30}[A-Za-z0-9_./~]", fullmatch=True)
-specs = st.builds(PairSpec, target=names, draft=st.none() | names, drafter=st.none() | st.sampled_from(DrafterKind),
-                  device=st.sampled_from(["auto", "cpu", "cuda", "cuda:1", "mps"]),
-                  dtype=st.sampled_from(["auto", "float32", "bfloat16", "float16"]), trust_remote_code=st.booleans())
+specs = st.builds(
+    PairSpec,
+    target=names,
+    draft=st.none() | names,
+    drafter=st.none() | st.sampled_from(DrafterKind),
+    device=st.sampled_from(["auto", "cpu", "cuda", "cuda:1", "mps"]),
+    dtype=st.sampled_from(["auto", "float32", "bfloat16", "float16"]),
+    trust_remote_code=st.booleans(),
+)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)

@@ -37,7 +37,7 @@ def test_truncated_prompt_keeps_its_last_part_and_says_so(tiny_pair):
     assert isinstance(start, SessionStarted)
     assert start.prompt_tokens + start.prompt_tokens_dropped == 600
     assert start.prompt_tokens == CONTEXT - 20
-    plain = list(generate(target, ids[-start.prompt_tokens:], DecodeConfig(max_new_tokens=20)))
+    plain = list(generate(target, ids[-start.prompt_tokens :], DecodeConfig(max_new_tokens=20)))
     assert kept_ids(events) == kept_ids(plain)
 
 

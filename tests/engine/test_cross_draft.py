@@ -19,9 +19,38 @@ from specdeck.engine.session import load_pair
 from specdeck.engine.vocabulary import match_vocabularies
 
 # a few seconds: the target writes six short answers, the draft memorises them in part
-SMALL = ["--answers", "4", "--code", "2", "--passages", "0", "--answer-tokens", "32", "--generation-batch", "3",
-         "--exchanges", "0", "--vocab", "400", "--hidden", "64", "--layers", "2", "--intermediate", "128",
-         "--lr", "1e-2", "--batch", "4", "--max-length", "32", "--eval-every", "40", "--threads", "1"]
+SMALL = [
+    "--answers",
+    "4",
+    "--code",
+    "2",
+    "--passages",
+    "0",
+    "--answer-tokens",
+    "32",
+    "--generation-batch",
+    "3",
+    "--exchanges",
+    "0",
+    "--vocab",
+    "400",
+    "--hidden",
+    "64",
+    "--layers",
+    "2",
+    "--intermediate",
+    "128",
+    "--lr",
+    "1e-2",
+    "--batch",
+    "4",
+    "--max-length",
+    "32",
+    "--eval-every",
+    "40",
+    "--threads",
+    "1",
+]
 PROMPTS = [
     "The quick brown fox",
     "Café, naïve, façade, 東京, Zürich, 🙂 — Ωμέγα ≠ ✓",
@@ -65,9 +94,29 @@ def test_pair_with_the_built_in_target_is_different_tokenizers(built, capsys):
     shared = f"{pair.vocabulary.shared:,} of the draft's {pair.vocabulary.draft_tokens:,} tokens have a twin"
     assert 256 < pair.vocabulary.shared <= pair.vocabulary.draft_tokens
     assert shared in pair.description
-    code = main(["run", "--draft", str(built / "draft"), "--drafter", "draft-model", "--device", "cpu",
-                 "--dtype", "float32", "--k", "2", "--schedule", "constant", "--lookup", "0",
-                 "--max-new-tokens", "6", "--prompt", "Hello"])
+    code = main(
+        [
+            "run",
+            "--draft",
+            str(built / "draft"),
+            "--drafter",
+            "draft-model",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--k",
+            "2",
+            "--schedule",
+            "constant",
+            "--lookup",
+            "0",
+            "--max-new-tokens",
+            "6",
+            "--prompt",
+            "Hello",
+        ]
+    )
     assert code == 0
     captured = capsys.readouterr()
     assert "different tokenizers" in captured.err and shared in captured.out
@@ -84,8 +133,9 @@ def test_greedy_with_the_built_in_target_equals_plain(built, smollm2):
     drafted = accepted = 0
     for prompt in PROMPTS + learnt:
         ids = encode_prompt(smollm2.tokenizer, prompt, chat=prompt in PROMPTS)
-        plain = [e.token_id for e in generate(smollm2, ids, DecodeConfig(max_new_tokens=16))
-                 if isinstance(e, TokenEvent)]
+        plain = [
+            e.token_id for e in generate(smollm2, ids, DecodeConfig(max_new_tokens=16)) if isinstance(e, TokenEvent)
+        ]
         for k in range(1, 5):
             config = DecodeConfig(k=k, schedule="constant", lookup=0, max_new_tokens=16)
             events = list(generate(smollm2, ids, config, CrossVocabularyDrafter(draft.model, match)))

@@ -91,7 +91,9 @@ def test_drafts_are_mostly_kept_on_text_both_models_know(directed):
     target, draft = directed
     ids = encode_prompt(target.tokenizer, PROMPTS[0], chat=False)
     config = DecodeConfig(k=3, schedule="constant", lookup=0, max_new_tokens=24)
-    summary = list(generate(target, ids, config, CrossVocabularyDrafter(draft.model, match_vocabularies(target, draft))))[-1]
+    summary = list(
+        generate(target, ids, config, CrossVocabularyDrafter(draft.model, match_vocabularies(target, draft)))
+    )[-1]
     assert summary.acceptance_rate > 0.5
 
 
@@ -102,7 +104,9 @@ def test_events_keep_target_tokens_and_show_the_draft_s(directed):
     ids = encode_prompt(target.tokenizer, PROMPTS[2], chat=False)
     for temperature in (0.0, 1.0):
         config = DecodeConfig(k=3, schedule="constant", lookup=0, max_new_tokens=24, temperature=temperature)
-        events = list(generate(target, ids, config, CrossVocabularyDrafter(draft.model, match_vocabularies(target, draft))))
+        events = list(
+            generate(target, ids, config, CrossVocabularyDrafter(draft.model, match_vocabularies(target, draft)))
+        )
         tokens = [e for e in events if isinstance(e, TokenEvent)]
         assert "".join(e.text for e in tokens if e.state.kept) == events[-1].text
         drafts = [e for e in tokens if e.depth]  # accepted, rejected and discarded drafts
@@ -113,8 +117,11 @@ def test_events_keep_target_tokens_and_show_the_draft_s(directed):
         assert sum(r.draft_tokens or 0 for r in rounds) >= 1
         if temperature:  # a sampled draft is the twin of the draft's token: the same string
             strings = TokenText(target.tokenizer)
-            assert all(e.draft_tokens == (strings.text([e.token_id]).decode("utf-8", "backslashreplace"),)
-                       for e in drafts if e.token_id not in target.eos_ids)
+            assert all(
+                e.draft_tokens == (strings.text([e.token_id]).decode("utf-8", "backslashreplace"),)
+                for e in drafts
+                if e.token_id not in target.eos_ids
+            )
 
 
 # two new tokens leave room for one draft: the first token drafted, the second the target's own
@@ -170,10 +177,32 @@ def test_bench_times_hugging_face_universal_assisted_generation_beside(cross_pai
     Assisted Generation with the same pair and K in one run, both with plain decoding's text."""
     llama, gpt2 = cross_pair
     out = tmp_path / "out"
-    code = main(["bench", "--target", llama.name, "--draft", gpt2.name, "--prompts",
-                 str(write_two_prompts(tmp_path / "prompts.jsonl")), "--k", "2", "--lookup", "0",
-                 "--baselines", "plain,hf-assisted", "--repeats", "1", "--max-new-tokens", "12", "--no-plots",
-                 "--device", "cpu", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--target",
+            llama.name,
+            "--draft",
+            gpt2.name,
+            "--prompts",
+            str(write_two_prompts(tmp_path / "prompts.jsonl")),
+            "--k",
+            "2",
+            "--lookup",
+            "0",
+            "--baselines",
+            "plain,hf-assisted",
+            "--repeats",
+            "1",
+            "--max-new-tokens",
+            "12",
+            "--no-plots",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     with (out / "per_prompt.csv").open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))

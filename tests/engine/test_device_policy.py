@@ -81,7 +81,9 @@ def test_running_out_of_memory_in_the_terminal_says_what_to_try(monkeypatch, cap
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr("specdeck.engine.session.load_pair", lambda *args, **kwargs: types.SimpleNamespace(description="pair"))
+    monkeypatch.setattr(
+        "specdeck.engine.session.load_pair", lambda *args, **kwargs: types.SimpleNamespace(description="pair")
+    )
     monkeypatch.setattr("specdeck.engine.session.run_session", out_of_memory)
     assert main(["run", "--prompt", "hello", "--jsonl"]) == 2
     err = capsys.readouterr().err

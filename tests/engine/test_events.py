@@ -27,8 +27,9 @@ def test_kept_pieces_join_to_decoded_text(tiny_pair):
     for temperature in (0.0, 1.0):
         events = session(target, draft, temperature=temperature)
         kept = [e for e in events if isinstance(e, TokenEvent) and e.state.kept]
-        decoded = target.tokenizer.decode([e.token_id for e in kept], skip_special_tokens=True,
-                                          clean_up_tokenization_spaces=False)
+        decoded = target.tokenizer.decode(
+            [e.token_id for e in kept], skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
         assert "".join(e.text for e in kept) == decoded == events[-1].text
 
 
@@ -75,7 +76,7 @@ def test_drafts_stand_where_they_were_proposed_and_unjudged_ones_are_discarded(t
         assert states == ["accepted"] * r.accepted + ["rejected"] + ["discarded"] * r.discarded
         rejected = drafts[r.accepted]
         assert rejected.acceptance_probability is not None
-        assert all(e.acceptance_probability is None for e in drafts[r.accepted + 1:])
+        assert all(e.acceptance_probability is None for e in drafts[r.accepted + 1 :])
         resampled = [e for e in mine if e.state.value == "resampled"]
         assert [e.pos for e in resampled] == [rejected.pos] and resampled[0].acceptance_probability is None
 
@@ -101,7 +102,9 @@ def test_stop_string_and_cancel(tiny_llama):
     assert stopped.stop_reason == "stop_string" and stop in stopped.text and full.startswith(stopped.text)
     cancel = threading.Event()
     kept_before_cancel = ""
-    for event in generate(target, ids, DecodeConfig(k=3, schedule="constant", max_new_tokens=40), DraftModelDrafter(draft.model), cancel):
+    for event in generate(
+        target, ids, DecodeConfig(k=3, schedule="constant", max_new_tokens=40), DraftModelDrafter(draft.model), cancel
+    ):
         if isinstance(event, RoundEvent) and event.round == 3:
             cancel.set()
             kept_before_cancel = event.new_tokens

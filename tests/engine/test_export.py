@@ -28,6 +28,6 @@ def test_token_rows_give_each_draft_its_position_and_unjudged_drafts_their_own_s
         assert [int(t["pos"]) for t in drafts] == list(range(start, start + r.drafted))
         assert [t["state"] for t in drafts] == ["accepted"] * r.accepted + ["rejected"] + ["discarded"] * r.discarded
         assert drafts[r.accepted]["acceptance_probability"] != ""
-        assert all(t["acceptance_probability"] == "" for t in drafts[r.accepted + 1:])
+        assert all(t["acceptance_probability"] == "" for t in drafts[r.accepted + 1 :])
         assert int(rounds[r.round - 1]["discarded"]) == r.discarded
     assert sum(t["state"] == "discarded" for t in tokens) == sum(int(r["discarded"]) for r in rounds)

@@ -18,13 +18,24 @@ from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.linear import packed_available
 from specdeck.engine.llama_forward import LlamaForward, supports
 
-SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=2, initializer_range=0.2, max_position_embeddings=128, tie_word_embeddings=False)
+SIZES = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    initializer_range=0.2,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+)
 FAMILIES = {
     "llama-biased": (LlamaForCausalLM, LlamaConfig(attention_bias=True, mlp_bias=True, **SIZES)),
     "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SIZES)),
-    "qwen2-windowed": (Qwen2ForCausalLM, Qwen2Config(use_sliding_window=True, sliding_window=5, max_window_layers=1,
-                                                     **SIZES)),
+    "qwen2-windowed": (
+        Qwen2ForCausalLM,
+        Qwen2Config(use_sliding_window=True, sliding_window=5, max_window_layers=1, **SIZES),
+    ),
     "qwen3": (Qwen3ForCausalLM, Qwen3Config(head_dim=8, **SIZES)),
     "mistral": (MistralForCausalLM, MistralConfig(sliding_window=5, head_dim=8, **SIZES)),
 }
@@ -68,7 +79,7 @@ def test_lean_forward_matches_hugging_face(family, path):
         with torch.inference_mode():
             got = fast.logits(torch.tensor(tokens), last_only=False)
         kept.extend(tokens)
-        torch.testing.assert_close(got, reference(model, kept)[-len(tokens):], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got, reference(model, kept)[-len(tokens) :], rtol=1e-4, atol=1e-4)
         assert len(fast) == len(kept)
 
     feed([3, 9, 27, 17, 51, 25, 11, 33])  # a prefill longer than the window

@@ -47,7 +47,9 @@ def test_trained_head_is_picked_by_its_folder_and_keeps_greedy_exact(tiny_head):
     for prompt in ("The quick brown fox", "d"):  # a one-token prompt: the first round has no state yet
         plain = list(run_session(pair, prompt, DecodeConfig(max_new_tokens=40), chat=False, plain=True))
         for k in range(1, 6):
-            events = list(run_session(pair, prompt, DecodeConfig(k=k, schedule="constant", max_new_tokens=40), chat=False))
+            events = list(
+                run_session(pair, prompt, DecodeConfig(k=k, schedule="constant", max_new_tokens=40), chat=False)
+            )
             assert _kept(events) == _kept(plain), (prompt, k)
             summary = events[-1]
             assert isinstance(summary, SummaryEvent) and summary.drafted > 0
@@ -58,18 +60,31 @@ def test_trained_head_proposes_only_its_output_tokens(tiny_head):
     pair = load_pair(PairSpec(str(target), str(out / "head"), "feature-head", device="cpu"))
     allowed = set(pair.head.output_ids.tolist())
     assert 0 < len(allowed) < pair.target.vocab_width
-    events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=3, schedule="constant", max_new_tokens=30, temperature=1.0, seed=2),
-                              chat=False))
-    drafted = {e.token_id for e in events if isinstance(e, TokenEvent)
-               and e.state in (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)}
+    events = list(
+        run_session(
+            pair,
+            "def add(a, b):",
+            DecodeConfig(k=3, schedule="constant", max_new_tokens=30, temperature=1.0, seed=2),
+            chat=False,
+        )
+    )
+    drafted = {
+        e.token_id
+        for e in events
+        if isinstance(e, TokenEvent) and e.state in (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)
+    }
     assert drafted and drafted <= allowed
 
 
 def test_loss_and_agreement_count_answer_pairs_only():
     """The head drafts answers, never prompts: pairs before a sequence's `first` position are read
     as context but left out of the loss and the held-out agreement."""
-    data = Shard(ids=[torch.arange(10, dtype=torch.int32), torch.arange(6, dtype=torch.int32)],
-                 top_ids=[], top_logp=[], first=[4, 0])
+    data = Shard(
+        ids=[torch.arange(10, dtype=torch.int32), torch.arange(6, dtype=torch.int32)],
+        top_ids=[],
+        top_logp=[],
+        first=[4, 0],
+    )
     features = [torch.randn(10, 8), torch.randn(6, 8)]
     states, embeds, mask = collate_pairs(data, features, [0, 1], torch.randn(16, 8))
     assert states.shape == (2, 10, 8) and embeds.shape == (2, 9, 8)
@@ -102,8 +117,18 @@ def test_training_resumes_where_it_stopped(tiny_head, tmp_path):
     """Stopping after 3 steps and resuming to 6 gives the weights of 6 steps in one go."""
     target, straight = tiny_head
     out = tmp_path / "resumed"
-    args = ["train-head", "--target", str(target), "--out", str(out), "--teacher", str(straight / "teacher"),
-            "--steps", "6", *TRAIN]
+    args = [
+        "train-head",
+        "--target",
+        str(target),
+        "--out",
+        str(out),
+        "--teacher",
+        str(straight / "teacher"),
+        "--steps",
+        "6",
+        *TRAIN,
+    ]
     assert main([*args, "--until", "3"]) == 0
     assert main([*args, "--resume"]) == 0
     a = torch.load(straight / "checkpoint.pt", weights_only=True)["model"]
@@ -168,7 +193,9 @@ def test_untrained_head_keeps_sampling_exact_too(tiny_llama):
         drafter = FeatureHeadDrafter(head, target.model, output_ids=torch.arange(0, target.vocab_width, 2))
         return _kept(generate(target, ids, config, drafter))
 
-    assert run(DecodeConfig(k=3, schedule="constant", max_new_tokens=30)) == _kept(generate(target, ids, DecodeConfig(max_new_tokens=30)))
+    assert run(DecodeConfig(k=3, schedule="constant", max_new_tokens=30)) == _kept(
+        generate(target, ids, DecodeConfig(max_new_tokens=30))
+    )
     sampled = DecodeConfig(k=3, schedule="constant", max_new_tokens=30, temperature=1.0, seed=5)
     assert run(sampled) == run(sampled)
     assert run(sampled) != run(DecodeConfig(k=3, schedule="constant", max_new_tokens=30, temperature=1.0, seed=6))
@@ -212,7 +239,7 @@ def test_drafts_step_by_step_equal_the_head_over_the_whole_sequence(tiny_llama):
     first = drafter.propose(ids, 3)
     torch.testing.assert_close(first.q, expected_q(ids, first.tokens), rtol=1e-4, atol=1e-6)
     kept = ids + [first.tokens[0], (first.tokens[1] + 1) % target.vocab_width]  # one draft kept, then another token
-    drafter.observe(real_states(kept)[len(ids) - 1: len(ids) + 1])
+    drafter.observe(real_states(kept)[len(ids) - 1 : len(ids) + 1])
     second = drafter.propose(kept, 3)
     torch.testing.assert_close(second.q, expected_q(kept, second.tokens), rtol=1e-4, atol=1e-6)
 
@@ -259,8 +286,9 @@ def test_fused_head_reads_the_targets_lower_layers_and_keeps_greedy_exact(tiny_l
         expected = torch.softmax(target.model.get_output_embeddings().weight @ predicted, dim=-1)
     torch.testing.assert_close(first.q[0], expected, rtol=1e-4, atol=1e-6)
     greedy = DecodeConfig(k=3, schedule="constant", max_new_tokens=30)
-    assert _kept(generate(target, ids, greedy, FeatureHeadDrafter(head, target.model))) == \
-        _kept(generate(target, ids, DecodeConfig(max_new_tokens=30)))
+    assert _kept(generate(target, ids, greedy, FeatureHeadDrafter(head, target.model))) == _kept(
+        generate(target, ids, DecodeConfig(max_new_tokens=30))
+    )
 
 
 def test_fused_head_grown_from_a_head_starts_as_that_head(tiny_head):
@@ -273,5 +301,6 @@ def test_fused_head_grown_from_a_head_starts_as_that_head(tiny_head):
     width = target.model.config.hidden_size
     observed, embeds = torch.randn(1, 6, 2, width), torch.randn(1, 6, width)
     with torch.no_grad():
-        torch.testing.assert_close(grown(grown.fuse(observed), embeds), original(observed[:, :, -1], embeds),
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            grown(grown.fuse(observed), embeds), original(observed[:, :, -1], embeds), rtol=1e-4, atol=1e-4
+        )

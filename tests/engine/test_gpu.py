@@ -71,7 +71,7 @@ def test_lean_forward_matches_hugging_face_in_float32(family, device):
         with torch.inference_mode():
             got = fast.logits(torch.tensor(tokens, device=device), last_only=False)
         kept_ids += tokens
-        torch.testing.assert_close(got, reference(model, kept_ids)[-len(tokens):].to(device), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got, reference(model, kept_ids)[-len(tokens) :].to(device), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
@@ -84,11 +84,15 @@ def test_lean_forward_in_bfloat16_is_as_close_as_hugging_faces(family, device):
     model = model.to(torch.bfloat16)
     fast = LlamaForward(model)
     with torch.inference_mode():
-        ours = torch.cat([fast.logits(torch.tensor(ids[:8], device=device), False),
-                          fast.logits(torch.tensor(ids[8:9], device=device), False),
-                          fast.logits(torch.tensor(ids[9:], device=device), False)]).float()
+        ours = torch.cat(
+            [
+                fast.logits(torch.tensor(ids[:8], device=device), False),
+                fast.logits(torch.tensor(ids[8:9], device=device), False),
+                fast.logits(torch.tensor(ids[9:], device=device), False),
+            ]
+        ).float()
     theirs = reference(model, ids).float()
-    assert (ours - exact).abs().max() <= 2 * (theirs - exact).abs().max() + 2 ** -7
+    assert (ours - exact).abs().max() <= 2 * (theirs - exact).abs().max() + 2**-7
 
 
 @pytest.mark.parametrize("drafter", ["draft-model", "feature-head", "prompt-lookup", "suffix"])
@@ -97,10 +101,12 @@ def test_greedy_speculative_equals_plain_for_every_drafter(pair, device, drafter
     target, draft = pair
     torch.manual_seed(0)
     head = FeatureHead(head_config(target.model.config)).to(device).eval()
-    make = {"draft-model": lambda: DraftModelDrafter(draft.model),
-            "feature-head": lambda: FeatureHeadDrafter(head, target.model),
-            "prompt-lookup": lambda: PromptLookupDrafter(device=device),
-            "suffix": lambda: SuffixDrafter(SuffixIndex(), device=device)}[drafter]
+    make = {
+        "draft-model": lambda: DraftModelDrafter(draft.model),
+        "feature-head": lambda: FeatureHeadDrafter(head, target.model),
+        "prompt-lookup": lambda: PromptLookupDrafter(device=device),
+        "suffix": lambda: SuffixDrafter(SuffixIndex(), device=device),
+    }[drafter]
     ids = encode_prompt(target.tokenizer, "The quick brown fox jumps over the lazy dog. The quick", chat=False)
     plain = kept(generate(target, ids, DecodeConfig(max_new_tokens=32)))
     for k in (1, 3, 6):
@@ -180,8 +186,22 @@ def test_memory_returns_to_its_baseline_after_unloading(folders, cuda):
 
 def test_specdeck_run_on_the_gpu(folders, device, capsys):
     """`specdeck run --device cuda` (or mps) prints the text and a summary naming the device."""
-    status = main(["run", "--target", str(folders[0]), "--draft", str(folders[1]), "--device", device.type,
-                   "--no-chat", "--prompt", PROMPT, "--max-new-tokens", "12"])
+    status = main(
+        [
+            "run",
+            "--target",
+            str(folders[0]),
+            "--draft",
+            str(folders[1]),
+            "--device",
+            device.type,
+            "--no-chat",
+            "--prompt",
+            PROMPT,
+            "--max-new-tokens",
+            "12",
+        ]
+    )
     out = capsys.readouterr().out
     assert status == 0 and f"on {device.type}" in out
 
@@ -189,9 +209,29 @@ def test_specdeck_run_on_the_gpu(folders, device, capsys):
 def test_a_short_bench_on_the_gpu(folders, device, tmp_path, capsys):
     """`specdeck bench` on the GPU: every speculative text equals plain decoding's."""
     out = tmp_path / "out"
-    status = main(["bench", "--target", str(folders[0]), "--drafter", "prompt-lookup", "--prompts",
-                   str(write_two_prompts(tmp_path / "prompts.jsonl")), "--k", "1,2", "--repeats", "1",
-                   "--max-new-tokens", "8", "--baselines", "plain", "--device", device.type, "--out", str(out)])
+    status = main(
+        [
+            "bench",
+            "--target",
+            str(folders[0]),
+            "--drafter",
+            "prompt-lookup",
+            "--prompts",
+            str(write_two_prompts(tmp_path / "prompts.jsonl")),
+            "--k",
+            "1,2",
+            "--repeats",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--baselines",
+            "plain",
+            "--device",
+            device.type,
+            "--out",
+            str(out),
+        ]
+    )
     assert status == 0
     rows = (out / "per_prompt.csv").read_text(encoding="utf-8").splitlines()
     assert len(rows) > 2 and "false" not in json.dumps(rows)

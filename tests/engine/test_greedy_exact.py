@@ -30,7 +30,9 @@ def test_pair_both_accepts_and_rejects(tiny_pair):
     """The test pair exercises both branches of the rule, so the exactness test means something."""
     target, draft = tiny_pair
     ids = encode_prompt(target.tokenizer, PROMPTS[0], chat=False)
-    summary = list(generate(target, ids, DecodeConfig(k=4, schedule="constant", max_new_tokens=32), DraftModelDrafter(draft.model)))[-1]
+    summary = list(
+        generate(target, ids, DecodeConfig(k=4, schedule="constant", max_new_tokens=32), DraftModelDrafter(draft.model))
+    )[-1]
     assert 0 < summary.accepted < summary.drafted
 
 
@@ -39,8 +41,16 @@ def test_confidence_cutoff_is_exact_and_drafts_less(tiny_llama):
     target, draft = tiny_llama
     ids = encode_prompt(target.tokenizer, PROMPTS[1], chat=False)
     plain = kept_ids(generate(target, ids, DecodeConfig(max_new_tokens=40)))
-    full = list(generate(target, ids, DecodeConfig(k=6, schedule="constant", max_new_tokens=40), DraftModelDrafter(draft.model)))
-    cut = list(generate(target, ids, DecodeConfig(k=6, schedule="constant", max_new_tokens=40, confidence_threshold=0.9),
-                        DraftModelDrafter(draft.model)))
+    full = list(
+        generate(target, ids, DecodeConfig(k=6, schedule="constant", max_new_tokens=40), DraftModelDrafter(draft.model))
+    )
+    cut = list(
+        generate(
+            target,
+            ids,
+            DecodeConfig(k=6, schedule="constant", max_new_tokens=40, confidence_threshold=0.9),
+            DraftModelDrafter(draft.model),
+        )
+    )
     assert kept_ids(cut) == plain
     assert cut[-1].drafted / cut[-1].rounds < full[-1].drafted / full[-1].rounds

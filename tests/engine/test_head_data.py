@@ -19,10 +19,24 @@ from specdeck.engine.models import load_model
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, run_session
 
-EXCHANGES = [Exchange("python-docs", f"Explain item {i}.", f"Item {i} reads the file and returns a list of lines. " * 12)
-             for i in range(24)]
-SMALL = ["--layers", "1", "--answer-every", "2", "--answer-batch", "3", "--answer-tokens", "12",
-         "--shard-sequences", "8", "--threads", "1"]
+EXCHANGES = [
+    Exchange("python-docs", f"Explain item {i}.", f"Item {i} reads the file and returns a list of lines. " * 12)
+    for i in range(24)
+]
+SMALL = [
+    "--layers",
+    "1",
+    "--answer-every",
+    "2",
+    "--answer-batch",
+    "3",
+    "--answer-tokens",
+    "12",
+    "--shard-sequences",
+    "8",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -77,13 +91,45 @@ def test_other_settings_are_refused(grown, capsys):
 def test_head_fusing_lower_layers_trains_on_the_data_and_keeps_greedy_exact(grown, tmp_path):
     target, out, _ = grown
     run = tmp_path / "run"
-    assert main(["train-head", "--target", str(target), "--out", str(run), "--data", str(out), "--feature-layers", "1",
-                 "--unroll", "3", "--feature-weight", "0", "--steps", "4", "--batch", "2", "--eval-every", "2",
-                 "--output-vocab", "150", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "train-head",
+                "--target",
+                str(target),
+                "--out",
+                str(run),
+                "--data",
+                str(out),
+                "--feature-layers",
+                "1",
+                "--unroll",
+                "3",
+                "--feature-weight",
+                "0",
+                "--steps",
+                "4",
+                "--batch",
+                "2",
+                "--eval-every",
+                "2",
+                "--output-vocab",
+                "150",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     config = json.loads((run / "head" / "config.json").read_text())
     assert config["feature_layers"] == [1]
     pair = load_pair(PairSpec(str(target), str(run / "head"), None, device="cpu"))
-    kept = [[e.token_id for e in run_session(pair, "Item 3 reads", config_, chat=False)
-             if isinstance(e, TokenEvent) and e.state.kept]
-            for config_ in (DecodeConfig(k=3, schedule="constant", max_new_tokens=30), DecodeConfig(max_new_tokens=30))]
+    kept = [
+        [
+            e.token_id
+            for e in run_session(pair, "Item 3 reads", config_, chat=False)
+            if isinstance(e, TokenEvent) and e.state.kept
+        ]
+        for config_ in (DecodeConfig(k=3, schedule="constant", max_new_tokens=30), DecodeConfig(max_new_tokens=30))
+    ]
     assert kept[0] == kept[1]

@@ -71,6 +71,7 @@ def test_hybrid_sampling_follows_target(tiny_llama):
 
     def make():
         return HybridDrafter(DraftModelDrafter(draft.model), SuffixDrafter(history, records=False, min_score=2.0))
+
     n = 1000
     counts, rejections = sample_two_tokens(target, ids, base, make, n)
     stat, df = chi_square(counts, exact, n)

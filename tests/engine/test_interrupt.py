@@ -25,14 +25,26 @@ def models(tiny_root):
 
 
 def _specdeck(*argv: str, stdout=subprocess.PIPE) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "specdeck.cli.main", *argv], cwd=ROOT, stdout=stdout,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "specdeck.cli.main", *argv], cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _run_argv(models, *extra: str) -> list[str]:
     target, draft = models
-    return ["run", "--target", str(target), "--draft", str(draft), "--no-chat", "--prompt", "The quick brown fox",
-            "--max-new-tokens", "480", *extra]
+    return [
+        "run",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--no-chat",
+        "--prompt",
+        "The quick brown fox",
+        "--max-new-tokens",
+        "480",
+        *extra,
+    ]
 
 
 def _wait_blocked_on_output(child: subprocess.Popen) -> None:
@@ -107,9 +119,26 @@ def test_ctrl_c_in_bench_keeps_the_prompts_that_finished(models, tmp_path):
     """Ctrl-C after the first prompt: the files cover the finished prompts and say it was cancelled."""
     target, _ = models
     out = tmp_path / "out"
-    argv = ["bench", "--target", str(target), "--drafter", "prompt-lookup", "--prompts",
-            str(_four_prompts(tmp_path / "p.jsonl")), "--baselines", "plain", "--repeats", "3", "--k", "2",
-            "--max-new-tokens", "300", "--no-plots", "--out", str(out)]
+    argv = [
+        "bench",
+        "--target",
+        str(target),
+        "--drafter",
+        "prompt-lookup",
+        "--prompts",
+        str(_four_prompts(tmp_path / "p.jsonl")),
+        "--baselines",
+        "plain",
+        "--repeats",
+        "3",
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "300",
+        "--no-plots",
+        "--out",
+        str(out),
+    ]
     with _specdeck(*argv) as child:
         for line in child.stderr:  # one progress line per run; a prompt is 3 repeats of 2 methods
             done = re.search(r"\] (\d+)/", line)

@@ -41,8 +41,9 @@ def test_draft_hidden_states_match_hf(tiny_llama):
     fast, hf = LlamaForward(model), HFForward(model)
     with torch.inference_mode():
         for tokens in ([3, 4, 5, 6], [7], [8, 9]):
-            torch.testing.assert_close(fast.hidden(torch.tensor(tokens)), hf.hidden(torch.tensor(tokens)),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                fast.hidden(torch.tensor(tokens)), hf.hidden(torch.tensor(tokens)), rtol=1e-5, atol=1e-5
+            )
 
 
 def test_bare_model_on_input_vectors_matches_hf(tiny_llama):
@@ -53,12 +54,12 @@ def test_bare_model_on_input_vectors_matches_hf(tiny_llama):
     vectors = torch.randn(9, body.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         for part in (vectors[:4], vectors[4:5], vectors[5:8]):
-            torch.testing.assert_close(fast.hidden_from_inputs(part), hf.hidden_from_inputs(part),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(fast.hidden_from_inputs(part), hf.hidden_from_inputs(part), rtol=1e-5, atol=1e-5)
         fast.crop(5)
         hf.crop(5)
-        torch.testing.assert_close(fast.hidden_from_inputs(vectors[8:]), hf.hidden_from_inputs(vectors[8:]),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            fast.hidden_from_inputs(vectors[8:]), hf.hidden_from_inputs(vectors[8:]), rtol=1e-5, atol=1e-5
+        )
         assert len(fast) == len(hf) == 6
 
 
@@ -72,22 +73,45 @@ def test_plain_greedy_equals_hf_generate(tiny_pair):
         ids = encode_prompt(target.tokenizer, prompt, chat=False)
         ours = [e.token_id for e in generate(target, ids, DecodeConfig(max_new_tokens=40)) if isinstance(e, TokenEvent)]
         with torch.inference_mode():
-            out = target.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                        max_new_tokens=40, do_sample=False, eos_token_id=None,
-                                        pad_token_id=target.tokenizer.eos_token_id)
-        assert ours == out[0, len(ids):].tolist()[: len(ours)]
+            out = target.model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=40,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=target.tokenizer.eos_token_id,
+            )
+        assert ours == out[0, len(ids) :].tolist()[: len(ours)]
 
 
 def tiny_config(**extra) -> LlamaConfig:
-    return LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2, **extra)
+    return LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.2,
+        **extra,
+    )
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 16, "rope_theta": 500000.0},
-], ids=["linear", "llama3"])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "rope_theta": 500000.0,
+        },
+    ],
+    ids=["linear", "llama3"],
+)
 def test_scaled_rotary_variants_match_hf(rope):
     """Rotary variants with fixed frequencies run on the fast path with Hugging Face's logits."""
     torch.manual_seed(0)
@@ -95,15 +119,17 @@ def test_scaled_rotary_variants_match_hf(rope):
     fast, hf = LlamaForward(model), HFForward(model)
     with torch.inference_mode():
         for tokens in (list(range(1, 40)), [40], [41, 42, 43]):
-            torch.testing.assert_close(fast.logits(torch.tensor(tokens), False), hf.logits(torch.tensor(tokens), False),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                fast.logits(torch.tensor(tokens), False), hf.logits(torch.tensor(tokens), False), rtol=1e-5, atol=1e-5
+            )
 
 
 def test_length_dependent_rotary_falls_back_to_hf():
     """Rotary scaling that changes with the sequence length is left to Hugging Face's forward."""
     torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_config(rope_parameters={"rope_type": "dynamic", "factor": 2.0,
-                                                          "rope_theta": 10000.0})).eval()
+    model = LlamaForCausalLM(
+        tiny_config(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    ).eval()
     lm = CachedModel(model)
     assert isinstance(lm.backend, HFForward)
     assert lm.forward([1, 2, 3]).shape == (3, 64)

@@ -32,7 +32,8 @@ ON_LLAMA_CPP = LoadOptions(backend="llama.cpp")
 PROMPT = "Write a Python function that checks whether the given string s reads the same backwards."
 # over 512 cached positions, where llama.cpp's one-token attention would split the cache between threads
 LONG_PROMPT = "Summarize this log in three sentences.\n" + "\n".join(
-    f"step {i}: the worker read batch {i * 7 % 50} and wrote {i * 13 % 90} rows to table {i % 4}" for i in range(26))
+    f"step {i}: the worker read batch {i * 7 % 50} and wrote {i * 13 % 90} rows to table {i % 4}" for i in range(26)
+)
 
 
 @pytest.fixture
@@ -71,7 +72,7 @@ def noisy_draft(target, tmp_path_factory):
 def _logits_in_calls(forward: LlamaCppForward, ids: list[int], sizes: list[int], states: bool) -> torch.Tensor:
     rows, start = [], 0
     for size in sizes:
-        chunk = torch.tensor(ids[start: start + size])
+        chunk = torch.tensor(ids[start : start + size])
         rows.append(forward.output_layer(forward.hidden(chunk)) if states else forward.logits(chunk, last_only=False))
         start += size
     return torch.cat(rows)
@@ -88,8 +89,13 @@ def test_one_token_and_several_token_calls_give_identical_logits(target, prompt)
     forward.logits(torch.tensor(prompt), last_only=True)
     tokens = list(range(1000, 1070))
     one_at_a_time = _logits_in_calls(forward, tokens, [1] * 70, states=False)
-    for sizes, states in (([70], False), ([4] * 16 + [6], False), ([3, 5, 62], False), ([2] * 35, True),
-                          ([1, 69], True)):
+    for sizes, states in (
+        ([70], False),
+        ([4] * 16 + [6], False),
+        ([3, 5, 62], False),
+        ([2] * 35, True),
+        ([1, 69], True),
+    ):
         forward.crop(len(prompt))
         assert torch.equal(_logits_in_calls(forward, tokens, sizes, states), one_at_a_time), (sizes, states)
 

@@ -54,8 +54,9 @@ def test_copied_rounds_keep_greedy_exact_and_skip_the_drafter(tiny_llama, kind):
     for lookup in (1, 3):
         for k in (1, 3):
             drafter = _counting(_make(kind, target, draft))
-            events = list(generate(target, ids, DecodeConfig(k=k, schedule="constant", lookup=lookup,
-                                                                max_new_tokens=40), drafter))
+            events = list(
+                generate(target, ids, DecodeConfig(k=k, schedule="constant", lookup=lookup, max_new_tokens=40), drafter)
+            )
             assert _kept(events) == plain, (lookup, k)
             summary = events[-1]
             copied = {e.round for e in events if isinstance(e, RoundEvent) and e.copied}
@@ -103,8 +104,7 @@ def test_copied_token_keeps_sampling_exact(tiny_llama):
     counts: dict = {}
     rejections = 0
     for seed in range(n):
-        events = list(generate(target, ids, replace(config, seed=seed),
-                               DraftModelDrafter(draft.model)))
+        events = list(generate(target, ids, replace(config, seed=seed), DraftModelDrafter(draft.model)))
         first = _kept(events)[0]
         rejections += any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)
         counts[first] = counts.get(first, 0) + 1

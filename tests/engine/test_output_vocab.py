@@ -18,14 +18,28 @@ def test_reduced_output_greedy_equals_plain(tiny_pair):
     target, draft = tiny_pair
     allowed = torch.arange(0, target.vocab_width, 3)
     ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
-    plain = [e.token_id for e in generate(target, ids, DecodeConfig(max_new_tokens=32))
-             if isinstance(e, TokenEvent) and e.state.kept]
+    plain = [
+        e.token_id
+        for e in generate(target, ids, DecodeConfig(max_new_tokens=32))
+        if isinstance(e, TokenEvent) and e.state.kept
+    ]
     for k in range(1, 7):
-        events = list(generate(target, ids, DecodeConfig(k=k, schedule="constant", max_new_tokens=32),
-                               DraftModelDrafter(draft.model, output_ids=allowed)))
+        events = list(
+            generate(
+                target,
+                ids,
+                DecodeConfig(k=k, schedule="constant", max_new_tokens=32),
+                DraftModelDrafter(draft.model, output_ids=allowed),
+            )
+        )
         assert [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept] == plain, k
-        drafted = {e.token_id for e in events if isinstance(e, TokenEvent) and not e.copied
-                   and e.state in (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)}
+        drafted = {
+            e.token_id
+            for e in events
+            if isinstance(e, TokenEvent)
+            and not e.copied
+            and e.state in (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)
+        }
         assert drafted and drafted <= set(allowed.tolist())
 
 

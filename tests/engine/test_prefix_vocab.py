@@ -43,6 +43,9 @@ def test_target_only_tokens_in_prompt_and_output_keep_greedy_exact(prefix_pair):
     plain = kept(generate(target, ids, config))
     events = list(generate(target, ids, config, DraftModelDrafter(draft.model)))
     assert kept(events) == plain and max(extra_ids) in plain
-    drafted = {e.token_id for e in events if isinstance(e, TokenEvent)
-               and e.state in (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)}
+    drafted = {
+        e.token_id
+        for e in events
+        if isinstance(e, TokenEvent) and e.state in (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)
+    }
     assert drafted and max(drafted) < draft.vocab_width

@@ -68,6 +68,7 @@ def test_running_out_of_memory_while_loading_says_so(model_dirs, monkeypatch):
 
     def out_of_memory(*args, **kwargs):
         raise MemoryError
+
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", out_of_memory)
     with pytest.raises(SpecDeckError, match="does not fit in the memory"):
         load_model(str(llama), ON_CPU)

@@ -30,6 +30,7 @@ def test_ordinary_prompts_encode_as_the_rendered_template(smollm2_tokenizer):
     """Without control tokens in it, a prompt's ids are those of the whole rendered template."""
     tok = smollm2_tokenizer
     for prompt in ("Hello", " leading space", "two\nlines\n", "Café 東京 🙂"):
-        rendered = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                           add_generation_prompt=True)
+        rendered = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
         assert encode_prompt(tok, prompt) == tok(rendered, add_special_tokens=False)["input_ids"]

@@ -27,16 +27,28 @@ from specdeck.engine.events import SessionStarted, TokenState
 from specdeck.engine.suffix import SuffixIndex
 
 LONG = os.environ.get("SPECDECK_HYPOTHESIS") == "long"
-PROFILE = settings(max_examples=300 if LONG else 40, deadline=None, derandomize=not LONG, database=None,
-                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+PROFILE = settings(
+    max_examples=300 if LONG else 40,
+    deadline=None,
+    derandomize=not LONG,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
-prompts = st.lists(
-    st.one_of(
-        st.characters(codec="utf-8", exclude_categories=("Cs",)),  # any Unicode: emoji, control chars, ...
-        st.sampled_from([" ", "\t", "\n", "\r\n", "    ", "def f(x):\n", "{}", "fox", "🙂", "東京", "\u200b", "\x00"]),
-    ),
-    min_size=1, max_size=30,
-).map("".join).filter(lambda text: text.strip())
+prompts = (
+    st.lists(
+        st.one_of(
+            st.characters(codec="utf-8", exclude_categories=("Cs",)),  # any Unicode: emoji, control chars, ...
+            st.sampled_from(
+                [" ", "\t", "\n", "\r\n", "    ", "def f(x):\n", "{}", "fox", "🙂", "東京", "\u200b", "\x00"]
+            ),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+    .map("".join)
+    .filter(lambda text: text.strip())
+)
 
 HISTORY = SuffixIndex()  # every suffix-drafted example's text: later examples draft from earlier ones
 
@@ -47,17 +59,27 @@ stop_strings = st.lists(st.text(min_size=1, max_size=3), max_size=2).map(tuple)
 def decode_configs(draw, greedy: bool) -> DecodeConfig:
     k = draw(st.integers(1, 6))
     return DecodeConfig(
-        k=k, schedule=draw(st.sampled_from(SCHEDULES)), max_k=draw(st.integers(k, 8)),
-        confidence_threshold=draw(st.sampled_from((0.0, 0.05, 0.3, 0.9))), lookup=draw(st.integers(0, 4)),
-        temperature=0.0 if greedy else draw(st.floats(0.1, 2.0)), top_k=draw(st.integers(0, 50)),
-        top_p=draw(st.floats(0.05, 1.0)), seed=draw(st.integers(0, 2**31 - 1)),
-        max_new_tokens=draw(st.integers(1, 24)), stop_strings=draw(stop_strings),
+        k=k,
+        schedule=draw(st.sampled_from(SCHEDULES)),
+        max_k=draw(st.integers(k, 8)),
+        confidence_threshold=draw(st.sampled_from((0.0, 0.05, 0.3, 0.9))),
+        lookup=draw(st.integers(0, 4)),
+        temperature=0.0 if greedy else draw(st.floats(0.1, 2.0)),
+        top_k=draw(st.integers(0, 50)),
+        top_p=draw(st.floats(0.05, 1.0)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        max_new_tokens=draw(st.integers(1, 24)),
+        stop_strings=draw(stop_strings),
     )
 
 
 def drafter_for(kind: str, draft):
-    return {"draft-model": lambda: DraftModelDrafter(draft.model), "prompt-lookup": PromptLookupDrafter,
-            "suffix": lambda: SuffixDrafter(HISTORY), "plain": lambda: None}[kind]()
+    return {
+        "draft-model": lambda: DraftModelDrafter(draft.model),
+        "prompt-lookup": PromptLookupDrafter,
+        "suffix": lambda: SuffixDrafter(HISTORY),
+        "plain": lambda: None,
+    }[kind]()
 
 
 def kept_ids(events) -> list[int]:
@@ -72,8 +94,9 @@ def assert_consistent(events, config: DecodeConfig, tokenizer) -> None:
     rounds = [e for e in events if isinstance(e, RoundEvent)]
     kept = [e for e in tokens if e.state.kept]
     assert "".join(e.text for e in kept) == summary.text
-    assert summary.text == tokenizer.decode([e.token_id for e in kept], skip_special_tokens=True,
-                                            clean_up_tokenization_spaces=False)
+    assert summary.text == tokenizer.decode(
+        [e.token_id for e in kept], skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
     assert summary.new_tokens == len(kept) <= config.max_new_tokens
     assert [e.pos for e in kept] == list(range(len(kept)))
     assert summary.rounds == len(rounds) and (not rounds or rounds[-1].new_tokens == len(kept))
@@ -89,7 +112,9 @@ def assert_consistent(events, config: DecodeConfig, tokenizer) -> None:
 
 
 @PROFILE
-@given(prompt=prompts, config=decode_configs(greedy=True), kind=st.sampled_from(("draft-model", "prompt-lookup", "suffix")))
+@given(
+    prompt=prompts, config=decode_configs(greedy=True), kind=st.sampled_from(("draft-model", "prompt-lookup", "suffix"))
+)
 def test_greedy_speculative_text_equals_plain_text(tiny_pair, prompt, config, kind):
     """For any greedy settings and prompt, speculative decoding keeps exactly plain decoding's tokens."""
     target, draft = tiny_pair
@@ -102,11 +127,15 @@ def test_greedy_speculative_text_equals_plain_text(tiny_pair, prompt, config, ki
 
 
 @PROFILE
-@given(prompt=prompts, config=st.one_of(decode_configs(greedy=True), decode_configs(greedy=False)),
-       kind=st.sampled_from(("draft-model", "prompt-lookup", "suffix", "plain")))
+@given(
+    prompt=prompts,
+    config=st.one_of(decode_configs(greedy=True), decode_configs(greedy=False)),
+    kind=st.sampled_from(("draft-model", "prompt-lookup", "suffix", "plain")),
+)
 def test_event_stream_is_consistent_for_any_settings(tiny_pair, prompt, config, kind):
     """For any valid settings, drafter and prompt the session ends normally with a consistent stream."""
     target, draft = tiny_pair
-    events = list(generate(target, encode_prompt(target.tokenizer, prompt, chat=False), config,
-                           drafter_for(kind, draft)))
+    events = list(
+        generate(target, encode_prompt(target.tokenizer, prompt, chat=False), config, drafter_for(kind, draft))
+    )
     assert_consistent(events, config, target.tokenizer)

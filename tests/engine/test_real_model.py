@@ -23,8 +23,10 @@ def smollm2():
 
 def test_prompt_lookup_greedy_equals_plain_for_128_tokens(smollm2):
     """Prompt lookup's greedy output is the plain greedy output, and it does accept drafts."""
-    prompt = ("Repeat this list exactly, then add one more item: apples, pears, plums, cherries, "
-              "grapes, lemons, oranges, figs, dates, kiwis.")
+    prompt = (
+        "Repeat this list exactly, then add one more item: apples, pears, plums, cherries, "
+        "grapes, lemons, oranges, figs, dates, kiwis."
+    )
     ids = encode_prompt(smollm2.tokenizer, prompt)
     config = DecodeConfig(k=4, schedule="constant", max_new_tokens=128)
     plain = list(generate(smollm2, ids, config))
@@ -139,12 +141,18 @@ def test_lean_forward_keeps_hf_logits_and_greedy_text(smollm2):
         for tokens in (ids[:-1], ids[-1:], [330, 2017], [28, 29, 30, 31]):
             # float32 rounding of another matrix-product kernel (engine.linear): logits of 10-30 agree
             # to about 1e-5 relative
-            torch.testing.assert_close(fast.logits(torch.tensor(tokens), False),
-                                       hf.logits(torch.tensor(tokens), False), rtol=1e-5, atol=2e-4)
+            torch.testing.assert_close(
+                fast.logits(torch.tensor(tokens), False), hf.logits(torch.tensor(tokens), False), rtol=1e-5, atol=2e-4
+            )
             fast.crop(len(fast) - 1)
             hf.crop(len(hf) - 1)
-        out = smollm2.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                     max_new_tokens=48, do_sample=False, pad_token_id=smollm2.tokenizer.eos_token_id)
+        out = smollm2.model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=48,
+            do_sample=False,
+            pad_token_id=smollm2.tokenizer.eos_token_id,
+        )
     ours = list(generate(smollm2, ids, DecodeConfig(max_new_tokens=48)))
-    expected = smollm2.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+    expected = smollm2.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
     assert ours[-1].text == expected

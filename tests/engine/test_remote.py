@@ -34,9 +34,11 @@ from specdeck.engine.session import load_pair
 from specdeck.engine.stats import expected_tokens_per_round, remote_tokens_per_s
 
 SERVED = importlib.util.find_spec("llama_cpp") is not None and all(
-    importlib.util.find_spec(name) is not None for name in ("fastapi", "uvicorn", "sse_starlette", "pydantic_settings"))
-needs_server = pytest.mark.skipif(not SERVED, reason='llama_cpp or its server extra is not installed '
-                                  '(pip install "llama-cpp-python[server]==0.3.36")')
+    importlib.util.find_spec(name) is not None for name in ("fastapi", "uvicorn", "sse_starlette", "pydantic_settings")
+)
+needs_server = pytest.mark.skipif(
+    not SERVED, reason='llama_cpp or its server extra is not installed (pip install "llama-cpp-python[server]==0.3.36")'
+)
 GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=16)
 
 
@@ -58,9 +60,29 @@ def server():
     if not SERVED:
         pytest.skip('llama_cpp or its server extra is not installed (pip install "llama-cpp-python[server]==0.3.36")')
     port = free_port()
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(BUILTIN_MODELS[DEFAULT_TARGET].path()),
-               "--model_alias", "target", "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1",
-               "--logits_all", "true", "--flash_attn", "true", "--type_k", "8", "--type_v", "8"]
+    command = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(BUILTIN_MODELS[DEFAULT_TARGET].path()),
+        "--model_alias",
+        "target",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_threads",
+        "1",
+        "--logits_all",
+        "true",
+        "--flash_attn",
+        "true",
+        "--type_k",
+        "8",
+        "--type_v",
+        "8",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -82,16 +104,25 @@ def server():
 
 def server_greedy(url: str, prompt_text: str, n: int) -> str:
     """The server's own greedy completion (its repeat penalty off, which would change greedy text)."""
-    body = {"model": "target", "prompt": prompt_text, "max_tokens": n, "temperature": 0, "top_k": 1,
-            "repeat_penalty": 1.0}
+    body = {
+        "model": "target",
+        "prompt": prompt_text,
+        "max_tokens": n,
+        "temperature": 0,
+        "top_k": 1,
+        "repeat_penalty": 1.0,
+    }
     return post(url + "/completions", body)["choices"][0]["text"]
 
 
 @needs_server
-@pytest.mark.parametrize("drafter, draft, prompt", [
-    (DrafterKind.PROMPT_LOOKUP, None, "The cat sat on the mat. The cat"),
-    (DrafterKind.DRAFT_MODEL, DEFAULT_DRAFT, "Once upon a time,"),
-])
+@pytest.mark.parametrize(
+    "drafter, draft, prompt",
+    [
+        (DrafterKind.PROMPT_LOOKUP, None, "The cat sat on the mat. The cat"),
+        (DrafterKind.DRAFT_MODEL, DEFAULT_DRAFT, "Once upon a time,"),
+    ],
+)
 def test_remote_greedy_text_is_the_servers_own(server, drafter, draft, prompt):
     """Speculative decoding against the server writes exactly the server's own greedy completion."""
     pair = load_pair(PairSpec(server, draft, drafter, device="cpu", target_model="target"))
@@ -142,7 +173,9 @@ def test_dropped_connection_keeps_the_text_so_far(server):
                 events.append(event)
     summary = events[-1]
     assert isinstance(summary, SummaryEvent) and summary.stop_reason == "server_error"
-    assert summary.new_tokens > 0 and server_greedy(server, "The cat sat on the mat. The cat", 16).startswith(summary.text)
+    assert summary.new_tokens > 0 and server_greedy(server, "The cat sat on the mat. The cat", 16).startswith(
+        summary.text
+    )
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -155,8 +188,15 @@ class Stub:
     `status` (and `detail`) or after `delay_s`, wants `key` if given, and forwards to `upstream`
     otherwise, dropping the connection at the request after `drop_after` completions."""
 
-    def __init__(self, status: int = 200, detail: str = "", delay_s: float = 0.0, key: str = "",
-                 upstream: str = "", drop_after: int | None = None) -> None:
+    def __init__(
+        self,
+        status: int = 200,
+        detail: str = "",
+        delay_s: float = 0.0,
+        key: str = "",
+        upstream: str = "",
+        drop_after: int | None = None,
+    ) -> None:
         stub = self
         self.completions = 0
 
@@ -222,12 +262,21 @@ def first_round(url: str, tokenizer, timeout_s: float = 10.0) -> list:
     return events
 
 
-@pytest.mark.parametrize("stub, message", [
-    (dict(status=500, detail="CUDA out of memory"), r"failed on /extras/tokenize: HTTP 500 \(CUDA out of memory\).*log"),
-    (dict(status=400, detail="prompt too long"), r"rejected the request .*HTTP 400 \(prompt too long\)"),
-    (dict(status=503), r"HTTP 503.*run again once it is healthy"),
-    (dict(key="sesame"), rf"refused the request: HTTP 401 \(Invalid API key\).*set the environment variable {API_KEY_VARIABLE}"),
-])
+@pytest.mark.parametrize(
+    "stub, message",
+    [
+        (
+            dict(status=500, detail="CUDA out of memory"),
+            r"failed on /extras/tokenize: HTTP 500 \(CUDA out of memory\).*log",
+        ),
+        (dict(status=400, detail="prompt too long"), r"rejected the request .*HTTP 400 \(prompt too long\)"),
+        (dict(status=503), r"HTTP 503.*run again once it is healthy"),
+        (
+            dict(key="sesame"),
+            rf"refused the request: HTTP 401 \(Invalid API key\).*set the environment variable {API_KEY_VARIABLE}",
+        ),
+    ],
+)
 def test_server_errors_say_what_happened(tokenizer, stub, message):
     """Error statuses and a missing API key each stop the session with what went wrong and what to do."""
     with Stub(**stub) as server, pytest.raises(SpecDeckError, match=message):
@@ -275,6 +324,7 @@ def test_feature_head_is_refused_for_a_remote_target(tokenizer):
 
 def test_latency_model_pays_more_the_longer_the_round_trip():
     """Speculation's gain over plain decoding grows with the round trip; drafts never accepted never pay."""
+
     def speedup(a, rtt):
         kept = expected_tokens_per_round(a, 4)
         return remote_tokens_per_s(kept, 4, rtt, 2.0, 20.0) / remote_tokens_per_s(1.0, 0, rtt, 0.0, 15.0)

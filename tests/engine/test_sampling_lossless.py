@@ -95,8 +95,9 @@ def exact_two_token_distribution(target, ids, config) -> dict:
             if t1 in target.eos_ids:
                 joint[(t1,)] = float(p1[t1])
                 continue
-            p2 = logits_to_probs(target.model(input_ids=torch.tensor([ids + [t1]], device=target.device)).logits[0, -1],
-                                 config)
+            p2 = logits_to_probs(
+                target.model(input_ids=torch.tensor([ids + [t1]], device=target.device)).logits[0, -1], config
+            )
             for t2 in p2.nonzero().flatten().tolist():
                 joint[(t1, t2)] = float(p1[t1] * p2[t2])
     return joint
@@ -116,6 +117,7 @@ def test_speculative_sampling_follows_target(tiny_llama, drafter):
         if drafter == "feature-head":
             return FeatureHeadDrafter(head, target.model, output_ids=output_ids)
         return DraftModelDrafter(draft.model, output_ids=output_ids)
+
     ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
     base = DecodeConfig(k=3, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2)
     exact = exact_two_token_distribution(target, ids, base)
@@ -149,8 +151,9 @@ def test_suffix_drafter_sampling_follows_target(tiny_llama, honest):
     history.separate()
     make = MisreportedSuffixDrafter if honest is False else SuffixDrafter
     n = 1000
-    counts, rejections = sample_two_tokens(target, ids, replace(base, schedule="constant"),
-                                           lambda: make(history, records=False), n)
+    counts, rejections = sample_two_tokens(
+        target, ids, replace(base, schedule="constant"), lambda: make(history, records=False), n
+    )
     stat, df = chi_square(counts, exact, n)
     assert df >= 5
     if honest:
@@ -179,7 +182,9 @@ def test_auto_schedule_sampling_follows_target(tiny_llama, monkeypatch):
     control: the test can tell a near miss)."""
     from specdeck.engine.autotune import CostCurve
 
-    monkeypatch.setattr("specdeck.engine.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0)))
+    monkeypatch.setattr(
+        "specdeck.engine.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
+    )
     monkeypatch.setattr("specdeck.engine.decoding.draft_cost", lambda *args, **kwargs: 0.1)
     target, draft = tiny_llama
     ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)

@@ -10,8 +10,9 @@ from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.linear import PackedLinear, packed_available
 from specdeck.engine.models import load_model
 
-needs_packed = pytest.mark.skipif(packed_available(torch.zeros(2, 2)) is not None,
-                                  reason="this torch has no oneDNN packed linear")
+needs_packed = pytest.mark.skipif(
+    packed_available(torch.zeros(2, 2)) is not None, reason="this torch has no oneDNN packed linear"
+)
 
 
 def _kept(events) -> list[int]:
@@ -35,7 +36,7 @@ def test_packed_products_give_each_row_the_same_bits(shape):
     x = torch.randn(16, shape[1], generator=torch.Generator().manual_seed(2))
     for n in (2, 3, 8, 16):
         batch = linear(x[:n])
-        assert all(torch.equal(linear(x[j: j + 1]), batch[j: j + 1]) for j in range(n))
+        assert all(torch.equal(linear(x[j : j + 1]), batch[j : j + 1]) for j in range(n))
 
 
 @needs_packed
@@ -48,7 +49,7 @@ def test_verify_logits_equal_one_token_steps(packed_llama):
     steps = torch.cat([lm.forward([t]) for t in ids[30:46]])
     for n in (2, 5, 16):
         lm.crop(30)
-        assert torch.equal(lm.forward(ids[30: 30 + n]), steps[:n]), n
+        assert torch.equal(lm.forward(ids[30 : 30 + n]), steps[:n]), n
 
 
 def _near_ties(model: torch.nn.Module) -> None:
@@ -67,11 +68,12 @@ def test_greedy_identity_holds_at_near_ties(packed_llama):
     ids = encode_prompt(packed_llama.tokenizer, "The quick brown fox", chat=False)
     plain = _kept(generate(packed_llama, ids, DecodeConfig(max_new_tokens=40)))
     with torch.inference_mode():
-        logits = packed_llama.model(input_ids=torch.tensor([ids + plain[:-1]])).logits[0, len(ids) - 1:]
+        logits = packed_llama.model(input_ids=torch.tensor([ids + plain[:-1]])).logits[0, len(ids) - 1 :]
     top2 = logits.topk(2, dim=-1).values
     assert float((top2[:, 0] - top2[:, 1]).max()) < 1e-3  # every step is a near-tie
     for config in [DecodeConfig(k=k, schedule="constant", lookup=0, max_new_tokens=40) for k in (1, 3, 6)] + [
-            DecodeConfig(max_new_tokens=40)]:
+        DecodeConfig(max_new_tokens=40)
+    ]:
         events = list(generate(packed_llama, ids, config, DraftModelDrafter(packed_llama.model)))
         assert _kept(events) == plain, config
 

@@ -13,8 +13,13 @@ from hypothesis import strategies as st
 from specdeck.engine.suffix import SuffixIndex
 
 LONG = os.environ.get("SPECDECK_HYPOTHESIS") == "long"
-PROFILE = settings(max_examples=1000 if LONG else 150, deadline=None, derandomize=not LONG, database=None,
-                   suppress_health_check=[HealthCheck.too_slow])
+PROFILE = settings(
+    max_examples=1000 if LONG else 150,
+    deadline=None,
+    derandomize=not LONG,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 # a few distinct token ids, so that texts repeat themselves; None ends a text (a separator)
 texts = st.lists(st.one_of(st.integers(0, 3), st.just(None)), max_size=80)
@@ -37,18 +42,18 @@ def indexed(items) -> tuple[SuffixIndex, list[int]]:
 def followers(text: list[int], string: list[int]) -> Counter:
     """How often each token follows an occurrence of `string` in `text`."""
     n = len(string)
-    return Counter(text[i + n] for i in range(len(text) - n) if text[i: i + n] == string and text[i + n] >= 0)
+    return Counter(text[i + n] for i in range(len(text) - n) if text[i : i + n] == string and text[i + n] >= 0)
 
 
 def occurrences_followed(text: list[int], string: list[int]) -> int:
     """Occurrences of `string` with any token after them (a separator included)."""
-    return sum(1 for i in range(len(text) - len(string)) if text[i: i + len(string)] == string)
+    return sum(1 for i in range(len(text) - len(string)) if text[i : i + len(string)] == string)
 
 
 def brute_match(text: list[int], query: list[int]) -> tuple[int, Counter]:
     """The longest suffix of `query` followed by a token somewhere in `text`, and its followers."""
     for n in range(len(query), 0, -1):
-        after = followers(text, query[len(query) - n:])
+        after = followers(text, query[len(query) - n :])
         if after:
             return n, after
     return 0, followers(text, [])
@@ -86,7 +91,7 @@ def test_walk_follows_the_most_frequent_continuation(items, query, floor):
     index, text = indexed(items)
     match = index.match(query)
     path = index.walk(match, 6, floor)
-    string = query[len(query) - match.length:]
+    string = query[len(query) - match.length :]
     share = 1.0
     for token in path:
         after = followers(text, string)
@@ -97,6 +102,7 @@ def test_walk_follows_the_most_frequent_continuation(items, query, floor):
     after = followers(text, string)
     if len(path) < 6 and after:
         assert share * max(after.values()) / occurrences_followed(text, string) < floor
+
 
 def test_streaming_equals_matching_from_scratch():
     """`step` over a query, one token at a time, finds what `match` finds for every prefix."""

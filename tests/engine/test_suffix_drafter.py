@@ -27,8 +27,9 @@ def test_greedy_suffix_equals_plain(tiny_pair, schedule):
         ids = encode_prompt(target.tokenizer, prompt, chat=False)
         plain = kept_ids(generate(target, ids, DecodeConfig(max_new_tokens=32)))
         for k in (1, 3, 8):
-            events = list(generate(target, ids, DecodeConfig(k=k, schedule=schedule, max_new_tokens=32),
-                                   SuffixDrafter(history)))
+            events = list(
+                generate(target, ids, DecodeConfig(k=k, schedule=schedule, max_new_tokens=32), SuffixDrafter(history))
+            )
             assert kept_ids(events) == plain, (prompt, k)
             drafted += events[-1].drafted
     assert drafted > 0
@@ -80,5 +81,7 @@ def test_bench_never_drafts_a_prompt_from_its_own_runs(tiny_pair):
     first, again = ([run.accepted for run in result.runs[method]] for result in results)
     assert first[0] == first[1]
     assert min(again) > max(first)
-    assert all(run.token_ids == results[0].runs[Method("plain")][0].token_ids for r in results for run in r.runs[method])
+    assert all(
+        run.token_ids == results[0].runs[Method("plain")][0].token_ids for r in results for run in r.runs[method]
+    )
     assert len(pair.history) == 0

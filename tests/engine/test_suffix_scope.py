@@ -88,8 +88,9 @@ def test_prompt_lookup_copies_say_prompt(tiny_llama):
     """Prompt lookup copies from the request's own text: its accepted drafts say "prompt"."""
     target, _ = tiny_llama
     ids = encode_prompt(target.tokenizer, "The quick brown fox jumps over the lazy dog. The quick brown", chat=False)
-    events = list(generate(target, ids, DecodeConfig(k=4, schedule="constant", max_new_tokens=24),
-                           PromptLookupDrafter()))
+    events = list(
+        generate(target, ids, DecodeConfig(k=4, schedule="constant", max_new_tokens=24), PromptLookupDrafter())
+    )
     drafted = [e for e in events if isinstance(e, TokenEvent) and e.state.value in ("accepted", "rejected")]
     assert drafted and {e.source for e in drafted} == {"prompt"}
 

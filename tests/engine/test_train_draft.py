@@ -15,9 +15,34 @@ from specdeck.engine.models import LoadOptions, load_model
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, run_session
 
-TINY = ["--hidden", "32", "--layers", "1", "--intermediate", "64", "--answers", "3", "--passages", "1",
-        "--code", "2", "--answer-tokens", "12", "--generation-batch", "2", "--documents", "4", "--output-vocab", "200",
-        "--batch", "2", "--max-length", "48", "--threads", "1"]
+TINY = [
+    "--hidden",
+    "32",
+    "--layers",
+    "1",
+    "--intermediate",
+    "64",
+    "--answers",
+    "3",
+    "--passages",
+    "1",
+    "--code",
+    "2",
+    "--answer-tokens",
+    "12",
+    "--generation-batch",
+    "2",
+    "--documents",
+    "4",
+    "--output-vocab",
+    "200",
+    "--batch",
+    "2",
+    "--max-length",
+    "48",
+    "--threads",
+    "1",
+]
 
 
 DRAFTED = (TokenState.ACCEPTED, TokenState.REJECTED, TokenState.DISCARDED)
@@ -53,7 +78,11 @@ def test_trained_draft_proposes_only_its_output_tokens(tiny_run):
     pair = load_pair(PairSpec(str(target), str(out / "draft"), "draft-model", device="cpu"))
     allowed = set(pair.draft.output_ids.tolist())
     assert 0 < len(allowed) < pair.target.vocab_width
-    events = list(run_session(pair, "def add(a, b):", DecodeConfig(k=4, schedule="constant", max_new_tokens=24, temperature=1.0, seed=3)))
+    events = list(
+        run_session(
+            pair, "def add(a, b):", DecodeConfig(k=4, schedule="constant", max_new_tokens=24, temperature=1.0, seed=3)
+        )
+    )
     drafted = [e.token_id for e in events if isinstance(e, TokenEvent) and e.state in DRAFTED]
     assert drafted and set(drafted) <= allowed
 
@@ -88,21 +117,28 @@ def test_articles_are_written_then_read_back(tmp_path):
     config = TrainConfig(articles=3, generation_batch=2, answer_tokens=40, min_article_chars=30)
     data = build_teacher_data(target, tmp_path / "teacher", config, progress=lambda line: None)
     names = sorted(p.name for p in (tmp_path / "teacher").glob("shard-*.pt"))
-    assert names == ["shard-articles-00000-1-write.pt", "shard-articles-00000-2-read.pt",
-                     "shard-articles-00001-1-write.pt", "shard-articles-00001-2-read.pt"]
+    assert names == [
+        "shard-articles-00000-1-write.pt",
+        "shard-articles-00000-2-read.pt",
+        "shard-articles-00001-1-write.pt",
+        "shard-articles-00001-2-read.pt",
+    ]
     decode = target.tokenizer.decode
     for number in range(2):
         written = torch.load(tmp_path / "teacher" / names[2 * number], weights_only=True)
         read = torch.load(tmp_path / "teacher" / names[2 * number + 1], weights_only=True)
-        articles = [decode(ids[first + 1:].tolist(), skip_special_tokens=True)
-                    for ids, first in zip(written["ids"], written["first"])]
+        articles = [
+            decode(ids[first + 1 :].tolist(), skip_special_tokens=True)
+            for ids, first in zip(written["ids"], written["first"])
+        ]
         articles = [a.strip() for a in articles if len(a) >= config.min_article_chars]
         prompts = [decode(ids[: first + 1].tolist()) for ids, first in zip(read["ids"], read["first"])]
         assert len(prompts) == len(articles) > 0
         assert all(any(a in prompt for a in articles) for prompt in prompts)
         for part in (written, read):
-            assert all(len(top) == len(ids) - 1 - first
-                       for ids, top, first in zip(part["ids"], part["top_ids"], part["first"]))
+            assert all(
+                len(top) == len(ids) - 1 - first for ids, top, first in zip(part["ids"], part["top_ids"], part["first"])
+            )
     again = build_teacher_data(target, tmp_path / "teacher", config, progress=lambda line: None)
     assert sorted(p.name for p in (tmp_path / "teacher").glob("*")) == names
     assert all(torch.equal(a, b) for a, b in zip(again.ids, data.ids)) and len(again.ids) == len(data.ids)

@@ -20,9 +20,16 @@ def path(request, monkeypatch):
 
 def tiny_llama(tied: bool = False) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2,
-                         tie_word_embeddings=tied)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.2,
+        tie_word_embeddings=tied,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -100,8 +107,9 @@ def test_weights_changed_in_place_are_read_again(path):
         model.model.layers[1].self_attn.k_proj.weight.sub_(model.model.layers[1].self_attn.k_proj.weight.grad)
     lean = LlamaForward(model)
     with torch.inference_mode():
-        torch.testing.assert_close(lean.logits(ids, last_only=False), model(input_ids=ids[None]).logits[0],
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            lean.logits(ids, last_only=False), model(input_ids=ids[None]).logits[0], rtol=1e-5, atol=1e-5
+        )
     if path == "dense":
         qkv = weights_of(model).layers[1].qkv
         assert isinstance(qkv, DenseLinear)
