@@ -18,15 +18,7 @@ def add_train_draft_command(commands) -> None:
     parser = commands.add_parser("train-draft", help="distil a small draft model from a target")
     parser.add_argument("--target", default=None, help="target model (default: the built-in target)")
     parser.add_argument("--out", required=True, help="output folder: teacher shards, checkpoint, draft/")
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    parser.add_argument(
-        "--until",
-        type=int,
-        default=None,
-        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)",
-    )
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    _add_loop_arguments(parser, defaults)
     parser.add_argument("--hidden", type=int, default=shape.hidden)
     parser.add_argument("--layers", type=int, default=shape.layers)
     parser.add_argument("--intermediate", type=int, default=shape.intermediate)
@@ -37,7 +29,6 @@ def add_train_draft_command(commands) -> None:
         default=defaults.output_vocab,
         help="tokens the draft may propose: the teacher's most likely ones (0: the whole vocabulary)",
     )
-    parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
     parser.add_argument(
         "--documents",
         type=int,
@@ -45,16 +36,8 @@ def add_train_draft_command(commands) -> None:
         help="standard-library passages the target scores as given text",
     )
     parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="sequences per step")
-    parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--max-length", type=int, default=defaults.max_length)
     parser.add_argument("--train-embedding", action="store_true", help="also train the tied embedding")
-    parser.add_argument(
-        "--eval-every",
-        type=int,
-        default=defaults.eval_every,
-        help="steps between held-out evaluations (and checkpoints)",
-    )
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.set_defaults(handler=run_train_draft)
 
 
@@ -115,6 +98,28 @@ def run_train_draft(args) -> int:
     )
     print(f"draft saved in {draft}")
     return 0
+
+
+def _add_loop_arguments(parser, defaults) -> None:
+    """How the training loop runs (shared by the three training commands)."""
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    parser.add_argument(
+        "--until",
+        type=int,
+        default=None,
+        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)",
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=defaults.eval_every,
+        help="steps between held-out evaluations (and checkpoints)",
+    )
+    parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
 
 
 def _add_text_arguments(parser, defaults) -> None:
@@ -178,30 +183,13 @@ def add_train_cross_draft_command(commands) -> None:
         default=defaults.exchanges,
         help="passages of existing text (Python documentation and standard library, WordNet) also trained on",
     )
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    parser.add_argument(
-        "--until",
-        type=int,
-        default=None,
-        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)",
-    )
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    _add_loop_arguments(parser, defaults)
     parser.add_argument("--hidden", type=int, default=shape.hidden)
     parser.add_argument("--layers", type=int, default=shape.layers)
     parser.add_argument("--intermediate", type=int, default=shape.intermediate)
     _add_text_arguments(parser, defaults)
     parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="blocks per step")
-    parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--max-length", type=int, default=defaults.max_length, help="tokens per block")
-    parser.add_argument(
-        "--eval-every",
-        type=int,
-        default=defaults.eval_every,
-        help="steps between held-out evaluations (and checkpoints)",
-    )
-    parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.set_defaults(handler=run_train_cross_draft)
 
 
@@ -298,15 +286,7 @@ def add_train_head_command(commands) -> None:
         help="start from this head's weights (a folder or a built-in name such as smollm2-135m-head)",
     )
     _add_text_arguments(parser, TrainConfig())
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    parser.add_argument(
-        "--until",
-        type=int,
-        default=None,
-        help="stop after this step for now (checkpointed; --resume goes on with the same schedule)",
-    )
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    _add_loop_arguments(parser, defaults)
     parser.add_argument(
         "--output-vocab",
         type=int,
@@ -320,15 +300,6 @@ def add_train_head_command(commands) -> None:
         help="passes per step; each later one reads the states the previous one predicted",
     )
     parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="sequences per step")
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument(
-        "--eval-every",
-        type=int,
-        default=defaults.eval_every,
-        help="steps between held-out evaluations (and checkpoints)",
-    )
-    parser.add_argument("--float32", action="store_true", help="train in float32 instead of bfloat16 autocast")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.set_defaults(handler=run_train_head)
 
 
