@@ -48,7 +48,7 @@ DECAY = 0.97  # weight of a round's evidence after each later round (about 30 ro
 PRIOR = 2.0  # pseudo-rounds behind each acceptance estimate
 MAX_WIDTH = 4  # candidates for a round's first token, at most
 CARRIED = 8.0  # rounds' weight of an earlier session's acceptance in a new one (`RoundPlanner.carry_over`)
-NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said, kept)
+NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said; measured again)
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,7 @@ class CostCurve:
         if self.spread <= NOISY:
             return ""
         return (
-            f"measured while the machine was busy (passes {self.spread:.0%} apart): `specdeck cache --clear` "
-            "measures it again"
+            f"measured while the machine was busy (passes {self.spread:.0%} apart): the next session measures it again"
         )
 
     def ms(self, n: int) -> float:
@@ -196,11 +195,21 @@ def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = 
         path = cache_dir / f"curve-{_key(model, 'curve')}.json" if cache_dir else None
         raw = _cached(path, lambda: asdict(measure_curve(model)), "cost curve")
         try:
-            _CURVES[model] = CostCurve(
+            curve = CostCurve(
                 tuple(raw["tokens"]), tuple(raw["forward_ms"]), raw.get("machine", ""), float(raw.get("spread", 0.0))
             )
         except (KeyError, TypeError, ValueError):
-            _CURVES[model] = measure_curve(model)
+            curve = measure_curve(model)
+        if curve.spread > NOISY:  # measured on a busy machine: measure again, keep the steadier of the two
+            again = measure_curve(model)
+            if again.spread < curve.spread:
+                curve = again
+                if path is not None:
+                    try:
+                        write_text(path, json.dumps(asdict(curve)))
+                    except (OSError, SpecDeckError) as error:
+                        log.warning("could not save the cost curve to %s (%s)", path, error)
+        _CURVES[model] = curve
     return _CURVES[model]
 
 

@@ -73,16 +73,35 @@ def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch):
     """The curve is measured once, written to the cache, and read back by a later process."""
     target, _ = tiny_llama
     autotune._CURVES.pop(target.model, None)
-    first = autotune.cost_curve(target.model, tmp_path)
-    files = list(tmp_path.glob("curve-*.json"))
-    assert len(files) == 1 and first.forward_ms[0] > 0
+    measured = autotune.measure_curve(target.model)
+    assert measured.forward_ms[0] > 0 and len(measured.forward_ms) == len(autotune.CURVE_TOKENS)
+    steady = CostCurve((1, 16), (10.0, 11.0), "this machine", spread=0.05)
+    monkeypatch.setattr(autotune, "measure_curve", lambda model: steady)
+    assert autotune.cost_curve(target.model, tmp_path) == steady
+    assert len(list(tmp_path.glob("curve-*.json"))) == 1
     autotune._CURVES.pop(target.model, None)  # as a new process would start
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again instead of reading the cache")
 
     monkeypatch.setattr(autotune, "measure_curve", no_measuring)
-    assert autotune.cost_curve(target.model, tmp_path) == first
+    assert autotune.cost_curve(target.model, tmp_path) == steady
+
+
+def test_a_curve_measured_on_a_busy_machine_is_measured_again(tiny_llama, tmp_path, monkeypatch):
+    """A cached curve whose passes disagreed is measured again by the next process, and the steadier
+    measurement replaces it; a steady cached curve is read back without measuring."""
+    target, _ = tiny_llama
+    busy = CostCurve((1, 16), (67.0, 112.0), "this machine", spread=7.5)
+    steady = CostCurve((1, 16), (10.0, 95.0), "this machine", spread=0.05)
+    noisier = CostCurve((1, 16), (30.0, 31.0), "this machine", spread=9.0)
+    for measured, expected in ((busy, busy), (steady, steady)):
+        autotune._CURVES.pop(target.model, None)
+        monkeypatch.setattr(autotune, "measure_curve", lambda model, curve=measured: curve)
+        assert autotune.cost_curve(target.model, tmp_path) == expected
+    autotune._CURVES.pop(target.model, None)
+    monkeypatch.setattr(autotune, "measure_curve", lambda model: noisier)
+    assert autotune.cost_curve(target.model, tmp_path) == steady  # read back, steady: not measured again
 
 
 def _forcing_drafts(monkeypatch, curve: CostCurve = FLAT, draft_ms: float = 0.1) -> None:
@@ -191,4 +210,4 @@ def test_a_curve_measured_on_a_busy_machine_says_so_in_the_plan():
     machine was busy and how to measure it again."""
     busy = CostCurve(FLAT.tokens, FLAT.forward_ms, spread=0.6)
     assert FLAT.noisy_note == "" and "busy" in busy.noisy_note
-    assert "specdeck cache --clear" in RoundPlanner(busy, 1.0, max_k=4, max_copy=0).describe()
+    assert "the next session measures it again" in RoundPlanner(busy, 1.0, max_k=4, max_copy=0).describe()
