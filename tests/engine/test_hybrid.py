@@ -1,6 +1,7 @@
 """The hybrid drafter: suffix copies where they score high, the model drafter otherwise; exact either
 way (greedy text equal to plain, sampling following the target)."""
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -16,9 +17,11 @@ from specdeck.engine import (
     encode_prompt,
     generate,
 )
+from specdeck.engine.autotune import CostCurve
 from specdeck.engine.drafters import FeatureHeadDrafter
 from specdeck.engine.heads import FeatureHead, head_config
 from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.rounds import Clock
 from specdeck.engine.sampling import logits_to_probs
 from specdeck.engine.suffix import SuffixIndex
 
@@ -38,9 +41,18 @@ def model_drafter(kind: str, target, draft):
 
 @pytest.mark.parametrize("kind", ["draft-model", "feature-head"])
 @pytest.mark.parametrize("schedule", ["constant", "auto"])
-def test_greedy_hybrid_equals_plain(tiny_llama, kind, schedule):
+def test_greedy_hybrid_equals_plain(tiny_llama, kind, schedule, monkeypatch):
     """Greedy, with the earlier answers in the history, the hybrid's text equals plain decoding's, and
-    its rounds took both copies and model drafts."""
+    its rounds took both copies and model drafts. The auto schedule plans with set costs under which
+    drafting pays (a flat verify, cheap drafts, a round clock that ticks), not with what the tiny
+    models cost on a busy machine."""
+    monkeypatch.setattr(
+        "specdeck.engine.decoding.cost_curve",
+        lambda model, cache_dir=None: CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)),
+    )
+    monkeypatch.setattr("specdeck.engine.decoding.draft_cost", lambda *args, **kwargs: 0.1)
+    ticks = itertools.count()  # each reading of the round clock moves it on by 1 ms
+    monkeypatch.setattr(Clock, "read", staticmethod(lambda: next(ticks) * 1e-3))
     target, draft = tiny_llama
     history = SuffixIndex()
     copied = modelled = 0
