@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with cancel_on_signals(to_stderr) as cancel:  # Ctrl-C ends the session at the next round, like Stop
         for event in run_session(pair, prompt, config, chat=not args.no_chat, plain=args.plain, cancel=cancel):
             if args.jsonl:
-                print(json.dumps(event_to_dict(event), ensure_ascii=False), flush=isinstance(event, RoundEvent))
+                print(jsonl_line(event_to_dict(event)), flush=isinstance(event, RoundEvent))
             elif isinstance(event, SessionStarted) and event.prompt_tokens_dropped:
                 print(
                     f"[{prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)}]",
@@ -95,6 +95,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("\n")
         print(format_summary(summary, pair.description, pair.target.backend))
     return 130 if cancel.is_set() else 0
+
+
+# Characters that JSON leaves as they are but that some line readers (Python's str.splitlines,
+# JavaScript before ES2019) take for line ends: escaped, so that one event stays one line for any reader.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def jsonl_line(value: dict) -> str:
+    """`value` as one line of JSON Lines: UTF-8 text as it is, every line-breaking character escaped."""
+    return json.dumps(value, ensure_ascii=False).translate(_LINE_BREAKS)
 
 
 def format_summary(s, description: str, backend: str = "torch") -> str:

@@ -205,3 +205,14 @@ def test_pair_spec_round_trips_through_its_arguments(spec):
         drafters = ",".join(each.drafter_entry for each in (spec, *others))
         argv = ["bench", *spec.model_arguments(), "--drafters", drafters, "--out", "results"]
         assert bench_specs(parser.parse_args(argv)) == [spec, *others]
+
+
+def test_jsonl_keeps_each_event_on_one_line_for_any_line_reader():
+    """Text with characters that some readers take for line ends (NEL, U+2028, U+2029) stays one
+    line under str.splitlines, and reads back as the same text."""
+    from specdeck.cli.run import jsonl_line
+
+    text = "a\x85b\u2028c\u2029d\ne Zürich 🙂"
+    line = jsonl_line({"type": "token", "text": text})
+    assert len(line.splitlines()) == 1
+    assert json.loads(line)["text"] == text
