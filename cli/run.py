@@ -25,6 +25,10 @@ _COLOURS = {
 _UNDERLINE = "\033[4m"  # drafts copied by prompt lookup
 _RESET = "\033[0m"
 
+# Characters that JSON leaves as they are but that some line readers (Python's str.splitlines,
+# JavaScript before ES2019) take for line ends: escaped, so that one event stays one line for any reader.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
 
 def add_run_command(commands) -> None:
     """Register `run` on the `specdeck` subparsers."""
@@ -95,11 +99,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("\n")
         print(format_summary(summary, pair.description, pair.target.backend))
     return 130 if cancel.is_set() else 0
-
-
-# Characters that JSON leaves as they are but that some line readers (Python's str.splitlines,
-# JavaScript before ES2019) take for line ends: escaped, so that one event stays one line for any reader.
-_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 def jsonl_line(value: dict) -> str:

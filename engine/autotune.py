@@ -178,13 +178,19 @@ def _cached(path: Path | None, measure, what: str):
         except (OSError, ValueError):
             log.warning("ignoring an unreadable %s in %s; measuring again", what, path)
     value = measure()
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_text(path, json.dumps(value))
-        except (OSError, SpecDeckError) as error:
-            log.warning("could not save the %s to %s (%s)", what, path, error)
+    _save(path, value, what)
     return value
+
+
+def _save(path: Path | None, value, what: str) -> None:
+    """Write a measurement to `path` as JSON (nowhere without one); a failure is logged, not raised."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, json.dumps(value))
+    except (OSError, SpecDeckError) as error:
+        log.warning("could not save the %s to %s (%s)", what, path, error)
 
 
 def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = None) -> CostCurve:
@@ -204,11 +210,7 @@ def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = 
             again = measure_curve(model)
             if again.spread < curve.spread:
                 curve = again
-                if path is not None:
-                    try:
-                        write_text(path, json.dumps(asdict(curve)))
-                    except (OSError, SpecDeckError) as error:
-                        log.warning("could not save the cost curve to %s (%s)", path, error)
+                _save(path, asdict(curve), "cost curve")
         _CURVES[model] = curve
     return _CURVES[model]
 
