@@ -307,22 +307,27 @@ class RoundPlanner:
         self.draft_ms_per_token = draft_ms_per_token
         self.overhead_ms = 0.0
         self.scale = 1.0  # the session's verify time over the curve's, for sizes not verified yet
-        self.observed: dict[int, float] = {}  # verify ms by tokens verified, as this session measured them
+        # verify ms by (tokens verified, whether a tree), as this session measured them: a tree's side
+        # branches attend apart, so a tree of n tokens costs a little more than a chain of n
+        self.observed: dict[tuple[int, bool], float] = {}
+        self.tree_scale = 1.0  # a tree's verify time over a chain's of as many tokens, for trees not verified yet
         self.rounds_without_draft = 0
         self.chosen: dict[str, int] = {}  # "K=2", "K=2 w3", "copy 4", "none": rounds
         self.max_width = max_width  # 1 where trees cannot run (sampling, a backend without tree attention)
         self.ranks = [0.0] * MAX_WIDTH  # decayed rounds in which the target's first token had each rank
         self.ranked = 0.0
 
-    def verify_ms(self, n: int) -> float:
-        """A verify over n tokens: as this session measured it, else the curve at this session's scale."""
-        return self.observed.get(n, self.curve.ms(n) * self.scale)
+    def verify_ms(self, n: int, tree: bool = False) -> float:
+        """A verify over n tokens (a tree of them if `tree`): as this session measured it, else the
+        curve at this session's scale (a tree not measured yet: a chain's at the trees' measured ratio)."""
+        chain = self.observed.get((n, False), self.curve.ms(n) * self.scale)
+        return self.observed.get((n, True), chain * self.tree_scale) if tree else chain
 
     def rate(self, acceptance: DepthAcceptance, k: int, draft_ms_per_token: float, width: int = 1) -> float:
         """Expected kept tokens per ms for a round of k drafts and `width` candidates for the first:
         an alternative the target takes keeps one token more than a rejection does."""
         gained = acceptance.expected_tokens(k) + (self.alternative_share(width) if k else 0.0)
-        return gained / (self.overhead_ms + k * draft_ms_per_token + self.verify_ms(k + width))
+        return gained / (self.overhead_ms + k * draft_ms_per_token + self.verify_ms(k + width, width > 1))
 
     def alternative_share(self, width: int) -> float:
         """How often the target's first token was the drafter's 2nd..width-th likeliest (decayed)."""
@@ -392,11 +397,14 @@ class RoundPlanner:
             self.drafts.record(drafted, accepted)
         if not self.adapt:
             return
-        n = drafted + alternatives + 1
+        n, tree = drafted + alternatives + 1, alternatives > 0
         # a size's first measurement also moves from the curve's estimate, not to it: one verify slowed
         # by other work on the machine would otherwise stand until that size is chosen again
-        self.observed[n] = 0.7 * self.verify_ms(n) + 0.3 * verify_ms
-        self.scale = 0.8 * self.scale + 0.2 * (verify_ms / self.curve.ms(n))
+        self.observed[n, tree] = 0.7 * self.verify_ms(n, tree) + 0.3 * verify_ms
+        if tree:
+            self.tree_scale = 0.8 * self.tree_scale + 0.2 * (verify_ms / self.verify_ms(n))
+        else:  # the curve is a chain's
+            self.scale = 0.8 * self.scale + 0.2 * (verify_ms / self.curve.ms(n))
         self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * max(0.0, round_ms - draft_ms - verify_ms)
         if drafted and not copied:
             self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * draft_ms / drafted
@@ -434,6 +442,7 @@ class RoundPlanner:
         if self.ranked and self.max_width > 1:
             shares = "/".join(f"{sum(self.ranks[:w]) / self.ranked:.2f}" for w in range(1, self.max_width + 1))
             lines.append(f"target's first token among the drafter's top 1..{self.max_width}: {shares}")
+            lines.append(f"a tree's verify {self.tree_scale:.2f}x a chain's of as many tokens")
         if self.copies.tried:
             lines.append(
                 "copy acceptance by depth: " + "/".join(f"{a:.2f}" for a in self.copies.rates(len(self.copies.tried)))

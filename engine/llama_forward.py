@@ -290,25 +290,7 @@ class LlamaForward:
         scale = s.head_dim**-0.5
         window = self.windows[i]
         if per_query:
-            outs = []
-            for j in range(n):
-                path = per_query[j] if per_query is not True else list(range(j + 1))
-                end_j = start + len(path)
-                low = _low(end_j, window)
-                if path == list(range(j + 1)):  # a chain: the cache as it stands
-                    out_j = F.scaled_dot_product_attention(
-                        q[:, :, j : j + 1], keys[:, :, low:end_j], values[:, :, low:end_j], scale=scale, enable_gqa=True
-                    )
-                else:  # a side branch: its path moved in after the cache for this call, then put back
-                    index = torch.tensor(path, device=keys.device) + start
-                    kept_k, kept_v = keys[:, :, start:end_j].clone(), values[:, :, start:end_j].clone()
-                    keys[:, :, start:end_j], values[:, :, start:end_j] = keys[:, :, index], values[:, :, index]
-                    out_j = F.scaled_dot_product_attention(
-                        q[:, :, j : j + 1], keys[:, :, low:end_j], values[:, :, low:end_j], scale=scale, enable_gqa=True
-                    )
-                    keys[:, :, start:end_j], values[:, :, start:end_j] = kept_k, kept_v
-                outs.append(out_j)
-            out = torch.cat(outs, dim=2)
+            out = self._per_query(q, keys, values, start, window, scale, per_query)
         else:
             low = _low(end, window) if mask is None and n == 1 else 0
             out = F.scaled_dot_product_attention(
@@ -321,6 +303,58 @@ class LlamaForward:
                 enable_gqa=True,
             )
         return layer.out(out.transpose(1, 2).reshape(1, n, s.heads * s.head_dim))
+
+    @staticmethod
+    def _per_query(
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        start: int,
+        window: int | None,
+        scale: float,
+        per_query,
+    ) -> torch.Tensor:
+        """Attention query by query, each the very call a one-token step makes for its position.
+
+        A chain's query j sees the cache as it stands, up to its own slot. A tree's side branch
+        (its path from the root leaves the chain) needs its ancestors in the slots after the cached
+        tokens: the chunk's keys and values are saved once, each branch's path is copied in over the
+        slots that hold another node, the branch's query attends, and the chunk is put back after the
+        last branch (siblings share their ancestors' slots, so each costs one slot's copy). Branches
+        are taken after the chain's queries, whose slots they overwrite."""
+        n = q.shape[2]
+        paths = [list(range(j + 1)) for j in range(n)] if per_query is True else per_query
+        outs: list[torch.Tensor | None] = [None] * n
+        branches = []
+        for j, path in enumerate(paths):
+            if path != list(range(len(path))):
+                branches.append(j)
+                continue
+            end_j = start + len(path)
+            low = _low(end_j, window)
+            outs[j] = F.scaled_dot_product_attention(
+                q[:, :, j : j + 1], keys[:, :, low:end_j], values[:, :, low:end_j], scale=scale, enable_gqa=True
+            )
+        if branches:
+            saved_k, saved_v = keys[:, :, start : start + n].clone(), values[:, :, start : start + n].clone()
+            holds = list(range(n))  # which node's key and value each slot of the chunk holds now
+            for j in branches:
+                path = paths[j]
+                for slot, node in enumerate(path):
+                    if holds[slot] != node:
+                        keys[:, :, start + slot].copy_(saved_k[:, :, node])
+                        values[:, :, start + slot].copy_(saved_v[:, :, node])
+                        holds[slot] = node
+                end_j = start + len(path)
+                low = _low(end_j, window)
+                outs[j] = F.scaled_dot_product_attention(
+                    q[:, :, j : j + 1], keys[:, :, low:end_j], values[:, :, low:end_j], scale=scale, enable_gqa=True
+                )
+            for slot, node in enumerate(holds):
+                if slot != node:
+                    keys[:, :, start + slot].copy_(saved_k[:, :, slot])
+                    values[:, :, start + slot].copy_(saved_v[:, :, slot])
+        return torch.cat([o for o in outs if o is not None], dim=2)
 
 
 def _low(end: int, window: int | None) -> int:

@@ -211,3 +211,21 @@ def test_a_curve_measured_on_a_busy_machine_says_so_in_the_plan():
     busy = CostCurve(FLAT.tokens, FLAT.forward_ms, spread=0.6)
     assert FLAT.noisy_note == "" and "busy" in busy.noisy_note
     assert "the next session measures it again" in RoundPlanner(busy, 1.0, max_k=4, max_copy=0).describe()
+
+
+
+@pytest.mark.parametrize("tree_cost", [1.0, 2.0])
+def test_a_tree_is_planned_at_what_trees_cost(tree_cost):
+    """The target's token is often the drafter's second choice, so a tree pays where it costs what a
+    chain of as many tokens costs; where trees measure twice that, the planner keeps their cost apart
+    from the chains' and drafts chains. Either way the chains' cost stays what chains measured."""
+    planner = RoundPlanner(FLAT, 0.5, max_k=2, max_copy=0, adapt=True, max_width=3)
+    for i in range(40):
+        width = 3 if i % 2 else 1
+        verify = FLAT.ms(1 + width) * (tree_cost if width > 1 else 1.0)
+        rank = 1 if i % 4 < 2 else 0  # half the rounds the target took the drafter's second choice
+        accepted = 1 if rank == 0 else 0
+        planner.record(autotune.Shape(0, 1, width), False, 1, accepted, 0.5, verify, verify + 0.5, rank, width - 1)
+    assert planner.verify_ms(4) == pytest.approx(FLAT.ms(4), rel=0.05)
+    assert planner.verify_ms(4, tree=True) == pytest.approx(FLAT.ms(4) * tree_cost, rel=0.1)
+    assert (planner.plan().width > 1) == (tree_cost == 1.0)
