@@ -79,27 +79,33 @@ def test_greedy_identity_holds_at_near_ties(packed_llama):
 
 
 @needs_packed
-def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama):
-    """In a tree forward (a chain and two alternatives to its first token) each node's logits equal,
-    bit for bit, one-token steps along its own path; keeping an alternative's path leaves the cache
-    as if only that path had been fed."""
-    from specdeck.engine.llama_forward import LlamaForward
+@pytest.mark.parametrize(
+    "parents",
+    [[-1, 0, 1, 0, 0], [-1, 0, 1, 0, 3, 0, 5, 4]],
+    ids=["alternatives to the first draft", "branches of depth two and three"],
+)
+def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama, parents):
+    """In a tree forward (a chain and branches beside it) each node's logits equal, bit for bit,
+    one-token steps along its own path; keeping a branch's path leaves the cache as if only that
+    path had been fed."""
+    from specdeck.engine.llama_forward import LlamaForward, _paths
 
     forward = LlamaForward(packed_llama.model)
     forward.hidden(torch.arange(5, 30))
     start = len(forward)
-    ids, parents = [40, 41, 42, 43, 44], [-1, 0, 1, 0, 0]
+    ids = list(range(40, 40 + len(parents)))
     tree = forward.output_layer(forward.hidden_tree(torch.tensor(ids), parents))
-    for path in ([0, 1, 2], [0, 3], [0, 4]):
+    for path in _paths(parents):
         forward.crop(start)
         steps = torch.cat([forward.hidden(torch.tensor([ids[i]])) for i in path])
         assert torch.equal(forward.output_layer(steps), tree[path]), path
+    branch = _paths(parents)[-1]
     forward.crop(start)
     forward.hidden_tree(torch.tensor(ids), parents)
-    forward.compact([0, 3])
+    forward.compact(branch)
     after_tree = forward.output_layer(forward.hidden(torch.tensor([50])))
     forward.crop(start)
-    forward.hidden(torch.tensor([40, 43]))
+    forward.hidden(torch.tensor([ids[i] for i in branch]))
     assert torch.equal(after_tree, forward.output_layer(forward.hidden(torch.tensor([50]))))
 
 
