@@ -213,7 +213,6 @@ def test_a_curve_measured_on_a_busy_machine_says_so_in_the_plan():
     assert "the next session measures it again" in RoundPlanner(busy, 1.0, max_k=4, max_copy=0).describe()
 
 
-
 @pytest.mark.parametrize("tree_cost", [1.0, 2.0])
 def test_a_tree_is_planned_at_what_trees_cost(tree_cost):
     """The target's token is often the drafter's second choice, so a tree pays where it costs what a
