@@ -16,6 +16,7 @@ slot in by implementing `Drafter`.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -27,7 +28,7 @@ from specdeck.engine.context import context_length
 from specdeck.engine.hf_parts import input_embedding
 from specdeck.engine.kvcache import CachedModel, backend_for
 from specdeck.engine.lean_weights import output_weight
-from specdeck.engine.linear import Linear, make_linear
+from specdeck.engine.linear import Linear, bfloat16_pays, make_linear
 from specdeck.engine.llama_forward import output_layer
 from specdeck.engine.llamacpp_backend import LlamaCppModel, matrices_of
 from specdeck.engine.sampling import logits_to_probs, sample
@@ -271,19 +272,23 @@ class FeatureHeadDrafter(Drafter):
         output_ids: torch.Tensor | None = None,
     ) -> None:
         self.name = name
-        self.head = self.module = head
-        self.feature_layers = head.feature_layers
-        self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         matrices = matrices_of(target)
         self._embedding = input_embedding(matrices)
         self.device = self._embedding.weight.device
         self._output_ids = None if output_ids is None else output_ids.to(self.device, torch.long)
+        rows = None if output_ids is None else output_weight(matrices)[self._output_ids].contiguous()
+        # bfloat16 where this machine computes it faster (`bfloat16_pays`): a head with a reduced
+        # output vocabulary drafts in it, on a copy (the head loaded stays as trained)
+        weights = [p for p in head.parameters() if p.dim() == 2] + ([rows] if rows is not None else [])
+        self.precision = bfloat16_pays(weights) if rows is not None else None
+        if self.precision is not None and self.precision.path == "bfloat16" and rows is not None:
+            head, rows = copy.deepcopy(head).to(torch.bfloat16), rows.to(torch.bfloat16)
+        self.head = self.module = head
+        self.dtype = next(head.parameters()).dtype
+        self.feature_layers = head.feature_layers
+        self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
-        self._output = (
-            output_layer(matrices)
-            if output_ids is None
-            else make_linear(output_weight(matrices)[self._output_ids].contiguous())
-        )
+        self._output = output_layer(matrices) if rows is None else make_linear(rows)
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -297,7 +302,7 @@ class FeatureHeadDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, ids: list[int], k: int) -> Proposal:
         if self._pending:
-            states = self.head.fuse(torch.cat(self._pending))
+            states = self.head.fuse(torch.cat(self._pending).to(self.dtype))
             self._pending = []
         else:
             states = self._embedding.weight.new_zeros(0, self._embedding.weight.shape[1])
@@ -314,10 +319,10 @@ class FeatureHeadDrafter(Drafter):
         self._paired = known
         chain = _Chain(self.config, self.generator)
         for _ in range(k):
-            predicted = self._body.hidden_from_inputs(self.head.mix(states, self._embedding(following)))[-1]
-            token = chain.draw(
-                logits_to_probs(output_logits(predicted, self._output, self._output_ids, self.vocab_width), self.config)
-            )
+            inputs = self.head.mix(states, self._embedding(following).to(self.dtype))
+            predicted = self._body.hidden_from_inputs(inputs)[-1]
+            logits = output_logits(predicted, self._output, self._output_ids, self.vocab_width)
+            token = chain.draw(logits_to_probs(logits.float(), self.config))
             if token is None:
                 break
             states = predicted[None]

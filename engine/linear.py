@@ -185,3 +185,49 @@ def make_linear(weight: torch.Tensor, choice: PathChoice | None = None, bias: to
     the weight alone)."""
     choice = choice or choose_path([weight])
     return PackedLinear(weight, bias) if choice.path == "packed" else DenseLinear(weight, bias)
+
+
+def bfloat16_pays(weights: Sequence[torch.Tensor]) -> PathChoice:
+    """Whether a drafter's float32 `weights` should draft in bfloat16 on this machine: where the
+    products' bfloat16 path runs, and one row through all of them (as a draft step reads them) takes
+    at most `BF16_SHARE` of float32's time, measured once per process and set of shapes (bfloat16
+    halves the bytes read where the CPU computes it natively; where it is emulated it is slower).
+    Drafts only change speed, never the text, so a drafter may round where the target may not.
+    `SPECDECK_DRAFT_DTYPE=float32` or `=bfloat16` overrides the choice."""
+    forced = os.environ.get("SPECDECK_DRAFT_DTYPE", "").strip().lower()
+    if forced and forced not in ("float32", "bfloat16"):
+        raise ValueError(f"SPECDECK_DRAFT_DTYPE must be float32 or bfloat16 (got {forced!r})")
+    if forced:
+        return PathChoice(forced, f"SPECDECK_DRAFT_DTYPE={forced}")
+    if any(w.dtype != torch.float32 for w in weights):
+        return PathChoice(str(weights[0].dtype).removeprefix("torch."), "the drafter is not in float32")
+    missing = next((reason for reason in map(packed_available, weights) if reason), None)
+    if missing:
+        return PathChoice("float32", missing)
+    key = ("bfloat16", tuple(tuple(w.shape) for w in weights), torch.get_num_threads())
+    if key not in _MEASURED:
+        _MEASURED[key] = _dtype_timings(weights)
+    float_ms, bf16_ms = _MEASURED[key]
+    reason = f"one row through the drafter's products: float32 {float_ms:.2f} ms, bfloat16 {bf16_ms:.2f} ms"
+    return PathChoice("bfloat16" if bf16_ms <= BF16_SHARE * float_ms else "float32", reason)
+
+
+BF16_SHARE = 0.8  # bfloat16 drafting where it takes at most this share of float32's time
+
+
+def _dtype_timings(weights: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """Milliseconds of one row through every weight, in float32 and in bfloat16 (the best of 5,
+    the two alternating)."""
+    sets = {
+        dtype: [(make_linear(w.detach().to(dtype)), torch.randn(1, w.shape[1], dtype=dtype)) for w in weights]
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+    best = dict.fromkeys(sets, float("inf"))
+    with torch.inference_mode():
+        for _ in range(6):
+            for dtype, products in sets.items():
+                started = time.perf_counter()
+                for product, x in products:
+                    product(x)
+                best[dtype] = min(best[dtype], (time.perf_counter() - started) * 1e3)
+    return best[torch.float32], best[torch.bfloat16]

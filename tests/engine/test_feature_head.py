@@ -180,17 +180,21 @@ def test_head_as_draft_model_and_corrupt_head_are_refused(tiny_head, tmp_path):
         load_pair(PairSpec(str(target), str(broken), None, device="cpu"))
 
 
-def test_untrained_head_keeps_sampling_exact_too(tiny_llama):
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_untrained_head_keeps_sampling_exact_too(tiny_llama, monkeypatch, precision):
     """The rejection rule does not depend on the head being any good: with a random head and a
-    reduced output vocabulary, sampled output is reproducible per seed and differs across seeds,
-    and greedy output is exact (the distribution itself is tested in test_sampling_lossless)."""
+    reduced output vocabulary, drafting in float32 or in bfloat16 (where the machine computes it
+    faster), sampled output is reproducible per seed and differs across seeds, and greedy output is
+    exact (the distribution itself is tested in test_sampling_lossless)."""
     target, _ = tiny_llama
     torch.manual_seed(0)
     head = FeatureHead(head_config(target.model.config)).eval()
     ids = encode_prompt(target.tokenizer, "Once upon a time", chat=False)
+    monkeypatch.setenv("SPECDECK_DRAFT_DTYPE", precision)
 
     def run(config):
         drafter = FeatureHeadDrafter(head, target.model, output_ids=torch.arange(0, target.vocab_width, 2))
+        assert drafter.dtype == getattr(torch, precision)
         return _kept(generate(target, ids, config, drafter))
 
     assert run(DecodeConfig(k=3, schedule="constant", max_new_tokens=30)) == _kept(
