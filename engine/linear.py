@@ -204,15 +204,16 @@ def bfloat16_pays(weights: Sequence[torch.Tensor]) -> PathChoice:
     missing = next((reason for reason in map(packed_available, weights) if reason), None)
     if missing:
         return PathChoice("float32", missing)
-    key = ("bfloat16", tuple(tuple(w.shape) for w in weights), torch.get_num_threads())
-    if key not in _MEASURED:
-        _MEASURED[key] = _dtype_timings(weights)
-    float_ms, bf16_ms = _MEASURED[key]
+    key = (tuple(tuple(w.shape) for w in weights), torch.get_num_threads())
+    if key not in _DTYPE_TIMINGS:
+        _DTYPE_TIMINGS[key] = _dtype_timings(weights)
+    float_ms, bf16_ms = _DTYPE_TIMINGS[key]
     reason = f"one row through the drafter's products: float32 {float_ms:.2f} ms, bfloat16 {bf16_ms:.2f} ms"
     return PathChoice("bfloat16" if bf16_ms <= BF16_SHARE * float_ms else "float32", reason)
 
 
 BF16_SHARE = 0.8  # bfloat16 drafting where it takes at most this share of float32's time
+_DTYPE_TIMINGS: dict[tuple, tuple[float, float]] = {}
 
 
 def _dtype_timings(weights: Sequence[torch.Tensor]) -> tuple[float, float]:
