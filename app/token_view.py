@@ -15,7 +15,8 @@ colours come in two palettes, the second safe for colour-blind eyes (Okabe and I
 
 The legend is drawn with the very formats the view uses. The view keeps every `TokenEvent` so
 that hiding or showing refused drafts re-renders it, and so that hovering a token can show its
-state, position, round, p, q and, for judged drafts, min(1, p/q).
+state, position, round, p, q and, for judged drafts, min(1, p/q) (a sampled tree's alternative: its
+chance against the residual).
 """
 
 from __future__ import annotations
@@ -149,7 +150,10 @@ def describe_token(event: TokenEvent) -> str:
     source = "copy" if event.copied else "draft"
     if event.state.judged and event.q is not None:
         lines.append(f"q ({source}) = {event.q:.4f}")
-        lines.append(f"min(1, p/q) = {event.acceptance_probability:.4f}")
+        if event.chance is not None:  # a sampled tree's alternative, tried after the first draft was refused
+            lines.append(f"chance against the residual = {event.chance:.4f}")
+        else:
+            lines.append(f"min(1, p/q) = {event.acceptance_probability:.4f}")
     elif event.state is TokenState.DISCARDED:
         lines.append(f"q ({source}) = {event.q:.4f}" if event.q is not None else "")
         lines.append("never judged: an earlier draft of this round was rejected")
