@@ -6,7 +6,8 @@ colours come in two palettes, the second safe for colour-blind eyes (Okabe and I
 - accepted drafts: a tinted background;
 - rejected drafts: struck through on a tinted background, where they were proposed (before the
   target's replacement);
-- discarded drafts (after a rejected one in the same round, never judged): grey, italic, struck through;
+- discarded drafts (after a rejected one in the same round, or a sampled tree's alternatives left
+  untried; never judged): grey, italic, struck through;
 - resampled tokens (the target's replacement): a wavy underline;
 - bonus tokens (every draft passed): bold;
 - plain tokens: as they are;
@@ -60,7 +61,8 @@ LEGEND = (  # (state, copied, label, what it means)
         TokenState.DISCARDED,
         False,
         "discarded",
-        "Drafts after the rejected one in the same round: never judged, not kept (not counted in acceptance by depth)",
+        "Drafts after the rejected one in the same round, or a sampled tree's alternatives left untried: never "
+        "judged, not kept (not counted in acceptance by depth)",
     ),
     (TokenState.RESAMPLED, False, "resampled", "The target's token in place of the rejected draft"),
     (TokenState.BONUS, False, "bonus", "Every draft passed: the target's next token came free from the same forward"),
@@ -156,7 +158,10 @@ def describe_token(event: TokenEvent) -> str:
             lines.append(f"min(1, p/q) = {event.acceptance_probability:.4f}")
     elif event.state is TokenState.DISCARDED:
         lines.append(f"q ({source}) = {event.q:.4f}" if event.q is not None else "")
-        lines.append("never judged: an earlier draft of this round was rejected")
+        if event.depth == 1:  # only a tree's alternative is discarded beside the first draft
+            lines.append("never judged: the first draft, or an alternative tried before it, was accepted")
+        else:
+            lines.append("never judged: an earlier draft of this round was rejected")
     elif event.state is TokenState.RESAMPLED:
         lines.append(
             "the target's token in place of the rejected draft: drawn from max(0, p - q), normalised "
