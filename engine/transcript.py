@@ -5,11 +5,11 @@ Per round: the kept tokens in order (the accepted drafts, then the target's own 
 after a refusal, a bonus after a round whose drafts all passed, plain without drafts); the refused
 drafts come just before the token kept in place of the first of them, each at the position it was
 proposed for: the first refused one rejected, the chain's drafts after it discarded, never judged.
-A tree's alternatives beside the first draft: greedy, where the first draft was refused, all
-rejected but one the target took; sampled, tried in turn after the first draft's refusal, those
-tried and refused rejected, the rest (after the one accepted, or all, where the first draft
-passed) discarded, shown before the round's first kept token. A stop (an end-of-text token, a stop string) cuts a round
-short, and its counts hold the shown drafts only.
+A tree's alternatives to the first draft are shown before the round's first kept token: greedy,
+where the first draft was refused, all rejected but the one the target took; sampled, tried in turn
+after the first draft's refusal, those tried and refused rejected, the rest (after the one
+accepted, or all, where the first draft passed) discarded. A stop (an end-of-text token, a stop
+string) cuts a round short, and its counts hold the shown drafts only.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from specdeck.engine.remote_target import RemoteTarget
 from specdeck.engine.rounds import Clock, Draft
 from specdeck.engine.sampling import alternative_chances, logits_to_probs, require_finite, residual
 from specdeck.engine.stats import SessionStats
+
 
 class Refused(NamedTuple):
     """A draft not kept, with its p and q, its depth, what became of it (`TokenState.REJECTED` or
@@ -111,9 +112,11 @@ def _refused_drafts(
         return []
     index = torch.tensor(tokens, device=p.device)
     rows = torch.arange(len(tokens), device=p.device)
+    states = [TokenState.REJECTED] + [TokenState.DISCARDED] * (len(tokens) - 1)
+    figures = zip(tokens, p[rows, index].tolist(), q[rows, index].tolist(), states)
     return [
-        Refused(t, pv, qv, depth + i, TokenState.DISCARDED if i else TokenState.REJECTED, pieces[depth + i - 1] if pieces else None)
-        for i, (t, pv, qv) in enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))
+        Refused(t, pv, qv, depth + i, state, pieces[depth + i - 1] if pieces else None)
+        for i, (t, pv, qv, state) in enumerate(figures)
     ]
 
 
@@ -121,11 +124,11 @@ def _refused_alternatives(
     draft: Draft, m: int, first: int, p: torch.Tensor, config: DecodeConfig
 ) -> tuple[list[Refused], float | None]:
     """A tree's alternatives not kept, all at depth 1 with the first row's p and q, and the chance
-    of the kept one where a sampled round kept one. Greedy: the
-    target's argmax decided them all at once, rejected (a greedy round shows them where its first
-    draft was refused). Sampled (`engine.decoding.verify`): tried in turn only after the first draft
-    was refused; those tried before the kept one, or all if none was kept, rejected, with the chance
-    each had against the residual; the rest never judged, discarded."""
+    of the kept one where a sampled round kept one. Greedy: the target's argmax decided them all at
+    once, rejected (a greedy round shows them where its first draft was refused). Sampled
+    (`engine.decoding.verify`): tried in turn only after the first draft was refused; those tried
+    before the kept one, or all if none was kept, rejected, with the chance each had against the
+    residual; the rest never judged, discarded."""
     alternatives, q = draft.alternatives, draft.proposal.q[0]
     values = zip(alternatives, p[alternatives].tolist(), q[alternatives].tolist())
     if config.greedy:

@@ -49,6 +49,20 @@ class DecoyDrafter(Drafter):
         return Proposal(tokens, torch.stack(dists))
 
 
+def test_candidates_are_distinct_and_ranked_in_the_order_a_tree_tries_them():
+    """A tree's candidates for the first token (the first draft, then its alternatives) never repeat,
+    for a model draft drawn below the top and for a copy with branches; each ranks where it stands,
+    which is what the planner counts to judge wider trees."""
+    q = torch.tensor([[0.30, 0.10, 0.25, 0.0, 0.35]])
+    model = Proposal([1], q)
+    copy = Proposal([2], torch.nn.functional.one_hot(torch.tensor([2]), 5).float(), source="prompt", branches=[4, 0])
+    for proposal in (model, copy):
+        candidates = proposal.tokens[:1] + proposal.alternatives(4)
+        assert len(set(candidates)) == len(candidates)
+        assert [proposal.rank(t) for t in candidates] == list(range(len(candidates)))
+    assert model.alternatives(4) == [4, 0, 2] and model.rank(3) == 5  # no probability: never a candidate
+
+
 def test_alternatives_tried_against_the_residual_give_p():
     """A first draft from q, then three fixed alternatives each accepted with the residual's share,
     refused ones zeroed: the first token follows p over 6000 draws; never zeroing them does not."""
