@@ -6,7 +6,8 @@ colours come in two palettes, the second safe for colour-blind eyes (Okabe and I
 - accepted drafts: a tinted background;
 - rejected drafts: struck through on a tinted background, where they were proposed (before the
   target's replacement);
-- discarded drafts (after a rejected one in the same round, never judged): grey, italic, struck through;
+- discarded drafts (after a rejected one in the same round, or a sampled tree's alternatives left
+  untried; never judged): grey, italic, struck through;
 - resampled tokens (the target's replacement): a wavy underline;
 - bonus tokens (every draft passed): bold;
 - plain tokens: as they are;
@@ -15,7 +16,8 @@ colours come in two palettes, the second safe for colour-blind eyes (Okabe and I
 
 The legend is drawn with the very formats the view uses. The view keeps every `TokenEvent` so
 that hiding or showing refused drafts re-renders it, and so that hovering a token can show its
-state, position, round, p, q and, for judged drafts, min(1, p/q).
+state, position, round, p, q and, for judged drafts, min(1, p/q) (a sampled tree's alternative: its
+chance against the residual).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ LEGEND = (  # (state, copied, label, what it means)
         TokenState.DISCARDED,
         False,
         "discarded",
-        "Drafts after the rejected one in the same round: never judged, not kept (not counted in acceptance by depth)",
+        "Drafts after the rejected one in the same round, or a sampled tree's alternatives left untried: never "
+        "judged, not kept (not counted in acceptance by depth)",
     ),
     (TokenState.RESAMPLED, False, "resampled", "The target's token in place of the rejected draft"),
     (TokenState.BONUS, False, "bonus", "Every draft passed: the target's next token came free from the same forward"),
@@ -149,10 +152,16 @@ def describe_token(event: TokenEvent) -> str:
     source = "copy" if event.copied else "draft"
     if event.state.judged and event.q is not None:
         lines.append(f"q ({source}) = {event.q:.4f}")
-        lines.append(f"min(1, p/q) = {event.acceptance_probability:.4f}")
+        if event.chance is not None:  # a sampled tree's alternative, tried after the first draft was refused
+            lines.append(f"chance against the residual = {event.chance:.4f}")
+        else:
+            lines.append(f"min(1, p/q) = {event.acceptance_probability:.4f}")
     elif event.state is TokenState.DISCARDED:
         lines.append(f"q ({source}) = {event.q:.4f}" if event.q is not None else "")
-        lines.append("never judged: an earlier draft of this round was rejected")
+        if event.depth == 1:  # only a tree's alternative is discarded beside the first draft
+            lines.append("never judged: the first draft, or an alternative tried before it, was accepted")
+        else:
+            lines.append("never judged: an earlier draft of this round was rejected")
     elif event.state is TokenState.RESAMPLED:
         lines.append(
             "the target's token in place of the rejected draft: drawn from max(0, p - q), normalised "

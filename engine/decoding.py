@@ -16,9 +16,10 @@ One round, after the kept tokens x_1..x_t:
    or is the bonus.
 A round keeps 1..K+1 tokens for one target forward, and its text is the target's own.
 
-Trees (greedy): a round may also verify other first tokens beside d_1 in the same forward (tree
-attention); where the target's token is one of them, that branch is accepted and its row gives
-the bonus. The round is the same: draft, verify, accept, correct or bonus.
+Trees: a round may also verify other first tokens beside d_1 in the same forward (tree
+attention). Where d_1 is refused they are tried in turn before the correction (greedy: is the
+target's token one of them; sampled: each against the residual, `verify`); an accepted one is
+kept and its own row gives the bonus. The round is the same: draft, verify, accept, correct or bonus.
 
 KV cache (`engine.kvcache`): between rounds it holds every kept token but the newest, x_t, which
 opens the next forward. After a refusal at d_{m+1} it keeps x_t and d_1..d_m, the inputs whose
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -47,16 +48,34 @@ from specdeck.engine.events import Event, SessionStarted
 from specdeck.engine.models import LoadedModel
 from specdeck.engine.remote_target import RemoteTarget, require_greedy
 from specdeck.engine.rounds import Clock, Drafts, Schedule, target_forward
-from specdeck.engine.sampling import logits_to_probs, residual, sample
+from specdeck.engine.sampling import alternative_chances, logits_to_probs, residual, sample
 from specdeck.engine.transcript import Transcript, Verdict
 
 
 def verify(
-    proposal: Proposal, logits: torch.Tensor, config: DecodeConfig, generator: torch.Generator | None
+    proposal: Proposal,
+    logits: torch.Tensor,
+    config: DecodeConfig,
+    generator: torch.Generator | None,
+    alternatives: Sequence[int] = (),
 ) -> tuple[int, int, torch.Tensor]:
-    """Judge the drafts against the target's logits (len(drafts) + 1 rows).
+    """Judge the drafts against the target's logits (len(drafts) + 1 rows), and, where the first
+    draft is refused, the tree's `alternatives` to it (other first tokens, none of them the first
+    draft nor each other; their own rows are not needed here).
 
-    Returns (accepted count m, the target's own next token, p for every row).
+    Returns (accepted count m, the target's own next token, p for every row). With m = 0 the token
+    is an alternative where one was accepted (greedy: where the target's argmax is one of them).
+
+    Sampled alternatives are the drafter's likeliest tokens, fixed candidates rather than draws from
+    q, so each is tried in turn against the residual r = norm(max(0, p - q)) left by the refused
+    first draft (multi-candidate rejection sampling, SpecInfer, Miao et al. 2024; EAGLE, Li et al.
+    2024): accept a with probability r(a); on refusal set r(a) = 0 and renormalise; after the last,
+    draw from what is left. This keeps the first token ~ p exactly. The first draft alone gives
+    P(x) = min(p(x), q(x)) and is refused with probability sum max(0, p - q), after which the token
+    must follow r. One candidate a judged against any distribution r gives P(a) = r(a) and, for
+    x != a, (1 - r(a)) r(x) / (1 - r(a)) = r(x): the output follows r again, and by induction over
+    the candidates so does the whole sequence. An accepted alternative's row then gives the bonus,
+    a draw from p given it: the target's distribution after the kept tokens and a.
     """
     p = logits_to_probs(logits, config)
     n = len(proposal.tokens)
@@ -74,11 +93,16 @@ def verify(
     r = torch.rand(n, generator=generator, device=p.device)
     rejected = (r * q_draft > p_draft).nonzero()
     m = int(rejected[0]) if rejected.numel() else n
-    if m < n:  # correct: p where q fell short, norm(max(0, p - q)); with the accepts, exactly p
-        token = sample(residual(p[m], proposal.q[m]), generator, greedy=False)
-    else:  # bonus: p after the last draft is the target's distribution given every kept token
-        token = sample(p[n], generator, greedy=False)
-    return m, int(token), p
+    if m == n:  # bonus: p after the last draft is the target's distribution given every kept token
+        return m, int(sample(p[n], generator, greedy=False)), p
+    # correct: p where q fell short, norm(max(0, p - q)); with the accepts, exactly p
+    left = residual(p[m], proposal.q[m])
+    if m == 0 and alternatives:  # a tree: each alternative in turn against the residual, refused ones zeroed
+        chances, left = alternative_chances(left, list(alternatives))
+        taken = (torch.rand(len(alternatives), generator=generator, device=p.device) < chances).nonzero()
+        if taken.numel():
+            return 0, alternatives[int(taken[0])], p
+    return m, int(sample(left, generator, greedy=False)), p
 
 
 def generate(
@@ -144,21 +168,30 @@ def generate(
         # 3. Accept each draft with probability min(1, p/q) until one is refused: m accepted. `token`
         #    corrects the refused one, drawn from norm(max(0, p - q)); or, when all n passed, it is the
         #    bonus, drawn from p after the last draft: the target's distribution given every kept token.
-        m, token, p = verify(draft.proposal, logits[: n + 1], config, generator)
+        #    In a tree whose first draft was refused, its alternatives are tried before the correction.
+        m, token, p = verify(draft.proposal, logits[: n + 1], config, generator, draft.alternatives)
         path = list(range(m + 1))  # the forward's inputs kept: the newest kept token, the accepted drafts
-        if m == 0 and token in draft.alternatives:  # a tree: the target's token is an alternative to the
-            path = [0, n + 1 + draft.alternatives.index(token)]  # first draft, accepted; the argmax at its
-            token = int(logits[path[1]].argmax())  # own row is then the bonus (trees are greedy only)
+        if m == 0 and token in draft.alternatives:  # a tree: an alternative to the first draft was accepted;
+            path = [0, n + 1 + draft.alternatives.index(token)]  # its own row gives the bonus, the target's
+            token = _bonus(logits[path[1]], config, generator)  # token after it
         # 4. The cache keeps `path`, so it again holds every kept token but the newest (`token`); what
         #    the refused drafts and the branches not taken left there is dropped.
         lm.keep(path)
         verdict = Verdict.of(draft, m, path, token, p, logits, config)
         clock.verified()
         events = transcript.tokens(draft, verdict, ids)
-        schedule.record(shape, draft, m, clock, logits[0])
+        schedule.record(shape, draft, m, clock, verdict.kept[0])
         yield from transcript.round(events, draft, clock, lm.server_time)
     drafts.end(ids)
     yield transcript.summary(schedule.describe())
+
+
+def _bonus(logits: torch.Tensor, config: DecodeConfig, generator: torch.Generator | None) -> int:
+    """The target's token after an accepted alternative, from the alternative's own row: its argmax
+    (greedy), or a draw from p there."""
+    if config.greedy:
+        return int(logits.argmax())
+    return int(sample(logits_to_probs(logits, config), generator, greedy=False))
 
 
 _PLANNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # each drafter's latest greedy planner
@@ -169,8 +202,7 @@ def _planner(
 ) -> RoundPlanner | None:
     """The auto schedule's planner (None under the others, and for plain decoding): each round's
     shape chosen from the costs measured on this machine (cached) and the session's acceptance, with
-    alternatives to the first draft (a tree) where the session is greedy and `trees` can run. Greedy
-    sessions also adapt the costs to what their rounds take (their text cannot change with the
+    alternatives to the first draft (a tree) where `trees` can run. Greedy sessions also adapt the costs to what their rounds take (their text cannot change with the
     shape); sampled ones plan from the cached costs alone, so a seed gives the same text on this
     machine."""
     if drafter is None or config.schedule != "auto" or isinstance(target, RemoteTarget):
@@ -183,7 +215,7 @@ def _planner(
         config.max_k,
         drafts.copy_length,
         adapt=config.greedy,
-        max_width=MAX_WIDTH if config.greedy and trees else 1,
+        max_width=MAX_WIDTH if trees else 1,
     )
     if config.greedy and drafter.module is not None:  # greedy text cannot depend on it; a seed's would
         earlier = _PLANNERS.get(drafter.module)

@@ -57,26 +57,30 @@ class Proposal:
     source: str = ""
     match_length: int = 0
     # first tokens the drafter also proposes beside tokens[0], likeliest first (a suffix drafter's
-    # other continuations); a tree round verifies them (greedy), otherwise they are not used
+    # other continuations), none of them tokens[0]; a tree round verifies them, otherwise they are not used
     branches: list[int] = field(default_factory=list)
     pieces: list[DraftPiece] | None = None  # per token, from a draft with a tokenizer of its own
     draft_tokens: int | None = None  # the tokens that draft wrote, in its own tokenizer
 
     def rank(self, token: int) -> int:
-        """Where `token` stands among the drafter's choices for the first draft (0: tokens[0]); a
-        copy's choices are its first draft and its branches, past which it ranks last; so does a token
-        the drafter gives no probability, which it would never offer as an alternative."""
+        """Where `token` stands among the drafter's candidates for the first token, in the order
+        `alternatives` offers them: 0 for tokens[0], then a copy's branches or a model drafter's
+        likeliest other tokens. A token outside a copy's branches ranks last; so does a token the
+        drafter gives no probability, which it would never offer as an alternative."""
+        if token == self.tokens[0]:
+            return 0
         if self.source:
-            choices = self.tokens[:1] + self.branches
-            return choices.index(token) if token in choices else self.q.shape[-1]
-        if float(self.q[0, token]) <= 0:
+            return 1 + self.branches.index(token) if token in self.branches else self.q.shape[-1]
+        q = self.q[0]
+        if float(q[token]) <= 0:
             return self.q.shape[-1]
-        return int((self.q[0] > self.q[0, token]).sum())
+        above = int((q > q[token]).sum())  # the first draft is drawn (sampled), so it may stand below
+        return above + int(bool(q[self.tokens[0]] <= q[token]))
 
     def alternatives(self, width: int) -> list[int]:
-        """Up to width - 1 other first tokens beside the first draft, likeliest first: a copy's
-        branches, a model drafter's next likeliest tokens (greedy: after its argmax); a tree round
-        verifies them beside the chain."""
+        """Up to width - 1 other first tokens beside the first draft, likeliest first, each once and
+        none the first draft: a copy's branches, a model drafter's likeliest other tokens (greedy: after
+        its argmax); a tree round verifies them beside the chain."""
         if width < 2 or not self.tokens:
             return []
         if self.source:

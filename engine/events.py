@@ -19,7 +19,8 @@ class TokenState(str, enum.Enum):
 
     ACCEPTED = "accepted"  # drafted, and the target agreed: kept
     REJECTED = "rejected"  # drafted, and the target refused it: not kept
-    DISCARDED = "discarded"  # drafted after a rejected draft of its round: never judged, not kept
+    DISCARDED = "discarded"  # drafted but never judged (after a rejected draft of its round; a sampled
+    # tree's alternative left untried when the first draft or an earlier alternative passed): not kept
     RESAMPLED = "resampled"  # the target's replacement for the first rejected draft token: kept
     BONUS = "bonus"  # every draft token passed; the target's next token comes free: kept
     PLAIN = "plain"  # plain decoding, one target forward per token: kept
@@ -63,7 +64,8 @@ class TokenEvent:
     session's, `DecodeConfig.suffix_scope`); "" for model drafts and the target's own tokens. `token_id`, `p` and `q` are in the target's
     tokenizer; a draft with a tokenizer of its own (`engine.cross_vocab`) also gives, for each of its
     drafts, the tokens it wrote for it in its own tokenizer (`draft_tokens`, as text) and its q for
-    each (`draft_q`).
+    each (`draft_q`). `chance`: for a sampled tree's alternative that was judged, the chance the rule
+    gave it against the residual (`engine.decoding.verify`), which `acceptance_probability` reports.
     """
 
     state: TokenState
@@ -79,13 +81,17 @@ class TokenEvent:
     source: str = ""
     draft_tokens: tuple[str, ...] = ()
     draft_q: tuple[float, ...] = ()
+    chance: float | None = None  # a sampled tree's alternative: the chance it had against the residual
 
     @property
     def acceptance_probability(self) -> float | None:
-        """min(1, p/q): the chance the rejection rule keeps a drafted token; None for tokens it did
-        not judge (the target's own, and drafts discarded after an earlier rejection)."""
+        """The chance the rejection rule keeps a drafted token: min(1, p/q), or `chance` for a sampled
+        tree's alternative; None for tokens it did not judge (the target's own, and drafts discarded
+        unjudged)."""
         if self.q is None or not self.state.judged:
             return None
+        if self.chance is not None:
+            return self.chance
         return 1.0 if self.q <= 0 else min(1.0, self.p / self.q)
 
 

@@ -112,13 +112,16 @@ class Schedule:
     def plan(self) -> Shape:
         return self.planner.plan() if self.planner else self.fixed
 
-    def record(self, shape: Shape, draft: Draft, accepted: int, clock: Clock, first_logits: torch.Tensor) -> None:
+    def record(self, shape: Shape, draft: Draft, accepted: int, clock: Clock, first: int) -> None:
         """What the round planned and what came of it: `accepted` of the chain's drafts passed, and
-        `first_logits` are the target's for the chain's first position."""
+        `first` is the round's first kept token."""
         n, copied = len(draft.tokens), draft.copied
         if self.planner:
-            # where the target's first token stood among the drafter's choices (0: its first draft)
-            rank = draft.proposal.rank(int(first_logits.argmax())) if n and not copied else None
+            # where the first kept token stood among the drafter's candidates (0: its first draft).
+            # Greedy: the target's argmax. Sampled: after a refused first draft it follows the residual,
+            # so it is among the first w candidates exactly as often as a tree of width w would accept
+            # an alternative (`engine.decoding.verify`).
+            rank = draft.proposal.rank(first) if n and not copied else None
             self.planner.record(
                 shape,
                 copied,

@@ -76,3 +76,22 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     diff = torch.clamp(p - q, min=0.0)
     total = diff.sum()
     return diff / total if total > 0 else p
+
+
+def alternative_chances(r: torch.Tensor, alternatives: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tree's alternatives judged in turn against the residual r after the first draft's refusal:
+    alternative a_i is accepted with r_i(a_i), where r_i is r with a_1..a_(i-1) set to 0 and
+    normalised, i.e. r(a_i) / (r(a_i) + the mass of r outside a_1..a_i). Returns those chances and
+    the weights of r outside all the alternatives, where the correction is drawn if all are refused.
+
+    Sums of non-negative terms only (no 1 - sum), so a chance of 1 stays 1 where r left no mass
+    elsewhere; an alternative with no mass left at all (never reached: an earlier one had chance 1)
+    gets 0.
+    """
+    index = torch.tensor(alternatives, device=r.device)
+    on = r[index]
+    outside = r.index_fill(0, index, 0.0)
+    from_here = torch.flip(torch.cumsum(torch.flip(on, [0]), 0), [0])  # r(a_i) + r(a_(i+1)) + ...
+    denominator = from_here + outside.sum()
+    chances = torch.where(denominator > 0, on / denominator.clamp(min=torch.finfo(r.dtype).tiny), 0.0)
+    return chances, outside

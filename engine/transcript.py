@@ -4,15 +4,19 @@ meets them, its `RoundEvent`, and the summary, with the kept text and the counts
 Per round: the kept tokens in order (the accepted drafts, then the target's own token: resampled
 after a refusal, a bonus after a round whose drafts all passed, plain without drafts); the refused
 drafts come just before the token kept in place of the first of them, each at the position it was
-proposed for: the first refused one (and a tree's alternatives beside it) rejected, the chain's
-drafts after it discarded, never judged. A stop (an end-of-text token, a stop string) cuts a round
-short, and its counts hold the shown drafts only.
+proposed for: the first refused one rejected, the chain's drafts after it discarded, never judged.
+A tree's alternatives to the first draft are shown before the round's first kept token: greedy,
+where the first draft was refused, all rejected but the one the target took; sampled, tried in turn
+after the first draft's refusal, those tried and refused rejected, the rest (after the one
+accepted, or all, where the first draft passed) discarded. A stop (an end-of-text token, a stop
+string) cuts a round short, and its counts hold the shown drafts only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -24,18 +28,32 @@ from specdeck.engine.models import LoadedModel
 from specdeck.engine.remote_scoring import ServerTime
 from specdeck.engine.remote_target import RemoteTarget
 from specdeck.engine.rounds import Clock, Draft
-from specdeck.engine.sampling import logits_to_probs, require_finite
+from specdeck.engine.sampling import alternative_chances, logits_to_probs, require_finite, residual
 from specdeck.engine.stats import SessionStats
 
-Refused = tuple[int, float, float, int, DraftPiece | None]  # a refused draft: token, p, q, depth, what a draft wrote
+
+class Refused(NamedTuple):
+    """A draft not kept, with its p and q, its depth, what became of it (`TokenState.REJECTED` or
+    `DISCARDED`), what a draft with a tokenizer of its own wrote for it, and, for a sampled tree's
+    alternative, the chance the rule gave it (not min(1, p/q): it was judged against the residual)."""
+
+    token: int
+    p: float
+    q: float
+    depth: int
+    state: TokenState
+    piece: DraftPiece | None = None
+    chance: float | None = None
 
 
 @dataclass(frozen=True)
 class Verdict:
     """What the target made of a round's drafts, as shown: the kept tokens (the first `accepted`
     of them drafts, the last the target's own, in state `last`), each one's p and q (None where
-    nothing drafted it), and the refused drafts, shown before kept token `first_refused`. A draft
-    with a tokenizer of its own (`engine.cross_vocab`) adds what it wrote for each kept draft."""
+    nothing drafted it), and the refused drafts, each shown before the kept token at its position or,
+    past the kept drafts, before kept token `first_refused`. A draft with a tokenizer of its own
+    (`engine.cross_vocab`) adds what it wrote for each kept draft; a sampled tree's accepted
+    alternative, the chance it had (`Refused.chance`)."""
 
     kept: list[int]
     accepted: int
@@ -45,6 +63,7 @@ class Verdict:
     refused: list[Refused]
     first_refused: int
     pieces: list[DraftPiece | None] | None = None
+    first_chance: float | None = None  # a sampled tree's accepted alternative (kept[0]): its chance
 
     @classmethod
     def of(
@@ -64,7 +83,7 @@ class Verdict:
         drafted = draft.tokens + draft.alternatives  # the forward's inputs after the newest kept token
         kept = [drafted[row - 1] for row in path[1:]] + [token]
         accepted = len(path) - 1
-        beside = path[-1] > n  # the target's token was an alternative beside the chain
+        beside = path[-1] > n  # an alternative beside the chain was accepted
         if beside:  # p of the alternative at the first row, of the bonus at the alternative's own
             p_kept = [float(p[0, kept[0]]), float(logits_to_probs(logits[path[1]], config)[kept[1]])]
         else:
@@ -75,27 +94,54 @@ class Verdict:
         q_kept = q[torch.arange(drawn), torch.tensor(kept[:drawn], device=p.device)].tolist() if drawn else []
         pieces = draft.proposal.pieces
         refused = _refused_drafts(draft.tokens[m:], p[m:n], q[m:n], m + 1, pieces)  # the first refused, those after
-        if m == 0 and draft.alternatives:  # the alternatives not taken (where all of them were judged)
-            refused += _refused_drafts([t for t in draft.alternatives if t != kept[0]], p[0], q[0], 1)
+        chance = None  # of a sampled alternative kept
+        if draft.alternatives and (m == 0 or not config.greedy):
+            alternatives, chance = _refused_alternatives(draft, m, kept[0], p[0], config)
+            refused += alternatives
         kept_pieces = [pieces[i] if i < accepted and not beside else None for i in range(len(kept))] if pieces else None
-        return cls(kept, accepted, last, p_kept, q_kept + [None] * (len(kept) - drawn), refused, m, kept_pieces)
+        q_kept += [None] * (len(kept) - drawn)
+        return cls(kept, accepted, last, p_kept, q_kept, refused, m, kept_pieces, chance)
 
 
 def _refused_drafts(
     tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int, pieces: list[DraftPiece] | None = None
 ) -> list[Refused]:
-    """Refused drafts with their p and q: one row of p and q per token from `depth` on (a chain,
-    whose pieces are the proposal's from `depth` on), or one row for all (alternatives, all at `depth`)."""
+    """A chain's refused drafts from `depth` on, with their p and q (one row of each per draft): the
+    first rejected, those after it discarded, never judged."""
     if not tokens:
         return []
     index = torch.tensor(tokens, device=p.device)
-    if p.dim() == 1:
-        return [(t, pv, qv, depth, None) for t, pv, qv in zip(tokens, p[index].tolist(), q[index].tolist())]
     rows = torch.arange(len(tokens), device=p.device)
+    states = [TokenState.REJECTED] + [TokenState.DISCARDED] * (len(tokens) - 1)
+    figures = zip(tokens, p[rows, index].tolist(), q[rows, index].tolist(), states)
     return [
-        (t, pv, qv, depth + i, pieces[depth + i - 1] if pieces else None)
-        for i, (t, pv, qv) in enumerate(zip(tokens, p[rows, index].tolist(), q[rows, index].tolist()))
+        Refused(t, pv, qv, depth + i, state, pieces[depth + i - 1] if pieces else None)
+        for i, (t, pv, qv, state) in enumerate(figures)
     ]
+
+
+def _refused_alternatives(
+    draft: Draft, m: int, first: int, p: torch.Tensor, config: DecodeConfig
+) -> tuple[list[Refused], float | None]:
+    """A tree's alternatives not kept, all at depth 1 with the first row's p and q, and the chance
+    of the kept one where a sampled round kept one. Greedy: the target's argmax decided them all at
+    once, rejected (a greedy round shows them where its first draft was refused). Sampled
+    (`engine.decoding.verify`): tried in turn only after the first draft was refused; those tried
+    before the kept one, or all if none was kept, rejected, with the chance each had against the
+    residual; the rest never judged, discarded."""
+    alternatives, q = draft.alternatives, draft.proposal.q[0]
+    values = zip(alternatives, p[alternatives].tolist(), q[alternatives].tolist())
+    if config.greedy:
+        return [Refused(t, pv, qv, 1, TokenState.REJECTED) for t, pv, qv in values if t != first], None
+    tried = 0 if m else (alternatives.index(first) if first in alternatives else len(alternatives))
+    chances = alternative_chances(residual(p, q), alternatives)[0].tolist() if not m else []
+    return [
+        Refused(t, pv, qv, 1, TokenState.REJECTED, chance=chances[i])
+        if i < tried
+        else Refused(t, pv, qv, 1, TokenState.DISCARDED)
+        for i, (t, pv, qv) in enumerate(values)
+        if t != first
+    ], (chances[tried] if tried < len(chances) else None)
 
 
 def _piece_fields(piece: DraftPiece | None) -> dict:
@@ -142,8 +188,9 @@ class Transcript:
         start = self.new_tokens  # the round's first position
         events: list[TokenEvent] = []
         for i, token in enumerate(verdict.kept):
-            if verdict.refused and i == verdict.first_refused:
-                events += self._refused_events(verdict.refused, draft, start)
+            shown_here = [r for r in verdict.refused if min(r.depth - 1, verdict.first_refused) == i]
+            if shown_here:
+                events += self._refused_events(shown_here, draft, start)
             accepted = i < verdict.accepted
             final = token in self.eos or self.new_tokens + 1 == self.budget
             events.append(
@@ -158,6 +205,7 @@ class Transcript:
                     copied=draft.copied and accepted,
                     depth=i + 1 if accepted else 0,
                     source=draft.proposal.source if accepted else "",
+                    chance=verdict.first_chance if i == 0 else None,
                     **_piece_fields(verdict.pieces[i] if verdict.pieces else None),
                 )
             )
@@ -173,25 +221,24 @@ class Transcript:
 
     def _refused_events(self, refused: list[Refused], draft: Draft, start: int) -> list[TokenEvent]:
         """Events for a round's refused drafts (the round starts at position `start`; a draft at depth
-        d was proposed for start + d - 1): the first of the chain's was judged and rejected, as were a
-        tree's alternatives beside it; the chain's drafts after it were never judged (discarded)."""
-        texts = self.detok.peek([token for token, *_ in refused])
-        first_depth = refused[0][3]
+        d was proposed for start + d - 1), each rejected or discarded as `Verdict` judged it."""
+        texts = self.detok.peek([r.token for r in refused])
         return [
             TokenEvent(
-                TokenState.REJECTED if i == 0 or depth == first_depth else TokenState.DISCARDED,
-                token,
+                r.state,
+                r.token,
                 text,
-                start + depth - 1,
+                start + r.depth - 1,
                 self.rounds,
-                pv,
-                qv,
+                r.p,
+                r.q,
                 copied=draft.copied,
-                depth=depth,
+                depth=r.depth,
                 source=draft.proposal.source,
-                **_piece_fields(piece),
+                chance=r.chance,
+                **_piece_fields(r.piece),
             )
-            for i, ((token, pv, qv, depth, piece), text) in enumerate(zip(refused, texts))
+            for r, text in zip(refused, texts)
         ]
 
     def round(
