@@ -135,7 +135,7 @@ def _backend_version(backend: str) -> dict[str, str]:
 
 def rounds_csv(records: list[SessionRecord]) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180: a field holding a lone \r is quoted too
     writer.writerow(ROUND_COLUMNS)
     for record in records:
         for r in record.rounds:
@@ -169,7 +169,7 @@ def _optional_ms(value: float | None) -> str:
 
 def tokens_csv(records: list[SessionRecord]) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180: a field holding a lone \r is quoted too
     writer.writerow(TOKEN_COLUMNS)
     for record in records:
         for t in record.tokens:

@@ -1,6 +1,7 @@
 """The session files: the token CSV tells each draft's fate where it was proposed."""
 
 import csv
+import dataclasses
 import io
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, encode_prompt, generate
@@ -31,3 +32,18 @@ def test_token_rows_give_each_draft_its_position_and_unjudged_drafts_their_own_s
         assert all(t["acceptance_probability"] == "" for t in drafts[r.accepted + 1 :])
         assert int(rounds[r.round - 1]["discarded"]) == r.discarded
     assert sum(t["state"] == "discarded" for t in tokens) == sum(int(r["discarded"]) for r in rounds)
+
+
+def test_token_text_with_line_breaks_reads_back_as_one_row(tiny_pair):
+    """A token whose text holds a lone carriage return, a newline or a quote stays one row of the
+    token CSV, its text as written (spreadsheets and csv readers take a bare \\r for a line end)."""
+    target, _ = tiny_pair
+    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
+    record = SessionRecord(1, "plain")
+    for event in generate(target, ids, DecodeConfig(max_new_tokens=4)):
+        record.add(event)
+    odd = ["a\rb", "c\nd", 'say "hi"\r']
+    record.tokens[: len(odd)] = [dataclasses.replace(t, text=text) for t, text in zip(record.tokens, odd)]
+    rows = list(csv.DictReader(io.StringIO(tokens_csv([record]), newline="")))
+    assert [row["text"] for row in rows[: len(odd)]] == odd
+    assert len(rows) == len(record.tokens)
