@@ -47,6 +47,7 @@ PROBE_BUDGET = 0.02  # the share of plain rounds' time that probes may lose, at 
 DECAY = 0.97  # weight of a round's evidence after each later round (about 30 rounds of memory)
 PRIOR = 2.0  # pseudo-rounds behind each acceptance estimate
 MAX_WIDTH = 4  # candidates for a round's first token, at most
+DEEPER = 2  # drafts a confident chain may go past the planned K (`RoundPlanner.with_floors`)
 CARRIED = 8.0  # rounds' weight of an earlier session's acceptance in a new one (`RoundPlanner.carry_over`)
 NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said; measured again)
 
@@ -274,6 +275,7 @@ class Shape:
     copy: int
     k: int
     width: int = 1
+    floors: tuple[float, ...] = ()  # a model drafter's chain stops before depth d + 1 below floors[d] (`_Chain`)
 
 
 def round_label(drafted: int, copied: bool, alternatives: int = 0) -> str:
@@ -366,9 +368,24 @@ class RoundPlanner:
             if self.probe_due(k_rate):
                 k = min(1, self.max_k)  # keep measuring the drafter, whose acceptance may have changed
                 self.rounds_without_draft = 0
-        else:
-            self.rounds_without_draft = 0
-        return Shape(copy if copy_rate >= k_rate else 0, k, width)
+            return Shape(copy if copy_rate >= k_rate else 0, k, width)
+        self.rounds_without_draft = 0
+        shape = Shape(copy if copy_rate >= k_rate else 0, k, width)
+        return shape if shape.copy else self.with_floors(shape, k_rate)
+
+    def with_floors(self, shape: Shape, rate: float) -> Shape:
+        """`shape` with its chain allowed `DEEPER` more drafts, each only where the drafter's own
+        estimate that the chain passes so far, times what a kept token is worth at the planned rate
+        (1 / rate ms), pays for one more draft and the wider verify it adds."""
+        if shape.k < 1 or rate <= 0:
+            return shape
+        k = min(self.max_k, shape.k + DEEPER)
+        tree = shape.width > 1
+        floors = tuple(
+            (self.draft_ms_per_token + self.verify_ms(n + 1, tree) - self.verify_ms(n, tree)) * rate
+            for n in range(shape.width, shape.width + k)  # n: the verify's tokens before draft d + 1
+        )
+        return Shape(shape.copy, k, shape.width, floors)
 
     def record(
         self,

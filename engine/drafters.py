@@ -98,23 +98,33 @@ class Proposal:
 class _Chain:
     """A model drafter's tokens, drawn one after another, each with the q it was drawn from.
 
-    Past the first draft the chain stops where the drafter is unsure (its top probability below
-    `DecodeConfig.confidence_threshold`): a draft that is likely refused costs a drafter step and a
-    wider verify for nothing. The token is drawn before that check: the generator advances either
-    way."""
+    Past the first draft the chain stops where the drafter is unsure: its top probability below
+    `DecodeConfig.confidence_threshold`, or the chance that every draft so far passes, estimated as
+    the product of their top probabilities (a feature head's are close to its acceptance), below the
+    round's floor for that depth (`Drafter.floors`, from the auto schedule: what one more draft
+    costs in drafting and verifying, over what a kept token is worth). A draft that is likely
+    refused costs a drafter step and a wider verify for nothing. The token is drawn before that
+    check: the generator advances either way. The rule reads the drafter's side only, so sampled
+    output keeps the target's distribution."""
 
-    def __init__(self, config: DecodeConfig, generator: torch.Generator | None) -> None:
+    def __init__(self, config: DecodeConfig, generator: torch.Generator | None, floors: tuple[float, ...] = ()) -> None:
         self.config = config
         self.generator = generator
+        self.floors = floors
+        self.reach = 1.0
         self.tokens: list[int] = []
         self.dists: list[torch.Tensor] = []
 
     def draw(self, q: torch.Tensor) -> int | None:
         """The next draft, drawn from q; None where the chain stops before it."""
         token = int(sample(q, self.generator, self.config.greedy))
-        threshold = self.config.confidence_threshold
-        if self.tokens and threshold and float(q.max()) < threshold:
-            return None
+        top = float(q.max())
+        self.reach *= top
+        if self.tokens:
+            threshold = self.config.confidence_threshold
+            depth = len(self.tokens)
+            if threshold and top < threshold or depth < len(self.floors) and self.reach < self.floors[depth]:
+                return None
         self.tokens.append(token)
         self.dists.append(q)
         return token
@@ -140,6 +150,9 @@ class Drafter(ABC):
     module: torch.nn.Module | LlamaCppModel | None = None  # the model that drafts (what its measured cost is cached by)
     context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
     copies_text = False  # True: it drafts by copying from the text, so nothing copies before it
+    # this round's reach floors (`Shape.floors`): a model drafter's chain stops before depth d + 1
+    # where the product of its top probabilities so far falls below floors[d]
+    floors: tuple[float, ...] = ()
 
     def begin(
         self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int, generator: torch.Generator | None
@@ -240,7 +253,7 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, ids: list[int], k: int) -> Proposal:
         feed = self._sync(ids)
-        chain = _Chain(self.config, self.generator)
+        chain = _Chain(self.config, self.generator, self.floors)
         for _ in range(k):
             logits = self._next_logits(feed)
             self._cached.extend(feed)
@@ -321,7 +334,7 @@ class FeatureHeadDrafter(Drafter):
         self._body.crop(self._paired)  # forget the states predicted last round
         following = torch.tensor(ids[self._paired + 1 : known + 1], device=self.device)
         self._paired = known
-        chain = _Chain(self.config, self.generator)
+        chain = _Chain(self.config, self.generator, self.floors)
         for _ in range(k):
             inputs = self.head.mix(states, self._embedding(following).to(self.dtype))
             predicted = self._body.hidden_from_inputs(inputs)[-1]

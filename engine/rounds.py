@@ -89,6 +89,7 @@ class Drafts:
                 if copied.tokens:
                     return Draft(copied, copied=True)
             if shape.k:
+                self.drafter.floors = shape.floors
                 proposal = self.drafter.propose(ids, min(shape.k, room))
                 return Draft(proposal, alternatives=proposal.alternatives(shape.width))
         return Draft(Proposal.none(self.vocab_width, self.device))

@@ -228,3 +228,30 @@ def test_a_tree_is_planned_at_what_trees_cost(tree_cost):
     assert planner.verify_ms(4) == pytest.approx(FLAT.ms(4), rel=0.05)
     assert planner.verify_ms(4, tree=True) == pytest.approx(FLAT.ms(4) * tree_cost, rel=0.1)
     assert (planner.plan().width > 1) == (tree_cost == 1.0)
+
+
+def test_a_chain_stops_where_its_drafts_are_unlikely_to_pass(tiny_pair):
+    """A round's floors cut a model drafter's chain where the product of its top probabilities
+    falls below them: no floors, all K drafts; a floor of 1 after the first, one draft."""
+    target, draft = tiny_pair
+    drafter = DraftModelDrafter(draft.model)
+    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
+    lengths = []
+    for floors in [(), (0.0, 1.0, 1.0, 1.0)]:
+        drafter.begin(ids, DecodeConfig(k=4), target.vocab_width, None)
+        drafter.floors = floors
+        lengths.append(len(drafter.propose(ids, 4).tokens))
+    assert lengths == [4, 1]
+
+
+def test_floors_rise_with_what_a_draft_costs():
+    """The planner lets a chain go deeper than its planned K only where the drafts are likely to
+    pass: the costlier a draft (drafting and the verify it widens), the higher the floor."""
+    shapes = []
+    for draft_ms in (0.5, 5.0):
+        planner = _plan_after(FLAT, accepted_share=0.8, draft_ms=draft_ms)
+        shapes.append(planner.plan())
+    cheap, costly = shapes
+    assert cheap.k >= 1 and len(cheap.floors) == cheap.k
+    assert all(0.0 < f < 1.0 for f in cheap.floors)
+    assert costly.floors[1] > cheap.floors[1]
