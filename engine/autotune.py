@@ -374,9 +374,10 @@ class RoundPlanner:
         return shape if shape.copy else self.with_floors(shape, k_rate)
 
     def with_floors(self, shape: Shape, rate: float) -> Shape:
-        """`shape` with its chain allowed `DEEPER` more drafts, each only where the drafter's own
-        estimate that the chain passes so far, times what a kept token is worth at the planned rate
-        (1 / rate ms), pays for one more draft and the wider verify it adds."""
+        """`shape` with its chain allowed `DEEPER` more drafts, each drafted only where the drafter's
+        own estimate that it passes with the chain before it, times what a kept token is worth at the
+        planned rate (1 / rate ms), pays for the draft and the wider verify it adds (floors[d]: the
+        least estimate for draft d + 1)."""
         if shape.k < 1 or rate <= 0:
             return shape
         k = min(self.max_k, shape.k + DEEPER)

@@ -99,19 +99,21 @@ class _Chain:
     """A model drafter's tokens, drawn one after another, each with the q it was drawn from.
 
     Past the first draft the chain stops where the drafter is unsure: its top probability below
-    `DecodeConfig.confidence_threshold`, or the chance that every draft so far passes, estimated as
-    the product of their top probabilities (a feature head's are close to its acceptance), below the
-    round's floor for that depth (`Drafter.floors`, from the auto schedule: what one more draft
-    costs in drafting and verifying, over what a kept token is worth). A draft that is likely
-    refused costs a drafter step and a wider verify for nothing. The token is drawn before that
-    check: the generator advances either way. The rule reads the drafter's side only, so sampled
-    output keeps the target's distribution."""
+    `DecodeConfig.confidence_threshold` (the token is drawn before that check: the generator
+    advances either way). A draft that is likely refused costs a drafter step and a wider verify for
+    nothing. Under the auto schedule the chain also stops drafting (`open` turns False) once the
+    chance that the next draft passes with all before it, estimated as the product of the top
+    probabilities so far times the last one again (a feature head's top probability is close to
+    its acceptance), falls below the round's floor for that depth (`Drafter.floors`: what one more
+    draft costs in drafting and verifying, over what a kept token is worth). Both rules read the
+    drafter's side only, so sampled output keeps the target's distribution."""
 
     def __init__(self, config: DecodeConfig, generator: torch.Generator | None, floors: tuple[float, ...] = ()) -> None:
         self.config = config
         self.generator = generator
         self.floors = floors
         self.reach = 1.0
+        self.open = True  # whether one more draft is worth its cost (see `floors`)
         self.tokens: list[int] = []
         self.dists: list[torch.Tensor] = []
 
@@ -119,14 +121,14 @@ class _Chain:
         """The next draft, drawn from q; None where the chain stops before it."""
         token = int(sample(q, self.generator, self.config.greedy))
         top = float(q.max())
-        self.reach *= top
-        if self.tokens:
-            threshold = self.config.confidence_threshold
-            depth = len(self.tokens)
-            if threshold and top < threshold or depth < len(self.floors) and self.reach < self.floors[depth]:
-                return None
+        threshold = self.config.confidence_threshold
+        if self.tokens and threshold and top < threshold:
+            return None
         self.tokens.append(token)
         self.dists.append(q)
+        self.reach *= top
+        depth = len(self.tokens)
+        self.open = depth >= len(self.floors) or self.reach * top >= self.floors[depth]
         return token
 
     def proposal(self, vocab_width: int, device: torch.device) -> Proposal:
@@ -258,7 +260,7 @@ class DraftModelDrafter(Drafter):
             logits = self._next_logits(feed)
             self._cached.extend(feed)
             token = chain.draw(logits_to_probs(logits, self.config))
-            if token is None:
+            if token is None or not chain.open:
                 break
             feed = [token]
         return chain.proposal(self.vocab_width, self._lm.device)
@@ -340,7 +342,7 @@ class FeatureHeadDrafter(Drafter):
             predicted = self._body.hidden_from_inputs(inputs)[-1]
             logits = output_logits(predicted, self._output, self._output_ids, self.vocab_width)
             token = chain.draw(logits_to_probs(logits.float(), self.config))
-            if token is None:
+            if token is None or not chain.open:
                 break
             states = predicted[None]
             following = torch.tensor([token], device=self.device)
