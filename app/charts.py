@@ -51,8 +51,8 @@ SPEC_PEN = pg.mkPen(SPEC_COLOUR, width=2)
 PLAIN_PEN = pg.mkPen(PLAIN_COLOUR, width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
 
 FIGURE_TIPS = {
-    "acceptance rate": "Drafts the target accepted, of the drafts it judged (drafts discarded after an earlier "
-    "rejection were never judged and are not counted)",
+    "acceptance rate": "Drafts the target accepted, of all drafts proposed (a draft discarded after an earlier "
+    "rejection counts as not accepted; acceptance by depth counts judged drafts only)",
     "copied drafts": "Drafts that prompt lookup copied from earlier text (Lookup > 0): accepted of copied",
     "mean accepted length": "Tokens kept per round, the target's own token included: plain decoding scores 1",
     "tokens/s": "Kept tokens per second of decoding, prefill excluded",
