@@ -9,12 +9,13 @@ et al. 2024) asks two things of it:
   token, found by streaming the query through the automaton, one transition or suffix link per step;
 - that suffix's continuations with their counts: for every token c, how often the suffix is
   followed by c. All strings of a state share their end positions, so the count of s + c is
-  |endpos| of the state the c-transition leads to, kept in `_count`.
+  |endpos| of the state the c-transition leads to, kept in `_count`, and where s + c last ended is
+  max(endpos) of that state, kept in `_latest` (which continuation followed s most recently).
 
-`_count` is kept exact as tokens arrive: each new position adds one to every state on the suffix-link
-path of the new state. That path is as long as the number of distinct end-position classes among
-the text's repeated suffixes: a few for prose, longer for text that repeats itself many times
-(n for one token repeated n times).
+`_count` and `_latest` are kept exact as tokens arrive: each new position adds one to the count of
+every state on the suffix-link path of the new state, and is the latest end of each. That path is
+as long as the number of distinct end-position classes among the text's repeated suffixes: a few
+for prose, longer for text that repeats itself many times (n for one token repeated n times).
 
 Texts of several sessions go into one automaton separated by `separate()`: each separator is a
 token id of its own (negative), so no match runs across it.
@@ -51,10 +52,12 @@ class SuffixIndex:
         self._link: list[int] = [-1]  # suffix link: the state of the longest suffix in another class
         self._len: list[int] = [0]  # length of the longest string of each state
         self._count: list[int] = [0]  # |endpos|: how often each state's strings occur
+        self._latest: list[int] = [-1]  # max(endpos): where each state's strings last ended
         self._last = 0  # the state of the whole text
         self._separators = 0
         self.tokens = 0  # tokens appended, separators included
-        self._ranked: dict[int, tuple[list[tuple[int, int]], int]] = {}  # `ranked`'s answers since the last append
+        # `ranked`'s answers since the last append, by (state, recent)
+        self._ranked: dict[tuple[int, bool], tuple[list[tuple[int, int]], int]] = {}
 
     def __len__(self) -> int:
         return self.tokens
@@ -78,6 +81,8 @@ class SuffixIndex:
         length.append(length[self._last] + 1)
         link.append(0)
         count.append(0)
+        latest = self._latest
+        latest.append(0)
         p = self._last
         while p != -1 and token not in nxt[p]:
             nxt[p][token] = cur
@@ -92,15 +97,18 @@ class SuffixIndex:
                 length.append(length[p] + 1)
                 link.append(link[q])
                 count.append(count[q])  # the same end positions as q, until the new one is added below
+                latest.append(latest[q])
                 while p != -1 and nxt[p].get(token) == q:
                     nxt[p][token] = clone
                     p = link[p]
                 link[q] = link[cur] = clone
         self._last = cur
+        position = self.tokens
         self.tokens += 1
         state = cur
         while state > 0:  # the new end position: one more occurrence of every suffix of the text
             count[state] += 1
+            latest[state] = position
             state = link[state]
 
     def step(self, match: Match, token: int) -> Match:
@@ -145,31 +153,40 @@ class SuffixIndex:
         count = self._count
         return {token: count[state] for token, state in self._next[match.state].items() if token >= 0}
 
-    def ranked(self, state: int) -> tuple[list[tuple[int, int]], int]:
-        """A state's most frequent continuations (token, count), at most `RANKED`, most frequent
-        first, and how often its strings occur followed by anything (a separator included).
+    def ranked(self, state: int, recent: bool = False) -> tuple[list[tuple[int, int]], int]:
+        """A state's continuations (token, count), at most `RANKED`: the most frequent first, the
+        latest to occur first among equally frequent ones (`recent`: the latest first, whatever
+        their counts); and how often its strings occur followed by anything (a separator included).
         Remembered until the text grows: a state near the root of a long text has thousands of
         continuations, and an unchanged history is asked about the same states round after round."""
-        known = self._ranked.get(state)
+        known = self._ranked.get((state, recent))
         if known is None:
-            count, options = self._count, self._next[state]
+            count, latest, options = self._count, self._latest, self._next[state]
             total = sum(count[child] for child in options.values())
-            top = heapq.nlargest(RANKED, ((count[child], token) for token, child in options.items() if token >= 0))
-            known = self._ranked[state] = ([(token, c) for c, token in top], total)
+
+            def order(option: tuple[int, int]) -> tuple[int, int]:
+                child = option[1]
+                return (latest[child], count[child]) if recent else (count[child], latest[child])
+
+            top = heapq.nlargest(RANKED, ((token, child) for token, child in options.items() if token >= 0), key=order)
+            known = self._ranked[(state, recent)] = ([(token, count[child]) for token, child in top], total)
         return known
 
-    def walk(self, match: Match, max_tokens: int, floor: float = 0.0) -> list[int]:
-        """The most frequent continuation path after `match`, up to `max_tokens` long, stopping
-        where the path's share (the product of each step's share of its continuations) < floor."""
-        return self.scored_walk(match, max_tokens, floor)[0]
+    def walk(self, match: Match, max_tokens: int, floor: float = 0.0, recent: bool = False) -> list[int]:
+        """The most frequent (`recent`: the latest) continuation path after `match`, up to
+        `max_tokens` long, stopping where the path's share (the product of each step's share of its
+        continuations) < floor."""
+        return self.scored_walk(match, max_tokens, floor, recent)[0]
 
-    def scored_walk(self, match: Match, max_tokens: int, floor: float = 0.0) -> tuple[list[int], float]:
+    def scored_walk(
+        self, match: Match, max_tokens: int, floor: float = 0.0, recent: bool = False
+    ) -> tuple[list[int], float]:
         """`walk`'s path and its score: the sum of its prefixes' shares, the number of its tokens the
         text's own frequencies expect to be right (SuffixDecoding's score)."""
         state, share, score = match.state, 1.0, 0.0
         path: list[int] = []
         while len(path) < max_tokens:
-            top, total = self.ranked(state)
+            top, total = self.ranked(state, recent)
             if not top:
                 break
             best, best_count = top[0]

@@ -4,10 +4,15 @@ text already written, and the hybrid that copies them before a model drafter.
 - `SuffixDrafter` finds the longest suffix of the kept tokens that occurred earlier, in this
   request's own text (prompt and answer so far) and in the earlier texts its scope allows
   (`DecodeConfig.suffix_scope`: this session's answers, past sessions' from the cache folder), and
-  drafts the most frequent continuation after it: at most max_spec_factor x the match's length,
-  stopping where the path's share of what followed falls below `min_share`. Its other first tokens
-  come along as branches, which a tree round verifies beside the path. q is one-hot on each draft,
-  so the rejection rule accepts a draft with probability p(draft) and sampling stays exact.
+  drafts what followed it: in the request's own text, its latest occurrence's continuation (as
+  prompt lookup copies: text that repeats itself, such as an answer retelling an earlier one, most
+  often repeats its latest passage); in earlier texts, the most frequent continuation. A draft is at
+  most max_spec_factor x the match's length, stopping where the path's share of what followed falls
+  below `min_share`. Where nothing matched (a token new to the text), it offers the request's most
+  frequent token. The other first tokens (the match's other continuations, the other texts' drafts)
+  come along as branches, which a tree round verifies beside the path for little more than a plain
+  step costs. q is one-hot on each draft, so the rejection rule accepts a draft with probability
+  p(draft) and sampling stays exact.
 - `HybridDrafter` is a model drafter (feature head or draft model) whose copier is a suffix
   drafter that drafts only when its path's score (the tokens its frequencies expect to be right)
   reaches `min_score`; the paper's hybrid with EAGLE. The decoding loop tries the copier first
@@ -22,7 +27,7 @@ import torch
 
 from specdeck.engine.drafters import Drafter, Proposal, one_hot
 from specdeck.engine.past_sessions import PastSessions
-from specdeck.engine.suffix import Match, SuffixIndex
+from specdeck.engine.suffix import ROOT, Match, SuffixIndex
 
 HYBRID_MIN_SCORE = 2.0  # a copy the text's frequencies expect to keep at least two tokens of
 
@@ -41,7 +46,7 @@ class SuffixDrafter(Drafter):
         history: SuffixIndex | None = None,
         past: PastSessions | None = None,
         records: bool = True,
-        max_spec_factor: float = 1.0,
+        max_spec_factor: float = 4.0,
         min_share: float = 0.1,
         min_score: float = 0.0,
         device: torch.device | str = "cpu",
@@ -70,29 +75,43 @@ class SuffixDrafter(Drafter):
         kept = ids[self._own.tokens :]
         self._own.extend(kept)
         self._earlier = [(source, index, index.stream(kept, match)) for source, index, match in self._earlier]
-        candidates = [("prompt", self._own, self._own.earlier())]
+        own = self._own.earlier()
+        candidates = [("prompt", self._own, own)]
         candidates += [(source, index, index.continued(match)) for source, index, match in self._earlier]
         candidates.sort(key=lambda candidate: -candidate[2].length)  # stable: the request's own first on a tie
+        walks: list[tuple[str, SuffixIndex, Match, list[int]]] = []
         for source, index, match in candidates:
             longest = min(k, int(self.max_spec_factor * match.length))
             if longest <= 0:
                 break
-            tokens, score = index.scored_walk(match, longest, self.min_share)
+            # in this request's own text, what followed the match's latest occurrence (as prompt lookup
+            # copies: where the text repeats, it most often repeats its latest passage); in earlier texts,
+            # the most frequent continuation
+            tokens, score = index.scored_walk(match, longest, self.min_share, recent=index is self._own)
             if tokens and score >= self.min_score:
-                return one_hot(
-                    tokens,
-                    self.vocab_width,
-                    self.device,
-                    source=source,
-                    match_length=match.length,
-                    branches=self._branches(index, match, tokens[0]),
-                )
-        return self._empty(self.device)
+                walks.append((source, index, match, tokens))
+        if not walks and not self.min_score and k:
+            # nothing matched: the request's most frequent token, its next most frequent as branches,
+            # which a tree round verifies beside it for little more than a plain step costs
+            top, _ = self._own.ranked(ROOT.state)
+            if top:
+                walks.append(("prompt", self._own, ROOT, [top[0][0]]))
+        if not walks:
+            return self._empty(self.device)
+        source, index, match, tokens = walks[0]
+        # branches: the match's other frequent continuations, the other texts' first drafts, then the
+        # other tokens that followed the match in this request
+        others = self._branches(index, match) + [walk[3][0] for walk in walks[1:]]
+        others += [token for token, _ in self._own.ranked(own.state)[0]]
+        branches = [token for token in dict.fromkeys(others) if token != tokens[0]]
+        return one_hot(
+            tokens, self.vocab_width, self.device, source=source, match_length=match.length, branches=branches
+        )
 
-    def _branches(self, index: SuffixIndex, match: Match, first: int) -> list[int]:
-        """The match's other frequent continuations (at least `min_share` of what followed it), most frequent first."""
+    def _branches(self, index: SuffixIndex, match: Match) -> list[int]:
+        """The match's frequent continuations (at least `min_share` of what followed it), most frequent first."""
         top, total = index.ranked(match.state)
-        return [token for token, count in top if token != first and count >= self.min_share * total]
+        return [token for token, count in top if count >= self.min_share * total]
 
     def end(self, ids: list[int]) -> None:
         if not self.records or self.config.suffix_scope == "prompt":

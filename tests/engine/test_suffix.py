@@ -45,6 +45,11 @@ def followers(text: list[int], string: list[int]) -> Counter:
     return Counter(text[i + n] for i in range(len(text) - n) if text[i : i + n] == string and text[i + n] >= 0)
 
 
+def last_seen(text: list[int], string: list[int]) -> int:
+    """Where the latest occurrence of `string` in `text` starts."""
+    return max(i for i in range(len(text) - len(string) + 1) if text[i : i + len(string)] == string)
+
+
 def occurrences_followed(text: list[int], string: list[int]) -> int:
     """Occurrences of `string` with any token after them (a separator included)."""
     return sum(1 for i in range(len(text) - len(string)) if text[i : i + len(string)] == string)
@@ -96,12 +101,27 @@ def test_walk_follows_the_most_frequent_continuation(items, query, floor):
     for token in path:
         after = followers(text, string)
         assert after[token] == max(after.values())
+        tied = [t for t, c in after.items() if c == after[token]]  # of these, the latest to follow
+        assert last_seen(text, string + [token]) == max(last_seen(text, string + [t]) for t in tied)
         share *= after[token] / occurrences_followed(text, string)
         assert share >= floor
         string = string + [token]
     after = followers(text, string)
     if len(path) < 6 and after:
         assert share * max(after.values()) / occurrences_followed(text, string) < floor
+
+
+@PROFILE
+@given(items=texts, query=queries)
+def test_recent_walk_follows_the_latest_occurrence(items, query):
+    """Walking `recent`, each token is the one that followed the string so far where it occurred last."""
+    index, text = indexed(items)
+    match = index.match(query)
+    string = query[len(query) - match.length :]
+    for token in index.walk(match, 6, recent=True):
+        after = followers(text, string)
+        assert last_seen(text, string + [token]) == max(last_seen(text, string + [t]) for t in after)
+        string = string + [token]
 
 
 def test_streaming_equals_matching_from_scratch():

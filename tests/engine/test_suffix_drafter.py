@@ -85,3 +85,30 @@ def test_bench_never_drafts_a_prompt_from_its_own_runs(tiny_pair):
         run.token_ids == results[0].runs[Method("plain")][0].token_ids for r in results for run in r.runs[method]
     )
     assert len(pair.history) == 0
+
+
+def proposed(prompt: list[int], k: int, min_score: float = 0.0):
+    """What a suffix drafter with no earlier texts proposes after `prompt`."""
+    drafter = SuffixDrafter(min_score=min_score)
+    drafter.begin(prompt, DecodeConfig(suffix_scope="prompt"), 16, None)
+    return drafter.propose(prompt, k)
+
+
+def test_own_text_drafts_what_followed_the_latest_occurrence():
+    """Where the request's text repeats a passage, the draft continues its latest occurrence (what
+    an answer repeating an earlier one writes next), even where an older continuation is more frequent."""
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 5, 6, 7, 9, 1, 2]
+    proposal = proposed(prompt, 4)
+    assert proposal.tokens == [5, 6, 7, 9]
+    assert 3 in proposal.branches  # the more frequent continuation, verified beside it in a tree
+
+
+def test_unmatched_text_drafts_its_most_frequent_tokens_alone():
+    """Where the newest token never occurred before, a suffix drafter offers the request's most
+    frequent token with the next ones as branches; a hybrid's copier (a score to reach) offers nothing,
+    so its model drafts."""
+    prompt = [3, 1, 3, 2, 3, 1, 8]
+    proposal = proposed(prompt, 4)
+    assert proposal.tokens == [3]
+    assert proposal.branches[:1] == [1]
+    assert proposed(prompt, 4, min_score=2.0).tokens == []
