@@ -321,8 +321,11 @@ class FeatureHeadDrafter(Drafter):
             if isinstance(part, int):
                 start = self._seen + max(0, part - self.GAP_FILL)  # older gap tokens are left out
                 self._seen += part
-                for i in range(start, self._seen) if self._next is not None else ():
-                    self._next = self._pair(self._next[None], torch.tensor([ids[i + 1]], device=self.device))[-1]
+                for i in range(start, self._seen):
+                    previous = self._next
+                    if previous is None:  # no state yet to predict from: the gap stays out
+                        break
+                    self._next = self._pair(previous[None], torch.tensor([ids[i + 1]], device=self.device))[-1]
                     self._cached += 1
             else:
                 n = len(part)
@@ -340,9 +343,11 @@ class FeatureHeadDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, ids: list[int], k: int) -> Proposal:
         self._catch_up(ids)
-        chain = _Chain(self.config, self.generator)
         predicted = self._next
-        for step in range(k if predicted is not None else 0):
+        if predicted is None:
+            return self._empty(self.device)
+        chain = _Chain(self.config, self.generator)
+        for step in range(k):
             token = chain.draw(
                 logits_to_probs(output_logits(predicted, self._output, self._output_ids, self.vocab_width), self.config)
             )

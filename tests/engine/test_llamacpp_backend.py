@@ -11,9 +11,9 @@ import torch
 from test_sampling_lossless import chi_square, chi_square_quantile, sample_two_tokens
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
-from specdeck.engine.events import RoundEvent
 from specdeck.engine.drafters import FeatureHeadDrafter
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import RoundEvent
 from specdeck.engine.heads import load_feature_head
 from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library
 from specdeck.engine.models import (
@@ -154,7 +154,9 @@ def test_rounds_without_states_keep_greedy_text_and_the_head_drafts_after_them(t
     gap the head then fills): the text stays plain greedy text, and head rounds that follow copied
     ones still get drafts accepted."""
     head = load_feature_head(DEFAULT_HEAD, target)
-    prompt = "Repeat this code twice, then explain it.\n" + "\n".join(f"x{i} = x{i - 1} + {i}" for i in range(1, 30))
+    prompt = "Repeat this list exactly, line by line:\n" + "\n".join(
+        f"- item {i}: the {i}th apple" for i in range(1, 9)
+    )
     ids = encode_prompt(target.tokenizer, prompt)
     config = DecodeConfig(max_new_tokens=64, k=2, schedule="constant", lookup=4)
     plain = _kept(generate(target, ids, config))
