@@ -144,9 +144,9 @@ class TargetForward:
 
     A drafter that drafts from the target's last hidden states (`Drafter.needs_states`, a feature
     head) is handed the states of every kept token, in order, from the forwards that computed them.
-    Where states cost the target extra (`CachedModel.states_cost`: llama.cpp then outputs every
-    position's), only the prefill and the rounds the drafter drafted compute them; the tokens other
-    rounds keep reach it as a gap (`Drafter.skip`), which changes its drafts, never the text."""
+    Where states cost the target extra (`CachedModel.states_cost`: on llama.cpp), a plain step (a
+    round with no drafts, where the planner found drafting does not pay) computes none: the token it
+    keeps reaches the drafter as a gap (`Drafter.skip`), which changes its drafts, never the text."""
 
     server_time: ServerTime | None = None  # a local forward has no request
 
@@ -177,7 +177,7 @@ class TargetForward:
         self._hidden = None
         if draft.alternatives:
             self._hidden = self.lm.forward_tree(*draft.tree(newest))
-        elif self.reader and (not self.lm.states_cost or (draft.tokens and not draft.copied)):
+        elif self.reader and (draft.tokens or not self.lm.states_cost):
             self._hidden = self.lm.forward_hidden([newest] + draft.tokens)
         else:
             return self.lm.forward([newest] + draft.tokens)
