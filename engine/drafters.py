@@ -174,6 +174,10 @@ class Drafter(ABC):
         `feature_layers`, (n, len(feature_layers) + 1, hidden): those layers' residual streams, then
         the last hidden state."""
 
+    def skip(self, count: int) -> None:  # noqa: B027 (a hook: most drafters need no states)
+        """The next `count` kept tokens come without the target's states: their forward computed
+        none, since the round did not draft from them (only when `needs_states`)."""
+
     def end(self, ids: list[int]) -> None:  # noqa: B027 (a hook: most drafters keep nothing)
         """The session ended with `ids` kept (prompt included)."""
 
@@ -275,13 +279,19 @@ def _stand_in(eos: int | list[int] | None, embeddable: int) -> int:
 class FeatureHeadDrafter(Drafter):
     """Drafts from the target's own last hidden state (`engine.heads.FeatureHead`).
 
-    The head's cache holds one pair (state f_i, token i+1) per kept token whose target state is
-    known: every kept token but the newest. A round feeds the pairs that became known since the
-    last one, then drafts by feeding back its own predicted states; those predicted pairs are
-    cropped away next round, when the target's real states replace them.
+    The head's cache holds one pair (state f_i, token i+1) per kept token it has seen: every kept
+    token but the newest. A round feeds the pairs that became known since the last one, then drafts
+    by feeding back its own predicted states; those predicted pairs are cropped away next round,
+    when the target's real states replace them.
+
+    Kept tokens whose states the target did not compute (`skip`: rounds that drafted nothing from
+    the head) are a gap: the head pairs the latest GAP_FILL of them with its own predicted states,
+    as when drafting, and leaves older ones out of its cache. Its drafts then rest on less, which
+    changes how many pass, never the text.
     """
 
     needs_states = True
+    GAP_FILL = 4  # gap tokens paired with predicted states: each costs a step of the head's layer
 
     def __init__(
         self,
@@ -312,40 +322,61 @@ class FeatureHeadDrafter(Drafter):
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
         self._body.reset()
-        self._paired = 0  # pairs in the cache made from the target's real states
-        self._pending: list[torch.Tensor] = []  # real states not paired yet
+        self._seen = 0  # kept tokens (but the newest) the head has dealt with: paired, or left out
+        self._cached = 0  # pairs in the head's cache, real or filled (no draft's)
+        self._next: torch.Tensor | None = None  # the state the head predicts after its latest pair
+        self._pending: list[torch.Tensor | int] = []  # real states not paired yet, or a gap's length
 
     def observe(self, states: torch.Tensor) -> None:
         self._pending.append(states)
 
+    def skip(self, count: int) -> None:
+        if count:
+            self._pending.append(count)
+
+    def _pair(self, states: torch.Tensor, following: torch.Tensor) -> torch.Tensor:
+        """The head's predicted next states for pairs (state, following token) after its cache."""
+        return self._body.hidden_from_inputs(self.head.mix(states, self._embedding(following).to(self.dtype)))
+
+    def _catch_up(self, ids: list[int]) -> None:
+        """Pair every kept token but the newest: real states in one step, a gap from predictions."""
+        self._body.crop(self._cached)  # forget the states predicted last round
+        for part in self._pending:
+            if isinstance(part, int):
+                start = self._seen + max(0, part - self.GAP_FILL)  # older gap tokens are left out
+                self._seen += part
+                for i in range(start, self._seen):
+                    previous = self._next
+                    if previous is None:  # no state yet to predict from: the gap stays out
+                        break
+                    self._next = self._pair(previous[None], torch.tensor([ids[i + 1]], device=self.device))[-1]
+                    self._cached += 1
+            else:
+                n = len(part)
+                following = torch.tensor(ids[self._seen + 1 : self._seen + n + 1], device=self.device)
+                self._next = self._pair(self.head.fuse(part.to(self.dtype)), following)[-1]
+                self._seen += n
+                self._cached += n
+        self._pending = []
+        if self._seen != len(ids) - 1:
+            raise RuntimeError(
+                f"the head has heard of {self._seen} kept tokens, the session kept {len(ids) - 1}: "
+                "each proposal needs the states (or a skip) of the tokens kept since the last one"
+            )
+
     @torch.inference_mode()
     def propose(self, ids: list[int], k: int) -> Proposal:
-        if self._pending:
-            states = self.head.fuse(torch.cat(self._pending).to(self.dtype))
-            self._pending = []
-        else:
-            states = self._embedding.weight.new_zeros(0, self._embedding.weight.shape[1])
-        known = self._paired + len(states)
-        if known != len(ids) - 1 or (known and not len(states)):
-            raise RuntimeError(
-                f"the head has target states for {known} tokens, the session kept {len(ids) - 1}: "
-                "each proposal needs the states of the tokens kept since the last one"
-            )
-        if known == 0:
+        self._catch_up(ids)
+        predicted = self._next
+        if predicted is None:
             return self._empty(self.device)
-        self._body.crop(self._paired)  # forget the states predicted last round
-        following = torch.tensor(ids[self._paired + 1 : known + 1], device=self.device)
-        self._paired = known
         chain = _Chain(self.config, self.generator, self.floors)
-        for _ in range(k):
-            inputs = self.head.mix(states, self._embedding(following).to(self.dtype))
-            predicted = self._body.hidden_from_inputs(inputs)[-1]
+        for step in range(k):
             logits = output_logits(predicted, self._output, self._output_ids, self.vocab_width)
             token = chain.draw(logits_to_probs(logits.float(), self.config))
-            if token is None or not chain.open:
+            if token is None or not chain.open or step == k - 1:
                 break
-            states = predicted[None]
-            following = torch.tensor([token], device=self.device)
+            predicted = self._pair(predicted[None], torch.tensor([token], device=self.device))[-1]
         return chain.proposal(self.vocab_width, self.device)
 
 

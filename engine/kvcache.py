@@ -130,6 +130,12 @@ class CachedModel:
         return self.backend.output_layer(hidden)
 
     @property
+    def states_cost(self) -> bool:
+        """Whether `forward_hidden` costs more than `forward`: on llama.cpp, where a call with states
+        on outputs every position and copies their states out of its context as well."""
+        return isinstance(self.backend, LlamaCppForward)
+
+    @property
     def supports_trees(self) -> bool:
         """Whether `forward_tree` can run: the lean Llama forward's tree attention."""
         return isinstance(self.backend, llama_forward.LlamaForward)

@@ -195,6 +195,9 @@ class _Context:
             )
         self.memory = llama.llama_get_memory(self.handle)
         self.batch = llama.llama_batch_init(BATCH, 0, 1)
+        for i in range(BATCH):  # every token of every call is in sequence 0: set once, not per call
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = 0
         self.states = False
 
     def free(self, llama) -> None:
@@ -288,28 +291,30 @@ class LlamaCppForward:
         for start in range(0, len(ids), BATCH):
             chunk = ids[start : start + BATCH]
             last = start + len(chunk) == len(ids)
+            every = states or not last_only  # output rows: all, else the last call's last alone
             batch = context.batch
             batch.n_tokens = len(chunk)
-            rows = 0
             for i, token in enumerate(chunk):
-                output = states or not last_only or (last and i == len(chunk) - 1)
                 batch.token[i] = token
                 batch.pos[i] = self.length + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = output
-                rows += output
+                batch.logits[i] = every
+            batch.logits[len(chunk) - 1] = every or last
             code = llama.llama_decode(context.handle, batch)
             if code != 0:
                 raise RuntimeError(f"llama.cpp could not decode {len(chunk)} tokens: {_decode_error(code)}")
             self.length += len(chunk)
-            if rows:
+            if every or last:
+                rows = len(chunk) if every else 1
                 logits.append(_copy(llama.llama_get_logits(context.handle), rows, self.width))
             if states:
-                hidden.append(_copy(llama.llama_get_embeddings(context.handle), rows, self.hidden_size))
-        return torch.cat(hidden) if states else torch.empty(0, self.hidden_size), torch.cat(logits)
+                hidden.append(_copy(llama.llama_get_embeddings(context.handle), len(chunk), self.hidden_size))
+        if not states:
+            return torch.empty(0, self.hidden_size), logits[0] if len(logits) == 1 else torch.cat(logits)
+        return torch.cat(hidden), torch.cat(logits)
 
 
 def _copy(pointer, rows: int, width: int) -> torch.Tensor:
     """rows x width floats from llama.cpp's output buffer, copied (the next call overwrites it)."""
-    return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(rows, width)).copy())
+    values = torch.empty(rows, width)
+    ctypes.memmove(values.data_ptr(), pointer, rows * width * 4)
+    return values

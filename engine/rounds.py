@@ -147,7 +147,10 @@ class TargetForward:
     cache holds every kept token but the newest, which opens the next round's forward.
 
     A drafter that drafts from the target's last hidden states (`Drafter.needs_states`, a feature
-    head) is handed the states of every kept token, in order, from the forwards that computed them."""
+    head) is handed the states of every kept token, in order, from the forwards that computed them.
+    Where states cost the target extra (`CachedModel.states_cost`: on llama.cpp), a plain step (a
+    round with no drafts, where the planner found drafting does not pay) computes none: the token it
+    keeps reaches the drafter as a gap (`Drafter.skip`), which changes its drafts, never the text."""
 
     server_time: ServerTime | None = None  # a local forward has no request
 
@@ -175,9 +178,10 @@ class TargetForward:
         """Logits for each input of the round's tree (`Draft.tree`) after the cached tokens, in one
         forward: with tree attention where alternatives stand beside the chain."""
         self._cached = len(self.lm)
+        self._hidden = None
         if draft.alternatives:
             self._hidden = self.lm.forward_tree(*draft.tree(newest))
-        elif self.reader:
+        elif self.reader and (draft.tokens or not self.lm.states_cost):
             self._hidden = self.lm.forward_hidden([newest] + draft.tokens)
         else:
             return self.lm.forward([newest] + draft.tokens)
@@ -192,6 +196,8 @@ class TargetForward:
             self.lm.compact(path)
         if self.reader and self._hidden is not None:
             self.reader.observe(self.lm.states(self._hidden)[path])
+        elif self.reader:
+            self.reader.skip(len(path))
 
 
 class RemoteForward:

@@ -150,5 +150,8 @@ class HybridDrafter(Drafter):
     def observe(self, states: torch.Tensor) -> None:
         self.model.observe(states)
 
+    def skip(self, count: int) -> None:
+        self.model.skip(count)
+
     def end(self, ids: list[int]) -> None:
         self.model.end(ids)

@@ -2,6 +2,7 @@
 calls, a crop forgets rejected tokens, and greedy speculative text equals plain text through it for
 every drafter; sampling through it follows the target's distribution."""
 
+import itertools
 import shutil
 from dataclasses import replace
 
@@ -11,8 +12,10 @@ import torch
 from test_sampling_lossless import chi_square, chi_square_quantile, sample_two_tokens
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
+from specdeck.engine.autotune import Shape
 from specdeck.engine.drafters import FeatureHeadDrafter
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import RoundEvent
 from specdeck.engine.heads import load_feature_head
 from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library
 from specdeck.engine.models import (
@@ -24,6 +27,7 @@ from specdeck.engine.models import (
     LoadOptions,
     load_model,
 )
+from specdeck.engine.rounds import Schedule
 from specdeck.engine.sampling import logits_to_probs
 
 pytestmark = pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")
@@ -145,6 +149,50 @@ def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, sc
     summary = events[-1]
     if schedule == "constant":
         assert 0 < summary.accepted < summary.drafted
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_plain_steps_without_states_keep_greedy_text_and_the_head_drafts_after_them(target, monkeypatch):
+    """With the head on llama.cpp and a schedule that takes two plain steps (run without the target's
+    states: a gap the head then fills) after each round of 2 drafts, the text stays plain greedy text,
+    and the head's drafts after the gaps are still accepted."""
+    shapes = itertools.cycle([Shape(0, 2), Shape(0, 0), Shape(0, 0)])
+    monkeypatch.setattr(Schedule, "plan", lambda self: next(shapes))
+    head = load_feature_head(DEFAULT_HEAD, target)
+    ids = encode_prompt(target.tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
+    config = DecodeConfig(max_new_tokens=48, k=2, schedule="constant", lookup=0)
+    plain = _kept(generate(target, ids, config))
+    drafter = FeatureHeadDrafter(head.head, target.model, output_ids=head.output_ids)
+    events = list(generate(target, ids, config, drafter))
+    assert _kept(events) == plain
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
+    after_gap = [now for before, now in zip(rounds, rounds[1:]) if not before.drafted and now.drafted]
+    assert len(after_gap) >= 8
+    assert sum(r.accepted for r in after_gap) >= len(after_gap) // 2
+
+
+def test_head_fills_a_gap_from_its_own_predictions(target):
+    """After 4 tokens kept without states (filled from its own predictions) the head's first draft is
+    the target's next token about as often as where it saw every state (within 2 of 10); after 12
+    (the older 8 left out) it still drafts."""
+    head = load_feature_head(DEFAULT_HEAD, target)
+    config = DecodeConfig(max_new_tokens=80, k=1, schedule="constant", lookup=0)
+    ids = encode_prompt(target.tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
+    text = ids + _kept(generate(target, ids, config))
+    forward = LlamaCppForward(target.model)
+    states = forward.hidden(torch.tensor(text))
+    hits = {4: 0, 12: 0, 0: 0}  # by the gap's length
+    for end in range(len(text) - 60, len(text) - 10, 5):  # drafts after text[:end], checked against text[end]
+        for gap in hits:
+            drafter = FeatureHeadDrafter(head.head, target.model, output_ids=head.output_ids)
+            drafter.begin(text[:end], config, target.vocab_width, None)
+            cut = end - 1 - gap
+            drafter.observe(states[:cut])
+            drafter.skip(end - 1 - cut)
+            proposal = drafter.propose(text[:end], 1)
+            assert len(proposal.tokens) == 1
+            hits[gap] += proposal.tokens[0] == text[end]
+    assert hits[4] >= hits[0] - 2 and hits[0] >= 5, hits
 
 
 def test_feature_head_drafts_as_well_from_llama_cpp_states_as_from_torch(target):
