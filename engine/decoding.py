@@ -202,9 +202,9 @@ def _planner(
 ) -> RoundPlanner | None:
     """The auto schedule's planner (None under the others, and for plain decoding): each round's
     shape chosen from the costs measured on this machine (cached) and the session's acceptance, with
-    alternatives to the first draft (a tree) where `trees` can run. Greedy sessions also adapt the costs to what their rounds take (their text cannot change with the
-    shape); sampled ones plan from the cached costs alone, so a seed gives the same text on this
-    machine."""
+    alternatives to the first draft (a tree) where `trees` can run. Greedy sessions also adapt the
+    costs to what their rounds take (their text cannot change with the shape); sampled ones plan
+    from the cached costs alone, so a seed gives the same text on this machine."""
     if drafter is None or config.schedule != "auto" or isinstance(target, RemoteTarget):
         return None  # (a served target's costs are not measured here)
     costs = costs_cache()
