@@ -292,8 +292,10 @@ class DecodingPanel(QGroupBox):
         self.suffix_scope.setCurrentText(defaults.suffix_scope)
         self.suffix_scope.setToolTip(
             "What the suffix and hybrid drafters copy from: prompt, this request's text; "
-            "session, also the answers written since SpecDeck started; all, also past "
-            "sessions' answers, kept in the cache folder (specdeck cache --clear forgets them)."
+            "session, also the answers written since SpecDeck started and the target's own "
+            "texts (its answers to composed requests, made by specdeck suffix-texts; the built-in "
+            "target's ship with SpecDeck); all, also past sessions' answers, kept in the cache "
+            "folder (specdeck cache --clear forgets them)."
         )
         self.temperature = double_spin_box(0.0, 5.0, defaults.temperature, 0.1)
         self.temperature.setSpecialValueText("0 (greedy)")

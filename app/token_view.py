@@ -140,7 +140,12 @@ def document_formats(document: QTextDocument) -> list[tuple[str, QTextCharFormat
     return runs
 
 
-SOURCES = {"prompt": "this prompt", "session": "an earlier answer this session", "past": "a past session"}
+SOURCES = {
+    "prompt": "this prompt",
+    "session": "an earlier answer this session",
+    "texts": "the target's own earlier texts",
+    "past": "a past session",
+}
 
 
 def describe_token(event: TokenEvent) -> str:

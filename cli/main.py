@@ -1,5 +1,5 @@
 """The `specdeck` command: `run` (terminal), `gui` (the window), `bench`, `train-draft`,
-`train-cross-draft`, `train-head`, `head-data`, `cache`.
+`train-cross-draft`, `train-head`, `head-data`, `suffix-texts`, `cache`.
 
 Bare `specdeck` opens the window. Every user error ends in one clear line and exit status 2, never
 a traceback.
@@ -14,6 +14,7 @@ import sys
 from specdeck.cli.bench import add_bench_command
 from specdeck.cli.distill import (
     add_head_data_command,
+    add_suffix_texts_command,
     add_train_cross_draft_command,
     add_train_draft_command,
     add_train_head_command,
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_cross_draft_command(commands)
     add_train_head_command(commands)
     add_head_data_command(commands)
+    add_suffix_texts_command(commands)
     return parser
 
 

@@ -112,7 +112,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
         choices=SUFFIX_SCOPES,
         default=defaults.suffix_scope,
         help="what the suffix and hybrid drafters copy from: prompt (this request's text), session "
-        "(also earlier answers since SpecDeck started) or all (also past sessions', kept in "
+        "(also earlier answers since SpecDeck started and the target's own texts, made by specdeck "
+        "suffix-texts) or all (also past sessions', kept in "
         "the cache folder; specdeck cache --clear forgets them) (default %(default)s)",
     )
     parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 is greedy")

@@ -31,8 +31,10 @@ class DecodeConfig:
 
     A suffix drafter (and the hybrid's copies) drafts from the texts `suffix_scope` names:
     `prompt`, this request's own text (prompt and answer so far); `session`, also the answers
-    written since SpecDeck started; `all`, also those of past sessions, which it keeps in the cache
-    folder (`engine.past_sessions`) and adds each new answer to.
+    written since SpecDeck started and the target's own texts (its answers to requests SpecDeck
+    composes, `specdeck suffix-texts`; the built-in target's ship with SpecDeck); `all`, also those
+    of past sessions, which it keeps in the cache folder (`engine.past_sessions`) and adds each new
+    answer to.
     """
 
     k: int = 1  # the draft length of the constant schedule, and where the heuristic one starts

@@ -53,7 +53,8 @@ class Proposal:
     tokens: list[int]
     q: torch.Tensor  # (len(tokens), vocab_width): the distribution each token was drawn from
     # drafts copied from text: where from ("prompt": this request's text; "session": an earlier
-    # answer since SpecDeck started; "past": a past session's), and the length of the match they follow
+    # answer since SpecDeck started; "texts": the target's own texts; "past": a past session's), and
+    # the length of the match they follow
     source: str = ""
     match_length: int = 0
     # first tokens the drafter also proposes beside tokens[0], likeliest first (a suffix drafter's

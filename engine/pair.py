@@ -108,7 +108,8 @@ class DrafterKind(str, Enum):
 
     def make_drafter(self, pair: ModelPair, history: SuffixIndex | None = None) -> Drafter:
         """A drafter of this kind on `pair` for one session. A suffix drafter (also the hybrid's) reads
-        the pair's history and past sessions; given `history`, it reads that alone and leaves it as it is."""
+        the pair's history, past sessions and the target's own texts; given `history`, it reads that
+        and the target's texts, and leaves it as it is."""
         if self is DrafterKind.PROMPT_LOOKUP:
             return PromptLookupDrafter(device=pair.target.device)
         model: Drafter | None = None  # the pair's draft model or feature head, whichever it loaded
@@ -128,6 +129,7 @@ class DrafterKind(str, Enum):
                 pair.history if mine else history,
                 pair.past if mine else None,
                 records=mine,
+                texts=pair.past.target_texts() if pair.past is not None else None,
                 min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
                 device=pair.target.device,
             )

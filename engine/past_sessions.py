@@ -1,4 +1,5 @@
-"""The texts of past sessions that a suffix drafter reads under scope `all` (`DecodeConfig.suffix_scope`).
+"""The texts of past sessions that a suffix drafter reads under scope `all` (`DecodeConfig.suffix_scope`),
+and a target's own texts, which it reads under scopes `session` and `all`.
 
 Token ids mean something for one tokenizer only, so each tokenizer has its own file,
 `cache_root()/suffix/<tokenizer key>.tokens`, named by a hash of its vocabulary. The file holds
@@ -9,6 +10,11 @@ nothing worse.
 
 Format: the line `specdeck-suffix 1`, then per text its length (uint32) and its ids (int32), little-endian.
 `specdeck cache --clear` removes these files with the other caches.
+
+A target's own texts (`engine.distill.target_texts`: its answers to requests SpecDeck composes,
+made by `specdeck suffix-texts`) are in the same format, in `cache_root()/target-texts/<tokenizer
+key>.tokens`, or else, for the built-in target, in SpecDeck's bundled `resources/texts/`. They are
+read once per process and never written by a session.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from array import array
 from pathlib import Path
 
 from specdeck.engine.atomic import write_bytes
-from specdeck.engine.cache import suffix_cache
+from specdeck.engine.cache import cache_root, suffix_cache
+from specdeck.engine.resources import resource_path
 from specdeck.engine.suffix import SuffixIndex
 
 MAGIC = b"specdeck-suffix 1\n"
@@ -67,6 +74,22 @@ def encode_texts(texts: list[list[int]]) -> bytes:
     return b"".join(parts)
 
 
+def target_texts_folder() -> Path:
+    """Where `specdeck suffix-texts` writes a target's own texts (`engine.distill.target_texts`)."""
+    return cache_root() / "target-texts"
+
+
+def target_texts_file(key: str) -> Path | None:
+    """The target's own texts for tokenizer `key`: one made on this machine, else a bundled one."""
+    for path in (target_texts_folder() / f"{key}.tokens", resource_path("texts", f"{key}.tokens")):
+        if path.is_file():
+            return path
+    return None
+
+
+_TARGET_TEXTS: dict[Path, SuffixIndex | None] = {}  # by file: read once per process
+
+
 class PastSessions:
     """One tokenizer's store of past sessions' texts, read once (on first use) into a `SuffixIndex`."""
 
@@ -91,6 +114,20 @@ class PastSessions:
                 self._index.extend(text)
                 self._index.separate()
         return self._index
+
+    def target_texts(self) -> SuffixIndex | None:
+        """The target's own texts for this tokenizer (None where there are none), read on first use."""
+        path = target_texts_file(self.path.stem)
+        if path is None:
+            return None
+        if path not in _TARGET_TEXTS:
+            texts = read_texts(path)
+            index = SuffixIndex() if texts else None
+            for text in texts:
+                index.extend(text)  # type: ignore[union-attr]
+                index.separate()  # type: ignore[union-attr]
+            _TARGET_TEXTS[path] = index
+        return _TARGET_TEXTS[path]
 
     def save(self, ids: list[int]) -> None:
         """Add one text (prompt and answer) to the store, dropping the oldest past `max_tokens`."""

@@ -3,7 +3,8 @@ text already written, and the hybrid that copies them before a model drafter.
 
 - `SuffixDrafter` finds the longest suffix of the kept tokens that occurred earlier, in this
   request's own text (prompt and answer so far) and in the earlier texts its scope allows
-  (`DecodeConfig.suffix_scope`: this session's answers, past sessions' from the cache folder), and
+  (`DecodeConfig.suffix_scope`: the target's own texts, `engine.distill.target_texts`, and this
+  session's answers; past sessions' from the cache folder), and
   drafts what followed it: in the request's own text, its latest occurrence's continuation (as
   prompt lookup copies: text that repeats itself, such as an answer retelling an earlier one, most
   often repeats its latest passage); in earlier texts, the most frequent continuation. A draft is at
@@ -33,8 +34,9 @@ HYBRID_MIN_SCORE = 2.0  # a copy the text's frequencies expect to keep at least 
 
 
 class SuffixDrafter(Drafter):
-    """Drafts from earlier text: this request's, `history` (the answers written since SpecDeck
-    started, scope `session` and `all`) and `past` (past sessions', scope `all`). A request's text
+    """Drafts from earlier text: this request's, `texts` (the target's own answers to composed
+    requests) and `history` (the answers written since SpecDeck started), both under scopes
+    `session` and `all`, and `past` (past sessions', scope `all`). A request's text
     joins `history`, and under scope `all` the store of `past`, when it ends, unless `records` is
     False (a benchmark keeps a prompt's runs out of its own history)."""
 
@@ -46,6 +48,7 @@ class SuffixDrafter(Drafter):
         history: SuffixIndex | None = None,
         past: PastSessions | None = None,
         records: bool = True,
+        texts: SuffixIndex | None = None,
         max_spec_factor: float = 4.0,
         min_share: float = 0.1,
         min_score: float = 0.0,
@@ -54,6 +57,7 @@ class SuffixDrafter(Drafter):
         self.history = history
         self.past = past
         self.records = records
+        self.texts = texts
         self.max_spec_factor = max_spec_factor
         self.min_share = min_share
         self.min_score = min_score
@@ -66,6 +70,8 @@ class SuffixDrafter(Drafter):
         earlier = []
         if config.suffix_scope != "prompt" and self.history is not None:
             earlier.append(("session", self.history))
+        if config.suffix_scope != "prompt" and self.texts is not None:
+            earlier.append(("texts", self.texts))
         if config.suffix_scope == "all" and self.past is not None:
             earlier.append(("past", self.past.index()))
         # earlier texts do not change during a request, so their matches stream along with the kept tokens

@@ -195,7 +195,12 @@ def test_copied_drafts_are_underlined_and_say_so(qtbot):
 
 @pytest.mark.parametrize(
     "source, said",
-    [("prompt", "this prompt"), ("session", "an earlier answer this session"), ("past", "a past session")],
+    [
+        ("prompt", "this prompt"),
+        ("session", "an earlier answer this session"),
+        ("texts", "the target's own earlier texts"),
+        ("past", "a past session"),
+    ],
 )
 def test_hover_names_where_a_copied_token_came_from(source, said):
     """A copied draft's tooltip says where its text was; a model's draft and the target's own tokens say nothing of it."""

@@ -2,6 +2,7 @@
 the cache folder (round trip, size cap, clearing), and where each copied token says it came from."""
 
 import csv
+import dataclasses
 import io
 
 import pytest
@@ -117,3 +118,48 @@ def test_unknown_scope_is_refused():
     """A scope other than prompt, session or all is refused with the choices named."""
     with pytest.raises(SpecDeckError, match="prompt .* session .* all"):
         DecodeConfig(suffix_scope="everything")
+
+
+def test_the_targets_own_texts_are_copied_under_scope_session(tiny_pair, monkeypatch, tmp_path):
+    """`specdeck suffix-texts` has the target answer composed requests and keeps the answers where
+    the suffix drafter reads them: a later session under scope `session` copies from them (labelled
+    "texts") and keeps more drafts than without them, with the same text; scope `prompt` ignores them.
+    A rerun resumes after the answers already made."""
+    from specdeck.engine.distill import target_texts
+
+    target, _ = tiny_pair
+    without = session(ModelPair(target, drafter_kind=DrafterKind.SUFFIX), "session")
+    asked = [PROMPT, "jumps over", "the lazy dog"]
+    monkeypatch.setattr(target_texts, "requests", lambda seed=0: asked)
+    monkeypatch.setattr(target_texts, "chat_ids", lambda target, text: encode_prompt(target.tokenizer, text, chat=False))
+    folder = tmp_path / "work"
+    config = target_texts.TextsConfig(tokens=1, answer_tokens=32, backend="torch")
+    first = target_texts.grow(target.name, folder, config, progress=lambda line: None)
+    assert len(first) == 1  # one answer reaches one token
+    answers = target_texts.grow(target.name, folder, dataclasses.replace(config, tokens=10**6), progress=lambda line: None)
+    assert len(answers) == len(asked) and answers[0] == first[0]
+    path = target_texts.write_texts(answers, target.tokenizer, tmp_path / "cache" / "target-texts")
+    assert read_texts(path) == [a for a in answers if a]
+
+    pair = ModelPair(target, drafter_kind=DrafterKind.SUFFIX)
+    with_texts = session(pair, "session")
+    assert with_texts[-1].text == without[-1].text
+    assert "texts" in accepted_sources(with_texts)
+    assert with_texts[-1].accepted > without[-1].accepted
+    assert "texts" not in accepted_sources(session(pair, "prompt"))
+
+
+def test_the_built_in_target_ships_its_own_texts():
+    """SpecDeck ships the built-in target's own texts, where a suffix drafter for it finds them."""
+    from specdeck.engine.models import DEFAULT_TARGET, load_tokenizer
+    from specdeck.engine.past_sessions import target_texts_file
+    from specdeck.engine.resources import resource_path
+
+    tokenizer = load_tokenizer(DEFAULT_TARGET)
+    store = PastSessions(tokenizer)
+    path = target_texts_file(store.path.stem)
+    assert path is not None and path == resource_path("texts", path.name)
+    texts = read_texts(path)
+    assert sum(map(len, texts)) >= 100_000
+    assert all(0 <= token < len(tokenizer) for text in texts for token in text)
+    assert store.target_texts() is not None
