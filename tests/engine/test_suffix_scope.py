@@ -131,12 +131,16 @@ def test_the_targets_own_texts_are_copied_under_scope_session(tiny_pair, monkeyp
     without = session(ModelPair(target, drafter_kind=DrafterKind.SUFFIX), "session")
     asked = [PROMPT, "jumps over", "the lazy dog"]
     monkeypatch.setattr(target_texts, "requests", lambda seed=0: asked)
-    monkeypatch.setattr(target_texts, "chat_ids", lambda target, text: encode_prompt(target.tokenizer, text, chat=False))
+    monkeypatch.setattr(
+        target_texts, "chat_ids", lambda target, text: encode_prompt(target.tokenizer, text, chat=False)
+    )
     folder = tmp_path / "work"
     config = target_texts.TextsConfig(tokens=1, answer_tokens=32, backend="torch")
     first = target_texts.grow(target.name, folder, config, progress=lambda line: None)
     assert len(first) == 1  # one answer reaches one token
-    answers = target_texts.grow(target.name, folder, dataclasses.replace(config, tokens=10**6), progress=lambda line: None)
+    answers = target_texts.grow(
+        target.name, folder, dataclasses.replace(config, tokens=10**6), progress=lambda line: None
+    )
     assert len(answers) == len(asked) and answers[0] == first[0]
     path = target_texts.write_texts(answers, target.tokenizer, tmp_path / "cache" / "target-texts")
     assert read_texts(path) == [a for a in answers if a]
