@@ -48,7 +48,7 @@ from specdeck.engine.events import Event, SessionStarted
 from specdeck.engine.models import LoadedModel
 from specdeck.engine.remote_target import RemoteTarget, require_greedy
 from specdeck.engine.rounds import Clock, Drafts, Schedule, target_forward
-from specdeck.engine.sampling import alternative_chances, logits_to_probs, residual, sample
+from specdeck.engine.sampling import alternative_chances, argmaxes, logits_to_probs, residual, sample
 from specdeck.engine.transcript import Transcript, Verdict
 
 
@@ -80,7 +80,7 @@ def verify(
     p = logits_to_probs(logits, config)
     n = len(proposal.tokens)
     if config.greedy:  # accept while the draft is the target's argmax; the argmax then corrects, or is the bonus
-        best = logits.argmax(dim=-1).tolist()
+        best = argmaxes(logits)
         m = 0
         while m < n and proposal.tokens[m] == best[m]:
             m += 1
@@ -190,7 +190,7 @@ def _bonus(logits: torch.Tensor, config: DecodeConfig, generator: torch.Generato
     """The target's token after an accepted alternative, from the alternative's own row: its argmax
     (greedy), or a draw from p there."""
     if config.greedy:
-        return int(logits.argmax())
+        return argmaxes(logits.unsqueeze(0))[0]
     return int(sample(logits_to_probs(logits, config), generator, greedy=False))
 
 
