@@ -8,7 +8,8 @@ text already written, and the hybrid that copies them before a model drafter.
   drafts what followed it: in the request's own text, its latest occurrence's continuation (as
   prompt lookup copies: text that repeats itself, such as an answer retelling an earlier one, most
   often repeats its latest passage); in earlier texts, the most frequent continuation. A draft is at
-  most max_spec_factor x the match's length, stopping where the path's share of what followed falls
+  most max_spec_factor (2) x the match's length (short matches, which the target's own texts give
+  often, are right less often, and each draft widens the verify), stopping where the path's share of what followed falls
   below `min_share`. Where nothing matched (a token new to the text), it offers the request's most
   frequent token. The other first tokens (the match's other continuations, the other texts' drafts)
   come along as branches, which a tree round verifies beside the path for little more than a plain
@@ -49,7 +50,7 @@ class SuffixDrafter(Drafter):
         past: PastSessions | None = None,
         records: bool = True,
         texts: SuffixIndex | None = None,
-        max_spec_factor: float = 4.0,
+        max_spec_factor: float = 2.0,
         min_share: float = 0.1,
         min_score: float = 0.0,
         device: torch.device | str = "cpu",
