@@ -37,6 +37,10 @@ from specdeck.engine.remote_http import API_KEY_VARIABLE
 from specdeck.engine.resources import resource_path
 
 DRAFTER_KINDS = tuple(DrafterKind)  # in the drafter combo's order
+DEFAULT_DRAFTER_TIP = (
+    "Left as it opens, the built-in target's drafter follows what runs it: its feature head on torch, "
+    "the suffix drafter on llama.cpp, where a verify costs about a step per token and only long copies pay"
+)
 BUILTIN_DRAFTS = {kind.builtin_model(DEFAULT_TARGET) for kind in DrafterKind} - {None}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -156,6 +160,9 @@ class ModelPanel(QGroupBox):
         self.loaded.setTextFormat(Qt.TextFormat.RichText)
         self.loaded.setStyleSheet("color: #555;")
         self.drafter.currentIndexChanged.connect(self._on_drafter_changed)
+        self.drafter.activated.connect(self._on_drafter_picked)
+        self.drafter.setToolTip(DEFAULT_DRAFTER_TIP)
+        self._drafter_picked = False  # whether the user chose the drafter (else the default pair's)
         form = QFormLayout(self)
         form.addRow("Target", self.target)
         form.addRow("Served as", self.served_model)
@@ -202,7 +209,8 @@ class ModelPanel(QGroupBox):
             self.loaded.setText(f"Loaded: {escape(model.pair.description)}")
             self.loaded.setStyleSheet("color: #555;")
             # how the loaded draft's vocabulary relates to the target's, where the drafter is chosen
-            self.drafter.setToolTip(f"Loaded draft: {model.pair.vocabulary}" if model.pair.vocabulary else "")
+            vocabulary = model.pair.vocabulary
+            self.drafter.setToolTip(f"Loaded draft: {vocabulary}" if vocabulary else DEFAULT_DRAFTER_TIP)
 
     @property
     def drafter_kind(self) -> DrafterKind:
@@ -214,12 +222,26 @@ class ModelPanel(QGroupBox):
         if kind.needs_model and self.draft.value in BUILTIN_DRAFTS:
             self.draft.set_value(kind.builtin_model(DEFAULT_TARGET))  # the built-in one that goes with the kind
 
+    def _on_drafter_picked(self, index: int) -> None:
+        self._drafter_picked = True
+
     def spec(self) -> PairSpec:
-        """The pair the panel names."""
-        kind = self.drafter_kind
+        """The pair the panel names. Where the target's default drafter depends on what runs it
+        (`engine.pair.default_drafter`), that default left as it opened is no choice: the pair
+        names no drafter, and the loaded target's backend picks it."""
+        kind: DrafterKind | None = self.drafter_kind
+        draft = (self.draft.value or None) if self.drafter_kind.needs_model else None
+        default = PairSpec(self.target.value)
+        varies = default.resolved() != default.resolved("llama.cpp")
+        if (
+            varies
+            and not self._drafter_picked
+            and (kind, draft) == (default.resolved().drafter, default.resolved().draft)
+        ):
+            kind, draft = None, None
         return PairSpec(
             self.target.value,
-            self.draft.value if kind.needs_model else None,
+            draft,
             kind,
             self.device.currentText(),
             self.dtype.currentText(),

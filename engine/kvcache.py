@@ -12,6 +12,7 @@ own forward over a `DynamicCache`.
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, overload
 
 import torch
@@ -26,11 +27,18 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
+def _cache_keyword(model: PreTrainedModel) -> str:
+    """What the model's forward calls its KV cache, in its arguments and its output: `cache` from
+    transformers 5.24 on (which deprecates the older name), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class HFForward:
     """Hugging Face's forward over a `DynamicCache`: works for any causal LM."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
+        self._cache_name = _cache_keyword(model)
         self.taps: tuple[int, ...] = ()  # as `LlamaForward.taps`
         self.tapped: torch.Tensor | None = None
         self.reset()
@@ -43,9 +51,9 @@ class HFForward:
 
     def logits(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         out = self.model(
-            input_ids=ids[None], past_key_values=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0
+            input_ids=ids[None], use_cache=True, logits_to_keep=1 if last_only else 0, **{self._cache_name: self.cache}
         )
-        self.cache = out.past_key_values
+        self.cache = out[self._cache_name]
         return out.logits[0]
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
@@ -59,9 +67,9 @@ class HFForward:
 
     def _last_hidden(self, **inputs) -> torch.Tensor:
         out = self.model.base_model(
-            **inputs, past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.taps)
+            **inputs, use_cache=True, output_hidden_states=bool(self.taps), **{self._cache_name: self.cache}
         )
-        self.cache = out.past_key_values
+        self.cache = out[self._cache_name]
         self.tapped = torch.stack([out.hidden_states[t][0] for t in self.taps], dim=1) if self.taps else None
         return out.last_hidden_state[0]
 

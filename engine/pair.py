@@ -143,6 +143,17 @@ class DrafterKind(str, Enum):
 DEFAULT_DRAFTER = DrafterKind.PROMPT_LOOKUP  # for targets without a built-in draft
 
 
+def default_drafter(target: str, backend: str | None = None) -> DrafterKind:
+    """The drafter a pair gets when none is chosen. The built-in target's is its feature head, except
+    on llama.cpp: there a verify of n tokens costs about n one-token steps on a CPU (each row is its
+    own quantized product), so a model's short drafts lose time and only long copies pay; the
+    suffix drafter copies them at no model cost and otherwise steps plainly. Another target gets
+    prompt lookup. `backend` is what runs the target (`LoadedModel.backend`), None before it loads."""
+    if not DrafterKind.FEATURE_HEAD.builtin_model(target):
+        return DEFAULT_DRAFTER
+    return DrafterKind.SUFFIX if backend == "llama.cpp" else DrafterKind.FEATURE_HEAD
+
+
 @dataclass(frozen=True)
 class PairSpec:
     """Which target and drafter to load, and how. `drafter` and `draft` left None are chosen by
@@ -202,12 +213,13 @@ class PairSpec:
         """The same target and options with another drafter."""
         return replace(self, drafter=drafter, draft=draft)
 
-    def resolved(self) -> PairSpec:
+    def resolved(self, backend: str | None = None) -> PairSpec:
         """This spec with its drafter kind and model chosen, or a `SpecDeckError` saying what is missing.
 
-        With nothing chosen the built-in target gets its feature head (its distilled draft with the
-        draft-model drafter) and another target prompt lookup; a draft that names a feature head (an
-        alias or a folder) picks the feature-head drafter by itself."""
+        With nothing chosen the target gets `default_drafter` (for the built-in target, its feature
+        head, or the suffix drafter where `backend`, what runs the loaded target, is llama.cpp; its
+        distilled draft with the draft-model drafter); a draft that names a feature head (an alias or
+        a folder) picks the feature-head drafter by itself."""
         drafter, draft = self.drafter, self.draft
         if drafter is not None and drafter.copies_text and draft:
             raise SpecDeckError(
@@ -216,9 +228,7 @@ class PairSpec:
         if drafter is None and draft:
             drafter = DrafterKind.FEATURE_HEAD if names_head(draft) else DrafterKind.DRAFT_MODEL
         elif drafter is None:
-            drafter = (
-                DrafterKind.FEATURE_HEAD if DrafterKind.FEATURE_HEAD.builtin_model(self.target) else DEFAULT_DRAFTER
-            )
+            drafter = default_drafter(self.target, backend)
         draft = draft or drafter.builtin_model(self.target)
         if drafter.needs_model and not draft:
             raise SpecDeckError(

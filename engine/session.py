@@ -13,6 +13,7 @@ from specdeck.engine.decoding import generate
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event
 from specdeck.engine.heads import load_feature_head, names_head
+from specdeck.engine.llamacpp_backend import LlamaCppModel
 from specdeck.engine.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer
 from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
 from specdeck.engine.remote_target import RemoteTarget, connect
@@ -30,9 +31,11 @@ def load_pair(spec: PairSpec, plain: bool = False, progress: Progress | None = N
     """Load the target and, unless `plain`, the drafter `spec.resolved()` chooses (a hybrid's model:
     the feature head or draft model its draft names), and compare a draft model's vocabulary with the
     target's (`ModelPair.vocabulary`): one with a tokenizer of its own drafts across them."""
-    spec = spec.resolved()
-    target_model = _load_target(spec, progress)
-    return _attach_drafter(target_model, spec.with_drafter(None, None) if plain else spec, progress)
+    chosen = spec.resolved()  # checked before anything loads
+    target_model = _load_target(chosen, progress)
+    if plain:
+        return _attach_drafter(target_model, chosen.with_drafter(None, None), progress)
+    return _attach_drafter(target_model, spec.resolved(_backend(target_model)), progress)
 
 
 def load_pairs(specs: Sequence[PairSpec], progress: Progress | None = None) -> list[ModelPair]:
@@ -40,13 +43,13 @@ def load_pairs(specs: Sequence[PairSpec], progress: Progress | None = None) -> l
     every spec is resolved and checked before anything loads."""
     chosen = _resolve_all(specs)
     target_model = _load_target(chosen[0], progress)
-    return [_attach_drafter(target_model, spec, progress) for spec in chosen]
+    return [_attach_drafter(target_model, spec, progress) for spec in _resolve_all(specs, _backend(target_model))]
 
 
 def add_drafters(pair: ModelPair, specs: Sequence[PairSpec], progress: Progress | None = None) -> list[ModelPair]:
     """More pairs on `pair`'s loaded target (the one `specs` name), one per spec, resolved and
     loaded as `load_pairs` does; the target is not loaded again."""
-    return [_attach_drafter(pair.target, spec, progress) for spec in _resolve_all(specs)]
+    return [_attach_drafter(pair.target, spec, progress) for spec in _resolve_all(specs, _backend(pair.target))]
 
 
 def _load_target(spec: PairSpec, progress: Progress | None) -> LoadedModel | RemoteTarget:
@@ -59,8 +62,16 @@ def _load_target(spec: PairSpec, progress: Progress | None) -> LoadedModel | Rem
     return connect(spec.remote_settings, load_tokenizer(spec.remote_tokenizer, progress))
 
 
-def _resolve_all(specs: Sequence[PairSpec]) -> list[PairSpec]:
-    chosen = [spec.resolved() for spec in specs]
+def _backend(target: LoadedModel | RemoteTarget) -> str | None:
+    """What runs a loaded target ("torch", "llama.cpp"); None for a served one."""
+    if not isinstance(target, LoadedModel):
+        return None
+    return LlamaCppModel.backend if isinstance(target.model, LlamaCppModel) else "torch"
+
+
+def _resolve_all(specs: Sequence[PairSpec], backend: str | None = None) -> list[PairSpec]:
+    """The specs resolved (`PairSpec.resolved`, for a target run by `backend`), each drafter named once."""
+    chosen = [spec.resolved(backend) for spec in specs]
     if len({spec.with_drafter(None, None) for spec in chosen}) > 1:
         raise SpecDeckError("Drafters timed together share one target: give them the same target, device and dtype.")
     repeated = [spec.drafter_entry for spec in chosen if chosen.count(spec) > 1]

@@ -21,13 +21,26 @@ def test_window_command_line_and_benchmark_share_their_defaults(qtbot):
     for widget in (models, decoding, benchmark):
         qtbot.addWidget(widget)
 
-    pair = models.spec()
-    assert pair == pair_spec(run).resolved() == pair_spec(bench).resolved() == PairSpec().resolved()
-    assert pair.drafter is DrafterKind.FEATURE_HEAD and pair.draft
+    pair = models.spec()  # no drafter chosen: the loaded target's default (`engine.pair.default_drafter`)
+    assert pair == pair_spec(run) == pair_spec(bench) == PairSpec()
+    assert pair.resolved().drafter is DrafterKind.FEATURE_HEAD and pair.resolved().draft
+    assert pair.resolved("llama.cpp") == pair.with_drafter(DrafterKind.SUFFIX, None)
     assert decoding.config() == decode_config(run) == DecodeConfig()
     assert decoding.chat.isChecked() and not run.no_chat
     assert benchmark.settings() == bench_settings(bench) == BenchSettings()
     assert benchmark.other_drafters(pair) == [] and bench_specs(bench) == [pair_spec(bench)]
+
+
+def test_a_drafter_the_user_picks_is_kept_whatever_runs_the_target(qtbot):
+    """Left as it opens, the panel names no drafter, so the built-in target gets the one that pays
+    on what runs it; a drafter the user picks, even the one shown, is the pair's on every backend."""
+    models = ModelPanel()
+    qtbot.addWidget(models)
+    assert models.spec().drafter is None
+    models.drafter.activated.emit(models.drafter.currentIndex())  # the user picks the feature head shown
+    picked = models.spec()
+    assert picked.drafter is DrafterKind.FEATURE_HEAD
+    assert picked.resolved("llama.cpp").drafter is DrafterKind.FEATURE_HEAD
 
 
 def test_benchmark_tab_writes_the_command_that_rebuilds_its_pair_and_settings(qtbot):
