@@ -6,8 +6,10 @@ where a_d is the chance the d-th draft is accepted once the ones before it were 
 T(K) = overhead + K c + V(K + 1): the drafter's cost per token c, and the target's forward over the
 newest kept token and K drafts, V, which depends on the machine (flat on some CPUs up to 16 tokens,
 steep on others: `engine.linear`). The planner picks the K in [0, max K] that maximises E(K) / T(K),
-K = 0 being a plain step. Copies by prompt lookup cost no drafting, so they get their own
-acceptance by depth and their own best length.
+K = 0 being a plain step. Copies from text (prompt lookup, the suffix drafter) cost no drafting
+and are judged once found (`RoundPlanner.copy_length`): each is verified as far as its expected
+kept tokens per ms beat the planned round, with acceptance estimated by where it was copied from
+and how long its match is (`CopyAcceptance`).
 
 V comes from a cost curve measured once per model, device and machine (a second or two at load,
 then cached on disk) and scaled by what the session's verifies actually take; c, the overhead
@@ -267,6 +269,58 @@ class DepthAcceptance:
         return [self.rate(d) for d in range(1, depths + 1)]
 
 
+MATCH_CAP = 32  # copies of matches this long or longer share one estimate
+
+
+@dataclass
+class CopyAcceptance:
+    """Decayed counts of copied drafts judged and accepted, by where the copy came from (this
+    request's own text, or earlier texts) and by how long its match was when each draft was judged.
+
+    A copy that follows a match of m tokens, once its first d - 1 drafts passed, follows a match of
+    m + d - 1, so every depth of every copy tells about one match length, and a long copy of a
+    long match is judged on evidence of its own (in code, a signature repeated token for token)
+    rather than on the short matches most copies follow. A length's prior mean is the rule of
+    succession, (m + 1) / (m + 2): a match that held for m tokens holds for one more that often
+    until the session measures otherwise (0.5 for a copy whose match length is unknown)."""
+
+    counts: dict[tuple[bool, int], list[float]] = field(default_factory=dict)  # (own, m) -> [accepted, tried]
+
+    def rate(self, own: bool, match: int) -> float:
+        match = min(match, MATCH_CAP)
+        prior = (match + 1) / (match + 2) if match else 0.5
+        accepted, tried = self.counts.get((own, match), (0.0, 0.0))
+        return (accepted + PRIOR * prior) / (tried + PRIOR)
+
+    def expected_tokens(self, own: bool, match: int, n: int) -> float:
+        """Tokens a round keeps verifying the first n drafts of a copy after a match of `match`."""
+        total, reach = 1.0, 1.0
+        for depth in range(n):
+            reach *= self.rate(own, match + depth if match else 0)
+            total += reach
+        return total
+
+    def record(self, own: bool, match: int, drafted: int, accepted: int) -> None:
+        for counts in self.counts.values():
+            counts[0] *= DECAY
+            counts[1] *= DECAY
+        for depth in range(min(accepted + 1, drafted)):  # depth d + 1 was judged if the d before it passed
+            key = (own, min(match + depth, MATCH_CAP) if match else 0)
+            counts = self.counts.setdefault(key, [0.0, 0.0])
+            counts[0] += depth < accepted
+            counts[1] += 1.0
+
+    def scaled(self, weight: float) -> CopyAcceptance:
+        """These counts carried as at most `weight` judged drafts per estimate."""
+        return CopyAcceptance(
+            {key: [a * min(1.0, weight / t), t * min(1.0, weight / t)] for key, (a, t) in self.counts.items() if t}
+        )
+
+    def describe(self) -> str:
+        own = sorted((m, a / t) for (mine, m), (a, t) in self.counts.items() if mine and t >= 1.0)
+        return ", ".join(f"{m}: {rate:.2f}" for m, rate in own)
+
+
 @dataclass(frozen=True)
 class Shape:
     """One round's plan: copy up to `copy` tokens where the text repeats, else draft `k` (0: none),
@@ -305,7 +359,8 @@ class RoundPlanner:
         self.max_k = max(0, min(max_k, curve.tokens[-1] - 1))
         self.max_copy = max(0, min(max_copy, curve.tokens[-1] - 1))
         self.drafts = DepthAcceptance()
-        self.copies = DepthAcceptance()
+        self.copies = CopyAcceptance()
+        self.planned_rate = 0.0  # kept tokens per ms of the round `plan` chose, which a copy must beat
         self.draft_ms_per_token = draft_ms_per_token
         self.overhead_ms = 0.0
         self.scale = 1.0  # the session's verify time over the curve's, for sizes not verified yet
@@ -342,10 +397,19 @@ class RoundPlanner:
             key=lambda pair: pair[1],
         )
 
-    def best_copy(self) -> tuple[int, float]:
-        if not self.max_copy:
-            return 0, 0.0
-        return max(((n, self.rate(self.copies, n, 0.0)) for n in range(1, self.max_copy + 1)), key=lambda pair: pair[1])
+    def copy_length(self, own: bool, match: int, available: int, beside_plan: bool = True) -> int:
+        """How many of a copy's `available` drafts to verify (0: none): the number whose expected
+        kept tokens per ms is best, where it beats the round `plan` chose. `own`: copied from this
+        request's own text; `match`: the length of the match the copy follows (0: unknown). A copy is
+        judged once it is found, so a steep cost curve (llama.cpp on a CPU, where a verify costs
+        about a step per token) still verifies the long copies that pay and leaves the short ones.
+        Without `beside_plan` (the drafter itself copies) the copy must beat a plain step instead."""
+        best, best_rate = 0, self.planned_rate if beside_plan else 1.0 / (self.overhead_ms + self.verify_ms(1))
+        for n in range(1, min(available, self.max_copy) + 1):
+            rate = self.copies.expected_tokens(own, match, n) / (self.overhead_ms + self.verify_ms(n + 1))
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
 
     def probe_due(self, plain_rate: float) -> bool:
         """Whether a plain round should draft one token instead, to measure the drafter again: every
@@ -361,17 +425,18 @@ class RoundPlanner:
         return loss_ms <= PROBE_BUDGET * self.rounds_without_draft / plain_rate
 
     def plan(self) -> Shape:
+        """The round's shape: the drafter's best (K, width), or a plain step; a copy where the text
+        repeats, up to `max_copy` tokens, replaces it where `copy_length` finds the copy pays more."""
         (k, width), k_rate = self.best_k()
-        copy, copy_rate = self.best_copy()
+        self.planned_rate = k_rate
         if k == 0:
             self.rounds_without_draft += 1
             if self.probe_due(k_rate):
                 k = min(1, self.max_k)  # keep measuring the drafter, whose acceptance may have changed
                 self.rounds_without_draft = 0
-            return Shape(copy if copy_rate >= k_rate else 0, k, width)
+            return Shape(self.max_copy, k, width)
         self.rounds_without_draft = 0
-        shape = Shape(copy if copy_rate >= k_rate else 0, k, width)
-        return shape if shape.copy else self.with_floors(shape, k_rate)
+        return self.with_floors(Shape(self.max_copy, k, width), k_rate)
 
     def with_floors(self, shape: Shape, rate: float) -> Shape:
         """`shape` with its chain allowed `DEEPER` more drafts, each drafted only where the drafter's
@@ -399,9 +464,11 @@ class RoundPlanner:
         round_ms: float,
         rank: int | None = None,
         alternatives: int = 0,
+        copy: tuple[bool, int] | None = None,
     ) -> None:
         """What a round planned and what it measured; `rank`: where the target's first token stood
-        among the drafter's first distribution (0: its top choice), for a round the drafter drafted."""
+        among the drafter's first distribution (0: its top choice), for a round the drafter drafted;
+        `copy`: for drafts copied from text, whether from this request's own and the match's length."""
         label = round_label(drafted, copied, alternatives)
         self.chosen[label] = self.chosen.get(label, 0) + 1
         if rank is not None:
@@ -409,9 +476,9 @@ class RoundPlanner:
             self.ranked = self.ranked * DECAY + 1.0
             if rank < len(self.ranks):
                 self.ranks[rank] += 1.0
-        if copied:
-            self.copies.record(drafted, accepted)
-        elif drafted:
+        if copy is not None and drafted:
+            self.copies.record(*copy, drafted, accepted)
+        if drafted and not copied:
             self.drafts.record(drafted, accepted)
         if not self.adapt:
             return
@@ -431,10 +498,11 @@ class RoundPlanner:
         """Start from what an earlier session of the same drafter measured (acceptance by depth, the
         ranks of the target's tokens, the copies'), weighted as `CARRIED` rounds, so that a short
         session does not spend its first rounds learning what the drafter is like."""
-        for mine, theirs in ((self.drafts, earlier.drafts), (self.copies, earlier.copies)):
-            scale = min(1.0, CARRIED / theirs.tried[0]) if theirs.tried and theirs.tried[0] else 0.0
-            mine.tried = [t * scale for t in theirs.tried]
-            mine.accepted = [a * scale for a in theirs.accepted]
+        theirs = earlier.drafts
+        scale = min(1.0, CARRIED / theirs.tried[0]) if theirs.tried and theirs.tried[0] else 0.0
+        self.drafts.tried = [t * scale for t in theirs.tried]
+        self.drafts.accepted = [a * scale for a in theirs.accepted]
+        self.copies = earlier.copies.scaled(CARRIED)
         scale = min(1.0, CARRIED / earlier.ranked) if earlier.ranked else 0.0
         self.ranks = [r * scale for r in earlier.ranks]
         self.ranked = earlier.ranked * scale
@@ -461,8 +529,6 @@ class RoundPlanner:
             shares = "/".join(f"{sum(self.ranks[:w]) / self.ranked:.2f}" for w in range(1, self.max_width + 1))
             lines.append(f"target's first token among the drafter's top 1..{self.max_width}: {shares}")
             lines.append(f"a tree's verify {self.tree_scale:.2f}x a chain's of as many tokens")
-        if self.copies.tried:
-            lines.append(
-                "copy acceptance by depth: " + "/".join(f"{a:.2f}" for a in self.copies.rates(len(self.copies.tried)))
-            )
+        if self.copies.describe():
+            lines.append(f"copies of this request's text accepted, by match length: {self.copies.describe()}")
         return "; ".join(lines)

@@ -153,7 +153,7 @@ def generate(
         clock.start_round()
         shape = schedule.plan()
         # 1. Draft: up to K tokens, each with the distribution q it was drawn from (none: a plain step).
-        draft = drafts.propose(ids, shape, room=transcript.room)
+        draft = drafts.propose(ids, shape, room=transcript.room, judge=schedule.judge)
         clock.drafted()
         # 2. Verify: ONE target forward over [newest kept token, drafts] gives p at every draft and
         #    after the last (in a tree, also at the alternatives beside the first draft).

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -77,6 +77,13 @@ class Proposal:
             return self.q.shape[-1]
         above = int((q > q[token]).sum())  # the first draft is drawn (sampled), so it may stand below
         return above + int(bool(q[self.tokens[0]] <= q[token]))
+
+    def head(self, n: int) -> Proposal:
+        """The first n drafts of this proposal (a copy verified only as far as it pays)."""
+        if n >= len(self.tokens):
+            return self
+        pieces = self.pieces[:n] if self.pieces is not None else None
+        return replace(self, tokens=self.tokens[:n], q=self.q[:n], pieces=pieces)
 
     def alternatives(self, width: int) -> list[int]:
         """Up to width - 1 other first tokens beside the first draft, likeliest first, each once and
@@ -392,7 +399,8 @@ class PromptLookupDrafter(Drafter):
         self.min_ngram = min_ngram
         self.device = torch.device(device)
 
-    def _match(self, ids: torch.Tensor, k: int) -> list[int]:
+    def _match(self, ids: torch.Tensor, k: int) -> tuple[list[int], int]:
+        """What followed the latest earlier occurrence of the text's last n tokens, and n."""
         length = ids.shape[0]
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             windows = ids[: length - 1].unfold(0, n, 1)  # every earlier n-gram, the tail excluded
@@ -401,14 +409,14 @@ class PromptLookupDrafter(Drafter):
                 # the latest match that still has k tokens after it, else the earliest (longest)
                 full = hits[hits + n + k <= length]
                 start = int(full[-1] if full.numel() else hits[0]) + n
-                return ids[start : start + k].tolist()
-        return []
+                return ids[start : start + k].tolist(), n
+        return [], 0
 
     def propose(self, ids: list[int], k: int) -> Proposal:
-        tokens = self._match(torch.tensor(ids), k)
+        tokens, n = self._match(torch.tensor(ids), k)
         if not tokens:
             return self._empty(self.device)
-        return one_hot(tokens, self.vocab_width, self.device, source="prompt")
+        return one_hot(tokens, self.vocab_width, self.device, source="prompt", match_length=n)
 
 
 def one_hot(tokens: list[int], width: int, device: torch.device, **copied) -> Proposal:

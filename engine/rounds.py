@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -68,7 +69,8 @@ class Drafts:
         self.drafter = drafter
         copies = drafter is not None and config.lookup > 0 and not drafter.copies_text
         self.copier = drafter.copier(device) if drafter is not None and copies else None
-        self.copy_length = config.lookup if copies else 0  # the most tokens a round copies
+        # the most tokens a round copies: a copier's `lookup`; a drafter that copies, up to max K
+        self.copy_length = config.lookup if copies else config.max_k if drafter and drafter.copies_text else 0
         self.name = (drafter.name + (f" + {self.copier.name}" if self.copier else "")) if drafter else ""
         self.config = config
         self.vocab_width = vocab_width
@@ -79,15 +81,31 @@ class Drafts:
             if drafter is not None:
                 drafter.begin(prompt_ids, self.config, self.vocab_width, generator)
 
-    def propose(self, ids: list[int], shape: Shape, room: int) -> Draft:
+    def propose(
+        self, ids: list[int], shape: Shape, room: int, judge: Callable[[Proposal, bool], int] | None = None
+    ) -> Draft:
         """This round's drafts after the kept tokens `ids`, as `shape` plans them: copies where the
         text repeats, else the drafter's (with shape.width - 1 alternatives to its first); never more
-        than `room`, what could still be kept, and none for a plain step."""
+        than `room`, what could still be kept, and none for a plain step.
+
+        `judge` (the auto schedule's `Schedule.copy_length`) says how many drafts of a copy pay,
+        once the copy is found: a copier's copy replaces the planned round only where it pays more;
+        a drafter that copies is always asked (copies cost nothing to find) and its copy verified as
+        far as it pays better than a plain step (at least its first draft in a tree round)."""
         if self.drafter is not None and room > 0:
             if self.copier is not None and shape.copy:
                 copied = self.copier.propose(ids, min(shape.copy, room))
-                if copied.tokens:
-                    return Draft(copied, copied=True)
+                n = judge(copied, True) if judge is not None and copied.tokens else len(copied.tokens)
+                if n:
+                    return Draft(copied.head(n), copied=True)
+            if judge is not None and self.drafter.copies_text and shape.copy:
+                proposal = self.drafter.propose(ids, min(shape.copy, room))
+                n = judge(proposal, False) if proposal.tokens else 0
+                n = max(n, min(1, len(proposal.tokens)) if shape.k and shape.width > 1 else 0)
+                if n:
+                    proposal = proposal.head(n)
+                    return Draft(proposal, alternatives=proposal.alternatives(shape.width if shape.k else 1))
+                return Draft(Proposal.none(self.vocab_width, self.device))
             if shape.k:
                 self.drafter.floors = shape.floors
                 proposal = self.drafter.propose(ids, min(shape.k, room))
@@ -113,6 +131,17 @@ class Schedule:
     def plan(self) -> Shape:
         return self.planner.plan() if self.planner else self.fixed
 
+    @property
+    def judge(self) -> Callable[[Proposal, bool], int] | None:
+        """How many drafts of a copy the round verifies (`Drafts.propose`): the planner's choice, by
+        the copy's source and match length; None (all of them) without the auto schedule."""
+        return self.copy_length if self.planner else None
+
+    def copy_length(self, proposal: Proposal, beside_plan: bool) -> int:
+        assert self.planner is not None
+        own = proposal.source == "prompt"
+        return self.planner.copy_length(own, proposal.match_length, len(proposal.tokens), beside_plan)
+
     def record(self, shape: Shape, draft: Draft, accepted: int, clock: Clock, first: int) -> None:
         """What the round planned and what came of it: `accepted` of the chain's drafts passed, and
         `first` is the round's first kept token."""
@@ -133,6 +162,7 @@ class Schedule:
                 clock.round_ms(),
                 rank,
                 len(draft.alternatives),
+                (draft.proposal.source == "prompt", draft.proposal.match_length) if draft.proposal.source else None,
             )
         elif self.config.schedule == "heuristic" and n and not copied:
             k = min(shape.k + 2, self.config.max_k) if accepted == n else max(1, shape.k - 1)

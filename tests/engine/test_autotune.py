@@ -255,3 +255,42 @@ def test_floors_rise_with_what_a_draft_costs():
     assert cheap.k >= 1 and len(cheap.floors) == cheap.k
     assert all(0.0 < f < 1.0 for f in cheap.floors)
     assert costly.floors[1] > cheap.floors[1]
+
+
+LLAMA_CPU = CostCurve((1, 2, 4, 8, 16), (10.0, 18.0, 27.0, 44.0, 78.0))  # llama.cpp on 2 cores: ~a step a token
+
+
+def _copy_planner(curve: CostCurve) -> RoundPlanner:
+    planner = RoundPlanner(curve, 0.0, max_k=0, max_copy=15, adapt=False)
+    planner.plan()
+    return planner
+
+
+def test_a_long_copy_is_verified_whole_where_a_short_one_is_left():
+    """On a verify that costs about a step per token, a copy of the request's own text that follows
+    a 20-token match (a repeated signature) is verified far (not whole: the chance that all of it
+    holds shrinks as it grows), one after a 1-token match not at all."""
+    planner = _copy_planner(LLAMA_CPU)
+    assert planner.copy_length(own=True, match=20, available=15) >= 8
+    assert planner.copy_length(own=True, match=1, available=2) == 0
+    assert _copy_planner(FLAT).copy_length(own=True, match=1, available=2) == 2  # where verifying is almost free
+
+
+def test_copies_that_fail_at_a_match_length_stop_there_only():
+    """Copies after 3-token matches that the target never takes are left after a few rounds; copies
+    after long matches, measured apart, are still verified."""
+    planner = _copy_planner(LLAMA_CPU)
+    before = planner.copy_length(own=True, match=3, available=6)
+    for _ in range(8):
+        planner.record(autotune.Shape(15, 0), True, 4, 0, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3))
+    assert before > 0 and planner.copy_length(own=True, match=3, available=6) == 0
+    assert planner.copy_length(own=True, match=24, available=15) >= 8
+    assert "by match length: 3: 0.00" in planner.describe()
+
+
+def test_copy_acceptance_counts_each_depth_at_its_own_match_length():
+    """A copy after an m-token match whose first d drafts passed was judged at lengths m..m+d."""
+    acceptance = autotune.CopyAcceptance()
+    acceptance.record(True, 5, drafted=4, accepted=2)  # 5 and 6 passed, 7 refused, 8 never judged
+    assert acceptance.counts == {(True, 5): [1.0, 1.0], (True, 6): [1.0, 1.0], (True, 7): [0.0, 1.0]}
+    assert acceptance.rate(True, 7) < acceptance.rate(True, 6) and acceptance.rate(False, 6) == 7 / 8
