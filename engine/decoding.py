@@ -194,7 +194,8 @@ def _bonus(logits: torch.Tensor, config: DecodeConfig, generator: torch.Generato
     return int(sample(logits_to_probs(logits, config), generator, greedy=False))
 
 
-_PLANNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # each drafter's latest greedy planner
+# each drafter's latest greedy planner, by the drafter's model (else the target's) and the drafting's name
+_PLANNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _planner(
@@ -217,9 +218,13 @@ def _planner(
         adapt=config.greedy,
         max_width=MAX_WIDTH if trees else 1,
     )
-    if config.greedy and drafter.module is not None:  # greedy text cannot depend on it; a seed's would
-        earlier = _PLANNERS.get(drafter.module)
+    if config.greedy:  # greedy text cannot depend on it; a seed's would
+        # a model drafter's by its model; a drafter that only copies (its acceptance is the target's
+        # agreement with the text) by the target's, one per kind of drafter
+        owner = drafter.module if drafter.module is not None else target.model
+        planners = _PLANNERS.setdefault(owner, {})
+        earlier = planners.get(drafts.name)
         if earlier is not None:
             planner.carry_over(earlier)
-        _PLANNERS[drafter.module] = planner
+        planners[drafts.name] = planner
     return planner

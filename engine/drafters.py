@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specdeck.engine.autotune import MATCH_CAP
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.context import context_length
 from specdeck.engine.hf_parts import input_embedding
@@ -400,7 +401,8 @@ class PromptLookupDrafter(Drafter):
         self.device = torch.device(device)
 
     def _match(self, ids: torch.Tensor, k: int) -> tuple[list[int], int]:
-        """What followed the latest earlier occurrence of the text's last n tokens, and n."""
+        """What followed the latest earlier occurrence of the text's last n tokens, and where it was
+        found: the index after that occurrence (0: none)."""
         length = ids.shape[0]
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             windows = ids[: length - 1].unfold(0, n, 1)  # every earlier n-gram, the tail excluded
@@ -409,14 +411,17 @@ class PromptLookupDrafter(Drafter):
                 # the latest match that still has k tokens after it, else the earliest (longest)
                 full = hits[hits + n + k <= length]
                 start = int(full[-1] if full.numel() else hits[0]) + n
-                return ids[start : start + k].tolist(), n
+                return ids[start : start + k].tolist(), start
         return [], 0
 
     def propose(self, ids: list[int], k: int) -> Proposal:
-        tokens, n = self._match(torch.tensor(ids), k)
+        tokens, start = self._match(torch.tensor(ids), k)
         if not tokens:
             return self._empty(self.device)
-        return one_hot(tokens, self.vocab_width, self.device, source="prompt", match_length=n)
+        match = 0  # how far the occurrence matches the text's end, past the n-gram that found it
+        while match < start and match < MATCH_CAP and ids[start - 1 - match] == ids[-1 - match]:
+            match += 1
+        return one_hot(tokens, self.vocab_width, self.device, source="prompt", match_length=match)
 
 
 def one_hot(tokens: list[int], width: int, device: torch.device, **copied) -> Proposal:
