@@ -52,7 +52,10 @@ class DraftPiece:
 @dataclass
 class Proposal:
     tokens: list[int]
-    q: torch.Tensor  # (len(tokens), vocab_width): the distribution each token was drawn from
+    # (len(tokens), vocab_width): the distribution each token was drawn from (`q`); None for drafts
+    # copied from text, one-hot on each, which `q` makes when first read (a copy is judged first,
+    # and many are left unverified: `engine.rounds.Drafts`)
+    dists: torch.Tensor | None
     # drafts copied from text: where from ("prompt": this request's text; "session": an earlier
     # answer since SpecDeck started; "texts": the target's own texts; "past": a past session's), and
     # the length of the match they follow
@@ -63,6 +66,17 @@ class Proposal:
     branches: list[int] = field(default_factory=list)
     pieces: list[DraftPiece] | None = None  # per token, from a draft with a tokenizer of its own
     draft_tokens: int | None = None  # the tokens that draft wrote, in its own tokenizer
+    width: int = 0  # a copy's vocabulary width and device, for its one-hot q
+    device: torch.device | None = None
+
+    @property
+    def q(self) -> torch.Tensor:
+        """(len(tokens), vocab_width): the distribution each token was drawn from."""
+        if self.dists is None:
+            q = torch.zeros(len(self.tokens), self.width, device=self.device)
+            q[torch.arange(len(self.tokens)), torch.tensor(self.tokens, dtype=torch.long)] = 1.0
+            self.dists = q
+        return self.dists
 
     def rank(self, token: int) -> int:
         """Where `token` stands among the drafter's candidates for the first token, in the order
@@ -84,7 +98,8 @@ class Proposal:
         if n >= len(self.tokens):
             return self
         pieces = self.pieces[:n] if self.pieces is not None else None
-        return replace(self, tokens=self.tokens[:n], q=self.q[:n], pieces=pieces)
+        dists = self.dists[:n] if self.dists is not None else None
+        return replace(self, tokens=self.tokens[:n], dists=dists, pieces=pieces)
 
     def alternatives(self, width: int) -> list[int]:
         """Up to width - 1 other first tokens beside the first draft, likeliest first, each once and
@@ -427,6 +442,4 @@ class PromptLookupDrafter(Drafter):
 def one_hot(tokens: list[int], width: int, device: torch.device, **copied) -> Proposal:
     """Drafts copied from text (`copied`: the `Proposal`'s source and match): q is one-hot on each,
     so the rejection rule accepts a draft with probability p(draft) and sampling stays exact."""
-    q = torch.zeros(len(tokens), width, device=device)
-    q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
-    return Proposal(tokens, q, **copied)
+    return Proposal(tokens, None, width=width, device=device, **copied)

@@ -260,7 +260,7 @@ class RemoteForward:
             return draft
         proposal, n = draft.proposal, len(tokens)
         pieces = proposal.pieces[:n] if proposal.pieces is not None else None
-        return Draft(replace(proposal, tokens=tokens, q=proposal.q[:n], pieces=pieces), copied=draft.copied)
+        return Draft(replace(proposal, tokens=tokens, dists=proposal.q[:n], pieces=pieces), copied=draft.copied)
 
     def forward(self, newest: int, draft: Draft) -> torch.Tensor:
         self._inputs = [newest] + draft.tokens
