@@ -54,7 +54,7 @@ figures: $(BIN)/specdeck
 	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --backend torch --out figures/spec-bench
 	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --k auto,1 \
 	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --backend torch --out figures/humaneval
-	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --max-new-tokens 64 --repeats 1 \
+	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --max-new-tokens 64 --repeats 3 \
 	    --baselines plain,llama.cpp --threads 2 --backend llama.cpp --out figures/humaneval-llama.cpp
 
 clean:
