@@ -252,21 +252,28 @@ class DepthAcceptance:
 
     def rate(self, depth: int) -> float:
         """a_depth: a Beta estimate whose prior mean is the depth above's estimate (0.5 at depth 1)."""
-        prior = 0.5 if depth == 1 else self.rate(depth - 1)
-        i = depth - 1
-        tried, accepted = (self.tried[i], self.accepted[i]) if i < len(self.tried) else (0.0, 0.0)
-        return (accepted + PRIOR * prior) / (tried + PRIOR)
+        return self.rates(depth)[-1]
+
+    def rates(self, depths: int) -> list[float]:
+        """a_1 .. a_depths."""
+        rates, prior = [], 0.5
+        for i in range(depths):
+            tried, accepted = (self.tried[i], self.accepted[i]) if i < len(self.tried) else (0.0, 0.0)
+            prior = (accepted + PRIOR * prior) / (tried + PRIOR)
+            rates.append(prior)
+        return rates
 
     def expected_tokens(self, k: int) -> float:
         """E(K) = 1 + sum over j <= K of a_1 ... a_j."""
-        total, reach = 1.0, 1.0
-        for depth in range(1, k + 1):
-            reach *= self.rate(depth)
-            total += reach
-        return total
+        return self.expected(k)[k]
 
-    def rates(self, depths: int) -> list[float]:
-        return [self.rate(d) for d in range(1, depths + 1)]
+    def expected(self, k: int) -> list[float]:
+        """E(0) .. E(k), from one pass over the depths."""
+        totals, reach = [1.0], 1.0
+        for rate in self.rates(k):
+            reach *= rate
+            totals.append(totals[-1] + reach)
+        return totals
 
 
 MATCH_CAP = 32  # copies of matches this long or longer share one estimate
@@ -280,27 +287,53 @@ class CopyAcceptance:
     A copy that follows a match of m tokens, once its first d - 1 drafts passed, follows a match of
     m + d - 1, so every depth of every copy tells about one match length, and a long copy of a
     long match is judged on evidence of its own (in code, a signature repeated token for token)
-    rather than on the short matches most copies follow. A length's prior mean is the rule of
-    succession, (m + 1) / (m + 2): a match that held for m tokens holds for one more that often
-    until the session measures otherwise (0.5 for a copy whose match length is unknown)."""
+    rather than on the short matches most copies follow.
+
+    A length's prior mean starts at the rule of succession, (m + 1) / (m + 2) (a match that held for
+    m tokens holds for one more that often; 0.5 where the match length is unknown), moved by what
+    copies of the same source after shorter matches did: most short matches in prose are common
+    phrases that the target does not go on with, and a longer match is not judged better than the
+    shorter ones of its source were until copies after matches that long have passed."""
 
     counts: dict[tuple[bool, int], list[float]] = field(default_factory=dict)  # (own, m) -> [accepted, tried]
+    _shorter: dict[tuple[bool, int], tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
 
     def rate(self, own: bool, match: int) -> float:
         match = min(match, MATCH_CAP)
         prior = (match + 1) / (match + 2) if match else 0.5
+        if match > 1:
+            shorter_accepted, shorter_tried = self.shorter(own, match)
+            prior = (shorter_accepted + PRIOR * prior) / (shorter_tried + PRIOR)
         accepted, tried = self.counts.get((own, match), (0.0, 0.0))
         return (accepted + PRIOR * prior) / (tried + PRIOR)
 
+    def shorter(self, own: bool, match: int) -> tuple[float, float]:
+        """(accepted, tried) of copies from the same source after matches of j = 1 .. match - 1
+        tokens, each length weighted (j / match)^2: the nearer a length, the more it tells."""
+        key = (own, match)
+        if key not in self._shorter:
+            accepted = tried = 0.0
+            for j in range(1, match):
+                a, t = self.counts.get((own, j), (0.0, 0.0))
+                weight = (j / match) ** 2
+                accepted, tried = accepted + weight * a, tried + weight * t
+            self._shorter[key] = (accepted, tried)
+        return self._shorter[key]
+
     def expected_tokens(self, own: bool, match: int, n: int) -> float:
         """Tokens a round keeps verifying the first n drafts of a copy after a match of `match`."""
-        total, reach = 1.0, 1.0
+        return self.expected(own, match, n)[n]
+
+    def expected(self, own: bool, match: int, n: int) -> list[float]:
+        """Tokens a round keeps verifying the first 0 .. n drafts of the copy, from one pass."""
+        totals, reach = [1.0], 1.0
         for depth in range(n):
             reach *= self.rate(own, match + depth if match else 0)
-            total += reach
-        return total
+            totals.append(totals[-1] + reach)
+        return totals
 
     def record(self, own: bool, match: int, drafted: int, accepted: int) -> None:
+        self._shorter.clear()
         for counts in self.counts.values():
             counts[0] *= DECAY
             counts[1] *= DECAY
@@ -380,10 +413,19 @@ class RoundPlanner:
         chain = self.observed.get((n, False), self.curve.ms(n) * self.scale)
         return self.observed.get((n, True), chain * self.tree_scale) if tree else chain
 
-    def rate(self, acceptance: DepthAcceptance, k: int, draft_ms_per_token: float, width: int = 1) -> float:
+    def rate(
+        self,
+        acceptance: DepthAcceptance,
+        k: int,
+        draft_ms_per_token: float,
+        width: int = 1,
+        expected: list[float] | None = None,
+    ) -> float:
         """Expected kept tokens per ms for a round of k drafts and `width` candidates for the first:
-        an alternative the target takes keeps one token more than a rejection does."""
-        gained = acceptance.expected_tokens(k) + (self.alternative_share(width) if k else 0.0)
+        an alternative the target takes keeps one token more than a rejection does. `expected`:
+        `acceptance.expected(k)` or longer, where the caller has it."""
+        kept = (expected or acceptance.expected(k))[k]
+        gained = kept + (self.alternative_share(width) if k else 0.0)
         return gained / (self.overhead_ms + k * draft_ms_per_token + self.verify_ms(k + width, width > 1))
 
     def alternative_share(self, width: int) -> float:
@@ -392,8 +434,9 @@ class RoundPlanner:
 
     def best_k(self) -> tuple[tuple[int, int], float]:
         shapes = [(0, 1)] + [(k, w) for k in range(1, self.max_k + 1) for w in range(1, self.max_width + 1)]
+        expected = self.drafts.expected(self.max_k)
         return max(
-            ((shape, self.rate(self.drafts, shape[0], self.draft_ms_per_token, shape[1])) for shape in shapes),
+            ((shape, self.rate(self.drafts, shape[0], self.draft_ms_per_token, shape[1], expected)) for shape in shapes),
             key=lambda pair: pair[1],
         )
 
@@ -405,8 +448,10 @@ class RoundPlanner:
         about a step per token) still verifies the long copies that pay and leaves the short ones.
         Without `beside_plan` (the drafter itself copies) the copy must beat a plain step instead."""
         best, best_rate = 0, self.planned_rate if beside_plan else 1.0 / (self.overhead_ms + self.verify_ms(1))
-        for n in range(1, min(available, self.max_copy) + 1):
-            rate = self.copies.expected_tokens(own, match, n) / (self.overhead_ms + self.verify_ms(n + 1))
+        longest = min(available, self.max_copy)
+        expected = self.copies.expected(own, match, longest)
+        for n in range(1, longest + 1):
+            rate = expected[n] / (self.overhead_ms + self.verify_ms(n + 1))
             if rate > best_rate:
                 best, best_rate = n, rate
         return best

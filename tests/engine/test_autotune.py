@@ -284,8 +284,24 @@ def test_copies_that_fail_at_a_match_length_stop_there_only():
     for _ in range(8):
         planner.record(autotune.Shape(15, 0), True, 4, 0, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3))
     assert before > 0 and planner.copy_length(own=True, match=3, available=6) == 0
-    assert planner.copy_length(own=True, match=24, available=15) >= 8
+    assert planner.copy_length(own=True, match=24, available=15) >= 4
     assert "by match length: 3: 0.00" in planner.describe()
+
+
+def test_short_matches_that_fail_make_a_source_s_longer_matches_doubtful():
+    """Copies from earlier texts after 1- and 2-token matches that the target never takes: a copy
+    after a 4-token match from those texts is doubted as well, one from the request's own text is
+    not, and a source's estimate at a length of its own outweighs the shorter lengths'."""
+    acceptance = autotune.CopyAcceptance()
+    fresh = acceptance.rate(False, 4)
+    for match in (1, 2) * 10:
+        acceptance.record(False, match, drafted=2, accepted=0)
+    assert acceptance.rate(False, 4) < fresh / 2
+    assert acceptance.rate(True, 4) == fresh
+    assert acceptance.rate(False, 30) > 0.8  # far longer than any that failed
+    for _ in range(20):
+        acceptance.record(False, 4, drafted=1, accepted=1)
+    assert acceptance.rate(False, 4) > 0.9
 
 
 def test_copy_acceptance_counts_each_depth_at_its_own_match_length():
