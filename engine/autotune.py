@@ -436,7 +436,10 @@ class RoundPlanner:
         shapes = [(0, 1)] + [(k, w) for k in range(1, self.max_k + 1) for w in range(1, self.max_width + 1)]
         expected = self.drafts.expected(self.max_k)
         return max(
-            ((shape, self.rate(self.drafts, shape[0], self.draft_ms_per_token, shape[1], expected)) for shape in shapes),
+            (
+                (shape, self.rate(self.drafts, shape[0], self.draft_ms_per_token, shape[1], expected))
+                for shape in shapes
+            ),
             key=lambda pair: pair[1],
         )
 
