@@ -490,7 +490,8 @@ class RoundPlanner:
         """`shape` with its chain allowed `DEEPER` more drafts, each drafted only where the drafter's
         own estimate that it passes with the chain before it, times what a kept token is worth at the
         planned rate (1 / rate ms), pays for the draft and the wider verify it adds (floors[d]: the
-        least estimate for draft d + 1)."""
+        least estimate for draft d + 1); the first draft (with a tree's alternatives) only where its
+        probability is at least the share of a plain step that its verify adds (floors[0])."""
         if shape.k < 1 or rate <= 0:
             return shape
         k = min(self.max_k, shape.k + DEEPER)
@@ -499,7 +500,11 @@ class RoundPlanner:
             (self.draft_ms_per_token + self.verify_ms(n + 1, tree) - self.verify_ms(n, tree)) * rate
             for n in range(shape.width, shape.width + k)  # n: the verify's tokens before draft d + 1
         )
-        return Shape(shape.copy, k, shape.width, floors)
+        # the first draft's is what its verify adds to a plain step's, as a share of the step: it is
+        # drafted already when it is weighed, and what it keeps must make up for that share
+        step = self.overhead_ms + self.verify_ms(1)
+        first = (self.verify_ms(shape.width + 1, tree) - self.verify_ms(1)) / step
+        return Shape(shape.copy, k, shape.width, (max(0.0, first),) + floors[1:])
 
     def record(
         self,

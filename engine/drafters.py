@@ -129,13 +129,19 @@ class _Chain:
     chance that the next draft passes with all before it, estimated as the product of the top
     probabilities so far times the last one again (a feature head's top probability is close to
     its acceptance), falls below the round's floor for that depth (`Drafter.floors`: what one more
-    draft costs in drafting and verifying, over what a kept token is worth). Both rules read the
-    drafter's side only, so sampled output keeps the target's distribution."""
+    draft costs in drafting and verifying, over what a kept token is worth). The first draft is
+    dropped, and the round becomes a plain step, where its probability (with a tree's alternatives,
+    the top `width` probabilities together) is below floors[0]: the share of a step that its wider
+    verify adds, what its tokens must be expected to make up for. These rules read the drafter's
+    side only, so sampled output keeps the target's distribution."""
 
-    def __init__(self, config: DecodeConfig, generator: torch.Generator | None, floors: tuple[float, ...] = ()) -> None:
+    def __init__(
+        self, config: DecodeConfig, generator: torch.Generator | None, floors: tuple[float, ...] = (), width: int = 1
+    ) -> None:
         self.config = config
         self.generator = generator
         self.floors = floors
+        self.width = width
         self.reach = 1.0
         self.open = True  # whether one more draft is worth its cost (see `floors`)
         self.tokens: list[int] = []
@@ -148,6 +154,12 @@ class _Chain:
         threshold = self.config.confidence_threshold
         if self.tokens and threshold and top < threshold:
             return None
+        if not self.tokens and self.floors and self.floors[0] > 0.0:
+            # the first draft and its alternatives (a tree's `width` candidates) are verified only
+            # where they are likely enough to pass to pay for the wider verify over a plain step
+            mass = float(q.topk(min(self.width, q.shape[-1])).values.sum()) if self.width > 1 else top
+            if mass < self.floors[0]:
+                return None
         self.tokens.append(token)
         self.dists.append(q)
         self.reach *= top
@@ -179,6 +191,7 @@ class Drafter(ABC):
     # this round's reach floors (`Shape.floors`): a model drafter's chain stops before depth d + 1
     # where the product of its top probabilities so far falls below floors[d]
     floors: tuple[float, ...] = ()
+    width = 1  # this round's candidates for the first token (a tree), which floors[0] weighs together
 
     def begin(
         self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int, generator: torch.Generator | None
@@ -283,7 +296,7 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, ids: list[int], k: int) -> Proposal:
         feed = self._sync(ids)
-        chain = _Chain(self.config, self.generator, self.floors)
+        chain = _Chain(self.config, self.generator, self.floors, self.width)
         for _ in range(k):
             logits = self._next_logits(feed)
             self._cached.extend(feed)
@@ -394,7 +407,7 @@ class FeatureHeadDrafter(Drafter):
         predicted = self._next
         if predicted is None:
             return self._empty(self.device)
-        chain = _Chain(self.config, self.generator, self.floors)
+        chain = _Chain(self.config, self.generator, self.floors, self.width)
         for step in range(k):
             logits = output_logits(predicted, self._output, self._output_ids, self.vocab_width)
             token = chain.draw(logits_to_probs(logits.float(), self.config))

@@ -107,7 +107,7 @@ class Drafts:
                     return Draft(proposal, alternatives=proposal.alternatives(shape.width if shape.k else 1))
                 return Draft(Proposal.none(self.vocab_width, self.device))
             if shape.k:
-                self.drafter.floors = shape.floors
+                self.drafter.floors, self.drafter.width = shape.floors, shape.width
                 proposal = self.drafter.propose(ids, min(shape.k, room))
                 return Draft(proposal, alternatives=proposal.alternatives(shape.width))
         return Draft(Proposal.none(self.vocab_width, self.device))

@@ -244,6 +244,24 @@ def test_a_chain_stops_where_its_drafts_are_unlikely_to_pass(tiny_pair):
     assert lengths == [4, 1]
 
 
+def test_an_unlikely_first_draft_is_left_for_a_plain_step(tiny_pair):
+    """A round drafts nothing where the drafter's first draft (with a tree's alternatives, its top
+    `width` choices together) is less likely than the share of a step its verify adds (floors[0]);
+    a floor it reaches keeps the draft, and a tree's alternatives count towards it."""
+    target, draft = tiny_pair
+    drafter = DraftModelDrafter(draft.model)
+    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
+    drafter.begin(ids, DecodeConfig(k=1), target.vocab_width, None)
+    q = torch.softmax(drafter._next_logits(drafter._sync(ids)).float(), dim=-1)
+    top, top3 = float(q.max()), float(q.topk(3).values.sum())
+    drafted = []
+    for floor, width in [(top * 1.01, 1), (top * 0.99, 1), (top * 1.01, 3), (top3 * 1.01, 3)]:
+        drafter.begin(ids, DecodeConfig(k=1), target.vocab_width, None)
+        drafter.floors, drafter.width = (floor,), width
+        drafted.append(len(drafter.propose(ids, 1).tokens))
+    assert drafted == [0, 1, 1, 0]
+
+
 def test_floors_rise_with_what_a_draft_costs():
     """The planner lets a chain go deeper than its planned K only where the drafts are likely to
     pass: the costlier a draft (drafting and the verify it widens), the higher the floor."""
