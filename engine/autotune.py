@@ -500,11 +500,15 @@ class RoundPlanner:
             (self.draft_ms_per_token + self.verify_ms(n + 1, tree) - self.verify_ms(n, tree)) * rate
             for n in range(shape.width, shape.width + k)  # n: the verify's tokens before draft d + 1
         )
-        # the first draft's is what its verify adds to a plain step's, as a share of the step: it is
-        # drafted already when it is weighed, and what it keeps must make up for that share
+        return Shape(shape.copy, k, shape.width, (self.first_floor(shape.width),) + floors[1:])
+
+    def first_floor(self, width: int) -> float:
+        """The least probability of a round's first draft (with a tree's alternatives, `width`
+        candidates together) for it to be verified: what its verify adds to a plain step's, as a
+        share of the step. It is drafted already when it is weighed, so its drafting cost is spent,
+        and what it keeps must make up for that share."""
         step = self.overhead_ms + self.verify_ms(1)
-        first = (self.verify_ms(shape.width + 1, tree) - self.verify_ms(1)) / step
-        return Shape(shape.copy, k, shape.width, (max(0.0, first),) + floors[1:])
+        return max(0.0, (self.verify_ms(width + 1, width > 1) - self.verify_ms(1)) / step)
 
     def record(
         self,

@@ -102,7 +102,8 @@ class RoundEvent:
     `accepted` of them kept; `discarded` of them came after the rejected one and were never judged.
     `shape` names what the round drafted: "K=2", "copy 3", or "none" (a plain step, which the auto
     schedule chooses where drafting would not pay). `match_length`: for drafts copied from text, how
-    many of the last kept tokens matched where they were copied from. `drafted`, `accepted` and
+    many of the last kept tokens matched where they were copied from; `source`, where they were
+    copied from (as `TokenEvent.source` names it; "" for a model's drafts). `drafted`, `accepted` and
     `discarded` count the target's tokens; `draft_tokens`, the tokens a draft with a tokenizer of its
     own wrote in the round (None when the drafter speaks the target's vocabulary).
 
@@ -122,6 +123,7 @@ class RoundEvent:
     copied: bool = False
     shape: str = ""
     match_length: int = 0
+    source: str = ""
     discarded: int = 0
     draft_tokens: int | None = None
     network_ms: float | None = None

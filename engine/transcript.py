@@ -261,6 +261,7 @@ class Transcript:
             copied=draft.copied,
             shape=draft.label,
             match_length=draft.proposal.match_length,
+            source=draft.proposal.source if drafted else "",
             discarded=discarded,
             draft_tokens=draft.proposal.draft_tokens,
             network_ms=server.network_ms if server else None,

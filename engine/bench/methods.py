@@ -42,6 +42,45 @@ METHODS = SPECDECK_METHODS + HF_METHODS + ("llama.cpp",)
 
 
 @dataclass
+class RoundKind:
+    """A kind of round's totals in a run: rounds, tokens drafted and kept, and their draft and verify time."""
+
+    rounds: int = 0
+    drafted: int = 0
+    kept: int = 0
+    ms: float = 0.0
+
+    def add(self, event: RoundEvent) -> None:
+        self.rounds += 1
+        self.drafted += event.drafted
+        self.kept += event.accepted + 1
+        self.ms += event.draft_ms + event.verify_ms
+
+
+def round_kind(event: RoundEvent) -> str:
+    """What kind of round `event` was: a plain step, a model's drafts, or a copy, by where it was
+    copied from and how long the match it followed was."""
+    if not event.drafted:
+        return "plain step"
+    if not event.source:
+        return "model drafts"
+    where = "this request" if event.source == "prompt" else "earlier texts"
+    m = event.match_length
+    band = (
+        "no match"
+        if not m
+        else "match 1"
+        if m == 1
+        else "match 2-3"
+        if m <= 3
+        else "match 4-8"
+        if m <= 8
+        else "match 9+"
+    )
+    return f"copy of {where}, {band}"
+
+
+@dataclass
 class Run:
     """One timed generation of one method on one prompt."""
 
@@ -58,6 +97,7 @@ class Run:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     shapes: dict[str, int] = field(default_factory=dict)  # rounds per shape ("K=2", "copy 3", "none")
+    kinds: dict[str, RoundKind] = field(default_factory=dict)  # what each kind of round drafted and kept (`round_kind`)
     remote: RemoteTotals = field(default_factory=RemoteTotals)  # a served target's request times
 
     @property
@@ -77,6 +117,7 @@ def run_specdeck(
     summary = None
     draft_ms = verify_ms = 0.0
     shapes: dict[str, int] = {}
+    kinds: dict[str, RoundKind] = {}
     remote = RemoteTotals()
     for event in generate(pair.target, prompt_ids, config, drafter):
         if isinstance(event, TokenEvent) and event.state.kept:
@@ -85,6 +126,7 @@ def run_specdeck(
             draft_ms += event.draft_ms
             verify_ms += event.verify_ms
             shapes[event.shape] = shapes.get(event.shape, 0) + 1
+            kinds.setdefault(round_kind(event), RoundKind()).add(event)
             remote.add(event)
         elif isinstance(event, SummaryEvent):
             summary = event
@@ -104,6 +146,7 @@ def run_specdeck(
         draft_ms,
         verify_ms,
         shapes,
+        kinds,
         remote,
     )
 

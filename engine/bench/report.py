@@ -262,6 +262,46 @@ def shape_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]
     return rows
 
 
+ROUND_KIND_COLUMNS = ("method", "drafter", "kind", "rounds", "drafted", "kept_per_round", "ms_per_round", "saved_ms")
+
+
+def round_kind_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]:
+    """What each kind of round drafted, kept and cost, per speculative method (median-time runs, all
+    prompts), and the time it saved: its kept tokens at plain decoding's time per token on the same
+    prompt, less its draft and verify time (negative: the kind cost more than plain steps would)."""
+    plain = next((m for m in methods if m.name == "plain"), None)
+    rows = []
+    for method in (m for m in methods if m.name == "speculative"):
+        kinds: dict[str, list[float]] = {}
+        for result in results:
+            run = result.median_run(method)
+            step_ms = None
+            if plain is not None and plain in result.runs:
+                base = result.median_run(plain)
+                step_ms = base.decode_s * 1e3 / base.decode_tokens if base.decode_tokens else None
+            for kind, totals in run.kinds.items():
+                row = kinds.setdefault(kind, [0, 0, 0, 0.0, 0.0])
+                row[0] += totals.rounds
+                row[1] += totals.drafted
+                row[2] += totals.kept
+                row[3] += totals.ms
+                row[4] += totals.kept * step_ms - totals.ms if step_ms is not None else float("nan")
+        for kind, (rounds, drafted, kept, ms, saved) in sorted(kinds.items(), key=lambda item: -item[1][0]):
+            rows.append(
+                {
+                    "method": method.name,
+                    "drafter": method.shown_drafter,
+                    "kind": kind,
+                    "rounds": int(rounds),
+                    "drafted": int(drafted),
+                    "kept_per_round": _num(kept / rounds, 2),
+                    "ms_per_round": _num(ms / rounds, 1),
+                    "saved_ms": _num(saved, 0) if saved == saved else "",
+                }
+            )
+    return rows
+
+
 def cost_curve_lines(curve) -> list[str]:
     """The target's measured forward cost by new tokens (`engine.autotune.CostCurve`), as report lines."""
     header = "| new tokens | " + " | ".join(map(str, curve.tokens)) + " |"
@@ -407,6 +447,15 @@ def write_report(
         "auto schedule takes where drafting would not pay.",
         "",
         markdown_table(shape_rows(results, methods), ("method", "k", "drafter", "shapes")),
+        "",
+        "## What each kind of round kept and cost",
+        "",
+        "A copy by where it was copied from (this request's own text, or earlier texts) and how many "
+        "tokens its match ran; ms per round: draft and verify; saved: the kept tokens at plain "
+        "decoding's time per token on the same prompt, less that time (negative where the kind cost "
+        "more than plain steps would have).",
+        "",
+        markdown_table(round_kind_rows(results, methods), ROUND_KIND_COLUMNS),
         *(
             ["", "## The target's forward on this machine", "", *cost_curve_lines(context["cost_curve"])]
             if context.get("cost_curve")

@@ -355,3 +355,36 @@ def test_no_plots_run_names_only_what_it_wrote(bench_models, two_prompts, tmp_pa
     assert wrote == f"Wrote {out}/: k_sweep.csv, per_prompt.csv, report.md, summary.csv."
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "prompts.jsonl"]
     assert not list(out.glob("*.png"))
+
+
+def test_round_kinds_account_for_every_round_and_kept_token(bench_models, two_prompts, tmp_path):
+    """report.md's table of round kinds (plain steps, model drafts, copies by source and match)
+    covers every round of the speculative runs and every token they kept."""
+    target, draft = bench_models
+    pair = load_pair(PairSpec(str(target), str(draft), "draft-model", device="cpu"))
+    out = _run([pair], two_prompts, tmp_path / "out", baselines=("plain",), lookups=(2,))
+    report = (out / "report.md").read_text(encoding="utf-8")
+    table = report.split("## What each kind of round kept and cost", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in table.splitlines() if line.startswith("| speculative")]
+    kinds = {cells[2].strip(): (int(cells[3]), float(cells[5])) for cells in rows}
+    speculative = [r for r in _read(out / "per_prompt.csv") if r["method"] == "speculative"]
+    assert sum(rounds for rounds, _ in kinds.values()) == sum(int(r["rounds"]) for r in speculative)
+    kept = sum(rounds * per_round for rounds, per_round in kinds.values())
+    rounding = 0.005 * sum(rounds for rounds, _ in kinds.values())  # kept per round is shown to 2 decimals
+    assert kept == pytest.approx(sum(int(r["new_tokens"]) for r in speculative), abs=rounding)
+    assert "model drafts" in kinds and all(
+        kind in ("plain step", "model drafts") or kind.startswith("copy of this request, ") for kind in kinds
+    )
+
+
+def test_round_kind_names_where_a_copy_came_from():
+    from specdeck.engine.bench.methods import round_kind
+    from specdeck.engine.events import RoundEvent
+
+    def event(drafted, **kwargs):
+        return RoundEvent(1, drafted, 0, 0.1, 1.0, 1, 0.01, **kwargs)
+
+    assert round_kind(event(0)) == "plain step"
+    assert round_kind(event(2)) == "model drafts"
+    assert round_kind(event(3, source="prompt", match_length=2)) == "copy of this request, match 2-3"
+    assert round_kind(event(3, source="texts", match_length=12)) == "copy of earlier texts, match 9+"
