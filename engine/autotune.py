@@ -18,6 +18,7 @@ and the acceptances are measured as the session runs, with older rounds weighing
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
@@ -73,14 +74,14 @@ class CostCurve:
         )
 
     def ms(self, n: int) -> float:
-        points = list(zip(self.tokens, self.forward_ms))
-        if n <= points[0][0]:
-            return points[0][1]
-        for (n0, t0), (n1, t1) in zip(points, points[1:]):
-            if n <= n1:
-                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
-        (n0, t0), (n1, t1) = points[-2], points[-1]
-        return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
+        tokens, ms = self.tokens, self.forward_ms
+        if n <= tokens[0] or len(tokens) == 1:
+            return ms[0]
+        i = min(
+            bisect.bisect_left(tokens, n), len(tokens) - 1
+        )  # the segment ending at or past n (the last: extrapolated)
+        n0, n1, t0, t1 = tokens[i - 1], tokens[i], ms[i - 1], ms[i]
+        return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
 
     def describe(self) -> str:
         return ", ".join(f"{n}: {t:.1f}" for n, t in zip(self.tokens, self.forward_ms)) + " ms"
@@ -433,15 +434,22 @@ class RoundPlanner:
         return sum(self.ranks[1:width]) / (self.ranked + PRIOR)
 
     def best_k(self) -> tuple[tuple[int, int], float]:
-        shapes = [(0, 1)] + [(k, w) for k in range(1, self.max_k + 1) for w in range(1, self.max_width + 1)]
+        """The (K, width) of the best `rate`, and that rate: (0, 1) is a plain step. Every shape's
+        costs are read once (a round plans in a small share of a llama.cpp step)."""
         expected = self.drafts.expected(self.max_k)
-        return max(
-            (
-                (shape, self.rate(self.drafts, shape[0], self.draft_ms_per_token, shape[1], expected))
-                for shape in shapes
-            ),
-            key=lambda pair: pair[1],
-        )
+        widths = range(1, self.max_width + 1)
+        shares = {w: self.alternative_share(w) for w in widths}
+        sizes = range(1, self.max_k + self.max_width + 1)
+        chain = {n: self.verify_ms(n) for n in sizes}
+        tree = {n: self.verify_ms(n, True) for n in sizes} if self.max_width > 1 else chain
+        best, best_rate = (0, 1), expected[0] / (self.overhead_ms + chain[1])
+        for k in range(1, self.max_k + 1):
+            spent = self.overhead_ms + k * self.draft_ms_per_token
+            for w in widths:
+                rate = (expected[k] + shares[w]) / (spent + (tree[k + w] if w > 1 else chain[k + 1]))
+                if rate > best_rate:
+                    best, best_rate = (k, w), rate
+        return best, best_rate
 
     def copy_length(self, own: bool, match: int, available: int, beside_plan: bool = True) -> int:
         """How many of a copy's `available` drafts to verify (0: none): the number whose expected
