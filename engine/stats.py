@@ -47,6 +47,16 @@ class RoundTotals:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
 
+    def count(self, event: RoundEvent) -> None:
+        """Add one round: its drafts, the accepted ones and its kept tokens (those and the
+        target's own token), and its draft and verify time."""
+        self.rounds += 1
+        self.drafted += event.drafted
+        self.accepted += event.accepted
+        self.new_tokens += event.accepted + 1
+        self.draft_ms += event.draft_ms
+        self.verify_ms += event.verify_ms
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0

@@ -33,28 +33,12 @@ from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent
 from specdeck.engine.hf_parts import decode, generate_of
 from specdeck.engine.kvcache import synchronize
 from specdeck.engine.pair import DrafterKind, ModelPair
-from specdeck.engine.stats import RemoteTotals
+from specdeck.engine.stats import RemoteTotals, RoundTotals
 from specdeck.engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")
 METHODS = SPECDECK_METHODS + HF_METHODS + ("llama.cpp",)
-
-
-@dataclass
-class RoundKind:
-    """A kind of round's totals in a run: rounds, tokens drafted and kept, and their draft and verify time."""
-
-    rounds: int = 0
-    drafted: int = 0
-    kept: int = 0
-    ms: float = 0.0
-
-    def add(self, event: RoundEvent) -> None:
-        self.rounds += 1
-        self.drafted += event.drafted
-        self.kept += event.accepted + 1
-        self.ms += event.draft_ms + event.verify_ms
 
 
 def round_kind(event: RoundEvent) -> str:
@@ -97,7 +81,7 @@ class Run:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     shapes: dict[str, int] = field(default_factory=dict)  # rounds per shape ("K=2", "copy 3", "none")
-    kinds: dict[str, RoundKind] = field(default_factory=dict)  # what each kind of round drafted and kept (`round_kind`)
+    kinds: dict[str, RoundTotals] = field(default_factory=dict)  # each kind of round's totals (`round_kind`)
     remote: RemoteTotals = field(default_factory=RemoteTotals)  # a served target's request times
 
     @property
@@ -117,7 +101,7 @@ def run_specdeck(
     summary = None
     draft_ms = verify_ms = 0.0
     shapes: dict[str, int] = {}
-    kinds: dict[str, RoundKind] = {}
+    kinds: dict[str, RoundTotals] = {}
     remote = RemoteTotals()
     for event in generate(pair.target, prompt_ids, config, drafter):
         if isinstance(event, TokenEvent) and event.state.kept:
@@ -126,7 +110,7 @@ def run_specdeck(
             draft_ms += event.draft_ms
             verify_ms += event.verify_ms
             shapes[event.shape] = shapes.get(event.shape, 0) + 1
-            kinds.setdefault(round_kind(event), RoundKind()).add(event)
+            kinds.setdefault(round_kind(event), RoundTotals()).count(event)
             remote.add(event)
         elif isinstance(event, SummaryEvent):
             summary = event

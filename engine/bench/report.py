@@ -281,11 +281,12 @@ def round_kind_rows(results: list[PromptResult], methods: list[Method]) -> list[
                 step_ms = base.decode_s * 1e3 / base.decode_tokens if base.decode_tokens else None
             for kind, totals in run.kinds.items():
                 row = kinds.setdefault(kind, [0, 0, 0, 0.0, 0.0])
+                ms = totals.draft_ms + totals.verify_ms
                 row[0] += totals.rounds
                 row[1] += totals.drafted
-                row[2] += totals.kept
-                row[3] += totals.ms
-                row[4] += totals.kept * step_ms - totals.ms if step_ms is not None else float("nan")
+                row[2] += totals.new_tokens
+                row[3] += ms
+                row[4] += totals.new_tokens * step_ms - ms if step_ms is not None else float("nan")
         for kind, (rounds, drafted, kept, ms, saved) in sorted(kinds.items(), key=lambda item: -item[1][0]):
             rows.append(
                 {
