@@ -152,6 +152,7 @@ class HybridDrafter(Drafter):
         self.model.begin(prompt_ids, config, vocab_width, generator)
 
     def propose(self, ids: list[int], k: int) -> Proposal:
+        self.model.floors, self.model.width = self.floors, self.width  # the round's, for the model's chain
         return self.model.propose(ids, k)
 
     def observe(self, states: torch.Tensor) -> None:

@@ -11,6 +11,7 @@ from specdeck.engine.autotune import CostCurve, DepthAcceptance, RoundPlanner
 from specdeck.engine.drafters import Drafter, Proposal
 from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.rounds import Clock
+from specdeck.engine.suffix_drafting import HybridDrafter, SuffixDrafter
 
 FLAT = CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0))
 STEEP = CostCurve((1, 2, 4, 8, 16), (10.0, 20.0, 40.0, 80.0, 160.0))
@@ -243,6 +244,20 @@ def test_a_chain_stops_where_its_drafts_are_unlikely_to_pass(tiny_pair):
         drafter.begin(ids, DecodeConfig(k=4), target.vocab_width, None)
         drafter.floors = floors
         lengths.append(len(drafter.propose(ids, 4).tokens))
+    assert lengths == [4, 1]
+
+
+def test_a_hybrid_s_model_chain_stops_where_the_round_s_floors_say(tiny_pair):
+    """A hybrid hands the round's floors to its model drafter: a floor of 1 after the first draft
+    stops the chain there, as it does the model drafter's own."""
+    target, draft = tiny_pair
+    hybrid = HybridDrafter(DraftModelDrafter(draft.model), SuffixDrafter(min_score=2.0))
+    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
+    lengths = []
+    for floors in [(), (0.0, 1.0, 1.0, 1.0)]:
+        hybrid.begin(ids, DecodeConfig(k=4), target.vocab_width, None)
+        hybrid.floors = floors
+        lengths.append(len(hybrid.propose(ids, 4).tokens))
     assert lengths == [4, 1]
 
 
