@@ -233,31 +233,21 @@ def test_a_tree_is_planned_at_what_trees_cost(tree_cost):
     assert (planner.plan().width > 1) == (tree_cost == 1.0)
 
 
-def test_a_chain_stops_where_its_drafts_are_unlikely_to_pass(tiny_pair):
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_a_chain_stops_where_its_drafts_are_unlikely_to_pass(tiny_pair, hybrid):
     """A round's floors cut a model drafter's chain where the product of its top probabilities
-    falls below them: no floors, all K drafts; a floor of 1 after the first, one draft."""
+    falls below them: no floors, all K drafts; a floor of 1 after the first, one draft. A hybrid
+    hands the round's floors to its model drafter."""
     target, draft = tiny_pair
-    drafter = DraftModelDrafter(draft.model)
+    drafter: Drafter = DraftModelDrafter(draft.model)
+    if hybrid:
+        drafter = HybridDrafter(drafter, SuffixDrafter(min_score=2.0))
     ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
     lengths = []
     for floors in [(), (0.0, 1.0, 1.0, 1.0)]:
         drafter.begin(ids, DecodeConfig(k=4), target.vocab_width, None)
         drafter.floors = floors
         lengths.append(len(drafter.propose(ids, 4).tokens))
-    assert lengths == [4, 1]
-
-
-def test_a_hybrid_s_model_chain_stops_where_the_round_s_floors_say(tiny_pair):
-    """A hybrid hands the round's floors to its model drafter: a floor of 1 after the first draft
-    stops the chain there, as it does the model drafter's own."""
-    target, draft = tiny_pair
-    hybrid = HybridDrafter(DraftModelDrafter(draft.model), SuffixDrafter(min_score=2.0))
-    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
-    lengths = []
-    for floors in [(), (0.0, 1.0, 1.0, 1.0)]:
-        hybrid.begin(ids, DecodeConfig(k=4), target.vocab_width, None)
-        hybrid.floors = floors
-        lengths.append(len(hybrid.propose(ids, 4).tokens))
     assert lengths == [4, 1]
 
 
