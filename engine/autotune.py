@@ -77,9 +77,8 @@ class CostCurve:
         tokens, ms = self.tokens, self.forward_ms
         if n <= tokens[0] or len(tokens) == 1:
             return ms[0]
-        i = min(
-            bisect.bisect_left(tokens, n), len(tokens) - 1
-        )  # the segment ending at or past n (the last: extrapolated)
+        # the segment that ends at or past n; past the last point, the last segment extrapolated
+        i = min(bisect.bisect_left(tokens, n), len(tokens) - 1)
         n0, n1, t0, t1 = tokens[i - 1], tokens[i], ms[i - 1], ms[i]
         return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
 
@@ -414,19 +413,10 @@ class RoundPlanner:
         chain = self.observed.get((n, False), self.curve.ms(n) * self.scale)
         return self.observed.get((n, True), chain * self.tree_scale) if tree else chain
 
-    def rate(
-        self,
-        acceptance: DepthAcceptance,
-        k: int,
-        draft_ms_per_token: float,
-        width: int = 1,
-        expected: list[float] | None = None,
-    ) -> float:
+    def rate(self, acceptance: DepthAcceptance, k: int, draft_ms_per_token: float, width: int = 1) -> float:
         """Expected kept tokens per ms for a round of k drafts and `width` candidates for the first:
-        an alternative the target takes keeps one token more than a rejection does. `expected`:
-        `acceptance.expected(k)` or longer, where the caller has it."""
-        kept = (expected or acceptance.expected(k))[k]
-        gained = kept + (self.alternative_share(width) if k else 0.0)
+        an alternative the target takes keeps one token more than a rejection does."""
+        gained = acceptance.expected_tokens(k) + (self.alternative_share(width) if k else 0.0)
         return gained / (self.overhead_ms + k * draft_ms_per_token + self.verify_ms(k + width, width > 1))
 
     def alternative_share(self, width: int) -> float:

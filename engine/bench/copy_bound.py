@@ -21,6 +21,7 @@ from collections import defaultdict
 import torch
 
 from specdeck.engine.autotune import CostCurve, cost_curve
+from specdeck.engine.bench.methods import match_bucket
 from specdeck.engine.bench.prompts import read_prompts
 from specdeck.engine.cache import costs_cache
 from specdeck.engine.config import DecodeConfig
@@ -31,7 +32,6 @@ from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair
 
 LONGEST = 15  # drafts a copy may propose
-BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 3), (4, 5), (6, 8), (9, 15), (16, 10**9))  # match lengths shown together
 
 
 def fastest_ms(curve: CostCurve, accepted: list[int]) -> float:
@@ -44,12 +44,6 @@ def fastest_ms(curve: CostCurve, accepted: list[int]) -> float:
         for n in range(1, min(accepted[t], len(accepted) - t - 1) + 1):
             best[t] = min(best[t], curve.ms(n + 1) + best[t + n + 1])
     return best[0]
-
-
-def _bucket(match: int) -> tuple[int, str]:
-    """The match length's bucket: its place in BUCKETS and its label."""
-    place, (low, high) = next((i, b) for i, b in enumerate(BUCKETS) if b[0] <= match <= b[1])
-    return place, str(low) if low == high else f"{low}+" if high > LONGEST else f"{low}-{high}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
             accepted.append(passed)
             if proposal.tokens:
                 source = "own text" if proposal.source == "prompt" else "earlier texts"
-                judged[source, _bucket(proposal.match_length)].append(passed)
+                judged[source, match_bucket(proposal.match_length)].append(passed)
         plain_ms[prompt.category] += curve.ms(1) * len(text)
         bound_ms[prompt.category] += fastest_ms(curve, accepted)
         print(

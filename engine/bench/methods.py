@@ -41,27 +41,25 @@ HF_METHODS = ("hf", "hf-assisted")
 METHODS = SPECDECK_METHODS + HF_METHODS + ("llama.cpp",)
 
 
+# match lengths shown together (`match_bucket`): a copy's rounds in `report.md`, `copy_bound`'s tallies
+MATCH_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 3), (4, 5), (6, 8), (9, 15), (16, 10**9))
+
+
+def match_bucket(match: int) -> tuple[int, str]:
+    """The bucket of a copy's match length: its place in MATCH_BUCKETS and its label ("4-5", "16+")."""
+    place, (low, high) = next((i, b) for i, b in enumerate(MATCH_BUCKETS) if b[0] <= match <= b[1])
+    return place, str(low) if low == high else f"{low}+" if high == MATCH_BUCKETS[-1][1] else f"{low}-{high}"
+
+
 def round_kind(event: RoundEvent) -> str:
     """What kind of round `event` was: a plain step, a model's drafts, or a copy, by where it was
-    copied from and how long the match it followed was."""
+    copied from and the bucket of its match's length (0: no match)."""
     if not event.drafted:
         return "plain step"
     if not event.source:
         return "model drafts"
     where = "this request" if event.source == "prompt" else "earlier texts"
-    m = event.match_length
-    band = (
-        "no match"
-        if not m
-        else "match 1"
-        if m == 1
-        else "match 2-3"
-        if m <= 3
-        else "match 4-8"
-        if m <= 8
-        else "match 9+"
-    )
-    return f"copy of {where}, {band}"
+    return f"copy of {where}, match {match_bucket(event.match_length)[1]}"
 
 
 @dataclass

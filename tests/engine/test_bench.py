@@ -386,5 +386,7 @@ def test_round_kind_names_where_a_copy_came_from():
 
     assert round_kind(event(0)) == "plain step"
     assert round_kind(event(2)) == "model drafts"
-    assert round_kind(event(3, source="prompt", match_length=2)) == "copy of this request, match 2-3"
-    assert round_kind(event(3, source="texts", match_length=12)) == "copy of earlier texts, match 9+"
+    assert round_kind(event(3, source="prompt", match_length=2)) == "copy of this request, match 2"
+    assert round_kind(event(3, source="texts", match_length=12)) == "copy of earlier texts, match 9-15"
+    assert round_kind(event(3, source="session", match_length=40)) == "copy of earlier texts, match 16+"
+    assert round_kind(event(1, source="prompt")) == "copy of this request, match 0"
