@@ -51,6 +51,23 @@ def library():
     return module
 
 
+def model_params(llama):
+    """llama.cpp's default model parameters, but with the weights kept in its plain CPU buffers where
+    the CPU has AMX. ggml repacks a quantized file's weights for AMX there, and its AMX product
+    crashes the process (SIGSEGV in `ggml_backend_amx_mul_mat`, llama.cpp issue 20824; seen with
+    llama-cpp-python 0.3.36 on SmolLM2's Q4_1 file on a 2-core Xeon) at the first forward. Other
+    CPUs keep the extra buffers (repacked weights for faster products)."""
+    params = llama.llama_model_default_params()
+    if has_amx(llama):
+        params.use_extra_bufts = False
+    return params
+
+
+def has_amx(llama) -> bool:
+    """Whether llama.cpp's CPU backend reports AMX (its system information line)."""
+    return b"AMX_INT8 = 1" in llama.llama_print_system_info()
+
+
 _ERRORS: list[str] = []  # llama.cpp's latest error lines, for the message when a file does not load
 
 
@@ -77,7 +94,7 @@ class LlamaCppModel:
         llama = library()
         self.path = path
         _ERRORS.clear()
-        handle = llama.llama_model_load_from_file(str(path).encode(), llama.llama_model_default_params())
+        handle = llama.llama_model_load_from_file(str(path).encode(), model_params(llama))
         if not handle:
             reason = "; ".join(_ERRORS) or "llama.cpp could not read it"
             raise SpecDeckError(

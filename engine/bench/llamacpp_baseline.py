@@ -21,7 +21,7 @@ from specdeck.engine.bench.methods import Run
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.hf_parts import decode
-from specdeck.engine.llamacpp_backend import CONTEXT_LIMIT, library
+from specdeck.engine.llamacpp_backend import CONTEXT_LIMIT, library, model_params
 from specdeck.engine.session import ModelPair
 
 METHOD = "llama.cpp"
@@ -54,9 +54,17 @@ def _opened(path: Path):
     key = (path, threads)
     if key not in _OPENED:
         _OPENED.clear()
-        _OPENED[key] = library().Llama(
-            model_path=str(path), n_ctx=CONTEXT_LIMIT, n_threads=threads, n_threads_batch=threads, verbose=False
-        )
+        llama = library()
+        # `Llama` has no argument for the weights' buffers: its defaults are read from the low-level
+        # module, so they are swapped for `model_params`'s (no AMX buffers, which crash) while it loads.
+        defaults = llama.llama_cpp.llama_model_default_params
+        llama.llama_cpp.llama_model_default_params = lambda: model_params(llama)
+        try:
+            _OPENED[key] = llama.Llama(
+                model_path=str(path), n_ctx=CONTEXT_LIMIT, n_threads=threads, n_threads_batch=threads, verbose=False
+            )
+        finally:
+            llama.llama_cpp.llama_model_default_params = defaults
     return _OPENED[key]
 
 

@@ -17,7 +17,9 @@ from specdeck.engine.drafters import FeatureHeadDrafter
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent
 from specdeck.engine.heads import load_feature_head
-from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library
+from specdeck.engine import llamacpp_backend as llama_backend
+from specdeck.engine.bench import llamacpp_baseline
+from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library, model_params
 from specdeck.engine.models import (
     BUILTIN_MODELS,
     DEFAULT_DRAFT,
@@ -249,3 +251,32 @@ def test_damaged_gguf_is_named_with_what_to_do(tmp_path, damage, backend):
     with pytest.raises(SpecDeckError, match="not a readable GGUF model.*download finished") as error:
         load_model(str(path), LoadOptions(backend=backend))
     assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_weights_stay_out_of_amx_buffers_on_amx_cpus(amx):
+    """ggml's AMX product crashes the process on some AMX machines: there the weights stay in the
+    plain CPU buffers; elsewhere llama.cpp keeps its extra (repacked) buffers."""
+
+    class Llama:
+        llama_model_default_params = staticmethod(library().llama_model_default_params)
+
+        @staticmethod
+        def llama_print_system_info() -> bytes:
+            return b"CPU : AVX512 = 1 | AVX512_BF16 = 1 | " + (b"AMX_INT8 = 1 | " if amx else b"") + b"REPACK = 1 |"
+
+    assert library().llama_model_default_params().use_extra_bufts  # what the change is from
+    assert model_params(Llama).use_extra_bufts is not amx
+
+
+def test_the_baseline_loads_without_amx_buffers_and_leaves_llama_cpp_as_it_was(target, monkeypatch):
+    llama = library()
+    defaults = llama.llama_cpp.llama_model_default_params
+    seen = []
+    monkeypatch.setattr(llama_backend, "has_amx", lambda llama: True)
+    monkeypatch.setattr(llama, "Llama", lambda **kwargs: seen.append(llama.llama_cpp.llama_model_default_params()))
+    llamacpp_baseline._OPENED.clear()
+    llamacpp_baseline._opened(target.model.path)
+    llamacpp_baseline._OPENED.clear()
+    assert [params.use_extra_bufts for params in seen] == [False]
+    assert llama.llama_cpp.llama_model_default_params is defaults
