@@ -29,12 +29,23 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 PATHS = ("dense", "packed")
-SLICE = 1024  # the longest inner dimension one packed product reduces over
-# Fewer rows go in padded with zeros to this many: oneDNN's one-row kernel streams a packed weight
-# more slowly than its blocked kernel for four (a whole SmolLM2-135M step: 31 against 20 ms of
-# products on AMD EPYC), and shape invariance makes the padded row's result the same bits.
+SLICE = 1024  # the longest inner dimension one packed product reduces over, where the whole is not invariant
+# Fewer rows than this go in padded with zeros where that streams faster: oneDNN's one-row kernel read a
+# packed weight more slowly than its blocked kernel for four on AMD EPYC (a whole SmolLM2-135M step: 31
+# against 20 ms of products), and faster on a Xeon with AMX (28 against 30 ms). Shape invariance makes a
+# padded row's result the same bits.
 MIN_ROWS = 4
 _ROWS = (1, 2, 4, 8)  # row counts a choice is measured at: a step and the verifies that matter
+_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)  # row counts whose bits must match a 16-row batch's
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a packed product runs: the longest inner dimension one oneDNN call reduces over (None:
+    the whole row), and how many rows a call takes at least (fewer are padded with zeros)."""
+
+    slice: int | None = SLICE
+    min_rows: int = MIN_ROWS
 
 
 class DenseLinear:
@@ -57,18 +68,20 @@ class DenseLinear:
 class PackedLinear:
     """y = x W^T + b through oneDNN on a weight reordered once into its blocked layout.
 
-    A long inner dimension is cut into equal slices of at most `SLICE` columns, each its own product,
-    summed in order: for one row oneDNN splits a long reduction otherwise than for several (measured
-    on AMD EPYC from 1,152 columns on), and a fixed cut keeps each row's sum in the same order
-    however many rows there are. The packed slices are the only copy this keeps: `dense` rebuilds
-    the plain matrix from them, bit for bit, for the rare reader that needs it."""
+    For some row counts oneDNN splits a long reduction otherwise than for others (measured on AMD
+    EPYC from 1,152 columns on); where it does, the inner dimension is cut into equal slices of at
+    most `SLICE` columns, each its own product, summed in order, so each row's sum keeps its order
+    however many rows there are. The layout (`layout_for`) is measured once per shape on this
+    machine. The packed slices are the only copy this keeps: `dense` rebuilds the plain matrix from
+    them, bit for bit, for the rare reader that needs it."""
 
     path = "packed"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, layout: Layout | None = None) -> None:
         self.bias = bias  # added after the slices' sum: element-wise, so each row's bits stay its own
         self.out_features, width = weight.shape
-        pieces = -(-width // SLICE)
+        self.layout = layout or layout_for(weight) or Layout()  # (a layout that loses bits only where forced)
+        pieces = -(-width // (self.layout.slice or width))
         step = -(-width // pieces)
         self._slices = [(start, min(start + step, width)) for start in range(0, width, step)]
         self._packed = [
@@ -78,8 +91,8 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         count = rows.shape[0]
-        if count < MIN_ROWS:  # see MIN_ROWS; each row's bits are the same alone as in a batch
-            rows = torch.cat([rows, rows.new_zeros(MIN_ROWS - count, rows.shape[1])])
+        if count < self.layout.min_rows:  # each row's bits are the same alone as in a batch
+            rows = torch.cat([rows, rows.new_zeros(self.layout.min_rows - count, rows.shape[1])])
         out: torch.Tensor | None = None
         for (a, b), packed in zip(self._slices, self._packed):
             part = rows if len(self._slices) == 1 else rows[:, a:b]
@@ -88,7 +101,9 @@ class PackedLinear:
         assert out is not None  # a product has at least one slice
         if self.bias is not None:
             out.add_(self.bias)
-        return out[:count].view(*x.shape[:-1], self.out_features)
+        if out.shape[0] != count:
+            out = out[:count]
+        return out.view(*x.shape[:-1], self.out_features)
 
     def dense(self) -> torch.Tensor:
         """The weight matrix (out, in) in plain layout: a new tensor, equal to the one packed."""
@@ -102,6 +117,7 @@ Linear = DenseLinear | PackedLinear
 class PathChoice:
     path: str
     reason: str  # why: measured costs, or why the packed path cannot be used here
+    min_rows: int = MIN_ROWS  # rows a packed call takes at least (`min_rows`)
 
 
 _MEASURED: dict[tuple, object] = {}
@@ -129,10 +145,46 @@ def _time_ms(fn, x: torch.Tensor, repeats: int = 5) -> float:
 
 
 def _shape_invariant(linear: Linear, width: int, dtype: torch.dtype) -> bool:
-    """Whether every row comes out with the same bits alone as in a batch of 8."""
-    x = torch.randn(8, width, generator=torch.Generator().manual_seed(0)).to(dtype)
+    """Whether every row comes out with the same bits in a call of 1 to 16 rows as in a batch of 16."""
+    x = torch.randn(max(_COUNTS), width, generator=torch.Generator().manual_seed(0)).to(dtype)
     batch = linear(x)
-    return all(torch.equal(linear(x[j : j + 1]), batch[j : j + 1]) for j in range(8))
+    return all(torch.equal(linear(x[:n]), batch[:n]) for n in _COUNTS)
+
+
+def min_rows(weight: torch.Tensor) -> int:
+    """Rows a packed call takes at least on this machine, by one row through `weight` (the model's
+    largest, which streams from memory on any CPU) alone against padded to `MIN_ROWS` (best of 7,
+    alternated), where one row alone gives the bits it gets in a batch; measured once per shape."""
+
+    def measure() -> int:
+        alone, padded = (PackedLinear(weight, layout=Layout(SLICE, rows)) for rows in (1, MIN_ROWS))
+        if not _shape_invariant(alone, weight.shape[1], weight.dtype):
+            return MIN_ROWS
+        x = torch.randn(1, weight.shape[1], dtype=weight.dtype)
+        best = {1: float("inf"), MIN_ROWS: float("inf")}
+        with torch.inference_mode():
+            for _ in range(7):
+                for rows, product in ((1, alone), (MIN_ROWS, padded)):
+                    best[rows] = min(best[rows], _time_ms(product, x, repeats=1))
+        return 1 if best[1] <= best[MIN_ROWS] else MIN_ROWS
+
+    return _memo(weight, "min_rows", measure)
+
+
+def layout_for(weight: torch.Tensor, rows: int = MIN_ROWS) -> Layout | None:
+    """The layout a packed product of `weight`'s shape takes on this machine, with calls of at least
+    `rows` rows: the whole row in one call where that keeps every row's bits whatever the row count,
+    else `SLICE`-column slices, else (with one row allowed) the same padded to `MIN_ROWS`. None where
+    no layout keeps the bits. Measured once per shape."""
+
+    def measure() -> Layout | None:
+        cuts = (None, SLICE) if weight.shape[1] > SLICE else (None,)
+        for layout in [Layout(cut, rows) for cut in cuts] + [Layout(cut, MIN_ROWS) for cut in cuts if rows != MIN_ROWS]:
+            if _shape_invariant(PackedLinear(weight, layout=layout), weight.shape[1], weight.dtype):
+                return layout
+        return None
+
+    return _memo(weight, f"layout, {rows} rows a call at least", measure)
 
 
 def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
@@ -148,20 +200,21 @@ def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
         return PathChoice("dense", "SPECDECK_LINEAR=dense" if forced == "dense" else str(missing))
     if forced == "packed":
         return PathChoice("packed", "SPECDECK_LINEAR=packed")
+    largest = max(weights, key=lambda w: w.numel())
+    rows = min_rows(largest)
     for weight in {(tuple(w.shape), w.dtype): w for w in weights}.values():
-        if not _memo(weight, "invariant", lambda w=weight: _shape_invariant(PackedLinear(w), w.shape[1], w.dtype)):
+        if layout_for(weight, rows) is None:
             return PathChoice(
                 "dense",
                 f"oneDNN's packed product of a {tuple(weight.shape)} weight gives a row "
                 "other bits alone than in a batch",
             )
-    largest = max(weights, key=lambda w: w.numel())
-    packed_ms, dense_ms = _memo(largest, "timing", lambda: _timings(largest))
+    packed_ms, dense_ms = _memo(largest, f"timing, {rows} rows a call at least", lambda: _timings(largest, rows))
     reason = (
         f"{'+'.join(map(str, _ROWS))} rows through a {tuple(largest.shape)} weight: packed {packed_ms:.2f} ms, "
-        f"F.linear {dense_ms:.2f} ms"
+        f"F.linear {dense_ms:.2f} ms; packed calls take {rows} row{'s' if rows > 1 else ''} at least"
     )
-    return PathChoice("packed" if packed_ms <= dense_ms else "dense", reason)
+    return PathChoice("packed" if packed_ms <= dense_ms else "dense", reason, rows)
 
 
 def _memo(weight: torch.Tensor, what: str, measure):
@@ -172,9 +225,10 @@ def _memo(weight: torch.Tensor, what: str, measure):
     return _MEASURED[key]
 
 
-def _timings(weight: torch.Tensor) -> tuple[float, float]:
-    """Milliseconds of the packed and the dense product over 1, 2, 4 and 8 rows, summed."""
-    dense, packed = DenseLinear(weight), PackedLinear(weight)
+def _timings(weight: torch.Tensor, rows: int) -> tuple[float, float]:
+    """Milliseconds of the packed (calls of at least `rows` rows) and the dense product over 1, 2, 4
+    and 8 rows, summed."""
+    dense, packed = DenseLinear(weight), PackedLinear(weight, layout=layout_for(weight, rows))
     with torch.inference_mode():
         inputs = [torch.randn(n, weight.shape[1], dtype=weight.dtype) for n in _ROWS]
         return sum(_time_ms(packed, x) for x in inputs), sum(_time_ms(dense, x) for x in inputs)
@@ -184,7 +238,9 @@ def make_linear(weight: torch.Tensor, choice: PathChoice | None = None, bias: to
     """`weight` (out, in) and `bias` as a product on `choice`'s path (by default, the one chosen for
     the weight alone)."""
     choice = choice or choose_path([weight])
-    return PackedLinear(weight, bias) if choice.path == "packed" else DenseLinear(weight, bias)
+    if choice.path == "dense":
+        return DenseLinear(weight, bias)
+    return PackedLinear(weight, bias, layout_for(weight, choice.min_rows))
 
 
 def bfloat16_pays(weights: Sequence[torch.Tensor]) -> PathChoice:

@@ -12,13 +12,13 @@ import torch
 from test_sampling_lossless import chi_square, chi_square_quantile, sample_two_tokens
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
+from specdeck.engine import llamacpp_backend as llama_backend
 from specdeck.engine.autotune import Shape
+from specdeck.engine.bench import llamacpp_baseline
 from specdeck.engine.drafters import FeatureHeadDrafter
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent
 from specdeck.engine.heads import load_feature_head
-from specdeck.engine import llamacpp_backend as llama_backend
-from specdeck.engine.bench import llamacpp_baseline
 from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library, model_params
 from specdeck.engine.models import (
     BUILTIN_MODELS,

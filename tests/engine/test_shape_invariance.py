@@ -7,7 +7,7 @@ from tiny import ON_CPU, build_pair
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
 from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.linear import PackedLinear, packed_available
+from specdeck.engine.linear import PackedLinear, layout_for, packed_available
 from specdeck.engine.models import load_model
 
 needs_packed = pytest.mark.skipif(
@@ -28,11 +28,15 @@ def packed_llama(tmp_path, monkeypatch):
 
 
 @needs_packed
+@pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("shape", [(1728, 576), (576, 1536), (320, 64)])
-def test_packed_products_give_each_row_the_same_bits(shape):
-    """A row's product is the same alone as among 2..16 rows."""
+def test_packed_products_give_each_row_the_same_bits(shape, rows):
+    """A row's product is the same alone as among 2..16 rows, in the layout this machine takes for
+    calls of at least `rows` rows (whole rows or slices of them)."""
     weight = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
-    linear = PackedLinear(weight)
+    layout = layout_for(weight, rows)
+    assert layout is not None, "no packed layout keeps a row's bits on this machine"
+    linear = PackedLinear(weight, layout=layout)
     x = torch.randn(16, shape[1], generator=torch.Generator().manual_seed(2))
     for n in (2, 3, 8, 16):
         batch = linear(x[:n])
