@@ -54,6 +54,17 @@ def post(url: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
+# `python -m llama_cpp.server`, with the weights kept out of ggml's AMX buffers where the CPU has AMX
+# (their product crashes the server at its first request there; `engine.llamacpp_backend.model_params`)
+SERVER_WITHOUT_AMX_BUFFERS = """
+import llama_cpp
+from llama_cpp.server.__main__ import main
+from specdeck.engine.llamacpp_backend import model_params
+llama_cpp.llama_cpp.llama_model_default_params = lambda: model_params(llama_cpp)
+main()
+"""
+
+
 @pytest.fixture(scope="module")
 def server():
     """The base URL of a llama-cpp-python server on the built-in GGUF, model name "target"."""
@@ -62,8 +73,8 @@ def server():
     port = free_port()
     command = [
         sys.executable,
-        "-m",
-        "llama_cpp.server",
+        "-c",
+        SERVER_WITHOUT_AMX_BUFFERS,
         "--model",
         str(BUILTIN_MODELS[DEFAULT_TARGET].path()),
         "--model_alias",
