@@ -21,6 +21,7 @@ from transformers import DynamicCache
 from specdeck.engine import llama_forward
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.hf_parts import input_embedding, output_projection
+from specdeck.engine.lean_weights import weights_of
 from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
 if TYPE_CHECKING:
@@ -93,6 +94,14 @@ def backend_for(model: PreTrainedModel | LlamaCppModel) -> llama_forward.LlamaFo
     if isinstance(model, LlamaCppModel):
         return LlamaCppForward(model)
     return llama_forward.LlamaForward(model) if llama_forward.supports(model) else HFForward(model)
+
+
+def products_path(model: PreTrainedModel | LlamaCppModel) -> str | None:
+    """How the lean Llama forward runs `model`'s matrix products on this machine, in words, with
+    why (`engine.linear.choose_path`); None where another forward runs it."""
+    if isinstance(model, LlamaCppModel) or not llama_forward.supports(model):
+        return None
+    return weights_of(model).products.describe()
 
 
 class CachedModel:

@@ -22,6 +22,7 @@ beside the model's own would hold those weights twice (1.5x the model's bytes: 2
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +31,11 @@ import torch
 from transformers import PreTrainedModel
 
 from specdeck.engine.hf_parts import output_projection
-from specdeck.engine.linear import Linear, choose_path, make_linear
+from specdeck.engine.linear import Linear, PathChoice, choose_path, make_linear
 from specdeck.engine.memory import trim_heap
+
+log = logging.getLogger(__name__)
+_TOLD: set[str] = set()  # fallbacks to F.linear already said
 
 
 @dataclass
@@ -53,6 +57,7 @@ class LeanWeights:
     head: Linear | None  # the output layer; None for a bare decoder (no output layer)
     inv_freq: torch.Tensor
     rope_scaling: float  # the rotary "attention factor" (1 except for yarn)
+    products: PathChoice = PathChoice("dense", "not measured")  # the products' path, and why
 
     @property
     def output(self) -> Linear:
@@ -111,6 +116,13 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         )
     matrices = [module.weight for layer in groups for group in layer for module in group]
     choice = choose_path(matrices + ([head.weight] if head is not None else []))
+    if choice.path == "dense" and matrices[0].device.type == "cpu" and choice.reason not in _TOLD:
+        _TOLD.add(choice.reason)  # said once per reason
+        log.warning(
+            "Matrix products run on F.linear here (%s): a verify's logits may differ from a one-token "
+            "step's in the last bits, so greedy speculative text can part from plain text at a near-tie.",
+            choice.reason,
+        )
     keep = {id(base.embed_tokens.weight)}  # token lookup reads the embedding's plain table
     if model not in _WEIGHTS and next(model.parameters()).device.type == "cpu":
         _own_storage(model, groups, head, keep if choice.path == "packed" else None)
@@ -170,6 +182,7 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         output,
         rotary.inv_freq.float(),
         float(rotary.attention_scaling),
+        choice,
     )
 
 

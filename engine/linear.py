@@ -119,6 +119,11 @@ class PathChoice:
     reason: str  # why: measured costs, or why the packed path cannot be used here
     min_rows: int = MIN_ROWS  # rows a packed call takes at least (`min_rows`)
 
+    def describe(self) -> str:
+        """For reports: the path in words, and why."""
+        name = "oneDNN's packed product" if self.path == "packed" else "F.linear"
+        return f"{name} ({self.reason})"
+
 
 _MEASURED: dict[tuple, object] = {}
 

@@ -303,8 +303,9 @@ def round_kind_rows(results: list[PromptResult], methods: list[Method]) -> list[
     return rows
 
 
-def cost_curve_lines(curve) -> list[str]:
-    """The target's measured forward cost by new tokens (`engine.autotune.CostCurve`), as report lines."""
+def cost_curve_lines(curve, products: str | None = None) -> list[str]:
+    """The target's measured forward cost by new tokens (`engine.autotune.CostCurve`), as report
+    lines, with the path its matrix products took in this run (`engine.linear.PathChoice.describe`)."""
     header = "| new tokens | " + " | ".join(map(str, curve.tokens)) + " |"
     ms = "| ms | " + " | ".join(f"{t:.1f}" for t in curve.forward_ms) + " |"
     ratio = "| x one token | " + " | ".join(f"{t / curve.forward_ms[0]:.2f}" for t in curve.forward_ms) + " |"
@@ -312,6 +313,7 @@ def cost_curve_lines(curve) -> list[str]:
     return [
         f"Measured on {curve.machine}, after {CURVE_CONTEXT} cached tokens, best of 3 "
         f"(the auto schedule plans with it, scaled by what each session's verifies take).{busy}",
+        *([f"Matrix products in this run: {products}."] if products else []),
         "",
         header,
         "|---|" + "---|" * len(curve.tokens),
@@ -458,7 +460,12 @@ def write_report(
         "",
         markdown_table(round_kind_rows(results, methods), ROUND_KIND_COLUMNS),
         *(
-            ["", "## The target's forward on this machine", "", *cost_curve_lines(context["cost_curve"])]
+            [
+                "",
+                "## The target's forward on this machine",
+                "",
+                *cost_curve_lines(context["cost_curve"], context.get("products")),
+            ]
             if context.get("cost_curve")
             else []
         ),

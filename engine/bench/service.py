@@ -28,6 +28,7 @@ from specdeck.engine.bench.report import (
 from specdeck.engine.bench.runner import BenchSettings, Progress, run_bench
 from specdeck.engine.cache import costs_cache
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.kvcache import products_path
 from specdeck.engine.pair import ModelPair
 
 RESULT_FILES = ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md", "speedup_by_category.png", "k_sweep.png")
@@ -106,7 +107,8 @@ def run_and_write(
         )
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), left_out)))}
     if not pairs[0].remote:
-        context = {**context, "cost_curve": cost_curve(pairs[0].local_target.model, costs_cache())}
+        model = pairs[0].local_target.model
+        context = {**context, "cost_curve": cost_curve(model, costs_cache()), "products": products_path(model)}
     results = run_bench(pairs, prompts, settings, progress, cancel)
     if not results:
         return []

@@ -19,6 +19,7 @@ from specdeck.engine.bench.sweep import parse_drafters, parse_lookups
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.heads import FeatureHead, fingerprint, head_config, save_head
+from specdeck.engine.linear import packed_available
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, load_pairs
 
@@ -92,6 +93,18 @@ def test_k_sweep_gives_one_row_per_k(bench_models, two_prompts, tmp_path):
     assert sorted(int(r["k"]) for r in summary if r["method"] == "speculative" and r["category"] == "all") == [1, 2, 3]
     assert all(r["identical_to_plain"] == "true" for r in summary)
     assert "Machine and versions" in (out / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(("forced", "named"), [("dense", "F.linear"), ("packed", "oneDNN's packed product")])
+def test_report_names_the_path_the_products_took(bench_models, two_prompts, tmp_path, monkeypatch, forced, named):
+    """The cost curve in report.md says how this run's matrix products ran, and why."""
+    if forced == "packed" and packed_available(torch.zeros(1, 1)):
+        pytest.skip(packed_available(torch.zeros(1, 1)))
+    monkeypatch.setenv("SPECDECK_LINEAR", forced)
+    target, _ = bench_models
+    pair = load_pair(PairSpec(str(target), None, "prompt-lookup", device="cpu"))
+    report = (_run([pair], two_prompts, tmp_path / "out", ks=(1,)) / "report.md").read_text(encoding="utf-8")
+    assert f"Matrix products in this run: {named} (SPECDECK_LINEAR={forced})." in report
 
 
 def test_bench_command_writes_plots(bench_models, two_prompts, tmp_path, capsys):

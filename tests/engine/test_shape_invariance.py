@@ -5,7 +5,7 @@ import pytest
 import torch
 from tiny import ON_CPU, build_pair
 
-from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
+from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate, lean_weights
 from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.linear import PackedLinear, layout_for, packed_available
 from specdeck.engine.models import load_model
@@ -121,3 +121,16 @@ def test_keeping_a_tree_path_after_the_cache_grew(tiny_llama):
     lm.forward_tree([40, 41, 42, 43], [-1, 0, 1, 0])
     lm.compact([0, 3])
     assert len(lm) == 302
+
+
+def test_a_fall_back_to_f_linear_is_said_once(tmp_path, monkeypatch, caplog):
+    """Where the products run on F.linear, the user hears once that speculative text may part from
+    plain text at a near-tie, with the reason."""
+    monkeypatch.setenv("SPECDECK_LINEAR", "dense")
+    monkeypatch.setattr(lean_weights, "_TOLD", set())
+    target_dir, _ = build_pair(tmp_path, "llama")
+    for _ in range(2):
+        lm = CachedModel(load_model(str(target_dir), ON_CPU).model)
+        assert not lm.backend.row_exact
+    said = [r.getMessage() for r in caplog.records if "F.linear" in r.getMessage()]
+    assert len(said) == 1 and "(SPECDECK_LINEAR=dense)" in said[0] and "near-tie" in said[0]
