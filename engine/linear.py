@@ -80,7 +80,8 @@ class PackedLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, layout: Layout | None = None) -> None:
         self.bias = bias  # added after the slices' sum: element-wise, so each row's bits stay its own
         self.out_features, width = weight.shape
-        self.layout = layout or layout_for(weight) or Layout()  # (a layout that loses bits only where forced)
+        # Layout() where no layout keeps the bits: only SPECDECK_LINEAR=packed asks for that
+        self.layout = layout or layout_for(weight) or Layout()
         pieces = -(-width // (self.layout.slice or width))
         step = -(-width // pieces)
         self._slices = [(start, min(start + step, width)) for start in range(0, width, step)]
