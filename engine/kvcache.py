@@ -115,6 +115,15 @@ class CachedModel:
         self.backend = backend_for(model)
         self.backend.taps = taps
 
+    def inexact_reason(self) -> str | None:
+        """Why a verify on this CPU may not give each token a one-token step's bits (the lean
+        forward's products on F.linear, `engine.linear.choose_path`); None where it does, or where
+        another forward runs the model."""
+        backend = self.backend
+        if not isinstance(backend, llama_forward.LlamaForward) or backend.row_exact or self.device.type != "cpu":
+            return None
+        return backend.weights.products.reason
+
     def states(self, hidden: torch.Tensor) -> torch.Tensor:
         """What a feature head reads of the last forward, whose final states are `hidden` (n, hidden):
         those alone without taps, else (n, len(taps) + 1, hidden), the tapped layers' residual

@@ -22,7 +22,6 @@ beside the model's own would hold those weights twice (1.5x the model's bytes: 2
 
 from __future__ import annotations
 
-import logging
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +32,6 @@ from transformers import PreTrainedModel
 from specdeck.engine.hf_parts import output_projection
 from specdeck.engine.linear import Linear, PathChoice, choose_path, make_linear
 from specdeck.engine.memory import trim_heap
-
-log = logging.getLogger(__name__)
-_TOLD: set[str] = set()  # fallbacks to F.linear already said
 
 
 @dataclass
@@ -116,13 +112,6 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         )
     matrices = [module.weight for layer in groups for group in layer for module in group]
     choice = choose_path(matrices + ([head.weight] if head is not None else []))
-    if choice.path == "dense" and matrices[0].device.type == "cpu" and choice.reason not in _TOLD:
-        _TOLD.add(choice.reason)  # said once per reason
-        log.warning(
-            "Matrix products run on F.linear here (%s): a verify's logits may differ from a one-token "
-            "step's in the last bits, so greedy speculative text can part from plain text at a near-tie.",
-            choice.reason,
-        )
     keep = {id(base.embed_tokens.weight)}  # token lookup reads the embedding's plain table
     if model not in _WEIGHTS and next(model.parameters()).device.type == "cpu":
         _own_storage(model, groups, head, keep if choice.path == "packed" else None)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from specdeck.engine.llamacpp_backend import LlamaCppModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,8 @@ class TargetForward:
 
     def __init__(self, model: PreTrainedModel | LlamaCppModel, drafter: Drafter | None) -> None:
         self.lm = CachedModel(model, taps=drafter.feature_layers if drafter is not None else ())
+        if drafter is not None:
+            _say_if_inexact(self.lm)
         self.supports_trees = self.lm.supports_trees
         self.reader = drafter if drafter is not None and drafter.needs_states else None
         self._cached = 0
@@ -269,6 +274,22 @@ class RemoteForward:
 
     def keep(self, path: list[int]) -> None:
         self.held += [self._inputs[row] for row in path]
+
+
+_TOLD: set[str] = set()  # the reasons for an inexact verify already said
+
+
+def _say_if_inexact(lm: CachedModel) -> None:
+    """Say once per reason where the lean forward's verify cannot give a token a plain step's bits
+    (its products fell back to F.linear on the CPU): greedy texts can then part at a near-tie."""
+    reason = lm.inexact_reason()
+    if reason is not None and reason not in _TOLD:
+        _TOLD.add(reason)
+        log.warning(
+            "Matrix products run on F.linear here (%s): a verify's logits may differ from a one-token "
+            "step's in the last bits, so greedy speculative text can part from plain text at a near-tie.",
+            reason,
+        )
 
 
 def target_forward(target: LoadedModel | RemoteTarget, drafter: Drafter | None) -> TargetForward | RemoteForward:

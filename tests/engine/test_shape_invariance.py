@@ -5,7 +5,7 @@ import pytest
 import torch
 from tiny import ON_CPU, build_pair
 
-from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate, lean_weights
+from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate, rounds
 from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.linear import PackedLinear, layout_for, packed_available
 from specdeck.engine.models import load_model
@@ -124,13 +124,21 @@ def test_keeping_a_tree_path_after_the_cache_grew(tiny_llama):
 
 
 def test_a_fall_back_to_f_linear_is_said_once(tmp_path, monkeypatch, caplog):
-    """Where the products run on F.linear, the user hears once that speculative text may part from
-    plain text at a near-tie, with the reason."""
+    """Where the target's products run on F.linear, a speculative session says once that its text may
+    part from plain text at a near-tie, with the reason; a plain session, with nothing to part
+    from, says nothing."""
     monkeypatch.setenv("SPECDECK_LINEAR", "dense")
-    monkeypatch.setattr(lean_weights, "_TOLD", set())
-    target_dir, _ = build_pair(tmp_path, "llama")
+    monkeypatch.setattr(rounds, "_TOLD", set())
+    target_dir, draft_dir = build_pair(tmp_path, "llama")
+    target, draft = load_model(str(target_dir), ON_CPU), load_model(str(draft_dir), ON_CPU)
+    ids = encode_prompt(target.tokenizer, "one two three", chat=False)
+    config = DecodeConfig(max_new_tokens=4, k=2)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "F.linear" in r.getMessage()]
+
+    list(generate(target, ids, config))
+    assert said() == []
     for _ in range(2):
-        lm = CachedModel(load_model(str(target_dir), ON_CPU).model)
-        assert not lm.backend.row_exact
-    said = [r.getMessage() for r in caplog.records if "F.linear" in r.getMessage()]
-    assert len(said) == 1 and "(SPECDECK_LINEAR=dense)" in said[0] and "near-tie" in said[0]
+        list(generate(target, ids, config, DraftModelDrafter(draft.model)))
+    assert len(said()) == 1 and "(SPECDECK_LINEAR=dense)" in said()[0] and "near-tie" in said()[0]
