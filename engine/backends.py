@@ -5,7 +5,9 @@ llama-cpp-python is installed; `engine.llamacpp_backend`).
 (a plain decoding step) after a short context on both backends, with the threads torch uses. The
 verdict is saved with the measured costs (`specdeck cache --clear` forgets it), so the measurement
 runs once per file, machine and thread count. A model that would not fit in memory dequantized
-for torch goes to llama.cpp unmeasured.
+for torch goes to llama.cpp unmeasured. llama.cpp is timed in a child process: a build that crashes
+on this CPU (a native fault, which no Python code survives) ends the child alone, and the file runs
+on torch, with the reason said and saved.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import hashlib
 import json
 import logging
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -120,6 +124,8 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
     saved = costs_cache() / f"backend-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
     try:
         verdict = json.loads(saved.read_text(encoding="utf-8"))
+        if "crash" in verdict:
+            (progress or log.warning)(verdict["crash"])
         return verdict["llama.cpp"] < verdict["torch"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -127,6 +133,9 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
         progress(f"Timing {name} on llama.cpp and on torch (once on this machine)")
     try:
         verdict = {"llama.cpp": _llama_cpp_step_ms(path)}
+    except LlamaCppCrashed as crash:  # saved as never faster, so it is not tried again
+        (progress or log.warning)(str(crash))
+        verdict = {"llama.cpp": float("inf"), "crash": str(crash)}
     except SpecDeckError:  # a file llama.cpp cannot read: torch's loader says what is wrong with it
         return False
     verdict["torch"] = _torch_step_ms(name, progress)
@@ -138,10 +147,59 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
     return verdict["llama.cpp"] < verdict["torch"]
 
 
+class LlamaCppCrashed(SpecDeckError):
+    """llama.cpp ended the process that ran it (a native fault) on this machine."""
+
+
+# The child that times llama.cpp: the file and the thread count in, the milliseconds out (last line),
+# a SpecDeckError's message on stderr with exit status 2.
+_CHILD = """
+import sys, torch
+from specdeck.engine.backends import llama_cpp_step_ms_here
+from specdeck.engine.errors import SpecDeckError
+torch.set_num_threads(int(sys.argv[2]))
+try:
+    print(llama_cpp_step_ms_here(sys.argv[1]))
+except SpecDeckError as error:
+    sys.exit(f"SpecDeckError: {error}")
+"""
+_SAID = "SpecDeckError: "
+
+
 def _llama_cpp_step_ms(path: Path) -> float:
+    """A llama.cpp plain step's milliseconds on `path`, timed in a child process (see the module's
+    docstring): a `LlamaCppCrashed` where llama.cpp ended it, a `SpecDeckError` where it could not
+    run the file. A frozen bundle has no Python to start a child with: it times in this process."""
+    if getattr(sys, "frozen", False):
+        return llama_cpp_step_ms_here(str(path))
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(path), str(torch.get_num_threads())],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise SpecDeckError(f"llama.cpp could not be timed on {path.name}: {error}") from error
+    if child.returncode < 0:
+        raise LlamaCppCrashed(
+            f"llama.cpp crashed on this machine running {path.name} (signal {-child.returncode}), so it runs "
+            "on torch. Rebuilding llama-cpp-python for this CPU may mend it; `specdeck cache --clear` "
+            "times it again."
+        )
+    said = [line.removeprefix(_SAID) for line in child.stderr.splitlines() if line.startswith(_SAID)]
+    if child.returncode != 0 or not child.stdout.strip():
+        raise SpecDeckError(
+            said[-1] if said else f"llama.cpp could not be timed on {path.name} (exit status {child.returncode})."
+        )
+    return float(child.stdout.strip().splitlines()[-1])
+
+
+def llama_cpp_step_ms_here(path: str) -> float:
+    """A llama.cpp plain step's milliseconds on the file at `path`, in this process."""
     from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
-    model = LlamaCppModel(path)
+    model = LlamaCppModel(Path(path))
     return _step_ms(LlamaCppForward(model), model.vocab_width)
 
 

@@ -7,7 +7,7 @@ import torch
 from specdeck.engine import backends
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.llamacpp_backend import library
-from specdeck.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdeck.engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
 
 CPU = torch.device("cpu")
 
@@ -60,3 +60,29 @@ def test_auto_picks_the_faster_backend_once_measured(monkeypatch, tmp_path, llam
     for _ in range(2):
         assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto") == expected
     assert measured == ["llama.cpp", "torch"]
+
+
+@pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")
+def test_a_llama_cpp_that_crashes_leaves_specdeck_running_on_torch(monkeypatch, tmp_path):
+    """Where llama.cpp dies of a native fault while it is timed (as a build for another CPU can), auto
+    runs the file on torch and says why, then and on later loads, without timing llama.cpp again."""
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    monkeypatch.setattr(backends, "_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress: 30.0)
+    said: list[str] = []
+    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", said.append) == "torch"
+    monkeypatch.setattr(backends, "_CHILD", "raise SystemExit('timed again')")
+    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", said.append) == "torch"
+    crashes = [line for line in said if "llama.cpp crashed on this machine" in line]
+    assert len(crashes) == 2 and "signal 11" in crashes[0] and "runs on torch" in crashes[0]
+
+
+@pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")
+def test_llama_cpp_is_timed_in_a_child_process(tmp_path):
+    """The child times real one-token steps of the built-in file, and a file it cannot read comes
+    back as a SpecDeckError with llama.cpp's reason."""
+    assert 0.0 < backends._llama_cpp_step_ms(BUILTIN_MODELS[DEFAULT_TARGET].path()) < 10_000.0
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(b"GGUF" + bytes(64))
+    with pytest.raises(SpecDeckError, match="not a readable GGUF model"):
+        backends._llama_cpp_step_ms(damaged)
