@@ -53,7 +53,7 @@ class LeanWeights:
     head: Linear | None  # the output layer; None for a bare decoder (no output layer)
     inv_freq: torch.Tensor
     rope_scaling: float  # the rotary "attention factor" (1 except for yarn)
-    products: PathChoice = PathChoice("dense", "not measured")  # the products' path, and why
+    products: PathChoice  # the path every product of the model runs on, and why (`choose_path`)
 
     @property
     def output(self) -> Linear:
@@ -66,9 +66,9 @@ class LeanWeights:
     def row_exact(self) -> bool:
         """Whether every product gives each row the same bits alone as in a batch (`engine.linear`):
         then, with attention computed per query as a one-token step does, a verify's logits for a
-        token equal bit for bit the logits a plain step would give it."""
-        products = [p for layer in self.layers for p in (layer.qkv, layer.out, layer.gate_up, layer.down)]
-        return all(p.path == "packed" for p in products + ([self.head] if self.head is not None else []))
+        token equal bit for bit the logits a plain step would give it. Every product takes the one
+        path chosen for the whole model."""
+        return self.products.path == "packed"
 
 
 @dataclass

@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -163,9 +163,13 @@ def min_rows(weight: torch.Tensor) -> int:
     alternated), where one row alone gives the bits it gets in a batch; measured once per shape."""
 
     def measure() -> int:
-        alone, padded = (PackedLinear(weight, layout=Layout(SLICE, rows)) for rows in (1, MIN_ROWS))
-        if not _shape_invariant(alone, weight.shape[1], weight.dtype):
+        layout = layout_for(weight, 1)  # checks the bits of one-row calls, once
+        if layout is None or layout.min_rows != 1:
             return MIN_ROWS
+        alone, padded = (
+            PackedLinear(weight, layout=layout),
+            PackedLinear(weight, layout=replace(layout, min_rows=MIN_ROWS)),
+        )
         x = torch.randn(1, weight.shape[1], dtype=weight.dtype)
         best = {1: float("inf"), MIN_ROWS: float("inf")}
         with torch.inference_mode():
