@@ -163,8 +163,9 @@ class CachedModel:
 
     @property
     def supports_trees(self) -> bool:
-        """Whether `forward_tree` can run: the lean Llama forward's tree attention."""
-        return isinstance(self.backend, llama_forward.LlamaForward)
+        """Whether `forward_tree` can run: the lean Llama forward's tree attention, which its fixed-shape
+        steps (the GPU's) leave out (see `LlamaForward.supports_trees`)."""
+        return isinstance(self.backend, llama_forward.LlamaForward) and self.backend.supports_trees
 
     @torch.inference_mode()
     def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:

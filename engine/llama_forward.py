@@ -19,6 +19,7 @@ and packed weights are read once per model, replacing its own copy (`engine.lean
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from specdeck.engine.graphed_steps import FixedShapeSteps
 from specdeck.engine.hf_parts import output_projection
 from specdeck.engine.lean_weights import LayerWeights, weights_of
 from specdeck.engine.linear import Linear, make_linear
@@ -34,6 +36,8 @@ FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})  # Hugging Face `mo
 # Rotary variants whose frequencies are fixed when the model loads ("dynamic" and "longrope"
 # change them with the sequence length, which this forward does not follow).
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+# Devices whose steps run at one fixed shape (`engine.graphed_steps`), unless SPECDECK_CUDA_GRAPHS=0
+FIXED_SHAPE_DEVICES = frozenset({"cuda"})
 PER_QUERY_LIMIT = 16  # verifies up to this many tokens attend per query (see `LeanWeights.row_exact`)
 
 
@@ -130,7 +134,8 @@ class KVCache:
 
     def _empty(self, capacity: int) -> torch.Tensor:
         s = self.shape
-        return torch.empty(s.layers, 1, s.kv_heads, capacity, s.head_dim, dtype=self.dtype, device=self.device)
+        # zeroed: the fixed-shape forward attends over every slot, masked ones times zero (not NaN)
+        return torch.zeros(s.layers, 1, s.kv_heads, capacity, s.head_dim, dtype=self.dtype, device=self.device)
 
     def reserve(self, length: int) -> None:
         capacity = self.keys.shape[3]
@@ -155,7 +160,11 @@ class LlamaForward:
     """A Llama-family model's forward plus its KV cache: the interface of `engine.kvcache.CachedModel`'s
     backends (`logits`, `hidden`, `crop`, `reset`, `len`)."""
 
-    def __init__(self, model: PreTrainedModel, capacity: int = 256) -> None:
+    def __init__(self, model: PreTrainedModel, capacity: int = 256, fixed_shape: bool | None = None) -> None:
+        """`fixed_shape`: run steps and verifies at one fixed shape (`engine.graphed_steps`), replayed
+        as CUDA graphs on a GPU. Default: on `FIXED_SHAPE_DEVICES` (CUDA), unless the environment sets
+        SPECDECK_CUDA_GRAPHS=0 (each kernel launched from Python, and a verify's bits may then differ
+        from a plain step's)."""
         windows = attention_windows(model.config)
         if windows is None:
             raise ValueError(f"the lean forward does not reproduce {model.config.model_type}'s attention")
@@ -168,6 +177,18 @@ class LlamaForward:
         # `tapped` holds (n, len(taps), hidden), the residual stream after each of `taps` layers.
         self.taps: tuple[int, ...] = ()
         self.tapped: torch.Tensor | None = None
+        device = self.cache.device
+        if fixed_shape is None:
+            fixed_shape = device.type in FIXED_SHAPE_DEVICES and os.environ.get("SPECDECK_CUDA_GRAPHS", "1") != "0"
+        self.steps = FixedShapeSteps(self, capture=device.type == "cuda") if fixed_shape else None
+
+    @property
+    def supports_trees(self) -> bool:
+        """Whether token trees keep a verify exact here. The fixed-shape steps would give a side
+        branch's nodes their ancestors in slots that are not adjacent, and attention's sums over
+        them (with masked slots between) round differently from a plain step's over adjacent ones:
+        on them drafts are chains."""
+        return self.steps is None
 
     def reset(self) -> None:
         self.cache.length = 0
@@ -181,11 +202,11 @@ class LlamaForward:
     def logits(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         """Logits (n, vocab) for token ids (n,) appended after the cached ones; (1, vocab) if last_only."""
         hidden = self.hidden(ids)
-        return self.weights.output(hidden[-1:] if last_only else hidden)
+        return self.output_layer(hidden[-1:] if last_only else hidden)
 
     def output_layer(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's output layer on final-norm states (n, hidden): `logits` without the forward."""
-        return self.weights.output(hidden)
+        return self.weights.output(hidden) if self.steps is None else self.steps.output(hidden)
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """The final norm's output (n, hidden) for token ids (n,) appended after the cached ones."""
@@ -214,8 +235,10 @@ class LlamaForward:
         tree where `parents` is given, see `hidden_tree`)."""
         s, w, cache = self.shape, self.weights, self.cache
         start, n = cache.length, inputs.shape[0]
-        cache.reserve(start + n)
         self._chunk = n
+        if self.steps is not None and self.steps.takes(n, start, tree=parents is not None):
+            return self.steps.hidden(inputs)
+        cache.reserve(start + n)
         x = inputs.unsqueeze(0)  # (1, n, hidden)
         paths = _paths(parents) if parents is not None else None
         depths = [len(path) - 1 for path in paths] if paths else list(range(n))

@@ -62,7 +62,7 @@ def build(family: str) -> torch.nn.Module:
 def reference(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     """Hugging Face's logits for every position of `ids`, computed from scratch."""
     with torch.inference_mode():
-        return model(input_ids=torch.tensor([ids])).logits[0]
+        return model(input_ids=torch.tensor([ids], device=next(model.parameters()).device)).logits[0]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1,0 +1,151 @@
+"""The lean forward's steps and verifies at one fixed shape, replayed as CUDA graphs on a GPU.
+
+On a GPU a small model's step is bound by launching kernels, not by the GPU: SmolLM2-135M's 30
+layers launch about 900 of them a step, which took 24 ms on an H100 from Python while the
+arithmetic takes well under one. A CUDA graph records a step's kernels once and replays them with
+one launch. A graph needs every shape fixed, so a fixed-shape forward always runs `ROWS` rows (a
+chunk of n <= ROWS new tokens, the rest padding) and attends over the cache's whole capacity with
+a mask built on the device from where the chunk starts: nothing in it depends on the host's view
+of the cache, and the same graph serves every step until the cache grows.
+
+The fixed shape makes it exact as well. A plain step and a verify run the same kernels on the same
+shapes, and no kernel mixes one row's arithmetic with another's (products, norms and attention all
+reduce within a row), so a verified token gets, bit for bit, the logits a plain step would give it;
+a chunk longer than `ROWS` runs as several chunks of `ROWS`, which keeps that true. The padding
+rows hold finite values (the cache starts zeroed and the inputs keep earlier rows), since a masked
+position still enters attention's sums multiplied by zero, and zero times NaN is NaN.
+
+Without capture (`capture=False`) the same arithmetic runs eagerly: that is how the CPU test suite
+checks it, and the reference the GPU tests compare the graphs with.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from specdeck.engine import llama_forward
+
+if TYPE_CHECKING:
+    from specdeck.engine.llama_forward import LlamaForward
+
+ROWS = 16  # rows of every fixed-shape forward: the longest chunk one replay takes
+
+
+class FixedShapeSteps:
+    """The fixed-shape forward of one `LlamaForward` and its KV cache, captured as a CUDA graph per
+    cache capacity where `capture` is set."""
+
+    def __init__(self, forward: LlamaForward, capture: bool, rows: int = ROWS) -> None:
+        self.forward, self.capture, self.rows = forward, capture, rows
+        weights = forward.weights
+        device, dtype = weights.embed.device, weights.embed.dtype
+        width = weights.embed.shape[1]
+        self.inputs = torch.zeros(rows, width, dtype=dtype, device=device)
+        self.start = torch.zeros((), dtype=torch.long, device=device)
+        self._output_rows = torch.zeros(rows, width, dtype=dtype, device=device)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._pool: Any = None  # the graphs' memory pool, shared by each capture after the first
+        self._key: tuple | None = None  # (cache storage, taps) the graph was captured for
+        self._outputs: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def takes(self, n: int, start: int, tree: bool) -> bool:
+        """Whether this forward runs a chunk: any chain after cached positions (in `ROWS`-row
+        pieces) and a first chunk that fits in one. A longer first prompt runs eagerly, as one
+        forward, in plain and speculative sessions alike; so do trees (`LlamaForward.supports_trees`)."""
+        return not tree and (n <= self.rows or start > 0)
+
+    def hidden(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The final norm's output (n, hidden) for input vectors (n, hidden) appended after the
+        cached positions, as `LlamaForward.hidden_from_inputs`; the residual streams of its taps
+        are left in `forward.tapped`."""
+        n = inputs.shape[0]
+        if n > self.rows:
+            pieces, taps = [], []
+            for i in range(0, n, self.rows):
+                pieces.append(self.hidden(inputs[i : i + self.rows]))
+                taps.append(self.forward.tapped)
+            self.forward.tapped = None if taps[0] is None else torch.cat(taps)  # type: ignore[arg-type]
+            return torch.cat(pieces)
+        cache = self.forward.cache
+        start = cache.length
+        cache.reserve(start + self.rows)
+        self.inputs[:n].copy_(inputs)
+        self.start.fill_(start)
+        key = (cache.keys.data_ptr(), cache.keys.shape[3], self.forward.taps)
+        if key != self._key:
+            self._prepare(key)
+        if self._graph is not None:
+            self._graph.replay()
+            hidden, tapped = self._outputs  # type: ignore[misc]
+        else:
+            hidden, tapped = self._compute()
+        cache.length = start + n
+        self.forward.tapped = None if tapped is None else tapped[:n].clone()
+        return hidden[:n].clone()
+
+    def output(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output layer on up to `ROWS` final states, as a `ROWS`-row product (its bits for a row
+        do not depend on how many rows were asked for)."""
+        n = hidden.shape[0]
+        if n > self.rows:
+            return torch.cat([self.output(hidden[i : i + self.rows]) for i in range(0, n, self.rows)])
+        self._output_rows[:n].copy_(hidden)
+        return self.forward.weights.output(self._output_rows)[:n]
+
+    def _prepare(self, key: tuple) -> None:
+        """A new graph for the cache as it stands (its storage and capacity) and the taps asked for."""
+        self._graph, self._outputs, self._key = None, None, key
+        if not self.capture:
+            return
+        device = self.inputs.device
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: the libraries' workspaces and kernel choices, outside capture
+                self._compute()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._outputs = self._compute()
+        self._pool = graph.pool()
+        self._graph = graph
+
+    def _compute(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The forward over all `ROWS` rows at once: (final states, taps' residual streams or None).
+        Every shape here is fixed; where the chunk starts comes from the device."""
+        fwd = self.forward
+        s, w, cache = fwd.shape, fwd.weights, fwd.cache
+        rows, capacity = self.rows, cache.keys.shape[3]
+        x = self.inputs[None]
+        positions = self.start + torch.arange(rows, device=x.device)  # the chunk's, which are its slots too
+        cos, sin = fwd._rotary(positions.float(), x.dtype)
+        distance = positions[:, None] - torch.arange(capacity, device=x.device)[None, :]  # query's position - key's
+        masks = {
+            window: ((distance >= 0) if window is None else (distance >= 0) & (distance < window))[None, None]
+            for window in set(fwd.windows)
+        }
+        scale = s.head_dim**-0.5
+        tapped = []
+        for i, layer in enumerate(w.layers):
+            h = llama_forward.rms_norm(x, layer.input_norm, s.rms_eps)
+            qkv = layer.qkv(h).view(1, rows, s.heads + 2 * s.kv_heads, s.head_dim)
+            qk = qkv[:, :, : s.heads + s.kv_heads]
+            if layer.qk_norm is not None:
+                qk = llama_forward.rms_norm(qk, layer.qk_norm, s.rms_eps)
+            qk = qk * cos + qk.roll(s.head_dim // 2, dims=-1) * sin
+            q = qk[:, :, : s.heads].transpose(1, 2)
+            keys, values = cache.keys[i], cache.values[i]
+            keys.index_copy_(2, positions, qk[:, :, s.heads :].transpose(1, 2))
+            values.index_copy_(2, positions, qkv[:, :, s.heads + s.kv_heads :].transpose(1, 2))
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=masks[fwd.windows[i]], scale=scale, enable_gqa=True
+            )
+            x = x + layer.out(out.transpose(1, 2).reshape(1, rows, s.heads * s.head_dim))
+            gate, up = layer.gate_up(llama_forward.rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+            if i + 1 in fwd.taps:
+                tapped.append(x[0])
+        return llama_forward.rms_norm(x, w.norm, s.rms_eps)[0], torch.stack(tapped, dim=1) if tapped else None

@@ -1,0 +1,101 @@
+"""The fixed-shape steps (`engine.graphed_steps`): the GPU's forward, replayed as CUDA graphs.
+
+Each test runs on the CPU (the same arithmetic, uncaptured) and, in the GPU set (`pytest -m cuda`),
+on CUDA with the graphs captured: Hugging Face's logits, each verified token with a plain step's
+bits, and greedy speculative text equal to plain text where the top two logits nearly tie."""
+
+import pytest
+import torch
+from test_families import FAMILIES, build, reference
+from test_shape_invariance import _kept, _near_ties
+from tiny import build_pair
+
+from specdeck.engine import DecodeConfig, DraftModelDrafter, encode_prompt, generate, llama_forward
+from specdeck.engine.graphed_steps import ROWS
+from specdeck.engine.kvcache import CachedModel
+from specdeck.engine.llama_forward import LlamaForward
+from specdeck.engine.models import LoadOptions, load_model
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def where(request, monkeypatch) -> torch.device:
+    """Where the fixed-shape steps run: the CPU (made one of their devices for the test) or CUDA."""
+    if request.param == "cuda":
+        device = request.getfixturevalue("cuda")
+    else:
+        device = torch.device("cpu")
+        monkeypatch.setattr(llama_forward, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
+    monkeypatch.delenv("SPECDECK_CUDA_GRAPHS", raising=False)
+    return device
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fixed_shape_steps_match_hugging_face(family, where):
+    """A short first prompt, steps, a verify that grows the cache, a crop, a chunk longer than one
+    fixed-shape forward, past the sliding window where there is one: Hugging Face's logits to 1e-4."""
+    model = build(family).to(where)
+    fast, kept_ids = LlamaForward(model, capacity=4), []
+    assert fast.steps is not None and fast.steps.capture == (where.type == "cuda")
+    for tokens in ([3, 9, 27, 17, 51, 25, 11, 33], [7], [21], [5, 6, 7, 8, 9, 10], None, [40, 41], list(range(1, 40))):
+        if tokens is None:
+            fast.crop(len(kept_ids) - 4)
+            del kept_ids[-4:]
+            continue
+        with torch.inference_mode():
+            got = fast.logits(torch.tensor(tokens, device=where), last_only=False)
+        kept_ids += tokens
+        torch.testing.assert_close(got, reference(model, kept_ids)[-len(tokens) :], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_verify_gives_each_token_a_plain_steps_bits(family, dtype, where):
+    """After a prompt, a forward over 2 to 2 x ROWS + 1 new tokens gives each token the logits, bit
+    for bit, that one-token steps give it: the property that keeps greedy speculation exact."""
+    lm = CachedModel(build(family).to(where, dtype))
+    assert not lm.supports_trees  # a tree's side branches would break it: drafts are chains here
+    ids = [(7 * i) % 60 + 3 for i in range(80)]
+    lm.forward(ids[:30], last_only=True)
+    steps = torch.cat([lm.forward([t]) for t in ids[30 : 31 + 2 * ROWS]])
+    for n in (2, 5, ROWS, 2 * ROWS + 1):
+        lm.crop(30)
+        assert torch.equal(lm.forward(ids[30 : 30 + n]), steps[:n]), n
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_identity_holds_at_near_ties(tmp_path, where, dtype):
+    """With the target's top two logits a few millionths apart at every step, speculative text (the
+    target drafting for itself at K = 1, 3, 6 and 16, whose verify takes two fixed-shape forwards, and
+    on the auto schedule) equals plain text."""
+    target_dir, _ = build_pair(tmp_path, "llama")
+    target = load_model(str(target_dir), LoadOptions(device=str(where), dtype=dtype))
+    _near_ties(target.model)
+    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
+    plain = _kept(generate(target, ids, DecodeConfig(max_new_tokens=40)))
+    for config in [DecodeConfig(k=k, schedule="constant", lookup=0, max_new_tokens=40) for k in (1, 3, 6, 16)] + [
+        DecodeConfig(max_new_tokens=40)
+    ]:
+        assert _kept(generate(target, ids, config, DraftModelDrafter(target.model))) == plain, config
+
+
+def test_graph_replays_compute_what_the_uncaptured_steps_compute(cuda, monkeypatch):
+    """On CUDA the captured graphs give the same bits as the same forward run kernel by kernel, and
+    a graph is captured again when the cache grows."""
+    monkeypatch.delenv("SPECDECK_CUDA_GRAPHS", raising=False)
+    model = build("llama-biased").to(cuda)
+    graphed, uncaptured = LlamaForward(model, capacity=16), LlamaForward(model, capacity=16)
+    assert graphed.steps is not None and uncaptured.steps is not None
+    uncaptured.steps.capture = False
+    with torch.inference_mode():
+        for tokens in ([3, 9, 27, 17, 51], [7], [5, 6, 7, 8, 9, 10], [11] * 20, [12]):
+            ids = torch.tensor(tokens, device=cuda)
+            assert torch.equal(graphed.logits(ids, last_only=False), uncaptured.logits(ids, last_only=False))
+    assert graphed.cache.keys.shape[3] > 16 and graphed.steps._graph is not None
+
+
+def test_cuda_graphs_off_runs_the_eager_forward(monkeypatch, cuda):
+    """SPECDECK_CUDA_GRAPHS=0 leaves the GPU on the forward that launches each kernel from Python,
+    with token trees."""
+    monkeypatch.setenv("SPECDECK_CUDA_GRAPHS", "0")
+    lm = CachedModel(build("llama-biased").to(cuda))
+    assert lm.backend.steps is None and lm.supports_trees
