@@ -21,7 +21,7 @@ checks it, and the reference the GPU tests compare the graphs with.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +47,6 @@ class FixedShapeSteps:
         self.start = torch.zeros((), dtype=torch.long, device=device)
         self._output_rows = torch.zeros(rows, width, dtype=dtype, device=device)
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._pool: Any = None  # the graphs' memory pool, shared by each capture after the first
         self._key: tuple | None = None  # (cache storage, taps) the graph was captured for
         self._outputs: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
@@ -108,9 +107,8 @@ class FixedShapeSteps:
                 self._compute()
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph):  # a pool of its own, freed with it (a pool outliving its graphs is not)
             self._outputs = self._compute()
-        self._pool = graph.pool()
         self._graph = graph
 
     def _compute(self) -> tuple[torch.Tensor, torch.Tensor | None]:
