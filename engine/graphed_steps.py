@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from specdeck.engine.llama_forward import LlamaForward
 
 ROWS = 16  # rows of every fixed-shape forward: the longest chunk one replay takes
+# Slots a cache run by fixed-shape steps holds at least: each growth means capturing again (about
+# 50 ms for SmolLM2 on an H100), and attending over empty slots costs next to nothing on a GPU.
+MIN_CAPACITY = 2048
 
 
 class FixedShapeSteps:
@@ -70,12 +73,8 @@ class FixedShapeSteps:
             return torch.cat(pieces)
         cache = self.forward.cache
         start = cache.length
-        cache.reserve(start + self.rows)
         self.inputs[:n].copy_(inputs)
-        self.start.fill_(start)
-        key = (cache.keys.data_ptr(), cache.keys.shape[3], self.forward.taps)
-        if key != self._key:
-            self._prepare(key)
+        self.ready()
         if self._graph is not None:
             self._graph.replay()
             hidden, tapped = self._outputs  # type: ignore[misc]
@@ -84,6 +83,17 @@ class FixedShapeSteps:
         cache.length = start + n
         self.forward.tapped = None if tapped is None else tapped[:n].clone()
         return hidden[:n].clone()
+
+    def ready(self) -> None:
+        """Room in the cache for the next chunk, and its graph captured: called by each chunk, and
+        after a prompt that ran eagerly, so that the capture counts as part of the prompt, not of
+        the first step. (A warm-up writes the padding rows' keys past the cached positions only.)"""
+        cache = self.forward.cache
+        cache.reserve(max(cache.length + self.rows, MIN_CAPACITY))
+        self.start.fill_(cache.length)
+        key = (cache.keys.data_ptr(), cache.keys.shape[3], self.forward.taps)
+        if key != self._key:
+            self._prepare(key)
 
     def output(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output layer on up to `ROWS` final states, as a `ROWS`-row product (its bits for a row

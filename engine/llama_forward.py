@@ -265,6 +265,8 @@ class LlamaForward:
                 tapped.append(x[0])
         self.tapped = torch.stack(tapped, dim=1) if tapped else None
         cache.length = start + n
+        if self.steps is not None:  # a long first prompt: the steps after it are captured now
+            self.steps.ready()
         return rms_norm(x, w.norm, s.rms_eps)[0]
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

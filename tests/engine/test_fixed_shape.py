@@ -10,7 +10,7 @@ from test_families import FAMILIES, build, reference
 from test_shape_invariance import _kept, _near_ties
 from tiny import build_pair
 
-from specdeck.engine import DecodeConfig, DraftModelDrafter, encode_prompt, generate, llama_forward
+from specdeck.engine import DecodeConfig, DraftModelDrafter, encode_prompt, generate, graphed_steps, llama_forward
 from specdeck.engine.graphed_steps import ROWS
 from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.llama_forward import LlamaForward
@@ -82,6 +82,7 @@ def test_graph_replays_compute_what_the_uncaptured_steps_compute(cuda, monkeypat
     """On CUDA the captured graphs give the same bits as the same forward run kernel by kernel, and
     a graph is captured again when the cache grows."""
     monkeypatch.delenv("SPECDECK_CUDA_GRAPHS", raising=False)
+    monkeypatch.setattr(graphed_steps, "MIN_CAPACITY", 16)
     model = build("llama-biased").to(cuda)
     graphed, uncaptured = LlamaForward(model, capacity=16), LlamaForward(model, capacity=16)
     assert graphed.steps is not None and uncaptured.steps is not None
