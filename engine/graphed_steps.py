@@ -21,6 +21,8 @@ checks it, and the reference the GPU tests compare the graphs with.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,7 +44,10 @@ class FixedShapeSteps:
     cache capacity where `capture` is set."""
 
     def __init__(self, forward: LlamaForward, capture: bool, rows: int = ROWS) -> None:
-        self.forward, self.capture, self.rows = forward, capture, rows
+        # the forward owns these steps: a weak reference back keeps the two out of a reference
+        # cycle, whose graphs the garbage collector would destroy at any moment (a capture too)
+        self._forward = weakref.ref(forward)
+        self.capture, self.rows = capture, rows
         weights = forward.weights
         device, dtype = weights.embed.device, weights.embed.dtype
         width = weights.embed.shape[1]
@@ -104,6 +109,12 @@ class FixedShapeSteps:
         self._output_rows[:n].copy_(hidden)
         return self.forward.weights.output(self._output_rows)[:n]
 
+    @property
+    def forward(self) -> LlamaForward:
+        forward = self._forward()
+        assert forward is not None, "the forward these steps belong to is gone"
+        return forward
+
     def _prepare(self, key: tuple) -> None:
         """A new graph for the cache as it stands (its storage and capacity) and the taps asked for."""
         self._graph, self._outputs, self._key = None, None, key
@@ -117,8 +128,18 @@ class FixedShapeSteps:
                 self._compute()
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # a pool of its own, freed with it (a pool outliving its graphs is not)
-            self._outputs = self._compute()
+        # Nothing may free CUDA memory or destroy another graph while this one is captured: the
+        # collector stays off (it would free any garbage's tensors and graphs), and only this
+        # thread's calls count (the window's thread may free what it holds meanwhile). The graph
+        # gets a memory pool of its own, freed with it.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._outputs = self._compute()
+        finally:
+            if collecting:
+                gc.enable()
         self._graph = graph
 
     def _compute(self) -> tuple[torch.Tensor, torch.Tensor | None]:
