@@ -378,7 +378,7 @@ class FeatureHeadDrafter(Drafter):
     def _catch_up(self, ids: list[int]) -> None:
         """Pair every kept token but the newest: real states in one step, a gap from predictions."""
         self._body.crop(self._cached)  # forget the states predicted last round
-        for part in self._pending:
+        for part in _runs(self._pending):
             if isinstance(part, int):
                 start = self._seen + max(0, part - self.GAP_FILL)  # older gap tokens are left out
                 self._seen += part
@@ -415,6 +415,19 @@ class FeatureHeadDrafter(Drafter):
                 break
             predicted = self._pair(predicted[None], torch.tensor([token], device=self.device))[-1]
         return chain.proposal(self.vocab_width, self.device)
+
+
+def _runs(parts: list[torch.Tensor | int]) -> list[torch.Tensor | int]:
+    """`parts` with each run of consecutive states joined: the head pairs a run in one forward
+    (several plain steps' states after rounds that drafted nothing: one step of the head's layer,
+    not one per token)."""
+    runs: list[torch.Tensor | int] = []
+    for part in parts:
+        if isinstance(part, torch.Tensor) and runs and isinstance(runs[-1], torch.Tensor):
+            runs[-1] = torch.cat([runs[-1], part])
+        else:
+            runs.append(part)
+    return runs
 
 
 class PromptLookupDrafter(Drafter):

@@ -308,3 +308,32 @@ def test_fused_head_grown_from_a_head_starts_as_that_head(tiny_head):
         torch.testing.assert_close(
             grown(grown.fuse(observed), embeds), original(observed[:, :, -1], embeds), rtol=1e-4, atol=1e-4
         )
+
+
+def test_states_of_several_plain_steps_reach_the_head_in_one_forward(tiny_llama, monkeypatch):
+    """After rounds that drafted nothing (plain steps, each handing the head one token's states),
+    the next proposal pairs them in one forward of the head's layer, not one per step, and drafts
+    what the head drafts when the same states arrive at once."""
+    target, _ = tiny_llama
+    torch.manual_seed(0)
+    head = FeatureHead(head_config(target.model.config)).eval()
+    ids = encode_prompt(target.tokenizer, "Once upon a time there was", chat=False)
+    with torch.inference_mode():
+        states = target.model.model(torch.tensor([ids])).last_hidden_state[0]
+    config = DecodeConfig(k=3, schedule="constant")
+
+    def propose(parts: list[torch.Tensor]) -> tuple[list[int], int]:
+        drafter = FeatureHeadDrafter(head, target.model)
+        drafter.begin(ids[:4], config, target.vocab_width, None)
+        forwards = []
+        original = drafter._body.hidden_from_inputs
+        monkeypatch.setattr(drafter._body, "hidden_from_inputs", lambda x: forwards.append(len(x)) or original(x))
+        for part in parts:
+            drafter.observe(part)
+        proposal = drafter.propose(ids, 1)
+        return proposal.tokens, len(forwards)
+
+    at_once, one_forward = propose([states[: len(ids) - 1]])
+    step_by_step, forwards = propose([states[:3]] + [states[i : i + 1] for i in range(3, len(ids) - 1)])
+    assert forwards == one_forward == 1
+    assert step_by_step == at_once
