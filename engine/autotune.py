@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdeck.engine import linear
+from specdeck.engine import linear, llama_forward
 from specdeck.engine.atomic import write_text
 from specdeck.engine.cache import machine_name
 from specdeck.engine.errors import SpecDeckError
@@ -158,6 +158,8 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
         weights = [p.detach() for p in module.parameters()]
         runs_on = [str(weights[0].dtype), str(weights[0].device)]
         path = linear.choose_path([w for w in weights if w.dim() == 2]).path
+        if llama_forward.fixed_shape_on(weights[0].device):  # CUDA graphs: another cost entirely
+            path += " fixed-shape"
     config = getattr(module, "config", None)
     parts = [
         what,

@@ -54,9 +54,11 @@ class FixedShapeSteps:
         self.inputs = torch.zeros(rows, width, dtype=dtype, device=device)
         self.start = torch.zeros((), dtype=torch.long, device=device)
         self._output_rows = torch.zeros(rows, width, dtype=dtype, device=device)
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._key: tuple | None = None  # (cache storage, taps) the graph was captured for
+        self._graph: torch.cuda.CUDAGraph | None = None  # the one replayed, and its outputs
         self._outputs: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._storage: tuple[int, int] | None = None  # the cache storage the graphs were captured on
+        # the graph for each set of taps (a plain session takes none, a fused head's some)
+        self._graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph | None, tuple | None]] = {}
 
     def takes(self, n: int, start: int, tree: bool) -> bool:
         """Whether this forward runs a chunk: any chain after cached positions (in `ROWS`-row
@@ -96,9 +98,14 @@ class FixedShapeSteps:
         cache = self.forward.cache
         cache.reserve(max(cache.length + self.rows, MIN_CAPACITY))
         self.start.fill_(cache.length)
-        key = (cache.keys.data_ptr(), cache.keys.shape[3], self.forward.taps)
-        if key != self._key:
-            self._prepare(key)
+        storage = (cache.keys.data_ptr(), cache.keys.shape[3])
+        if storage != self._storage:  # a grown cache: every graph read and wrote the old one
+            self._graphs.clear()
+            self._storage = storage
+        taps = self.forward.taps
+        if taps not in self._graphs:
+            self._graphs[taps] = self._capture()
+        self._graph, self._outputs = self._graphs[taps]
 
     def output(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output layer on up to `ROWS` final states, as a `ROWS`-row product (its bits for a row
@@ -115,11 +122,11 @@ class FixedShapeSteps:
         assert forward is not None, "the forward these steps belong to is gone"
         return forward
 
-    def _prepare(self, key: tuple) -> None:
-        """A new graph for the cache as it stands (its storage and capacity) and the taps asked for."""
-        self._graph, self._outputs, self._key = None, None, key
+    def _capture(self) -> tuple[torch.cuda.CUDAGraph | None, tuple | None]:
+        """A graph of the fixed-shape forward on the cache as it stands, with the taps asked for, and
+        its outputs; (None, None) without capture."""
         if not self.capture:
-            return
+            return None, None
         device = self.inputs.device
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
@@ -136,11 +143,11 @@ class FixedShapeSteps:
         gc.disable()
         try:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self._outputs = self._compute()
+                outputs = self._compute()
         finally:
             if collecting:
                 gc.enable()
-        self._graph = graph
+        return graph, outputs
 
     def _compute(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The forward over all `ROWS` rows at once: (final states, taps' residual streams or None).

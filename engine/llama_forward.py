@@ -149,6 +149,12 @@ class KVCache:
         self.keys, self.values = keys, values
 
 
+def fixed_shape_on(device: torch.device) -> bool:
+    """Whether the lean forward runs its steps at one fixed shape on `device` by default (as CUDA
+    graphs on a GPU; `engine.graphed_steps`): on `FIXED_SHAPE_DEVICES`, unless SPECDECK_CUDA_GRAPHS=0."""
+    return device.type in FIXED_SHAPE_DEVICES and os.environ.get("SPECDECK_CUDA_GRAPHS", "1") != "0"
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight, computed in float32 as Hugging Face does."""
     h = x.float()
@@ -179,7 +185,7 @@ class LlamaForward:
         self.tapped: torch.Tensor | None = None
         device = self.cache.device
         if fixed_shape is None:
-            fixed_shape = device.type in FIXED_SHAPE_DEVICES and os.environ.get("SPECDECK_CUDA_GRAPHS", "1") != "0"
+            fixed_shape = fixed_shape_on(device)
         self.steps = FixedShapeSteps(self, capture=device.type == "cuda") if fixed_shape else None
 
     @property

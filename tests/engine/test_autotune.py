@@ -6,7 +6,16 @@ import re
 import pytest
 import torch
 
-from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, autotune, encode_prompt, generate
+from specdeck.engine import (
+    DecodeConfig,
+    DraftModelDrafter,
+    RoundEvent,
+    TokenEvent,
+    autotune,
+    encode_prompt,
+    generate,
+    llama_forward,
+)
 from specdeck.engine.autotune import CostCurve, DepthAcceptance, RoundPlanner
 from specdeck.engine.drafters import Drafter, Proposal
 from specdeck.engine.kvcache import CachedModel
@@ -87,6 +96,19 @@ def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch):
 
     monkeypatch.setattr(autotune, "measure_curve", no_measuring)
     assert autotune.cost_curve(target.model, tmp_path) == steady
+
+
+def test_curves_with_and_without_cuda_graphs_are_cached_apart(tiny_llama, tmp_path, monkeypatch):
+    """A curve measured with the fixed-shape steps (CUDA graphs) is not read back for the forward
+    without them (SPECDECK_CUDA_GRAPHS=0), nor the other way round: their costs differ entirely."""
+    target, _ = tiny_llama
+    monkeypatch.setattr(llama_forward, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
+    for graphs, curve in (("1", CostCurve((1, 16), (4.0, 4.0))), ("0", CostCurve((1, 16), (20.0, 30.0)))):
+        monkeypatch.setenv("SPECDECK_CUDA_GRAPHS", graphs)
+        autotune._CURVES.pop(target.model, None)
+        monkeypatch.setattr(autotune, "measure_curve", lambda model, curve=curve: curve)
+        assert autotune.cost_curve(target.model, tmp_path) == curve
+    assert len(list(tmp_path.glob("curve-*.json"))) == 2
 
 
 def test_a_curve_measured_on_a_busy_machine_is_measured_again(tiny_llama, tmp_path, monkeypatch):

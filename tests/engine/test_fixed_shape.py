@@ -4,13 +4,24 @@ Each test runs on the CPU (the same arithmetic, uncaptured) and, in the GPU set 
 on CUDA with the graphs captured: Hugging Face's logits, each verified token with a plain step's
 bits, and greedy speculative text equal to plain text where the top two logits nearly tie."""
 
+import gc
+
 import pytest
 import torch
 from test_families import FAMILIES, build, reference
 from test_shape_invariance import _kept, _near_ties
 from tiny import build_pair
 
-from specdeck.engine import DecodeConfig, DraftModelDrafter, encode_prompt, generate, graphed_steps, llama_forward
+from specdeck.engine import (
+    DecodeConfig,
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    encode_prompt,
+    generate,
+    graphed_steps,
+    kvcache,
+    llama_forward,
+)
 from specdeck.engine.graphed_steps import ROWS
 from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.llama_forward import LlamaForward
@@ -100,3 +111,18 @@ def test_cuda_graphs_off_runs_the_eager_forward(monkeypatch, cuda):
     monkeypatch.setenv("SPECDECK_CUDA_GRAPHS", "0")
     lm = CachedModel(build("llama-biased").to(cuda))
     assert lm.backend.steps is None and lm.supports_trees
+
+
+def test_a_new_session_takes_the_steps_and_graphs_of_the_last(where, tmp_path):
+    """When a session ends its lean forward (the cache and the graphs captured on it) goes back to
+    its model, and the next session of the model takes it instead of capturing again: one forward
+    serves a run of sessions, plain and speculative alike, and gives each the same text."""
+    target_dir, _ = build_pair(tmp_path, "llama")
+    target = load_model(str(target_dir), LoadOptions(device=str(where), dtype="float32"))
+    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
+    plain = [_kept(generate(target, ids, DecodeConfig(max_new_tokens=12))) for _ in range(2)]
+    config = DecodeConfig(k=3, schedule="constant", max_new_tokens=12)
+    speculative = _kept(generate(target, ids, config, PromptLookupDrafter()))
+    gc.collect()
+    assert plain[0] == plain[1] == speculative
+    assert len(kvcache._IDLE[target.model]) == 1
