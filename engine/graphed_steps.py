@@ -40,8 +40,8 @@ MIN_CAPACITY = 2048
 
 
 class FixedShapeSteps:
-    """The fixed-shape forward of one `LlamaForward` and its KV cache, captured as a CUDA graph per
-    cache capacity where `capture` is set."""
+    """The fixed-shape forward of one `LlamaForward` and its KV cache, where `capture` is set captured
+    as a CUDA graph per set of taps on the cache's storage (captured again when the cache grows)."""
 
     def __init__(self, forward: LlamaForward, capture: bool, rows: int = ROWS) -> None:
         # the forward owns these steps: a weak reference back keeps the two out of a reference

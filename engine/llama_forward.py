@@ -15,6 +15,7 @@ Every matrix product goes through `engine.linear`: on the CPU, where this machin
 on weights packed once into its blocked layout, which keeps a verify over 8 tokens near the cost of
 a one-token step and gives each row the same bits however many rows share the forward. The fused
 and packed weights are read once per model, replacing its own copy (`engine.lean_weights`).
+On a GPU steps and verifies run at one fixed shape, replayed as CUDA graphs (`engine.graphed_steps`).
 """
 
 from __future__ import annotations
