@@ -22,6 +22,7 @@ checks it, and the reference the GPU tests compare the graphs with.
 from __future__ import annotations
 
 import gc
+import logging
 import weakref
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,8 @@ from specdeck.engine import llama_forward
 
 if TYPE_CHECKING:
     from specdeck.engine.llama_forward import LlamaForward
+
+log = logging.getLogger(__name__)
 
 ROWS = 16  # rows of every fixed-shape forward: the longest chunk one replay takes
 # Slots a cache run by fixed-shape steps holds at least: each growth means capturing again (about
@@ -127,6 +130,20 @@ class FixedShapeSteps:
         its outputs; (None, None) without capture."""
         if not self.capture:
             return None, None
+        try:
+            return self._record()
+        except Exception as error:  # a GPU, driver or torch build without graph capture for one of these kernels
+            self.capture = False
+            log.warning(
+                "CUDA graphs could not be captured here (%s: %s): steps and verifies run kernel by "
+                "kernel at the same fixed shape, as exact and slower.",
+                type(error).__name__,
+                error,
+            )
+            return None, None
+
+    def _record(self) -> tuple[torch.cuda.CUDAGraph, tuple]:
+        """Warm-up, then capture: the graph and its outputs."""
         device = self.inputs.device
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))

@@ -126,3 +126,21 @@ def test_a_new_session_takes_the_steps_and_graphs_of_the_last(where, tmp_path):
     gc.collect()
     assert plain[0] == plain[1] == speculative
     assert len(kvcache._IDLE[target.model]) == 1
+
+
+def test_where_graphs_cannot_be_captured_the_steps_run_uncaptured(monkeypatch, caplog):
+    """A torch, driver or GPU that cannot capture a graph (here: a build without CUDA asked to
+    capture) leaves the steps running at the same fixed shape, kernel by kernel, with the same
+    logits, and says so once."""
+    monkeypatch.setattr(llama_forward, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *args: (_ for _ in ()).throw(RuntimeError("no capture")))
+    model = build("llama-biased")
+    wanting, uncaptured = LlamaForward(model), LlamaForward(model)
+    assert wanting.steps is not None and uncaptured.steps is not None
+    wanting.steps.capture, uncaptured.steps.capture = True, False
+    with torch.inference_mode(), caplog.at_level("WARNING"):
+        for tokens in ([3, 9, 27, 17, 51], [7], [5, 6, 7]):
+            ids = torch.tensor(tokens)
+            assert torch.equal(wanting.logits(ids, last_only=False), uncaptured.logits(ids, last_only=False))
+    assert not wanting.steps.capture
+    assert [r.message.count("CUDA graphs could not be captured") for r in caplog.records] == [1]
