@@ -65,6 +65,22 @@ def reference(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids], device=next(model.parameters()).device)).logits[0]
 
 
+def feed_and_compare(model: torch.nn.Module, fast: LlamaForward, chunks: list[list[int] | None]) -> None:
+    """Feed `fast` each chunk of token ids in turn (None: crop the last 4 tokens) and check every
+    forward's logits against Hugging Face's over the same tokens from scratch (to 1e-4)."""
+    device, kept = next(model.parameters()).device, []
+    for tokens in chunks:
+        if tokens is None:
+            fast.crop(len(kept) - 4)
+            del kept[-4:]
+            continue
+        with torch.inference_mode():
+            got = fast.logits(torch.tensor(tokens, device=device), last_only=False)
+        kept += tokens
+        torch.testing.assert_close(got, reference(model, kept)[-len(tokens) :], rtol=1e-4, atol=1e-4)
+        assert len(fast) == len(kept)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lean_forward_matches_hugging_face(family, path):
     """Prefill, steps, a verify chunk, a crop and a re-feed, past the sliding window where there is
@@ -73,23 +89,10 @@ def test_lean_forward_matches_hugging_face(family, path):
     assert supports(model) and isinstance(CachedModel(model).backend, LlamaForward)
     fast = LlamaForward(model, capacity=4)
     assert fast.row_exact == (path == "packed")
-    kept: list[int] = []
-
-    def feed(tokens: list[int]) -> None:
-        with torch.inference_mode():
-            got = fast.logits(torch.tensor(tokens), last_only=False)
-        kept.extend(tokens)
-        torch.testing.assert_close(got, reference(model, kept)[-len(tokens) :], rtol=1e-4, atol=1e-4)
-        assert len(fast) == len(kept)
-
-    feed([3, 9, 27, 17, 51, 25, 11, 33])  # a prefill longer than the window
-    for token in (7, 21, 63):
-        feed([token])
-    feed([5, 6, 7, 8, 9, 10])  # a verify chunk, growing the cache
-    fast.crop(len(kept) - 4)
-    del kept[-4:]
-    feed([40, 41])
-    feed([42])
+    # a prefill longer than the window, steps, a verify chunk growing the cache, a crop, a re-feed
+    feed_and_compare(
+        model, fast, [[3, 9, 27, 17, 51, 25, 11, 33], [7], [21], [63], [5, 6, 7, 8, 9, 10], None, [40, 41], [42]]
+    )
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral"])

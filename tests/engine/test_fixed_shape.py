@@ -8,7 +8,7 @@ import gc
 
 import pytest
 import torch
-from test_families import FAMILIES, build, reference
+from test_families import FAMILIES, build, feed_and_compare
 from test_shape_invariance import _kept, _near_ties
 from tiny import build_pair
 
@@ -45,17 +45,10 @@ def test_fixed_shape_steps_match_hugging_face(family, where):
     """A short first prompt, steps, a verify that grows the cache, a crop, a chunk longer than one
     fixed-shape forward, past the sliding window where there is one: Hugging Face's logits to 1e-4."""
     model = build(family).to(where)
-    fast, kept_ids = LlamaForward(model, capacity=4), []
+    fast = LlamaForward(model, capacity=4)
     assert fast.steps is not None and fast.steps.capture == (where.type == "cuda")
-    for tokens in ([3, 9, 27, 17, 51, 25, 11, 33], [7], [21], [5, 6, 7, 8, 9, 10], None, [40, 41], list(range(1, 40))):
-        if tokens is None:
-            fast.crop(len(kept_ids) - 4)
-            del kept_ids[-4:]
-            continue
-        with torch.inference_mode():
-            got = fast.logits(torch.tensor(tokens, device=where), last_only=False)
-        kept_ids += tokens
-        torch.testing.assert_close(got, reference(model, kept_ids)[-len(tokens) :], rtol=1e-4, atol=1e-4)
+    chunks = [[3, 9, 27, 17, 51, 25, 11, 33], [7], [21], [5, 6, 7, 8, 9, 10], None, [40, 41], list(range(1, 40))]
+    feed_and_compare(model, fast, chunks)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from test_families import FAMILIES, build, reference
+from test_families import FAMILIES, build, feed_and_compare, reference
 from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
 from tiny import build_model, build_pair, write_two_prompts
 
@@ -62,16 +62,8 @@ def lean_device(device: torch.device) -> torch.device:
 def test_lean_forward_matches_hugging_face_in_float32(family, device):
     """Prefill, steps, a verify chunk that grows the cache, a crop: Hugging Face's logits to 1e-4."""
     model = build(family).to(lean_device(device))
-    fast, kept_ids = LlamaForward(model, capacity=4), []
-    for tokens in ([3, 9, 27, 17, 51, 25, 11, 33], [7], [21], [5, 6, 7, 8, 9, 10], None, [40, 41], [42]):
-        if tokens is None:
-            fast.crop(len(kept_ids) - 4)
-            del kept_ids[-4:]
-            continue
-        with torch.inference_mode():
-            got = fast.logits(torch.tensor(tokens, device=device), last_only=False)
-        kept_ids += tokens
-        torch.testing.assert_close(got, reference(model, kept_ids)[-len(tokens) :].to(device), rtol=1e-4, atol=1e-4)
+    chunks = [[3, 9, 27, 17, 51, 25, 11, 33], [7], [21], [5, 6, 7, 8, 9, 10], None, [40, 41], [42]]
+    feed_and_compare(model, LlamaForward(model, capacity=4), chunks)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
