@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, overload
 import torch
 from transformers import DynamicCache
 
-from specdeck.engine import llama_forward
+from specdeck.engine import graphed_steps, llama_forward
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.hf_parts import input_embedding, output_projection
 from specdeck.engine.lean_weights import weights_of
@@ -102,7 +102,10 @@ def products_path(model: PreTrainedModel | LlamaCppModel) -> str | None:
     why (`engine.linear.choose_path`); None where another forward runs it."""
     if isinstance(model, LlamaCppModel) or not llama_forward.supports(model):
         return None
-    return weights_of(model).products.describe()
+    products = weights_of(model).products.describe()
+    if llama_forward.fixed_shape_on(next(model.parameters()).device):
+        products += f"; every step and verify replayed as a CUDA graph of {graphed_steps.ROWS} rows"
+    return products
 
 
 # Lean forwards with fixed-shape steps (CUDA graphs) whose session ended, by model: the next

@@ -137,3 +137,9 @@ def test_where_graphs_cannot_be_captured_the_steps_run_uncaptured(monkeypatch, c
             assert torch.equal(wanting.logits(ids, last_only=False), uncaptured.logits(ids, last_only=False))
     assert not wanting.steps.capture
     assert [r.message.count("CUDA graphs could not be captured") for r in caplog.records] == [1]
+
+
+def test_the_report_says_steps_run_as_graphs(where):
+    """`specdeck bench`'s report names the graphs beside the products' path where steps are fixed-shape."""
+    model = build("llama-biased").to(where)
+    assert f"replayed as a CUDA graph of {ROWS} rows" in kvcache.products_path(model)
