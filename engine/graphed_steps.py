@@ -29,8 +29,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from specdeck.engine import llama_forward
-
 if TYPE_CHECKING:
     from specdeck.engine.llama_forward import LlamaForward
 
@@ -170,35 +168,22 @@ class FixedShapeSteps:
         """The forward over all `ROWS` rows at once: (final states, taps' residual streams or None).
         Every shape here is fixed; where the chunk starts comes from the device."""
         fwd = self.forward
-        s, w, cache = fwd.shape, fwd.weights, fwd.cache
+        s, cache, device = fwd.shape, fwd.cache, self.inputs.device
         rows, capacity = self.rows, cache.keys.shape[3]
-        x = self.inputs[None]
-        positions = self.start + torch.arange(rows, device=x.device)  # the chunk's, which are its slots too
-        cos, sin = fwd._rotary(positions.float(), x.dtype)
-        distance = positions[:, None] - torch.arange(capacity, device=x.device)[None, :]  # query's position - key's
+        positions = self.start + torch.arange(rows, device=device)  # the chunk's, which are its slots too
+        cos, sin = fwd._rotary(positions.float(), self.inputs.dtype)
+        distance = positions[:, None] - torch.arange(capacity, device=device)[None, :]  # query's position - key's
         masks = {
             window: ((distance >= 0) if window is None else (distance >= 0) & (distance < window))[None, None]
             for window in set(fwd.windows)
         }
         scale = s.head_dim**-0.5
-        tapped = []
-        for i, layer in enumerate(w.layers):
-            h = llama_forward.rms_norm(x, layer.input_norm, s.rms_eps)
-            qkv = layer.qkv(h).view(1, rows, s.heads + 2 * s.kv_heads, s.head_dim)
-            qk = qkv[:, :, : s.heads + s.kv_heads]
-            if layer.qk_norm is not None:
-                qk = llama_forward.rms_norm(qk, layer.qk_norm, s.rms_eps)
-            qk = qk * cos + qk.roll(s.head_dim // 2, dims=-1) * sin
-            q = qk[:, :, : s.heads].transpose(1, 2)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             keys, values = cache.keys[i], cache.values[i]
-            keys.index_copy_(2, positions, qk[:, :, s.heads :].transpose(1, 2))
-            values.index_copy_(2, positions, qkv[:, :, s.heads + s.kv_heads :].transpose(1, 2))
-            out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=masks[fwd.windows[i]], scale=scale, enable_gqa=True
-            )
-            x = x + layer.out(out.transpose(1, 2).reshape(1, rows, s.heads * s.head_dim))
-            gate, up = layer.gate_up(llama_forward.rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
-            if i + 1 in fwd.taps:
-                tapped.append(x[0])
-        return llama_forward.rms_norm(x, w.norm, s.rms_eps)[0], torch.stack(tapped, dim=1) if tapped else None
+            keys.index_copy_(2, positions, k)
+            values.index_copy_(2, positions, v)
+            mask = masks[fwd.windows[i]]
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+
+        return fwd.run_layers(self.inputs[None], cos, sin, attend)

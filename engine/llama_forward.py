@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 
 from specdeck.engine.graphed_steps import FixedShapeSteps
 from specdeck.engine.hf_parts import output_projection
-from specdeck.engine.lean_weights import LayerWeights, weights_of
+from specdeck.engine.lean_weights import weights_of
 from specdeck.engine.linear import Linear, make_linear
 
 FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})  # Hugging Face `model_type`s this forward reproduces
@@ -240,7 +240,7 @@ class LlamaForward:
         """The final norm's output (n, hidden) for input vectors (n, hidden) in place of token
         embeddings (Hugging Face's `inputs_embeds`), appended after the cached positions (as a
         tree where `parents` is given, see `hidden_tree`)."""
-        s, w, cache = self.shape, self.weights, self.cache
+        w, cache = self.weights, self.cache
         start, n = cache.length, inputs.shape[0]
         self._chunk = n
         if self.steps is not None and self.steps.takes(n, start, tree=parents is not None):
@@ -260,21 +260,45 @@ class LlamaForward:
             if per_query
             else {window: _mask(start, depths, paths, window, inputs.device) for window in set(self.windows)}
         )
+        query_paths = (paths or True) if per_query else None
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return self._attention(i, q, k, v, start, masks.get(self.windows[i]), query_paths)
+
+        hidden, self.tapped = self.run_layers(x, cos, sin, attend)
+        cache.length = start + n
+        if self.steps is not None:  # a long first prompt: the steps after it are captured now
+            self.steps.ready()
+        return hidden
+
+    def run_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> tuple[torch.Tensor, Any]:
+        """Every decoder layer and the final norm over inputs x (1, n, hidden) at rotary cos and sin:
+        (final states (n, hidden), the taps' residual streams (n, len(taps), hidden) or None).
+        `attend(i, q, k, v)` stores layer i's new keys and values (1, kv_heads, n, head_dim) in the
+        cache and returns the attention output for queries q (1, heads, n, head_dim): the one part
+        the eager and the fixed-shape forwards (`engine.graphed_steps`) do differently."""
+        s, w = self.shape, self.weights
+        n = x.shape[1]
         tapped = []
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, s.rms_eps)
-            x = x + self._attention(
-                i, layer, h, start, cos, sin, masks.get(self.windows[i]), (paths or True) if per_query else None
+            qkv = layer.qkv(h).view(1, n, s.heads + 2 * s.kv_heads, s.head_dim)
+            qk = qkv[:, :, : s.heads + s.kv_heads]
+            if layer.qk_norm is not None:  # Qwen3
+                qk = rms_norm(qk, layer.qk_norm, s.rms_eps)
+            qk = qk * cos + qk.roll(s.head_dim // 2, dims=-1) * sin  # rotary, query and key heads at once
+            out = attend(
+                i,
+                qk[:, :, : s.heads].transpose(1, 2),
+                qk[:, :, s.heads :].transpose(1, 2),
+                qkv[:, :, s.heads + s.kv_heads :].transpose(1, 2),
             )
+            x = x + layer.out(out.transpose(1, 2).reshape(1, n, s.heads * s.head_dim))
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
             if i + 1 in self.taps:
                 tapped.append(x[0])
-        self.tapped = torch.stack(tapped, dim=1) if tapped else None
-        cache.length = start + n
-        if self.steps is not None:  # a long first prompt: the steps after it are captured now
-            self.steps.ready()
-        return rms_norm(x, w.norm, s.rms_eps)[0]
+        return rms_norm(x, w.norm, s.rms_eps)[0], torch.stack(tapped, dim=1) if tapped else None
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (1, n, 1, head_dim) for n positions (float32). The sin carries rotate_half's
@@ -291,30 +315,23 @@ class LlamaForward:
     def _attention(
         self,
         i: int,
-        layer: LayerWeights,
-        h: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         start: int,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
         mask: torch.Tensor | None,
         per_query,
     ) -> torch.Tensor:
         s, cache = self.shape, self.cache
-        n = h.shape[1]
+        n = q.shape[2]
         end = start + n
-        qkv = layer.qkv(h).view(1, n, s.heads + 2 * s.kv_heads, s.head_dim)
-        qk = qkv[:, :, : s.heads + s.kv_heads]
-        if layer.qk_norm is not None:  # Qwen3
-            qk = rms_norm(qk, layer.qk_norm, s.rms_eps)
-        qk = qk * cos + qk.roll(s.head_dim // 2, dims=-1) * sin  # rotary, query and key heads at once
-        q = qk[:, :, : s.heads].transpose(1, 2)
-        cache.keys[i, :, :, start:end] = qk[:, :, s.heads :].transpose(1, 2)
-        cache.values[i, :, :, start:end] = qkv[:, :, s.heads + s.kv_heads :].transpose(1, 2)
+        cache.keys[i, :, :, start:end] = k
+        cache.values[i, :, :, start:end] = v
         keys, values = cache.keys[i, :, :, :end], cache.values[i, :, :, :end]
         # No mask for one query or a first chunk (Hugging Face's sdpa path: the same kernels run);
         # a chunk after cached positions, where query j sees positions up to start + j, gets a
-        # boolean mask. Under a sliding window one query's keys are cut to the window's (`_low`). Grouped key/value heads go to the kernel as they are (enable_gqa), which
-        # gives the same numbers as repeating them per group, as Hugging Face does, at half the cost.
+        # boolean mask. Under a sliding window one query's keys are cut to the window's (`_low`).
+        # Grouped key/value heads go to the kernel as they are (enable_gqa), which gives the same numbers as repeating them per group, as Hugging Face does, at half the cost.
         # Per query (a verify on shape-invariant products): the very call a one-token step makes for
         # that position, so a verified token's logits are a plain step's, bit for bit. `per_query`
         # is True for a chain, or each node's path from the root for a tree; a side branch's path is
@@ -334,7 +351,7 @@ class LlamaForward:
                 scale=scale,
                 enable_gqa=True,
             )
-        return layer.out(out.transpose(1, 2).reshape(1, n, s.heads * s.head_dim))
+        return out
 
     @staticmethod
     def _per_query(
