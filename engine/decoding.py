@@ -135,7 +135,7 @@ def generate(
 
     started = clock.now()
     drafts.begin(prompt, generator)
-    lm.prefill(prompt)  # the cache: every kept token but the newest, which opens each round's forward
+    lm.prefill(prompt, budget)  # the cache: every kept token but the newest, which opens each round's forward
     yield transcript.start(
         SessionStarted(
             "speculative" if drafter else "plain",

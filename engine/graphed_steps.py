@@ -108,6 +108,19 @@ class FixedShapeSteps:
             self._graphs[taps] = self._capture()
         self._graph, self._outputs = self._graphs[taps]
 
+    def size_for(self, tokens: int) -> None:
+        """Give the cache the capacity a session of `tokens` positions gets: the least power of two
+        holding them and one more chunk, MIN_CAPACITY at least, whatever it held before (a forward
+        taken over from an earlier session is resized). Attention spans the whole capacity, masked
+        slots included, and a sum over more of them need not round alike on every kernel: so a plain
+        and a speculative run of one request attend over as many slots."""
+        capacity = MIN_CAPACITY
+        while capacity < tokens + self.rows:
+            capacity *= 2
+        cache = self.forward.cache
+        if cache.keys.shape[3] != capacity:
+            cache.resize(capacity)
+
     def output(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output layer on up to `ROWS` final states, as a `ROWS`-row product (its bits for a row
         do not depend on how many rows were asked for)."""

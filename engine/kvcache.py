@@ -156,6 +156,13 @@ class CachedModel:
     def reset(self) -> None:
         self.backend.reset()
 
+    def size_for(self, tokens: int) -> None:
+        """Size the cache for a session of `tokens` positions, on the fixed-shape steps (whose
+        attention spans the whole cache, see `engine.graphed_steps.FixedShapeSteps.size_for`);
+        elsewhere the cache grows as it fills."""
+        if isinstance(self.backend, llama_forward.LlamaForward) and self.backend.steps is not None:
+            self.backend.steps.size_for(tokens)
+
     def __len__(self) -> int:
         return len(self.backend)
 

@@ -139,11 +139,17 @@ class KVCache:
         return torch.zeros(s.layers, 1, s.kv_heads, capacity, s.head_dim, dtype=self.dtype, device=self.device)
 
     def reserve(self, length: int) -> None:
+        """Room for `length` positions: the capacity doubled as often as that takes."""
         capacity = self.keys.shape[3]
         if length <= capacity:
             return
         while capacity < length:
             capacity *= 2
+        self.resize(capacity)
+
+    def resize(self, capacity: int) -> None:
+        """New tensors of `capacity` positions holding the cached ones (at most `capacity`)."""
+        self.length = min(self.length, capacity)
         keys, values = self._empty(capacity), self._empty(capacity)
         keys[:, :, :, : self.length] = self.keys[:, :, :, : self.length]
         values[:, :, :, : self.length] = self.values[:, :, :, : self.length]

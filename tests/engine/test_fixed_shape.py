@@ -143,3 +143,22 @@ def test_the_report_says_steps_run_as_graphs(where):
     """`specdeck bench`'s report names the graphs beside the products' path where steps are fixed-shape."""
     model = build("llama-biased").to(where)
     assert f"replayed as a CUDA graph of {ROWS} rows" in kvcache.products_path(model)
+
+
+def test_a_sessions_cache_size_follows_from_its_request_alone(where, tmp_path, monkeypatch):
+    """A session's cache gets the capacity its prompt and new tokens call for, also when it takes
+    over the forward of a longer or shorter session: a plain and a speculative run of one request
+    attend over as many slots, whatever ran before."""
+    monkeypatch.setattr(graphed_steps, "MIN_CAPACITY", 16)
+    target_dir, _ = build_pair(tmp_path, "llama")
+    target = load_model(str(target_dir), LoadOptions(device=str(where), dtype="float32"))
+    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
+    capacities = []
+    for new_tokens in (60, 8, 60):
+        generate_kept = _kept(generate(target, ids, DecodeConfig(max_new_tokens=new_tokens)))
+        assert len(generate_kept) == new_tokens
+        gc.collect()
+        (forward,) = kvcache._IDLE[target.model]
+        capacities.append(forward.cache.keys.shape[3])
+    wanted = [max(16, 1 << (len(ids) + n + ROWS - 1).bit_length()) for n in (60, 8, 60)]
+    assert capacities == wanted and capacities[0] > capacities[1]
