@@ -55,8 +55,6 @@ class FixedShapeSteps:
         self.inputs = torch.zeros(rows, width, dtype=dtype, device=device)
         self.start = torch.zeros((), dtype=torch.long, device=device)
         self._output_rows = torch.zeros(rows, width, dtype=dtype, device=device)
-        self._graph: torch.cuda.CUDAGraph | None = None  # the one replayed, and its outputs
-        self._outputs: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self._storage: tuple[int, int] | None = None  # the cache storage the graphs were captured on
         # the graph for each set of taps (a plain session takes none, a fused head's some)
         self._graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph | None, tuple | None]] = {}
@@ -82,20 +80,21 @@ class FixedShapeSteps:
         cache = self.forward.cache
         start = cache.length
         self.inputs[:n].copy_(inputs)
-        self.ready()
-        if self._graph is not None:
-            self._graph.replay()
-            hidden, tapped = self._outputs  # type: ignore[misc]
+        graph, outputs = self.ready()
+        if graph is not None:
+            graph.replay()
+            hidden, tapped = outputs  # type: ignore[misc]
         else:
             hidden, tapped = self._compute()
         cache.length = start + n
         self.forward.tapped = None if tapped is None else tapped[:n].clone()
         return hidden[:n].clone()
 
-    def ready(self) -> None:
+    def ready(self) -> tuple[torch.cuda.CUDAGraph | None, tuple | None]:
         """Room in the cache for the next chunk, and its graph captured: called by each chunk, and
         after a prompt that ran eagerly, so that the capture counts as part of the prompt, not of
-        the first step. (A warm-up writes the padding rows' keys past the cached positions only.)"""
+        the first step. (A warm-up writes the padding rows' keys past the cached positions only.)
+        Returns the graph and its outputs, (None, None) where the steps run uncaptured."""
         cache = self.forward.cache
         cache.reserve(max(cache.length + self.rows, MIN_CAPACITY))
         self.start.fill_(cache.length)
@@ -106,7 +105,7 @@ class FixedShapeSteps:
         taps = self.forward.taps
         if taps not in self._graphs:
             self._graphs[taps] = self._capture()
-        self._graph, self._outputs = self._graphs[taps]
+        return self._graphs[taps]
 
     def size_for(self, tokens: int) -> None:
         """Give the cache the capacity a session of `tokens` positions gets: the least power of two
