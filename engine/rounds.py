@@ -200,7 +200,7 @@ class TargetForward:
         """The drafts this round verifies: all of them, on a local target."""
         return draft
 
-    def prefill(self, prompt_ids: list[int], new_tokens: int = 0) -> None:
+    def prefill(self, prompt_ids: list[int], new_tokens: int) -> None:
         """Cache every prompt token but the last, the newest kept token, in a cache sized for the
         prompt and `new_tokens` more (`CachedModel.size_for`)."""
         self.lm.size_for(len(prompt_ids) + new_tokens)
@@ -257,7 +257,7 @@ class RemoteForward:
         self.server_time: ServerTime | None = None
         self._inputs: list[int] = []
 
-    def prefill(self, prompt_ids: list[int], new_tokens: int = 0) -> None:
+    def prefill(self, prompt_ids: list[int], new_tokens: int) -> None:
         self.held = list(prompt_ids[:-1])
 
     def admit(self, newest: int, draft: Draft) -> Draft:
