@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdeck.engine import linear, llama_forward
+from specdeck.engine import linear, llama_forward, row_attention
 from specdeck.engine.atomic import write_text
 from specdeck.engine.cache import machine_name
 from specdeck.engine.errors import SpecDeckError
@@ -160,6 +160,8 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
         path = linear.choose_path([w for w in weights if w.dim() == 2]).path
         if llama_forward.fixed_shape_on(weights[0].device):  # CUDA graphs: another cost entirely
             path += " fixed-shape"
+        else:  # curves measured before verifies attended in one call per span (`engine.row_attention`) are left
+            path += f" row attention {row_attention.SPAN}"
     config = getattr(module, "config", None)
     parts = [
         what,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, overload
 import torch
 from transformers import DynamicCache
 
-from specdeck.engine import graphed_steps, llama_forward
+from specdeck.engine import graphed_steps, llama_forward, row_attention
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.hf_parts import input_embedding, output_projection
 from specdeck.engine.lean_weights import weights_of
@@ -102,10 +102,18 @@ def products_path(model: PreTrainedModel | LlamaCppModel) -> str | None:
     why (`engine.linear.choose_path`); None where another forward runs it."""
     if isinstance(model, LlamaCppModel) or not llama_forward.supports(model):
         return None
-    products = weights_of(model).products.describe()
-    if llama_forward.fixed_shape_on(next(model.parameters()).device):
-        products += f"; every step and verify replayed as a CUDA graph of {graphed_steps.ROWS} rows"
-    return products
+    weights = weights_of(model)
+    products = weights.products.describe()
+    device = weights.embed.device
+    if llama_forward.fixed_shape_on(device):
+        return products + f"; every step and verify replayed as a CUDA graph of {graphed_steps.ROWS} rows"
+    s = llama_forward.LlamaShape.of(model.config)
+    together = row_attention.rows_invariant(s.heads, s.kv_heads, s.head_dim, weights.embed.dtype, device)
+    return products + (
+        f"; a verify's queries attend in one call per {row_attention.SPAN} slots"
+        if together
+        else "; a verify's queries attend one call each (this machine's batched products change a row's bits)"
+    )
 
 
 # Lean forwards with fixed-shape steps (CUDA graphs) whose session ended, by model: the next

@@ -65,8 +65,8 @@ class LeanWeights:
     @property
     def row_exact(self) -> bool:
         """Whether every product gives each row the same bits alone as in a batch (`engine.linear`):
-        then, with attention computed per query as a one-token step does, a verify's logits for a
-        token equal bit for bit the logits a plain step would give it. Every product takes the one
+        then, with attention that does too (`engine.row_attention`), a verify's logits for a token
+        equal bit for bit the logits a plain step would give it. Every product takes the one
         path chosen for the whole model."""
         return self.products.path == "packed"
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from specdeck.engine import row_attention
 from specdeck.engine.graphed_steps import FixedShapeSteps
 from specdeck.engine.hf_parts import output_projection
 from specdeck.engine.lean_weights import weights_of
@@ -39,7 +40,7 @@ FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})  # Hugging Face `mo
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 # Devices whose steps run at one fixed shape (`engine.graphed_steps`), unless SPECDECK_CUDA_GRAPHS=0
 FIXED_SHAPE_DEVICES = frozenset({"cuda"})
-PER_QUERY_LIMIT = 16  # verifies up to this many tokens attend per query (see `LeanWeights.row_exact`)
+ROW_BY_ROW_LIMIT = 16  # chunks after cached positions up to this many tokens attend row by row (`engine.row_attention`)
 
 
 def supports(model: PreTrainedModel) -> bool:
@@ -260,16 +261,21 @@ class LlamaForward:
         else:
             positions = torch.tensor(depths, dtype=torch.float32) + start
         cos, sin = self._rotary(positions, x.dtype)
-        per_query = self.row_exact and start > 0 and 1 < n <= PER_QUERY_LIMIT
-        masks = (
-            {}
-            if per_query
-            else {window: _mask(start, depths, paths, window, inputs.device) for window in set(self.windows)}
-        )
-        query_paths = (paths or True) if per_query else None
+        # After cached positions, up to ROW_BY_ROW_LIMIT queries attend row by row (`engine.row_attention`),
+        # each query's bits those of a one-token step at its position; a first chunk or a longer one
+        # takes one fused call.
+        rowwise = start > 0 and n <= ROW_BY_ROW_LIMIT
+        if rowwise:
+            cache.reserve(row_attention.span(start + n))
+            calls = self._calls(start, n, paths, inputs.dtype, inputs.device)
+            masks = {}
+        else:
+            calls = {}
+            masks = {window: _mask(start, depths, paths, window, inputs.device) for window in set(self.windows)}
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return self._attention(i, q, k, v, start, masks.get(self.windows[i]), query_paths)
+            window = self.windows[i]
+            return self._attention(i, q, k, v, start, masks.get(window), calls.get(window), paths)
 
         hidden, self.tapped = self.run_layers(x, cos, sin, attend)
         cache.length = start + n
@@ -318,6 +324,28 @@ class LlamaForward:
         sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         return cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
 
+    def _calls(
+        self, start: int, n: int, paths: list[list[int]] | None, dtype: torch.dtype, device: torch.device
+    ) -> dict[int | None, tuple[list[row_attention.Call], list[row_attention.Call]]]:
+        """Per attention window, the row-by-row calls of a chunk of n queries after `start` cached
+        positions: (the chain's, each side branch's). Query j attends up to its own position, start +
+        its depth; a tree's side branch (its path from the root leaves the chain) is a call of its own."""
+        s = self.shape
+        together = row_attention.rows_invariant(s.heads, s.kv_heads, s.head_dim, dtype, device)
+        if paths is None:
+            chain, branches, ends = list(range(n)), [], [start + j + 1 for j in range(n)]
+        else:
+            chain = [j for j, path in enumerate(paths) if path == list(range(len(path)))]
+            branches = [j for j in range(n) if j not in set(chain)]
+            ends = [start + len(path) for path in paths]
+        return {
+            window: (
+                row_attention.plan(chain, ends, window, together, s.heads // s.kv_heads, dtype, device),
+                row_attention.plan(branches, ends, window, False, s.heads // s.kv_heads, dtype, device),
+            )
+            for window in set(self.windows)
+        }
+
     def _attention(
         self,
         i: int,
@@ -326,103 +354,83 @@ class LlamaForward:
         v: torch.Tensor,
         start: int,
         mask: torch.Tensor | None,
-        per_query,
+        calls: tuple[list[row_attention.Call], list[row_attention.Call]] | None,
+        paths: list[list[int]] | None,
     ) -> torch.Tensor:
         s, cache = self.shape, self.cache
         n = q.shape[2]
         end = start + n
         cache.keys[i, :, :, start:end] = k
         cache.values[i, :, :, start:end] = v
-        keys, values = cache.keys[i, :, :, :end], cache.values[i, :, :, :end]
-        # No mask for one query or a first chunk (Hugging Face's sdpa path: the same kernels run);
-        # a chunk after cached positions, where query j sees positions up to start + j, gets a
-        # boolean mask. Under a sliding window one query's keys are cut to the window's (`_low`).
-        # Grouped key/value heads go to the kernel as they are (enable_gqa), which gives the same numbers as repeating them per group, as Hugging Face does, at half the cost.
-        # Per query (a verify on shape-invariant products): the very call a one-token step makes for
-        # that position, so a verified token's logits are a plain step's, bit for bit. `per_query`
-        # is True for a chain, or each node's path from the root for a tree; a side branch's path is
-        # copied over the chain's first slots for its call (a few rows, not the whole cache).
         scale = s.head_dim**-0.5
-        window = self.windows[i]
-        if per_query:
-            out = self._per_query(q, keys, values, start, window, scale, per_query)
-        else:
-            low = _low(end, window) if mask is None and n == 1 else 0
-            out = F.scaled_dot_product_attention(
-                q,
-                keys[:, :, low:],
-                values[:, :, low:],
-                attn_mask=mask,
-                is_causal=mask is None and n > 1,
-                scale=scale,
-                enable_gqa=True,
-            )
-        return out
+        if calls is not None:
+            return self._row_by_row(q, cache.keys[i], cache.values[i], start, scale, calls, paths)
+        # A first chunk (causal, Hugging Face's sdpa path: the same kernels run) or a long chunk after
+        # cached positions (a boolean mask): one fused call. Grouped key/value heads go to the kernel
+        # as they are (enable_gqa), the same numbers as repeating them per group, at half the cost.
+        keys, values = cache.keys[i, :, :, :end], cache.values[i, :, :, :end]
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1, scale=scale, enable_gqa=True
+        )
 
     @staticmethod
-    def _per_query(
+    def _row_by_row(
         q: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
         start: int,
-        window: int | None,
         scale: float,
-        per_query,
+        calls: tuple[list[row_attention.Call], list[row_attention.Call]],
+        paths: list[list[int]] | None,
     ) -> torch.Tensor:
-        """Attention query by query, each the very call a one-token step makes for its position.
+        """Attention for a step or a verify, each query the bits a one-token step at its position
+        gets (`engine.row_attention`), over a layer's cache `keys` and `values` (1, kv_heads,
+        capacity, head_dim) that already hold the chunk's.
 
-        A chain's query j sees the cache as it stands, up to its own slot. A tree's side branch
-        (its path from the root leaves the chain) needs its ancestors in the slots after the cached
-        tokens: the chunk's keys and values are saved once, each branch's path is copied in over the
-        slots that hold another node, the branch's query attends, and the chunk is put back after the
-        last branch (siblings share their ancestors' slots, so each costs one slot's copy). Branches
-        are taken after the chain's queries, whose slots they overwrite."""
+        A chain's queries see the cache as it stands. A tree's side branch needs its ancestors in
+        the slots after the cached tokens: the chunk's keys and values are saved once, each branch's
+        path is copied in over the slots that hold another node, the branch's query attends, and the
+        chunk is put back after the last branch (siblings share their ancestors' slots, so each costs
+        one slot's copy). Branches are taken after the chain's queries, whose slots they overwrite."""
+        chain, branches = calls
         n = q.shape[2]
-        paths = [list(range(j + 1)) for j in range(n)] if per_query is True else per_query
-        outs: list[torch.Tensor | None] = [None] * n
-        branches = []
-        for j, path in enumerate(paths):
-            if path != list(range(len(path))):
-                branches.append(j)
-                continue
-            end_j = start + len(path)
-            low = _low(end_j, window)
-            outs[j] = F.scaled_dot_product_attention(
-                q[:, :, j : j + 1], keys[:, :, low:end_j], values[:, :, low:end_j], scale=scale, enable_gqa=True
+        if len(chain) == 1 and not branches:  # a step, or a verify in one call
+            (call,) = chain
+            return row_attention.attend(q, keys[:, :, : call.length], values[:, :, : call.length], call.mask, scale)
+        out = torch.empty_like(q)
+
+        def run(call: row_attention.Call) -> None:
+            a, b = call.rows
+            out[:, :, a:b] = row_attention.attend(
+                q[:, :, a:b], keys[:, :, : call.length], values[:, :, : call.length], call.mask, scale
             )
+
+        for call in chain:
+            run(call)
         if branches:
+            assert paths is not None
             saved_k, saved_v = keys[:, :, start : start + n].clone(), values[:, :, start : start + n].clone()
             holds = list(range(n))  # which node's key and value each slot of the chunk holds now
-            for j in branches:
-                path = paths[j]
-                for slot, node in enumerate(path):
+            for call in branches:
+                for slot, node in enumerate(paths[call.rows[0]]):
                     if holds[slot] != node:
                         keys[:, :, start + slot].copy_(saved_k[:, :, node])
                         values[:, :, start + slot].copy_(saved_v[:, :, node])
                         holds[slot] = node
-                end_j = start + len(path)
-                low = _low(end_j, window)
-                outs[j] = F.scaled_dot_product_attention(
-                    q[:, :, j : j + 1], keys[:, :, low:end_j], values[:, :, low:end_j], scale=scale, enable_gqa=True
-                )
+                run(call)
             for slot, node in enumerate(holds):
                 if slot != node:
                     keys[:, :, start + slot].copy_(saved_k[:, :, slot])
                     values[:, :, start + slot].copy_(saved_v[:, :, slot])
-        return torch.cat([o for o in outs if o is not None], dim=2)
-
-
-def _low(end: int, window: int | None) -> int:
-    """The first position a query at position end - 1 attends to under `window` (None: all)."""
-    return 0 if window is None else max(0, end - window)
+        return out
 
 
 def _mask(
     start: int, depths: list[int], paths: list[list[int]] | None, window: int | None, device: torch.device
 ) -> torch.Tensor | None:
-    """Which of the start + n positions each of a chunk's n queries attends to (n, start + n), or
-    None where the attention call needs no mask: one query in a chain (its keys are cut to the
-    window instead), or a first chunk that fits the window (causal)."""
+    """Which of the start + n positions each of a chunk's n queries attends to (n, start + n), for
+    the one fused call of a first or a long chunk; None where the call needs no mask: one query, or
+    a first chunk that fits the window (causal)."""
     n = len(depths)
     if paths is None and (n == 1 or start == 0 and (window is None or n <= window)):
         return None

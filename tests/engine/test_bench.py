@@ -104,7 +104,7 @@ def test_report_names_the_path_the_products_took(bench_models, two_prompts, tmp_
     target, _ = bench_models
     pair = load_pair(PairSpec(str(target), None, "prompt-lookup", device="cpu"))
     report = (_run([pair], two_prompts, tmp_path / "out", ks=(1,)) / "report.md").read_text(encoding="utf-8")
-    assert f"Matrix products in this run: {named} (SPECDECK_LINEAR={forced})." in report
+    assert f"Matrix products in this run: {named} (SPECDECK_LINEAR={forced})" in report
 
 
 def test_bench_command_writes_plots(bench_models, two_prompts, tmp_path, capsys):

@@ -3,9 +3,10 @@ greedy speculative text equals plain text even where the target's top two logits
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny import ON_CPU, build_pair
 
-from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate, rounds
+from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate, rounds, row_attention
 from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.linear import PackedLinear, layout_for, packed_available
 from specdeck.engine.models import load_model
@@ -44,16 +45,49 @@ def test_packed_products_give_each_row_the_same_bits(shape, rows):
 
 
 @needs_packed
-def test_verify_logits_equal_one_token_steps(packed_llama):
-    """After a prompt, a forward over 2..16 new tokens gives each the logits of one-token steps."""
+@pytest.mark.parametrize("prompt", [30, 58], ids=["one attention span", "across a span's end"])
+def test_verify_logits_equal_one_token_steps(packed_llama, prompt):
+    """After a prompt, a forward over 2..16 new tokens gives each the logits of one-token steps,
+    also where its queries' attention spans end on both sides of a multiple of `SPAN` slots."""
     lm = CachedModel(packed_llama.model)
     assert lm.backend.row_exact
-    ids = list(range(3, 60))
-    lm.forward(ids[:30], last_only=True)
-    steps = torch.cat([lm.forward([t]) for t in ids[30:46]])
+    ids = list(range(3, 100))
+    lm.forward(ids[:prompt], last_only=True)
+    steps = torch.cat([lm.forward([t]) for t in ids[prompt : prompt + 16]])
     for n in (2, 5, 16):
-        lm.crop(30)
-        assert torch.equal(lm.forward(ids[30 : 30 + n]), steps[:n]), n
+        lm.crop(prompt)
+        assert torch.equal(lm.forward(ids[prompt : prompt + n]), steps[:n]), n
+
+
+def test_row_attention_is_attention():
+    """The spelled-out attention is the fused kernel's, to float32 rounding, under grouped key/value
+    heads, a causal chunk and a sliding window."""
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 8, 6, 16, generator=generator)
+    keys, values = torch.randn(2, 1, 4, 128, 16, generator=generator)
+    ends = [70 + j for j in range(6)]
+    for window in (None, 20):
+        calls = row_attention.plan(list(range(6)), ends, window, True, 2, torch.float32, torch.device("cpu"))
+        assert [call.rows for call in calls] == [(0, 6)]
+        out = row_attention.attend(q, keys, values, calls[0].mask, 0.25)
+        for j, end in enumerate(ends):
+            low = 0 if window is None else end - window
+            fused = F.scaled_dot_product_attention(
+                q[:, :, j : j + 1], keys[:, :, low:end], values[:, :, low:end], scale=0.25, enable_gqa=True
+            )
+            torch.testing.assert_close(out[:, :, j : j + 1], fused)
+
+
+def test_a_verify_attends_in_one_call_per_span():
+    """Queries share a call only where their spans agree and the machine keeps their bits."""
+    ends = [62, 63, 64, 65, 66]
+    cpu = torch.device("cpu")
+    assert [c.rows for c in row_attention.plan(list(range(5)), ends, None, True, 1, torch.float32, cpu)] == [
+        (0, 3),
+        (3, 5),
+    ]
+    assert [c.length for c in row_attention.plan(list(range(5)), ends, None, True, 1, torch.float32, cpu)] == [64, 128]
+    assert len(row_attention.plan(list(range(5)), ends, None, False, 1, torch.float32, cpu)) == 5
 
 
 def _near_ties(model: torch.nn.Module) -> None:
