@@ -112,7 +112,7 @@ def products_path(model: PreTrainedModel | LlamaCppModel) -> str | None:
     return products + (
         f"; a verify's queries attend in one call per {row_attention.SPAN} slots"
         if together
-        else "; a verify's queries attend one call each (this machine's batched products change a row's bits)"
+        else "; a verify's queries attend in a fused call each (batched products change a row's bits here)"
     )
 
 

@@ -331,7 +331,7 @@ class LlamaForward:
         positions: (the chain's, each side branch's). Query j attends up to its own position, start +
         its depth; a tree's side branch (its path from the root leaves the chain) is a call of its own."""
         s = self.shape
-        together = row_attention.rows_invariant(s.heads, s.kv_heads, s.head_dim, dtype, device)
+        batched = row_attention.rows_invariant(s.heads, s.kv_heads, s.head_dim, dtype, device)
         if paths is None:
             chain, branches, ends = list(range(n)), [], [start + j + 1 for j in range(n)]
         else:
@@ -340,8 +340,8 @@ class LlamaForward:
             ends = [start + len(path) for path in paths]
         return {
             window: (
-                row_attention.plan(chain, ends, window, together, s.heads // s.kv_heads, dtype, device),
-                row_attention.plan(branches, ends, window, False, s.heads // s.kv_heads, dtype, device),
+                row_attention.plan(chain, ends, window, s.heads // s.kv_heads, batched, dtype, device),
+                row_attention.plan(branches, ends, window, s.heads // s.kv_heads, batched, dtype, device, share=False),
             )
             for window in set(self.windows)
         }
@@ -396,13 +396,15 @@ class LlamaForward:
         n = q.shape[2]
         if len(chain) == 1 and not branches:  # a step, or a verify in one call
             (call,) = chain
-            return row_attention.attend(q, keys[:, :, : call.length], values[:, :, : call.length], call.mask, scale)
+            return row_attention.attend(
+                q, keys[:, :, : call.length], values[:, :, : call.length], call.mask, scale, call.fused
+            )
         out = torch.empty_like(q)
 
         def run(call: row_attention.Call) -> None:
             a, b = call.rows
             out[:, :, a:b] = row_attention.attend(
-                q[:, :, a:b], keys[:, :, : call.length], values[:, :, : call.length], call.mask, scale
+                q[:, :, a:b], keys[:, :, : call.length], values[:, :, : call.length], call.mask, scale, call.fused
             )
 
         for call in chain:

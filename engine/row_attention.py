@@ -13,7 +13,8 @@ keys rounded up to `SPAN` slots, the slots after a query's own position (and bef
 masked out, so a step at position p and a verify's query at p make calls over the same keys and
 slots. Where this machine's products keep a row's reduction order whatever the row count
 (`rows_invariant`, checked once per shape), a verify's queries whose spans agree share one call;
-elsewhere each query gets a call of its own, as exact, and as many calls as before.
+elsewhere every query, a step's included, gets PyTorch's fused call over its span: as exact, and
+as many calls as before.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +35,15 @@ _INVARIANT: dict[tuple, bool] = {}
 
 @dataclass(frozen=True)
 class Call:
-    """One attention call of a chunk's queries `rows` [a, b) over the first `length` slots;
-    `mask` (group * (b - a), length) adds 0 where a query attends and -inf elsewhere, its rows those
-    of the call's scores: each of a key/value head's `group` query heads, then each query."""
+    """One attention call of a chunk's queries `rows` [a, b) over the first `length` slots; `mask`
+    adds 0 where a query attends and -inf elsewhere. Spelled out, its rows are those of the call's
+    scores, (group * (b - a), length): each of a key/value head's `group` query heads, then each
+    query. `fused`: one query through PyTorch's fused kernel, mask (1, length)."""
 
     rows: tuple[int, int]
     length: int
     mask: torch.Tensor
+    fused: bool = False
 
 
 def span(end: int) -> int:
@@ -51,18 +55,20 @@ def plan(
     rows: list[int],
     ends: list[int],
     window: int | None,
-    together: bool,
     group: int,
+    batched: bool,
     dtype: torch.dtype,
     device: torch.device,
+    share: bool = True,
 ) -> list[Call]:
     """The calls for a chunk's queries `rows` (ascending), query j attending to the positions before
     ends[j] (and of those only the `window` latest, itself included), `group` query heads to a
-    key/value head: consecutive queries with the same span in one call where `together`, else one
-    call each."""
+    key/value head. `batched` (this machine keeps a row's bits in a spelled-out call, `rows_invariant`):
+    spelled-out calls, consecutive queries with the same span sharing one where `share`; else one
+    fused call per query, over its span as a step's."""
     batches: list[list[int]] = []
     for j in rows:
-        if together and batches and batches[-1][-1] == j - 1 and span(ends[batches[-1][0]]) == span(ends[j]):
+        if batched and share and batches and batches[-1][-1] == j - 1 and span(ends[batches[-1][0]]) == span(ends[j]):
             batches[-1].append(j)
         else:
             batches.append([j])
@@ -75,15 +81,22 @@ def plan(
         if window is not None:
             seen &= slots >= end - window
         mask = torch.zeros(len(queries), length, dtype=dtype, device=device).masked_fill_(~seen, float("-inf"))
-        calls.append(Call((queries[0], queries[-1] + 1), length, mask.repeat(group, 1)))
+        rows_of = (queries[0], queries[-1] + 1)
+        calls.append(
+            Call(rows_of, length, mask.repeat(group, 1)) if batched else Call(rows_of, length, mask, fused=True)
+        )
     return calls
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float, fused: bool = False
+) -> torch.Tensor:
     """Attention (1, heads, m, head_dim) of queries q (1, heads, m, head_dim) over keys and values
-    (1, kv_heads, length, head_dim) under a `Call`'s mask; query heads share key/value heads in
-    groups, as grouped-query attention's repeat does. The masked slots must hold finite numbers (a
-    zeroed cache does): they are multiplied by a probability of zero."""
+    (1, kv_heads, length, head_dim) under a `Call`'s mask (and its `fused`); query heads share
+    key/value heads in groups, as grouped-query attention's repeat does. The masked slots must hold
+    finite numbers (a zeroed cache does): they are multiplied by a probability of zero."""
+    if fused:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
     _, heads, m, head_dim = q.shape
     kv_heads = keys.shape[1]
     scores = torch.baddbmm(
@@ -127,5 +140,5 @@ def _check(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device:
 
 
 def _mask_of(ends: list[int], group: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    (call,) = plan(list(range(len(ends))), ends, None, True, group, dtype, device)
+    (call,) = plan(list(range(len(ends))), ends, None, group, True, dtype, device)
     return call.mask

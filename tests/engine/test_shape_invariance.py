@@ -45,10 +45,13 @@ def test_packed_products_give_each_row_the_same_bits(shape, rows):
 
 
 @needs_packed
+@pytest.mark.parametrize("batched", [True, False], ids=["queries batched", "fused call per query"])
 @pytest.mark.parametrize("prompt", [30, 58], ids=["one attention span", "across a span's end"])
-def test_verify_logits_equal_one_token_steps(packed_llama, prompt):
+def test_verify_logits_equal_one_token_steps(packed_llama, prompt, batched, monkeypatch):
     """After a prompt, a forward over 2..16 new tokens gives each the logits of one-token steps,
-    also where its queries' attention spans end on both sides of a multiple of `SPAN` slots."""
+    also where its queries' attention spans end on both sides of a multiple of `SPAN` slots, and on
+    a machine whose batched products would change a row's bits (each query in a fused call)."""
+    monkeypatch.setattr(row_attention, "rows_invariant", lambda *shape: batched)
     lm = CachedModel(packed_llama.model)
     assert lm.backend.row_exact
     ids = list(range(3, 100))
@@ -67,7 +70,7 @@ def test_row_attention_is_attention():
     keys, values = torch.randn(2, 1, 4, 128, 16, generator=generator)
     ends = [70 + j for j in range(6)]
     for window in (None, 20):
-        calls = row_attention.plan(list(range(6)), ends, window, True, 2, torch.float32, torch.device("cpu"))
+        calls = row_attention.plan(list(range(6)), ends, window, 2, True, torch.float32, torch.device("cpu"))
         assert [call.rows for call in calls] == [(0, 6)]
         out = row_attention.attend(q, keys, values, calls[0].mask, 0.25)
         for j, end in enumerate(ends):
@@ -82,12 +85,13 @@ def test_a_verify_attends_in_one_call_per_span():
     """Queries share a call only where their spans agree and the machine keeps their bits."""
     ends = [62, 63, 64, 65, 66]
     cpu = torch.device("cpu")
-    assert [c.rows for c in row_attention.plan(list(range(5)), ends, None, True, 1, torch.float32, cpu)] == [
+    assert [c.rows for c in row_attention.plan(list(range(5)), ends, None, 1, True, torch.float32, cpu)] == [
         (0, 3),
         (3, 5),
     ]
-    assert [c.length for c in row_attention.plan(list(range(5)), ends, None, True, 1, torch.float32, cpu)] == [64, 128]
-    assert len(row_attention.plan(list(range(5)), ends, None, False, 1, torch.float32, cpu)) == 5
+    assert [c.length for c in row_attention.plan(list(range(5)), ends, None, 1, True, torch.float32, cpu)] == [64, 128]
+    fused = row_attention.plan(list(range(5)), ends, None, 1, False, torch.float32, cpu)
+    assert [c.rows for c in fused] == [(j, j + 1) for j in range(5)] and all(c.fused for c in fused)
 
 
 def _near_ties(model: torch.nn.Module) -> None:
@@ -122,10 +126,12 @@ def test_greedy_identity_holds_at_near_ties(packed_llama):
     [[-1, 0, 1, 0, 0], [-1, 0, 1, 0, 3, 0, 5, 4]],
     ids=["alternatives to the first draft", "branches of depth two and three"],
 )
-def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama, parents):
+@pytest.mark.parametrize("batched", [True, False], ids=["queries batched", "fused call per query"])
+def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama, parents, batched, monkeypatch):
     """In a tree forward (a chain and branches beside it) each node's logits equal, bit for bit,
     one-token steps along its own path; keeping a branch's path leaves the cache as if only that
     path had been fed."""
+    monkeypatch.setattr(row_attention, "rows_invariant", lambda *shape: batched)
     from specdeck.engine.llama_forward import LlamaForward, _paths
 
     forward = LlamaForward(packed_llama.model)
