@@ -332,16 +332,17 @@ class LlamaForward:
         its depth; a tree's side branch (its path from the root leaves the chain) is a call of its own."""
         s = self.shape
         batched = row_attention.rows_invariant(s.heads, s.kv_heads, s.head_dim, dtype, device)
+        group = s.heads // s.kv_heads
         if paths is None:
             chain, branches, ends = list(range(n)), [], [start + j + 1 for j in range(n)]
         else:
             chain = [j for j, path in enumerate(paths) if path == list(range(len(path)))]
-            branches = [j for j in range(n) if j not in set(chain)]
+            branches = [j for j, path in enumerate(paths) if path != list(range(len(path)))]
             ends = [start + len(path) for path in paths]
         return {
             window: (
-                row_attention.plan(chain, ends, window, s.heads // s.kv_heads, batched, dtype, device),
-                row_attention.plan(branches, ends, window, s.heads // s.kv_heads, batched, dtype, device, share=False),
+                row_attention.plan(chain, ends, window, group, batched, dtype, device),
+                row_attention.plan(branches, ends, window, group, batched, dtype, device, share=False),
             )
             for window in set(self.windows)
         }

@@ -112,7 +112,9 @@ def rows_invariant(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
     key = (heads, kv_heads, head_dim, dtype, device.type, torch.get_num_threads())
     if key not in _INVARIANT:
         _INVARIANT[key] = _check(heads, kv_heads, head_dim, dtype, device)
-        log.info("attention rows %s: %s", key, "the same bits in a batch" if _INVARIANT[key] else "one call each")
+        log.info(
+            "attention rows %s: %s", key, "the same bits in a batch" if _INVARIANT[key] else "a fused call per query"
+        )
     return _INVARIANT[key]
 
 
