@@ -175,8 +175,9 @@ def test_plain_steps_without_states_keep_greedy_text_and_the_head_drafts_after_t
 
 def test_head_fills_a_gap_from_its_own_predictions(target):
     """After 4 tokens kept without states (filled from its own predictions) the head's first draft is
-    the target's next token about as often as where it saw every state (within 2 of 10); after 12
-    (the older 8 left out) it still drafts."""
+    still the target's next token at least a third as often as where it saw every state, and so
+    after 12 (the older 8 left out). Measured on 25 positions: 10 to 12 hits after a gap against 22
+    with every state (10 positions had made the two look alike)."""
     head = load_feature_head(DEFAULT_HEAD, target)
     config = DecodeConfig(max_new_tokens=80, k=1, schedule="constant", lookup=0)
     ids = encode_prompt(target.tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
@@ -184,7 +185,7 @@ def test_head_fills_a_gap_from_its_own_predictions(target):
     forward = LlamaCppForward(target.model)
     states = forward.hidden(torch.tensor(text))
     hits = {4: 0, 12: 0, 0: 0}  # by the gap's length
-    for end in range(len(text) - 60, len(text) - 10, 5):  # drafts after text[:end], checked against text[end]
+    for end in range(len(text) - 60, len(text) - 10, 2):  # drafts after text[:end], checked against text[end]
         for gap in hits:
             drafter = FeatureHeadDrafter(head.head, target.model, output_ids=head.output_ids)
             drafter.begin(text[:end], config, target.vocab_width, None)
@@ -194,7 +195,7 @@ def test_head_fills_a_gap_from_its_own_predictions(target):
             proposal = drafter.propose(text[:end], 1)
             assert len(proposal.tokens) == 1
             hits[gap] += proposal.tokens[0] == text[end]
-    assert hits[4] >= hits[0] - 2 and hits[0] >= 5, hits
+    assert hits[0] >= 15 and min(hits[4], hits[12]) >= hits[0] / 3, hits
 
 
 def test_feature_head_drafts_as_well_from_llama_cpp_states_as_from_torch(target):
