@@ -9,9 +9,9 @@ beside the model's own would hold those weights twice (1.5x the model's bytes: 2
   parameters are pointed at row slices of the fused matrix (`param.data = fused[a:b]`). They stay
   the same `Parameter` objects, so Hugging Face's forward, optimizers and state dicts see the
   same values in the same places.
-- On the packed path (oneDNN's blocked layout, `engine.linear`) the packed matrices are the copy
-  the forward reads, and the model's plain matrices are released: each parameter keeps its shape,
-  dtype and device on a one-element placeholder. They come back, bit for bit (`PackedLinear.dense`),
+- On a packed path (oneDNN's blocked layout or the row kernel's blocks, `engine.linear`) the
+  packed matrices are the copy the forward reads, and the model's plain matrices are released: each parameter keeps its shape,
+  dtype and device on a one-element placeholder. They come back, bit for bit (the product's `dense`),
   the first time anything runs one of the released modules (Hugging Face's forward, the
   benchmark's `generate()` baseline) or asks for its state dict; from then on the model holds both.
   The input embedding is never released (token lookup reads it), so a model whose output layer
@@ -30,7 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdeck.engine.hf_parts import output_projection
-from specdeck.engine.linear import Linear, PathChoice, choose_path, make_linear
+from specdeck.engine.linear import PACKED, Linear, PathChoice, choose_path, make_linear
 from specdeck.engine.memory import trim_heap
 
 
@@ -68,7 +68,7 @@ class LeanWeights:
         then, with attention that does too (`engine.row_attention`), a verify's logits for a token
         equal bit for bit the logits a plain step would give it. Every product takes the one
         path chosen for the whole model."""
-        return self.products.path == "packed"
+        return self.products.path in PACKED
 
 
 @dataclass
@@ -114,7 +114,7 @@ def _read(model: PreTrainedModel) -> LeanWeights:
     choice = choose_path(matrices + ([head.weight] if head is not None else []))
     keep = {id(base.embed_tokens.weight)}  # token lookup reads the embedding's plain table
     if model not in _WEIGHTS and next(model.parameters()).device.type == "cpu":
-        _own_storage(model, groups, head, keep if choice.path == "packed" else None)
+        _own_storage(model, groups, head, keep if choice.path in PACKED else None)
     released = _Released([])
     owner = weakref.ref(model)  # the hooks must not keep the model alive
 
@@ -126,7 +126,7 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         weight = _stack([m.weight for m in modules])
         bias = _stack([m.bias for m in modules]) if modules[0].bias is not None else None
         linear = make_linear(weight, choice, bias)
-        if linear.path == "packed":
+        if linear.path in PACKED:
             row = 0
             for module in modules:
                 if id(module.weight) not in keep:

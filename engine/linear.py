@@ -8,11 +8,14 @@ it leaves its fast path and a product costs 2-5x the one-row product on some mac
 into its own blocked layout (what PyTorch's inductor does when it freezes a model on the CPU) stays
 close to flat up to 16 rows and gives every row the same bits whether it goes alone or with others,
 which keeps greedy speculative text identical to plain text even where two logits nearly tie.
+SpecDeck's own row kernel (`engine.row_kernel`, float32 on AVX-512 or AVX2, built for the machine)
+does the same by construction and streams the weights faster where it builds.
 
-The path is chosen once per process and kind of weight, by measurement on this machine: the packed
-product is used only where its ops exist, it is shape-invariant (checked bit for bit), and it is no
-slower than `F.linear`. Otherwise every product stays on `F.linear`, and `fallback_reason` says why.
-`SPECDECK_LINEAR=dense` or `=packed` overrides the choice (for benchmarks and tests).
+The path is chosen once per process and kind of weight, by measurement on this machine: a packed
+product (the row kernel or oneDNN's) is used only where it runs, it is shape-invariant (checked bit
+for bit), and it is no slower than `F.linear`; the fastest of those wins. Otherwise every product
+stays on `F.linear`, and the choice's reason says why. `SPECDECK_LINEAR=dense`, `=packed` or
+`=kernel` overrides the choice (for benchmarks and tests).
 """
 
 from __future__ import annotations
@@ -26,9 +29,16 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from specdeck.engine import row_kernel
+from specdeck.engine.row_kernel import KernelLinear
+
 log = logging.getLogger(__name__)
 
-PATHS = ("dense", "packed")
+PATHS = ("dense", "packed", "kernel")
+# Paths whose products hold the weight in a layout of their own (the model's plain matrices can go)
+# and give every row the bits of its own call.
+PACKED = ("packed", "kernel")
+_NAMES = {"dense": "F.linear", "packed": "oneDNN's packed product", "kernel": "SpecDeck's row kernel"}
 SLICE = 1024  # the longest inner dimension one packed product reduces over, where the whole is not invariant
 # Fewer rows than this go in padded with zeros where that streams faster: oneDNN's one-row kernel read a
 # packed weight more slowly than its blocked kernel for four on AMD EPYC (a whole SmolLM2-135M step: 31
@@ -112,7 +122,7 @@ class PackedLinear:
         return torch.cat([packed.to_dense() for packed in self._packed], dim=1)
 
 
-Linear = DenseLinear | PackedLinear
+Linear = DenseLinear | PackedLinear | KernelLinear
 
 
 @dataclass(frozen=True)
@@ -123,8 +133,7 @@ class PathChoice:
 
     def describe(self) -> str:
         """For reports: the path in words, and why."""
-        name = "oneDNN's packed product" if self.path == "packed" else "F.linear"
-        return f"{name} ({self.reason})"
+        return f"{_NAMES[self.path]} ({self.reason})"
 
 
 _MEASURED: dict[tuple, object] = {}
@@ -208,32 +217,66 @@ def layout_for(weight: torch.Tensor, rows: int = MIN_ROWS) -> Layout | None:
 
 def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
     """One product path for all of a model's `weights` on this machine (mixing paths would lose the
-    shape invariance that only a model wholly on the packed path has). Packed where its ops run
-    every weight, give every shape's rows the same bits alone as in a batch, and time no slower
-    than `F.linear` on the largest weight; each check measured once per shape."""
+    shape invariance that only a model wholly on one packed path has). The fastest packed path (the
+    row kernel, oneDNN's) that runs every weight, gives every shape's rows the same bits alone as in
+    a batch, and times no slower than `F.linear` on the largest weight; each check measured once per
+    shape."""
     forced = os.environ.get("SPECDECK_LINEAR", "").strip().lower()
     if forced and forced not in PATHS:
         raise ValueError(f"SPECDECK_LINEAR must be one of {', '.join(PATHS)} (got {forced!r})")
-    missing = next((reason for reason in map(packed_available, weights) if reason), None)
-    if forced == "dense" or missing:
-        return PathChoice("dense", "SPECDECK_LINEAR=dense" if forced == "dense" else str(missing))
-    if forced == "packed":
-        return PathChoice("packed", "SPECDECK_LINEAR=packed")
+    if forced == "dense":
+        return PathChoice("dense", "SPECDECK_LINEAR=dense")
     largest = max(weights, key=lambda w: w.numel())
-    rows = min_rows(largest)
-    for weight in {(tuple(w.shape), w.dtype): w for w in weights}.values():
-        if layout_for(weight, rows) is None:
-            return PathChoice(
-                "dense",
-                f"oneDNN's packed product of a {tuple(weight.shape)} weight gives a row "
-                "other bits alone than in a batch",
+    shapes = {(tuple(w.shape), w.dtype): w for w in weights}.values()
+    candidates: dict[str, tuple[float, int]] = {}  # path -> (ms, rows a call at least)
+    refused: list[str] = []  # why a packed path is out
+    kernel_missing = next((reason for reason in map(row_kernel.unavailable, weights) if reason), None)
+    if forced in ("", "kernel"):
+        if kernel_missing:
+            refused.append(f"no row kernel: {kernel_missing}")
+        elif forced == "kernel":
+            return PathChoice("kernel", "SPECDECK_LINEAR=kernel")
+        elif not all(
+            _memo(w, "kernel bits", lambda w=w: _shape_invariant(KernelLinear(w), w.shape[1], w.dtype)) for w in shapes
+        ):
+            refused.append("the row kernel gives a row other bits alone than in a batch")
+        else:
+            candidates["kernel"] = (
+                _memo(largest, "kernel timing", lambda: _time_rows(KernelLinear(largest), largest)),
+                1,
             )
-    packed_ms, dense_ms = _memo(largest, f"timing, {rows} rows a call at least", lambda: _timings(largest, rows))
-    reason = (
-        f"{'+'.join(map(str, _ROWS))} rows through a {tuple(largest.shape)} weight: packed {packed_ms:.2f} ms, "
-        f"F.linear {dense_ms:.2f} ms; packed calls take {rows} row{'s' if rows > 1 else ''} at least"
-    )
-    return PathChoice("packed" if packed_ms <= dense_ms else "dense", reason, rows)
+    onednn_missing = next((reason for reason in map(packed_available, weights) if reason), None)
+    if onednn_missing:
+        refused.append(str(onednn_missing))
+    elif forced == "packed":
+        return PathChoice("packed", "SPECDECK_LINEAR=packed")
+    elif forced == "":
+        rows = min_rows(largest)
+        odd = next((w for w in shapes if layout_for(w, rows) is None), None)
+        if odd is not None:
+            refused.append(
+                f"oneDNN's packed product of a {tuple(odd.shape)} weight gives a row other bits alone than in a batch"
+            )
+        else:
+            packed = PackedLinear(largest, layout=layout_for(largest, rows))
+            candidates["packed"] = (
+                _memo(largest, f"packed timing, {rows} rows", lambda: _time_rows(packed, largest)),
+                rows,
+            )
+    if not candidates:
+        return PathChoice(
+            "dense", "; ".join(refused) if forced == "" else f"SPECDECK_LINEAR={forced}, but {refused[-1]}"
+        )
+    dense_ms = _memo(largest, "dense timing", lambda: _time_rows(DenseLinear(largest), largest))
+    path = min(candidates, key=lambda name: candidates[name][0])
+    timings = ", ".join(f"{_NAMES[name]} {ms:.2f} ms" for name, (ms, _) in candidates.items())
+    reason = f"{'+'.join(map(str, _ROWS))} rows through a {tuple(largest.shape)} weight: {timings}, F.linear {dense_ms:.2f} ms"
+    if path == "packed":
+        rows = candidates["packed"][1]
+        reason += f"; packed calls take {rows} row{'s' if rows > 1 else ''} at least"
+    if candidates[path][0] > dense_ms:
+        return PathChoice("dense", reason)
+    return PathChoice(path, reason, candidates[path][1])
 
 
 def _memo(weight: torch.Tensor, what: str, measure):
@@ -244,13 +287,11 @@ def _memo(weight: torch.Tensor, what: str, measure):
     return _MEASURED[key]
 
 
-def _timings(weight: torch.Tensor, rows: int) -> tuple[float, float]:
-    """Milliseconds of the packed (calls of at least `rows` rows) and the dense product over 1, 2, 4
-    and 8 rows, summed."""
-    dense, packed = DenseLinear(weight), PackedLinear(weight, layout=layout_for(weight, rows))
+def _time_rows(product: Linear, weight: torch.Tensor) -> float:
+    """Milliseconds of `product` (of `weight`) over 1, 2, 4 and 8 rows, summed (the best of 5 each)."""
     with torch.inference_mode():
         inputs = [torch.randn(n, weight.shape[1], dtype=weight.dtype) for n in _ROWS]
-        return sum(_time_ms(packed, x) for x in inputs), sum(_time_ms(dense, x) for x in inputs)
+        return sum(_time_ms(product, x) for x in inputs)
 
 
 def make_linear(weight: torch.Tensor, choice: PathChoice | None = None, bias: torch.Tensor | None = None) -> Linear:
@@ -259,6 +300,8 @@ def make_linear(weight: torch.Tensor, choice: PathChoice | None = None, bias: to
     choice = choice or choose_path([weight])
     if choice.path == "dense":
         return DenseLinear(weight, bias)
+    if choice.path == "kernel":
+        return KernelLinear(weight, bias)
     return PackedLinear(weight, bias, layout_for(weight, choice.min_rows))
 
 

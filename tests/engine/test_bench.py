@@ -11,6 +11,7 @@ from tiny import build_pair, write_two_prompts
 from transformers import LlamaForCausalLM
 
 from specdeck.cli.main import main
+from specdeck.engine import row_kernel
 from specdeck.engine.bench.prompts import read_prompts, sample_prompts
 from specdeck.engine.bench.report import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
 from specdeck.engine.bench.runner import BenchSettings
@@ -95,11 +96,15 @@ def test_k_sweep_gives_one_row_per_k(bench_models, two_prompts, tmp_path):
     assert "Machine and versions" in (out / "report.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize(("forced", "named"), [("dense", "F.linear"), ("packed", "oneDNN's packed product")])
+@pytest.mark.parametrize(
+    ("forced", "named"),
+    [("dense", "F.linear"), ("packed", "oneDNN's packed product"), ("kernel", "SpecDeck's row kernel")],
+)
 def test_report_names_the_path_the_products_took(bench_models, two_prompts, tmp_path, monkeypatch, forced, named):
     """The cost curve in report.md says how this run's matrix products ran, and why."""
-    if forced == "packed" and packed_available(torch.zeros(1, 1)):
-        pytest.skip(packed_available(torch.zeros(1, 1)))
+    missing = {"packed": packed_available, "kernel": row_kernel.unavailable}.get(forced, lambda _: None)
+    if missing(torch.zeros(1, 1)):
+        pytest.skip(missing(torch.zeros(1, 1)))
     monkeypatch.setenv("SPECDECK_LINEAR", forced)
     target, _ = bench_models
     pair = load_pair(PairSpec(str(target), None, "prompt-lookup", device="cpu"))

@@ -3,6 +3,7 @@ Qwen3, Mistral), on either product path, through prefill, steps, a verify chunk,
 
 import pytest
 import torch
+from tiny import PACKED_PATHS
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -15,7 +16,6 @@ from transformers import (
 )
 
 from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.linear import packed_available
 from specdeck.engine.llama_forward import LlamaForward, supports
 
 SIZES = dict(
@@ -39,7 +39,7 @@ FAMILIES = {
     "qwen3": (Qwen3ForCausalLM, Qwen3Config(head_dim=8, **SIZES)),
     "mistral": (MistralForCausalLM, MistralConfig(sliding_window=5, head_dim=8, **SIZES)),
 }
-PATHS = ["dense"] + (["packed"] if packed_available(torch.zeros(2, 2)) is None else [])
+PATHS = ["dense", *PACKED_PATHS]
 
 
 @pytest.fixture(params=PATHS)
@@ -88,7 +88,7 @@ def test_lean_forward_matches_hugging_face(family, path):
     model = build(family)
     assert supports(model) and isinstance(CachedModel(model).backend, LlamaForward)
     fast = LlamaForward(model, capacity=4)
-    assert fast.row_exact == (path == "packed")
+    assert fast.row_exact == (path != "dense")
     # a prefill longer than the window, steps, a verify chunk growing the cache, a crop, a re-feed
     feed_and_compare(
         model, fast, [[3, 9, 27, 17, 51, 25, 11, 33], [7], [21], [63], [5, 6, 7, 8, 9, 10], None, [40, 41], [42]]

@@ -4,31 +4,49 @@ greedy speculative text equals plain text even where the target's top two logits
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny import ON_CPU, build_pair
+from tiny import ON_CPU, PACKED_PATHS, build_pair
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate, rounds, row_attention
 from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.linear import PackedLinear, layout_for, packed_available
 from specdeck.engine.models import load_model
+from specdeck.engine.row_kernel import KernelLinear
 
-needs_packed = pytest.mark.skipif(
-    packed_available(torch.zeros(2, 2)) is not None, reason="this torch has no oneDNN packed linear"
-)
+needs_packed = pytest.mark.skipif(not PACKED_PATHS, reason="no product path here keeps a row's bits")
 
 
 def _kept(events) -> list[int]:
     return [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
 
 
-@pytest.fixture
-def packed_llama(tmp_path, monkeypatch):
-    """A tiny Llama whose every product runs on the packed path, as on a machine that chose it."""
-    monkeypatch.setenv("SPECDECK_LINEAR", "packed")
+@pytest.fixture(params=PACKED_PATHS or ["packed"])
+def packed_llama(request, tmp_path, monkeypatch):
+    """A tiny Llama whose every product runs on a packed path (oneDNN's, the row kernel), as on a
+    machine that chose it."""
+    monkeypatch.setenv("SPECDECK_LINEAR", request.param)
     target_dir, _ = build_pair(tmp_path, "llama")
     return load_model(str(target_dir), ON_CPU)
 
 
-@needs_packed
+@pytest.mark.skipif("kernel" not in PACKED_PATHS, reason="the row kernel does not build here")
+@pytest.mark.parametrize("shape", [(1728, 576), (576, 1536), (49152, 64), (100, 64), (7, 33)])
+def test_the_row_kernel_gives_each_row_the_same_bits(shape):
+    """The row kernel's product of a row is the same alone as among 2..20 rows (groups of up to 8
+    rows, blocks of columns split between threads, a last block narrower than the rest, rows
+    padded to whole vectors), it is the matrix product to float32 rounding, and its packed
+    weight gives back the matrix bit for bit."""
+    generator = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(*shape, generator=generator), torch.randn(shape[0], generator=generator)
+    linear = KernelLinear(weight, bias)
+    assert torch.equal(linear.dense(), weight)
+    x = torch.randn(20, shape[1], generator=generator)
+    alone = torch.cat([linear(x[j : j + 1]) for j in range(20)])
+    for n in (2, 3, 5, 8, 9, 16, 20):
+        assert torch.equal(linear(x[:n]), alone[:n]), n
+    torch.testing.assert_close(alone, F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(packed_available(torch.zeros(2, 2)) is not None, reason="this torch has no oneDNN packed linear")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("shape", [(1728, 576), (576, 1536), (320, 64)])
