@@ -148,14 +148,13 @@ class KernelLinear:
         self._packed = torch.cat([blocks.reshape(-1), plain[whole:].T.reshape(-1)])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if not rows.is_contiguous():
-            rows = rows.contiguous()
-        count = rows.shape[0]
-        out = torch.empty(count, self._width, dtype=self._packed.dtype)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        count = x.numel() // self.in_features
+        out = torch.empty((*x.shape[:-1], self._width), dtype=self._packed.dtype)  # rows as x's, in order
         if count:
             self._product(
-                rows.data_ptr(),
+                x.data_ptr(),
                 count,
                 self.in_features,
                 self._packed.data_ptr(),
@@ -164,10 +163,10 @@ class KernelLinear:
                 torch.get_num_threads(),
             )
         if self._width != self.out_features:
-            out = out[:, : self.out_features].contiguous()
+            out = out[..., : self.out_features].contiguous()
         if self.bias is not None:
             out.add_(self.bias)
-        return out.view(*x.shape[:-1], self.out_features)
+        return out
 
     def dense(self) -> torch.Tensor:
         """The weight matrix (out, in) in plain layout: a new tensor, equal to the one packed."""
