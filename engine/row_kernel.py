@@ -55,9 +55,9 @@ class _BuildFailed(Exception):
     pass
 
 
-def _build(compiler: str, target: Path) -> None:
-    """Compile the source into `target`, or raise with the compiler's last word."""
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+def _build(compiler: str, target: Path, arch: str) -> None:
+    """Compile the source for `arch` into `target`, or raise with the compiler's last word."""
+    flags = ["-O3", f"-march={arch}", "-fopenmp", "-shared", "-fPIC"]
 
     def save(path: Path) -> None:
         command = [compiler, *flags, "-o", str(path), str(SOURCE)]
@@ -68,7 +68,10 @@ def _build(compiler: str, target: Path) -> None:
     write_with(target, save)
 
 
-def _load() -> ctypes.CDLL | str:
+def build(arch: str = "native") -> ctypes.CDLL | str:
+    """The kernel's library compiled for `arch` (`-march=`; "native": this CPU, what SpecDeck runs;
+    "haswell": the AVX2 variant, which tests check on machines that also have AVX-512), built once
+    per machine and kept in the cache, and loaded; or why it cannot be."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the row kernel is written for x86-64 CPUs, not {platform.machine()}"
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -78,13 +81,13 @@ def _load() -> ctypes.CDLL | str:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as error:
         return f"the C compiler {compiler} does not run ({error})"
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), version, _cpu_flags(), torch.__version__]).encode())
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), version, _cpu_flags(), torch.__version__, arch]).encode())
     target = kernels_cache() / f"row_kernel-{key.hexdigest()[:16]}.so"
     if not target.is_file():
         log.info("building the row kernel for this machine with %s", compiler)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            _build(compiler, target)
+            _build(compiler, target, arch)
         except (OSError, subprocess.SubprocessError, SpecDeckError, _BuildFailed) as error:
             return f"the row kernel did not build ({error})"
     try:
@@ -107,7 +110,7 @@ def _load() -> ctypes.CDLL | str:
 def library() -> ctypes.CDLL | str:
     """The kernel's library, built and loaded once per process; or, where it cannot be, why not."""
     if not _LIBRARY:
-        _LIBRARY.append(_load())
+        _LIBRARY.append(build())
         if isinstance(_LIBRARY[0], str):
             log.info("%s", _LIBRARY[0])
     return _LIBRARY[0]
@@ -131,8 +134,11 @@ class KernelLinear:
 
     path = "kernel"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        built = library()
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, built: ctypes.CDLL | str | None = None
+    ) -> None:
+        """`built`: the kernel's library to run (by default this CPU's, `library()`)."""
+        built = library() if built is None else built
         if isinstance(built, str):
             raise RuntimeError(built)
         self._product = built.row_kernel_product

@@ -6,7 +6,16 @@ import torch
 import torch.nn.functional as F
 from tiny import ON_CPU, PACKED_PATHS, build_pair
 
-from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate, rounds, row_attention
+from specdeck.engine import (
+    DecodeConfig,
+    DraftModelDrafter,
+    TokenEvent,
+    encode_prompt,
+    generate,
+    rounds,
+    row_attention,
+    row_kernel,
+)
 from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.linear import PackedLinear, layout_for, packed_available
 from specdeck.engine.models import load_model
@@ -28,16 +37,31 @@ def packed_llama(request, tmp_path, monkeypatch):
     return load_model(str(target_dir), ON_CPU)
 
 
+def _avx2_build():
+    """The row kernel's AVX2 variant, on a machine that has AVX2 and FMA (also where this CPU's own
+    build takes AVX-512): the path an AVX2-only CPU runs."""
+    if "kernel" not in PACKED_PATHS:
+        pytest.skip("the row kernel does not build here")
+    if not {"avx2", "fma"} <= set(row_kernel._cpu_flags().split()):
+        pytest.skip("this CPU has no AVX2 with FMA")
+    built = row_kernel.build("haswell")
+    assert not isinstance(built, str), built
+    assert built.row_kernel_block() == 16  # the AVX2 blocks, not AVX-512's
+    return built
+
+
 @pytest.mark.skipif("kernel" not in PACKED_PATHS, reason="the row kernel does not build here")
+@pytest.mark.parametrize("build", ["this CPU's", "AVX2"])
 @pytest.mark.parametrize("shape", [(1728, 576), (576, 1536), (49152, 64), (100, 64), (7, 33)])
-def test_the_row_kernel_gives_each_row_the_same_bits(shape):
+def test_the_row_kernel_gives_each_row_the_same_bits(shape, build):
     """The row kernel's product of a row is the same alone as among 2..20 rows (groups of up to 8
     rows, blocks of columns split between threads, a last block narrower than the rest, rows
     padded to whole vectors), it is the matrix product to float32 rounding, and its packed
-    weight gives back the matrix bit for bit."""
+    weight gives back the matrix bit for bit; in this CPU's build and in the AVX2 one."""
+    built = row_kernel.library() if build == "this CPU's" else _avx2_build()
     generator = torch.Generator().manual_seed(1)
     weight, bias = torch.randn(*shape, generator=generator), torch.randn(shape[0], generator=generator)
-    linear = KernelLinear(weight, bias)
+    linear = KernelLinear(weight, bias, built)
     assert torch.equal(linear.dense(), weight)
     x = torch.randn(20, shape[1], generator=generator)
     alone = torch.cat([linear(x[j : j + 1]) for j in range(20)])
