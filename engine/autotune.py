@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdeck.engine import linear, llama_forward, row_attention
+from specdeck.engine import linear, llama_forward, row_attention, row_kernel
 from specdeck.engine.atomic import write_text
 from specdeck.engine.cache import machine_name
 from specdeck.engine.errors import SpecDeckError
@@ -151,6 +151,12 @@ _CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DRAFT_MS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _head_dim(module: torch.nn.Module) -> int:
+    config = getattr(module, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    return getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else 0)
+
+
 def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
     if isinstance(module, LlamaCppModel):  # its config names the file and the library version
         runs_on, path = [module.backend], ""
@@ -162,6 +168,8 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
             path += " fixed-shape"
         else:  # curves measured before verifies attended in one call per span (`engine.row_attention`) are left
             path += f" row attention {row_attention.SPAN}"
+            if row_kernel.attention_unavailable(weights[0].dtype, weights[0].device, _head_dim(module)) is None:
+                path += " on the row kernel"
     config = getattr(module, "config", None)
     parts = [
         what,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, overload
 import torch
 from transformers import DynamicCache
 
-from specdeck.engine import graphed_steps, llama_forward, row_attention
+from specdeck.engine import graphed_steps, llama_forward, row_attention, row_kernel
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.hf_parts import input_embedding, output_projection
 from specdeck.engine.lean_weights import weights_of
@@ -108,6 +108,8 @@ def products_path(model: PreTrainedModel | LlamaCppModel) -> str | None:
     if llama_forward.fixed_shape_on(device):
         return products + f"; every step and verify replayed as a CUDA graph of {graphed_steps.ROWS} rows"
     s = llama_forward.LlamaShape.of(model.config)
+    if row_kernel.attention_unavailable(weights.embed.dtype, device, s.head_dim) is None:
+        return products + "; a verify's queries attend in one call of the row kernel, each over its own slots"
     together = row_attention.rows_invariant(s.heads, s.kv_heads, s.head_dim, weights.embed.dtype, device)
     return products + (
         f"; a verify's queries attend in one call per {row_attention.SPAN} slots"

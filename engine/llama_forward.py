@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from specdeck.engine import row_attention
+from specdeck.engine import row_attention, row_kernel
 from specdeck.engine.graphed_steps import FixedShapeSteps
 from specdeck.engine.hf_parts import output_projection
 from specdeck.engine.lean_weights import weights_of
@@ -331,7 +331,8 @@ class LlamaForward:
         positions: (the chain's, each side branch's). Query j attends up to its own position, start +
         its depth; a tree's side branch (its path from the root leaves the chain) is a call of its own."""
         s = self.shape
-        batched = row_attention.rows_invariant(s.heads, s.kv_heads, s.head_dim, dtype, device)
+        kernel = row_kernel.attention_unavailable(dtype, device, s.head_dim) is None
+        batched = kernel or row_attention.rows_invariant(s.heads, s.kv_heads, s.head_dim, dtype, device)
         group = s.heads // s.kv_heads
         if paths is None:
             chain, branches, ends = list(range(n)), [], [start + j + 1 for j in range(n)]
@@ -341,8 +342,8 @@ class LlamaForward:
             ends = [start + len(path) for path in paths]
         return {
             window: (
-                row_attention.plan(chain, ends, window, group, batched, dtype, device),
-                row_attention.plan(branches, ends, window, group, batched, dtype, device, share=False),
+                row_attention.plan(chain, ends, window, group, batched, dtype, device, kernel=kernel),
+                row_attention.plan(branches, ends, window, group, batched, dtype, device, share=False, kernel=kernel),
             )
             for window in set(self.windows)
         }
@@ -396,17 +397,12 @@ class LlamaForward:
         chain, branches = calls
         n = q.shape[2]
         if len(chain) == 1 and not branches:  # a step, or a verify in one call
-            (call,) = chain
-            return row_attention.attend(
-                q, keys[:, :, : call.length], values[:, :, : call.length], call.mask, scale, call.fused
-            )
+            return row_attention.run(chain[0], q, keys, values, scale)
         out = torch.empty_like(q)
 
         def run(call: row_attention.Call) -> None:
             a, b = call.rows
-            out[:, :, a:b] = row_attention.attend(
-                q[:, :, a:b], keys[:, :, : call.length], values[:, :, : call.length], call.mask, scale, call.fused
-            )
+            out[:, :, a:b] = row_attention.run(call, q[:, :, a:b], keys, values, scale)
 
         for call in chain:
             run(call)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdeck.engine import row_kernel
+
 log = logging.getLogger(__name__)
 
 SPAN = 64  # a call spans its keys rounded up to a multiple of this many slots
@@ -42,8 +44,10 @@ class Call:
 
     rows: tuple[int, int]
     length: int
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     fused: bool = False
+    ends: torch.Tensor | None = None  # the row kernel's attention: each query's end (no mask)
+    window: int | None = None
 
 
 def span(end: int) -> int:
@@ -60,18 +64,34 @@ def plan(
     dtype: torch.dtype,
     device: torch.device,
     share: bool = True,
+    kernel: bool = False,
 ) -> list[Call]:
     """The calls for a chunk's queries `rows` (ascending), query j attending to the positions before
     ends[j] (and of those only the `window` latest, itself included), `group` query heads to a
-    key/value head. `batched` (this machine keeps a row's bits in a spelled-out call, `rows_invariant`):
+    key/value head. `kernel` (the row kernel's attention runs here, `engine.row_kernel`): one call
+    for each run of consecutive queries where `share`, each query over its own slots. Else
+    `batched` (this machine keeps a row's bits in a spelled-out call, `rows_invariant`):
     spelled-out calls, consecutive queries with the same span sharing one where `share`; else one
     fused call per query, over its span as a step's."""
     batches: list[list[int]] = []
     for j in rows:
-        if batched and share and batches and batches[-1][-1] == j - 1 and span(ends[batches[-1][0]]) == span(ends[j]):
+        if kernel and share and batches and batches[-1][-1] == j - 1:
+            batches[-1].append(j)
+        elif batched and share and batches and batches[-1][-1] == j - 1 and span(ends[batches[-1][0]]) == span(ends[j]):
             batches[-1].append(j)
         else:
             batches.append([j])
+    if kernel:
+        return [
+            Call(
+                (queries[0], queries[-1] + 1),
+                span(max(ends[j] for j in queries)),
+                None,
+                ends=torch.tensor([ends[j] for j in queries], dtype=torch.int64),
+                window=window,
+            )
+            for queries in batches
+        ]
     calls = []
     for queries in batches:
         length = span(ends[queries[-1]])
@@ -86,6 +106,15 @@ def plan(
             Call(rows_of, length, mask.repeat(group, 1)) if batched else Call(rows_of, length, mask, fused=True)
         )
     return calls
+
+
+def run(call: Call, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """`call` for its queries q (1, heads, m, head_dim) over a layer's cached keys and values
+    (1, kv_heads, slots, head_dim) that hold every slot the call spans."""
+    if call.ends is not None:
+        return row_kernel.attend(q, keys, values, call.ends, call.window, scale)
+    assert call.mask is not None  # a spelled-out or fused call
+    return attend(q, keys[:, :, : call.length], values[:, :, : call.length], call.mask, scale, call.fused)
 
 
 def attend(
@@ -143,4 +172,5 @@ def _check(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device:
 
 def _mask_of(ends: list[int], group: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     (call,) = plan(list(range(len(ends))), ends, None, group, True, dtype, device)
+    assert call.mask is not None
     return call.mask

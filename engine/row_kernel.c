@@ -15,7 +15,23 @@
  * sharing PyTorch's OpenMP threads.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
+#include <stdlib.h>
+
+/* Sums of a vector's lanes, always in the same order. */
+static inline float hsum4(__m128 s4) {
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+static inline float hsum8(__m256 s8) {
+    return hsum4(_mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)));
+}
+#if defined(__AVX512F__)
+static inline float hsum16(__m512 v) {
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+#endif
 
 #if defined(__AVX512F__)
 typedef __m512 vec;
@@ -27,6 +43,16 @@ typedef __m512 vec;
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VZERO() _mm512_setzero_ps()
 #define VBCAST(p) _mm512_set1_ps(*(p))
+#define VSET(f) _mm512_set1_ps(f)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VMAX(a, b) _mm512_max_ps(a, b)
+#define VFNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define VROUND(a) _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VPOW2(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#define VZERO_BELOW(v, x, floor) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, floor, _CMP_GE_OQ), v)
+static inline float vsum(vec v) { return hsum16(v); }
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256 vec;
 #define LANES 8
@@ -37,6 +63,16 @@ typedef __m256 vec;
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VZERO() _mm256_setzero_ps()
 #define VBCAST(p) _mm256_broadcast_ss(p)
+#define VSET(f) _mm256_set1_ps(f)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VMAX(a, b) _mm256_max_ps(a, b)
+#define VFNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
+#define VROUND(a) _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VPOW2(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#define VZERO_BELOW(v, x, floor) _mm256_and_ps(_mm256_cmp_ps(x, floor, _CMP_GE_OQ), v)
+static inline float vsum(vec v) { return hsum8(v); }
 #else
 #error "the row kernel needs AVX-512 or AVX2 with FMA"
 #endif
@@ -110,5 +146,74 @@ void row_kernel_product(const float *x, long m, long k, const float *w, long n, 
                 KERNELS[vectors][rows](x + r * k, k, wb, y + r * n, n, b * NB, r == 0);
             }
         }
+    }
+}
+
+/* e^x lane by lane: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7 (relative
+ * error about 5e-9), times 2^n; exactly 0 below -87 (where float32's normal range ends). */
+static inline vec vexp(vec x) {
+    const vec floor = VSET(-87.0f);
+    vec t = VMAX(x, floor);
+    vec n = VROUND(VMUL(t, VSET(1.44269504088896341f)));
+    vec r = VFNMA(n, VSET(0.693359375f), t);
+    r = VFNMA(n, VSET(-2.12194440e-4f), r);
+    vec p = VSET(1.0f / 5040);
+    p = VFMA(p, r, VSET(1.0f / 720));
+    p = VFMA(p, r, VSET(1.0f / 120));
+    p = VFMA(p, r, VSET(1.0f / 24));
+    p = VFMA(p, r, VSET(1.0f / 6));
+    p = VFMA(p, r, VSET(0.5f));
+    p = VFMA(p, r, VSET(1.0f));
+    p = VFMA(p, r, VSET(1.0f));
+    return VZERO_BELOW(VMUL(p, VPOW2(n)), x, floor);
+}
+
+/* Attention of m query rows after cached keys and values, each row over its own slots only: row r
+ * attends to slots [lo, ends[r]) (lo = ends[r] - window where a window applies, else 0) of its
+ * key/value head (query heads share them in equal groups). Every sum runs in slot order, or lane by
+ * lane then in a fixed order, and a row reads nothing of the other rows: its bits are those of a
+ * call of its own, at any m.
+ *
+ * q (m, heads, d) at strides q_row, q_head (floats); keys and values (kv_heads, capacity, d) at
+ * kv_head floats between heads; out (m, heads, d) contiguous; d a multiple of LANES, at most 256. */
+void row_kernel_attention(const float *q, long q_row, long q_head, const float *keys, const float *values,
+                          long kv_head, const long *ends, long m, long heads, long kv_heads, long d, long window,
+                          float scale, float *out, int threads) {
+    long items = m * heads, group = heads / kv_heads, vectors = d / LANES;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (long item = 0; item < items; item++) {
+        long r = item / heads, h = item % heads, end = ends[r];
+        long lo = window > 0 && end > window ? end - window : 0, count = end - lo;
+        const float *qv = q + r * q_row + h * q_head;
+        const float *k = keys + (h / group) * kv_head, *v = values + (h / group) * kv_head;
+        long padded = (count + LANES - 1) / LANES * LANES;
+        float *scores = malloc(sizeof(float) * (padded > 0 ? padded : LANES));
+        float top = -INFINITY;
+        for (long j = 0; j < count; j++) {
+            const float *kj = k + (lo + j) * d;
+            vec acc = VMUL(VLOAD(qv), VLOAD(kj));
+            for (long c = 1; c < vectors; c++) acc = VFMA(VLOAD(qv + c * LANES), VLOAD(kj + c * LANES), acc);
+            float s = vsum(acc) * scale;
+            scores[j] = s;
+            top = s > top ? s : top;
+        }
+        for (long j = count; j < padded; j++) scores[j] = -INFINITY;
+        vec total = VZERO(), peak = VSET(top);
+        for (long j = 0; j < padded; j += LANES) {
+            vec e = vexp(VSUB(VLOAD(scores + j), peak));
+            VSTORE(scores + j, e);
+            total = VADD(total, e);
+        }
+        vec acc[256 / LANES];
+        for (long c = 0; c < vectors; c++) acc[c] = VZERO();
+        for (long j = 0; j < count; j++) {
+            vec p = VBCAST(scores + j);
+            const float *vj = v + (lo + j) * d;
+            for (long c = 0; c < vectors; c++) acc[c] = VFMA(p, VLOAD(vj + c * LANES), acc[c]);
+        }
+        vec inverse = VSET(1.0f / vsum(total));
+        float *o = out + (r * heads + h) * d;
+        for (long c = 0; c < vectors; c++) VSTORE(o + c * LANES, VMUL(acc[c], inverse));
+        free(scores);
     }
 }

@@ -104,6 +104,24 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
         ctypes.c_int,
     ]
     library.row_kernel_product.restype = None
+    library.row_kernel_attention.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_float,
+        ctypes.c_void_p,
+        ctypes.c_int,
+    ]
+    library.row_kernel_attention.restype = None
     return library
 
 
@@ -181,3 +199,50 @@ class KernelLinear:
         blocks = self._packed[:split].reshape(-1, self.in_features, self._block).transpose(1, 2)
         rest = self._packed[split:].reshape(self.in_features, -1).T
         return torch.cat([blocks.reshape(whole, self.in_features), rest])[: self.out_features].contiguous()
+
+
+def attention_unavailable(dtype: torch.dtype, device: torch.device, head_dim: int) -> str | None:
+    """None if the kernel's attention (`attend`) runs queries of this kind here, else why not."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return "the row kernel's attention takes float32 on the CPU"
+    built = library()
+    if isinstance(built, str):
+        return built
+    if head_dim % built.row_kernel_lanes() or head_dim > 256:
+        return f"the row kernel's attention takes a head size of at most 256 in whole vectors, not {head_dim}"
+    return None
+
+
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ends: torch.Tensor, window: int | None, scale: float
+) -> torch.Tensor:
+    """Attention (1, heads, m, head_dim) of queries q (1, heads, m, head_dim) over a layer's cached
+    keys and values (1, kv_heads, slots, head_dim), query j over slots [ends[j] - window, ends[j])
+    (from 0 without a window): each query reads only its own slots, so its bits are those of a
+    call of its own. `ends`: int64, one per query; where `attention_unavailable` says None."""
+    built = library()
+    assert not isinstance(built, str), built
+    _, heads, m, head_dim = q.shape
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    if keys.stride(3) != 1 or keys.stride(2) != head_dim or values.stride() != keys.stride():
+        raise ValueError("the row kernel's attention reads keys and values laid out as a KV cache's")
+    out = torch.empty(1, m, heads, head_dim)  # the layout the output projection reads
+    built.row_kernel_attention(
+        q.data_ptr(),
+        q.stride(2),
+        q.stride(1),
+        keys.data_ptr(),
+        values.data_ptr(),
+        keys.stride(1),
+        ends.data_ptr(),
+        m,
+        heads,
+        keys.shape[1],
+        head_dim,
+        window or 0,
+        scale,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out.transpose(1, 2)

@@ -91,14 +91,29 @@ def test_packed_products_give_each_row_the_same_bits(shape, rows, dtype):
             assert all(torch.equal(linear(x[j : j + 1]), batch[j : j + 1]) for j in range(n)), (seed, n)
 
 
+ATTENTIONS = ["row kernel", "queries batched", "fused call per query"]
+
+
+def _attention(kind: str, monkeypatch) -> None:
+    """Attention after cached positions as a machine of this `kind` runs it: the row kernel's where
+    it builds, else spelled out with a verify's queries batched, or each query in a fused call."""
+    if kind == "row kernel":
+        if "kernel" not in PACKED_PATHS:
+            pytest.skip("the row kernel does not build here")
+        return
+    monkeypatch.setattr(row_kernel, "attention_unavailable", lambda *shape: "not on this machine")
+    monkeypatch.setattr(row_attention, "rows_invariant", lambda *shape: kind == "queries batched")
+
+
 @needs_packed
-@pytest.mark.parametrize("batched", [True, False], ids=["queries batched", "fused call per query"])
+@pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("prompt", [30, 58], ids=["one attention span", "across a span's end"])
-def test_verify_logits_equal_one_token_steps(packed_llama, prompt, batched, monkeypatch):
+def test_verify_logits_equal_one_token_steps(packed_llama, prompt, attention, monkeypatch):
     """After a prompt, a forward over 2..16 new tokens gives each the logits of one-token steps,
-    also where its queries' attention spans end on both sides of a multiple of `SPAN` slots, and on
-    a machine whose batched products would change a row's bits (each query in a fused call)."""
-    monkeypatch.setattr(row_attention, "rows_invariant", lambda *shape: batched)
+    also where its queries' attention spans end on both sides of a multiple of `SPAN` slots, on the
+    row kernel's attention, and on a machine whose batched products would change a row's bits (each
+    query in a fused call)."""
+    _attention(attention, monkeypatch)
     lm = CachedModel(packed_llama.model)
     assert lm.backend.row_exact
     ids = list(range(3, 100))
@@ -126,6 +141,29 @@ def test_row_attention_is_attention():
                 q[:, :, j : j + 1], keys[:, :, low:end], values[:, :, low:end], scale=0.25, enable_gqa=True
             )
             torch.testing.assert_close(out[:, :, j : j + 1], fused)
+
+
+@pytest.mark.skipif("kernel" not in PACKED_PATHS, reason="the row kernel does not build here")
+def test_the_row_kernel_attention_is_attention():
+    """The row kernel's attention is the fused kernel's to float32 rounding, under grouped key/value
+    heads, a causal chunk and a sliding window, reading queries where the rotary left them (every
+    head's slice of a wider row), and a query gets the same bits alone as beside others."""
+    generator = torch.Generator().manual_seed(3)
+    heads, kv_heads, head_dim = 8, 2, 32
+    qk = torch.randn(1, 6, heads + kv_heads, head_dim, generator=generator)
+    q = qk[:, :, :heads].transpose(1, 2)  # (1, heads, 6, head_dim), as the forward passes it
+    keys, values = torch.randn(2, 1, kv_heads, 256, head_dim, generator=generator)
+    ends = torch.tensor([70 + j for j in range(6)])
+    for window in (None, 20):
+        out = row_kernel.attend(q, keys, values, ends, window, 0.25)
+        for j, end in enumerate(ends.tolist()):
+            low = 0 if window is None else end - window
+            fused = F.scaled_dot_product_attention(
+                q[:, :, j : j + 1], keys[:, :, low:end], values[:, :, low:end], scale=0.25, enable_gqa=True
+            )
+            torch.testing.assert_close(out[:, :, j : j + 1], fused)
+            alone = row_kernel.attend(q[:, :, j : j + 1], keys, values, ends[j : j + 1], window, 0.25)
+            assert torch.equal(out[:, :, j : j + 1], alone), (window, j)
 
 
 def test_a_verify_attends_in_one_call_per_span():
@@ -173,12 +211,12 @@ def test_greedy_identity_holds_at_near_ties(packed_llama):
     [[-1, 0, 1, 0, 0], [-1, 0, 1, 0, 3, 0, 5, 4]],
     ids=["alternatives to the first draft", "branches of depth two and three"],
 )
-@pytest.mark.parametrize("batched", [True, False], ids=["queries batched", "fused call per query"])
-def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama, parents, batched, monkeypatch):
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama, parents, attention, monkeypatch):
     """In a tree forward (a chain and branches beside it) each node's logits equal, bit for bit,
     one-token steps along its own path; keeping a branch's path leaves the cache as if only that
     path had been fed."""
-    monkeypatch.setattr(row_attention, "rows_invariant", lambda *shape: batched)
+    _attention(attention, monkeypatch)
     from specdeck.engine.llama_forward import LlamaForward, _paths
 
     forward = LlamaForward(packed_llama.model)
