@@ -14,7 +14,8 @@ masked out, so a step at position p and a verify's query at p make calls over th
 slots. Where this machine's products keep a row's reduction order whatever the row count
 (`rows_invariant`, checked once per shape), a verify's queries whose spans agree share one call;
 elsewhere every query, a step's included, gets PyTorch's fused call over its span: as exact, and
-as many calls as before.
+as many calls as before. Where the row kernel builds (`engine.row_kernel`: float32 on the CPU), a
+call runs there instead, each query over its own slots, without a mask (`Call.ends`).
 """
 
 from __future__ import annotations
