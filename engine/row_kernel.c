@@ -1,4 +1,5 @@
-/* Matrix products for a few rows at a time: y (m, n) = x (m, k) w^T, float32, on AVX-512 or AVX2.
+/* Matrix products for a few rows at a time, y (m, n) = x (m, k) w^T, and attention for a few
+ * queries, float32, on AVX-512 or AVX2.
  *
  * A decode step multiplies one row by every weight of the model and a verify a few rows, so the
  * weights stream from memory once a call and the arithmetic has to hide behind that stream. The
@@ -11,12 +12,17 @@
  * falls in, or which thread computes its block. So a row gets the same bits alone as with others,
  * which keeps greedy speculative text identical to plain text (engine/linear.py checks it anyway).
  *
+ * Attention after cached positions (row_kernel_attention, at the end) is here for the same reason:
+ * each query reads only its own slots and sums in a fixed order, so a verify's queries share one
+ * call and each gets a step's bits.
+ *
  * Built at run time for the machine it runs on (engine/row_kernel.py: cc -O3 -march=native -fopenmp),
  * sharing PyTorch's OpenMP threads.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 /* Sums of a vector's lanes, always in the same order. */
@@ -177,7 +183,7 @@ static inline vec vexp(vec x) {
  * q (m, heads, d) at strides q_row, q_head (floats); keys and values (kv_heads, capacity, d) at
  * kv_head floats between heads; out (m, heads, d) contiguous; d a multiple of LANES, at most 256. */
 void row_kernel_attention(const float *q, long q_row, long q_head, const float *keys, const float *values,
-                          long kv_head, const long *ends, long m, long heads, long kv_heads, long d, long window,
+                          long kv_head, const int64_t *ends, long m, long heads, long kv_heads, long d, long window,
                           float scale, float *out, int threads) {
     long items = m * heads, group = heads / kv_heads, vectors = d / LANES;
 #pragma omp parallel for schedule(static) num_threads(threads)
