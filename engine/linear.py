@@ -227,46 +227,21 @@ def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
     if forced == "dense":
         return PathChoice("dense", "SPECDECK_LINEAR=dense")
     largest = max(weights, key=lambda w: w.numel())
-    shapes = {(tuple(w.shape), w.dtype): w for w in weights}.values()
-    candidates: dict[str, tuple[float, int]] = {}  # path -> (ms, rows a call at least)
+    shapes = list({(tuple(w.shape), w.dtype): w for w in weights}.values())
+    candidates: dict[str, tuple[float, int]] = {}  # path -> (ms over 1+2+4+8 rows, rows a call at least)
     refused: list[str] = []  # why a packed path is out
-    kernel_missing = next((reason for reason in map(row_kernel.unavailable, weights) if reason), None)
-    if forced in ("", "kernel"):
-        if kernel_missing:
-            refused.append(f"no row kernel: {kernel_missing}")
-        elif forced == "kernel":
-            return PathChoice("kernel", "SPECDECK_LINEAR=kernel")
-        elif not all(
-            _memo(w, "kernel bits", lambda w=w: _shape_invariant(KernelLinear(w), w.shape[1], w.dtype)) for w in shapes
-        ):
-            refused.append("the row kernel gives a row other bits alone than in a batch")
+    for path, candidate in (("kernel", _kernel_candidate), ("packed", _onednn_candidate)):
+        if forced not in ("", path):
+            continue
+        found = candidate(weights, shapes, largest, timed=not forced)
+        if isinstance(found, str):
+            refused.append(found)
+        elif forced:
+            return PathChoice(path, f"SPECDECK_LINEAR={path}", found[1])
         else:
-            candidates["kernel"] = (
-                _memo(largest, "kernel timing", lambda: _time_rows(KernelLinear(largest), largest)),
-                1,
-            )
-    onednn_missing = next((reason for reason in map(packed_available, weights) if reason), None)
-    if onednn_missing:
-        refused.append(str(onednn_missing))
-    elif forced == "packed":
-        return PathChoice("packed", "SPECDECK_LINEAR=packed")
-    elif forced == "":
-        rows = min_rows(largest)
-        odd = next((w for w in shapes if layout_for(w, rows) is None), None)
-        if odd is not None:
-            refused.append(
-                f"oneDNN's packed product of a {tuple(odd.shape)} weight gives a row other bits alone than in a batch"
-            )
-        else:
-            packed = PackedLinear(largest, layout=layout_for(largest, rows))
-            candidates["packed"] = (
-                _memo(largest, f"packed timing, {rows} rows", lambda: _time_rows(packed, largest)),
-                rows,
-            )
+            candidates[path] = found
     if not candidates:
-        return PathChoice(
-            "dense", "; ".join(refused) if forced == "" else f"SPECDECK_LINEAR={forced}, but {refused[-1]}"
-        )
+        return PathChoice("dense", f"SPECDECK_LINEAR={forced}, but {refused[0]}" if forced else "; ".join(refused))
     dense_ms = _memo(largest, "dense timing", lambda: _time_rows(DenseLinear(largest), largest))
     path = min(candidates, key=lambda name: candidates[name][0])
     timings = ", ".join(f"{_NAMES[name]} {ms:.2f} ms" for name, (ms, _) in candidates.items())
@@ -277,6 +252,41 @@ def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
     if candidates[path][0] > dense_ms:
         return PathChoice("dense", reason)
     return PathChoice(path, reason, candidates[path][1])
+
+
+def _kernel_candidate(
+    weights: Sequence[torch.Tensor], shapes: list[torch.Tensor], largest: torch.Tensor, timed: bool
+) -> tuple[float, int] | str:
+    """The row kernel's milliseconds over 1+2+4+8 rows through `largest` (0 where not `timed`) and
+    the rows a call takes at least; or why it cannot run these weights."""
+    missing = next((reason for reason in map(row_kernel.unavailable, weights) if reason), None)
+    if missing:
+        return f"no row kernel: {missing}"
+    if not timed:
+        return 0.0, 1
+    if not all(
+        _memo(w, "kernel bits", lambda w=w: _shape_invariant(KernelLinear(w), w.shape[1], w.dtype)) for w in shapes
+    ):
+        return "the row kernel gives a row other bits alone than in a batch"
+    return _memo(largest, "kernel timing", lambda: _time_rows(KernelLinear(largest), largest)), 1
+
+
+def _onednn_candidate(
+    weights: Sequence[torch.Tensor], shapes: list[torch.Tensor], largest: torch.Tensor, timed: bool
+) -> tuple[float, int] | str:
+    """oneDNN's packed product, as `_kernel_candidate`: its milliseconds and the rows a call takes at
+    least (measured, `min_rows`), or why not."""
+    missing = next((reason for reason in map(packed_available, weights) if reason), None)
+    if missing:
+        return missing
+    if not timed:
+        return 0.0, MIN_ROWS
+    rows = min_rows(largest)
+    odd = next((w for w in shapes if layout_for(w, rows) is None), None)
+    if odd is not None:
+        return f"oneDNN's packed product of a {tuple(odd.shape)} weight gives a row other bits alone than in a batch"
+    packed = PackedLinear(largest, layout=layout_for(largest, rows))
+    return _memo(largest, f"packed timing, {rows} rows", lambda: _time_rows(packed, largest)), rows
 
 
 def _memo(weight: torch.Tensor, what: str, measure):
