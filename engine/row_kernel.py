@@ -76,6 +76,8 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
     per machine and kept in the cache, and loaded; or why it cannot be."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the row kernel is written for x86-64 CPUs, not {platform.machine()}"
+    if not SOURCE.is_file():
+        return f"the row kernel's source {SOURCE} is not installed"
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         return "no C compiler (cc) to build the row kernel with"

@@ -12,6 +12,7 @@ from specdeck.engine import (
     TokenEvent,
     encode_prompt,
     generate,
+    linear,
     rounds,
     row_attention,
     row_kernel,
@@ -68,6 +69,19 @@ def test_the_row_kernel_gives_each_row_the_same_bits(shape, build):
     for n in (2, 3, 5, 8, 9, 16, 20):
         assert torch.equal(linear(x[:n]), alone[:n]), n
     torch.testing.assert_close(alone, F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_without_the_row_kernel_the_products_choose_another_path(monkeypatch, tmp_path):
+    """Where the row kernel cannot be built (here its source is missing, as from a bundle that left
+    it out), `build` says why, and products and attention run on PyTorch's paths."""
+    monkeypatch.setattr(row_kernel, "SOURCE", tmp_path / "row_kernel.c")
+    reason = row_kernel.build()
+    assert isinstance(reason, str) and "not installed" in reason
+    monkeypatch.setattr(row_kernel, "_LIBRARY", [reason])
+    monkeypatch.setattr(linear, "_MEASURED", {})
+    choice = linear.choose_path([torch.randn(64, 32)])
+    assert choice.path != "kernel" and "row kernel" not in choice.reason
+    assert row_kernel.attention_unavailable(torch.float32, torch.device("cpu"), 64) == reason
 
 
 @pytest.mark.skipif(packed_available(torch.zeros(2, 2)) is not None, reason="this torch has no oneDNN packed linear")
