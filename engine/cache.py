@@ -30,15 +30,20 @@ def cache_root() -> Path:
     return Path(base) / "specdeck"
 
 
-def machine_name() -> str:
-    """The CPU's model name, for the keys of what is measured on it (`costs_cache`) and for reports."""
+def cpu_info(*fields: str) -> str:
+    """The first of `fields` that /proc/cpuinfo gives (its value), else the platform's processor name."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(fields):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def machine_name() -> str:
+    """The CPU's model name, for the keys of what is measured on it (`costs_cache`) and for reports."""
+    return cpu_info("model name")
 
 
 def gguf_cache() -> Path:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from specdeck.engine.atomic import write_with
-from specdeck.engine.cache import cache_root
+from specdeck.engine.cache import cache_root, cpu_info
 from specdeck.engine.errors import SpecDeckError
 
 log = logging.getLogger(__name__)
@@ -43,14 +43,9 @@ def kernels_cache() -> Path:
     return cache_root() / "kernels"
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def cpu_flags() -> str:
+    """This CPU's feature flags (x86's `flags`, Arm's `Features`), as /proc/cpuinfo lists them."""
+    return cpu_info("flags", "Features")
 
 
 class _BuildFailed(Exception):
@@ -85,7 +80,7 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as error:
         return f"the C compiler {compiler} does not run ({error})"
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), version, _cpu_flags(), torch.__version__, arch]).encode())
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), version, cpu_flags(), torch.__version__, arch]).encode())
     target = kernels_cache() / f"row_kernel-{key.hexdigest()[:16]}.so"
     if not target.is_file():
         log.info("building the row kernel for this machine with %s", compiler)

@@ -43,7 +43,7 @@ def _avx2_build():
     build takes AVX-512): the path an AVX2-only CPU runs."""
     if "kernel" not in PACKED_PATHS:
         pytest.skip("the row kernel does not build here")
-    if not {"avx2", "fma"} <= set(row_kernel._cpu_flags().split()):
+    if not {"avx2", "fma"} <= set(row_kernel.cpu_flags().split()):
         pytest.skip("this CPU has no AVX2 with FMA")
     built = row_kernel.build("haswell")
     assert not isinstance(built, str), built
