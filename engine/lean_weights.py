@@ -23,12 +23,13 @@ beside the model's own would hold those weights twice (1.5x the model's bytes: 2
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from specdeck.engine import gguf_blocks
 from specdeck.engine.hf_parts import output_projection
 from specdeck.engine.linear import PACKED, Linear, PathChoice, choose_path, make_linear
 from specdeck.engine.memory import trim_heap
@@ -122,10 +123,13 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         if (alive := owner()) is not None:
             restore(alive)
 
-    def product(modules: list[torch.nn.Linear]) -> Linear:
-        weight = _stack([m.weight for m in modules])
+    # a GGUF target's products on the row kernel take the file's own blocks where it holds them
+    blocks = gguf_blocks.blocks_of(model) if choice.path == "kernel" else None
+
+    def product(modules: list[torch.nn.Linear], names: list[str]) -> Linear:
         bias = _stack([m.bias for m in modules]) if modules[0].bias is not None else None
-        linear = make_linear(weight, choice, bias)
+        linear = blocks.product(names, [m.weight for m in modules], bias) if blocks else None
+        linear = linear or make_linear(_stack([m.weight for m in modules]), choice, bias)
         if linear.path in PACKED:
             row = 0
             for module in modules:
@@ -137,7 +141,8 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         return linear
 
     layers = []
-    for layer, (qkv, out, gate_up, down) in zip(base.layers, groups):
+    for index, (layer, (qkv, out, gate_up, down)) in enumerate(zip(base.layers, groups)):
+        names = blocks.layer_names(index) if blocks else [[]] * 4
         attn = layer.self_attn
         qk_norm = None
         if hasattr(attn, "q_norm"):  # Qwen3: each query and key head normalised before the rotary
@@ -150,15 +155,18 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         layers.append(
             LayerWeights(
                 layer.input_layernorm.weight.detach(),
-                product(qkv),
+                product(qkv, names[0]),
                 qk_norm,
-                product(out),
+                product(out, names[1]),
                 layer.post_attention_layernorm.weight.detach(),
-                product(gate_up),
-                product(down),
+                product(gate_up, names[2]),
+                product(down, names[3]),
             )
         )
-    output = product([head]) if head is not None else None
+    output = product([head], blocks.output_names() if blocks else []) if head is not None else None
+    if blocks and blocks.used:
+        count = len(layers) * 4 + (output is not None)
+        choice = replace(choice, reason=f"{choice.reason}; {blocks.summary(count)}")
     for param, *_ in released.parts:  # the packed products hold these now
         param.data = torch.zeros((), dtype=param.dtype, device=param.device).expand(param.shape)
     if released.parts:

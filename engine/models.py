@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specdeck.engine import gguf_blocks
 from specdeck.engine.atomic import building_folder
 from specdeck.engine.backends import choose_backend, gguf_file
 from specdeck.engine.cache import TOKENIZER_SUFFIX, gguf_cache, heal
@@ -364,6 +365,8 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
             ) from error
         raise SpecDeckError(f"Could not load {name}: {error}") from error
     model.to(device).eval()  # type: ignore[arg-type]  # a decorator in transformers hides to()'s signature
+    if (file := gguf_file(name.strip())) is not None:
+        gguf_blocks.remember(model, file)  # its products may read the file's own blocks (`engine.gguf_blocks`)
     output_ids = read_output_tokens(Path(source), output_projection(model).weight.shape[0])
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
 

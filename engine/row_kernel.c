@@ -155,6 +155,148 @@ void row_kernel_product(const float *x, long m, long k, const float *w, long n, 
     }
 }
 
+/* Products on weights kept as a GGUF file stores them, in blocks of 32 along the inner dimension:
+ * Q4_1 (a float16 scale d and minimum m a block, 4-bit q: w = d q + m) and Q8_0 (a float16 scale d,
+ * 8-bit signed q: w = d q). A weight of 4.5 or 8.5 bits streams a fraction of float32's bytes and
+ * SmolLM2-135M's whole model stays in a large L3. Each weight is decoded in registers with the
+ * rounding of gguf-py's dequantization (d q rounded to float32, then + m rounded: no fused
+ * multiply-add; built with -ffp-contract=off), and summed exactly as `row_kernel_product` sums the
+ * decoded matrix: one fused multiply-add a term in k order. So a product gives the bits of the
+ * float32 product of the file's dequantized weights, whatever the number of rows.
+ *
+ * Packed per block of columns (V vectors of LANES columns, V = C but for a narrower last block),
+ * group by group of 32 k-steps:
+ *   Q4_1: d (V LANES float16), m (V LANES float16), then for each pair p < 16 of k-steps and each
+ *         vector c, LANES bytes: column's q at k = 2p in the low nibble, at 2p + 1 in the high;
+ *   Q8_0: d (V LANES float16), then for each k-step < 32 and each vector c, LANES signed bytes. */
+#if defined(__AVX512F__)
+typedef __m512i ivec;
+#define QU8(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define QS8(p) _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define QLOW(q) _mm512_and_si512(q, _mm512_set1_epi32(15))
+#define QHIGH(q) _mm512_srli_epi32(q, 4)
+#define QFLOAT(q) _mm512_cvtepi32_ps(q)
+#define VHALF(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define RQ 6 /* 18 accumulators, 3 scales, 3 minimums, 3 weights and a broadcast in 32 registers */
+#else
+#if !defined(__F16C__)
+#error "the row kernel's quantized products need F16C beside AVX2"
+#endif
+typedef __m256i ivec;
+#define QU8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define QS8(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define QLOW(q) _mm256_and_si256(q, _mm256_set1_epi32(15))
+#define QHIGH(q) _mm256_srli_epi32(q, 4)
+#define QFLOAT(q) _mm256_cvtepi32_ps(q)
+#define VHALF(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define RQ 3 /* 6 accumulators, 2 scales, 2 minimums, 2 weights and a broadcast in 16 registers */
+#endif
+#define QK 32 /* k-steps a quantized block spans */
+
+/* Bytes of one group of 32 k-steps of a packed block of `vectors` vectors of columns. */
+#define Q4_GROUP(vectors) ((long)(vectors) * LANES * 20)
+#define Q8_GROUP(vectors) ((long)(vectors) * LANES * 34)
+
+#define Q4_KERNEL(R, V)                                                                                \
+    static void q4_##R##_##V(const float *x, long k, const uint8_t *wb, float *y, long n, long j0) {    \
+        vec acc[R][V];                                                                                 \
+        for (int r = 0; r < R; r++)                                                                    \
+            for (int c = 0; c < V; c++) acc[r][c] = VZERO();                                           \
+        for (long g = 0; g < k / QK; g++, wb += Q4_GROUP(V)) {                                         \
+            vec d[V], m[V];                                                                            \
+            const uint8_t *qs = wb + V * LANES * 4;                                                    \
+            _mm_prefetch((const char *)(wb + 4 * Q4_GROUP(V)), _MM_HINT_T0);                           \
+            for (int c = 0; c < V; c++) {                                                              \
+                d[c] = VHALF(wb + c * LANES * 2);                                                      \
+                m[c] = VHALF(wb + V * LANES * 2 + c * LANES * 2);                                      \
+            }                                                                                          \
+            for (int p = 0; p < QK / 2; p++) {                                                         \
+                const float *xi = x + g * QK + 2 * p;                                                  \
+                ivec q[V];                                                                             \
+                vec w[V];                                                                              \
+                for (int c = 0; c < V; c++) q[c] = QU8(qs + (p * V + c) * LANES);                      \
+                for (int c = 0; c < V; c++) w[c] = VADD(VMUL(QFLOAT(QLOW(q[c])), d[c]), m[c]);         \
+                for (int r = 0; r < R; r++) {                                                          \
+                    vec xv = VBCAST(xi + r * k);                                                       \
+                    for (int c = 0; c < V; c++) acc[r][c] = VFMA(xv, w[c], acc[r][c]);                 \
+                }                                                                                      \
+                for (int c = 0; c < V; c++) w[c] = VADD(VMUL(QFLOAT(QHIGH(q[c])), d[c]), m[c]);        \
+                for (int r = 0; r < R; r++) {                                                          \
+                    vec xv = VBCAST(xi + r * k + 1);                                                   \
+                    for (int c = 0; c < V; c++) acc[r][c] = VFMA(xv, w[c], acc[r][c]);                 \
+                }                                                                                      \
+            }                                                                                          \
+        }                                                                                              \
+        for (int r = 0; r < R; r++)                                                                    \
+            for (int c = 0; c < V; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c]);                 \
+    }
+
+#define Q8_KERNEL(R, V)                                                                                \
+    static void q8_##R##_##V(const float *x, long k, const uint8_t *wb, float *y, long n, long j0) {    \
+        vec acc[R][V];                                                                                 \
+        for (int r = 0; r < R; r++)                                                                    \
+            for (int c = 0; c < V; c++) acc[r][c] = VZERO();                                           \
+        for (long g = 0; g < k / QK; g++, wb += Q8_GROUP(V)) {                                         \
+            vec d[V];                                                                                  \
+            const uint8_t *qs = wb + V * LANES * 2;                                                    \
+            _mm_prefetch((const char *)(wb + 2 * Q8_GROUP(V)), _MM_HINT_T0);                           \
+            for (int c = 0; c < V; c++) d[c] = VHALF(wb + c * LANES * 2);                              \
+            for (int i = 0; i < QK; i++) {                                                             \
+                vec w[V];                                                                              \
+                for (int c = 0; c < V; c++) w[c] = VMUL(QFLOAT(QS8(qs + (i * V + c) * LANES)), d[c]);  \
+                for (int r = 0; r < R; r++) {                                                          \
+                    vec xv = VBCAST(x + r * k + g * QK + i);                                           \
+                    for (int c = 0; c < V; c++) acc[r][c] = VFMA(xv, w[c], acc[r][c]);                 \
+                }                                                                                      \
+            }                                                                                          \
+        }                                                                                              \
+        for (int r = 0; r < R; r++)                                                                    \
+            for (int c = 0; c < V; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c]);                 \
+    }
+
+typedef void (*qkernel_fn)(const float *, long, const uint8_t *, float *, long, long);
+#define Q_KERNELS_OF(KIND, V) KIND##_KERNEL(1, V) KIND##_KERNEL(2, V) KIND##_KERNEL(3, V) Q_MORE(KIND, V)
+#define Q_ROW_OF(kind, V) {0, kind##_1_##V, kind##_2_##V, kind##_3_##V Q_MORE_NAMES(kind, V)}
+#if RQ > 3
+#define Q_MORE(KIND, V) KIND##_KERNEL(4, V) KIND##_KERNEL(5, V) KIND##_KERNEL(6, V)
+#define Q_MORE_NAMES(kind, V) , kind##_4_##V, kind##_5_##V, kind##_6_##V
+#else
+#define Q_MORE(KIND, V)
+#define Q_MORE_NAMES(kind, V)
+#endif
+Q_KERNELS_OF(Q4, 1)
+Q_KERNELS_OF(Q4, 2)
+Q_KERNELS_OF(Q8, 1)
+Q_KERNELS_OF(Q8, 2)
+#if C > 2
+Q_KERNELS_OF(Q4, 3)
+Q_KERNELS_OF(Q8, 3)
+static const qkernel_fn Q4_KERNELS[C + 1][RQ + 1] = {{0}, Q_ROW_OF(q4, 1), Q_ROW_OF(q4, 2), Q_ROW_OF(q4, 3)};
+static const qkernel_fn Q8_KERNELS[C + 1][RQ + 1] = {{0}, Q_ROW_OF(q8, 1), Q_ROW_OF(q8, 2), Q_ROW_OF(q8, 3)};
+#else
+static const qkernel_fn Q4_KERNELS[C + 1][RQ + 1] = {{0}, Q_ROW_OF(q4, 1), Q_ROW_OF(q4, 2)};
+static const qkernel_fn Q8_KERNELS[C + 1][RQ + 1] = {{0}, Q_ROW_OF(q8, 1), Q_ROW_OF(q8, 2)};
+#endif
+
+/* y (m, n) = x (m, k) w^T for w packed as above (`kind` 0: Q4_1, 1: Q8_0); k a multiple of 32, n of
+ * LANES; blocks split between threads as in `row_kernel_product`. */
+void row_kernel_quantized(int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y, int threads) {
+    long full = n / NB, blocks = (n + NB - 1) / NB, groups = k / QK;
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        long first = blocks * t / nt, last = blocks * (t + 1) / nt;
+        for (long b = first; b < last; b++) {
+            int vectors = b < full ? C : (int)((n - full * NB) / LANES);
+            const uint8_t *wb = w + b * groups * (kind ? Q8_GROUP(C) : Q4_GROUP(C));
+            for (long r = 0; r < m; r += RQ) {
+                int rows = m - r < RQ ? (int)(m - r) : RQ;
+                (kind ? Q8_KERNELS : Q4_KERNELS)[vectors][rows](x + r * k, k, wb, y + r * n, n, b * NB);
+            }
+        }
+    }
+}
+
 /* e^x lane by lane: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7 (relative
  * error about 5e-9), times 2^n; exactly 0 below -87 (where float32's normal range ends). */
 static inline vec vexp(vec x) {

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specdeck.engine.atomic import write_with
@@ -54,7 +55,8 @@ class _BuildFailed(Exception):
 
 def _build(compiler: str, target: Path, arch: str) -> None:
     """Compile the source for `arch` into `target`, or raise with the compiler's last word."""
-    flags = ["-O3", f"-march={arch}", "-fopenmp", "-shared", "-fPIC"]
+    # -ffp-contract=off: a quantized weight is decoded as gguf-py decodes it, d q and + m each rounded
+    flags = ["-O3", f"-march={arch}", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
     def save(path: Path) -> None:
         command = [compiler, *flags, "-o", str(path), str(SOURCE)]
@@ -121,6 +123,8 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
         ctypes.c_int,
     ]
     library.row_kernel_attention.restype = None
+    library.row_kernel_quantized.argtypes = [ctypes.c_int, *library.row_kernel_product.argtypes]
+    library.row_kernel_quantized.restype = None
     return library
 
 
@@ -198,6 +202,94 @@ class KernelLinear:
         blocks = self._packed[:split].reshape(-1, self.in_features, self._block).transpose(1, 2)
         rest = self._packed[split:].reshape(self.in_features, -1).T
         return torch.cat([blocks.reshape(whole, self.in_features), rest])[: self.out_features].contiguous()
+
+
+QUANTIZED = {"Q4_1": (0, 20), "Q8_0": (1, 34)}  # GGUF block types: the kernel's kind, bytes per 32 weights
+_GROUP = 32  # weights along the inner dimension a quantized block holds
+
+
+class QuantizedLinear:
+    """y = x W^T + b through the row kernel on a weight kept in a GGUF file's blocks (Q4_1, Q8_0).
+
+    `blocks` (out, in / 32 * bytes per block), uint8: the rows' blocks as the file stores them. The
+    kernel decodes each weight as gguf-py does and sums it as `KernelLinear` sums the decoded
+    matrix, so the product has the bits of `KernelLinear(dequantized)` at any row count, on 4.5
+    (Q4_1) or 8.5 (Q8_0) bits a weight instead of 32. `dense` is given the decoded matrix's maker
+    (the file's own dequantization), for the rare reader that needs it."""
+
+    path = "kernel"
+
+    def __init__(
+        self,
+        blocks: np.ndarray,
+        kind: str,
+        in_features: int,
+        dense,
+        bias: torch.Tensor | None = None,
+        built: ctypes.CDLL | str | None = None,
+    ) -> None:
+        built = library() if built is None else built
+        if isinstance(built, str):
+            raise RuntimeError(built)
+        self._product = built.row_kernel_quantized
+        self._kind, size = QUANTIZED[kind]
+        self.kind, self._dense, self.bias = kind, dense, bias
+        block, lanes = built.row_kernel_block(), built.row_kernel_lanes()
+        self.out_features, self.in_features = blocks.shape[0], in_features
+        self._width = -(-self.out_features // lanes) * lanes
+        groups = in_features // _GROUP
+        cut = np.zeros((self._width, groups, size), np.uint8)  # padded rows: d = m = q = 0, w = 0
+        cut[: self.out_features] = blocks.reshape(self.out_features, groups, size)
+        whole = self._width // block * block
+        parts = [_pack(cut[:whole].reshape(-1, block, groups, size), kind)]
+        if whole < self._width:
+            parts.append(_pack(cut[whole:][None], kind))
+        self._packed = torch.from_numpy(np.concatenate(parts))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_contiguous():
+            x = x.contiguous()
+        count = x.numel() // self.in_features
+        out = torch.empty((*x.shape[:-1], self._width), dtype=torch.float32)
+        if count:
+            self._product(
+                self._kind,
+                x.data_ptr(),
+                count,
+                self.in_features,
+                self._packed.data_ptr(),
+                self._width,
+                out.data_ptr(),
+                torch.get_num_threads(),
+            )
+        if self._width != self.out_features:
+            out = out[..., : self.out_features].contiguous()
+        if self.bias is not None:
+            out.add_(self.bias)
+        return out
+
+    def dense(self) -> torch.Tensor:
+        """The decoded weight matrix (out, in), float32: a new tensor."""
+        return self._dense()
+
+
+def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:
+    """Column blocks (count, columns, groups, bytes) of GGUF blocks in the kernel's layout
+    (`row_kernel.c`): per column block, per group of 32, the scales (and minimums) of its columns,
+    then the columns' quants k-step by k-step (Q4_1: two k-steps a byte)."""
+    count, columns, groups, _ = blocks.shape
+    fields = blocks.transpose(0, 2, 1, 3)  # (count, groups, columns, bytes)
+    scales = [fields[..., 0:2], fields[..., 2:4]] if kind == "Q4_1" else [fields[..., 0:2]]
+    parts = [np.ascontiguousarray(s).reshape(count, groups, 2 * columns) for s in scales]
+    if kind == "Q4_1":
+        q = fields[..., 4:20]  # byte j: weight j in the low nibble, weight j + 16 in the high
+        q = np.concatenate([q & 15, q >> 4], axis=-1)  # (count, groups, columns, 32), weight by weight
+        pairs = q[..., 0::2] | (q[..., 1::2] << 4)  # k-steps 2p and 2p + 1 in one byte
+        parts.append(np.ascontiguousarray(pairs.transpose(0, 1, 3, 2)).reshape(count, groups, 16 * columns))
+    else:
+        q = fields[..., 2:34]
+        parts.append(np.ascontiguousarray(q.transpose(0, 1, 3, 2)).reshape(count, groups, 32 * columns))
+    return np.concatenate(parts, axis=-1).reshape(-1)
 
 
 def attention_unavailable(dtype: torch.dtype, device: torch.device, head_dim: int) -> str | None:

@@ -1,0 +1,126 @@
+"""A GGUF target's matrices multiplied as the file stores them, on the row kernel.
+
+A `.gguf` model runs on torch dequantized to float32 (`engine.models.convert_gguf`): SmolLM2-135M's
+Q4_1 file becomes 540 MB of weights that every decode step streams from memory. Its matrices are
+4.5 bits a weight in the file (Q4_1; the output layer Q8_0, 8.5), 90 MB in all. Where the products
+run on SpecDeck's row kernel, each product whose matrices the file holds in a block type the kernel
+decodes (`row_kernel.QUANTIZED`) runs on the file's blocks instead: the kernel decodes every
+weight with gguf-py's rounding and sums it as the float32 product sums the dequantized matrix, so
+the logits keep their bits, and with them every text, while a step reads a sixth of the bytes.
+
+Which blocks are which matrix is checked, not assumed: a matrix is taken from the file only where
+gguf-py's dequantization of the named tensor equals the loaded float32 matrix bit for bit, row by
+row (the converter reorders the rows of the query and key projections for the rotary, so rows
+are matched by value). Anything else (another file, another block type, a tensor missing) keeps
+its float32 product, and the products' report says how many run on the file's blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdeck.engine.row_kernel import QUANTIZED, QuantizedLinear
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's names for a decoder layer's matrices, as the lean forward fuses them (q, k, v; the
+# output projection; gate, up; down), and for the output layer (a tied model has only the embedding)
+LAYER_TENSORS = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
+OUTPUT_TENSORS = ("output", "token_embd")
+
+_SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the GGUF file it was read from
+
+
+def remember(model: torch.nn.Module, path: Path) -> None:
+    """Note that `model`'s weights are the dequantized weights of the GGUF file `path`."""
+    _SOURCES[model] = path
+
+
+def blocks_of(model: torch.nn.Module) -> FileMatrices | None:
+    """The quantized matrices of the GGUF file `model` was read from, or None: a model from
+    elsewhere, a file that does not read, or `SPECDECK_GGUF_BLOCKS=off` (float32 products, for
+    measuring one against the other)."""
+    path = _SOURCES.get(model)
+    if path is None or os.environ.get("SPECDECK_GGUF_BLOCKS", "").strip().lower() in ("off", "0", "no"):
+        return None
+    try:
+        return FileMatrices(path)
+    except Exception as error:  # gguf's reader raises many types on a changed file
+        log.info("the matrices of %s stay float32: the file does not read (%s)", path, error)
+        return None
+
+
+class FileMatrices:
+    """A GGUF file's tensors, memory-mapped, by name."""
+
+    def __init__(self, path: Path) -> None:
+        from gguf import GGUFReader
+
+        self.path = path
+        self._tensors = {t.name: t for t in GGUFReader(str(path), "r").tensors}
+        self.used: list[str] = []  # the block types of the products made, one a product
+
+    def layer_names(self, layer: int) -> list[list[str]]:
+        return [[f"blk.{layer}.{name}.weight" for name in group] for group in LAYER_TENSORS]
+
+    def output_names(self) -> list[str]:
+        return next(([f"{n}.weight"] for n in OUTPUT_TENSORS if f"{n}.weight" in self._tensors), [])
+
+    def product(
+        self, names: Sequence[str], params: Sequence[torch.Tensor], bias: torch.Tensor | None
+    ) -> QuantizedLinear | None:
+        """The product of `params` (stacked by rows) on the file's blocks of the tensors `names`, or
+        None where the file does not hold exactly these matrices in one block type the kernel takes."""
+        tensors = [self._tensors.get(name) for name in names]
+        if not names or any(t is None for t in tensors) or len(tensors) != len(params):
+            return None
+        kinds = {t.tensor_type.name for t in tensors}
+        if len(kinds) != 1 or not kinds <= QUANTIZED.keys():
+            return None
+        if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params):
+            return None
+        pieces = []
+        for tensor, param in zip(tensors, params):
+            rows = _matching_rows(tensor, param.detach().numpy())
+            if rows is None:
+                return None
+            pieces.append((tensor, rows))
+        (kind,) = kinds
+        blocks = np.concatenate([np.asarray(t.data)[rows] for t, rows in pieces])
+
+        def dense(pieces=pieces, width=params[0].shape[1]) -> torch.Tensor:
+            return torch.cat([torch.from_numpy(_dequantized(t, width)[rows]) for t, rows in pieces])
+
+        self.used.append(kind)
+        return QuantizedLinear(blocks, kind, params[0].shape[1], dense, bias)
+
+    def summary(self, total: int) -> str:
+        """For the products' report: how many run on the file's blocks, in which types."""
+        kinds = ", ".join(f"{self.used.count(k)} {k}" for k in sorted(set(self.used)))
+        return f"{len(self.used)} of {total} products on {self.path.name}'s own blocks ({kinds})"
+
+
+def _dequantized(tensor, width: int) -> np.ndarray:
+    from gguf import dequantize
+
+    return dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(-1, width)
+
+
+def _matching_rows(tensor, weight: np.ndarray) -> np.ndarray | None:
+    """The file's rows of `tensor` in the order of `weight`'s rows, where every row of `weight` is
+    one of them bit for bit; else None."""
+    if tuple(int(n) for n in tensor.shape[::-1]) != weight.shape:  # gguf lists dimensions innermost first
+        return None
+    decoded = _dequantized(tensor, weight.shape[1])
+    if np.array_equal(decoded.view(np.uint32), weight.view(np.uint32)):
+        return np.arange(weight.shape[0])
+    where = {row.tobytes(): i for i, row in enumerate(decoded)}
+    rows = [where.get(row.tobytes()) for row in weight]
+    return None if any(r is None for r in rows) else np.array(rows)
