@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdeck.engine import linear, llama_forward, row_attention, row_kernel
+from specdeck.engine import gguf_blocks, linear, llama_forward, row_attention, row_kernel
 from specdeck.engine.atomic import write_text
 from specdeck.engine.cache import machine_name
 from specdeck.engine.errors import SpecDeckError
@@ -170,6 +170,8 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
             path += f" row attention {row_attention.SPAN}"
             if row_kernel.attention_unavailable(weights[0].dtype, weights[0].device, _head_dim(module)) is None:
                 path += " on the row kernel"
+            if path.startswith("kernel") and gguf_blocks.source_of(module) is not None:
+                path += " on the GGUF file's blocks"
     config = getattr(module, "config", None)
     parts = [
         what,

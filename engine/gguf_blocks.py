@@ -43,12 +43,19 @@ def remember(model: torch.nn.Module, path: Path) -> None:
     _SOURCES[model] = path
 
 
+def source_of(model: torch.nn.Module) -> Path | None:
+    """The GGUF file whose blocks `model`'s products on the row kernel take, or None: a model from
+    elsewhere, or `SPECDECK_GGUF_BLOCKS=off` (float32 products, for measuring one against the other)."""
+    if os.environ.get("SPECDECK_GGUF_BLOCKS", "").strip().lower() in ("off", "0", "no"):
+        return None
+    return _SOURCES.get(model)
+
+
 def blocks_of(model: torch.nn.Module) -> FileMatrices | None:
-    """The quantized matrices of the GGUF file `model` was read from, or None: a model from
-    elsewhere, a file that does not read, or `SPECDECK_GGUF_BLOCKS=off` (float32 products, for
-    measuring one against the other)."""
-    path = _SOURCES.get(model)
-    if path is None or os.environ.get("SPECDECK_GGUF_BLOCKS", "").strip().lower() in ("off", "0", "no"):
+    """The quantized matrices of the GGUF file `model` was read from (`source_of`), or None, also
+    where the file no longer reads."""
+    path = source_of(model)
+    if path is None:
         return None
     try:
         return FileMatrices(path)

@@ -158,11 +158,11 @@ void row_kernel_product(const float *x, long m, long k, const float *w, long n, 
 /* Products on weights kept as a GGUF file stores them, in blocks of 32 along the inner dimension:
  * Q4_1 (a float16 scale d and minimum m a block, 4-bit q: w = d q + m) and Q8_0 (a float16 scale d,
  * 8-bit signed q: w = d q). A weight of 4.5 or 8.5 bits streams a fraction of float32's bytes and
- * SmolLM2-135M's whole model stays in a large L3. Each weight is decoded in registers with the
- * rounding of gguf-py's dequantization (d q rounded to float32, then + m rounded: no fused
- * multiply-add; built with -ffp-contract=off), and summed exactly as `row_kernel_product` sums the
- * decoded matrix: one fused multiply-add a term in k order. So a product gives the bits of the
- * float32 product of the file's dequantized weights, whatever the number of rows.
+ * SmolLM2-135M's whole model stays in a large L3. Each weight is decoded in registers to the value
+ * gguf-py's dequantization gives it (d q is exact in float32, an 11-bit scale times a 4- or 8-bit
+ * integer, so only + m rounds, once, fused or not), and summed exactly as `row_kernel_product`
+ * sums the decoded matrix: one fused multiply-add a term in k order. So a product gives the bits of
+ * the float32 product of the file's dequantized weights, whatever the number of rows.
  *
  * Packed per block of columns (V vectors of LANES columns, V = C but for a narrower last block),
  * group by group of 32 k-steps:

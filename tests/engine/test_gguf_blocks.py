@@ -1,0 +1,112 @@
+"""A GGUF target's products on the file's own quantized blocks (`engine.gguf_blocks`): the bits of
+the float32 product of the dequantized matrices, at any number of rows, so no text changes."""
+
+import numpy as np
+import pytest
+import torch
+from tiny import ON_CPU, PACKED_PATHS
+
+from specdeck.engine import DecodeConfig, encode_prompt, generate, gguf_blocks, row_kernel
+from specdeck.engine.backends import gguf_file
+from specdeck.engine.lean_weights import weights_of
+from specdeck.engine.llama_forward import LlamaForward
+from specdeck.engine.models import load_model
+from specdeck.engine.row_kernel import KernelLinear, QuantizedLinear
+
+gguf = pytest.importorskip("gguf")
+needs_kernel = pytest.mark.skipif("kernel" not in PACKED_PATHS, reason="the row kernel does not build here")
+
+
+def _blocks(kind: str, rows: int, width: int, seed: int) -> np.ndarray:
+    """Random GGUF blocks of `kind` for a (rows, width) matrix, with scales (and minimums) of a
+    trained model's size, as the file stores them: (rows, width / 32 * bytes a block)."""
+    rng = np.random.default_rng(seed)
+    size = row_kernel.QUANTIZED[kind][1]
+    blocks = rng.integers(0, 256, (rows, width // 32, size), dtype=np.uint8)
+    scales = [0, 2] if kind == "Q4_1" else [0]
+    for start, spread in zip(scales, (0.01, 0.05)):
+        halves = rng.normal(0, spread, (rows, width // 32)).astype(np.float16)
+        blocks[..., start : start + 2] = halves[..., None].view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _decoded(blocks: np.ndarray, kind: str, width: int) -> torch.Tensor:
+    return torch.from_numpy(gguf.dequantize(blocks, gguf.GGMLQuantizationType[kind]).reshape(-1, width).copy())
+
+
+@needs_kernel
+@pytest.mark.parametrize("build", ["this CPU's", "AVX2"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (100, 64), (8, 32)])
+def test_quantized_products_have_the_bits_of_the_float32_product(shape, kind, build):
+    """Through the file's blocks a row's product equals, bit for bit, the float32 row kernel's
+    product of gguf-py's dequantization of them, alone and among 2..20 rows (groups of rows, a
+    last block narrower than the rest, rows padded to whole vectors); in this CPU's build and in
+    the AVX2 one."""
+    if build == "AVX2":
+        if not {"avx2", "fma", "f16c"} <= set(row_kernel.cpu_flags().split()):
+            pytest.skip("this CPU has no AVX2 with FMA and F16C")
+        built = row_kernel.build("haswell")
+    else:
+        built = row_kernel.library()
+    assert not isinstance(built, str), built
+    blocks = _blocks(kind, *shape, seed=shape[0])
+    decoded = _decoded(blocks, kind, shape[1])
+    bias = torch.randn(shape[0])
+    quantized = QuantizedLinear(blocks, kind, shape[1], lambda: decoded, bias, built)
+    plain = KernelLinear(decoded, bias, built)
+    x = torch.randn(20, shape[1], generator=torch.Generator().manual_seed(0))
+    alone = torch.cat([quantized(x[j : j + 1]) for j in range(20)])
+    assert torch.equal(alone, plain(x))
+    for n in (2, 3, 6, 7, 8, 13, 20):
+        assert torch.equal(quantized(x[:n]), alone[:n]), n
+
+
+@pytest.fixture(scope="module")
+def builtin_file():
+    path = gguf_file("smollm2-135m-instruct")
+    assert path is not None
+    return gguf_blocks.FileMatrices(path)
+
+
+@needs_kernel
+def test_only_matrices_the_file_holds_bit_for_bit_are_taken(builtin_file):
+    """A matrix is taken from the file where the named tensor decodes to it exactly, in whatever
+    row order (the converter reorders the query rows), and not where one weight differs, where the
+    file's tensor has another block type or where it has no such tensor."""
+    tensor = builtin_file._tensors["blk.0.attn_q.weight"]
+    matrix = torch.from_numpy(gguf.dequantize(np.asarray(tensor.data), tensor.tensor_type).copy())
+    order = torch.randperm(matrix.shape[0], generator=torch.Generator().manual_seed(0))
+    reordered = matrix[order].contiguous()
+    product = builtin_file.product(["blk.0.attn_q.weight"], [reordered], None)
+    assert product is not None and product.kind == "Q4_1"
+    assert torch.equal(product.dense(), reordered)
+    x = torch.randn(3, matrix.shape[1])
+    assert torch.equal(product(x), KernelLinear(reordered)(x))
+    changed = reordered.clone()
+    changed[5, 7] = torch.nextafter(changed[5, 7], torch.tensor(1.0))
+    assert builtin_file.product(["blk.0.attn_q.weight"], [changed], None) is None
+    norm = builtin_file._tensors["blk.0.attn_norm.weight"]  # float32 in the file: no blocks
+    assert builtin_file.product(["blk.0.attn_norm.weight"], [torch.from_numpy(np.array(norm.data)[None])], None) is None
+    assert builtin_file.product(["blk.99.attn_q.weight"], [reordered], None) is None
+
+
+@needs_kernel
+def test_the_builtin_target_runs_on_its_file_blocks_with_the_float32_bits(monkeypatch):
+    """The built-in Q4_1 target's products all read the file's blocks (the report says so), and its
+    logits after a prefill, a step and a verify are those of the float32 products, bit for bit."""
+    monkeypatch.setenv("SPECDECK_LINEAR", "kernel")
+    on_blocks = load_model("smollm2-135m-instruct", ON_CPU)
+    assert "121 of 121 products on SmolLM2-135M-Instruct.Q4_1.gguf's own blocks" in (
+        weights_of(on_blocks.model).products.reason  # the weights are read (and packed) here
+    )
+    monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "off")
+    on_floats = load_model("smollm2-135m-instruct", ON_CPU)
+    assert "own blocks" not in weights_of(on_floats.model).products.reason
+    ids = encode_prompt(on_blocks.tokenizer, "Name three rivers of Europe.")
+    blocks, floats = LlamaForward(on_blocks.model), LlamaForward(on_floats.model)
+    with torch.inference_mode():
+        for tokens in (ids, [330], [28, 29, 30, 31]):
+            assert torch.equal(blocks.logits(torch.tensor(tokens), False), floats.logits(torch.tensor(tokens), False))
+    texts = [list(generate(m, ids, DecodeConfig(max_new_tokens=24)))[-1].text for m in (on_blocks, on_floats)]
+    assert texts[0] == texts[1]
