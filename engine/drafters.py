@@ -30,8 +30,9 @@ from specdeck.engine.hf_parts import input_embedding
 from specdeck.engine.kvcache import CachedModel, backend_for
 from specdeck.engine.lean_weights import output_weight
 from specdeck.engine.linear import Linear, bfloat16_pays, make_linear
-from specdeck.engine.llama_forward import output_layer
+from specdeck.engine.llama_forward import output_layer, supports
 from specdeck.engine.llamacpp_backend import LlamaCppModel, matrices_of
+from specdeck.engine.row_kernel import QuantizedLinear
 from specdeck.engine.sampling import logits_to_probs, sample
 
 if TYPE_CHECKING:
@@ -354,7 +355,7 @@ class FeatureHeadDrafter(Drafter):
         self.feature_layers = head.feature_layers
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
-        self._output = output_layer(matrices) if rows is None else make_linear(rows)
+        self._output = output_layer(matrices) if rows is None else _rows_product(matrices, self._output_ids, rows)
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -415,6 +416,17 @@ class FeatureHeadDrafter(Drafter):
                 break
             predicted = self._pair(predicted[None], torch.tensor([token], device=self.device))[-1]
         return chain.proposal(self.vocab_width, self.device)
+
+
+def _rows_product(matrices, ids: torch.Tensor, rows: torch.Tensor) -> Linear:
+    """A product of the target's output rows `ids` (values `rows`): on the GGUF file's blocks where
+    the target's output layer reads them (`engine.gguf_blocks`; the same bits, a quarter of the
+    bytes), else on `rows`."""
+    if rows.dtype == torch.float32 and not isinstance(matrices, LlamaCppModel) and supports(matrices):
+        whole = output_layer(matrices)
+        if isinstance(whole, QuantizedLinear) and (cut := whole.rows(ids.cpu().numpy())) is not None:
+            return cut
+    return make_linear(rows)
 
 
 def _runs(parts: list[torch.Tensor | int]) -> list[torch.Tensor | int]:

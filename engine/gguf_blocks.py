@@ -100,13 +100,15 @@ class FileMatrices:
                 return None
             pieces.append((tensor, rows))
         (kind,) = kinds
-        blocks = np.concatenate([np.asarray(t.data)[rows] for t, rows in pieces])
+
+        def blocks(pieces=pieces) -> np.ndarray:
+            return np.concatenate([np.asarray(t.data)[rows] for t, rows in pieces])
 
         def dense(pieces=pieces, width=params[0].shape[1]) -> torch.Tensor:
             return torch.cat([torch.from_numpy(_dequantized(t, width)[rows]) for t, rows in pieces])
 
         self.used.append(kind)
-        return QuantizedLinear(blocks, kind, params[0].shape[1], dense, bias)
+        return QuantizedLinear(blocks(), kind, params[0].shape[1], dense, bias, source=blocks)
 
     def summary(self, total: int) -> str:
         """For the products' report: how many run on the file's blocks, in which types."""

@@ -177,7 +177,7 @@ typedef __m512i ivec;
 #define QHIGH(q) _mm512_srli_epi32(q, 4)
 #define QFLOAT(q) _mm512_cvtepi32_ps(q)
 #define VHALF(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define RQ 6 /* 18 accumulators, 3 scales, 3 minimums, 3 weights and a broadcast in 32 registers */
+#define RQ 8 /* 24 accumulators, a weight vector and its quants in 32 registers */
 #else
 #if !defined(__F16C__)
 #error "the row kernel's quantized products need F16C beside AVX2"
@@ -189,7 +189,7 @@ typedef __m256i ivec;
 #define QHIGH(q) _mm256_srli_epi32(q, 4)
 #define QFLOAT(q) _mm256_cvtepi32_ps(q)
 #define VHALF(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define RQ 3 /* 6 accumulators, 2 scales, 2 minimums, 2 weights and a broadcast in 16 registers */
+#define RQ 6 /* 12 accumulators, a weight vector and its quants in 16 registers */
 #endif
 #define QK 32 /* k-steps a quantized block spans */
 
@@ -197,33 +197,33 @@ typedef __m256i ivec;
 #define Q4_GROUP(vectors) ((long)(vectors) * LANES * 20)
 #define Q8_GROUP(vectors) ((long)(vectors) * LANES * 34)
 
+/* A group's scales (and minimums) as float32, for the kernels' multiplies to read from L1. */
+static inline void halves(const uint8_t *h, int count, float *out) {
+    for (int i = 0; i < count; i += LANES) VSTORE(out + i, VHALF(h + 2 * i));
+}
+
+/* d q + m in one fused multiply-add: d q is exact, so its one rounding is gguf-py's. Each vector
+ * of columns is decoded once a pair of k-steps and multiplied into all R rows' accumulators. */
 #define Q4_KERNEL(R, V)                                                                                \
     static void q4_##R##_##V(const float *x, long k, const uint8_t *wb, float *y, long n, long j0) {    \
         vec acc[R][V];                                                                                 \
+        float d[V * LANES], m[V * LANES];                                                              \
         for (int r = 0; r < R; r++)                                                                    \
             for (int c = 0; c < V; c++) acc[r][c] = VZERO();                                           \
         for (long g = 0; g < k / QK; g++, wb += Q4_GROUP(V)) {                                         \
-            vec d[V], m[V];                                                                            \
             const uint8_t *qs = wb + V * LANES * 4;                                                    \
             _mm_prefetch((const char *)(wb + 4 * Q4_GROUP(V)), _MM_HINT_T0);                           \
-            for (int c = 0; c < V; c++) {                                                              \
-                d[c] = VHALF(wb + c * LANES * 2);                                                      \
-                m[c] = VHALF(wb + V * LANES * 2 + c * LANES * 2);                                      \
-            }                                                                                          \
+            halves(wb, V * LANES, d);                                                                  \
+            halves(wb + V * LANES * 2, V * LANES, m);                                                  \
             for (int p = 0; p < QK / 2; p++) {                                                         \
                 const float *xi = x + g * QK + 2 * p;                                                  \
-                ivec q[V];                                                                             \
-                vec w[V];                                                                              \
-                for (int c = 0; c < V; c++) q[c] = QU8(qs + (p * V + c) * LANES);                      \
-                for (int c = 0; c < V; c++) w[c] = VADD(VMUL(QFLOAT(QLOW(q[c])), d[c]), m[c]);         \
-                for (int r = 0; r < R; r++) {                                                          \
-                    vec xv = VBCAST(xi + r * k);                                                       \
-                    for (int c = 0; c < V; c++) acc[r][c] = VFMA(xv, w[c], acc[r][c]);                 \
-                }                                                                                      \
-                for (int c = 0; c < V; c++) w[c] = VADD(VMUL(QFLOAT(QHIGH(q[c])), d[c]), m[c]);        \
-                for (int r = 0; r < R; r++) {                                                          \
-                    vec xv = VBCAST(xi + r * k + 1);                                                   \
-                    for (int c = 0; c < V; c++) acc[r][c] = VFMA(xv, w[c], acc[r][c]);                 \
+                for (int c = 0; c < V; c++) {                                                          \
+                    ivec q = QU8(qs + (p * V + c) * LANES);                                            \
+                    vec dc = VLOAD(d + c * LANES), mc = VLOAD(m + c * LANES);                          \
+                    vec w = VFMA(QFLOAT(QLOW(q)), dc, mc);                                             \
+                    for (int r = 0; r < R; r++) acc[r][c] = VFMA(VBCAST(xi + r * k), w, acc[r][c]);    \
+                    w = VFMA(QFLOAT(QHIGH(q)), dc, mc);                                                \
+                    for (int r = 0; r < R; r++) acc[r][c] = VFMA(VBCAST(xi + r * k + 1), w, acc[r][c]); \
                 }                                                                                      \
             }                                                                                          \
         }                                                                                              \
@@ -234,19 +234,18 @@ typedef __m256i ivec;
 #define Q8_KERNEL(R, V)                                                                                \
     static void q8_##R##_##V(const float *x, long k, const uint8_t *wb, float *y, long n, long j0) {    \
         vec acc[R][V];                                                                                 \
+        float d[V * LANES];                                                                            \
         for (int r = 0; r < R; r++)                                                                    \
             for (int c = 0; c < V; c++) acc[r][c] = VZERO();                                           \
         for (long g = 0; g < k / QK; g++, wb += Q8_GROUP(V)) {                                         \
-            vec d[V];                                                                                  \
             const uint8_t *qs = wb + V * LANES * 2;                                                    \
             _mm_prefetch((const char *)(wb + 2 * Q8_GROUP(V)), _MM_HINT_T0);                           \
-            for (int c = 0; c < V; c++) d[c] = VHALF(wb + c * LANES * 2);                              \
+            halves(wb, V * LANES, d);                                                                  \
             for (int i = 0; i < QK; i++) {                                                             \
-                vec w[V];                                                                              \
-                for (int c = 0; c < V; c++) w[c] = VMUL(QFLOAT(QS8(qs + (i * V + c) * LANES)), d[c]);  \
-                for (int r = 0; r < R; r++) {                                                          \
-                    vec xv = VBCAST(x + r * k + g * QK + i);                                           \
-                    for (int c = 0; c < V; c++) acc[r][c] = VFMA(xv, w[c], acc[r][c]);                 \
+                const float *xi = x + g * QK + i;                                                      \
+                for (int c = 0; c < V; c++) {                                                          \
+                    vec w = VMUL(QFLOAT(QS8(qs + (i * V + c) * LANES)), VLOAD(d + c * LANES));          \
+                    for (int r = 0; r < R; r++) acc[r][c] = VFMA(VBCAST(xi + r * k), w, acc[r][c]);    \
                 }                                                                                      \
             }                                                                                          \
         }                                                                                              \
@@ -257,12 +256,12 @@ typedef __m256i ivec;
 typedef void (*qkernel_fn)(const float *, long, const uint8_t *, float *, long, long);
 #define Q_KERNELS_OF(KIND, V) KIND##_KERNEL(1, V) KIND##_KERNEL(2, V) KIND##_KERNEL(3, V) Q_MORE(KIND, V)
 #define Q_ROW_OF(kind, V) {0, kind##_1_##V, kind##_2_##V, kind##_3_##V Q_MORE_NAMES(kind, V)}
-#if RQ > 3
+#if RQ > 6
+#define Q_MORE(KIND, V) KIND##_KERNEL(4, V) KIND##_KERNEL(5, V) KIND##_KERNEL(6, V) KIND##_KERNEL(7, V) KIND##_KERNEL(8, V)
+#define Q_MORE_NAMES(kind, V) , kind##_4_##V, kind##_5_##V, kind##_6_##V, kind##_7_##V, kind##_8_##V
+#else
 #define Q_MORE(KIND, V) KIND##_KERNEL(4, V) KIND##_KERNEL(5, V) KIND##_KERNEL(6, V)
 #define Q_MORE_NAMES(kind, V) , kind##_4_##V, kind##_5_##V, kind##_6_##V
-#else
-#define Q_MORE(KIND, V)
-#define Q_MORE_NAMES(kind, V)
 #endif
 Q_KERNELS_OF(Q4, 1)
 Q_KERNELS_OF(Q4, 2)

@@ -23,6 +23,7 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -213,8 +214,9 @@ class QuantizedLinear:
     `blocks` (out, in / 32 * bytes per block), uint8: the rows' blocks as the file stores them. The
     kernel decodes each weight as gguf-py does and sums it as `KernelLinear` sums the decoded
     matrix, so the product has the bits of `KernelLinear(dequantized)` at any row count, on 4.5
-    (Q4_1) or 8.5 (Q8_0) bits a weight instead of 32. `dense` is given the decoded matrix's maker
-    (the file's own dequantization), for the rare reader that needs it."""
+    (Q4_1) or 8.5 (Q8_0) bits a weight instead of 32. `dense` makes the decoded matrix (the file's
+    own dequantization), for the rare reader that needs it; `source`, where given, the blocks again
+    (from the file: nothing kept twice), for `rows`."""
 
     path = "kernel"
 
@@ -226,10 +228,12 @@ class QuantizedLinear:
         dense,
         bias: torch.Tensor | None = None,
         built: ctypes.CDLL | str | None = None,
+        source: Callable[[], np.ndarray] | None = None,
     ) -> None:
         built = library() if built is None else built
         if isinstance(built, str):
             raise RuntimeError(built)
+        self._built, self._source = built, source
         self._product = built.row_kernel_quantized
         self._kind, size = QUANTIZED[kind]
         self.kind, self._dense, self.bias = kind, dense, bias
@@ -270,6 +274,15 @@ class QuantizedLinear:
     def dense(self) -> torch.Tensor:
         """The decoded weight matrix (out, in), float32: a new tensor."""
         return self._dense()
+
+    def rows(self, ids: np.ndarray) -> QuantizedLinear | None:
+        """The product of the rows `ids` of this weight (no bias), on their blocks: the same bits as
+        these rows of this product; None without a `source` of the blocks."""
+        if self._source is None:
+            return None
+        return QuantizedLinear(
+            self._source()[ids], self.kind, self.in_features, lambda: self.dense()[ids], built=self._built
+        )
 
 
 def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:

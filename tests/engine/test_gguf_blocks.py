@@ -110,3 +110,17 @@ def test_the_builtin_target_runs_on_its_file_blocks_with_the_float32_bits(monkey
             assert torch.equal(blocks.logits(torch.tensor(tokens), False), floats.logits(torch.tensor(tokens), False))
     texts = [list(generate(m, ids, DecodeConfig(max_new_tokens=24)))[-1].text for m in (on_blocks, on_floats)]
     assert texts[0] == texts[1]
+
+
+@needs_kernel
+def test_a_product_of_some_rows_keeps_their_bits(builtin_file):
+    """A feature head drafts from some rows of the target's output layer: their product on the
+    file's blocks gives, bit for bit, those rows' outputs of the whole product."""
+    tensor = builtin_file._tensors["blk.3.ffn_gate.weight"]
+    matrix = torch.from_numpy(gguf.dequantize(np.asarray(tensor.data), tensor.tensor_type).copy())
+    whole = builtin_file.product(["blk.3.ffn_gate.weight"], [matrix], None)
+    ids = np.array([5, 900, 17, 1535, 6, 7, 8, 300, 301])
+    some = whole.rows(ids)
+    x = torch.randn(4, matrix.shape[1])
+    assert torch.equal(some(x), whole(x)[:, ids])
+    assert torch.equal(some.dense(), matrix[ids])
