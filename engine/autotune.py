@@ -22,6 +22,7 @@ import bisect
 import hashlib
 import json
 import logging
+import os
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
@@ -172,6 +173,8 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
                 path += " on the row kernel"
             if path.startswith("kernel") and gguf_blocks.source_of(module) is not None:
                 path += " on the GGUF file's blocks"
+            if path.startswith("kernel") and os.environ.get("SPECDECK_FUSED_LAYERS", "1").strip() != "0":
+                path += ", layers fused"  # `engine.fused_layers`, where the model allows
     config = getattr(module, "config", None)
     parts = [
         what,

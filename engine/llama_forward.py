@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdeck.engine import row_attention, row_kernel
+from specdeck.engine.fused_layers import FusedLayers
 from specdeck.engine.graphed_steps import FixedShapeSteps
 from specdeck.engine.hf_parts import output_projection
 from specdeck.engine.lean_weights import weights_of
@@ -195,14 +196,18 @@ class LlamaForward:
         if fixed_shape is None:
             fixed_shape = fixed_shape_on(device)
         self.steps = FixedShapeSteps(self, capture=device.type == "cuda") if fixed_shape else None
+        # steps and verifies (chains after cached positions) layer by layer in one row kernel call each
+        self.fused_unavailable = FusedLayers.unavailable(self)
+        self.fused = FusedLayers(self) if self.fused_unavailable is None else None
 
     @property
     def supports_trees(self) -> bool:
         """Whether token trees keep a verify exact here. The fixed-shape steps would give a side
         branch's nodes their ancestors in slots that are not adjacent, and attention's sums over
         them (with masked slots between) round differently from a plain step's over adjacent ones:
-        on them drafts are chains."""
-        return self.steps is None
+        on them drafts are chains. So are they on the fused layers (`engine.fused_layers`), whose
+        small operations round otherwise than the eager path a side branch takes."""
+        return self.steps is None and self.fused is None
 
     def reset(self) -> None:
         self.cache.length = 0
@@ -265,6 +270,11 @@ class LlamaForward:
         # each query's bits those of a one-token step at its position; a first chunk or a longer one
         # takes one fused call.
         rowwise = start > 0 and n <= ROW_BY_ROW_LIMIT
+        if rowwise and paths is None and self.fused is not None:
+            cache.reserve(start + n)
+            x, self.tapped = self.fused.run(inputs, cos, sin, cache, start, self.taps)
+            cache.length = start + n
+            return rms_norm(x[None], w.norm, self.shape.rms_eps)[0]
         if rowwise:
             cache.reserve(row_attention.span(start + n))
             calls = self._calls(start, n, paths, inputs.dtype, inputs.device)

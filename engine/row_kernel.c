@@ -52,6 +52,7 @@ typedef __m512 vec;
 #define VSET(f) _mm512_set1_ps(f)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VADD(a, b) _mm512_add_ps(a, b)
+#define VDIV(a, b) _mm512_div_ps(a, b)
 #define VSUB(a, b) _mm512_sub_ps(a, b)
 #define VMAX(a, b) _mm512_max_ps(a, b)
 #define VFNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
@@ -72,6 +73,7 @@ typedef __m256 vec;
 #define VSET(f) _mm256_set1_ps(f)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #define VADD(a, b) _mm256_add_ps(a, b)
+#define VDIV(a, b) _mm256_div_ps(a, b)
 #define VSUB(a, b) _mm256_sub_ps(a, b)
 #define VMAX(a, b) _mm256_max_ps(a, b)
 #define VFNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
@@ -138,21 +140,22 @@ static const kernel_fn KERNELS[C + 1][RMAX + 1] = {{0}, ROW_OF(1), ROW_OF(2)};
  * (k, NB), and a last block (k, n % NB) where NB does not divide n; the blocks split between
  * `threads` threads in contiguous runs. The first group of rows streams a block from memory
  * (prefetching ahead); later groups find it in cache. */
-void row_kernel_product(const float *x, long m, long k, const float *w, long n, float *y, int threads) {
+static void product_part(int t, int nt, const float *x, long m, long k, const float *w, long n, float *y) {
     long full = n / NB, blocks = (n + NB - 1) / NB;
-#pragma omp parallel num_threads(threads)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        long first = blocks * t / nt, last = blocks * (t + 1) / nt;
-        for (long b = first; b < last; b++) {
-            const float *wb = w + b * k * NB;
-            int vectors = b < full ? C : (int)((n - full * NB) / LANES);
-            for (long r = 0; r < m; r += RMAX) {
-                int rows = m - r < RMAX ? (int)(m - r) : RMAX;
-                KERNELS[vectors][rows](x + r * k, k, wb, y + r * n, n, b * NB, r == 0);
-            }
+    long first = blocks * t / nt, last = blocks * (t + 1) / nt;
+    for (long b = first; b < last; b++) {
+        const float *wb = w + b * k * NB;
+        int vectors = b < full ? C : (int)((n - full * NB) / LANES);
+        for (long r = 0; r < m; r += RMAX) {
+            int rows = m - r < RMAX ? (int)(m - r) : RMAX;
+            KERNELS[vectors][rows](x + r * k, k, wb, y + r * n, n, b * NB, r == 0);
         }
     }
+}
+
+void row_kernel_product(const float *x, long m, long k, const float *w, long n, float *y, int threads) {
+#pragma omp parallel num_threads(threads)
+    product_part(omp_get_thread_num(), omp_get_num_threads(), x, m, k, w, n, y);
 }
 
 /* Products on weights kept as a GGUF file stores them, in blocks of 32 along the inner dimension:
@@ -279,21 +282,23 @@ static const qkernel_fn Q8_KERNELS[C + 1][RQ + 1] = {{0}, Q_ROW_OF(q8, 1), Q_ROW
 
 /* y (m, n) = x (m, k) w^T for w packed as above (`kind` 0: Q4_1, 1: Q8_0); k a multiple of 32, n of
  * LANES; blocks split between threads as in `row_kernel_product`. */
-void row_kernel_quantized(int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y, int threads) {
+static void quantized_part(int t, int nt, int kind, const float *x, long m, long k, const uint8_t *w, long n,
+                           float *y) {
     long full = n / NB, blocks = (n + NB - 1) / NB, groups = k / QK;
-#pragma omp parallel num_threads(threads)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        long first = blocks * t / nt, last = blocks * (t + 1) / nt;
-        for (long b = first; b < last; b++) {
-            int vectors = b < full ? C : (int)((n - full * NB) / LANES);
-            const uint8_t *wb = w + b * groups * (kind ? Q8_GROUP(C) : Q4_GROUP(C));
-            for (long r = 0; r < m; r += RQ) {
-                int rows = m - r < RQ ? (int)(m - r) : RQ;
-                (kind ? Q8_KERNELS : Q4_KERNELS)[vectors][rows](x + r * k, k, wb, y + r * n, n, b * NB);
-            }
+    long first = blocks * t / nt, last = blocks * (t + 1) / nt;
+    for (long b = first; b < last; b++) {
+        int vectors = b < full ? C : (int)((n - full * NB) / LANES);
+        const uint8_t *wb = w + b * groups * (kind ? Q8_GROUP(C) : Q4_GROUP(C));
+        for (long r = 0; r < m; r += RQ) {
+            int rows = m - r < RQ ? (int)(m - r) : RQ;
+            (kind ? Q8_KERNELS : Q4_KERNELS)[vectors][rows](x + r * k, k, wb, y + r * n, n, b * NB);
         }
     }
+}
+
+void row_kernel_quantized(int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y, int threads) {
+#pragma omp parallel num_threads(threads)
+    quantized_part(omp_get_thread_num(), omp_get_num_threads(), kind, x, m, k, w, n, y);
 }
 
 /* e^x lane by lane: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7 (relative
@@ -323,12 +328,11 @@ static inline vec vexp(vec x) {
  *
  * q (m, heads, d) at strides q_row, q_head (floats); keys and values (kv_heads, capacity, d) at
  * kv_head floats between heads; out (m, heads, d) contiguous; d a multiple of LANES, at most 256. */
-void row_kernel_attention(const float *q, long q_row, long q_head, const float *keys, const float *values,
-                          long kv_head, const int64_t *ends, long m, long heads, long kv_heads, long d, long window,
-                          float scale, float *out, int threads) {
+static void attention_part(int t, int nt, const float *q, long q_row, long q_head, const float *keys,
+                           const float *values, long kv_head, const int64_t *ends, long m, long heads, long kv_heads,
+                           long d, long window, float scale, float *out) {
     long items = m * heads, group = heads / kv_heads, vectors = d / LANES;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (long item = 0; item < items; item++) {
+    for (long item = items * t / nt; item < items * (t + 1) / nt; item++) {
         long r = item / heads, h = item % heads, end = ends[r];
         long lo = window > 0 && end > window ? end - window : 0, count = end - lo;
         const float *qv = q + r * q_row + h * q_head;
@@ -362,5 +366,103 @@ void row_kernel_attention(const float *q, long q_row, long q_head, const float *
         float *o = out + (r * heads + h) * d;
         for (long c = 0; c < vectors; c++) VSTORE(o + c * LANES, VMUL(acc[c], inverse));
         free(scores);
+    }
+}
+
+void row_kernel_attention(const float *q, long q_row, long q_head, const float *keys, const float *values,
+                          long kv_head, const int64_t *ends, long m, long heads, long kv_heads, long d, long window,
+                          float scale, float *out, int threads) {
+#pragma omp parallel num_threads(threads)
+    attention_part(omp_get_thread_num(), omp_get_num_threads(), q, q_row, q_head, keys, values, kv_head, ends, m,
+                   heads, kv_heads, d, window, scale, out);
+}
+
+/* A product inside a team of threads: kind -1 float32 blocks, 0 Q4_1, 1 Q8_0 (the layouts above). */
+static void any_part(int t, int nt, int64_t kind, const void *w, const float *x, long m, long k, long n, float *y) {
+    if (kind < 0)
+        product_part(t, nt, x, m, k, (const float *)w, n, y);
+    else
+        quantized_part(t, nt, (int)kind, x, m, k, (const uint8_t *)w, n, y);
+}
+
+/* x / sqrt(mean(x^2) + eps) * weight, row by row: the sum of squares in index order. */
+static void rms_rows(const float *x, long m, long width, const float *weight, float eps, float *out) {
+    for (long r = 0; r < m; r++) {
+        const float *xr = x + r * width;
+        float sum = 0.0f;
+        for (long j = 0; j < width; j++) sum += xr[j] * xr[j];
+        float inverse = 1.0f / sqrtf(sum / (float)width + eps);
+        for (long j = 0; j < width; j++) out[r * width + j] = weight[j] * (xr[j] * inverse);
+    }
+}
+
+/* One Llama decoder layer for m new positions start, start + 1, ... of one sequence, after `start`
+ * cached ones, in one team of threads: the residual stream x (m, hidden) is updated in place, the
+ * positions' keys and values written to the layer's cache (kv_heads, capacity, d; kv_stride floats
+ * between heads). Every step is row by row or, for the products and attention, the same code as
+ * the calls above: a row's bits do not depend on m. The products are (kinds, weights, widths) for
+ * qkv, out, gate_up and down; cos and sin (m, d) the rotary's (sin carrying rotate_half's sign);
+ * scratch holds m (2 hidden + qkv width + heads d + gate_up width + gate_up width / 2) floats. */
+void row_kernel_layer(float *x, long m, long hidden, const float *input_norm, const float *post_norm, float eps,
+                      const int64_t *kinds, const void *const *weights, const int64_t *widths, const float *cos,
+                      const float *sin, float *keys, float *values, long kv_stride, long start, long heads,
+                      long kv_heads, long d, long window, float scale, float *scratch, int threads) {
+    long n_qkv = widths[0], n_gu = widths[2], inter = n_gu / 2, half = d / 2;
+    float *h = scratch, *y = h + m * hidden, *qkv = y + m * hidden, *att = qkv + m * n_qkv;
+    float *gu = att + m * heads * d, *act = gu + m * n_gu;
+    int64_t ends[64];
+    for (long r = 0; r < m && r < 64; r++) ends[r] = start + r + 1;
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#pragma omp single
+        rms_rows(x, m, hidden, input_norm, eps, h);
+        any_part(t, nt, kinds[0], weights[0], h, m, hidden, n_qkv, qkv);
+#pragma omp barrier
+#pragma omp single
+        for (long r = 0; r < m; r++) { /* rotary on query and key heads; keys and values into the cache */
+            const float *c = cos + r * d, *s = sin + r * d;
+            for (long head = 0; head < heads + kv_heads; head++) {
+                float *v = qkv + r * n_qkv + head * d, turned[256];
+                for (long j = 0; j < d; j++) {
+                    float a = v[j] * c[j], b = v[j < half ? j + half : j - half] * s[j];
+                    turned[j] = a + b;
+                }
+                float *into = head < heads ? v : keys + (head - heads) * kv_stride + (start + r) * d;
+                for (long j = 0; j < d; j++) into[j] = turned[j];
+            }
+            for (long head = 0; head < kv_heads; head++) {
+                const float *v = qkv + r * n_qkv + (heads + kv_heads + head) * d;
+                float *into = values + head * kv_stride + (start + r) * d;
+                for (long j = 0; j < d; j++) into[j] = v[j];
+            }
+        }
+        attention_part(t, nt, qkv, n_qkv, d, keys, values, kv_stride, ends, m, heads, kv_heads, d, window, scale, att);
+#pragma omp barrier
+        any_part(t, nt, kinds[1], weights[1], att, m, heads * d, hidden, y);
+#pragma omp barrier
+#pragma omp single
+        {
+            for (long i = 0; i < m * hidden; i++) x[i] = x[i] + y[i];
+            rms_rows(x, m, hidden, post_norm, eps, h);
+        }
+        any_part(t, nt, kinds[2], weights[2], h, m, hidden, n_gu, gu);
+#pragma omp barrier
+#pragma omp single
+        for (long r = 0; r < m; r++) { /* silu(gate) * up, gate = e / (1 + e^-g) */
+            const float *g = gu + r * n_gu, *u = g + inter;
+            float *a = act + r * inter;
+            long j = 0;
+            for (; j + LANES <= inter; j += LANES) {
+                vec gv = VLOAD(g + j);
+                vec e = vexp(VSUB(VZERO(), gv));
+                VSTORE(a + j, VMUL(VDIV(gv, VADD(VSET(1.0f), e)), VLOAD(u + j)));
+            }
+            for (; j < inter; j++) a[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+        }
+        any_part(t, nt, kinds[3], weights[3], act, m, inter, hidden, y);
+#pragma omp barrier
+#pragma omp single
+        for (long i = 0; i < m * hidden; i++) x[i] = x[i] + y[i];
     }
 }

@@ -125,6 +125,14 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
     library.row_kernel_attention.restype = None
     library.row_kernel_quantized.argtypes = [ctypes.c_int, *library.row_kernel_product.argtypes]
     library.row_kernel_quantized.restype = None
+    pointer, count = ctypes.c_void_p, ctypes.c_long
+    library.row_kernel_layer.argtypes = [
+        *(pointer, count, count, pointer, pointer, ctypes.c_float),  # x, m, hidden, norms, eps
+        *(pointer, pointer, pointer, pointer, pointer),  # kinds, weights, widths, cos, sin
+        *(pointer, pointer, count, count),  # keys, values, kv_stride, start
+        *(count, count, count, count, ctypes.c_float, pointer, ctypes.c_int),  # heads ... scratch, threads
+    ]
+    library.row_kernel_layer.restype = None
     return library
 
 

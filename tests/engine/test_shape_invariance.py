@@ -105,18 +105,31 @@ def test_packed_products_give_each_row_the_same_bits(shape, rows, dtype):
             assert all(torch.equal(linear(x[j : j + 1]), batch[j : j + 1]) for j in range(n)), (seed, n)
 
 
-ATTENTIONS = ["row kernel", "queries batched", "fused call per query"]
+ATTENTIONS = ["layers on the row kernel", "row kernel", "queries batched", "fused call per query"]
 
 
 def _attention(kind: str, monkeypatch) -> None:
-    """Attention after cached positions as a machine of this `kind` runs it: the row kernel's where
-    it builds, else spelled out with a verify's queries batched, or each query in a fused call."""
+    """Layers after cached positions as a machine of this `kind` runs them: each in one call of the
+    row kernel (`engine.fused_layers`) where it builds; or their small operations in PyTorch and
+    attention on the row kernel (SPECDECK_FUSED_LAYERS=0), else spelled out with a verify's queries
+    batched, or each query in a fused call."""
+    if kind in ("layers on the row kernel", "row kernel") and "kernel" not in PACKED_PATHS:
+        pytest.skip("the row kernel does not build here")
+    if kind == "layers on the row kernel":
+        return
+    monkeypatch.setenv("SPECDECK_FUSED_LAYERS", "0")
     if kind == "row kernel":
-        if "kernel" not in PACKED_PATHS:
-            pytest.skip("the row kernel does not build here")
         return
     monkeypatch.setattr(row_kernel, "attention_unavailable", lambda *shape: "not on this machine")
     monkeypatch.setattr(row_attention, "rows_invariant", lambda *shape: kind == "queries batched")
+
+
+def _layers_as_asked(forward, attention: str) -> None:
+    """The layers run in one row kernel call each exactly where asked, which needs the products on
+    the row kernel too (not oneDNN's)."""
+    if attention == "layers on the row kernel" and forward.weights.products.path != "kernel":
+        pytest.skip("the layers run on the row kernel only where its products do")
+    assert (forward.fused is not None) == (attention == "layers on the row kernel")
 
 
 @needs_packed
@@ -130,6 +143,7 @@ def test_verify_logits_equal_one_token_steps(packed_llama, prompt, attention, mo
     _attention(attention, monkeypatch)
     lm = CachedModel(packed_llama.model)
     assert lm.backend.row_exact
+    _layers_as_asked(lm.backend, attention)
     ids = list(range(3, 100))
     lm.forward(ids[:prompt], last_only=True)
     steps = torch.cat([lm.forward([t]) for t in ids[prompt : prompt + 16]])
@@ -229,11 +243,17 @@ def test_greedy_identity_holds_at_near_ties(packed_llama):
 def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama, parents, attention, monkeypatch):
     """In a tree forward (a chain and branches beside it) each node's logits equal, bit for bit,
     one-token steps along its own path; keeping a branch's path leaves the cache as if only that
-    path had been fed."""
+    path had been fed. Where the layers run on the row kernel, whose steps round their small
+    operations otherwise than a side branch's eager layers, the forward takes no trees."""
     _attention(attention, monkeypatch)
     from specdeck.engine.llama_forward import LlamaForward, _paths
 
     forward = LlamaForward(packed_llama.model)
+    _layers_as_asked(forward, attention)
+    if attention == "layers on the row kernel":
+        assert not forward.supports_trees
+        return
+    assert forward.supports_trees
     forward.hidden(torch.arange(5, 30))
     start = len(forward)
     ids = list(range(40, 40 + len(parents)))
