@@ -242,6 +242,7 @@ class QuantizedLinear:
         if isinstance(built, str):
             raise RuntimeError(built)
         self._built, self._source = built, source
+        self._cuts: dict[bytes, QuantizedLinear] = {}  # `rows` made before, by their ids
         self._product = built.row_kernel_quantized
         self._kind, size = QUANTIZED[kind]
         self.kind, self._dense, self.bias = kind, dense, bias
@@ -288,9 +289,12 @@ class QuantizedLinear:
         these rows of this product; None without a `source` of the blocks."""
         if self._source is None:
             return None
-        return QuantizedLinear(
-            self._source()[ids], self.kind, self.in_features, lambda: self.dense()[ids], built=self._built
-        )
+        key = ids.tobytes()
+        if key not in self._cuts:  # a drafter made per session takes the same rows again
+            self._cuts[key] = QuantizedLinear(
+                self._source()[ids], self.kind, self.in_features, lambda: self.dense()[ids], built=self._built
+            )
+        return self._cuts[key]
 
 
 def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:
