@@ -87,6 +87,9 @@ class CostCurve:
         return ", ".join(f"{n}: {t:.1f}" for n, t in zip(self.tokens, self.forward_ms)) + " ms"
 
 
+STEPS = 4  # one-token forwards timed in a row, per pass of `measure_curve`
+
+
 def measure_curve(
     model: PreTrainedModel | LlamaCppModel,
     tokens: tuple[int, ...] = CURVE_TOKENS,
@@ -99,18 +102,21 @@ def measure_curve(
     passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
     lm = CachedModel(model)
     vocab = model.vocab_width if isinstance(model, LlamaCppModel) else input_embedding(model).num_embeddings
-    ids = [(7 * i + 3) % vocab for i in range(context + max(tokens))]
+    ids = [(7 * i + 3) % vocab for i in range(context + max(*tokens, STEPS))]
     lm.forward(ids[:context], last_only=True)
     runs: list[list[float]] = [[] for _ in tokens]
     for pass_no in range(passes + 1):
         for i, n in enumerate(tokens):
-            for again in (False, False, True):  # the last of three alike: a larger forward before slows a small one
-                lm.crop(context)
+            # one token: STEPS steps in a row, as plain decoding runs them (a step right after a larger
+            # forward took 8 ms on a 2-core Xeon, one among steps 5.5); more: the last of three alike
+            starts = range(STEPS) if n == 1 else (0, 0, 0)
+            for turn, j in enumerate(starts):
+                lm.crop(context + j)
                 synchronize(lm.device)
                 started = time.perf_counter()
-                lm.forward(ids[context : context + n])
+                lm.forward(ids[context + j : context + j + n])
                 synchronize(lm.device)
-                if pass_no and again:  # pass 0 warms every shape up
+                if pass_no and (n == 1 or turn == len(starts) - 1):  # pass 0 warms every shape up
                     runs[i].append((time.perf_counter() - started) * 1e3)
     best = [min(r) for r in runs]
     spread = max(sorted(r)[len(r) // 2] / b - 1.0 for r, b in zip(runs, best))
@@ -187,7 +193,7 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
         path,
         repr(CURVE_TOKENS),
         str(CURVE_CONTEXT),
-        "each size three times, the last timed",  # how `measure_curve` times: curves timed otherwise are left
+        f"one-token steps {STEPS} in a row, more tokens the last of three",  # how `measure_curve` times: curves timed otherwise are left
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
