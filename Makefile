@@ -51,9 +51,9 @@ HUMANEVAL ?= ../shared/bench/humaneval_public.jsonl
 CATEGORIES := writing,roleplay,reasoning,math,coding,extraction,stem,humanities,summarization,qa,math_reasoning,rag
 figures: $(BIN)/specdeck
 	$(BIN)/specdeck bench --prompts $(SPEC_BENCH) --categories $(CATEGORIES) --limit 1 --k auto,1 \
-	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --backend torch --out figures/spec-bench
+	    --max-new-tokens 64 --repeats 1 --baselines plain,hf,llama.cpp --threads 2 --backend torch --out figures/spec-bench
 	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --k auto,1 \
-	    --max-new-tokens 64 --repeats 1 --baselines plain,hf --threads 2 --backend torch --out figures/humaneval
+	    --max-new-tokens 64 --repeats 1 --baselines plain,hf,llama.cpp --threads 2 --backend torch --out figures/humaneval
 	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --max-new-tokens 64 --repeats 3 \
 	    --baselines plain,llama.cpp --threads 2 --backend llama.cpp --out figures/humaneval-llama.cpp
 
