@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -119,6 +120,9 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
             str(torch.get_num_threads()),
             torch.__version__,
             library().__version__,
+            # torch's step as timed: on the file's blocks with each layer one kernel call (since 2026-11-25)
+            f"torch: GGUF blocks {os.environ.get('SPECDECK_GGUF_BLOCKS', 'on')}, "
+            f"fused layers {os.environ.get('SPECDECK_FUSED_LAYERS', '1')}",
         ]
     )
     saved = costs_cache() / f"backend-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"

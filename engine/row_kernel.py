@@ -17,6 +17,7 @@ the build fails, `library()` says why and products and attention stay on PyTorch
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -183,25 +184,7 @@ class KernelLinear:
         self._packed = torch.cat([blocks.reshape(-1), plain[whole:].T.reshape(-1)])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_contiguous():
-            x = x.contiguous()
-        count = x.numel() // self.in_features
-        out = torch.empty((*x.shape[:-1], self._width), dtype=self._packed.dtype)  # rows as x's, in order
-        if count:
-            self._product(
-                x.data_ptr(),
-                count,
-                self.in_features,
-                self._packed.data_ptr(),
-                self._width,
-                out.data_ptr(),
-                torch.get_num_threads(),
-            )
-        if self._width != self.out_features:
-            out = out[..., : self.out_features].contiguous()
-        if self.bias is not None:
-            out.add_(self.bias)
-        return out
+        return _rows_through(self, x, self._product)
 
     def dense(self) -> torch.Tensor:
         """The weight matrix (out, in) in plain layout: a new tensor, equal to the one packed."""
@@ -210,6 +193,24 @@ class KernelLinear:
         blocks = self._packed[:split].reshape(-1, self.in_features, self._block).transpose(1, 2)
         rest = self._packed[split:].reshape(self.in_features, -1).T
         return torch.cat([blocks.reshape(whole, self.in_features), rest])[: self.out_features].contiguous()
+
+
+def _rows_through(linear: KernelLinear | QuantizedLinear, x: torch.Tensor, product) -> torch.Tensor:
+    """x's rows (..., in) times `linear`'s packed weight, through `product` (one of the library's
+    product functions, its leading arguments bound), plus the bias: rows in x's order."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    count = x.numel() // linear.in_features
+    out = torch.empty((*x.shape[:-1], linear._width), dtype=torch.float32)
+    if count:
+        packed = linear._packed.data_ptr()
+        threads = torch.get_num_threads()
+        product(x.data_ptr(), count, linear.in_features, packed, linear._width, out.data_ptr(), threads)
+    if linear._width != linear.out_features:
+        out = out[..., : linear.out_features].contiguous()
+    if linear.bias is not None:
+        out.add_(linear.bias)  # after the sums: element-wise, so each row's bits stay its own
+    return out
 
 
 QUANTIZED = {"Q4_1": (0, 20), "Q8_0": (1, 34)}  # GGUF block types: the kernel's kind, bytes per 32 weights
@@ -259,26 +260,7 @@ class QuantizedLinear:
         self._packed = torch.from_numpy(np.concatenate(parts))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_contiguous():
-            x = x.contiguous()
-        count = x.numel() // self.in_features
-        out = torch.empty((*x.shape[:-1], self._width), dtype=torch.float32)
-        if count:
-            self._product(
-                self._kind,
-                x.data_ptr(),
-                count,
-                self.in_features,
-                self._packed.data_ptr(),
-                self._width,
-                out.data_ptr(),
-                torch.get_num_threads(),
-            )
-        if self._width != self.out_features:
-            out = out[..., : self.out_features].contiguous()
-        if self.bias is not None:
-            out.add_(self.bias)
-        return out
+        return _rows_through(self, x, functools.partial(self._product, self._kind))
 
     def dense(self) -> torch.Tensor:
         """The decoded weight matrix (out, in), float32: a new tensor."""
