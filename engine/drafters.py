@@ -355,7 +355,10 @@ class FeatureHeadDrafter(Drafter):
         self.feature_layers = head.feature_layers
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
-        self._output = output_layer(matrices) if rows is None else _rows_product(matrices, self._output_ids, rows)
+        if rows is None or self._output_ids is None:
+            self._output = output_layer(matrices)
+        else:
+            self._output = _rows_product(matrices, self._output_ids, rows)
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)

@@ -85,8 +85,8 @@ class FileMatrices:
     ) -> QuantizedLinear | None:
         """The product of `params` (stacked by rows) on the file's blocks of the tensors `names`, or
         None where the file does not hold exactly these matrices in one block type the kernel takes."""
-        tensors = [self._tensors.get(name) for name in names]
-        if not names or any(t is None for t in tensors) or len(tensors) != len(params):
+        tensors = [self._tensors[name] for name in names if name in self._tensors]
+        if not names or len(tensors) != len(names) or len(tensors) != len(params):
             return None
         kinds = {t.tensor_type.name for t in tensors}
         if len(kinds) != 1 or not kinds <= QUANTIZED.keys():

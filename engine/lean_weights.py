@@ -128,8 +128,10 @@ def _read(model: PreTrainedModel) -> LeanWeights:
 
     def product(modules: list[torch.nn.Linear], names: list[str]) -> Linear:
         bias = _stack([m.bias for m in modules]) if modules[0].bias is not None else None
-        linear = blocks.product(names, [m.weight for m in modules], bias) if blocks else None
-        linear = linear or make_linear(_stack([m.weight for m in modules]), choice, bias)
+        on_file = blocks.product(names, [m.weight for m in modules], bias) if blocks else None
+        linear: Linear = (
+            on_file if on_file is not None else make_linear(_stack([m.weight for m in modules]), choice, bias)
+        )
         if linear.path in PACKED:
             row = 0
             for module in modules:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from specdeck.engine import row_kernel
-from specdeck.engine.row_kernel import KernelLinear
+from specdeck.engine.row_kernel import KernelLinear, QuantizedLinear
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class PackedLinear:
         return torch.cat([packed.to_dense() for packed in self._packed], dim=1)
 
 
-Linear = DenseLinear | PackedLinear | KernelLinear
+Linear = DenseLinear | PackedLinear | KernelLinear | QuantizedLinear
 
 
 @dataclass(frozen=True)
