@@ -124,3 +124,21 @@ def test_a_product_of_some_rows_keeps_their_bits(builtin_file):
     x = torch.randn(4, matrix.shape[1])
     assert torch.equal(some(x), whole(x)[:, ids])
     assert torch.equal(some.dense(), matrix[ids])
+
+
+@needs_kernel
+def test_a_gguf_target_takes_the_row_kernel_where_float32_would_take_another_path(tiny_llama, monkeypatch):
+    """Where float32 products would run on oneDNN or F.linear (timed faster there for float32
+    weights, as on an AVX2 build), a GGUF target's products still take the row kernel, which reads
+    the file's blocks; a model from elsewhere, or a path forced by SPECDECK_LINEAR, keeps its choice."""
+    from specdeck.engine.linear import PathChoice
+
+    monkeypatch.delenv("SPECDECK_LINEAR", raising=False)
+    target = load_model("smollm2-135m-instruct", ON_CPU)
+    other, _ = tiny_llama
+    timed = PathChoice("packed", "timed on float32 weights")
+    chosen = gguf_blocks.prefer_kernel(target.model, timed)
+    assert chosen.path == "kernel" and "blocks" in chosen.reason
+    assert gguf_blocks.prefer_kernel(other.model, timed) is timed
+    monkeypatch.setenv("SPECDECK_LINEAR", "packed")
+    assert gguf_blocks.prefer_kernel(target.model, timed) is timed
