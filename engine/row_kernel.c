@@ -95,13 +95,20 @@ int row_kernel_block(void) { return NB; }
 /* Columns a vector holds: the weight's rows are padded to a multiple of this. */
 int row_kernel_lanes(void) { return LANES; }
 
+/* A kernel's R x V accumulators set to zero, and stored as rows r of y at columns j0 + c LANES. */
+#define ACC_ZERO(R, V)                                                                                 \
+    for (int r = 0; r < R; r++)                                                                        \
+        for (int c = 0; c < V; c++) acc[r][c] = VZERO()
+#define ACC_STORE(R, V)                                                                                \
+    for (int r = 0; r < R; r++)                                                                        \
+        for (int c = 0; c < V; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c])
+
 /* y[r][j0 + i] for r < R rows, i < V * LANES columns of a block packed as (k, V * LANES). */
 #define KERNEL(R, V)                                                                                   \
     static void kernel_##R##_##V(const float *x, long k, const float *wb, float *y, long n, long j0,  \
                                  int ahead) {                                                          \
         vec acc[R][V];                                                                                 \
-        for (int r = 0; r < R; r++)                                                                    \
-            for (int c = 0; c < V; c++) acc[r][c] = VZERO();                                           \
+        ACC_ZERO(R, V);                                                                                \
         for (long i = 0; i < k; i++) {                                                                 \
             vec wv[V];                                                                                 \
             if (ahead)                                                                                 \
@@ -113,8 +120,7 @@ int row_kernel_lanes(void) { return LANES; }
                 for (int c = 0; c < V; c++) acc[r][c] = VFMA(xv, wv[c], acc[r][c]);                    \
             }                                                                                          \
         }                                                                                              \
-        for (int r = 0; r < R; r++)                                                                    \
-            for (int c = 0; c < V; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c]);                 \
+        ACC_STORE(R, V);                                                                               \
     }
 #define KERNELS_OF(V) KERNEL(1, V) KERNEL(2, V) KERNEL(3, V) KERNEL(4, V) KERNEL(5, V) KERNEL(6, V) MORE(V)
 #define ROW_OF(V) {0, kernel_1_##V, kernel_2_##V, kernel_3_##V, kernel_4_##V, kernel_5_##V, kernel_6_##V MORE_NAMES(V)}
@@ -211,8 +217,7 @@ static inline void halves(const uint8_t *h, int count, float *out) {
     static void q4_##R##_##V(const float *x, long k, const uint8_t *wb, float *y, long n, long j0) {    \
         vec acc[R][V];                                                                                 \
         float d[V * LANES], m[V * LANES];                                                              \
-        for (int r = 0; r < R; r++)                                                                    \
-            for (int c = 0; c < V; c++) acc[r][c] = VZERO();                                           \
+        ACC_ZERO(R, V);                                                                                \
         for (long g = 0; g < k / QK; g++, wb += Q4_GROUP(V)) {                                         \
             const uint8_t *qs = wb + V * LANES * 4;                                                    \
             _mm_prefetch((const char *)(wb + 4 * Q4_GROUP(V)), _MM_HINT_T0);                           \
@@ -230,16 +235,14 @@ static inline void halves(const uint8_t *h, int count, float *out) {
                 }                                                                                      \
             }                                                                                          \
         }                                                                                              \
-        for (int r = 0; r < R; r++)                                                                    \
-            for (int c = 0; c < V; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c]);                 \
+        ACC_STORE(R, V);                                                                               \
     }
 
 #define Q8_KERNEL(R, V)                                                                                \
     static void q8_##R##_##V(const float *x, long k, const uint8_t *wb, float *y, long n, long j0) {    \
         vec acc[R][V];                                                                                 \
         float d[V * LANES];                                                                            \
-        for (int r = 0; r < R; r++)                                                                    \
-            for (int c = 0; c < V; c++) acc[r][c] = VZERO();                                           \
+        ACC_ZERO(R, V);                                                                                \
         for (long g = 0; g < k / QK; g++, wb += Q8_GROUP(V)) {                                         \
             const uint8_t *qs = wb + V * LANES * 2;                                                    \
             _mm_prefetch((const char *)(wb + 2 * Q8_GROUP(V)), _MM_HINT_T0);                           \
@@ -252,8 +255,7 @@ static inline void halves(const uint8_t *h, int count, float *out) {
                 }                                                                                      \
             }                                                                                          \
         }                                                                                              \
-        for (int r = 0; r < R; r++)                                                                    \
-            for (int c = 0; c < V; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c]);                 \
+        ACC_STORE(R, V);                                                                               \
     }
 
 typedef void (*qkernel_fn)(const float *, long, const uint8_t *, float *, long, long);
