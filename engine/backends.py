@@ -108,6 +108,7 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
     """Whether a plain step of `path` is faster on llama.cpp than on torch here (measured once, then saved)."""
     from specdeck.engine.atomic import write_text
     from specdeck.engine.cache import costs_cache, machine_name
+    from specdeck.engine.gguf_blocks import activations
     from specdeck.engine.llamacpp_backend import library
 
     stat = path.stat()
@@ -121,7 +122,7 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
             torch.__version__,
             library().__version__,
             # torch's step as timed: on the file's blocks with each layer one kernel call (since 2026-11-25)
-            f"torch: GGUF blocks {os.environ.get('SPECDECK_GGUF_BLOCKS', 'on')}, "
+            f"torch: GGUF blocks {os.environ.get('SPECDECK_GGUF_BLOCKS', 'on')} rows in {activations()}, "
             f"fused layers {os.environ.get('SPECDECK_FUSED_LAYERS', '1')}",
         ]
     )

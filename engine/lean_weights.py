@@ -98,6 +98,17 @@ def weights_of(model: PreTrainedModel) -> LeanWeights:
     return weights
 
 
+def rows_in_8_bits(model: torch.nn.Module) -> bool:
+    """Whether the model's lean forward, as last read, takes its rows in 8 bits on a GGUF file's
+    blocks (`engine.gguf_blocks.activations`): another arithmetic than Hugging Face's forward."""
+    cached = _WEIGHTS.get(model)
+    return cached is not None and any(
+        getattr(product, "activations", None) == "int8"
+        for layer in cached[1].layers
+        for product in (layer.qkv, layer.out, layer.gate_up, layer.down)
+    )
+
+
 def _key(model: torch.nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 

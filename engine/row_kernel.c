@@ -298,10 +298,178 @@ static void quantized_part(int t, int nt, int kind, const float *x, long m, long
     }
 }
 
-void row_kernel_quantized(int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y, int threads) {
-#pragma omp parallel num_threads(threads)
-    quantized_part(omp_get_thread_num(), omp_get_num_threads(), kind, x, m, k, w, n, y);
+
+/* Products on the same blocks with the activations in 8 bits, as llama.cpp multiplies them: each
+ * row's group of 32 values x becomes a float scale s = max |x| / 127 and 32 integers a = round(x / s)
+ * (kept with their sum), and a group's dot product with a column's quants is one exact integer sum
+ * of 4-byte products (VNNI's dpbusd: 64 of them an instruction on AVX-512, against 16 float32
+ * multiply-adds), scaled once a group: y += (d s) sum(q a) + m (s sum(a)) for Q4_1, y += (d s)
+ * (sum((q + 128) a) - 128 sum(a)) for Q8_0 (its quants kept offset, unsigned). The integers are
+ * exact and a row's scaling runs group by group in k order, so a row's bits still do not depend on
+ * the rows beside it; they differ from the float32 product by the activations' 8-bit rounding.
+ *
+ * Packed per vector of LANES columns, group by group of 32 k-steps (kinds 2 and 3):
+ *   Q4_1: d, m (LANES float16 each), then four runs of LANES x 4 bytes: in run u, column j's four
+ *         bytes are the file's quant bytes 4u .. 4u + 3 of its block (low nibbles: k = 4u + b,
+ *         high nibbles: k = 16 + 4u + b);
+ *   Q8_0: d (LANES float16), then eight runs of LANES x 4 bytes: in run u, column j's q + 128 at
+ *         k = 4u .. 4u + 3. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define INT8_ACTIVATIONS 1
+#define ILOAD(p) _mm512_loadu_si512((const void *)(p))
+#define IZERO() _mm512_setzero_si512()
+#define IDOT(acc, u, p) _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(*(const int32_t *)(p)))
+#define INIBBLE(v, shift) _mm512_and_si512(_mm512_srli_epi16(v, shift), _mm512_set1_epi8(15))
+#define ISUB(a, b) _mm512_sub_epi32(a, _mm512_set1_epi32(b))
+#define RI 8 /* 8 integer and 8 float accumulators, the quants and scales in 32 registers */
+#define VABS(v) _mm512_abs_ps(v)
+static inline float vmax(__m512 v) { return _mm512_reduce_max_ps(v); }
+/* The lanes rounded to the nearest integer (even on ties) and stored as bytes; their sum. */
+static inline int32_t ROUND_TO_BYTES(__m512 v, int8_t *out) {
+    __m512i q = _mm512_cvtps_epi32(v);
+    _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(q));
+    return _mm512_reduce_add_epi32(q);
 }
+#elif defined(__AVXVNNI__) && defined(__AVX2__)
+#define INT8_ACTIVATIONS 1
+#define ILOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define IZERO() _mm256_setzero_si256()
+#define IDOT(acc, u, p) _mm256_dpbusd_avx_epi32(acc, u, _mm256_set1_epi32(*(const int32_t *)(p)))
+#define INIBBLE(v, shift) _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(15))
+#define ISUB(a, b) _mm256_sub_epi32(a, _mm256_set1_epi32(b))
+#define RI 4 /* 4 integer and 4 float accumulators, the quants and scales in 16 registers */
+#define VABS(v) _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)))
+static inline float vmax(__m256 v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+static inline int32_t ROUND_TO_BYTES(__m256 v, int8_t *out) {
+    int32_t q[8], sum = 0;
+    _mm256_storeu_si256((__m256i *)q, _mm256_cvtps_epi32(v));
+    for (int i = 0; i < 8; i++) out[i] = (int8_t)q[i], sum += q[i];
+    return sum;
+}
+#else
+#define INT8_ACTIVATIONS 0
+#endif
+
+/* 1 where this build multiplies the blocks with 8-bit activations (kinds 2 and 3), else 0. */
+int row_kernel_int8(void) { return INT8_ACTIVATIONS; }
+
+#if INT8_ACTIVATIONS
+/* Each row's groups of 32 as 8-bit integers a (m, k), their scales s and s sum(a) (m, k / 32) and
+ * sum(a) (m, k / 32): the reciprocal 127 / max |x| rounded once, each a = x times it rounded to
+ * nearest (even on ties), lane by lane; a row's numbers depend on its own values only. */
+static void quantize_rows(const float *x, long m, long k, int8_t *a, float *s, float *sm, int32_t *sums) {
+    for (long r = 0; r < m; r++)
+        for (long g = 0; g < k / QK; g++) {
+            const float *xg = x + r * k + g * QK;
+            int8_t *ag = a + r * k + g * QK;
+            vec top = VABS(VLOAD(xg));
+            for (int i = LANES; i < QK; i += LANES) top = VMAX(top, VABS(VLOAD(xg + i)));
+            float most = vmax(top), inverse = most > 0.0f ? 127.0f / most : 0.0f;
+            int32_t sum = 0;
+            for (int i = 0; i < QK; i += LANES) sum += ROUND_TO_BYTES(VMUL(VLOAD(xg + i), VSET(inverse)), ag + i);
+            long at = r * (k / QK) + g;
+            s[at] = most / 127.0f;
+            sums[at] = sum;
+            sm[at] = s[at] * (float)sum;
+        }
+}
+
+#define I4_KERNEL(R)                                                                                   \
+    static void i4_##R(const int8_t *a, const float *s, const float *sm, const int32_t *sums, long k,  \
+                       const uint8_t *wb, float *y, long n, long j0) {                                 \
+        vec acc[R];                                                                                    \
+        long groups = k / QK;                                                                          \
+        (void)sums;                                                                                    \
+        for (int r = 0; r < R; r++) acc[r] = VZERO();                                                  \
+        for (long g = 0; g < groups; g++, wb += LANES * 20) {                                          \
+            _mm_prefetch((const char *)(wb + 8 * LANES * 20), _MM_HINT_T0);                            \
+            ivec dot[R];                                                                               \
+            for (int r = 0; r < R; r++) dot[r] = IZERO();                                              \
+            for (int u = 0; u < 4; u++) {                                                              \
+                ivec v = ILOAD(wb + LANES * 4 + u * LANES * 4);                                        \
+                ivec low = INIBBLE(v, 0), high = INIBBLE(v, 4);                                        \
+                const int8_t *au = a + g * QK + 4 * u;                                                 \
+                for (int r = 0; r < R; r++) dot[r] = IDOT(dot[r], low, au + r * k);                    \
+                for (int r = 0; r < R; r++) dot[r] = IDOT(dot[r], high, au + r * k + 16);              \
+            }                                                                                          \
+            vec d = VHALF(wb), mins = VHALF(wb + LANES * 2);                                           \
+            for (int r = 0; r < R; r++) {                                                              \
+                acc[r] = VFMA(QFLOAT(dot[r]), VMUL(d, VSET(s[r * groups + g])), acc[r]);               \
+                acc[r] = VFMA(mins, VSET(sm[r * groups + g]), acc[r]);                                 \
+            }                                                                                          \
+        }                                                                                              \
+        for (int r = 0; r < R; r++) VSTORE(y + r * n + j0, acc[r]);                                    \
+    }
+
+#define I8_KERNEL(R)                                                                                   \
+    static void i8_##R(const int8_t *a, const float *s, const float *sm, const int32_t *sums, long k,  \
+                       const uint8_t *wb, float *y, long n, long j0) {                                 \
+        vec acc[R];                                                                                    \
+        long groups = k / QK;                                                                          \
+        (void)sm;                                                                                      \
+        for (int r = 0; r < R; r++) acc[r] = VZERO();                                                  \
+        for (long g = 0; g < groups; g++, wb += LANES * 34) {                                          \
+            _mm_prefetch((const char *)(wb + 4 * LANES * 34), _MM_HINT_T0);                            \
+            ivec dot[R];                                                                               \
+            for (int r = 0; r < R; r++) dot[r] = IZERO();                                              \
+            for (int u = 0; u < 8; u++) {                                                              \
+                ivec v = ILOAD(wb + LANES * 2 + u * LANES * 4);                                        \
+                const int8_t *au = a + g * QK + 4 * u;                                                 \
+                for (int r = 0; r < R; r++) dot[r] = IDOT(dot[r], v, au + r * k);                      \
+            }                                                                                          \
+            vec d = VHALF(wb);                                                                         \
+            for (int r = 0; r < R; r++) {                                                              \
+                vec sum = QFLOAT(ISUB(dot[r], 128 * sums[r * groups + g]));                            \
+                acc[r] = VFMA(sum, VMUL(d, VSET(s[r * groups + g])), acc[r]);                          \
+            }                                                                                          \
+        }                                                                                              \
+        for (int r = 0; r < R; r++) VSTORE(y + r * n + j0, acc[r]);                                    \
+    }
+
+typedef void (*ikernel_fn)(const int8_t *, const float *, const float *, const int32_t *, long, const uint8_t *,
+                           float *, long, long);
+I4_KERNEL(1) I4_KERNEL(2) I4_KERNEL(3) I4_KERNEL(4)
+I8_KERNEL(1) I8_KERNEL(2) I8_KERNEL(3) I8_KERNEL(4)
+#if RI > 4
+I4_KERNEL(5) I4_KERNEL(6) I4_KERNEL(7) I4_KERNEL(8)
+I8_KERNEL(5) I8_KERNEL(6) I8_KERNEL(7) I8_KERNEL(8)
+static const ikernel_fn I_KERNELS[2][RI + 1] = {{0, i4_1, i4_2, i4_3, i4_4, i4_5, i4_6, i4_7, i4_8},
+                                                {0, i8_1, i8_2, i8_3, i8_4, i8_5, i8_6, i8_7, i8_8}};
+#else
+static const ikernel_fn I_KERNELS[2][RI + 1] = {{0, i4_1, i4_2, i4_3, i4_4}, {0, i8_1, i8_2, i8_3, i8_4}};
+#endif
+
+/* A thread's own copy of the rows in 8 bits (every thread quantizes all rows: a few thousand
+ * numbers, cheaper than a barrier), grown as needed and kept for the thread's next call. */
+static _Thread_local int8_t *own_a;
+static _Thread_local float *own_s;
+static _Thread_local int32_t *own_sums;
+static _Thread_local long own_room;
+
+/* y (m, n) = x (m, k) w^T for w packed as above (kind 2: Q4_1, 3: Q8_0), the vectors of columns
+ * split between threads in contiguous runs. */
+static void int8_part(int t, int nt, int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y) {
+    long groups = k / QK, vectors = n / LANES, size = kind == 2 ? 20 : 34;
+    if (own_room < m * k) {
+        free(own_a), free(own_s), free(own_sums);
+        own_a = malloc(m * k), own_s = malloc(sizeof(float) * 2 * m * groups);
+        own_sums = malloc(sizeof(int32_t) * m * groups), own_room = m * k;
+    }
+    quantize_rows(x, m, k, own_a, own_s, own_s + m * groups, own_sums);
+    for (long v = vectors * t / nt; v < vectors * (t + 1) / nt; v++) {
+        const uint8_t *wb = w + v * groups * LANES * size;
+        for (long r = 0; r < m; r += RI) {
+            int rows = m - r < RI ? (int)(m - r) : RI;
+            I_KERNELS[kind - 2][rows](own_a + r * k, own_s + r * groups, own_s + m * groups + r * groups,
+                                      own_sums + r * groups, k, wb, y + r * n, n, v * LANES);
+        }
+    }
+}
+#endif
 
 /* e^x lane by lane: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7 (relative
  * error about 5e-9), times 2^n; exactly 0 below -87 (where float32's normal range ends). */
@@ -379,12 +547,23 @@ void row_kernel_attention(const float *q, long q_row, long q_head, const float *
                    heads, kv_heads, d, window, scale, out);
 }
 
-/* A product inside a team of threads: kind -1 float32 blocks, 0 Q4_1, 1 Q8_0 (the layouts above). */
+/* A product inside a team of threads: kind -1 float32 blocks, 0 Q4_1, 1 Q8_0, 2 Q4_1 and 3 Q8_0 with
+ * 8-bit activations (the layouts above). */
 static void any_part(int t, int nt, int64_t kind, const void *w, const float *x, long m, long k, long n, float *y) {
     if (kind < 0)
         product_part(t, nt, x, m, k, (const float *)w, n, y);
-    else
+    else if (kind < 2)
         quantized_part(t, nt, (int)kind, x, m, k, (const uint8_t *)w, n, y);
+#if INT8_ACTIVATIONS
+    else
+        int8_part(t, nt, (int)kind, x, m, k, (const uint8_t *)w, n, y);
+#endif
+}
+
+/* y (m, n) = x (m, k) w^T on a GGUF weight packed as above (`kind` 0 to 3, `any_part`). */
+void row_kernel_quantized(int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y, int threads) {
+#pragma omp parallel num_threads(threads)
+    any_part(omp_get_thread_num(), omp_get_num_threads(), kind, w, x, m, k, n, y);
 }
 
 /* x / sqrt(mean(x^2) + eps) * weight, row by row: the sum of squares in index order. */

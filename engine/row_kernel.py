@@ -126,6 +126,7 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
     library.row_kernel_attention.restype = None
     library.row_kernel_quantized.argtypes = [ctypes.c_int, *library.row_kernel_product.argtypes]
     library.row_kernel_quantized.restype = None
+    library.row_kernel_int8.restype = ctypes.c_int
     pointer, count = ctypes.c_void_p, ctypes.c_long
     library.row_kernel_layer.argtypes = [
         *(pointer, count, count, pointer, pointer, ctypes.c_float),  # x, m, hidden, norms, eps
@@ -215,6 +216,16 @@ def _rows_through(linear: KernelLinear | QuantizedLinear, x: torch.Tensor, produ
 
 QUANTIZED = {"Q4_1": (0, 20), "Q8_0": (1, 34)}  # GGUF block types: the kernel's kind, bytes per 32 weights
 _GROUP = 32  # weights along the inner dimension a quantized block holds
+ACTIVATIONS = ("float32", "int8")  # how a product on GGUF blocks takes its rows (`QuantizedLinear`)
+INT8_MISSING = "this CPU has no VNNI instructions (AVX-512 VNNI or AVX-VNNI) for 8-bit activations"
+
+
+def int8_available() -> str | None:
+    """None where products on GGUF blocks can take their rows in 8 bits here, else why not."""
+    built = library()
+    if isinstance(built, str):
+        return built
+    return None if built.row_kernel_int8() else INT8_MISSING
 
 
 class QuantizedLinear:
@@ -238,11 +249,18 @@ class QuantizedLinear:
         bias: torch.Tensor | None = None,
         built: ctypes.CDLL | str | None = None,
         source: Callable[[], np.ndarray] | None = None,
+        activations: str = "float32",
     ) -> None:
+        """`activations`: "float32" (the float32 product's bits on the decoded weights) or "int8"
+        (each row's groups of 32 in 8 bits, as llama.cpp multiplies: `int8_available`)."""
         built = library() if built is None else built
         if isinstance(built, str):
             raise RuntimeError(built)
-        self._built, self._source = built, source
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations are one of {', '.join(ACTIVATIONS)}, not {activations!r}")
+        if activations == "int8" and not built.row_kernel_int8():
+            raise RuntimeError(INT8_MISSING)
+        self._built, self._source, self.activations = built, source, activations
         self._cuts: dict[bytes, QuantizedLinear] = {}  # `rows` made before, by their ids
         self._product = built.row_kernel_quantized
         self._kind, size = QUANTIZED[kind]
@@ -253,6 +271,10 @@ class QuantizedLinear:
         groups = in_features // _GROUP
         cut = np.zeros((self._width, groups, size), np.uint8)  # padded rows: d = m = q = 0, w = 0
         cut[: self.out_features] = blocks.reshape(self.out_features, groups, size)
+        if activations == "int8":
+            self._kind += 2
+            self._packed = torch.from_numpy(_pack_int8(cut.reshape(-1, lanes, groups, size), kind))
+            return
         whole = self._width // block * block
         parts = [_pack(cut[:whole].reshape(-1, block, groups, size), kind)]
         if whole < self._width:
@@ -274,7 +296,12 @@ class QuantizedLinear:
         key = ids.tobytes()
         if key not in self._cuts:  # a drafter made per session takes the same rows again
             self._cuts[key] = QuantizedLinear(
-                self._source()[ids], self.kind, self.in_features, lambda: self.dense()[ids], built=self._built
+                self._source()[ids],
+                self.kind,
+                self.in_features,
+                lambda: self.dense()[ids],
+                built=self._built,
+                activations=self.activations,
             )
         return self._cuts[key]
 
@@ -295,6 +322,20 @@ def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:
     else:
         q = fields[..., 2:34]
         parts.append(np.ascontiguousarray(q.transpose(0, 1, 3, 2)).reshape(count, groups, 32 * columns))
+    return np.concatenate(parts, axis=-1).reshape(-1)
+
+
+def _pack_int8(vectors: np.ndarray, kind: str) -> np.ndarray:
+    """Vectors of columns (count, lanes, groups, bytes) of GGUF blocks in the layout of the kernel's
+    8-bit-activation products (`row_kernel.c`): per vector, per group of 32, the columns' scales
+    (and minimums), then runs of 4 quant bytes a column (Q8_0's offset by 128, unsigned)."""
+    count, lanes, groups, _ = vectors.shape
+    fields = vectors.transpose(0, 2, 1, 3)  # (count, groups, lanes, bytes)
+    scales = [fields[..., 0:2], fields[..., 2:4]] if kind == "Q4_1" else [fields[..., 0:2]]
+    parts = [np.ascontiguousarray(s).reshape(count, groups, 2 * lanes) for s in scales]
+    q = fields[..., 4:20] if kind == "Q4_1" else fields[..., 2:34] ^ np.uint8(128)
+    runs = q.reshape(count, groups, lanes, -1, 4).transpose(0, 1, 3, 2, 4)  # (count, groups, run, lanes, 4)
+    parts.append(np.ascontiguousarray(runs).reshape(count, groups, -1))
     return np.concatenate(parts, axis=-1).reshape(-1)
 
 

@@ -31,17 +31,23 @@ from typing import NamedTuple
 import torch
 
 from specdeck.engine.bench.llamacpp_baseline import OTHER_ROUNDING, check_baseline
-from specdeck.engine.bench.methods import Run, run_method
+from specdeck.engine.bench.methods import HF_METHODS, Run, run_method
 from specdeck.engine.bench.prompts import BenchPrompt
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.kvcache import CachedModel
+from specdeck.engine.lean_weights import rows_in_8_bits
 from specdeck.engine.models import encode_conversation, encode_prompt
 from specdeck.engine.pair import DrafterKind, ModelPair
 from specdeck.engine.suffix import SuffixIndex
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
 AUTO_K = 0  # a speculative method's K when the auto schedule chooses it each round
+EIGHT_BIT_ROWS = (
+    "Hugging Face's forward multiplies the float32 weights, SpecDeck's target the GGUF file's blocks "
+    "with its rows in 8 bits (as llama.cpp does; SPECDECK_GGUF_BLOCKS=float32 keeps float32 rows): "
+    "another arithmetic, not a decoding bug"
+)
 BASELINES = ("plain", "hf", "hf-assisted")  # what speculative decoding is compared with
 OTHER_BASELINES = ("llama.cpp",)  # asked for by name: llama-cpp-python's own generation of a .gguf target
 
@@ -258,6 +264,7 @@ def run_bench(
                     histories[method.drafter].extend(prompt_ids + result.runs[method][0].token_ids)
                     histories[method.drafter].separate()
             plain = result.runs[Method("plain")][0]
+            eight_bits = not pairs[0].remote and rows_in_8_bits(pairs[0].local_target.model)
             if settings.decode.greedy:
                 for method, runs in result.runs.items():
                     if runs[0].token_ids == plain.token_ids:
@@ -268,6 +275,8 @@ def run_bench(
                             if pairs[0].target.backend == "torch"
                             else "llama.cpp with flash attention on an 8-bit KV cache"
                         )
+                    elif method.name in HF_METHODS and eight_bits:
+                        result.mismatch[method] = EIGHT_BIT_ROWS
                     else:
                         result.mismatch[method] = explain_mismatch(
                             pairs[0], prompt_ids, plain.token_ids, runs[0].token_ids

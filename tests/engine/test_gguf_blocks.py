@@ -1,5 +1,6 @@
-"""A GGUF target's products on the file's own quantized blocks (`engine.gguf_blocks`): the bits of
-the float32 product of the dequantized matrices, at any number of rows, so no text changes."""
+"""A GGUF target's products on the file's own quantized blocks (`engine.gguf_blocks`): with float32
+rows, the bits of the float32 product of the dequantized matrices; with rows in 8 bits (as llama.cpp
+multiplies), the exact integer scheme; either way a row's bits do not depend on the rows beside it."""
 
 import numpy as np
 import pytest
@@ -62,11 +63,77 @@ def test_quantized_products_have_the_bits_of_the_float32_product(shape, kind, bu
         assert torch.equal(quantized(x[:n]), alone[:n]), n
 
 
+needs_int8 = pytest.mark.skipif(
+    "kernel" not in PACKED_PATHS or row_kernel.int8_available() is not None, reason="no 8-bit products here"
+)
+
+
+def _int8_reference(x: torch.Tensor, decoded: torch.Tensor) -> np.ndarray:
+    """The 8-bit scheme in float64: each row's groups of 32 scaled by 127 / max |x| and rounded."""
+    groups = x.numpy().reshape(x.shape[0], -1, 32)
+    top = np.abs(groups).max(-1, keepdims=True)
+    inverse = np.where(top > 0, np.float32(127) / np.maximum(top, 1e-30), 0).astype(np.float32)
+    rounded = np.rint(groups * inverse) * (top / np.float32(127)).astype(np.float32)
+    return rounded.reshape(x.shape[0], -1).astype(np.float64) @ decoded.numpy().astype(np.float64).T
+
+
+@needs_int8
+@pytest.mark.parametrize("build", ["this CPU's", "AVX2 with AVX-VNNI"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (100, 64), (8, 32)])
+def test_products_with_8_bit_rows_are_the_integer_scheme_at_any_row_count(shape, kind, build):
+    """With rows in 8 bits a row's product is the same, bit for bit, alone and among 2..20 rows
+    (groups of rows, rows padded to whole vectors, a row of zeros); it is the 8-bit scheme's value
+    (to float32 rounding) and within 2% of the float32 product of the decoded weights, no closer
+    than the activations' rounding allows (a product that ignored it would be nearer)."""
+    if build != "this CPU's":
+        if not {"avx2", "fma", "f16c", "avx_vnni"} <= set(row_kernel.cpu_flags().split()):
+            pytest.skip("this CPU has no AVX-VNNI")
+        built = row_kernel.build("alderlake")
+        assert not isinstance(built, str) and built.row_kernel_int8() and built.row_kernel_lanes() == 8
+    else:
+        built = row_kernel.library()
+    assert not isinstance(built, str), built
+    blocks = _blocks(kind, *shape, seed=shape[0])
+    decoded = _decoded(blocks, kind, shape[1])
+    bias = torch.randn(shape[0])
+    quantized = QuantizedLinear(blocks, kind, shape[1], lambda: decoded, bias, built, activations="int8")
+    x = torch.randn(20, shape[1], generator=torch.Generator().manual_seed(0))
+    x[4] = 0.0
+    alone = torch.cat([quantized(x[j : j + 1]) for j in range(20)])
+    for n in (2, 3, 4, 5, 8, 9, 13, 20):
+        assert torch.equal(quantized(x[:n]), alone[:n]), n
+    scheme = _int8_reference(x, decoded) + bias.numpy()
+    assert np.abs(alone.numpy() - scheme).max() <= 1e-5 * np.abs(scheme).max()
+    exact = (x.double() @ decoded.double().T + bias.double()).numpy()
+    error = np.linalg.norm(alone.numpy() - exact) / np.linalg.norm(exact)
+    assert 1e-4 < error < 0.02
+
+
+@needs_int8
+def test_the_builtin_target_takes_8_bit_rows_by_default(monkeypatch):
+    """Where the CPU has VNNI the built-in target's products take their rows in 8 bits (the report
+    says so) and SPECDECK_GGUF_BLOCKS=float32 keeps float32 rows; a prefill's last logits on the
+    two stay close (the same argmax) without being equal."""
+    monkeypatch.setenv("SPECDECK_LINEAR", "kernel")
+    monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
+    fast = load_model("smollm2-135m-instruct", ON_CPU)
+    assert "rows in 8 bits" in weights_of(fast.model).products.reason
+    monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "float32")
+    exact = load_model("smollm2-135m-instruct", ON_CPU)
+    assert "rows in 8 bits" not in weights_of(exact.model).products.reason
+    ids = torch.tensor(encode_prompt(fast.tokenizer, "Name three rivers of Europe."))
+    with torch.inference_mode():
+        a, b = LlamaForward(fast.model).logits(ids, False)[-1], LlamaForward(exact.model).logits(ids, False)[-1]
+    assert not torch.equal(a, b)
+    assert a.argmax() == b.argmax() and (a - b).abs().max() < 0.05 * b.abs().max()
+
+
 @pytest.fixture(scope="module")
 def builtin_file():
     path = gguf_file("smollm2-135m-instruct")
     assert path is not None
-    return gguf_blocks.FileMatrices(path)
+    return gguf_blocks.FileMatrices(path, rows="float32")
 
 
 @needs_kernel
@@ -96,6 +163,7 @@ def test_the_builtin_target_runs_on_its_file_blocks_with_the_float32_bits(monkey
     """The built-in Q4_1 target's products all read the file's blocks (the report says so), and its
     logits after a prefill, a step and a verify are those of the float32 products, bit for bit."""
     monkeypatch.setenv("SPECDECK_LINEAR", "kernel")
+    monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "float32")
     on_blocks = load_model("smollm2-135m-instruct", ON_CPU)
     assert "121 of 121 products on SmolLM2-135M-Instruct.Q4_1.gguf's own blocks" in (
         weights_of(on_blocks.model).products.reason  # the weights are read (and packed) here

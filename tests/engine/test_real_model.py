@@ -130,14 +130,18 @@ def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
     assert own.drafter_kind == "prompt-lookup" and own.draft is None
 
 
-def test_lean_forward_keeps_hf_logits_and_greedy_text(smollm2):
+def test_lean_forward_keeps_hf_logits_and_greedy_text(monkeypatch):
     """The built-in target runs on the lean Llama forward, whose logits equal Hugging Face's
     forward after a prefill, steps, a verify chunk and a crop, and whose plain greedy text is
-    Hugging Face generate()'s."""
+    Hugging Face generate()'s, with its rows in float32 (in 8 bits, `test_gguf_blocks`, they are
+    another arithmetic)."""
     import torch
 
     from specdeck.engine.kvcache import CachedModel, HFForward
     from specdeck.engine.llama_forward import LlamaForward
+
+    monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "float32")
+    smollm2 = load_model("smollm2-135m-instruct", ON_CPU)
 
     assert isinstance(CachedModel(smollm2.model).backend, LlamaForward)
     ids = encode_prompt(smollm2.tokenizer, "Summarize: the cat sat on the mat because the mat was warm.")
