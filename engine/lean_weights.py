@@ -98,7 +98,7 @@ def weights_of(model: PreTrainedModel) -> LeanWeights:
     return weights
 
 
-def rows_in_8_bits(model: torch.nn.Module) -> bool:
+def rows_in_8_bits(model: object) -> bool:
     """Whether the model's lean forward, as last read, takes its rows in 8 bits on a GGUF file's
     blocks (`engine.gguf_blocks.activations`): another arithmetic than Hugging Face's forward."""
     cached = _WEIGHTS.get(model)
