@@ -271,7 +271,11 @@ def run_bench(
                         continue
                     if method.name == "llama.cpp":
                         result.mismatch[method] = OTHER_ROUNDING.format(
-                            backend="the file's weights dequantized on torch"
+                            backend=(
+                                "the file's blocks on torch, its rows in 8 bits"
+                                if eight_bits
+                                else "the file's weights dequantized on torch"
+                            )
                             if pairs[0].target.backend == "torch"
                             else "llama.cpp with flash attention on an 8-bit KV cache"
                         )
