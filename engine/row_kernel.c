@@ -303,7 +303,7 @@ static void quantized_part(int t, int nt, int kind, const float *x, long m, long
  * row's group of 32 values x becomes a float scale s = max |x| / 127 and 32 integers a = round(x / s)
  * (kept with their sum), and a group's dot product with a column's quants is one exact integer sum
  * of 4-byte products (VNNI's dpbusd: 64 of them an instruction on AVX-512, against 16 float32
- * multiply-adds), scaled once a group: y += (d s) sum(q a) + m (s sum(a)) for Q4_1, y += (d s)
+ * multiply-adds; AVX2 without VNNI sums the same integers with maddubs), scaled once a group: y += (d s) sum(q a) + m (s sum(a)) for Q4_1, y += (d s)
  * (sum((q + 128) a) - 128 sum(a)) for Q8_0 (its quants kept offset, unsigned). The integers are
  * exact and a row's scaling runs group by group in k order, so a row's bits still do not depend on
  * the rows beside it; they differ from the float32 product by the activations' 8-bit rounding.
@@ -320,7 +320,11 @@ static void quantized_part(int t, int nt, int kind, const float *x, long m, long
 #define IZERO() _mm512_setzero_si512()
 #define IDOT(acc, u, p) _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(*(const int32_t *)(p)))
 #define INIBBLE(v, shift) _mm512_and_si512(_mm512_srli_epi16(v, shift), _mm512_set1_epi8(15))
-#define ISUB(a, b) _mm512_sub_epi32(a, _mm512_set1_epi32(b))
+#define Q4_DOT(acc, u, p) IDOT(acc, u, p)
+#define Q4_SUM(acc) (acc)
+#define Q8_WEIGHTS(v) (v)
+#define Q8_DOT(acc, w, p) IDOT(acc, w, p)
+#define Q8_SUM(acc, sum) _mm512_sub_epi32(acc, _mm512_set1_epi32(128 * (sum)))
 #define RI 8 /* 8 integer and 8 float accumulators, the quants and scales in 32 registers */
 #define VABS(v) _mm512_abs_ps(v)
 static inline float vmax(__m512 v) { return _mm512_reduce_max_ps(v); }
@@ -330,13 +334,12 @@ static inline int32_t ROUND_TO_BYTES(__m512 v, int8_t *out) {
     _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(q));
     return _mm512_reduce_add_epi32(q);
 }
-#elif defined(__AVXVNNI__) && defined(__AVX2__)
+#elif defined(__AVX2__) && !defined(__AVX512F__)
 #define INT8_ACTIVATIONS 1
 #define ILOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define IZERO() _mm256_setzero_si256()
-#define IDOT(acc, u, p) _mm256_dpbusd_avx_epi32(acc, u, _mm256_set1_epi32(*(const int32_t *)(p)))
+#define IBCAST(p) _mm256_set1_epi32(*(const int32_t *)(p))
 #define INIBBLE(v, shift) _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(15))
-#define ISUB(a, b) _mm256_sub_epi32(a, _mm256_set1_epi32(b))
 #define RI 4 /* 4 integer and 4 float accumulators, the quants and scales in 16 registers */
 #define VABS(v) _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)))
 static inline float vmax(__m256 v) {
@@ -350,6 +353,27 @@ static inline int32_t ROUND_TO_BYTES(__m256 v, int8_t *out) {
     for (int i = 0; i < 8; i++) out[i] = (int8_t)q[i], sum += q[i];
     return sum;
 }
+#if defined(__AVXVNNI__)
+#define IDOT(acc, u, p) _mm256_dpbusd_avx_epi32(acc, u, IBCAST(p))
+#define Q4_DOT(acc, u, p) IDOT(acc, u, p)
+#define Q4_SUM(acc) (acc)
+#define Q8_WEIGHTS(v) (v)
+#define Q8_DOT(acc, w, p) IDOT(acc, w, p)
+#define Q8_SUM(acc, sum) _mm256_sub_epi32(acc, _mm256_set1_epi32(128 * (sum)))
+#else
+/* No VNNI: pairs of byte products summed into 16 bits (maddubs), then pairs of those into 32. A Q4_1
+ * quant times a byte is at most 15 x 127, so a group's 8 runs add up in 16 bits (16 products a
+ * lane) before widening; Q8_0's products can reach 128 x 127, so each run widens at once, and its
+ * quants are turned back to signed bytes: maddubs multiplies |q| by a with q's sign. The sums are
+ * the same integers as with VNNI. */
+#define Q4_DOT(acc, u, p) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, IBCAST(p)))
+#define Q4_SUM(acc) _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
+#define Q8_WEIGHTS(v) _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80))
+#define Q8_DOT(acc, w, p)                                                                              \
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(IBCAST(p), w)), \
+                                            _mm256_set1_epi16(1)))
+#define Q8_SUM(acc, sum) (acc)
+#endif
 #else
 #define INT8_ACTIVATIONS 0
 #endif
@@ -393,12 +417,12 @@ static void quantize_rows(const float *x, long m, long k, int8_t *a, float *s, f
                 ivec v = ILOAD(wb + LANES * 4 + u * LANES * 4);                                        \
                 ivec low = INIBBLE(v, 0), high = INIBBLE(v, 4);                                        \
                 const int8_t *au = a + g * QK + 4 * u;                                                 \
-                for (int r = 0; r < R; r++) dot[r] = IDOT(dot[r], low, au + r * k);                    \
-                for (int r = 0; r < R; r++) dot[r] = IDOT(dot[r], high, au + r * k + 16);              \
+                for (int r = 0; r < R; r++) dot[r] = Q4_DOT(dot[r], low, au + r * k);                  \
+                for (int r = 0; r < R; r++) dot[r] = Q4_DOT(dot[r], high, au + r * k + 16);            \
             }                                                                                          \
             vec d = VHALF(wb), mins = VHALF(wb + LANES * 2);                                           \
             for (int r = 0; r < R; r++) {                                                              \
-                acc[r] = VFMA(QFLOAT(dot[r]), VMUL(d, VSET(s[r * groups + g])), acc[r]);               \
+                acc[r] = VFMA(QFLOAT(Q4_SUM(dot[r])), VMUL(d, VSET(s[r * groups + g])), acc[r]);       \
                 acc[r] = VFMA(mins, VSET(sm[r * groups + g]), acc[r]);                                 \
             }                                                                                          \
         }                                                                                              \
@@ -417,13 +441,13 @@ static void quantize_rows(const float *x, long m, long k, int8_t *a, float *s, f
             ivec dot[R];                                                                               \
             for (int r = 0; r < R; r++) dot[r] = IZERO();                                              \
             for (int u = 0; u < 8; u++) {                                                              \
-                ivec v = ILOAD(wb + LANES * 2 + u * LANES * 4);                                        \
+                ivec v = Q8_WEIGHTS(ILOAD(wb + LANES * 2 + u * LANES * 4));                            \
                 const int8_t *au = a + g * QK + 4 * u;                                                 \
-                for (int r = 0; r < R; r++) dot[r] = IDOT(dot[r], v, au + r * k);                      \
+                for (int r = 0; r < R; r++) dot[r] = Q8_DOT(dot[r], v, au + r * k);                    \
             }                                                                                          \
             vec d = VHALF(wb);                                                                         \
             for (int r = 0; r < R; r++) {                                                              \
-                vec sum = QFLOAT(ISUB(dot[r], 128 * sums[r * groups + g]));                            \
+                vec sum = QFLOAT(Q8_SUM(dot[r], sums[r * groups + g]));                                \
                 acc[r] = VFMA(sum, VMUL(d, VSET(s[r * groups + g])), acc[r]);                          \
             }                                                                                          \
         }                                                                                              \

@@ -217,7 +217,7 @@ def _rows_through(linear: KernelLinear | QuantizedLinear, x: torch.Tensor, produ
 QUANTIZED = {"Q4_1": (0, 20), "Q8_0": (1, 34)}  # GGUF block types: the kernel's kind, bytes per 32 weights
 _GROUP = 32  # weights along the inner dimension a quantized block holds
 ACTIVATIONS = ("float32", "int8")  # how a product on GGUF blocks takes its rows (`QuantizedLinear`)
-INT8_MISSING = "this CPU has no VNNI instructions (AVX-512 VNNI or AVX-VNNI) for 8-bit activations"
+INT8_MISSING = "the row kernel has no 8-bit products for AVX-512 without VNNI"
 
 
 def int8_available() -> str | None:
