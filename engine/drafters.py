@@ -16,6 +16,8 @@ slot in by implementing `Drafter`.
 
 from __future__ import annotations
 
+import bisect
+
 import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
@@ -446,7 +448,11 @@ def _runs(parts: list[torch.Tensor | int]) -> list[torch.Tensor | int]:
 
 
 class PromptLookupDrafter(Drafter):
-    """Copy what followed the latest earlier occurrence of the last n tokens (n = max_ngram..min_ngram)."""
+    """Copy what followed the latest earlier occurrence of the last n tokens (n = max_ngram..min_ngram).
+
+    Each n-gram's starts are indexed as the text grows (a session's kept tokens only ever grow), so a
+    round's lookup reads a few dictionary entries instead of scanning the whole text: it is asked
+    every round, also the rounds that end up plain steps."""
 
     name = "prompt lookup"
     copies_text = True
@@ -455,23 +461,37 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.device = torch.device(device)
+        self._text: list[int] = []  # the text indexed so far
+        self._starts: list[dict[tuple[int, ...], list[int]]] = []  # by n - 1: n-gram -> its starts, ascending
 
-    def _match(self, ids: torch.Tensor, k: int) -> tuple[list[int], int]:
+    def _index(self, ids: list[int]) -> None:
+        """Index every n-gram of `ids` that ends before its last token: from where the text indexed
+        before left off where `ids` goes on from it, else from the start."""
+        done = len(self._text)
+        if not self._starts or done > len(ids) or ids[:done] != self._text:
+            self._starts = [{} for _ in range(self.max_ngram)]
+            done = 0
+        for n, starts in enumerate(self._starts, start=1):
+            for i in range(max(0, done - n), len(ids) - n):  # the new starts i, i + n <= len(ids) - 1
+                starts.setdefault(tuple(ids[i : i + n]), []).append(i)
+        self._text = list(ids)
+
+    def _match(self, ids: list[int], k: int) -> tuple[list[int], int]:
         """What followed the latest earlier occurrence of the text's last n tokens, and where it was
-        found: the index after that occurrence (0: none)."""
-        length = ids.shape[0]
+        found: the index after that occurrence (0: none). The latest that still has k tokens after
+        it, else the earliest (the longest copy there is)."""
+        self._index(ids)
+        length = len(ids)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            windows = ids[: length - 1].unfold(0, n, 1)  # every earlier n-gram, the tail excluded
-            hits = (windows == ids[length - n :]).all(dim=1).nonzero().flatten()
-            if hits.numel():
-                # the latest match that still has k tokens after it, else the earliest (longest)
-                full = hits[hits + n + k <= length]
-                start = int(full[-1] if full.numel() else hits[0]) + n
-                return ids[start : start + k].tolist(), start
+            hits = self._starts[n - 1].get(tuple(ids[length - n :]))
+            if hits:
+                full = bisect.bisect_right(hits, length - n - k)  # starts i with i + n + k <= length
+                start = (hits[full - 1] if full else hits[0]) + n
+                return ids[start : start + k], start
         return [], 0
 
     def propose(self, ids: list[int], k: int) -> Proposal:
-        tokens, start = self._match(torch.tensor(ids), k)
+        tokens, start = self._match(ids, k)
         if not tokens:
             return self._empty(self.device)
         match = 0  # how far the occurrence matches the text's end, past the n-gram that found it

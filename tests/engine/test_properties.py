@@ -139,3 +139,34 @@ def test_event_stream_is_consistent_for_any_settings(tiny_pair, prompt, config, 
         generate(target, encode_prompt(target.tokenizer, prompt, chat=False), config, drafter_for(kind, draft))
     )
     assert_consistent(events, config, target.tokenizer)
+
+
+def _latest_occurrence(ids: list[int], k: int, max_ngram: int) -> tuple[list[int], int]:
+    """Prompt lookup's answer by its definition, scanning the whole text: after the latest earlier
+    occurrence of the last n tokens (n = max_ngram .. 1) with k tokens after it, else the earliest."""
+    for n in range(min(max_ngram, len(ids) - 1), 0, -1):
+        hits = [i for i in range(len(ids) - n) if ids[i : i + n] == ids[len(ids) - n :]]
+        if hits:
+            full = [i for i in hits if i + n + k <= len(ids)]
+            start = (full[-1] if full else hits[0]) + n
+            return ids[start : start + k], start
+    return [], 0
+
+
+@PROFILE
+@given(
+    max_ngram=st.integers(1, 4),
+    vocab=st.integers(2, 12),
+    grows=st.lists(st.tuples(st.lists(st.integers(0, 11), min_size=1, max_size=4), st.integers(1, 8)), max_size=25),
+    restart=st.integers(0, 30),
+)
+def test_prompt_lookup_indexed_as_the_text_grows_finds_what_a_scan_finds(max_ngram, vocab, grows, restart):
+    """Prompt lookup indexes the text as it grows: after every round, and after a text that is not
+    a continuation (a new session), it finds the copy a scan of the whole text finds."""
+    drafter = PromptLookupDrafter(max_ngram=max_ngram)
+    ids = [0]
+    for round_no, (more, k) in enumerate(grows):
+        if round_no == restart:
+            ids = ids[: len(ids) // 2] + [vocab - 1]
+        ids = ids + [t % vocab for t in more]
+        assert drafter._match(ids, k) == _latest_occurrence(ids, k, max_ngram)
