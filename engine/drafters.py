@@ -17,7 +17,6 @@ slot in by implementing `Drafter`.
 from __future__ import annotations
 
 import bisect
-
 import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
