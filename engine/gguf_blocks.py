@@ -60,8 +60,9 @@ def source_of(model: torch.nn.Module) -> Path | None:
 def activations() -> str:
     """How products on a file's blocks take their rows: "int8" (each row's groups of 32 in 8 bits,
     as llama.cpp multiplies them: about twice as fast, and the logits move by the activations'
-    rounding, the same at every number of rows) where the CPU has VNNI, else, or with
-    `SPECDECK_GGUF_BLOCKS=float32`, "float32" (the float32 product's bits on the decoded weights)."""
+    rounding, the same at every number of rows) where the kernel has such products (every build
+    but AVX-512 without VNNI), else, or with `SPECDECK_GGUF_BLOCKS=float32`, "float32" (the float32
+    product's bits on the decoded weights)."""
     if _setting() in ("float32", "float"):
         return "float32"
     return "int8" if row_kernel.int8_available() is None else "float32"
