@@ -179,8 +179,8 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
             path += f" row attention {row_attention.SPAN}"
             if row_kernel.attention_unavailable(weights[0].dtype, weights[0].device, _head_dim(module)) is None:
                 path += " on the row kernel"
-            if path.startswith("kernel") and gguf_blocks.source_of(module) is not None:
-                path += f" on the GGUF file's blocks, rows in {gguf_blocks.activations()}"
+            if path.startswith("kernel"):  # on blocks: the module's, or a part's (a feature head's layer)
+                path += next((key for part in module.modules() if (key := gguf_blocks.blocks_key(part))), "")
             if path.startswith("kernel") and os.environ.get("SPECDECK_FUSED_LAYERS", "1").strip() != "0":
                 path += ", layers fused"  # `engine.fused_layers`, where the model allows
     config = getattr(module, "config", None)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specdeck.engine import gguf_blocks
 from specdeck.engine.autotune import MATCH_CAP
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.context import context_length
@@ -354,6 +355,7 @@ class FeatureHeadDrafter(Drafter):
         self.head = self.module = head
         self.dtype = next(head.parameters()).dtype
         self.feature_layers = head.feature_layers
+        gguf_blocks.quantize_for_drafting(head.body)  # its layer on Q8_0 blocks, where rows go in 8 bits
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
         if rows is None or self._output_ids is None:

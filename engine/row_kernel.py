@@ -239,6 +239,7 @@ class QuantizedLinear:
     (from the file: nothing kept twice), for `rows`."""
 
     path = "kernel"
+    exact = True  # `dense` gives the model's matrix back bit for bit (False: blocks quantized from it)
 
     def __init__(
         self,
