@@ -355,7 +355,8 @@ class FeatureHeadDrafter(Drafter):
         self.head = self.module = head
         self.dtype = next(head.parameters()).dtype
         self.feature_layers = head.feature_layers
-        gguf_blocks.quantize_for_drafting(head.body)  # its layer on Q8_0 blocks, where rows go in 8 bits
+        if isinstance(target, LlamaCppModel) or gguf_blocks.source_of(target) is not None:
+            gguf_blocks.quantize_for_drafting(head.body)  # a GGUF target's head: its layer on Q8_0 blocks too
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
         if rows is None or self._output_ids is None:

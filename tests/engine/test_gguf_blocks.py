@@ -214,3 +214,46 @@ def test_a_gguf_target_takes_the_row_kernel_where_float32_would_take_another_pat
     assert gguf_blocks.prefer_kernel(other.model, timed) is timed
     monkeypatch.setenv("SPECDECK_LINEAR", "packed")
     assert gguf_blocks.prefer_kernel(target.model, timed) is timed
+
+
+@needs_int8
+def test_a_gguf_targets_feature_head_drafts_on_blocks_of_its_own_weights(monkeypatch):
+    """Beside the built-in GGUF target the feature head's layer multiplies on Q8_0 blocks of its own
+    weights with 8-bit rows (the report says so), its drafts are still accepted, its float32 weights
+    stay as trained, bit for bit, and greedy speculative text equals plain; with
+    SPECDECK_GGUF_BLOCKS=float32, or beside a target from elsewhere, it keeps float32 products."""
+    from specdeck.engine import TokenEvent
+    from specdeck.engine.drafters import FeatureHeadDrafter
+    from specdeck.engine.heads import FeatureHead, head_config, load_feature_head
+    from specdeck.engine.models import DEFAULT_HEAD
+
+    monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
+    target = load_model("smollm2-135m-instruct", ON_CPU)
+    head = load_feature_head(DEFAULT_HEAD, target)
+    trained = {name: p.detach().clone() for name, p in head.head.named_parameters()}
+    ids = encode_prompt(target.tokenizer, "Explain in simple terms why the sky is blue.")
+    config = DecodeConfig(k=1, schedule="constant", lookup=0, max_new_tokens=48)
+    plain = [e.token_id for e in generate(target, ids, config) if isinstance(e, TokenEvent)]
+    drafter = FeatureHeadDrafter(head.head, target.model, name=head.name, output_ids=head.output_ids)
+    spec = list(generate(target, ids, config, drafter))
+    assert [e.token_id for e in spec if isinstance(e, TokenEvent) and e.state.kept] == plain
+    assert spec[-1].accepted >= 0.15 * spec[-1].drafted
+    assert "4 of 4 products on Q8_0 blocks of its own weights" in weights_of(head.head.body).products.reason
+    assert all(torch.equal(p, trained[name]) for name, p in head.head.named_parameters())
+
+    monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "float32")
+    kept = load_feature_head(DEFAULT_HEAD, target)
+    FeatureHeadDrafter(kept.head, target.model, name=kept.name, output_ids=kept.output_ids)
+    assert "own weights" not in weights_of(kept.head.body).products.reason
+
+
+def test_a_head_beside_a_target_from_elsewhere_keeps_float32_products(tiny_llama):
+    """A head beside a target that is not a GGUF file drafts on its float32 products."""
+    from specdeck.engine.drafters import FeatureHeadDrafter
+    from specdeck.engine.heads import FeatureHead, head_config
+
+    target, _ = tiny_llama
+    head = FeatureHead(head_config(target.model.config)).eval()
+    FeatureHeadDrafter(head, target.model)
+    assert not gguf_blocks.own_blocks(head.body)
+    assert "own weights" not in weights_of(head.body).products.reason
