@@ -224,7 +224,7 @@ def test_a_gguf_targets_feature_head_drafts_on_blocks_of_its_own_weights(monkeyp
     SPECDECK_GGUF_BLOCKS=float32, or beside a target from elsewhere, it keeps float32 products."""
     from specdeck.engine import TokenEvent
     from specdeck.engine.drafters import FeatureHeadDrafter
-    from specdeck.engine.heads import FeatureHead, head_config, load_feature_head
+    from specdeck.engine.heads import load_feature_head
     from specdeck.engine.models import DEFAULT_HEAD
 
     monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
@@ -257,3 +257,16 @@ def test_a_head_beside_a_target_from_elsewhere_keeps_float32_products(tiny_llama
     FeatureHeadDrafter(head, target.model)
     assert not gguf_blocks.own_blocks(head.body)
     assert "own weights" not in weights_of(head.body).products.reason
+
+
+@needs_int8
+def test_the_products_benchmark_times_every_matrix_of_the_file_both_ways(capsys):
+    """`python -m specdeck.engine.bench.products` makes a product of every quantized matrix of the
+    built-in file (30 layers of 7, the embedding) and prints one row of timings per row count."""
+    from specdeck.engine.bench import products
+
+    products.main(["--rows", "1,3", "--repeats", "1"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("211 products of SmolLM2-135M-Instruct.Q4_1.gguf")
+    rows = [line.split("|") for line in out if line.startswith("| 1 ") or line.startswith("| 3 ")]
+    assert [r[1].strip() for r in rows] == ["1", "3"] and all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
