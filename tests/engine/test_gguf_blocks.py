@@ -35,6 +35,30 @@ def _decoded(blocks: np.ndarray, kind: str, width: int) -> torch.Tensor:
     return torch.from_numpy(gguf.dequantize(blocks, gguf.GGMLQuantizationType[kind]).reshape(-1, width).copy())
 
 
+# the kernel's builds the tests check: -march= (None: this CPU's) and the CPU flags each needs
+BUILDS = {
+    "this CPU's": (None, set()),
+    "AVX2": ("haswell", {"avx2", "fma", "f16c"}),
+    "AVX2 with AVX-VNNI": ("alderlake", {"avx2", "fma", "f16c", "avx_vnni"}),
+}
+
+
+def _built(build: str):
+    """The kernel's library in `build` (`BUILDS`); the test is skipped where this CPU cannot run it."""
+    arch, flags = BUILDS[build]
+    if arch is not None and not flags <= set(row_kernel.cpu_flags().split()):
+        pytest.skip(f"this CPU has no {build}")
+    built = row_kernel.library() if arch is None else row_kernel.build(arch)
+    assert not isinstance(built, str), built
+    return built
+
+
+def _matrix(kind: str, shape: tuple[int, int]) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """Random blocks of `kind` for a matrix of `shape`, their gguf-py decoding and a random bias."""
+    blocks = _blocks(kind, *shape, seed=shape[0])
+    return blocks, _decoded(blocks, kind, shape[1]), torch.randn(shape[0])
+
+
 @needs_kernel
 @pytest.mark.parametrize("build", ["this CPU's", "AVX2"])
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
@@ -44,16 +68,8 @@ def test_quantized_products_have_the_bits_of_the_float32_product(shape, kind, bu
     product of gguf-py's dequantization of them, alone and among 2..20 rows (groups of rows, a
     last block narrower than the rest, rows padded to whole vectors); in this CPU's build and in
     the AVX2 one."""
-    if build == "AVX2":
-        if not {"avx2", "fma", "f16c"} <= set(row_kernel.cpu_flags().split()):
-            pytest.skip("this CPU has no AVX2 with FMA and F16C")
-        built = row_kernel.build("haswell")
-    else:
-        built = row_kernel.library()
-    assert not isinstance(built, str), built
-    blocks = _blocks(kind, *shape, seed=shape[0])
-    decoded = _decoded(blocks, kind, shape[1])
-    bias = torch.randn(shape[0])
+    built = _built(build)
+    blocks, decoded, bias = _matrix(kind, shape)
     quantized = QuantizedLinear(blocks, kind, shape[1], lambda: decoded, bias, built)
     plain = KernelLinear(decoded, bias, built)
     x = torch.randn(20, shape[1], generator=torch.Generator().manual_seed(0))
@@ -88,18 +104,9 @@ def test_products_with_8_bit_rows_are_the_integer_scheme_at_any_row_count(shape,
     127, times activations at 127 in magnitude); it is the 8-bit scheme's value
     (to float32 rounding) and within 2% of the float32 product of the decoded weights, no closer
     than the activations' rounding allows (a product that ignored it would be nearer)."""
-    if build != "this CPU's":
-        vnni = build.endswith("AVX-VNNI")
-        if not {"avx2", "fma", "f16c"} | ({"avx_vnni"} if vnni else set()) <= set(row_kernel.cpu_flags().split()):
-            pytest.skip(f"this CPU has no {build}")
-        built = row_kernel.build("alderlake" if vnni else "haswell")
-        assert not isinstance(built, str) and built.row_kernel_int8() and built.row_kernel_lanes() == 8
-    else:
-        built = row_kernel.library()
-    assert not isinstance(built, str), built
-    blocks = _blocks(kind, *shape, seed=shape[0])
-    decoded = _decoded(blocks, kind, shape[1])
-    bias = torch.randn(shape[0])
+    built = _built(build)
+    assert built.row_kernel_int8() and (build == "this CPU's" or built.row_kernel_lanes() == 8)
+    blocks, decoded, bias = _matrix(kind, shape)
     quantized = QuantizedLinear(blocks, kind, shape[1], lambda: decoded, bias, built, activations="int8")
     x = torch.randn(20, shape[1], generator=torch.Generator().manual_seed(0))
     x[4] = 0.0
