@@ -22,7 +22,6 @@ import bisect
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 import weakref
@@ -428,7 +427,6 @@ class RoundPlanner:
         self.observed: dict[tuple[int, bool], float] = {}
         self.tree_scale = 1.0  # a tree's verify time over a chain's of as many tokens, for trees not verified yet
         self.rounds_without_draft = 0
-        self.fastest_step = math.inf  # the session's fastest plain step (verify of the newest token alone)
         self.chosen: dict[str, int] = {}  # "K=2", "K=2 w3", "copy 4", "none": rounds
         self.max_width = max_width  # 1 where trees cannot run (sampling, a backend without tree attention)
         self.ranks = [0.0] * MAX_WIDTH  # decayed rounds in which the target's first token had each rank
@@ -441,14 +439,12 @@ class RoundPlanner:
         return self.observed.get((n, True), chain * self.tree_scale) if tree else chain
 
     def plain_ms(self) -> float:
-        """A plain step's forward, as drafting is weighed against it: the session's, the curve's or
-        the session's fastest step, the least. Drafting slows the steps beside it (the drafter's
-        weights and a verify's wider forward push the target's out of the caches: on a 2-core Xeon
-        a step after drafts took 8.6 ms against plain decoding's 7.2; with 8-bit rows, on a qa
-        question, 3.05 ms against 2.76), and a curve measured earlier may have met a slower machine,
-        so steps measured among drafts overstate what not drafting costs, and drafting is chosen only
-        where it beats steps that are not slowed."""
-        return min(self.verify_ms(1), self.curve.ms(1), self.fastest_step)
+        """A plain step's forward, as drafting is weighed against it: the session's, or the curve's
+        where that is less. Drafting slows the steps beside it (the drafter's weights and a verify's
+        wider forward push the target's out of the caches: on a 2-core Xeon a step after drafts
+        took 8.6 ms against plain decoding's 7.2), so steps measured among drafts overstate what
+        not drafting costs, and drafting is chosen only where it beats steps that are not slowed."""
+        return min(self.verify_ms(1), self.curve.ms(1))
 
     def rate(self, acceptance: DepthAcceptance, k: int, draft_ms_per_token: float, width: int = 1) -> float:
         """Expected kept tokens per ms for a round of k drafts and `width` candidates for the first:
@@ -575,8 +571,6 @@ class RoundPlanner:
         if not self.adapt:
             return
         n, tree = drafted + alternatives + 1, alternatives > 0
-        if n == 1:
-            self.fastest_step = min(self.fastest_step, verify_ms)
         # a size's first measurement also moves from the curve's estimate, not to it: one verify slowed
         # by other work on the machine would otherwise stand until that size is chosen again
         self.observed[n, tree] = 0.7 * self.verify_ms(n, tree) + 0.3 * verify_ms
