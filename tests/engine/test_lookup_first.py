@@ -96,7 +96,7 @@ def test_copied_token_keeps_sampling_exact(tiny_llama):
     copy = max(range(target.vocab_width), key=chance)
     assert chance(copy) > 0.07
     ids = base + [copy] + base[-2:]
-    assert PromptLookupDrafter(min_ngram=2)._match(torch.tensor(ids), 1)[0] == [copy]
+    assert PromptLookupDrafter(min_ngram=2)._match(ids, 1)[0] == [copy]
     with torch.inference_mode():
         p = logits_to_probs(target.model(input_ids=torch.tensor([ids])).logits[0, -1], config)
     exact = {t: float(p[t]) for t in p.nonzero().flatten().tolist()}
