@@ -193,3 +193,16 @@ def write_two_prompts(path: Path) -> Path:
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return path
+
+
+def head_session_keeps_plain_text(target, head, prompt_ids: list[int], config):
+    """A greedy session of the loaded feature head `head` beside `target`: asserts its kept tokens are
+    plain decoding's, and returns its summary event (what it drafted, accepted and copied)."""
+    from specdeck.engine import TokenEvent, generate
+    from specdeck.engine.drafters import FeatureHeadDrafter
+
+    plain = [e.token_id for e in generate(target, prompt_ids, config) if isinstance(e, TokenEvent)]
+    drafter = FeatureHeadDrafter(head.head, target.model, name=head.name, output_ids=head.output_ids)
+    events = list(generate(target, prompt_ids, config, drafter))
+    assert [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept] == plain
+    return events[-1]

@@ -5,7 +5,7 @@ multiplies), the exact integer scheme; either way a row's bits do not depend on 
 import numpy as np
 import pytest
 import torch
-from tiny import ON_CPU, PACKED_PATHS
+from tiny import ON_CPU, PACKED_PATHS, head_session_keeps_plain_text
 
 from specdeck.engine import DecodeConfig, encode_prompt, generate, gguf_blocks, row_kernel
 from specdeck.engine.backends import gguf_file
@@ -229,7 +229,6 @@ def test_a_gguf_targets_feature_head_drafts_on_blocks_of_its_own_weights(monkeyp
     weights with 8-bit rows (the report says so), its drafts are still accepted, its float32 weights
     stay as trained, bit for bit, and greedy speculative text equals plain; with
     SPECDECK_GGUF_BLOCKS=float32, or beside a target from elsewhere, it keeps float32 products."""
-    from specdeck.engine import TokenEvent
     from specdeck.engine.drafters import FeatureHeadDrafter
     from specdeck.engine.heads import load_feature_head
     from specdeck.engine.models import DEFAULT_HEAD
@@ -240,11 +239,8 @@ def test_a_gguf_targets_feature_head_drafts_on_blocks_of_its_own_weights(monkeyp
     trained = {name: p.detach().clone() for name, p in head.head.named_parameters()}
     ids = encode_prompt(target.tokenizer, "Explain in simple terms why the sky is blue.")
     config = DecodeConfig(k=1, schedule="constant", lookup=0, max_new_tokens=48)
-    plain = [e.token_id for e in generate(target, ids, config) if isinstance(e, TokenEvent)]
-    drafter = FeatureHeadDrafter(head.head, target.model, name=head.name, output_ids=head.output_ids)
-    spec = list(generate(target, ids, config, drafter))
-    assert [e.token_id for e in spec if isinstance(e, TokenEvent) and e.state.kept] == plain
-    assert spec[-1].accepted >= 0.15 * spec[-1].drafted
+    summary = head_session_keeps_plain_text(target, head, ids, config)
+    assert summary.accepted >= 0.15 * summary.drafted
     assert "4 of 4 products on Q8_0 blocks of its own weights" in weights_of(head.head.body).products.reason
     assert all(torch.equal(p, trained[name]) for name, p in head.head.named_parameters())
 

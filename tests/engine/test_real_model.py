@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from tiny import ON_CPU
+from tiny import ON_CPU, head_session_keeps_plain_text
 
 from specdeck.engine import (
     DecodeConfig,
@@ -69,7 +69,6 @@ def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
 def test_builtin_head_ships_small_and_keeps_greedy_exact(smollm2):
     """The bundled feature head fits the size limit, carries its card, binds to the built-in target
     and leaves greedy output unchanged while getting drafts accepted."""
-    from specdeck.engine.drafters import FeatureHeadDrafter
     from specdeck.engine.heads import load_feature_head
     from specdeck.engine.models import DEFAULT_HEAD, locate
 
@@ -80,17 +79,13 @@ def test_builtin_head_ships_small_and_keeps_greedy_exact(smollm2):
     assert head.output_ids is not None and len(head.output_ids) < smollm2.vocab_width
     ids = encode_prompt(smollm2.tokenizer, "Explain in simple terms why the sky is blue.")
     config = DecodeConfig(k=1, schedule="constant", lookup=0, max_new_tokens=64)
-    plain = [e.token_id for e in generate(smollm2, ids, config) if isinstance(e, TokenEvent)]
-    drafter = FeatureHeadDrafter(head.head, smollm2.model, name=head.name, output_ids=head.output_ids)
-    spec = list(generate(smollm2, ids, config, drafter))
-    assert [e.token_id for e in spec if isinstance(e, TokenEvent) and e.state.kept] == plain
-    assert spec[-1].accepted >= 0.15 * spec[-1].drafted  # an untrained head accepts ~0
+    summary = head_session_keeps_plain_text(smollm2, head, ids, config)
+    assert summary.accepted >= 0.15 * summary.drafted  # an untrained head accepts ~0
 
 
 def test_default_pair_copies_from_an_article_and_stays_exact(smollm2):
     """The default settings (head, K=1, prompt lookup first) on the summarization preset: some copies
     of the article are accepted, and the text equals plain greedy decoding."""
-    from specdeck.engine.drafters import FeatureHeadDrafter
     from specdeck.engine.heads import load_feature_head
     from specdeck.engine.models import DEFAULT_HEAD
     from specdeck.engine.resources import resource_path
@@ -100,11 +95,8 @@ def test_default_pair_copies_from_an_article_and_stays_exact(smollm2):
     ids = encode_prompt(smollm2.tokenizer, prompt)
     config = DecodeConfig(max_new_tokens=48)
     assert config.lookup > 0
-    plain = [e.token_id for e in generate(smollm2, ids, config) if isinstance(e, TokenEvent)]
-    drafter = FeatureHeadDrafter(head.head, smollm2.model, name=head.name, output_ids=head.output_ids)
-    spec = list(generate(smollm2, ids, config, drafter))
-    assert [e.token_id for e in spec if isinstance(e, TokenEvent) and e.state.kept] == plain
-    assert spec[-1].copied_accepted > 0 and spec[-1].accepted > spec[-1].copied_accepted
+    summary = head_session_keeps_plain_text(smollm2, head, ids, config)
+    assert summary.copied_accepted > 0 and summary.accepted > summary.copied_accepted
 
 
 def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
