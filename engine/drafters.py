@@ -31,7 +31,7 @@ from specdeck.engine.context import context_length
 from specdeck.engine.hf_parts import input_embedding
 from specdeck.engine.kvcache import CachedModel, backend_for
 from specdeck.engine.lean_weights import output_weight
-from specdeck.engine.linear import Linear, bfloat16_pays, make_linear
+from specdeck.engine.linear import Linear, PathChoice, bfloat16_pays, make_linear
 from specdeck.engine.llama_forward import output_layer, supports
 from specdeck.engine.llamacpp_backend import LlamaCppModel, matrices_of
 from specdeck.engine.row_kernel import QuantizedLinear
@@ -348,15 +348,21 @@ class FeatureHeadDrafter(Drafter):
         rows = None if output_ids is None else output_weight(matrices)[self._output_ids].contiguous()
         # bfloat16 where this machine computes it faster (`bfloat16_pays`): a head with a reduced
         # output vocabulary drafts in it, on a copy (the head loaded stays as trained)
+        # a GGUF target's head: its layer on Q8_0 blocks of its own weights too, where they run (then
+        # not in bfloat16, which would take it off them)
+        if isinstance(target, LlamaCppModel) or gguf_blocks.source_of(target) is not None:
+            gguf_blocks.quantize_for_drafting(head.body)
         weights = [p for p in head.parameters() if p.dim() == 2] + ([rows] if rows is not None else [])
-        self.precision = bfloat16_pays(weights) if rows is not None else None
+        self.precision: PathChoice | None
+        if gguf_blocks.own_blocks(head.body):
+            self.precision = PathChoice("float32", "its layer multiplies on Q8_0 blocks of its own weights")
+        else:
+            self.precision = bfloat16_pays(weights) if rows is not None else None
         if self.precision is not None and self.precision.path == "bfloat16" and rows is not None:
             head, rows = copy.deepcopy(head).to(torch.bfloat16), rows.to(torch.bfloat16)
         self.head = self.module = head
         self.dtype = next(head.parameters()).dtype
         self.feature_layers = head.feature_layers
-        if isinstance(target, LlamaCppModel) or gguf_blocks.source_of(target) is not None:
-            gguf_blocks.quantize_for_drafting(head.body)  # a GGUF target's head: its layer on Q8_0 blocks too
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
         # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
         if rows is None or self._output_ids is None:
@@ -472,11 +478,11 @@ class PromptLookupDrafter(Drafter):
         done = len(self._text)
         if not self._starts or done > len(ids) or ids[:done] != self._text:
             self._starts = [{} for _ in range(self.max_ngram)]
-            done = 0
+            self._text, done = [], 0
         for n, starts in enumerate(self._starts, start=1):
             for i in range(max(0, done - n), len(ids) - n):  # the new starts i, i + n <= len(ids) - 1
                 starts.setdefault(tuple(ids[i : i + n]), []).append(i)
-        self._text = list(ids)
+        self._text.extend(ids[done:])
 
     def _match(self, ids: list[int], k: int) -> tuple[list[int], int]:
         """What followed the latest earlier occurrence of the text's last n tokens, and where it was

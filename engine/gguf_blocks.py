@@ -46,6 +46,9 @@ def remember(model: torch.nn.Module, path: Path) -> None:
     _SOURCES[model] = path
 
 
+OFF = ("off", "0", "no")  # SPECDECK_GGUF_BLOCKS values that keep every product on float32 weights
+
+
 def _setting() -> str:
     return os.environ.get("SPECDECK_GGUF_BLOCKS", "").strip().lower()
 
@@ -53,7 +56,7 @@ def _setting() -> str:
 def source_of(model: torch.nn.Module) -> Path | None:
     """The GGUF file whose blocks `model`'s products on the row kernel take, or None: a model from
     elsewhere, or `SPECDECK_GGUF_BLOCKS=off` (float32 products, for measuring one against the other)."""
-    if _setting() in ("off", "0", "no"):
+    if _setting() in OFF:
         return None
     return _SOURCES.get(model)
 
@@ -81,9 +84,7 @@ def quantize_for_drafting(model: torch.nn.Module) -> None:
 def own_blocks(model: torch.nn.Module) -> bool:
     """Whether `model`'s products on the row kernel take Q8_0 blocks of its own matrices: a model
     handed to `quantize_for_drafting`, where rows go in 8 bits (`activations`) and blocks are on."""
-    return (
-        model in _OWN and source_of(model) is None and _setting() not in ("off", "0", "no") and activations() == "int8"
-    )
+    return model in _OWN and _setting() not in OFF and activations() == "int8"
 
 
 def blocks_key(model: torch.nn.Module) -> str:
@@ -233,9 +234,9 @@ class OwnMatrices:
             return torch.from_numpy(np.ascontiguousarray(decoded.reshape(-1, width)))
 
         self.used.append("Q8_0")
-        product = QuantizedLinear(blocks, "Q8_0", width, dense, bias, source=lambda: blocks, activations="int8")
-        product.exact = False
-        return product
+        return QuantizedLinear(
+            blocks, "Q8_0", width, dense, bias, source=lambda: blocks, activations="int8", exact=False
+        )
 
     def summary(self, total: int) -> str:
         return f"{len(self.used)} of {total} products on Q8_0 blocks of its own weights, rows in 8 bits"

@@ -143,7 +143,7 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         linear: Linear = (
             on_file if on_file is not None else make_linear(_stack([m.weight for m in modules]), choice, bias)
         )
-        if linear.path in PACKED and getattr(linear, "exact", True):  # else the model keeps its matrices
+        if linear.path in PACKED and getattr(linear, "exact", True):  # else the model keeps its own
             row = 0
             for module in modules:
                 if id(module.weight) not in keep:

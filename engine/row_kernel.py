@@ -239,7 +239,6 @@ class QuantizedLinear:
     (from the file: nothing kept twice), for `rows`."""
 
     path = "kernel"
-    exact = True  # `dense` gives the model's matrix back bit for bit (False: blocks quantized from it)
 
     def __init__(
         self,
@@ -251,9 +250,11 @@ class QuantizedLinear:
         built: ctypes.CDLL | str | None = None,
         source: Callable[[], np.ndarray] | None = None,
         activations: str = "float32",
+        exact: bool = True,
     ) -> None:
         """`activations`: "float32" (the float32 product's bits on the decoded weights) or "int8"
-        (each row's groups of 32 in 8 bits, as llama.cpp multiplies: `int8_available`)."""
+        (each row's groups of 32 in 8 bits, as llama.cpp multiplies: `int8_available`). `exact`:
+        `dense` gives the model's matrix back bit for bit (False: blocks quantized from it)."""
         built = library() if built is None else built
         if isinstance(built, str):
             raise RuntimeError(built)
@@ -261,7 +262,7 @@ class QuantizedLinear:
             raise ValueError(f"activations are one of {', '.join(ACTIVATIONS)}, not {activations!r}")
         if activations == "int8" and not built.row_kernel_int8():
             raise RuntimeError(INT8_MISSING)
-        self._built, self._source, self.activations = built, source, activations
+        self._built, self._source, self.activations, self.exact = built, source, activations, exact
         self._cuts: dict[bytes, QuantizedLinear] = {}  # `rows` made before, by their ids
         self._product = built.row_kernel_quantized
         self._kind, size = QUANTIZED[kind]
@@ -303,6 +304,7 @@ class QuantizedLinear:
                 lambda: self.dense()[ids],
                 built=self._built,
                 activations=self.activations,
+                exact=self.exact,
             )
         return self._cuts[key]
 
