@@ -431,6 +431,10 @@ class RoundPlanner:
         self.max_width = max_width  # 1 where trees cannot run (sampling, a backend without tree attention)
         self.ranks = [0.0] * MAX_WIDTH  # decayed rounds in which the target's first token had each rank
         self.ranked = 0.0
+        # decayed rounds that planned a model's drafts, and those whose first draft fell below its floor
+        # (`with_floors`): drafted, then not verified, so the round was a plain step that paid for a draft
+        self.planned_drafts = 0.0
+        self.refusals = 0.0
 
     def verify_ms(self, n: int, tree: bool = False) -> float:
         """A verify over n tokens (a tree of them if `tree`): as this session measured it, else the
@@ -448,9 +452,23 @@ class RoundPlanner:
 
     def rate(self, acceptance: DepthAcceptance, k: int, draft_ms_per_token: float, width: int = 1) -> float:
         """Expected kept tokens per ms for a round of k drafts and `width` candidates for the first:
-        an alternative the target takes keeps one token more than a rejection does."""
-        gained = acceptance.expected_tokens(k) + (self.alternative_share(width) if k else 0.0)
-        return gained / (self.overhead_ms + k * draft_ms_per_token + self.verify_ms(k + width, width > 1))
+        an alternative the target takes keeps one token more than a rejection does. A round whose
+        first draft is refused (`refusal_share`) keeps one token for a draft and a plain step."""
+        if not k:
+            return acceptance.expected_tokens(0) / (self.overhead_ms + self.verify_ms(1))
+        gained = acceptance.expected_tokens(k) + self.alternative_share(width)
+        spent = k * draft_ms_per_token + self.verify_ms(k + width, width > 1)
+        return self.refused(gained, spent, draft_ms_per_token)
+
+    def refusal_share(self) -> float:
+        """How often a round that planned drafts had its first draft refused (decayed; prior: never)."""
+        return self.refusals / (self.planned_drafts + PRIOR)
+
+    def refused(self, gained: float, spent: float, draft_ms: float) -> float:
+        """Kept tokens per ms of a planned round that keeps `gained` for `spent` ms when its drafts
+        are verified, and one token for a draft and a plain step when its first is refused."""
+        r = self.refusal_share()
+        return (r + (1 - r) * gained) / (self.overhead_ms + r * (draft_ms + self.verify_ms(1)) + (1 - r) * spent)
 
     def alternative_share(self, width: int) -> float:
         """How often the target's first token was the drafter's 2nd..width-th likeliest (decayed)."""
@@ -467,9 +485,10 @@ class RoundPlanner:
         tree = {n: self.verify_ms(n, True) for n in sizes} if self.max_width > 1 else chain
         best, best_rate = (0, 1), expected[0] / (self.overhead_ms + self.plain_ms())
         for k in range(1, self.max_k + 1):
-            spent = self.overhead_ms + k * self.draft_ms_per_token
+            spent = k * self.draft_ms_per_token
             for w in widths:
-                rate = (expected[k] + shares[w]) / (spent + (tree[k + w] if w > 1 else chain[k + 1]))
+                gained, cost = expected[k] + shares[w], spent + (tree[k + w] if w > 1 else chain[k + 1])
+                rate = self.refused(gained, cost, self.draft_ms_per_token)
                 if rate > best_rate:
                     best, best_rate = (k, w), rate
         return best, best_rate
@@ -568,6 +587,9 @@ class RoundPlanner:
             self.copies.record(*copy, drafted, accepted)
         if drafted and not copied:
             self.drafts.record(drafted, accepted)
+        if shape.k and not copied:  # the drafter was asked: did its first draft pass its floor?
+            self.planned_drafts = self.planned_drafts * DECAY + 1.0
+            self.refusals = self.refusals * DECAY + (drafted == 0)
         if not self.adapt:
             return
         n, tree = drafted + alternatives + 1, alternatives > 0
@@ -579,8 +601,8 @@ class RoundPlanner:
         else:  # the curve is a chain's
             self.scale = 0.8 * self.scale + 0.2 * (verify_ms / self.curve.ms(n))
         self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * max(0.0, round_ms - draft_ms - verify_ms)
-        if drafted and not copied:
-            self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * draft_ms / drafted
+        if shape.k and not copied and draft_ms > 0.0:  # a refused first draft was drafted too
+            self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * draft_ms / max(drafted, 1)
 
     def carry_over(self, earlier: RoundPlanner) -> None:
         """Start from what an earlier session of the same drafter measured (acceptance by depth, the
@@ -594,6 +616,8 @@ class RoundPlanner:
         scale = min(1.0, CARRIED / earlier.ranked) if earlier.ranked else 0.0
         self.ranks = [r * scale for r in earlier.ranks]
         self.ranked = earlier.ranked * scale
+        scale = min(1.0, CARRIED / earlier.planned_drafts) if earlier.planned_drafts else 0.0
+        self.planned_drafts, self.refusals = earlier.planned_drafts * scale, earlier.refusals * scale
 
     def describe(self) -> str:
         """What was chosen and why, in one paragraph for the terminal and the window."""
@@ -613,6 +637,8 @@ class RoundPlanner:
             f"drafter acceptance by depth: {drafts}",
         ]
         lines.append(f"draft cost {self.draft_ms_per_token:.1f} ms per token")
+        if self.planned_drafts:
+            lines.append(f"first drafts under their floor (not verified): {self.refusal_share():.2f}")
         if self.ranked and self.max_width > 1:
             shares = "/".join(f"{sum(self.ranks[:w]) / self.ranked:.2f}" for w in range(1, self.max_width + 1))
             lines.append(f"target's first token among the drafter's top 1..{self.max_width}: {shares}")

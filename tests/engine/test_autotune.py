@@ -60,6 +60,32 @@ def test_probes_of_a_drafter_as_costly_as_a_target_step_lose_little():
     assert probes >= 1 and probe_loss_ms <= 0.02 * plain_ms
 
 
+@pytest.mark.parametrize("refused", [True, False])
+def test_no_draft_where_first_drafts_are_mostly_refused(refused):
+    """A drafter whose verified drafts always pass, but whose first draft falls below its floor in 9
+    rounds of 10 (drafted, paid for, not verified: a plain step after a draft): the planner counts
+    those rounds and stops asking it, but for probes. The control, the same drafter never refused,
+    is asked every round: a K=1 round keeps 2 tokens for 14 ms against a 10 ms step."""
+    curve = CostCurve((1, 2, 4, 8, 16), (10.0, 12.0, 16.0, 24.0, 40.0))
+    planner = RoundPlanner(curve, 2.0, max_k=1, max_copy=0, adapt=False)
+    asked = late = 0
+    for i in range(80):
+        shape = planner.plan()
+        if not shape.k:
+            planner.record(shape, False, 0, 0, 0.0, 10.0, 10.0)
+            continue
+        no = refused and asked % 10 != 0
+        asked, late = asked + 1, late + (i >= 40)
+        planner.record(shape, False, 0 if no else 1, 0 if no else 1, 2.0, 10.0 if no else 12.0, 0.0)
+    if refused:
+        assert late <= 6
+        share = re.search(r"first drafts under their floor \(not verified\): ([0-9.]+)", planner.describe())
+        assert share and float(share[1]) == pytest.approx(planner.refusal_share(), abs=0.01)
+        assert planner.refusal_share() > 0.5
+    else:
+        assert late == 40 and planner.refusal_share() == 0.0
+
+
 def test_long_drafts_where_verify_is_flat_and_drafts_pass():
     """Drafts that always pass and a verify that costs the same for 1 or 9 tokens: the longest K."""
     assert _plan_after(FLAT, accepted_share=1.0).plan().k == 8

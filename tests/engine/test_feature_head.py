@@ -337,3 +337,36 @@ def test_states_of_several_plain_steps_reach_the_head_in_one_forward(tiny_llama,
     step_by_step, forwards = propose([states[:3]] + [states[i : i + 1] for i in range(3, len(ids) - 1)])
     assert forwards == one_forward == 1
     assert step_by_step == at_once
+
+
+def test_a_long_run_of_states_reaches_the_head_as_its_latest_few(tiny_llama, monkeypatch):
+    """A prompt (or a stretch of plain steps) longer than CATCH_UP: the head's first proposal pairs
+    only the latest CATCH_UP states, in one forward, and drafts what a head handed only those
+    states drafts; greedy text stays the target's."""
+    target, _ = tiny_llama
+    monkeypatch.setattr(FeatureHeadDrafter, "CATCH_UP", 4)
+    torch.manual_seed(0)
+    head = FeatureHead(head_config(target.model.config)).eval()
+    ids = encode_prompt(target.tokenizer, "Once upon a time there was a king who had three daughters", chat=False)
+    assert len(ids) > 8
+    with torch.inference_mode():
+        states = target.model.model(torch.tensor([ids])).last_hidden_state[0]
+    config = DecodeConfig(k=3, schedule="constant")
+
+    def propose(first: int) -> tuple[list[int], list[int]]:
+        drafter = FeatureHeadDrafter(head, target.model)
+        drafter.begin(ids, config, target.vocab_width, None)
+        forwards: list[int] = []
+        original = drafter._body.hidden_from_inputs
+        monkeypatch.setattr(drafter._body, "hidden_from_inputs", lambda x: forwards.append(len(x)) or original(x))
+        drafter.skip(first)  # a gap of one token, which the head leaves out having no state to fill it from
+        drafter.observe(states[first : len(ids) - 1])
+        return drafter.propose(ids, 1).tokens, forwards
+
+    whole, forwards = propose(0)
+    latest, _ = propose(len(ids) - 1 - 4)
+    assert forwards == [4]
+    assert whole == latest
+    plain = _kept(generate(target, ids, DecodeConfig(max_new_tokens=24, k=3, schedule="constant")))
+    drafter = FeatureHeadDrafter(head, target.model)
+    assert _kept(generate(target, ids, DecodeConfig(max_new_tokens=24, k=3, schedule="constant"), drafter)) == plain
