@@ -180,6 +180,7 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
                 path += " on the row kernel"
             if path.startswith("kernel"):  # on blocks: the module's, or a part's (a feature head's layer)
                 path += next((key for part in module.modules() if (key := gguf_blocks.blocks_key(part))), "")
+                path += f", {row_kernel.identity()}"
             if path.startswith("kernel") and os.environ.get("SPECDECK_FUSED_LAYERS", "1").strip() != "0":
                 path += ", layers fused"  # `engine.fused_layers`, where the model allows
     config = getattr(module, "config", None)

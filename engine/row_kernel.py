@@ -147,6 +147,13 @@ def library() -> ctypes.CDLL | str:
     return _LIBRARY[0]
 
 
+def identity() -> str:
+    """The loaded kernel's build, named by the hash of its source, compiler, CPU and arch ("" where
+    none loads): in the keys of what was measured on it, so that another build measures again."""
+    built = library()
+    return "" if isinstance(built, str) else Path(built._name).name
+
+
 def unavailable(weight: torch.Tensor) -> str | None:
     """None if the row kernel can run `weight`, else the reason it cannot."""
     if weight.device.type != "cpu":
