@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from specdeck.engine.config import DecodeConfig
@@ -52,6 +53,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool)
     """One token id per row: the argmax when greedy, else a draw from `probs` (refused if they are
     not finite: on CUDA the draw would fail inside the device)."""
     if greedy:
+        if probs.device.type == "cpu" and probs.dtype == torch.float32:  # numpy's argmax: see `argmaxes`
+            return torch.from_numpy(np.asarray(probs.detach().numpy().argmax(axis=-1)))
         return probs.argmax(dim=-1)
     if not bool(torch.isfinite(probs).all()):
         raise SpecDeckError(non_finite_message("A model's"))
