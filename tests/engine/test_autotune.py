@@ -15,6 +15,7 @@ from specdeck.engine import (
     encode_prompt,
     generate,
     llama_forward,
+    row_kernel,
 )
 from specdeck.engine.autotune import CostCurve, DepthAcceptance, RoundPlanner
 from specdeck.engine.drafters import Drafter, Proposal
@@ -131,6 +132,21 @@ def test_curves_with_and_without_cuda_graphs_are_cached_apart(tiny_llama, tmp_pa
     monkeypatch.setattr(llama_forward, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
     for graphs, curve in (("1", CostCurve((1, 16), (4.0, 4.0))), ("0", CostCurve((1, 16), (20.0, 30.0)))):
         monkeypatch.setenv("SPECDECK_CUDA_GRAPHS", graphs)
+        autotune._CURVES.pop(target.model, None)
+        monkeypatch.setattr(autotune, "measure_curve", lambda model, curve=curve: curve)
+        assert autotune.cost_curve(target.model, tmp_path) == curve
+    assert len(list(tmp_path.glob("curve-*.json"))) == 2
+
+
+def test_a_curve_is_measured_again_for_another_build_of_the_row_kernel(tiny_llama, tmp_path, monkeypatch):
+    """Where the products run on the row kernel, a curve measured on one build of it (its source,
+    compiler and CPU) is not read back for another: a changed kernel changes what a forward costs."""
+    target, _ = tiny_llama
+    if not row_kernel.identity():
+        pytest.skip("the row kernel does not build here")
+    monkeypatch.setenv("SPECDECK_LINEAR", "kernel")
+    for build, curve in (("a.so", CostCurve((1, 16), (4.0, 5.0))), ("b.so", CostCurve((1, 16), (9.0, 30.0)))):
+        monkeypatch.setattr(row_kernel, "identity", lambda build=build: build)
         autotune._CURVES.pop(target.model, None)
         monkeypatch.setattr(autotune, "measure_curve", lambda model, curve=curve: curve)
         assert autotune.cost_curve(target.model, tmp_path) == curve
