@@ -412,9 +412,7 @@ class FeatureHeadDrafter(Drafter):
 
     def _pair(self, states: torch.Tensor, following: torch.Tensor) -> torch.Tensor:
         """The head's predicted next states for pairs (state, following token) after its cache."""
-        return self._body.hidden_from_inputs(
-            self._fc(torch.cat([states, self._embedding(following).to(self.dtype)], dim=-1))
-        )
+        return self._body.hidden_from_inputs(self.head.mix(states, self._embedding(following).to(self.dtype), self._fc))
 
     def _catch_up(self, ids: list[int]) -> None:
         """Pair every kept token but the newest: real states in one step, a gap from predictions."""

@@ -22,6 +22,7 @@ and optionally `output_tokens.json`, the tokens the head may propose.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,9 +71,12 @@ class FeatureHead(torch.nn.Module):
         unit = lower * torch.rsqrt(lower.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(lower.dtype)
         return self.fuse_fc(torch.cat([unit.flatten(-2), final], dim=-1))
 
-    def mix(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
-        """The decoder layer's inputs (..., n, hidden) for n (state, next-token embedding) pairs."""
-        return self.fc(torch.cat([features, embeddings], dim=-1))
+    def mix(
+        self, features: torch.Tensor, embeddings: torch.Tensor, fc: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """The decoder layer's inputs (..., n, hidden) for n (state, next-token embedding) pairs;
+        through `fc` in place of its own map where given (a drafter's product of the same matrix)."""
+        return (self.fc if fc is None else fc)(torch.cat([features, embeddings], dim=-1))
 
     def forward(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """Predicted next states (batch, n, hidden) for n pairs, all at once (training; drafting runs
