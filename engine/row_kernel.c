@@ -627,11 +627,11 @@ void row_kernel_layer(float *x, long m, long hidden, const float *input_norm, co
 #pragma omp parallel num_threads(threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
-#pragma omp single
-        rms_rows(x, m, hidden, input_norm, eps, h);
+#pragma omp for
+        for (long r = 0; r < m; r++) rms_rows(x + r * hidden, 1, hidden, input_norm, eps, h + r * hidden);
         any_part(t, nt, kinds[0], weights[0], h, m, hidden, n_qkv, qkv);
 #pragma omp barrier
-#pragma omp single
+#pragma omp for
         for (long r = 0; r < m; r++) { /* rotary on query and key heads; keys and values into the cache */
             const float *c = cos + r * d, *s = sin + r * d;
             for (long head = 0; head < heads + kv_heads; head++) {
@@ -653,14 +653,14 @@ void row_kernel_layer(float *x, long m, long hidden, const float *input_norm, co
 #pragma omp barrier
         any_part(t, nt, kinds[1], weights[1], att, m, heads * d, hidden, y);
 #pragma omp barrier
-#pragma omp single
-        {
-            for (long i = 0; i < m * hidden; i++) x[i] = x[i] + y[i];
-            rms_rows(x, m, hidden, post_norm, eps, h);
+#pragma omp for
+        for (long r = 0; r < m; r++) {
+            for (long i = r * hidden; i < (r + 1) * hidden; i++) x[i] = x[i] + y[i];
+            rms_rows(x + r * hidden, 1, hidden, post_norm, eps, h + r * hidden);
         }
         any_part(t, nt, kinds[2], weights[2], h, m, hidden, n_gu, gu);
 #pragma omp barrier
-#pragma omp single
+#pragma omp for
         for (long r = 0; r < m; r++) { /* silu(gate) * up, gate = e / (1 + e^-g) */
             const float *g = gu + r * n_gu, *u = g + inter;
             float *a = act + r * inter;
@@ -674,7 +674,7 @@ void row_kernel_layer(float *x, long m, long hidden, const float *input_norm, co
         }
         any_part(t, nt, kinds[3], weights[3], act, m, inter, hidden, y);
 #pragma omp barrier
-#pragma omp single
+#pragma omp for
         for (long i = 0; i < m * hidden; i++) x[i] = x[i] + y[i];
     }
 }

@@ -9,6 +9,7 @@ from tiny import ON_CPU, PACKED_PATHS, head_session_keeps_plain_text
 
 from specdeck.engine import DecodeConfig, encode_prompt, generate, gguf_blocks, row_kernel
 from specdeck.engine.backends import gguf_file
+from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.lean_weights import weights_of
 from specdeck.engine.llama_forward import LlamaForward
 from specdeck.engine.models import load_model
@@ -138,6 +139,25 @@ def test_the_builtin_target_takes_8_bit_rows_by_default(monkeypatch):
         a, b = LlamaForward(fast.model).logits(ids, False)[-1], LlamaForward(exact.model).logits(ids, False)[-1]
     assert not torch.equal(a, b)
     assert a.argmax() == b.argmax() and (a - b).abs().max() < 0.05 * b.abs().max()
+
+
+@needs_int8
+def test_the_builtin_targets_fused_layers_give_a_verify_the_bits_of_steps(monkeypatch):
+    """The built-in target on its blocks with 8-bit rows, each layer one kernel call whose small
+    operations the threads share row by row: a forward over 8 new tokens gives each the logits of
+    one-token steps, bit for bit (what keeps greedy speculative text plain text)."""
+    monkeypatch.setenv("SPECDECK_LINEAR", "kernel")
+    monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
+    target = load_model("smollm2-135m-instruct", ON_CPU)
+    lm = CachedModel(target.model)
+    assert lm.backend.fused is not None
+    ids = encode_prompt(target.tokenizer, "Name three rivers of Europe and say where each one meets the sea.")
+    lm.size_for(len(ids) + 8)
+    lm.forward(ids[:-8], last_only=True)
+    together = lm.forward(ids[-8:])
+    lm.crop(len(ids) - 8)
+    steps = torch.cat([lm.forward([token]) for token in ids[-8:]])
+    assert torch.equal(together, steps)
 
 
 @pytest.fixture(scope="module")
