@@ -452,11 +452,9 @@ class RoundPlanner:
         return min(self.verify_ms(1), self.curve.ms(1))
 
     def rate(self, acceptance: DepthAcceptance, k: int, draft_ms_per_token: float, width: int = 1) -> float:
-        """Expected kept tokens per ms for a round of k drafts and `width` candidates for the first:
-        an alternative the target takes keeps one token more than a rejection does. A round whose
-        first draft is refused (`refusal_share`) keeps one token for a draft and a plain step."""
-        if not k:
-            return acceptance.expected_tokens(0) / (self.overhead_ms + self.verify_ms(1))
+        """Expected kept tokens per ms for a round of k >= 1 drafts and `width` candidates for the
+        first: an alternative the target takes keeps one token more than a rejection does. A round
+        whose first draft is refused (`refusal_share`) keeps one token for a draft and a plain step."""
         gained = acceptance.expected_tokens(k) + self.alternative_share(width)
         spent = k * draft_ms_per_token + self.verify_ms(k + width, width > 1)
         return self.refused(gained, spent, draft_ms_per_token)

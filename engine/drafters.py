@@ -450,11 +450,9 @@ class FeatureHeadDrafter(Drafter):
             return self._empty(self.device)
         chain = _Chain(self.config, self.generator, self.floors, self.width)
         for step in range(k):
-            if self._output_ids is None:
-                token = chain.draw(logits_to_probs(self._output(predicted).float(), self.config))
-            else:  # q over the head's output tokens alone (0 elsewhere): a sixth of the vocabulary to weigh
-                q = logits_to_probs(self._output(predicted).float(), self.config)
-                token = chain.draw(q, self._output_ids, self.vocab_width)
+            # with output ids, q over the head's output tokens alone (0 elsewhere): a sixth of the vocabulary
+            q = logits_to_probs(self._output(predicted).float(), self.config)
+            token = chain.draw(q, self._output_ids, self.vocab_width)
             if token is None or not chain.open or step == k - 1:
                 break
             predicted = self._pair(predicted[None], torch.tensor([token], device=self.device))[-1]
