@@ -521,52 +521,109 @@ static inline vec vexp(vec x) {
     return VZERO_BELOW(VMUL(p, VPOW2(n)), x, floor);
 }
 
+/* Scores, softmax and weighted values of QN query heads over the same `count` slots of one key/value
+ * head (keys k and values v at d = V LANES floats a slot): the group's heads read each slot's key and
+ * value once, from L1, instead of once a head. Each head's arithmetic is what a call for it alone
+ * does, in the same order: a score is V fused multiply-adds and a lane sum, the softmax's maximum and
+ * total are taken in slot order, and a value's weighted sum runs slot by slot. `scores` holds QN
+ * `padded` floats; q[i] and out[i] are head i's query and output. */
+#define ATTEND(QN, V)                                                                                  \
+    static void attend_##QN##_##V(const float *const *q, const float *k, const float *v, long count,    \
+                                  float scale, float *scores, long padded, float *const *out) {        \
+        vec qv[QN][V], total[QN], acc[QN][V];                                                          \
+        float top[QN];                                                                                 \
+        for (int i = 0; i < QN; i++) {                                                                 \
+            for (int c = 0; c < V; c++) qv[i][c] = VLOAD(q[i] + c * LANES);                            \
+            top[i] = -INFINITY;                                                                        \
+        }                                                                                              \
+        for (long j = 0; j < count; j++) {                                                             \
+            vec kv[V];                                                                                 \
+            for (int c = 0; c < V; c++) kv[c] = VLOAD(k + (j * V + c) * LANES);                        \
+            for (int i = 0; i < QN; i++) {                                                             \
+                vec dot = VMUL(qv[i][0], kv[0]);                                                       \
+                for (int c = 1; c < V; c++) dot = VFMA(qv[i][c], kv[c], dot);                          \
+                float s = vsum(dot) * scale;                                                           \
+                scores[i * padded + j] = s;                                                            \
+                top[i] = s > top[i] ? s : top[i];                                                      \
+            }                                                                                          \
+        }                                                                                              \
+        for (int i = 0; i < QN; i++) {                                                                 \
+            float *si = scores + i * padded;                                                           \
+            for (long j = count; j < padded; j++) si[j] = -INFINITY;                                   \
+            vec peak = VSET(top[i]);                                                                   \
+            total[i] = VZERO();                                                                        \
+            for (long j = 0; j < padded; j += LANES) {                                                 \
+                vec e = vexp(VSUB(VLOAD(si + j), peak));                                               \
+                VSTORE(si + j, e);                                                                     \
+                total[i] = VADD(total[i], e);                                                          \
+            }                                                                                          \
+            for (int c = 0; c < V; c++) acc[i][c] = VZERO();                                           \
+        }                                                                                              \
+        for (long j = 0; j < count; j++) {                                                             \
+            vec vv[V];                                                                                 \
+            for (int c = 0; c < V; c++) vv[c] = VLOAD(v + (j * V + c) * LANES);                        \
+            for (int i = 0; i < QN; i++) {                                                             \
+                vec p = VBCAST(scores + i * padded + j);                                               \
+                for (int c = 0; c < V; c++) acc[i][c] = VFMA(p, vv[c], acc[i][c]);                     \
+            }                                                                                          \
+        }                                                                                              \
+        for (int i = 0; i < QN; i++) {                                                                 \
+            vec inverse = VSET(1.0f / vsum(total[i]));                                                 \
+            for (int c = 0; c < V; c++) VSTORE(out[i] + c * LANES, VMUL(acc[i][c], inverse));          \
+        }                                                                                              \
+    }
+#define ATTEND_HEADS(V) ATTEND(1, V) ATTEND(2, V) ATTEND(3, V) ATTEND(4, V)
+#define ATTEND_NAMES(V) {0, attend_1_##V, attend_2_##V, attend_3_##V, attend_4_##V}
+#define QMAX 4 /* query heads that share a pass over their key/value head's slots */
+typedef void (*attend_fn)(const float *const *, const float *, const float *, long, float, float *, long,
+                          float *const *);
+ATTEND_HEADS(1) ATTEND_HEADS(2) ATTEND_HEADS(3) ATTEND_HEADS(4) ATTEND_HEADS(5) ATTEND_HEADS(6)
+ATTEND_HEADS(7) ATTEND_HEADS(8) ATTEND_HEADS(9) ATTEND_HEADS(10) ATTEND_HEADS(11) ATTEND_HEADS(12)
+ATTEND_HEADS(13) ATTEND_HEADS(14) ATTEND_HEADS(15) ATTEND_HEADS(16)
+static const attend_fn ATTENDS[16][QMAX + 1] = {
+    ATTEND_NAMES(1),  ATTEND_NAMES(2),  ATTEND_NAMES(3),  ATTEND_NAMES(4),  ATTEND_NAMES(5),  ATTEND_NAMES(6),
+    ATTEND_NAMES(7),  ATTEND_NAMES(8),  ATTEND_NAMES(9),  ATTEND_NAMES(10), ATTEND_NAMES(11), ATTEND_NAMES(12),
+    ATTEND_NAMES(13), ATTEND_NAMES(14), ATTEND_NAMES(15), ATTEND_NAMES(16)};
+
+static _Thread_local float *own_scores;
+static _Thread_local long own_scores_room;
+
 /* Attention of m query rows after cached keys and values, each row over its own slots only: row r
  * attends to slots [lo, ends[r]) (lo = ends[r] - window where a window applies, else 0) of its
  * key/value head (query heads share them in equal groups). Every sum runs in slot order, or lane by
  * lane then in a fixed order, and a row reads nothing of the other rows: its bits are those of a
- * call of its own, at any m.
+ * call of its own, at any m, and do not depend on which heads share a pass (`ATTEND`).
  *
  * q (m, heads, d) at strides q_row, q_head (floats); keys and values (kv_heads, capacity, d) at
- * kv_head floats between heads; out (m, heads, d) contiguous; d a multiple of LANES, at most 256. */
+ * kv_head floats between heads; out (m, heads, d) contiguous; d a multiple of LANES, at most 256. The
+ * work is split in items of a row and up to QMAX heads of a group, fewer a pass where there would
+ * be under two items a thread. */
 static void attention_part(int t, int nt, const float *q, long q_row, long q_head, const float *keys,
                            const float *values, long kv_head, const int64_t *ends, long m, long heads, long kv_heads,
                            long d, long window, float scale, float *out) {
-    long items = m * heads, group = heads / kv_heads, vectors = d / LANES;
+    long group = heads / kv_heads, vectors = d / LANES;
+    long pass = group < QMAX ? group : QMAX;
+    if (m * kv_heads * ((group + pass - 1) / pass) < 2 * nt && pass > 1) pass = (pass + 1) / 2;
+    long parts = (group + pass - 1) / pass, items = m * kv_heads * parts;
     for (long item = items * t / nt; item < items * (t + 1) / nt; item++) {
-        long r = item / heads, h = item % heads, end = ends[r];
-        long lo = window > 0 && end > window ? end - window : 0, count = end - lo;
-        const float *qv = q + r * q_row + h * q_head;
-        const float *k = keys + (h / group) * kv_head, *v = values + (h / group) * kv_head;
+        long r = item / (kv_heads * parts), g = item / parts % kv_heads, first = g * group + item % parts * pass;
+        long count_heads = first + pass <= (g + 1) * group ? pass : (g + 1) * group - first;
+        long end = ends[r], lo = window > 0 && end > window ? end - window : 0, count = end - lo;
         long padded = (count + LANES - 1) / LANES * LANES;
-        float *scores = malloc(sizeof(float) * (padded > 0 ? padded : LANES));
-        float top = -INFINITY;
-        for (long j = 0; j < count; j++) {
-            const float *kj = k + (lo + j) * d;
-            vec acc = VMUL(VLOAD(qv), VLOAD(kj));
-            for (long c = 1; c < vectors; c++) acc = VFMA(VLOAD(qv + c * LANES), VLOAD(kj + c * LANES), acc);
-            float s = vsum(acc) * scale;
-            scores[j] = s;
-            top = s > top ? s : top;
+        if (padded < LANES) padded = LANES;
+        if (own_scores_room < count_heads * padded) {
+            free(own_scores);
+            own_scores_room = count_heads * padded * 2;
+            own_scores = malloc(sizeof(float) * own_scores_room);
         }
-        for (long j = count; j < padded; j++) scores[j] = -INFINITY;
-        vec total = VZERO(), peak = VSET(top);
-        for (long j = 0; j < padded; j += LANES) {
-            vec e = vexp(VSUB(VLOAD(scores + j), peak));
-            VSTORE(scores + j, e);
-            total = VADD(total, e);
+        const float *qs[QMAX];
+        float *outs[QMAX];
+        for (long i = 0; i < count_heads; i++) {
+            qs[i] = q + r * q_row + (first + i) * q_head;
+            outs[i] = out + (r * heads + first + i) * d;
         }
-        vec acc[256 / LANES];
-        for (long c = 0; c < vectors; c++) acc[c] = VZERO();
-        for (long j = 0; j < count; j++) {
-            vec p = VBCAST(scores + j);
-            const float *vj = v + (lo + j) * d;
-            for (long c = 0; c < vectors; c++) acc[c] = VFMA(p, VLOAD(vj + c * LANES), acc[c]);
-        }
-        vec inverse = VSET(1.0f / vsum(total));
-        float *o = out + (r * heads + h) * d;
-        for (long c = 0; c < vectors; c++) VSTORE(o + c * LANES, VMUL(acc[c], inverse));
-        free(scores);
+        ATTENDS[vectors - 1][count_heads](qs, keys + g * kv_head + lo * d, values + g * kv_head + lo * d, count, scale,
+                                    own_scores, padded, outs);
     }
 }
 

@@ -172,12 +172,13 @@ def test_row_attention_is_attention():
 
 
 @pytest.mark.skipif("kernel" not in PACKED_PATHS, reason="the row kernel does not build here")
-def test_the_row_kernel_attention_is_attention():
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(8, 2, 32), (9, 3, 64), (12, 2, 48), (4, 4, 64)])
+def test_the_row_kernel_attention_is_attention(heads, kv_heads, head_dim):
     """The row kernel's attention is the fused kernel's to float32 rounding, under grouped key/value
     heads, a causal chunk and a sliding window, reading queries where the rotary left them (every
-    head's slice of a wider row), and a query gets the same bits alone as beside others."""
+    head's slice of a wider row), and a query gets the same bits alone as beside others (the heads of
+    a group then share a pass over their slots in other numbers)."""
     generator = torch.Generator().manual_seed(3)
-    heads, kv_heads, head_dim = 8, 2, 32
     qk = torch.randn(1, 6, heads + kv_heads, head_dim, generator=generator)
     q = qk[:, :, :heads].transpose(1, 2)  # (1, heads, 6, head_dim), as the forward passes it
     keys, values = torch.randn(2, 1, kv_heads, 256, head_dim, generator=generator)
