@@ -1,16 +1,16 @@
-"""A step's and a verify's decoder layers in one call of the row kernel each.
+"""A step's and a verify's decoder layers, all of them in one call of the row kernel.
 
-On the CPU a decode step of SmolLM2-135M spends about a quarter of its time outside the matrix
+On the CPU a decode step of SmolLM2-135M spent about a quarter of its time outside the matrix
 products: thirty small tensor operations a layer (norms, the rotary, the cache writes, residual
 adds, the activation), each a few microseconds of dispatch for a few thousand numbers.
-`row_kernel_layer` (`row_kernel.c`) does a whole layer in one call, in one team of threads: the
+`row_kernel_layers` (`row_kernel.c`) runs every layer in one call and one team of threads: the
 norms, the rotary, the cache writes and the activation row by row, the products and the
-attention with the same code as their own calls. Every row's numbers are computed alone, so a
-verify's rows get the bits a step gives them, as on the eager path; the two paths round the
-small operations differently, so a model runs every step and every verify on one of them
-(`LlamaForward` takes this one wherever it runs and gives up token trees, whose side branches
-attend on the eager path). `SPECDECK_FUSED_LAYERS=0` keeps the eager path, for comparing.
-"""
+attention with the same code as their own calls, the threads waiting for each other five times a
+layer. Every row's numbers are computed alone, so a verify's rows get the bits a step gives them,
+as on the eager path; the two paths round the small operations differently, so a model runs
+every step and every verify on one of them (`LlamaForward` takes this one wherever it runs and
+gives up token trees, whose side branches attend on the eager path). `SPECDECK_FUSED_LAYERS=0`
+keeps the eager path, for comparing."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ LIMIT = 64  # rows a call takes at most (the kernel's bound)
 
 
 class FusedLayers:
-    """The decoder layers of a lean forward (`LlamaForward`) as row kernel calls."""
+    """The decoder layers of a lean forward (`LlamaForward`) in one row kernel call."""
 
     def __init__(self, forward) -> None:
         s, w = forward.shape, forward.weights
@@ -34,18 +34,21 @@ class FusedLayers:
         library = row_kernel.library()
         assert not isinstance(library, str), library  # `unavailable` said it runs
         self._library = library
-        self._windows = [window or 0 for window in forward.windows]
-        self._layers = []
-        for layer in w.layers:
-            products = (layer.qkv, layer.out, layer.gate_up, layer.down)
-            kinds = (ctypes.c_int64 * 4)(*[-1 if isinstance(p, KernelLinear) else p._kind for p in products])
-            weights = (ctypes.c_void_p * 4)(*[p._packed.data_ptr() for p in products])
-            widths = (ctypes.c_int64 * 4)(*[p.out_features for p in products])
-            norms = (layer.input_norm.float().contiguous(), layer.post_norm.float().contiguous())
-            arrays = (kinds, weights, widths)
-            self._layers.append((*norms, *[ctypes.addressof(a) for a in arrays], arrays))
-        self._qkv, self._gate_up = w.layers[0].qkv.out_features, w.layers[0].gate_up.out_features
-        self._keep = w  # the packed products the pointers point into
+        layers = w.layers
+        norms = [
+            t for layer in layers for t in (layer.input_norm.float().contiguous(), layer.post_norm.float().contiguous())
+        ]
+        products = [p for layer in layers for p in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+        self._arrays = (
+            (ctypes.c_void_p * len(norms))(*[t.data_ptr() for t in norms]),
+            (ctypes.c_int64 * len(products))(*[-1 if isinstance(p, KernelLinear) else p._kind for p in products]),
+            (ctypes.c_void_p * len(products))(*[p._packed.data_ptr() for p in products]),
+            (ctypes.c_int64 * len(products))(*[p.out_features for p in products]),
+            (ctypes.c_int64 * len(layers))(*[window or 0 for window in forward.windows]),
+        )
+        self._qkv = max(layer.qkv.out_features for layer in layers)
+        self._gate_up = max(layer.gate_up.out_features for layer in layers)
+        self._keep = (w, norms)  # what the pointers point into
 
     @staticmethod
     def unavailable(forward) -> str | None:
@@ -79,36 +82,36 @@ class FusedLayers:
         assert n <= LIMIT
         x = x.float().contiguous().clone()
         cos, sin = cos.reshape(n, s.head_dim).contiguous(), sin.reshape(n, s.head_dim).contiguous()
-        heads_width = s.heads * s.head_dim
-        scratch = torch.empty(n * (2 * hidden + self._qkv + heads_width + self._gate_up + self._gate_up // 2))
-        capacity = cache.keys.shape[3]
-        threads = torch.get_num_threads()
-        tapped = []
-        for i, (input_norm, post_norm, kinds, weights, widths, _) in enumerate(self._layers):
-            self._library.row_kernel_layer(
-                x.data_ptr(),
-                n,
-                hidden,
-                input_norm.data_ptr(),
-                post_norm.data_ptr(),
-                s.rms_eps,
-                kinds,
-                weights,
-                widths,
-                cos.data_ptr(),
-                sin.data_ptr(),
-                cache.keys[i].data_ptr(),
-                cache.values[i].data_ptr(),
-                capacity * s.head_dim,
-                start,
-                s.heads,
-                s.kv_heads,
-                s.head_dim,
-                self._windows[i],
-                s.head_dim**-0.5,
-                scratch.data_ptr(),
-                threads,
-            )
-            if i + 1 in taps:
-                tapped.append(x.clone())
-        return x, torch.stack(tapped, dim=1) if tapped else None
+        scratch = torch.empty(n * (self._qkv + s.heads * s.head_dim + hidden + 3 * self._gate_up // 2))
+        norms, kinds, weights, widths, windows = self._arrays
+        order = sorted({tap for tap in taps if 1 <= tap <= len(windows)})  # in layer order, as the eager path
+        tapped = torch.empty(n, len(order), hidden) if order else None
+        self._library.row_kernel_layers(
+            x.data_ptr(),
+            n,
+            hidden,
+            len(windows),
+            norms,
+            s.rms_eps,
+            kinds,
+            weights,
+            widths,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            cache.keys.data_ptr(),
+            cache.values.data_ptr(),
+            cache.keys.stride(0),
+            cache.keys.stride(2),
+            start,
+            s.heads,
+            s.kv_heads,
+            s.head_dim,
+            windows,
+            s.head_dim**-0.5,
+            (ctypes.c_int64 * len(order))(*order),
+            len(order),
+            None if tapped is None else tapped.data_ptr(),
+            scratch.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return x, tapped

@@ -481,17 +481,22 @@ static _Thread_local float *own_s;
 static _Thread_local int32_t *own_sums;
 static _Thread_local long own_room;
 
-/* y (m, n) = x (m, k) w^T for w packed as above (kind 2: Q4_1, 3: Q8_0), the vectors of columns
- * split between threads in contiguous runs. */
-static void int8_part(int t, int nt, int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y) {
-    long groups = k / QK, vectors = n / LANES, size = kind == 2 ? 20 : 34;
+/* This thread's rows x (m, k) in 8 bits, in its own copy (`own_a`, `own_s`, `own_sums`). */
+static void own_rows(const float *x, long m, long k) {
+    long groups = k / QK;
     if (own_room < m * k) {
         free(own_a), free(own_s), free(own_sums);
         own_a = malloc(m * k), own_s = malloc(sizeof(float) * 2 * m * groups);
         own_sums = malloc(sizeof(int32_t) * m * groups), own_room = m * k;
     }
     quantize_rows(x, m, k, own_a, own_s, own_s + m * groups, own_sums);
-    for (long v = vectors * t / nt; v < vectors * (t + 1) / nt; v++) {
+}
+
+/* Vectors of columns [first, last) of y (m, n) = x (m, k) w^T for w packed as above (kind 2: Q4_1,
+ * 3: Q8_0), from this thread's rows in 8 bits (`own_rows`). */
+static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, float *y, long first, long last) {
+    long groups = k / QK, size = kind == 2 ? 20 : 34;
+    for (long v = first; v < last; v++) {
         const uint8_t *wb = w + v * groups * LANES * size;
         for (long r = 0; r < m; r += RI) {
             int rows = m - r < RI ? (int)(m - r) : RI;
@@ -499,6 +504,14 @@ static void int8_part(int t, int nt, int kind, const float *x, long m, long k, c
                                       own_sums + r * groups, k, wb, y + r * n, n, v * LANES);
         }
     }
+}
+
+/* y (m, n) = x (m, k) w^T for w packed as above, the vectors of columns split between threads in
+ * contiguous runs. */
+static void int8_part(int t, int nt, int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y) {
+    long vectors = n / LANES;
+    own_rows(x, m, k);
+    int8_vectors(kind, m, k, w, n, y, vectors * t / nt, vectors * (t + 1) / nt);
 }
 #endif
 
@@ -665,73 +678,146 @@ static void rms_rows(const float *x, long m, long width, const float *weight, fl
     }
 }
 
-/* One Llama decoder layer for m new positions start, start + 1, ... of one sequence, after `start`
- * cached ones, in one team of threads: the residual stream x (m, hidden) is updated in place, the
- * positions' keys and values written to the layer's cache (kv_heads, capacity, d; kv_stride floats
- * between heads). Every step is row by row or, for the products and attention, the same code as
- * the calls above: a row's bits do not depend on m. The products are (kinds, weights, widths) for
- * qkv, out, gate_up and down; cos and sin (m, d) the rotary's (sin carrying rotate_half's sign);
- * scratch holds m (2 hidden + qkv width + heads d + gate_up width + gate_up width / 2) floats. */
-void row_kernel_layer(float *x, long m, long hidden, const float *input_norm, const float *post_norm, float eps,
-                      const int64_t *kinds, const void *const *weights, const int64_t *widths, const float *cos,
-                      const float *sin, float *keys, float *values, long kv_stride, long start, long heads,
-                      long kv_heads, long d, long window, float scale, float *scratch, int threads) {
-    long n_qkv = widths[0], n_gu = widths[2], inter = n_gu / 2, half = d / 2;
-    float *h = scratch, *y = h + m * hidden, *qkv = y + m * hidden, *att = qkv + m * n_qkv;
-    float *gu = att + m * heads * d, *act = gu + m * n_gu;
+/* One head's d values of a row turned by the rotary (cos and sin the row's, sin carrying
+ * rotate_half's sign) into `into`, which may be where they are. */
+static inline void rotate(const float *v, const float *c, const float *s, long d, float *into) {
+    long half = d / 2;
+    float turned[256];
+    for (long j = 0; j < d; j++) {
+        float a = v[j] * c[j], b = v[j < half ? j + half : j - half] * s[j];
+        turned[j] = a + b;
+    }
+    for (long j = 0; j < d; j++) into[j] = turned[j];
+}
+
+/* silu(gate) * up for columns [first, last) of m rows: gate and up (m, 2 inter) side by side, into
+ * act (m, inter); gate = e / (1 + e^-g), a vector of LANES columns at a time, one by one after the
+ * last whole vector of the row. */
+static void silu_columns(const float *gu, long m, long inter, long first, long last, float *act) {
+    for (long r = 0; r < m; r++) {
+        const float *g = gu + r * 2 * inter, *u = g + inter;
+        float *a = act + r * inter;
+        long j = first;
+        for (; j + LANES <= last; j += LANES) {
+            vec gv = VLOAD(g + j);
+            vec e = vexp(VSUB(VZERO(), gv));
+            VSTORE(a + j, VMUL(VDIV(gv, VADD(VSET(1.0f), e)), VLOAD(u + j)));
+        }
+        for (; j < last; j++) a[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
+/* A thread's own copy of the residual stream and of a norm's output, m rows each, kept between calls. */
+static _Thread_local float *own_x;
+static _Thread_local long own_x_room;
+
+/* Llama decoder layers for m new positions start, start + 1, ... of one sequence, after `start`
+ * cached ones, in one team of threads: the residual stream x (m, hidden) goes through `layers`
+ * layers and is updated in place; each layer's keys and values for the positions go to its cache
+ * (layer i's at keys + i layer_stride, (kv_heads, capacity, d), kv_stride floats between heads).
+ * Per layer (arrays of 2 or 4 entries a layer): the norms' weights, and the products (kinds,
+ * weights, widths) for qkv, out, gate_up and down; windows (0: none). cos and sin (m, d) are the
+ * rotary's (sin carrying rotate_half's sign). After each layer in taps (counted from 1), the residual
+ * stream goes to tapped (m, n_taps, hidden). scratch holds m (qkv width + heads d + hidden + 3
+ * gate_up width / 2) floats.
+ *
+ * Every step is row by row or, for the products and attention, the same code as the calls above: a
+ * row's bits do not depend on m. Each thread keeps the residual stream and the norms' outputs
+ * itself (a few thousand numbers, cheaper than waiting for each other), so a layer waits for the
+ * other threads five times: after the query/key/value product (on 8-bit rows each thread turns
+ * and caches the heads it computed), after attention, after the output product, after gate/up (on
+ * 8-bit rows each thread applies SiLU to the columns it computed) and after down. */
+void row_kernel_layers(float *x, long m, long hidden, long layers, const float *const *norms, float eps,
+                       const int64_t *kinds, const void *const *weights, const int64_t *widths, const float *cos,
+                       const float *sin, float *keys, float *values, long layer_stride, long kv_stride, long start,
+                       long heads, long kv_heads, long d, const int64_t *windows, float scale, const int64_t *taps,
+                       long n_taps, float *tapped, float *scratch, int threads) {
     int64_t ends[64];
     for (long r = 0; r < m && r < 64; r++) ends[r] = start + r + 1;
 #pragma omp parallel num_threads(threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
-#pragma omp for
-        for (long r = 0; r < m; r++) rms_rows(x + r * hidden, 1, hidden, input_norm, eps, h + r * hidden);
-        any_part(t, nt, kinds[0], weights[0], h, m, hidden, n_qkv, qkv);
-#pragma omp barrier
-#pragma omp for
-        for (long r = 0; r < m; r++) { /* rotary on query and key heads; keys and values into the cache */
-            const float *c = cos + r * d, *s = sin + r * d;
-            for (long head = 0; head < heads + kv_heads; head++) {
-                float *v = qkv + r * n_qkv + head * d, turned[256];
-                for (long j = 0; j < d; j++) {
-                    float a = v[j] * c[j], b = v[j < half ? j + half : j - half] * s[j];
-                    turned[j] = a + b;
+        if (own_x_room < 2 * m * hidden) {
+            free(own_x);
+            own_x = malloc(sizeof(float) * 2 * m * hidden), own_x_room = 2 * m * hidden;
+        }
+        float *xp = own_x, *h = own_x + m * hidden;
+        for (long i = 0; i < m * hidden; i++) xp[i] = x[i];
+        long units = heads + 2 * kv_heads, per = d / LANES, tap = 0;
+        for (long layer = 0; layer < layers; layer++) {
+            const int64_t *kind = kinds + 4 * layer, *width = widths + 4 * layer;
+            const void *const *w = weights + 4 * layer;
+            long n_qkv = width[0], n_gu = width[2], inter = n_gu / 2;
+            float *qkv = scratch, *att = qkv + m * n_qkv, *y = att + m * heads * d, *gu = y + m * hidden;
+            float *act = gu + m * n_gu, *lk = keys + layer * layer_stride, *lv = values + layer * layer_stride;
+            for (long r = 0; r < m; r++)
+                rms_rows(xp + r * hidden, 1, hidden, norms[2 * layer], eps, h + r * hidden);
+            /* queries, keys and values; the rotary; keys and values into the cache */
+#define PLACE(r, u)                                                                                    \
+    do {                                                                                               \
+        const float *c = cos + (r) * d, *s = sin + (r) * d;                                            \
+        float *v = qkv + (r) * n_qkv + (u) * d;                                                        \
+        if ((u) < heads)                                                                               \
+            rotate(v, c, s, d, v);                                                                     \
+        else if ((u) < heads + kv_heads)                                                               \
+            rotate(v, c, s, d, lk + ((u) - heads) * kv_stride + (start + (r)) * d);                   \
+        else                                                                                           \
+            for (long j = 0; j < d; j++) lv[((u) - heads - kv_heads) * kv_stride + (start + (r)) * d + j] = v[j]; \
+    } while (0)
+#if INT8_ACTIVATIONS
+            if (kind[0] >= 2) { /* each thread its own heads, turned and cached as soon as computed */
+                own_rows(h, m, hidden);
+                for (long u = units * t / nt; u < units * (t + 1) / nt; u++) {
+                    int8_vectors((int)kind[0], m, hidden, (const uint8_t *)w[0], n_qkv, qkv, u * per, (u + 1) * per);
+                    for (long r = 0; r < m; r++) PLACE(r, u);
                 }
-                float *into = head < heads ? v : keys + (head - heads) * kv_stride + (start + r) * d;
-                for (long j = 0; j < d; j++) into[j] = turned[j];
+            } else
+#endif
+            {
+                any_part(t, nt, kind[0], w[0], h, m, hidden, n_qkv, qkv);
+#pragma omp barrier
+#pragma omp for nowait
+                for (long r = 0; r < m; r++)
+                    for (long u = 0; u < units; u++) PLACE(r, u);
             }
-            for (long head = 0; head < kv_heads; head++) {
-                const float *v = qkv + r * n_qkv + (heads + kv_heads + head) * d;
-                float *into = values + head * kv_stride + (start + r) * d;
-                for (long j = 0; j < d; j++) into[j] = v[j];
+#undef PLACE
+#pragma omp barrier
+            attention_part(t, nt, qkv, n_qkv, d, lk, lv, kv_stride, ends, m, heads, kv_heads, d, windows[layer],
+                           scale, att);
+#pragma omp barrier
+            any_part(t, nt, kind[1], w[1], att, m, heads * d, hidden, y);
+#pragma omp barrier
+            for (long r = 0; r < m; r++) {
+                for (long i = r * hidden; i < (r + 1) * hidden; i++) xp[i] = xp[i] + y[i];
+                rms_rows(xp + r * hidden, 1, hidden, norms[2 * layer + 1], eps, h + r * hidden);
+            }
+#if INT8_ACTIVATIONS
+            if (kind[2] >= 2 && inter % LANES == 0) { /* each thread the gate and up of its own columns */
+                long vectors = inter / LANES, first = vectors * t / nt, last = vectors * (t + 1) / nt;
+                own_rows(h, m, hidden);
+                int8_vectors((int)kind[2], m, hidden, (const uint8_t *)w[2], n_gu, gu, first, last);
+                int8_vectors((int)kind[2], m, hidden, (const uint8_t *)w[2], n_gu, gu, first + vectors, last + vectors);
+                silu_columns(gu, m, inter, first * LANES, last * LANES, act);
+            } else
+#endif
+            {
+                any_part(t, nt, kind[2], w[2], h, m, hidden, n_gu, gu);
+#pragma omp barrier
+#pragma omp for nowait
+                for (long r = 0; r < m; r++) silu_columns(gu + r * n_gu, 1, inter, 0, inter, act + r * inter);
+            }
+#pragma omp barrier
+            any_part(t, nt, kind[3], w[3], act, m, inter, hidden, y);
+#pragma omp barrier
+            for (long i = 0; i < m * hidden; i++) xp[i] = xp[i] + y[i];
+            if (tap < n_taps && taps[tap] == layer + 1) {
+                if (t == 0)
+                    for (long r = 0; r < m; r++)
+                        for (long i = 0; i < hidden; i++) tapped[(r * n_taps + tap) * hidden + i] = xp[r * hidden + i];
+                tap++;
             }
         }
-        attention_part(t, nt, qkv, n_qkv, d, keys, values, kv_stride, ends, m, heads, kv_heads, d, window, scale, att);
-#pragma omp barrier
-        any_part(t, nt, kinds[1], weights[1], att, m, heads * d, hidden, y);
-#pragma omp barrier
-#pragma omp for
-        for (long r = 0; r < m; r++) {
-            for (long i = r * hidden; i < (r + 1) * hidden; i++) x[i] = x[i] + y[i];
-            rms_rows(x + r * hidden, 1, hidden, post_norm, eps, h + r * hidden);
-        }
-        any_part(t, nt, kinds[2], weights[2], h, m, hidden, n_gu, gu);
-#pragma omp barrier
-#pragma omp for
-        for (long r = 0; r < m; r++) { /* silu(gate) * up, gate = e / (1 + e^-g) */
-            const float *g = gu + r * n_gu, *u = g + inter;
-            float *a = act + r * inter;
-            long j = 0;
-            for (; j + LANES <= inter; j += LANES) {
-                vec gv = VLOAD(g + j);
-                vec e = vexp(VSUB(VZERO(), gv));
-                VSTORE(a + j, VMUL(VDIV(gv, VADD(VSET(1.0f), e)), VLOAD(u + j)));
-            }
-            for (; j < inter; j++) a[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-        }
-        any_part(t, nt, kinds[3], weights[3], act, m, inter, hidden, y);
-#pragma omp barrier
-#pragma omp for
-        for (long i = 0; i < m * hidden; i++) x[i] = x[i] + y[i];
+        if (t == 0)
+            for (long i = 0; i < m * hidden; i++) x[i] = xp[i];
     }
 }

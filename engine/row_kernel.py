@@ -128,13 +128,14 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
     library.row_kernel_quantized.restype = None
     library.row_kernel_int8.restype = ctypes.c_int
     pointer, count = ctypes.c_void_p, ctypes.c_long
-    library.row_kernel_layer.argtypes = [
-        *(pointer, count, count, pointer, pointer, ctypes.c_float),  # x, m, hidden, norms, eps
+    library.row_kernel_layers.argtypes = [
+        *(pointer, count, count, count, pointer, ctypes.c_float),  # x, m, hidden, layers, norms, eps
         *(pointer, pointer, pointer, pointer, pointer),  # kinds, weights, widths, cos, sin
-        *(pointer, pointer, count, count),  # keys, values, kv_stride, start
-        *(count, count, count, count, ctypes.c_float, pointer, ctypes.c_int),  # heads ... scratch, threads
+        *(pointer, pointer, count, count, count),  # keys, values, layer_stride, kv_stride, start
+        *(count, count, count, pointer, ctypes.c_float),  # heads, kv_heads, d, windows, scale
+        *(pointer, count, pointer, pointer, ctypes.c_int),  # taps, n_taps, tapped, scratch, threads
     ]
-    library.row_kernel_layer.restype = None
+    library.row_kernel_layers.restype = None
     return library
 
 

@@ -133,3 +133,26 @@ def test_length_dependent_rotary_falls_back_to_hf():
     lm = CachedModel(model)
     assert isinstance(lm.backend, HFForward)
     assert lm.forward([1, 2, 3]).shape == (3, 64)
+
+
+def test_fused_layers_hand_out_the_eager_paths_taps(tiny_llama, monkeypatch):
+    """A head that fuses lower layers reads the residual streams after them: the layers in one
+    row kernel call hand out what the eager path does (to float32 rounding), in layer order
+    whatever order the taps were asked in."""
+    monkeypatch.setenv("SPECDECK_LINEAR", "kernel")
+    model = LlamaForCausalLM(tiny_llama[0].model.config).eval()  # products chosen afresh, on the kernel
+    fused = LlamaForward(model)
+    if fused.fused is None:
+        pytest.skip(f"the layers are not fused here ({fused.fused_unavailable})")
+    monkeypatch.setenv("SPECDECK_FUSED_LAYERS", "0")
+    eager = LlamaForward(model)
+    assert eager.fused is None
+    for forward in (fused, eager):
+        forward.taps = (2, 1)
+    with torch.inference_mode():
+        for tokens in ([3, 4, 5, 6, 7], [8], [9, 10, 11]):
+            got, expected = fused.hidden(torch.tensor(tokens)), eager.hidden(torch.tensor(tokens))
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+            assert fused.tapped is not None and eager.tapped is not None
+            assert fused.tapped.shape == (len(tokens), 2, model.config.hidden_size)
+            torch.testing.assert_close(fused.tapped, eager.tapped, rtol=1e-5, atol=1e-5)
