@@ -473,14 +473,17 @@ def _rows_product(matrices, ids: torch.Tensor, rows: torch.Tensor) -> Linear:
 def _runs(parts: list[torch.Tensor | int]) -> list[torch.Tensor | int]:
     """`parts` with each run of consecutive states joined: the head pairs a run in one forward
     (several plain steps' states after rounds that drafted nothing: one step of the head's layer,
-    not one per token)."""
-    runs: list[torch.Tensor | int] = []
+    not one per token). Each run is joined in one copy: a long run of plain steps' rows, joined one
+    by one, would copy the run again at every row."""
+    grouped: list[list[torch.Tensor] | int] = []
     for part in parts:
-        if isinstance(part, torch.Tensor) and runs and isinstance(runs[-1], torch.Tensor):
-            runs[-1] = torch.cat([runs[-1], part])
+        if isinstance(part, int):
+            grouped.append(part)
+        elif grouped and isinstance(grouped[-1], list):
+            grouped[-1].append(part)
         else:
-            runs.append(part)
-    return runs
+            grouped.append([part])
+    return [group if isinstance(group, int) else torch.cat(group) for group in grouped]
 
 
 class PromptLookupDrafter(Drafter):

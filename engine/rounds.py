@@ -232,7 +232,9 @@ class TargetForward:
         else:  # a tree's side branch: its rows moved in after the cached tokens
             self.lm.compact(path)
         if self.reader and self._hidden is not None:
-            self.reader.observe(self.lm.states(self._hidden)[path])
+            states = self.lm.states(self._hidden)
+            # a prefix of the rows as a view (a step's one row: no copy through advanced indexing)
+            self.reader.observe(states[: len(path)] if path[-1] == len(path) - 1 else states[path])
         elif self.reader:
             self.reader.skip(len(path))
 
