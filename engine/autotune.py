@@ -53,6 +53,7 @@ PRIOR = 2.0  # pseudo-rounds behind each acceptance estimate
 MAX_WIDTH = 4  # candidates for a round's first token, at most
 DEEPER = 2  # drafts a confident chain may go past the planned K (`RoundPlanner.with_floors`)
 CARRIED = 8.0  # rounds' weight of an earlier session's acceptance in a new one (`RoundPlanner.carry_over`)
+AFTERMATH = 3  # plain steps after a round that verified drafts charged to it (`RoundPlanner.aftermath`)
 NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said; measured again)
 
 
@@ -436,12 +437,49 @@ class RoundPlanner:
         # (`with_floors`): drafted, then not verified, so the round was a plain step that paid for a draft
         self.planned_drafts = 0.0
         self.refusals = 0.0
+        # What a round that verified drafts costs the plain steps after it, by kind ("model" drafts,
+        # "copy"): on a 2-core Xeon whose L3 held the target, the steps after a feature head's draft
+        # took 1.6, 1.5 and 1.2 ms more than a step after steps, after a copy's verify 0.7, 0.8 and
+        # 0.5. Measured as the excess of the AFTERMATH plain steps that follow it over `clean_ms`, the
+        # plain steps after as many plain steps; charged to the kind's rounds (`aftermath_ms`).
+        self.aftermath: dict[str, float] = {}
+        self.clean_ms: float | None = None
+        self._since_drafts = AFTERMATH
+        self._last_kind = ""
+        self._excess = 0.0
 
     def verify_ms(self, n: int, tree: bool = False) -> float:
         """A verify over n tokens (a tree of them if `tree`): as this session measured it, else the
         curve at this session's scale (a tree not measured yet: a chain's at the trees' measured ratio)."""
         chain = self.observed.get((n, False), self.curve.ms(n) * self.scale)
         return self.observed.get((n, True), chain * self.tree_scale) if tree else chain
+
+    def aftermath_ms(self, kind: str) -> float:
+        """What a round of this kind ("model", "copy") costs the plain steps after it (0 until measured)."""
+        return self.aftermath.get(kind, 0.0)
+
+    def _note_aftermath(self, drafted: int, copied: bool, verify_ms: float) -> None:
+        """Follow the plain steps after each round that verified drafts (see `aftermath`)."""
+        if drafted:  # the rounds after the last one are done being its aftermath
+            self._fold()
+            self._since_drafts, self._last_kind, self._excess = 0, "copy" if copied else "model", 0.0
+            return
+        if self._since_drafts >= AFTERMATH:
+            self.clean_ms = verify_ms if self.clean_ms is None else 0.8 * self.clean_ms + 0.2 * verify_ms
+            return
+        baseline = self.clean_ms if self.clean_ms is not None else self.plain_ms()
+        self._excess += verify_ms - baseline
+        self._since_drafts += 1
+        if self._since_drafts == AFTERMATH:
+            self._fold()
+
+    def _fold(self) -> None:
+        """The last drafting round's aftermath, once its plain steps are measured, into its kind's."""
+        if self._last_kind and self._since_drafts and self.clean_ms is not None:
+            share = self._excess * AFTERMATH / self._since_drafts  # as if all AFTERMATH steps were plain
+            earlier = self.aftermath.get(self._last_kind, share)
+            self.aftermath[self._last_kind] = max(0.0, 0.8 * earlier + 0.2 * share)
+        self._last_kind = ""
 
     def plain_ms(self) -> float:
         """A plain step's forward, as drafting is weighed against it: the session's, or the curve's
@@ -456,7 +494,7 @@ class RoundPlanner:
         first: an alternative the target takes keeps one token more than a rejection does. A round
         whose first draft is refused (`refusal_share`) keeps one token for a draft and a plain step."""
         gained = acceptance.expected_tokens(k) + self.alternative_share(width)
-        spent = k * draft_ms_per_token + self.verify_ms(k + width, width > 1)
+        spent = k * draft_ms_per_token + self.verify_ms(k + width, width > 1) + self.aftermath_ms("model")
         return self.refused(gained, spent, draft_ms_per_token)
 
     def refusal_share(self) -> float:
@@ -484,7 +522,7 @@ class RoundPlanner:
         tree = {n: self.verify_ms(n, True) for n in sizes} if self.max_width > 1 else chain
         best, best_rate = (0, 1), expected[0] / (self.overhead_ms + self.plain_ms())
         for k in range(1, self.max_k + 1):
-            spent = k * self.draft_ms_per_token
+            spent = k * self.draft_ms_per_token + self.aftermath_ms("model")
             for w in widths:
                 gained, cost = expected[k] + shares[w], spent + (tree[k + w] if w > 1 else chain[k + 1])
                 rate = self.refused(gained, cost, self.draft_ms_per_token)
@@ -502,8 +540,9 @@ class RoundPlanner:
         best, best_rate = 0, self.planned_rate if beside_plan else 1.0 / (self.overhead_ms + self.plain_ms())
         longest = min(available, self.max_copy)
         expected = self.copies.expected(own, match, longest)
+        after = self.aftermath_ms("copy")
         for n in range(1, longest + 1):
-            rate = expected[n] / (self.overhead_ms + self.verify_ms(n + 1))
+            rate = expected[n] / (self.overhead_ms + self.verify_ms(n + 1) + after)
             if rate > best_rate:
                 best, best_rate = n, rate
         return best
@@ -591,6 +630,7 @@ class RoundPlanner:
             self.refusals = self.refusals * DECAY + (drafted == 0)
         if not self.adapt:
             return
+        self._note_aftermath(drafted + alternatives, copied, verify_ms)
         n, tree = drafted + alternatives + 1, alternatives > 0
         # a size's first measurement also moves from the curve's estimate, not to it: one verify slowed
         # by other work on the machine would otherwise stand until that size is chosen again
@@ -617,6 +657,7 @@ class RoundPlanner:
         self.ranked = earlier.ranked * scale
         scale = min(1.0, CARRIED / earlier.planned_drafts) if earlier.planned_drafts else 0.0
         self.planned_drafts, self.refusals = earlier.planned_drafts * scale, earlier.refusals * scale
+        self.aftermath, self.clean_ms = dict(earlier.aftermath), earlier.clean_ms  # the machine's, as measured
 
     def describe(self) -> str:
         """What was chosen and why, in one paragraph for the terminal and the window."""
@@ -636,6 +677,11 @@ class RoundPlanner:
             f"drafter acceptance by depth: {drafts}",
         ]
         lines.append(f"draft cost {self.draft_ms_per_token:.1f} ms per token")
+        if self.aftermath:
+            lines.append(
+                "cost to the plain steps after: "
+                + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in sorted(self.aftermath.items()))
+            )
         if self.planned_drafts:
             lines.append(f"first drafts under their floor (not verified): {self.refusal_share():.2f}")
         if self.ranked and self.max_width > 1:

@@ -399,3 +399,27 @@ def test_copy_acceptance_counts_each_depth_at_its_own_match_length():
     acceptance.record(True, 5, drafted=4, accepted=2)  # 5 and 6 passed, 7 refused, 8 never judged
     assert acceptance.counts == {(True, 5): [1.0, 1.0], (True, 6): [1.0, 1.0], (True, 7): [0.0, 1.0]}
     assert acceptance.rate(True, 7) < acceptance.rate(True, 6) and acceptance.rate(False, 6) == 7 / 8
+
+
+@pytest.mark.parametrize("slowed", [True, False])
+def test_drafts_that_slow_the_steps_after_them_are_charged_for_it(slowed):
+    """A drafter accepted 60% at K=1 (2 ms a draft, a 12 ms verify: 1.6 tokens for 14 ms, against a
+    10 ms step) pays, unless the plain steps after its rounds run slower (13, 12 and 11 ms: the
+    target's weights pushed out of the caches): the planner measures that against the steps after
+    steps and charges it to the drafter's rounds, which then lose. The control's steps after drafts
+    cost what the others do, and it keeps drafting."""
+    curve = CostCurve((1, 2, 4, 8, 16), (10.0, 12.0, 16.0, 24.0, 40.0))
+    planner = RoundPlanner(curve, 2.0, max_k=1, max_copy=0, adapt=True)
+    after = [3.0, 2.0, 1.0] if slowed else [0.0, 0.0, 0.0]
+    for cycle in range(20):
+        passed = cycle % 5 < 3
+        planner.record(autotune.Shape(0, 1), False, 1, int(passed), 2.0, 12.0, 14.0)
+        for step in range(6):  # three steps in its aftermath, then three after steps
+            ms = 10.0 + (after[step] if step < 3 else 0.0)
+            planner.record(autotune.Shape(0, 0), False, 0, 0, 0.0, ms, ms)
+    assert planner.aftermath_ms("model") == pytest.approx(sum(after), abs=0.3)
+    assert planner.clean_ms == pytest.approx(10.0, abs=0.1)
+    (k, _), _ = planner.best_k()
+    assert k == (0 if slowed else 1)
+    if slowed:
+        assert "cost to the plain steps after: model 6.0 ms" in planner.describe()
