@@ -423,10 +423,13 @@ class RoundPlanner:
         self.planned_rate = 0.0  # kept tokens per ms of the round `plan` chose, which a copy must beat
         self.draft_ms_per_token = draft_ms_per_token
         self.overhead_ms = 0.0
-        self.scale = 1.0  # the session's verify time over the curve's, for sizes not verified yet
-        # verify ms by (tokens verified, whether a tree), as this session measured them: a tree's side
-        # branches attend apart, so a tree of n tokens costs a little more than a chain of n
-        self.observed: dict[tuple[int, bool], float] = {}
+        self.scale = 1.0  # the session's verify times over the curve's: the machine's pace now
+        # each verify size's time (tokens verified, whether a tree) over the curve's at that pace, as
+        # this session measured it: a size measured once stays right when the machine's pace changes
+        # (a session whose rounds all drafted still knows what a plain step costs now, not what the
+        # slow steps after its prefill cost). A tree's side branches attend apart, so a tree of n
+        # tokens costs a little more than a chain of n
+        self.shapes: dict[tuple[int, bool], float] = {}
         self.tree_scale = 1.0  # a tree's verify time over a chain's of as many tokens, for trees not verified yet
         self.rounds_without_draft = 0
         self.chosen: dict[str, int] = {}  # "K=2", "K=2 w3", "copy 4", "none": rounds
@@ -449,10 +452,15 @@ class RoundPlanner:
         self._excess = 0.0
 
     def verify_ms(self, n: int, tree: bool = False) -> float:
-        """A verify over n tokens (a tree of them if `tree`): as this session measured it, else the
-        curve at this session's scale (a tree not measured yet: a chain's at the trees' measured ratio)."""
-        chain = self.observed.get((n, False), self.curve.ms(n) * self.scale)
-        return self.observed.get((n, True), chain * self.tree_scale) if tree else chain
+        """A verify over n tokens (a tree of them if `tree`): the curve at this session's pace, times
+        what this session measured for that size against it (a tree not measured yet: a chain's at
+        the trees' measured ratio)."""
+        paced = self.curve.ms(n) * self.scale
+        chain = paced * self.shapes.get((n, False), 1.0)
+        if not tree:
+            return chain
+        measured = self.shapes.get((n, True))
+        return paced * measured if measured is not None else chain * self.tree_scale
 
     def aftermath_ms(self, kind: str) -> float:
         """What a round of this kind ("model", "copy") costs the plain steps after it (0 until measured)."""
@@ -634,11 +642,13 @@ class RoundPlanner:
         n, tree = drafted + alternatives + 1, alternatives > 0
         # a size's first measurement also moves from the curve's estimate, not to it: one verify slowed
         # by other work on the machine would otherwise stand until that size is chosen again
-        self.observed[n, tree] = 0.7 * self.verify_ms(n, tree) + 0.3 * verify_ms
+        estimate = self.verify_ms(n, tree)
         if tree:
             self.tree_scale = 0.8 * self.tree_scale + 0.2 * (verify_ms / self.verify_ms(n))
         else:  # the curve is a chain's
             self.scale = 0.8 * self.scale + 0.2 * (verify_ms / self.curve.ms(n))
+        paced = self.curve.ms(n) * self.scale
+        self.shapes[n, tree] = (0.7 * estimate + 0.3 * verify_ms) / paced
         self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * max(0.0, round_ms - draft_ms - verify_ms)
         if shape.k and not copied and draft_ms > 0.0:  # a refused first draft was drafted too
             self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * draft_ms / max(drafted, 1)
@@ -670,8 +680,8 @@ class RoundPlanner:
             f"chosen per round: {shapes or 'nothing yet'}",
             "target forward for 1/2/4/8 tokens: "
             + "/".join(f"{self.verify_ms(n):.1f}" for n in (1, 2, 4, 8))
-            + " ms (as this session measured them, else the machine's cost curve"
-            + f" x{self.scale:.2f}"
+            + f" ms (the machine's cost curve at this session's pace, x{self.scale:.2f},"
+            + " each size as this session measured it against that"
             + (f"; {self.curve.noisy_note}" if self.curve.noisy_note else "")
             + ")",
             f"drafter acceptance by depth: {drafts}",

@@ -423,3 +423,24 @@ def test_drafts_that_slow_the_steps_after_them_are_charged_for_it(slowed):
     assert k == (0 if slowed else 1)
     if slowed:
         assert "cost to the plain steps after: model 6.0 ms" in planner.describe()
+
+
+@pytest.mark.parametrize("pace", [0.5, 1.0])
+def test_a_plain_step_is_priced_at_the_machine_s_pace_while_every_round_drafts(pace):
+    """The cached curve says a step costs 10 ms and a 2-token verify 12. The session's first plain
+    step measures 10 ms (the steps after a prefill are slow); then the machine runs at `pace` of the
+    curve while every round drafts one token, accepted 30% (2 ms a draft). A plain step is priced at
+    that pace, though none was measured at it: at half the curve's times (5 ms a step, 7 for a
+    round keeping 1.3 tokens) drafting loses and the planner stops; at the curve's own pace
+    (10 ms a step against 14 for 1.3 tokens) it loses too. A drafter accepted 60% keeps paying at both."""
+    curve = CostCurve((1, 2, 4, 8, 16), (10.0, 12.0, 16.0, 24.0, 40.0))
+    for share, pays in ((0.3, False), (0.6, True)):
+        planner = RoundPlanner(curve, 2.0, max_k=1, max_copy=0, adapt=True)
+        planner.record(autotune.Shape(0, 0), False, 0, 0, 0.0, 10.0, 10.0)
+        for i in range(40):
+            passed = (i * share) % 1.0 + share >= 1.0
+            verify = 12.0 * pace
+            planner.record(autotune.Shape(0, 1), False, 1, int(passed), 2.0 * pace, verify, verify + 2.0 * pace)
+        assert planner.verify_ms(1) == pytest.approx(10.0 * pace, rel=0.1)
+        (k, _), _ = planner.best_k()
+        assert k == (1 if pays else 0), (share, planner.describe())
