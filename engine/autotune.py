@@ -423,6 +423,8 @@ class RoundPlanner:
         self.planned_rate = 0.0  # kept tokens per ms of the round `plan` chose, which a copy must beat
         self.draft_ms_per_token = draft_ms_per_token
         self.overhead_ms = 0.0
+        # the curve at every verify size a round may plan (read for each shape weighed, every round)
+        self._curve_ms = [curve.ms(n) for n in range(self.max_k + max_width + DEEPER + 2)]
         self.scale = 1.0  # the session's verify times over the curve's: the machine's pace now
         # each verify size's time (tokens verified, whether a tree) over the curve's at that pace, as
         # this session measured it: a size measured once stays right when the machine's pace changes
@@ -455,7 +457,7 @@ class RoundPlanner:
         """A verify over n tokens (a tree of them if `tree`): the curve at this session's pace, times
         what this session measured for that size against it (a tree not measured yet: a chain's at
         the trees' measured ratio)."""
-        paced = self.curve.ms(n) * self.scale
+        paced = (self._curve_ms[n] if n < len(self._curve_ms) else self.curve.ms(n)) * self.scale
         chain = paced * self.shapes.get((n, False), 1.0)
         if not tree:
             return chain
@@ -529,11 +531,14 @@ class RoundPlanner:
         chain = {n: self.verify_ms(n) for n in sizes}
         tree = {n: self.verify_ms(n, True) for n in sizes} if self.max_width > 1 else chain
         best, best_rate = (0, 1), expected[0] / (self.overhead_ms + self.plain_ms())
+        # `refused`, its terms that do not depend on the shape read once
+        r = self.refusal_share()
+        refused_ms = self.overhead_ms + r * (self.draft_ms_per_token + chain[1])
         for k in range(1, self.max_k + 1):
             spent = k * self.draft_ms_per_token + self.aftermath_ms("model")
             for w in widths:
                 gained, cost = expected[k] + shares[w], spent + (tree[k + w] if w > 1 else chain[k + 1])
-                rate = self.refused(gained, cost, self.draft_ms_per_token)
+                rate = (r + (1 - r) * gained) / (refused_ms + (1 - r) * cost)
                 if rate > best_rate:
                     best, best_rate = (k, w), rate
         return best, best_rate
