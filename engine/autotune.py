@@ -55,6 +55,11 @@ DEEPER = 2  # drafts a confident chain may go past the planned K (`RoundPlanner.
 CARRIED = 8.0  # rounds' weight of an earlier session's acceptance in a new one (`RoundPlanner.carry_over`)
 AFTERMATH = 3  # plain steps after a round that verified drafts charged to it (`RoundPlanner.aftermath`)
 NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said; measured again)
+# a cached curve whose one-token step runs this many times faster or slower now is measured again: the
+# machine's pace moved (a 2-core Xeon VM's step took 5.7 ms one day and 2.7 the next), and with it the
+# curve's shape (a step streaming the weights from L3 rather than memory makes more tokens dearer
+# beside it: 8 tokens 2.2x one instead of 1.7x), which the planner takes for sizes it has not measured
+DRIFT = 1.4
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,23 @@ def measure_curve(
     return CostCurve(
         tuple(tokens), tuple(round(b, 3) for b in best), f"{name}, {torch.get_num_threads()} threads", round(spread, 3)
     )
+
+
+def pace_of(model: PreTrainedModel | LlamaCppModel, curve: CostCurve, context: int = CURVE_CONTEXT) -> float:
+    """This machine's one-token step now over `curve`'s: the best of STEPS steps in a row after
+    `context` cached tokens, as `measure_curve` times them (a few tens of ms)."""
+    lm = CachedModel(model)
+    vocab = model.vocab_width if isinstance(model, LlamaCppModel) else input_embedding(model).num_embeddings
+    ids = [(7 * i + 3) % vocab for i in range(context + STEPS)]
+    lm.forward(ids[:context], last_only=True)
+    best = float("inf")
+    for j in range(STEPS):
+        synchronize(lm.device)
+        started = time.perf_counter()
+        lm.forward(ids[context + j : context + j + 1])
+        synchronize(lm.device)
+        best = min(best, (time.perf_counter() - started) * 1e3)
+    return best / curve.ms(1)
 
 
 def measure_draft_ms(
@@ -229,6 +251,7 @@ def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = 
     repeat on this machine)."""
     if model not in _CURVES:
         path = cache_dir / f"curve-{_key(model, 'curve')}.json" if cache_dir else None
+        cached = path is not None and path.is_file()
         raw = _cached(path, lambda: asdict(measure_curve(model)), "cost curve")
         try:
             curve = CostCurve(
@@ -239,6 +262,12 @@ def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = 
         if curve.spread > NOISY:  # measured on a busy machine: measure again, keep the steadier of the two
             again = measure_curve(model)
             if again.spread < curve.spread:
+                curve = again
+                _save(path, asdict(curve), "cost curve")
+        elif cached and not 1 / DRIFT <= (pace := pace_of(model, curve)) <= DRIFT:
+            again = measure_curve(model)
+            if again.spread <= NOISY:
+                log.info("the machine runs at %.2fx the cached cost curve's times: measured it again", pace)
                 curve = again
                 _save(path, asdict(curve), "cost curve")
         _CURVES[model] = curve

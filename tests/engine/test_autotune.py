@@ -106,7 +106,14 @@ def test_expected_tokens_follow_acceptance_by_depth():
     assert acceptance.expected_tokens(3) == pytest.approx(2.0, abs=0.15)
 
 
-def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch):
+@pytest.fixture
+def steady_pace(monkeypatch):
+    """The machine runs at the cached curves' pace (the tiny model's real steps are not what the
+    curves these tests cache say)."""
+    monkeypatch.setattr(autotune, "pace_of", lambda model, curve: 1.0)
+
+
+def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch, steady_pace):
     """The curve is measured once, written to the cache, and read back by a later process."""
     target, _ = tiny_llama
     autotune._CURVES.pop(target.model, None)
@@ -125,7 +132,7 @@ def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch):
     assert autotune.cost_curve(target.model, tmp_path) == steady
 
 
-def test_curves_with_and_without_cuda_graphs_are_cached_apart(tiny_llama, tmp_path, monkeypatch):
+def test_curves_with_and_without_cuda_graphs_are_cached_apart(tiny_llama, tmp_path, monkeypatch, steady_pace):
     """A curve measured with the fixed-shape steps (CUDA graphs) is not read back for the forward
     without them (SPECDECK_CUDA_GRAPHS=0), nor the other way round: their costs differ entirely."""
     target, _ = tiny_llama
@@ -138,7 +145,7 @@ def test_curves_with_and_without_cuda_graphs_are_cached_apart(tiny_llama, tmp_pa
     assert len(list(tmp_path.glob("curve-*.json"))) == 2
 
 
-def test_a_curve_is_measured_again_for_another_build_of_the_row_kernel(tiny_llama, tmp_path, monkeypatch):
+def test_a_curve_is_measured_again_for_another_build_of_the_row_kernel(tiny_llama, tmp_path, monkeypatch, steady_pace):
     """Where the products run on the row kernel, a curve measured on one build of it (its source,
     compiler and CPU) is not read back for another: a changed kernel changes what a forward costs."""
     target, _ = tiny_llama
@@ -153,7 +160,7 @@ def test_a_curve_is_measured_again_for_another_build_of_the_row_kernel(tiny_llam
     assert len(list(tmp_path.glob("curve-*.json"))) == 2
 
 
-def test_a_curve_measured_on_a_busy_machine_is_measured_again(tiny_llama, tmp_path, monkeypatch):
+def test_a_curve_measured_on_a_busy_machine_is_measured_again(tiny_llama, tmp_path, monkeypatch, steady_pace):
     """A cached curve whose passes disagreed is measured again by the next process, and the steadier
     measurement replaces it; a steady cached curve is read back without measuring."""
     target, _ = tiny_llama
@@ -167,6 +174,28 @@ def test_a_curve_measured_on_a_busy_machine_is_measured_again(tiny_llama, tmp_pa
     autotune._CURVES.pop(target.model, None)
     monkeypatch.setattr(autotune, "measure_curve", lambda model: noisier)
     assert autotune.cost_curve(target.model, tmp_path) == steady  # read back, steady: not measured again
+
+
+@pytest.mark.parametrize("pace", [0.5, 1.2, 2.0])
+def test_a_cached_curve_is_measured_again_where_the_machine_s_pace_moved(tiny_llama, tmp_path, monkeypatch, pace):
+    """A steady cached curve is read back while a step runs at its pace (within 1.4x); where a step now
+    takes half or twice its time, the machine changed (and with it the curve's shape): the next
+    process measures the curve again and keeps the new one. The pace is measured on the model itself."""
+    target, _ = tiny_llama
+    autotune._CURVES.pop(target.model, None)
+    step = autotune.pace_of(target.model, CostCurve((1,), (1.0,)))  # this machine's step, in ms
+    assert step > 0
+    cached = CostCurve((1, 16), (step / pace, 2 * step / pace), "this machine", spread=0.05)
+    fresh = CostCurve((1, 16), (step, 3 * step), "this machine", spread=0.05)
+    monkeypatch.setattr(autotune, "measure_curve", lambda model: cached)
+    assert autotune.cost_curve(target.model, tmp_path) == cached
+    autotune._CURVES.pop(target.model, None)
+    monkeypatch.setattr(autotune, "pace_of", lambda model, curve: step / curve.ms(1))  # steady steps here
+    monkeypatch.setattr(autotune, "measure_curve", lambda model: fresh)
+    expected = cached if pace == 1.2 else fresh
+    assert autotune.cost_curve(target.model, tmp_path) == expected
+    autotune._CURVES.pop(target.model, None)
+    assert autotune.cost_curve(target.model, tmp_path) == expected  # what the next process reads
 
 
 def _forcing_drafts(monkeypatch, curve: CostCurve = FLAT, draft_ms: float = 0.1) -> None:
