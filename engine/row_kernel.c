@@ -60,6 +60,26 @@ typedef __m512 vec;
 #define VPOW2(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
 #define VZERO_BELOW(v, x, floor) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, floor, _CMP_GE_OQ), v)
 static inline float vsum(vec v) { return hsum16(v); }
+static inline float vtop(vec v) { return _mm512_reduce_max_ps(v); }
+/* Lanes n.. of v set to -inf. */
+#define VTAIL(v, n) _mm512_mask_mov_ps(v, (__mmask16)(0xFFFFu << (n)), _mm512_set1_ps(-INFINITY))
+/* The lane sums of 16 vectors in one: lane j of the result is the sum of d[FOLDED(j)]'s lanes, in a
+ * fixed order (halves added, then their halves, ...) that depends on that vector alone: so a
+ * score's bits do not depend on the slots beside it. Four adds and eight shuffles a score fewer
+ * than a lane sum of its own. */
+#define FOLDED(j) (4 * ((j) % 4) + (j) / 4)
+static inline vec fold(const vec *d) {
+    vec a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(d[2 * i], d[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(d[2 * i], d[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44), _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256 vec;
 #define LANES 8
@@ -81,6 +101,25 @@ typedef __m256 vec;
 #define VPOW2(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
 #define VZERO_BELOW(v, x, floor) _mm256_and_ps(_mm256_cmp_ps(x, floor, _CMP_GE_OQ), v)
 static inline float vsum(vec v) { return hsum8(v); }
+static inline float vtop(vec v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+#define VTAIL(v, n)                                                                                    \
+    _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY),                                                     \
+                     _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((n) - 1))))
+/* The lane sums of 8 vectors in one, as the AVX-512 build's `fold` does for 16. */
+#define FOLDED(j) (2 * ((j) % 4) + (j) / 4)
+static inline vec fold(const vec *d) {
+    vec a[4], b[2];
+    for (int i = 0; i < 4; i++)
+        a[i] = _mm256_add_ps(_mm256_permute2f128_ps(d[2 * i], d[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(d[2 * i], d[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)
+        b[i] = _mm256_add_ps(_mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+    return _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], 0x88), _mm256_shuffle_ps(b[0], b[1], 0xDD));
+}
 #else
 #error "the row kernel needs AVX-512 or AVX2 with FMA"
 #endif
@@ -536,30 +575,39 @@ static inline vec vexp(vec x) {
 
 /* Scores, softmax and weighted values of QN query heads over the same `count` slots of one key/value
  * head (keys k and values v at d = V LANES floats a slot): the group's heads read each slot's key and
- * value once, from L1, instead of once a head. Each head's arithmetic is what a call for it alone
- * does, in the same order: a score is V fused multiply-adds and a lane sum, the softmax's maximum and
- * total are taken in slot order, and a value's weighted sum runs slot by slot. `scores` holds QN
+ * value from L1 after the first. Each head's arithmetic is what a call for it alone does, in the same
+ * order: a score is V fused multiply-adds and a lane sum (LANES slots' sums at once, `fold`, each in
+ * an order of its own lanes only), the softmax's total is taken in slot order, and a value's weighted
+ * sum runs slot by slot. `scores` holds QN
  * `padded` floats; q[i] and out[i] are head i's query and output. */
 #define ATTEND(QN, V)                                                                                  \
     static void attend_##QN##_##V(const float *const *q, const float *k, const float *v, long count,    \
                                   float scale, float *scores, long padded, float *const *out) {        \
-        vec qv[QN][V], total[QN], acc[QN][V];                                                          \
+        vec qv[QN][V], total[QN], acc[QN][V], tops[QN];                                                \
         float top[QN];                                                                                 \
         for (int i = 0; i < QN; i++) {                                                                 \
             for (int c = 0; c < V; c++) qv[i][c] = VLOAD(q[i] + c * LANES);                            \
-            top[i] = -INFINITY;                                                                        \
+            tops[i] = VSET(-INFINITY);                                                                 \
         }                                                                                              \
-        for (long j = 0; j < count; j++) {                                                             \
-            vec kv[V];                                                                                 \
-            for (int c = 0; c < V; c++) kv[c] = VLOAD(k + (j * V + c) * LANES);                        \
+        for (long j0 = 0; j0 < count; j0 += LANES) {                                                   \
+            int n = count - j0 < LANES ? (int)(count - j0) : LANES;                                    \
             for (int i = 0; i < QN; i++) {                                                             \
-                vec dot = VMUL(qv[i][0], kv[0]);                                                       \
-                for (int c = 1; c < V; c++) dot = VFMA(qv[i][c], kv[c], dot);                          \
-                float s = vsum(dot) * scale;                                                           \
-                scores[i * padded + j] = s;                                                            \
-                top[i] = s > top[i] ? s : top[i];                                                      \
+                vec dots[LANES];                                                                       \
+                for (int l = 0; l < LANES; l++) {                                                      \
+                    const float *kj = k + (j0 + l) * V * LANES;                                        \
+                    vec dot = VZERO();                                                                 \
+                    if (l < n) {                                                                       \
+                        dot = VMUL(qv[i][0], VLOAD(kj));                                               \
+                        for (int c = 1; c < V; c++) dot = VFMA(qv[i][c], VLOAD(kj + c * LANES), dot);  \
+                    }                                                                                  \
+                    dots[FOLDED(l)] = dot;                                                             \
+                }                                                                                      \
+                vec sc = VTAIL(VMUL(fold(dots), VSET(scale)), n);                                      \
+                VSTORE(scores + i * padded + j0, sc);                                                  \
+                tops[i] = VMAX(tops[i], sc);                                                           \
             }                                                                                          \
         }                                                                                              \
+        for (int i = 0; i < QN; i++) top[i] = vtop(tops[i]);                                           \
         for (int i = 0; i < QN; i++) {                                                                 \
             float *si = scores + i * padded;                                                           \
             for (long j = count; j < padded; j++) si[j] = -INFINITY;                                   \
@@ -619,7 +667,10 @@ static void attention_part(int t, int nt, const float *q, long q_row, long q_hea
     if (m * kv_heads * ((group + pass - 1) / pass) < 2 * nt && pass > 1) pass = (pass + 1) / 2;
     long parts = (group + pass - 1) / pass, items = m * kv_heads * parts;
     for (long item = items * t / nt; item < items * (t + 1) / nt; item++) {
-        long r = item / (kv_heads * parts), g = item / parts % kv_heads, first = g * group + item % parts * pass;
+        /* rows vary fastest: a thread's items read the same key/value head's slots one after another,
+         * from L2 after the first (a row at a time, the slots of every head went through the cache
+         * again for each row) */
+        long r = item % m, g = item / m / parts, first = g * group + item / m % parts * pass;
         long count_heads = first + pass <= (g + 1) * group ? pass : (g + 1) * group - first;
         long end = ends[r], lo = window > 0 && end > window ? end - window : 0, count = end - lo;
         long padded = (count + LANES - 1) / LANES * LANES;
