@@ -741,6 +741,21 @@ static inline void rotate(const float *v, const float *c, const float *s, long d
     for (long j = 0; j < d; j++) into[j] = turned[j];
 }
 
+/* Head unit u (a query head, then the key heads, then the value heads) of row r of the
+ * query/key/value product (rows n_qkv wide): a query turned by the rotary where it is, a key turned
+ * into the layer's cache (lk), a value copied into it (lv), at position start + r. */
+static inline void place(float *qkv, long n_qkv, long r, long u, const float *cos, const float *sin, float *lk,
+                         float *lv, long kv_stride, long start, long heads, long kv_heads, long d) {
+    const float *c = cos + r * d, *s = sin + r * d;
+    float *v = qkv + r * n_qkv + u * d;
+    if (u < heads)
+        rotate(v, c, s, d, v);
+    else if (u < heads + kv_heads)
+        rotate(v, c, s, d, lk + (u - heads) * kv_stride + (start + r) * d);
+    else
+        for (long j = 0; j < d; j++) lv[(u - heads - kv_heads) * kv_stride + (start + r) * d + j] = v[j];
+}
+
 /* silu(gate) * up for columns [first, last) of m rows: gate and up (m, 2 inter) side by side, into
  * act (m, inter); gate = e / (1 + e^-g), a vector of LANES columns at a time, one by one after the
  * last whole vector of the row. */
@@ -803,24 +818,13 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
             float *act = gu + m * n_gu, *lk = keys + layer * layer_stride, *lv = values + layer * layer_stride;
             for (long r = 0; r < m; r++)
                 rms_rows(xp + r * hidden, 1, hidden, norms[2 * layer], eps, h + r * hidden);
-            /* queries, keys and values; the rotary; keys and values into the cache */
-#define PLACE(r, u)                                                                                    \
-    do {                                                                                               \
-        const float *c = cos + (r) * d, *s = sin + (r) * d;                                            \
-        float *v = qkv + (r) * n_qkv + (u) * d;                                                        \
-        if ((u) < heads)                                                                               \
-            rotate(v, c, s, d, v);                                                                     \
-        else if ((u) < heads + kv_heads)                                                               \
-            rotate(v, c, s, d, lk + ((u) - heads) * kv_stride + (start + (r)) * d);                   \
-        else                                                                                           \
-            for (long j = 0; j < d; j++) lv[((u) - heads - kv_heads) * kv_stride + (start + (r)) * d + j] = v[j]; \
-    } while (0)
+            /* queries, keys and values; the rotary; keys and values into the cache (`place`) */
 #if INT8_ACTIVATIONS
             if (kind[0] >= 2) { /* each thread its own heads, turned and cached as soon as computed */
                 own_rows(h, m, hidden);
                 for (long u = units * t / nt; u < units * (t + 1) / nt; u++) {
                     int8_vectors((int)kind[0], m, hidden, (const uint8_t *)w[0], n_qkv, qkv, u * per, (u + 1) * per);
-                    for (long r = 0; r < m; r++) PLACE(r, u);
+                    for (long r = 0; r < m; r++) place(qkv, n_qkv, r, u, cos, sin, lk, lv, kv_stride, start, heads, kv_heads, d);
                 }
             } else
 #endif
@@ -829,9 +833,8 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
 #pragma omp barrier
 #pragma omp for nowait
                 for (long r = 0; r < m; r++)
-                    for (long u = 0; u < units; u++) PLACE(r, u);
+                    for (long u = 0; u < units; u++) place(qkv, n_qkv, r, u, cos, sin, lk, lv, kv_stride, start, heads, kv_heads, d);
             }
-#undef PLACE
 #pragma omp barrier
             attention_part(t, nt, qkv, n_qkv, d, lk, lv, kv_stride, ends, m, heads, kv_heads, d, windows[layer],
                            scale, att);

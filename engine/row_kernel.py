@@ -363,13 +363,20 @@ def attention_unavailable(dtype: torch.dtype, device: torch.device, head_dim: in
 
 
 def attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ends: torch.Tensor, window: int | None, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    ends: torch.Tensor,
+    window: int | None,
+    scale: float,
+    built: ctypes.CDLL | str | None = None,
 ) -> torch.Tensor:
     """Attention (1, heads, m, head_dim) of queries q (1, heads, m, head_dim) over a layer's cached
     keys and values (1, kv_heads, slots, head_dim), query j over slots [ends[j] - window, ends[j])
     (from 0 without a window): each query reads only its own slots, so its bits are those of a
-    call of its own. `ends`: int64, one per query; where `attention_unavailable` says None."""
-    built = library()
+    call of its own. `ends`: int64, one per query; where `attention_unavailable` says None. `built`:
+    another build of the kernel (`build`) than the one SpecDeck runs."""
+    built = library() if built is None else built
     assert not isinstance(built, str), built
     _, heads, m, head_dim = q.shape
     if q.stride(3) != 1:

@@ -172,26 +172,29 @@ def test_row_attention_is_attention():
 
 
 @pytest.mark.skipif("kernel" not in PACKED_PATHS, reason="the row kernel does not build here")
+@pytest.mark.parametrize("build", ["this CPU's", "AVX2"])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(8, 2, 32), (9, 3, 64), (12, 2, 48), (4, 4, 64)])
-def test_the_row_kernel_attention_is_attention(heads, kv_heads, head_dim):
+def test_the_row_kernel_attention_is_attention(heads, kv_heads, head_dim, build):
     """The row kernel's attention is the fused kernel's to float32 rounding, under grouped key/value
     heads, a causal chunk and a sliding window, reading queries where the rotary left them (every
     head's slice of a wider row), and a query gets the same bits alone as beside others (the heads of
-    a group then share a pass over their slots in other numbers)."""
+    a group then share a pass over their slots in other numbers); spans of slots that end inside a
+    block of scores summed together, in this CPU's build and in the AVX2 one."""
+    built = row_kernel.library() if build == "this CPU's" else _avx2_build()
     generator = torch.Generator().manual_seed(3)
     qk = torch.randn(1, 6, heads + kv_heads, head_dim, generator=generator)
     q = qk[:, :, :heads].transpose(1, 2)  # (1, heads, 6, head_dim), as the forward passes it
     keys, values = torch.randn(2, 1, kv_heads, 256, head_dim, generator=generator)
     ends = torch.tensor([70 + j for j in range(6)])
-    for window in (None, 20):
-        out = row_kernel.attend(q, keys, values, ends, window, 0.25)
+    for window in (None, 20, 7):
+        out = row_kernel.attend(q, keys, values, ends, window, 0.25, built)
         for j, end in enumerate(ends.tolist()):
             low = 0 if window is None else end - window
             fused = F.scaled_dot_product_attention(
                 q[:, :, j : j + 1], keys[:, :, low:end], values[:, :, low:end], scale=0.25, enable_gqa=True
             )
             torch.testing.assert_close(out[:, :, j : j + 1], fused)
-            alone = row_kernel.attend(q[:, :, j : j + 1], keys, values, ends[j : j + 1], window, 0.25)
+            alone = row_kernel.attend(q[:, :, j : j + 1], keys, values, ends[j : j + 1], window, 0.25, built)
             assert torch.equal(out[:, :, j : j + 1], alone), (window, j)
 
 
