@@ -593,15 +593,23 @@ static inline vec vexp(vec x) {
             int n = count - j0 < LANES ? (int)(count - j0) : LANES;                                    \
             for (int i = 0; i < QN; i++) {                                                             \
                 vec dots[LANES];                                                                       \
-                for (int l = 0; l < LANES; l++) {                                                      \
-                    const float *kj = k + (j0 + l) * V * LANES;                                        \
-                    vec dot = VZERO();                                                                 \
-                    if (l < n) {                                                                       \
-                        dot = VMUL(qv[i][0], VLOAD(kj));                                               \
+                if (n == LANES) { /* unrolled, so that the dots stay in registers */                   \
+                    _Pragma("GCC unroll 16") for (int l = 0; l < LANES; l++) {                         \
+                        const float *kj = k + (j0 + l) * V * LANES;                                    \
+                        vec dot = VMUL(qv[i][0], VLOAD(kj));                                           \
                         for (int c = 1; c < V; c++) dot = VFMA(qv[i][c], VLOAD(kj + c * LANES), dot);  \
+                        dots[FOLDED(l)] = dot;                                                         \
                     }                                                                                  \
-                    dots[FOLDED(l)] = dot;                                                             \
-                }                                                                                      \
+                } else                                                                                 \
+                    for (int l = 0; l < LANES; l++) {                                                  \
+                        const float *kj = k + (j0 + l) * V * LANES;                                    \
+                        vec dot = VZERO();                                                             \
+                        if (l < n) {                                                                   \
+                            dot = VMUL(qv[i][0], VLOAD(kj));                                           \
+                            for (int c = 1; c < V; c++) dot = VFMA(qv[i][c], VLOAD(kj + c * LANES), dot); \
+                        }                                                                              \
+                        dots[FOLDED(l)] = dot;                                                         \
+                    }                                                                                  \
                 vec sc = VTAIL(VMUL(fold(dots), VSET(scale)), n);                                      \
                 VSTORE(scores + i * padded + j0, sc);                                                  \
                 tops[i] = VMAX(tops[i], sc);                                                           \
