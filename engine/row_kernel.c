@@ -580,6 +580,8 @@ static inline vec vexp(vec x) {
  * an order of its own lanes only), the softmax's total is taken in slot order, and a value's weighted
  * sum runs slot by slot. `scores` holds QN
  * `padded` floats; q[i] and out[i] are head i's query and output. */
+/* v held in a register: the compiler would otherwise fold its load into each use */
+#define KEEP(v) __asm__("" : "+v"(v))
 #define ATTEND(QN, V)                                                                                  \
     static void attend_##QN##_##V(const float *const *q, const float *k, const float *v, long count,    \
                                   float scale, float *scores, long padded, float *const *out) {        \
@@ -630,7 +632,10 @@ static inline vec vexp(vec x) {
         }                                                                                              \
         for (long j = 0; j < count; j++) {                                                             \
             vec vv[V];                                                                                 \
-            for (int c = 0; c < V; c++) vv[c] = VLOAD(v + (j * V + c) * LANES);                        \
+            for (int c = 0; c < V; c++) {                                                              \
+                vv[c] = VLOAD(v + (j * V + c) * LANES);                                                \
+                KEEP(vv[c]); /* loaded once for the group's heads, not once a head */                  \
+            }                                                                                          \
             for (int i = 0; i < QN; i++) {                                                             \
                 vec p = VBCAST(scores + i * padded + j);                                               \
                 for (int c = 0; c < V; c++) acc[i][c] = VFMA(p, vv[c], acc[i][c]);                     \
