@@ -56,9 +56,9 @@ CARRIED = 8.0  # rounds' weight of an earlier session's acceptance in a new one 
 AFTERMATH = 3  # plain steps after a round that verified drafts charged to it (`RoundPlanner.aftermath`)
 NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said; measured again)
 # a cached curve whose one-token step runs this many times faster or slower now is measured again: the
-# machine's pace moved (a 2-core Xeon VM's step took 5.7 ms one day and 2.7 the next), and with it the
-# curve's shape (a step streaming the weights from L3 rather than memory makes more tokens dearer
-# beside it: 8 tokens 2.2x one instead of 1.7x), which the planner takes for sizes it has not measured
+# machine's pace moved (a 2-core Xeon VM's step took 5.7 ms, and 2.3 a few hours later), and with it
+# the curve's shape (a step streaming the weights from L3 rather than memory makes more tokens dearer
+# beside it: 8 tokens 2.3x one instead of 1.7x), which the planner takes for sizes it has not measured
 DRIFT = 1.4
 
 
@@ -714,8 +714,8 @@ class RoundPlanner:
             f"chosen per round: {shapes or 'nothing yet'}",
             "target forward for 1/2/4/8 tokens: "
             + "/".join(f"{self.verify_ms(n):.1f}" for n in (1, 2, 4, 8))
-            + f" ms (the machine's cost curve at this session's pace, x{self.scale:.2f},"
-            + " each size as this session measured it against that"
+            + f" ms (the machine's cost curve at this session's pace, x{self.scale:.2f}, corrected by"
+            + " what each size measured"
             + (f"; {self.curve.noisy_note}" if self.curve.noisy_note else "")
             + ")",
             f"drafter acceptance by depth: {drafts}",
