@@ -63,10 +63,10 @@ static inline float vsum(vec v) { return hsum16(v); }
 static inline float vtop(vec v) { return _mm512_reduce_max_ps(v); }
 /* Lanes n.. of v set to -inf. */
 #define VTAIL(v, n) _mm512_mask_mov_ps(v, (__mmask16)(0xFFFFu << (n)), _mm512_set1_ps(-INFINITY))
-/* The lane sums of 16 vectors in one: lane j of the result is the sum of d[FOLDED(j)]'s lanes, in a
- * fixed order (halves added, then their halves, ...) that depends on that vector alone: so a
- * score's bits do not depend on the slots beside it. Four adds and eight shuffles a score fewer
- * than a lane sum of its own. */
+/* The lane sums of 16 vectors in one: lane j of the result is the sum of d[FOLDED(j)]'s lanes, in
+ * the order `vsum` adds them (halves, then their halves, ...), which depends on that vector alone:
+ * a score's bits are those of its own lane sum, whatever slots are beside it. About 3 operations a
+ * score, where a lane sum of its own takes 8. */
 #define FOLDED(j) (4 * ((j) % 4) + (j) / 4)
 static inline vec fold(const vec *d) {
     vec a[8], b[4], c[2];
