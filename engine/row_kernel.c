@@ -594,24 +594,16 @@ static inline vec vexp(vec x) {
         for (long j0 = 0; j0 < count; j0 += LANES) {                                                   \
             int n = count - j0 < LANES ? (int)(count - j0) : LANES;                                    \
             for (int i = 0; i < QN; i++) {                                                             \
-                vec dots[LANES];                                                                       \
-                if (n == LANES) { /* unrolled, so that the dots stay in registers */                   \
-                    _Pragma("GCC unroll 16") for (int l = 0; l < LANES; l++) {                         \
-                        const float *kj = k + (j0 + l) * V * LANES;                                    \
-                        vec dot = VMUL(qv[i][0], VLOAD(kj));                                           \
+                vec dots[LANES]; /* unrolled, so that the dots stay in registers for the fold */       \
+                _Pragma("GCC unroll 16") for (int l = 0; l < LANES; l++) {                             \
+                    const float *kj = k + (j0 + l) * V * LANES;                                        \
+                    vec dot = VZERO();                                                                 \
+                    if (l < n) {                                                                       \
+                        dot = VMUL(qv[i][0], VLOAD(kj));                                               \
                         for (int c = 1; c < V; c++) dot = VFMA(qv[i][c], VLOAD(kj + c * LANES), dot);  \
-                        dots[FOLDED(l)] = dot;                                                         \
                     }                                                                                  \
-                } else                                                                                 \
-                    for (int l = 0; l < LANES; l++) {                                                  \
-                        const float *kj = k + (j0 + l) * V * LANES;                                    \
-                        vec dot = VZERO();                                                             \
-                        if (l < n) {                                                                   \
-                            dot = VMUL(qv[i][0], VLOAD(kj));                                           \
-                            for (int c = 1; c < V; c++) dot = VFMA(qv[i][c], VLOAD(kj + c * LANES), dot); \
-                        }                                                                              \
-                        dots[FOLDED(l)] = dot;                                                         \
-                    }                                                                                  \
+                    dots[FOLDED(l)] = dot;                                                             \
+                }                                                                                      \
                 vec sc = VTAIL(VMUL(fold(dots), VSET(scale)), n);                                      \
                 VSTORE(scores + i * padded + j0, sc);                                                  \
                 tops[i] = VMAX(tops[i], sc);                                                           \
