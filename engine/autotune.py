@@ -534,17 +534,26 @@ class RoundPlanner:
         whose first draft is refused (`refusal_share`) keeps one token for a draft and a plain step."""
         gained = acceptance.expected_tokens(k) + self.alternative_share(width)
         spent = k * draft_ms_per_token + self.verify_ms(k + width, width > 1) + self.aftermath_ms("model")
-        return self.refused(gained, spent, draft_ms_per_token)
+        return self.refused(self.refusal_terms(draft_ms_per_token), gained, spent)
 
     def refusal_share(self) -> float:
         """How often a round that planned drafts had its first draft refused (decayed; prior: never)."""
         return self.refusals / (self.planned_drafts + PRIOR)
 
-    def refused(self, gained: float, spent: float, draft_ms: float) -> float:
-        """Kept tokens per ms of a planned round that keeps `gained` for `spent` ms when its drafts
-        are verified, and one token for a draft and a plain step when its first is refused."""
+    def refusal_terms(self, draft_ms: float) -> tuple[float, float]:
+        """What refused first drafts (`refusal_share`) make of any planned round's rate, read once
+        for all the shapes a round weighs: the share r refused, and the ms spent besides (1 - r) of
+        the round's own cost (the overhead and, r of the time, a draft and a plain step)."""
         r = self.refusal_share()
-        return (r + (1 - r) * gained) / (self.overhead_ms + r * (draft_ms + self.verify_ms(1)) + (1 - r) * spent)
+        return r, self.overhead_ms + r * (draft_ms + self.verify_ms(1))
+
+    @staticmethod
+    def refused(terms: tuple[float, float], gained: float, spent: float) -> float:
+        """Kept tokens per ms of a planned round that keeps `gained` for `spent` ms when its drafts
+        are verified, and one token for a draft and a plain step when its first is refused
+        (`terms`: `refusal_terms`)."""
+        r, besides = terms
+        return (r + (1 - r) * gained) / (besides + (1 - r) * spent)
 
     def alternative_share(self, width: int) -> float:
         """How often the target's first token was the drafter's 2nd..width-th likeliest (decayed)."""
@@ -560,14 +569,12 @@ class RoundPlanner:
         chain = {n: self.verify_ms(n) for n in sizes}
         tree = {n: self.verify_ms(n, True) for n in sizes} if self.max_width > 1 else chain
         best, best_rate = (0, 1), expected[0] / (self.overhead_ms + self.plain_ms())
-        # `refused`, its terms that do not depend on the shape read once
-        r = self.refusal_share()
-        refused_ms = self.overhead_ms + r * (self.draft_ms_per_token + chain[1])
+        terms = self.refusal_terms(self.draft_ms_per_token)
         for k in range(1, self.max_k + 1):
             spent = k * self.draft_ms_per_token + self.aftermath_ms("model")
             for w in widths:
                 gained, cost = expected[k] + shares[w], spent + (tree[k + w] if w > 1 else chain[k + 1])
-                rate = (r + (1 - r) * gained) / (refused_ms + (1 - r) * cost)
+                rate = self.refused(terms, gained, cost)
                 if rate > best_rate:
                     best, best_rate = (k, w), rate
         return best, best_rate
