@@ -106,10 +106,7 @@ def measure_curve(
     own KV cache: every size once per pass (after a warm-up pass), the best of the passes kept, so
     a burst of other work on the machine spoils one pass, not one size. The curve records how far the
     passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
-    lm = CachedModel(model)
-    vocab = model.vocab_width if isinstance(model, LlamaCppModel) else input_embedding(model).num_embeddings
-    ids = [(7 * i + 3) % vocab for i in range(context + max(*tokens, STEPS))]
-    lm.forward(ids[:context], last_only=True)
+    lm, ids = _primed(model, context, max(*tokens, STEPS))
     runs: list[list[float]] = [[] for _ in tokens]
     for pass_no in range(passes + 1):
         for i, n in enumerate(tokens):
@@ -118,12 +115,9 @@ def measure_curve(
             starts = range(STEPS) if n == 1 else (0, 0, 0)
             for turn, j in enumerate(starts):
                 lm.crop(context + j)
-                synchronize(lm.device)
-                started = time.perf_counter()
-                lm.forward(ids[context + j : context + j + n])
-                synchronize(lm.device)
+                ms = _forward_ms(lm, ids[context + j : context + j + n])
                 if pass_no and (n == 1 or turn == len(starts) - 1):  # pass 0 warms every shape up
-                    runs[i].append((time.perf_counter() - started) * 1e3)
+                    runs[i].append(ms)
     best = [min(r) for r in runs]
     spread = max(sorted(r)[len(r) // 2] / b - 1.0 for r, b in zip(runs, best))
     device = lm.device
@@ -136,18 +130,27 @@ def measure_curve(
 def pace_of(model: PreTrainedModel | LlamaCppModel, curve: CostCurve, context: int = CURVE_CONTEXT) -> float:
     """This machine's one-token step now over `curve`'s: the best of STEPS steps in a row after
     `context` cached tokens, as `measure_curve` times them (a few tens of ms)."""
+    lm, ids = _primed(model, context, STEPS)
+    return min(_forward_ms(lm, ids[context + j : context + j + 1]) for j in range(STEPS)) / curve.ms(1)
+
+
+def _primed(model: PreTrainedModel | LlamaCppModel, context: int, more: int) -> tuple[CachedModel, list[int]]:
+    """The model on a KV cache of its own holding `context` tokens, and the ids to time after them
+    (`more` of them follow the cached ones)."""
     lm = CachedModel(model)
     vocab = model.vocab_width if isinstance(model, LlamaCppModel) else input_embedding(model).num_embeddings
-    ids = [(7 * i + 3) % vocab for i in range(context + STEPS)]
+    ids = [(7 * i + 3) % vocab for i in range(context + more)]
     lm.forward(ids[:context], last_only=True)
-    best = float("inf")
-    for j in range(STEPS):
-        synchronize(lm.device)
-        started = time.perf_counter()
-        lm.forward(ids[context + j : context + j + 1])
-        synchronize(lm.device)
-        best = min(best, (time.perf_counter() - started) * 1e3)
-    return best / curve.ms(1)
+    return lm, ids
+
+
+def _forward_ms(lm: CachedModel, ids: list[int]) -> float:
+    """Milliseconds of one forward over `ids` after what `lm` holds (device work included)."""
+    synchronize(lm.device)
+    started = time.perf_counter()
+    lm.forward(ids)
+    synchronize(lm.device)
+    return (time.perf_counter() - started) * 1e3
 
 
 def measure_draft_ms(
