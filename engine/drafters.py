@@ -82,6 +82,22 @@ class Proposal:
             self.dists = q
         return self.dists
 
+    @property
+    def _width(self) -> int:
+        """The vocabulary's width, where q is over it (a copy's without making its rows)."""
+        return self.width if self.dists is None else self.dists.shape[-1]
+
+    def q_of(self, tokens: list[int], row: int | None = None) -> list[float]:
+        """q of `tokens[i]` in row i (in `row`, for all of them, where given): for a copy, 1 where
+        the token is the copied one and 0 elsewhere, read without making its one-hot rows (a round's
+        events need these few values, not the rows)."""
+        if self.dists is None:
+            copied = self.tokens[: len(tokens)] if row is None else [self.tokens[row]] * len(tokens)
+            return [1.0 if token == draft else 0.0 for token, draft in zip(tokens, copied)]
+        device = self.dists.device
+        rows = torch.arange(len(tokens), device=device) if row is None else row
+        return self.dists[rows, torch.tensor(tokens, dtype=torch.long, device=device)].tolist()
+
     def rank(self, token: int) -> int:
         """Where `token` stands among the drafter's candidates for the first token, in the order
         `alternatives` offers them: 0 for tokens[0], then a copy's branches or a model drafter's
@@ -90,7 +106,7 @@ class Proposal:
         if token == self.tokens[0]:
             return 0
         if self.source:
-            return 1 + self.branches.index(token) if token in self.branches else self.q.shape[-1]
+            return 1 + self.branches.index(token) if token in self.branches else self._width
         q = self.q[0]
         if float(q[token]) <= 0:
             return self.q.shape[-1]

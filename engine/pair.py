@@ -112,16 +112,6 @@ class DrafterKind(str, Enum):
         and the target's texts, and leaves it as it is."""
         if self is DrafterKind.PROMPT_LOOKUP:
             return PromptLookupDrafter(device=pair.target.device)
-        model: Drafter | None = None  # the pair's draft model or feature head, whichever it loaded
-        draft, vocabulary = pair.draft, pair.vocabulary
-        if draft is not None and vocabulary is not None and not vocabulary.same:
-            model = CrossVocabularyDrafter(draft.model, vocabulary, name=draft.name, output_ids=draft.output_ids)
-        elif draft is not None:
-            model = DraftModelDrafter(draft.model, name=draft.name, output_ids=draft.output_ids)
-        elif pair.head is not None:
-            model = FeatureHeadDrafter(
-                pair.head.head, pair.local_target.model, name=pair.head.name, output_ids=pair.head.output_ids
-            )
         suffix = None
         if self in (DrafterKind.SUFFIX, DrafterKind.HYBRID):
             mine = history is None
@@ -133,8 +123,18 @@ class DrafterKind(str, Enum):
                 min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
                 device=pair.target.device,
             )
-            if self is DrafterKind.SUFFIX:
+            if self is DrafterKind.SUFFIX:  # it drafts with no model: none is made (a head's takes ~15 ms)
                 return suffix
+        model: Drafter | None = None  # the pair's draft model or feature head, whichever it loaded
+        draft, vocabulary = pair.draft, pair.vocabulary
+        if draft is not None and vocabulary is not None and not vocabulary.same:
+            model = CrossVocabularyDrafter(draft.model, vocabulary, name=draft.name, output_ids=draft.output_ids)
+        elif draft is not None:
+            model = DraftModelDrafter(draft.model, name=draft.name, output_ids=draft.output_ids)
+        elif pair.head is not None:
+            model = FeatureHeadDrafter(
+                pair.head.head, pair.local_target.model, name=pair.head.name, output_ids=pair.head.output_ids
+            )
         if model is None:
             raise SpecDeckError(f"The {self.label} drafter needs a draft model or a feature head, and none is loaded.")
         return HybridDrafter(model, suffix) if suffix is not None else model

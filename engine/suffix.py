@@ -168,7 +168,13 @@ class SuffixIndex:
                 child = option[1]
                 return (latest[child], count[child]) if recent else (count[child], latest[child])
 
-            top = heapq.nlargest(RANKED, ((token, child) for token, child in options.items() if token >= 0), key=order)
+            followers = [(token, child) for token, child in options.items() if token >= 0]
+            # a sort of a state's few continuations (most have one to three) costs less than a heap
+            # of them; both keep equal keys in the order given
+            if len(followers) > 4 * RANKED:
+                top = heapq.nlargest(RANKED, followers, key=order)
+            else:
+                top = sorted(followers, key=order, reverse=True)[:RANKED]
             known = self._ranked[(state, recent)] = ([(token, count[child]) for token, child in top], total)
         return known
 

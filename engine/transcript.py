@@ -90,10 +90,13 @@ class Verdict:
             p_kept = p[torch.arange(m + 1, device=p.device), torch.tensor(kept, device=p.device)].tolist()
         last = TokenState.PLAIN if not n else (TokenState.BONUS if beside or m == n else TokenState.RESAMPLED)
         drawn = accepted + (last is TokenState.RESAMPLED)  # tokens with a q: a resampled token has the refused draft's
-        q = draft.proposal.q
-        q_kept = q[torch.arange(drawn), torch.tensor(kept[:drawn], device=p.device)].tolist() if drawn else []
-        pieces = draft.proposal.pieces
-        refused = _refused_drafts(draft.tokens[m:], p[m:n], q[m:n], m + 1, pieces)  # the first refused, those after
+        proposal = draft.proposal
+        q_kept = proposal.q_of(kept[:drawn]) if drawn else []
+        pieces = proposal.pieces
+        # the first refused, those after
+        refused = _refused_drafts(
+            draft.tokens[m:], p[m:n], proposal.q_of(draft.tokens)[m:] if m < n else [], m + 1, pieces
+        )
         chance = None  # of a sampled alternative kept
         if draft.alternatives and (m == 0 or not config.greedy):
             alternatives, chance = _refused_alternatives(draft, m, kept[0], p[0], config)
@@ -104,16 +107,16 @@ class Verdict:
 
 
 def _refused_drafts(
-    tokens: list[int], p: torch.Tensor, q: torch.Tensor, depth: int, pieces: list[DraftPiece] | None = None
+    tokens: list[int], p: torch.Tensor, q: list[float], depth: int, pieces: list[DraftPiece] | None = None
 ) -> list[Refused]:
-    """A chain's refused drafts from `depth` on, with their p and q (one row of each per draft): the
-    first rejected, those after it discarded, never judged."""
+    """A chain's refused drafts from `depth` on, with their p (one row per draft) and q: the first
+    rejected, those after it discarded, never judged."""
     if not tokens:
         return []
     index = torch.tensor(tokens, device=p.device)
     rows = torch.arange(len(tokens), device=p.device)
     states = [TokenState.REJECTED] + [TokenState.DISCARDED] * (len(tokens) - 1)
-    figures = zip(tokens, p[rows, index].tolist(), q[rows, index].tolist(), states)
+    figures = zip(tokens, p[rows, index].tolist(), q, states)
     return [
         Refused(t, pv, qv, depth + i, state, pieces[depth + i - 1] if pieces else None)
         for i, (t, pv, qv, state) in enumerate(figures)
@@ -129,10 +132,11 @@ def _refused_alternatives(
     (`engine.decoding.verify`): tried in turn only after the first draft was refused; those tried
     before the kept one, or all if none was kept, rejected, with the chance each had against the
     residual; the rest never judged, discarded."""
-    alternatives, q = draft.alternatives, draft.proposal.q[0]
-    values = zip(alternatives, p[alternatives].tolist(), q[alternatives].tolist())
+    alternatives = draft.alternatives
+    values = zip(alternatives, p[alternatives].tolist(), draft.proposal.q_of(alternatives, row=0))
     if config.greedy:
         return [Refused(t, pv, qv, 1, TokenState.REJECTED) for t, pv, qv in values if t != first], None
+    q = draft.proposal.q[0]
     tried = 0 if m else (alternatives.index(first) if first in alternatives else len(alternatives))
     chances = alternative_chances(residual(p, q), alternatives)[0].tolist() if not m else []
     return [

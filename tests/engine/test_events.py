@@ -1,5 +1,6 @@
 """The event stream is the engine's contract with every front end."""
 
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -13,6 +14,7 @@ from specdeck.engine import (
     generate,
 )
 from specdeck.engine.detok import Detokenizer
+from specdeck.engine.drafters import PromptLookupDrafter, Proposal, one_hot
 
 
 def session(target, draft, **settings):
@@ -79,6 +81,35 @@ def test_drafts_stand_where_they_were_proposed_and_unjudged_ones_are_discarded(t
         assert all(e.acceptance_probability is None for e in drafts[r.accepted + 1 :])
         resampled = [e for e in mine if e.state.value == "resampled"]
         assert [e.pos for e in resampled] == [rejected.pos] and resampled[0].acceptance_probability is None
+
+
+def test_a_proposal_reads_q_of_its_tokens_as_its_rows_hold_it():
+    """The q a round's events show (`Proposal.q_of`) is the distribution's own value: a model
+    draft's rows, and a copy's one-hot rows, read without making them."""
+    dists = torch.softmax(torch.randn(3, 11, generator=torch.Generator().manual_seed(0)), -1)
+    drafted = Proposal([4, 2, 9], dists)
+    copied = one_hot([4, 2, 9], 11, torch.device("cpu"), source="prompt", match_length=3)
+    for proposal in (drafted, copied):
+        for tokens in ([4, 2, 9], [4, 7], [1, 2, 9], []):
+            rows = proposal.q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)]
+            assert proposal.q_of(tokens) == rows.tolist()
+        assert proposal.q_of([4, 5, 9, 4], row=0) == proposal.q[0, [4, 5, 9, 4]].tolist()
+        assert proposal.q_of([2, 9], row=1) == proposal.q[1, [2, 9]].tolist()
+
+
+def test_copied_drafts_show_q_one_and_the_token_replacing_one_q_zero(tiny_llama):
+    """Prompt lookup's drafts are one-hot: each copied draft, kept or refused, shows q = 1, and the
+    target's token in place of a refused copy shows q = 0 (the copy gave it no probability)."""
+    target, _ = tiny_llama
+    ids = encode_prompt(target.tokenizer, "one two three four one two three four one two three", chat=False)
+    config = DecodeConfig(k=4, schedule="constant", max_new_tokens=40)
+    events = list(generate(target, ids, config, PromptLookupDrafter(max_ngram=2)))
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    copied = [e for e in tokens if e.depth]
+    assert copied and any(e.state.value == "rejected" for e in copied), "the prompt gives copies, some refused"
+    assert all(e.q == 1.0 for e in copied)
+    replacing = [e for e in tokens if e.state.value == "resampled"]
+    assert replacing and all(e.q == 0.0 for e in replacing)
 
 
 def test_plain_decoding_scores_one_token_per_forward(tiny_llama):
