@@ -91,7 +91,7 @@ class Verdict:
         last = TokenState.PLAIN if not n else (TokenState.BONUS if beside or m == n else TokenState.RESAMPLED)
         drawn = accepted + (last is TokenState.RESAMPLED)  # tokens with a q: a resampled token has the refused draft's
         proposal = draft.proposal
-        q_kept = proposal.q_of(kept[:drawn]) if drawn else []
+        q_kept: list[float | None] = [*proposal.q_of(kept[:drawn])] if drawn else []
         pieces = proposal.pieces
         # the first refused, those after
         refused = _refused_drafts(
