@@ -58,7 +58,8 @@ class Proposal:
     tokens: list[int]
     # (len(tokens), vocab_width): the distribution each token was drawn from (`q`); None for drafts
     # copied from text, one-hot on each, which `q` makes when first read (a copy is judged first,
-    # and many are left unverified: `engine.rounds.Drafts`)
+    # and many are left unverified: `engine.rounds.Drafts`). With `columns`, (len(tokens),
+    # len(columns)): q over those ids alone, 0 elsewhere
     dists: torch.Tensor | None
     # drafts copied from text: where from ("prompt": this request's text; "session": an earlier
     # answer since SpecDeck started; "texts": the target's own texts; "past": a past session's), and
@@ -70,8 +71,12 @@ class Proposal:
     branches: list[int] = field(default_factory=list)
     pieces: list[DraftPiece] | None = None  # per token, from a draft with a tokenizer of its own
     draft_tokens: int | None = None  # the tokens that draft wrote, in its own tokenizer
-    width: int = 0  # a copy's vocabulary width and device, for its one-hot q
+    width: int = 0  # the vocabulary's width and the device, for a copy's one-hot q or a cut q widened
     device: torch.device | None = None
+    # the token ids, increasing, that the columns of `dists` stand for (a drafter's cut output layer,
+    # a sixth of the vocabulary): q is widened to every id only where it is read whole (a sampled
+    # verify, a tree); a greedy round reads a few of its values (`q_of`, `rank`)
+    columns: torch.Tensor | None = None
 
     @property
     def q(self) -> torch.Tensor:
@@ -80,23 +85,36 @@ class Proposal:
             q = torch.zeros(len(self.tokens), self.width, device=self.device)
             q[torch.arange(len(self.tokens)), torch.tensor(self.tokens, dtype=torch.long)] = 1.0
             self.dists = q
+        elif self.columns is not None:
+            self.dists, self.columns = _widened(self.dists, self.columns, self.width), None
         return self.dists
 
     @property
     def _width(self) -> int:
-        """The vocabulary's width, where q is over it (a copy's without making its rows)."""
-        return self.width if self.dists is None else self.dists.shape[-1]
+        """The vocabulary's width, where q is over it (a copy's or a cut q's without making its rows)."""
+        return self.width if self.dists is None or self.columns is not None else self.dists.shape[-1]
+
+    def _at(self, tokens: list[int]) -> tuple[torch.Tensor, list[bool]]:
+        """The columns of `dists` that hold q of `tokens`, and whether each token has one (a cut q is 0
+        for an id outside its columns, which stands at column 0 here)."""
+        if self.columns is None:
+            return torch.tensor(tokens, dtype=torch.long, device=self.dists.device), [True] * len(tokens)  # type: ignore[union-attr]
+        wanted = torch.tensor(tokens, dtype=torch.long, device=self.columns.device)
+        at = torch.searchsorted(self.columns, wanted).clamp_(max=len(self.columns) - 1)
+        return at, (self.columns[at] == wanted).tolist()
 
     def q_of(self, tokens: list[int], row: int | None = None) -> list[float]:
         """q of `tokens[i]` in row i (in `row`, for all of them, where given): for a copy, 1 where
         the token is the copied one and 0 elsewhere, read without making its one-hot rows (a round's
-        events need these few values, not the rows)."""
+        events need these few values, not the rows); for a cut q, without widening it."""
         if self.dists is None:
             copied = self.tokens[: len(tokens)] if row is None else [self.tokens[row]] * len(tokens)
             return [1.0 if token == draft else 0.0 for token, draft in zip(tokens, copied)]
-        device = self.dists.device
-        rows = torch.arange(len(tokens), device=device) if row is None else row
-        return self.dists[rows, torch.tensor(tokens, dtype=torch.long, device=device)].tolist()
+        if not tokens:
+            return []
+        at, held = self._at(tokens)
+        rows = torch.arange(len(tokens), device=self.dists.device) if row is None else row
+        return [value if inside else 0.0 for value, inside in zip(self.dists[rows, at].tolist(), held)]
 
     def rank(self, token: int) -> int:
         """Where `token` stands among the drafter's candidates for the first token, in the order
@@ -107,11 +125,12 @@ class Proposal:
             return 0
         if self.source:
             return 1 + self.branches.index(token) if token in self.branches else self._width
-        q = self.q[0]
-        if float(q[token]) <= 0:
-            return self.q.shape[-1]
-        above = int((q > q[token]).sum())  # the first draft is drawn (sampled), so it may stand below
-        return above + int(bool(q[self.tokens[0]] <= q[token]))
+        q = self.dists[0]  # type: ignore[index]
+        (theirs, first), (held, _) = self._at([token, self.tokens[0]])
+        if not held or float(q[theirs]) <= 0:
+            return self._width
+        above = int((q > q[theirs]).sum())  # the first draft is drawn (sampled), so it may stand below
+        return above + int(bool(q[first] <= q[theirs]))
 
     def head(self, n: int) -> Proposal:
         """The first n drafts of this proposal (a copy verified only as far as it pays)."""
@@ -166,12 +185,18 @@ class _Chain:
         self.open = True  # whether one more draft is worth its cost (see `floors`)
         self.tokens: list[int] = []
         self.dists: list[torch.Tensor] = []
+        self.ids: torch.Tensor | None = None  # the ids q is over (a cut output layer), None: all
 
     def draw(self, q: torch.Tensor, ids: torch.Tensor | None = None, width: int = 0) -> int | None:
         """The next draft, drawn from q; None where the chain stops before it. With `ids`, q is over
         those token ids only (a drafter's cut output layer; 0 elsewhere in the `width` ids)."""
-        token = int(sample(q, self.generator, self.config.greedy))
-        top = float(q.max())
+        if self.config.greedy and q.device.type == "cpu" and q.dtype == torch.float32:
+            values = q.numpy()  # one argmax, its value the top: numpy's, as `sample` takes it
+            token = int(values.argmax())
+            top = float(values[token])
+        else:
+            token = int(sample(q, self.generator, self.config.greedy))
+            top = float(q.max())
         threshold = self.config.confidence_threshold
         if self.tokens and threshold and top < threshold:
             return None
@@ -182,7 +207,8 @@ class _Chain:
             if mass < self.floors[0]:
                 return None
         if ids is not None:
-            token, q = int(ids[token]), _widened(q, ids, width)
+            token = int(ids[token])
+        self.ids = ids
         self.tokens.append(token)
         self.dists.append(q)
         self.reach *= top
@@ -191,16 +217,20 @@ class _Chain:
         return token
 
     def proposal(self, vocab_width: int, device: torch.device) -> Proposal:
-        return Proposal(self.tokens, torch.stack(self.dists)) if self.tokens else Proposal.none(vocab_width, device)
+        if not self.tokens:
+            return Proposal.none(vocab_width, device)
+        # q over a cut output layer's ids stays cut (`Proposal.columns`) until read whole
+        return Proposal(self.tokens, torch.stack(self.dists), width=vocab_width, device=device, columns=self.ids)
 
 
 def _widened(q: torch.Tensor, ids: torch.Tensor, width: int) -> torch.Tensor:
-    """q over the token ids `ids` as a distribution over all `width` ids (0 elsewhere); on the CPU
-    through numpy, whose fancy assignment takes a third of torch's index_copy over 49,152 ids."""
+    """q (..., len(ids)) over the token ids `ids` as distributions over all `width` ids (0
+    elsewhere); on the CPU through numpy, whose fancy assignment takes a third of torch's index_copy
+    over 49,152 ids."""
     if q.device.type != "cpu" or q.dtype != torch.float32:
-        return q.new_zeros(width).index_copy_(0, ids, q)
-    out = np.zeros(width, np.float32)
-    out[ids.numpy()] = q.numpy()
+        return q.new_zeros(*q.shape[:-1], width).index_copy_(q.dim() - 1, ids, q)
+    out = np.zeros((*q.shape[:-1], width), np.float32)
+    out[..., ids.numpy()] = q.numpy()
     return torch.from_numpy(out)
 
 

@@ -84,17 +84,31 @@ def test_drafts_stand_where_they_were_proposed_and_unjudged_ones_are_discarded(t
 
 
 def test_a_proposal_reads_q_of_its_tokens_as_its_rows_hold_it():
-    """The q a round's events show (`Proposal.q_of`) is the distribution's own value: a model
-    draft's rows, and a copy's one-hot rows, read without making them."""
-    dists = torch.softmax(torch.randn(3, 11, generator=torch.Generator().manual_seed(0)), -1)
-    drafted = Proposal([4, 2, 9], dists)
-    copied = one_hot([4, 2, 9], 11, torch.device("cpu"), source="prompt", match_length=3)
-    for proposal in (drafted, copied):
-        for tokens in ([4, 2, 9], [4, 7], [1, 2, 9], []):
-            rows = proposal.q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)]
+    """The q a round's events show (`Proposal.q_of`) and the rank of the target's token (`rank`)
+    are the distribution's own: a model draft's rows, a copy's one-hot rows and a cut output
+    layer's rows over some ids (0 elsewhere), the last two read without making the whole rows."""
+    generator = torch.Generator().manual_seed(0)
+    dists = torch.softmax(torch.randn(3, 11, generator=generator), -1)
+    columns = torch.tensor([1, 2, 4, 7, 9])
+    cut = torch.softmax(torch.randn(3, 5, generator=generator), -1)
+    whole = torch.zeros(3, 11).index_copy_(1, columns, cut)
+    drafts = [4, 2, 9]
+    proposals = {
+        "drafted": (Proposal(drafts, dists), dists),
+        "copied": (one_hot(drafts, 11, torch.device("cpu"), source="prompt", match_length=3), None),
+        "cut": (Proposal(drafts, cut, width=11, columns=columns), whole),
+    }
+    for proposal, q in proposals.values():
+        q = proposal.q if q is None else q
+        for tokens in ([4, 2, 9], [4, 7], [1, 2, 9], [0, 10, 3], []):
+            rows = q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)]
             assert proposal.q_of(tokens) == rows.tolist()
-        assert proposal.q_of([4, 5, 9, 4], row=0) == proposal.q[0, [4, 5, 9, 4]].tolist()
-        assert proposal.q_of([2, 9], row=1) == proposal.q[1, [2, 9]].tolist()
+        for row in (0, 1):
+            assert proposal.q_of([4, 5, 9, 4, 0], row=row) == q[row, [4, 5, 9, 4, 0]].tolist()
+    cut, _ = proposals["cut"]
+    full = Proposal(drafts, whole.clone())
+    assert [cut.rank(t) for t in range(11)] == [full.rank(t) for t in range(11)]
+    assert torch.equal(cut.q, whole) and cut.columns is None  # read whole, it is widened once
 
 
 def test_copied_drafts_show_q_one_and_the_token_replacing_one_q_zero(tiny_llama):
