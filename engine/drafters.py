@@ -549,11 +549,16 @@ class PromptLookupDrafter(Drafter):
         self._text: list[int] = []  # the text indexed so far
         self._starts: list[dict[tuple[int, ...], list[int]]] = []  # by n - 1: n-gram -> its starts, ascending
 
+    def begin(self, prompt_ids, config, vocab_width, generator) -> None:
+        super().begin(prompt_ids, config, vocab_width, generator)
+        self._starts, self._text = [], []  # a new text: indexed afresh at the first lookup
+
     def _index(self, ids: list[int]) -> None:
         """Index every n-gram of `ids` that ends before its last token: from where the text indexed
-        before left off where `ids` goes on from it, else from the start."""
+        before left off where `ids` goes on from it (within a session the kept tokens only grow: the
+        last token indexed is checked, not the whole text again every round), else from the start."""
         done = len(self._text)
-        if not self._starts or done > len(ids) or ids[:done] != self._text:
+        if not self._starts or done > len(ids) or (done and ids[done - 1] != self._text[-1]):
             self._starts = [{} for _ in range(self.max_ngram)]
             self._text, done = [], 0
         for n, starts in enumerate(self._starts, start=1):
