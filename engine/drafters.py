@@ -33,7 +33,7 @@ from specdeck.engine.hf_parts import input_embedding
 from specdeck.engine.kvcache import CachedModel, backend_for
 from specdeck.engine.lean_weights import output_weight
 from specdeck.engine.linear import Linear, PathChoice, bfloat16_pays, make_linear
-from specdeck.engine.llama_forward import output_layer, supports
+from specdeck.engine.llama_forward import LlamaForward, output_layer, supports
 from specdeck.engine.llamacpp_backend import LlamaCppModel, matrices_of
 from specdeck.engine.row_kernel import QuantizedLinear
 from specdeck.engine.sampling import logits_to_probs, sample
@@ -431,6 +431,8 @@ class FeatureHeadDrafter(Drafter):
         self.dtype = next(head.parameters()).dtype
         self.feature_layers = head.feature_layers
         self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
+        if isinstance(self._body, LlamaForward):
+            self._body.fused_first_chunk = True  # its first pairs after a prompt in one kernel call too
         # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
         if rows is None or self._output_ids is None:
             self._output = output_layer(matrices)

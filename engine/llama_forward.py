@@ -201,6 +201,10 @@ class LlamaForward:
         # steps and verifies (chains after cached positions) through all layers in one row kernel call
         self.fused_unavailable = FusedLayers.unavailable(self)
         self.fused = FusedLayers(self) if self.fused_unavailable is None else None
+        # a first chunk (nothing cached) of up to the fused layers' bound through them too: a
+        # drafter's, whose bits change drafts, never the text (a feature head's first 32 pairs after
+        # a prompt, 2-core Xeon: 0.78 ms there against 1.02 eager). A target's first chunk stays eager.
+        self.fused_first_chunk = False
 
     @property
     def supports_trees(self) -> bool:
@@ -269,7 +273,7 @@ class LlamaForward:
         # takes one fused call. On the fused layers, every row is computed alone up to their bound (a
         # feature head's 32 pairs after a run of plain steps: 1.3 ms there against 1.8 eager).
         rowwise = start > 0 and n <= ROW_BY_ROW_LIMIT
-        if start > 0 and n <= FUSED_LIMIT and paths is None and self.fused is not None:
+        if (start > 0 or self.fused_first_chunk) and n <= FUSED_LIMIT and paths is None and self.fused is not None:
             cache.reserve(start + n)
             x, self.tapped = self.fused.run(inputs, cos, sin, cache, start, self.taps)
             cache.length = start + n
