@@ -190,13 +190,8 @@ class _Chain:
     def draw(self, q: torch.Tensor, ids: torch.Tensor | None = None, width: int = 0) -> int | None:
         """The next draft, drawn from q; None where the chain stops before it. With `ids`, q is over
         those token ids only (a drafter's cut output layer; 0 elsewhere in the `width` ids)."""
-        if self.config.greedy and q.device.type == "cpu" and q.dtype == torch.float32:
-            values = q.numpy()  # one argmax, its value the top: numpy's, as `sample` takes it
-            token = int(values.argmax())
-            top = float(values[token])
-        else:
-            token = int(sample(q, self.generator, self.config.greedy))
-            top = float(q.max())
+        token = int(sample(q, self.generator, self.config.greedy))
+        top = float(q[token]) if self.config.greedy else float(q.max())  # greedy: the argmax is the top
         threshold = self.config.confidence_threshold
         if self.tokens and threshold and top < threshold:
             return None
