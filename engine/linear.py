@@ -241,7 +241,10 @@ def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
         else:
             candidates[path] = found
     if not candidates:
-        return PathChoice("dense", f"SPECDECK_LINEAR={forced}, but {refused[0]}" if forced else "; ".join(refused))
+        if forced:
+            return PathChoice("dense", f"SPECDECK_LINEAR={forced}, but {refused[0]}")
+        off_cpu = largest.device.type != "cpu"  # one reason for both paths, said once
+        return PathChoice("dense", f"the weights are on {largest.device.type}" if off_cpu else "; ".join(refused))
     dense_ms = _memo(largest, "dense timing", lambda: _time_rows(DenseLinear(largest), largest))
     path = min(candidates, key=lambda name: candidates[name][0])
     timings = ", ".join(f"{_NAMES[name]} {ms:.2f} ms" for name, (ms, _) in candidates.items())
@@ -278,7 +281,7 @@ def _onednn_candidate(
     least (measured, `min_rows`), or why not."""
     missing = next((reason for reason in map(packed_available, weights) if reason), None)
     if missing:
-        return missing
+        return f"no oneDNN packed product: {missing}"
     if not timed:
         return 0.0, MIN_ROWS
     rows = min_rows(largest)

@@ -84,6 +84,14 @@ def test_without_the_row_kernel_the_products_choose_another_path(monkeypatch, tm
     assert row_kernel.attention_unavailable(torch.float32, torch.device("cpu"), 64) == reason
 
 
+def test_weights_off_the_cpu_take_f_linear_and_say_why_once(monkeypatch):
+    """A GPU's weights take `F.linear`; the report's reason says where the weights are, once (both
+    packed paths refuse for that one reason)."""
+    monkeypatch.setattr(linear, "_MEASURED", {})
+    choice = linear.choose_path([torch.empty(64, 32, device="meta")])
+    assert (choice.path, choice.reason) == ("dense", "the weights are on meta")
+
+
 @pytest.mark.skipif(packed_available(torch.zeros(2, 2)) is not None, reason="this torch has no oneDNN packed linear")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 4])
