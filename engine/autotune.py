@@ -58,6 +58,11 @@ MAX_WIDTH = 4  # candidates for a round's first token, at most
 DEEPER = 2  # drafts a confident chain may go past the planned K (`RoundPlanner.with_floors`)
 CARRIED = 8.0  # rounds' weight of an earlier session's acceptance in a new one (`RoundPlanner.carry_over`)
 AFTERMATH = 3  # plain steps after a round that verified drafts charged to it (`RoundPlanner.aftermath`)
+# a round measured this many times what the planner expects was held up by something else (the
+# collector, a graph capture, another process): it moves an estimate as if it took this many times,
+# and a step that slow is no drafts' aftermath. One such step once stood as the aftermath of a
+# feature head's drafts at 8 ms (a step took 6) on an H100: drafting never paid again that process
+HELD_UP = 2.0
 NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said; measured again)
 # a cached curve whose one-token step runs this many times faster or slower now is measured again: the
 # machine's pace moved (a 2-core Xeon VM's step took 5.7 ms, and 2.3 a few hours later), and with it
@@ -458,7 +463,11 @@ class RoundPlanner:
         self.copies = CopyAcceptance()
         self.planned_rate = 0.0  # kept tokens per ms of the round `plan` chose, which a copy must beat
         self.draft_ms_per_token = draft_ms_per_token
+        # the loop's own time per round beside the draft and the verify, for plain steps and for
+        # rounds that verify drafts apart: these judge drafts and build more events (on the Xeon
+        # 0.18 ms against 0.08; priced alike, drafts looked 0.1 ms cheaper than they were)
         self.overhead_ms = 0.0
+        self.drafted_overhead_ms = 0.0
         # the curve at every verify size a round may plan (read for each shape weighed, every round)
         self._curve_ms = [curve.ms(n) for n in range(self.max_k + max_width + DEEPER + 2)]
         self.scale = 1.0  # the session's verify times over the curve's: the machine's pace now
@@ -502,7 +511,7 @@ class RoundPlanner:
 
     def aftermath_ms(self, kind: str) -> float:
         """What a round of this kind ("model", "copy") costs the plain steps after it (0 until measured)."""
-        return self.aftermath.get(kind, 0.0)
+        return max(0.0, self.aftermath.get(kind, 0.0))
 
     def _note_aftermath(self, drafted: int, copied: bool, verify_ms: float) -> None:
         """Follow the plain steps after each round that verified drafts (see `aftermath`)."""
@@ -511,9 +520,14 @@ class RoundPlanner:
             self._since_drafts, self._last_kind, self._excess = 0, "copy" if copied else "model", 0.0
             return
         if self._since_drafts >= AFTERMATH:
-            self.clean_ms = verify_ms if self.clean_ms is None else 0.8 * self.clean_ms + 0.2 * verify_ms
+            if self.clean_ms is None:
+                self.clean_ms = verify_ms
+            elif verify_ms < HELD_UP * self.clean_ms:
+                self.clean_ms = 0.8 * self.clean_ms + 0.2 * verify_ms
             return
         baseline = self.clean_ms if self.clean_ms is not None else self.plain_ms()
+        if verify_ms >= HELD_UP * baseline:
+            self._last_kind = ""  # held up by something else: this round's aftermath is not measured
         self._excess += verify_ms - baseline
         self._since_drafts += 1
         if self._since_drafts == AFTERMATH:
@@ -523,17 +537,23 @@ class RoundPlanner:
         """The last drafting round's aftermath, once its plain steps are measured, into its kind's."""
         if self._last_kind and self._since_drafts and self.clean_ms is not None:
             share = self._excess * AFTERMATH / self._since_drafts  # as if all AFTERMATH steps were plain
-            earlier = self.aftermath.get(self._last_kind, share)
-            self.aftermath[self._last_kind] = max(0.0, 0.8 * earlier + 0.2 * share)
+            # from none: a first share weighs no more than a later one. Kept unclipped, read clipped
+            # at 0 (`aftermath_ms`), so that steps measured a little fast after drafts count too
+            self.aftermath[self._last_kind] = 0.8 * self.aftermath.get(self._last_kind, 0.0) + 0.2 * share
         self._last_kind = ""
 
     def plain_ms(self) -> float:
-        """A plain step's forward, as drafting is weighed against it: the session's, or the curve's
-        where that is less. Drafting slows the steps beside it (the drafter's weights and a verify's
+        """A plain step's forward, as drafting is weighed against it: the session's one-token forward
+        or, where less, the clean steps' (`clean_ms`: those AFTERMATH rounds or more after drafts),
+        else the curve's. Drafting slows the steps beside it (the drafter's weights and a verify's
         wider forward push the target's out of the caches: on a 2-core Xeon a step after drafts
         took 8.6 ms against plain decoding's 7.2), so steps measured among drafts overstate what
-        not drafting costs, and drafting is chosen only where it beats steps that are not slowed."""
-        return min(self.verify_ms(1), self.curve.ms(1))
+        not drafting costs; what they add is charged to the drafts (`aftermath_ms`). The curve,
+        measured at load, stands in only until clean steps are measured: in the decoding loop a
+        step may cost more than it said (on an H100 5.85 ms at load, 6.0-6.1 in the loop), and
+        weighing drafts against it made them look dearer than they were."""
+        reference = self.clean_ms if self.clean_ms is not None else self.curve.ms(1)
+        return min(self.verify_ms(1), reference)
 
     def rate(self, acceptance: DepthAcceptance, k: int, draft_ms_per_token: float, width: int = 1) -> float:
         """Expected kept tokens per ms for a round of k >= 1 drafts and `width` candidates for the
@@ -552,7 +572,7 @@ class RoundPlanner:
         for all the shapes a round weighs: the share r refused, and the ms spent besides (1 - r) of
         the round's own cost (the overhead and, r of the time, a draft and a plain step)."""
         r = self.refusal_share()
-        return r, self.overhead_ms + r * (draft_ms + self.verify_ms(1))
+        return r, r * (self.overhead_ms + draft_ms + self.verify_ms(1)) + (1 - r) * self.drafted_overhead_ms
 
     @staticmethod
     def refused(terms: tuple[float, float], gained: float, spent: float) -> float:
@@ -598,7 +618,7 @@ class RoundPlanner:
         expected = self.copies.expected(own, match, longest)
         after = self.aftermath_ms("copy")
         for n in range(1, longest + 1):
-            rate = expected[n] / (self.overhead_ms + self.verify_ms(n + 1) + after)
+            rate = expected[n] / (self.drafted_overhead_ms + self.verify_ms(n + 1) + after)
             if rate > best_rate:
                 best, best_rate = n, rate
         return best
@@ -652,7 +672,8 @@ class RoundPlanner:
         share of the step. It is drafted already when it is weighed, so its drafting cost is spent,
         and what it keeps must make up for that share."""
         step = self.overhead_ms + self.verify_ms(1)
-        return max(0.0, (self.verify_ms(width + 1, width > 1) - self.verify_ms(1)) / step)
+        verified = self.drafted_overhead_ms + self.verify_ms(width + 1, width > 1)
+        return max(0.0, (verified - step) / step)
 
     def record(
         self,
@@ -688,18 +709,25 @@ class RoundPlanner:
             return
         self._note_aftermath(drafted + alternatives, copied, verify_ms)
         n, tree = drafted + alternatives + 1, alternatives > 0
-        # a size's first measurement also moves from the curve's estimate, not to it: one verify slowed
-        # by other work on the machine would otherwise stand until that size is chosen again
+        # a size's first measurement also moves from the curve's estimate, not to it, and a verify held
+        # up by other work (`HELD_UP`) counts as if it took twice the estimate: a size measured slow
+        # once would otherwise stand until it is chosen again, and it is not chosen while it stands
         estimate = self.verify_ms(n, tree)
+        held = min(verify_ms, HELD_UP * estimate)
         if tree:
-            self.tree_scale = 0.8 * self.tree_scale + 0.2 * (verify_ms / self.verify_ms(n))
+            self.tree_scale = 0.8 * self.tree_scale + 0.2 * (held / self.verify_ms(n))
         else:  # the curve is a chain's
-            self.scale = 0.8 * self.scale + 0.2 * (verify_ms / self.curve.ms(n))
+            self.scale = 0.8 * self.scale + 0.2 * (held / self.curve.ms(n))
         paced = self.curve.ms(n) * self.scale
-        self.shapes[n, tree] = (0.7 * estimate + 0.3 * verify_ms) / paced
-        self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * max(0.0, round_ms - draft_ms - verify_ms)
+        self.shapes[n, tree] = (0.7 * estimate + 0.3 * held) / paced
+        other = max(0.0, round_ms - draft_ms - verify_ms)
+        if drafted:
+            self.drafted_overhead_ms = 0.8 * self.drafted_overhead_ms + 0.2 * other
+        else:
+            self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * other
         if shape.k and not copied and draft_ms > 0.0:  # a refused first draft was drafted too
-            self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * draft_ms / max(drafted, 1)
+            per_token = min(draft_ms / max(drafted, 1), HELD_UP * self.draft_ms_per_token)
+            self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * per_token
 
     def carry_over(self, earlier: RoundPlanner) -> None:
         """Start from what an earlier session of the same drafter measured (acceptance by depth, the
