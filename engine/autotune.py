@@ -763,10 +763,11 @@ class RoundPlanner:
             f"drafter acceptance by depth: {drafts}",
         ]
         lines.append(f"draft cost {self.draft_ms_per_token:.1f} ms per token")
+        lines.append(f"a plain step weighed at {self.plain_ms():.1f} ms")
         if self.aftermath:
             lines.append(
                 "cost to the plain steps after: "
-                + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in sorted(self.aftermath.items()))
+                + ", ".join(f"{kind} {self.aftermath_ms(kind):.1f} ms" for kind in sorted(self.aftermath))
             )
         if self.planned_drafts:
             lines.append(f"first drafts under their floor (not verified): {self.refusal_share():.2f}")

@@ -493,6 +493,7 @@ def test_drafts_are_weighed_against_the_plain_steps_of_the_loop_not_the_curve_at
     for i in range(40):
         planner.record(autotune.Shape(0, 1), False, 1, int(i % 4 == 0), 1.0, 6.0, 7.0)
     assert planner.plain_ms() == pytest.approx(6.0, abs=0.05)
+    assert "a plain step weighed at 6.0 ms" in planner.describe()
     (k, _), _ = planner.best_k()
     assert k == 1, planner.describe()
 
