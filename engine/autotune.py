@@ -726,7 +726,9 @@ class RoundPlanner:
         else:
             self.overhead_ms = 0.8 * self.overhead_ms + 0.2 * other
         if shape.k and not copied and draft_ms > 0.0:  # a refused first draft was drafted too
-            per_token = min(draft_ms / max(drafted, 1), HELD_UP * self.draft_ms_per_token)
+            per_token = draft_ms / max(drafted, 1)
+            if self.draft_ms_per_token > 0.0:  # (an estimate of none is not held to)
+                per_token = min(per_token, HELD_UP * self.draft_ms_per_token)
             self.draft_ms_per_token = 0.8 * self.draft_ms_per_token + 0.2 * per_token
 
     def carry_over(self, earlier: RoundPlanner) -> None:

@@ -481,6 +481,16 @@ def test_one_round_held_up_by_something_else_does_not_stop_drafting_that_pays(wh
     assert k == 1, planner.describe()
 
 
+def test_a_draft_cost_measured_as_none_at_load_is_learned_in_the_loop():
+    """Where the cost at load came out as 0 ms a draft, the rounds' own 2 ms are learned all the
+    same: a slow round is held to twice the estimate, and twice none is no bound."""
+    curve = CostCurve((1, 2, 4, 8, 16), (10.0, 12.0, 16.0, 24.0, 40.0))
+    planner = RoundPlanner(curve, 0.0, max_k=1, max_copy=0, adapt=True)
+    for _ in range(30):
+        planner.record(autotune.Shape(0, 1), False, 1, 1, 2.0, 12.0, 14.0)
+    assert planner.draft_ms_per_token == pytest.approx(2.0, abs=0.1)
+
+
 def test_drafts_are_weighed_against_the_plain_steps_of_the_loop_not_the_curve_at_load():
     """A flat curve measured at load says a step costs 5 ms; in the decoding loop steps and verifies
     take 6 (as on an H100: 5.85 at load, 6.0-6.1 in the loop). A drafter at 1 ms a draft, accepted
