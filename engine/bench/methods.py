@@ -81,6 +81,7 @@ class Run:
     shapes: dict[str, int] = field(default_factory=dict)  # rounds per shape ("K=2", "copy 3", "none")
     kinds: dict[str, RoundTotals] = field(default_factory=dict)  # each kind of round's totals (`round_kind`)
     remote: RemoteTotals = field(default_factory=RemoteTotals)  # a served target's request times
+    plan: str = ""  # the auto schedule's account of what it weighed (`SummaryEvent.plan`)
 
     @property
     def new_tokens(self) -> int:
@@ -130,6 +131,7 @@ def run_specdeck(
         shapes,
         kinds,
         remote,
+        summary.plan,
     )
 
 

@@ -246,6 +246,19 @@ def round_time_rows(results: list[PromptResult], methods: list[Method]) -> list[
     return rows
 
 
+def plan_lines(results: list[PromptResult], methods: list[Method]) -> list[str]:
+    """What each auto method's planner weighed after its last session of the run (its estimates
+    carry from session to session): the costs and acceptance each round's shape was chosen from."""
+    lines = []
+    for method in (m for m in methods if m.name == "speculative" and m.auto):
+        last = next((r.runs[method][-1].plan for r in reversed(results) if r.runs.get(method)), "")
+        if last:
+            lines += [f"- {method.shown_drafter}:", *(f"  - {part}" for part in last.split("; ")), ""]
+    if not lines:
+        return []
+    return ["", "## What the auto schedule weighed (after the last prompt)", "", *lines[:-1]]
+
+
 def shape_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]:
     """How often each round shape ran, per speculative method (median-time runs, all prompts)."""
     rows = []
@@ -450,6 +463,7 @@ def write_report(
         "auto schedule takes where drafting would not pay.",
         "",
         markdown_table(shape_rows(results, methods), ("method", "k", "drafter", "shapes")),
+        *plan_lines(results, methods),
         "",
         "## What each kind of round kept and cost",
         "",

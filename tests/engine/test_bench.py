@@ -14,7 +14,7 @@ from specdeck.cli.main import main
 from specdeck.engine import row_kernel
 from specdeck.engine.bench.prompts import read_prompts, sample_prompts
 from specdeck.engine.bench.report import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
-from specdeck.engine.bench.runner import BenchSettings
+from specdeck.engine.bench.runner import AUTO_K, BenchSettings
 from specdeck.engine.bench.service import run_and_write
 from specdeck.engine.bench.sweep import parse_drafters, parse_lookups
 from specdeck.engine.config import DecodeConfig
@@ -48,7 +48,7 @@ def _read(path):
 def _run(pairs, prompts_path, out, ks=(2,), baselines=("plain", "hf", "hf-assisted"), lookups=(0,)):
     prompts = read_prompts(prompts_path)
     settings = BenchSettings(
-        ks=ks, lookups=lookups, baselines=baselines, repeats=1, decode=DecodeConfig(k=ks[0], max_new_tokens=12)
+        ks=ks, lookups=lookups, baselines=baselines, repeats=1, decode=DecodeConfig(k=max(1, ks[0]), max_new_tokens=12)
     )
     context = {"command": "test", "target": "tiny", "device": "cpu", "dtype": "float32", "prompts": str(prompts_path)}
     run_and_write(pairs, prompts, settings, out, context, plots=False)
@@ -110,6 +110,23 @@ def test_report_names_the_path_the_products_took(bench_models, two_prompts, tmp_
     pair = load_pair(PairSpec(str(target), None, "prompt-lookup", device="cpu"))
     report = (_run([pair], two_prompts, tmp_path / "out", ks=(1,)) / "report.md").read_text(encoding="utf-8")
     assert f"Matrix products in this run: {named} (SPECDECK_LINEAR={forced})" in report
+
+
+def test_report_says_what_the_auto_schedule_weighed(bench_models, two_prompts, tmp_path):
+    """report.md gives the auto schedule's account after its last prompt (its costs, the plain step
+    it weighed drafts against, acceptance by depth), so a run that chose plain steps says why; a
+    fixed K has no such section."""
+    target, draft = bench_models
+    pair = load_pair(PairSpec(str(target), str(draft), "draft-model", device="cpu"))
+    auto = (_run([pair], two_prompts, tmp_path / "auto", ks=(AUTO_K,), baselines=("plain",)) / "report.md").read_text(
+        encoding="utf-8"
+    )
+    weighed = auto.split("## What the auto schedule weighed (after the last prompt)")[1].split("\n## ")[0]
+    assert "a plain step weighed at" in weighed and "drafter acceptance by depth" in weighed
+    fixed = (_run([pair], two_prompts, tmp_path / "fixed", ks=(2,), baselines=("plain",)) / "report.md").read_text(
+        encoding="utf-8"
+    )
+    assert "What the auto schedule weighed" not in fixed
 
 
 def test_bench_command_writes_plots(bench_models, two_prompts, tmp_path, capsys):
