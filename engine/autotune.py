@@ -63,6 +63,11 @@ AFTERMATH = 3  # plain steps after a round that verified drafts charged to it (`
 # and a step that slow is no drafts' aftermath. One such step once stood as the aftermath of a
 # feature head's drafts at 8 ms (a step took 6) on an H100: drafting never paid again that process
 HELD_UP = 2.0
+# rounds after a prefill whose times the planner does not learn from: the prefill's wide forward
+# leaves the caches holding other data, and on a 2-core Xeon the first plain steps after it took 4.6,
+# 4.3, 3.6, 3.1 and 2.8 ms against 2.6 after (medians over 12 prompts). Learned from, they priced a
+# plain step at 3.0-3.5 ms for the rest of the session and drafting looked as much cheaper
+SETTLE = 5
 NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said; measured again)
 # a cached curve whose one-token step runs this many times faster or slower now is measured again: the
 # machine's pace moved (a 2-core Xeon VM's step took 5.7 ms, and 2.3 a few hours later), and with it
@@ -115,17 +120,20 @@ def measure_curve(
     own KV cache: every size once per pass (after a warm-up pass), the best of the passes kept, so
     a burst of other work on the machine spoils one pass, not one size. The curve records how far the
     passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
-    lm, ids = _primed(model, context, max(*tokens, STEPS))
+    lm, ids = _primed(model, context, max(*tokens, SETTLE + STEPS))
     runs: list[list[float]] = [[] for _ in tokens]
     for pass_no in range(passes + 1):
         for i, n in enumerate(tokens):
-            # one token: STEPS steps in a row, as plain decoding runs them (a step right after a larger
-            # forward took 8 ms on a 2-core Xeon, one among steps 5.5); more: the last of three alike
-            starts = range(STEPS) if n == 1 else (0, 0, 0)
+            # one token: the last STEPS of SETTLE + STEPS steps in a row, as plain decoding runs them
+            # (the steps right after a larger forward run slow: on a 2-core Xeon 4.6, 4.3, 3.6, 3.1 and
+            # 2.8 ms, then 2.6; timed among them, a step cost 2.9 and two tokens 2.6); more: the last
+            # of three alike
+            starts = range(SETTLE + STEPS) if n == 1 else (0, 0, 0)
             for turn, j in enumerate(starts):
                 lm.crop(context + j)
                 ms = _forward_ms(lm, ids[context + j : context + j + n])
-                if pass_no and (n == 1 or turn == len(starts) - 1):  # pass 0 warms every shape up
+                timed = turn >= SETTLE if n == 1 else turn == len(starts) - 1
+                if pass_no and timed:  # pass 0 warms every shape up
                     runs[i].append(ms)
     best = [min(r) for r in runs]
     spread = max(sorted(r)[len(r) // 2] / b - 1.0 for r, b in zip(runs, best))
@@ -138,9 +146,10 @@ def measure_curve(
 
 def pace_of(model: PreTrainedModel | LlamaCppModel, curve: CostCurve, context: int = CURVE_CONTEXT) -> float:
     """This machine's one-token step now over `curve`'s: the best of STEPS steps in a row after
-    `context` cached tokens, as `measure_curve` times them (a few tens of ms)."""
-    lm, ids = _primed(model, context, STEPS)
-    return min(_forward_ms(lm, ids[context + j : context + j + 1]) for j in range(STEPS)) / curve.ms(1)
+    `context` cached tokens and SETTLE steps more, as `measure_curve` times them (a few tens of ms)."""
+    lm, ids = _primed(model, context, SETTLE + STEPS)
+    times = [_forward_ms(lm, ids[context + j : context + j + 1]) for j in range(SETTLE + STEPS)]
+    return min(times[SETTLE:]) / curve.ms(1)
 
 
 def _primed(model: PreTrainedModel | LlamaCppModel, context: int, more: int) -> tuple[CachedModel, list[int]]:
@@ -229,7 +238,7 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
         path,
         repr(CURVE_TOKENS),
         str(CURVE_CONTEXT),
-        f"one-token steps {STEPS} in a row, more tokens the last of three",  # how `measure_curve` times: curves timed otherwise are left
+        f"one-token steps {STEPS} in a row after {SETTLE}, more tokens the last of three",  # how `measure_curve` times: curves timed otherwise are left
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
@@ -479,6 +488,7 @@ class RoundPlanner:
         self.shapes: dict[tuple[int, bool], float] = {}
         self.tree_scale = 1.0  # a tree's verify time over a chain's of as many tokens, for trees not verified yet
         self.rounds_without_draft = 0
+        self.rounds = 0  # recorded: the first SETTLE teach the costs nothing
         self.chosen: dict[str, int] = {}  # "K=2", "K=2 w3", "copy 4", "none": rounds
         self.max_width = max_width  # 1 where trees cannot run (sampling, a backend without tree attention)
         self.ranks = [0.0] * MAX_WIDTH  # decayed rounds in which the target's first token had each rank
@@ -705,7 +715,8 @@ class RoundPlanner:
         if shape.k and not copied:  # the drafter was asked: did its first draft pass its floor?
             self.planned_drafts = self.planned_drafts * DECAY + 1.0
             self.refusals = self.refusals * DECAY + (drafted == 0)
-        if not self.adapt:
+        self.rounds += 1
+        if not self.adapt or self.rounds <= SETTLE:
             return
         self._note_aftermath(drafted + alternatives, copied, verify_ms)
         n, tree = drafted + alternatives + 1, alternatives > 0
