@@ -488,7 +488,6 @@ class RoundPlanner:
         self.shapes: dict[tuple[int, bool], float] = {}
         self.tree_scale = 1.0  # a tree's verify time over a chain's of as many tokens, for trees not verified yet
         self.rounds_without_draft = 0
-        self.rounds = 0  # recorded: the first SETTLE teach the costs nothing
         self.chosen: dict[str, int] = {}  # "K=2", "K=2 w3", "copy 4", "none": rounds
         self.max_width = max_width  # 1 where trees cannot run (sampling, a backend without tree attention)
         self.ranks = [0.0] * MAX_WIDTH  # decayed rounds in which the target's first token had each rank
@@ -715,8 +714,7 @@ class RoundPlanner:
         if shape.k and not copied:  # the drafter was asked: did its first draft pass its floor?
             self.planned_drafts = self.planned_drafts * DECAY + 1.0
             self.refusals = self.refusals * DECAY + (drafted == 0)
-        self.rounds += 1
-        if not self.adapt or self.rounds <= SETTLE:
+        if not self.adapt or sum(self.chosen.values()) <= SETTLE:  # rounds recorded: the first teach no costs
             return
         self._note_aftermath(drafted + alternatives, copied, verify_ms)
         n, tree = drafted + alternatives + 1, alternatives > 0
