@@ -63,10 +63,11 @@ AFTERMATH = 3  # plain steps after a round that verified drafts charged to it (`
 # and a step that slow is no drafts' aftermath. One such step once stood as the aftermath of a
 # feature head's drafts at 8 ms (a step took 6) on an H100: drafting never paid again that process
 HELD_UP = 2.0
-# rounds after a prefill whose times the planner does not learn from: the prefill's wide forward
-# leaves the caches holding other data, and on a 2-core Xeon the first plain steps after it took 4.6,
-# 4.3, 3.6, 3.1 and 2.8 ms against 2.6 after (medians over 12 prompts). Learned from, they priced a
-# plain step at 3.0-3.5 ms for the rest of the session and drafting looked as much cheaper
+# rounds after a prefill whose times the planner does not learn from: on a 2-core Xeon the first plain
+# steps after it took 4.6, 4.3, 3.6, 3.1 and 2.8 ms against 2.6 after (medians over 12 prompts), and so
+# do the steps after any pause (a 50 ms sleep, 300 MB written: the machine's caches and clocks after
+# idle time, not the prefill's work). Learned from, they priced a plain step at 3.0-3.5 ms for the
+# rest of the session and drafting looked as much cheaper
 SETTLE = 5
 NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said; measured again)
 # a cached curve whose one-token step runs this many times faster or slower now is measured again: the

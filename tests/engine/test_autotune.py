@@ -482,8 +482,8 @@ def test_one_round_held_up_by_something_else_does_not_stop_drafting_that_pays(wh
 
 
 def test_the_slow_steps_after_a_prefill_teach_the_costs_nothing():
-    """The first plain steps after a prefill run slow (the prefill's wide forward leaves the caches
-    holding other data: 4.6, 4.3, 3.6, 3.1 and 2.8 ms on a 2-core Xeon, 2.6 after). A session
+    """The first plain steps after a prefill run slow (as after any pause: 4.6, 4.3, 3.6, 3.1 and
+    2.8 ms on a 2-core Xeon, 2.6 after). A session
     priced a plain step at what they took would find drafts cheaper than they are; the planner
     prices it at the steps after them."""
     curve = CostCurve((1, 2, 4, 8, 16), (2.6, 2.6, 3.1, 5.8, 11.0))
