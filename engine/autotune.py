@@ -52,7 +52,8 @@ PROBE_EVERY = 8  # rounds at least between one-token drafts while the planner ha
 # paid (4 of 12 Spec-Bench categories on a 2-core Xeon) probes at 2% lost 3-4% against never
 # drafting; at 1% the 12 categories and 6 HumanEval problems were 0.2-2% faster
 PROBE_BUDGET = 0.01
-DECAY = 0.97  # weight of a round's evidence after each later round (about 30 rounds of memory)
+DECAY = 0.97  # weight of a round's evidence after each later round (about 30 rounds of memory; a copy
+# estimate's: about 30 of its own judged drafts, `CopyAcceptance.record`)
 PRIOR = 2.0  # pseudo-rounds behind each acceptance estimate
 MAX_WIDTH = 4  # candidates for a round's first token, at most
 DEEPER = 2  # drafts a confident chain may go past the planned K (`RoundPlanner.with_floors`)
@@ -411,15 +412,17 @@ class CopyAcceptance:
         return totals
 
     def record(self, own: bool, match: int, drafted: int, accepted: int) -> None:
+        """Count a copy's judged drafts. An estimate forgets by its own drafts (DECAY per draft
+        judged at its source and length), not by other copies' rounds: in prose a request copies its
+        own text far more often than earlier texts, and evidence that short matches in earlier
+        texts fail, forgotten over the request's own copies, had the planner verify them again
+        (from the prior) and lose once more."""
         self._shorter.clear()
-        for counts in self.counts.values():
-            counts[0] *= DECAY
-            counts[1] *= DECAY
         for depth in range(min(accepted + 1, drafted)):  # depth d + 1 was judged if the d before it passed
             key = (own, min(match + depth, MATCH_CAP) if match else 0)
             counts = self.counts.setdefault(key, [0.0, 0.0])
-            counts[0] += depth < accepted
-            counts[1] += 1.0
+            counts[0] = counts[0] * DECAY + (depth < accepted)
+            counts[1] = counts[1] * DECAY + 1.0
 
     def scaled(self, weight: float) -> CopyAcceptance:
         """These counts carried as at most `weight` judged drafts per estimate."""

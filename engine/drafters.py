@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import copy
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -67,8 +68,9 @@ class Proposal:
     source: str = ""
     match_length: int = 0
     # first tokens the drafter also proposes beside tokens[0], likeliest first (a suffix drafter's
-    # other continuations), none of them tokens[0]; a tree round verifies them, otherwise they are not used
-    branches: list[int] = field(default_factory=list)
+    # other continuations), none of them tokens[0]; a tree round verifies them, otherwise they are
+    # not used. A copier may give a function that finds them, called where they are first read
+    branches: list[int] | Callable[[], list[int]] = field(default_factory=list)
     pieces: list[DraftPiece] | None = None  # per token, from a draft with a tokenizer of its own
     draft_tokens: int | None = None  # the tokens that draft wrote, in its own tokenizer
     width: int = 0  # the vocabulary's width and the device, for a copy's one-hot q or a cut q widened
@@ -124,13 +126,20 @@ class Proposal:
         if token == self.tokens[0]:
             return 0
         if self.source:
-            return 1 + self.branches.index(token) if token in self.branches else self._width
+            branches = self.others()
+            return 1 + branches.index(token) if token in branches else self._width
         q = self.dists[0]  # type: ignore[index]
         (theirs, first), (held, _) = self._at([token, self.tokens[0]])
         if not held or float(q[theirs]) <= 0:
             return self._width
         above = int((q > q[theirs]).sum())  # the first draft is drawn (sampled), so it may stand below
         return above + int(bool(q[first] <= q[theirs]))
+
+    def others(self) -> list[int]:
+        """`branches`, found now where the drafter left a function that finds them."""
+        if callable(self.branches):
+            self.branches = self.branches()
+        return self.branches
 
     def head(self, n: int) -> Proposal:
         """The first n drafts of this proposal (a copy verified only as far as it pays)."""
@@ -147,7 +156,7 @@ class Proposal:
         if width < 2 or not self.tokens:
             return []
         if self.source:
-            return self.branches[: width - 1]
+            return self.others()[: width - 1]
         q = self.q[0]
         likely = q.topk(min(width, q.shape[0])).indices.tolist()
         return [t for t in likely if t != self.tokens[0] and float(q[t]) > 0][: width - 1]

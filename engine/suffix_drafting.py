@@ -68,6 +68,9 @@ class SuffixDrafter(Drafter):
         super().begin(prompt_ids, config, vocab_width, generator)
         self._own = SuffixIndex()
         self._own.extend(prompt_ids)
+        self._counts: dict[int, int] = {}  # the request's tokens, how often each
+        self._frequent: int | None = None  # the most frequent, the latest of equally frequent ones
+        self._count(prompt_ids)
         earlier = []
         if config.suffix_scope != "prompt" and self.history is not None:
             earlier.append(("session", self.history))
@@ -81,39 +84,65 @@ class SuffixDrafter(Drafter):
     def propose(self, ids: list[int], k: int) -> Proposal:
         kept = ids[self._own.tokens :]
         self._own.extend(kept)
+        self._count(kept)
         self._earlier = [(source, index, index.stream(kept, match)) for source, index, match in self._earlier]
         own = self._own.earlier()
         candidates = [("prompt", self._own, own)]
         candidates += [(source, index, index.continued(match)) for source, index, match in self._earlier]
         candidates.sort(key=lambda candidate: -candidate[2].length)  # stable: the request's own first on a tie
-        walks: list[tuple[str, SuffixIndex, Match, list[int]]] = []
-        for source, index, match in candidates:
-            longest = min(k, int(self.max_spec_factor * match.length))
-            if longest <= 0:
+        # the longest match whose walk drafts: the chain. The other candidates are walked only where
+        # a tree round asks for branches (most rounds verify no copy at all, and a round's look-ups
+        # are a share of a llama.cpp step)
+        chosen: tuple[str, SuffixIndex, Match, list[int]] | None = None
+        rest = len(candidates)
+        for position, (source, index, match) in enumerate(candidates):
+            tokens = self._walk(index, match, k)
+            if tokens is None:
                 break
-            # in this request's own text, what followed the match's latest occurrence (as prompt lookup
-            # copies: where the text repeats, it most often repeats its latest passage); in earlier texts,
-            # the most frequent continuation
-            tokens, score = index.scored_walk(match, longest, self.min_share, recent=index is self._own)
-            if tokens and score >= self.min_score:
-                walks.append((source, index, match, tokens))
-        if not walks and not self.min_score and k:
+            if tokens:
+                chosen, rest = (source, index, match, tokens), position + 1
+                break
+        if chosen is None and not self.min_score and k and self._frequent is not None:
             # nothing matched: the request's most frequent token, its next most frequent as branches,
             # which a tree round verifies beside it for little more than a plain step costs
-            top, _ = self._own.ranked(ROOT.state)
-            if top:
-                walks.append(("prompt", self._own, ROOT, [top[0][0]]))
-        if not walks:
+            chosen = ("prompt", self._own, ROOT, [self._frequent])
+        if chosen is None:
             return self._empty(self.device)
-        source, index, match, tokens = walks[0]
-        # branches: the match's other frequent continuations, the other texts' first drafts, then the
-        # other tokens that followed the match in this request
-        others = self._branches(index, match) + [walk[3][0] for walk in walks[1:]]
-        others += [token for token, _ in self._own.ranked(own.state)[0]]
-        branches = [token for token in dict.fromkeys(others) if token != tokens[0]]
+        source, index, match, tokens = chosen
+
+        def branches() -> list[int]:
+            # the match's other frequent continuations, the other texts' first drafts, then the
+            # other tokens that followed the match in this request
+            others = self._branches(index, match)
+            for _, other, at in candidates[rest:]:
+                walked = self._walk(other, at, k)
+                if walked is None:
+                    break
+                others += walked[:1]
+            others += [token for token, _ in self._own.ranked(own.state)[0]]
+            return [token for token in dict.fromkeys(others) if token != tokens[0]]
+
         return one_hot(
             tokens, self.vocab_width, self.device, source=source, match_length=match.length, branches=branches
         )
+
+    def _count(self, tokens: list[int]) -> None:
+        for token in tokens:
+            self._counts[token] = count = self._counts.get(token, 0) + 1
+            if count >= self._counts.get(self._frequent, 0):  # type: ignore[arg-type]
+                self._frequent = token
+
+    def _walk(self, index: SuffixIndex, match: Match, k: int) -> list[int] | None:
+        """The draft after `match` (empty: none that scores `min_score`), or None where the match
+        is too short to draft from (so is every later candidate's, in order of length). In this
+        request's own text, what followed the match's latest occurrence (as prompt lookup copies:
+        where the text repeats, it most often repeats its latest passage); in earlier texts, the
+        most frequent continuation."""
+        longest = min(k, int(self.max_spec_factor * match.length))
+        if longest <= 0:
+            return None
+        tokens, score = index.scored_walk(match, longest, self.min_share, recent=index is self._own)
+        return tokens if score >= self.min_score else []
 
     def _branches(self, index: SuffixIndex, match: Match) -> list[int]:
         """The match's frequent continuations (at least `min_share` of what followed it), most frequent first."""

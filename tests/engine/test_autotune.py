@@ -422,6 +422,21 @@ def test_short_matches_that_fail_make_a_source_s_longer_matches_doubtful():
     assert acceptance.rate(False, 4) > 0.9
 
 
+def test_failed_copies_from_earlier_texts_are_not_forgotten_over_the_request_s_own():
+    """Copies from earlier texts after 4-token matches that the target refused 20 times stay
+    doubted while the request goes on copying its own text (100 rounds of long copies, all
+    passed): an estimate forgets by its own drafts, not by other copies' rounds."""
+    planner = _copy_planner(LLAMA_CPU)
+    for _ in range(20):
+        planner.record(autotune.Shape(15, 0), True, 1, 0, 0.0, LLAMA_CPU.ms(2), 0.0, copy=(False, 4))
+    assert planner.copy_length(own=False, match=4, available=4) == 0
+    for _ in range(100):
+        planner.record(autotune.Shape(15, 0), True, 8, 8, 0.0, LLAMA_CPU.ms(9), 0.0, copy=(True, 20))
+    assert planner.copies.rate(False, 4) < 0.1
+    assert planner.copy_length(own=False, match=4, available=4) == 0
+    assert planner.copy_length(own=True, match=20, available=8) == 8
+
+
 def test_copy_acceptance_counts_each_depth_at_its_own_match_length():
     """A copy after an m-token match whose first d drafts passed was judged at lengths m..m+d."""
     acceptance = autotune.CopyAcceptance()

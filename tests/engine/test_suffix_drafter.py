@@ -100,7 +100,7 @@ def test_own_text_drafts_what_followed_the_latest_occurrence():
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 5, 6, 7, 9, 1, 2]
     proposal = proposed(prompt, 4)
     assert proposal.tokens == [5, 6, 7, 9]
-    assert 3 in proposal.branches  # the more frequent continuation, verified beside it in a tree
+    assert 3 in proposal.others()  # the more frequent continuation, verified beside it in a tree
 
 
 def test_unmatched_text_drafts_its_most_frequent_tokens_alone():
@@ -110,5 +110,5 @@ def test_unmatched_text_drafts_its_most_frequent_tokens_alone():
     prompt = [3, 1, 3, 2, 3, 1, 8]
     proposal = proposed(prompt, 4)
     assert proposal.tokens == [3]
-    assert proposal.branches[:1] == [1]
+    assert proposal.others()[:1] == [1]
     assert proposed(prompt, 4, min_score=2.0).tokens == []
