@@ -441,8 +441,25 @@ def test_copy_acceptance_counts_each_depth_at_its_own_match_length():
     """A copy after an m-token match whose first d drafts passed was judged at lengths m..m+d."""
     acceptance = autotune.CopyAcceptance()
     acceptance.record(True, 5, drafted=4, accepted=2)  # 5 and 6 passed, 7 refused, 8 never judged
-    assert acceptance.counts == {(True, 5): [1.0, 1.0], (True, 6): [1.0, 1.0], (True, 7): [0.0, 1.0]}
-    assert acceptance.rate(True, 7) < acceptance.rate(True, 6) and acceptance.rate(False, 6) == 7 / 8
+    assert acceptance.counts == {
+        (True, True, 5): [1.0, 1.0],
+        (True, False, 6): [1.0, 1.0],
+        (True, False, 7): [0.0, 1.0],
+    }
+    assert acceptance.rate(True, 7, fresh=False) < acceptance.rate(True, 6, fresh=False)
+    assert acceptance.rate(False, 6) == 7 / 8
+
+
+def test_a_copy_s_first_draft_is_judged_apart_from_later_drafts_at_its_length():
+    """Later drafts refused at 5 tokens (copies after 2- and 3-token matches going on along their
+    occurrence) do not stop a copy found afresh after a 5-token match, whose first drafts passed."""
+    planner = _copy_planner(LLAMA_CPU)
+    for _ in range(10):
+        planner.record(autotune.Shape(15, 0), True, 4, 2, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3))
+        planner.record(autotune.Shape(15, 0), True, 3, 3, 0.0, LLAMA_CPU.ms(4), 0.0, copy=(True, 5))
+    assert planner.copies.rate(True, 5, fresh=False) < 0.3
+    assert planner.copies.rate(True, 5) > 0.8
+    assert planner.copy_length(own=True, match=5, available=3) >= 1
 
 
 @pytest.mark.parametrize("slowed", [True, False])
