@@ -8,8 +8,8 @@ newest kept token and K drafts, V, which depends on the machine (flat on some CP
 steep on others: `engine.linear`). The planner picks the K in [0, max K] that maximises E(K) / T(K),
 K = 0 being a plain step. Copies from text (prompt lookup, the suffix drafter) cost no drafting
 and are judged once found (`RoundPlanner.copy_length`): each is verified as far as its expected
-kept tokens per ms beat the planned round, with acceptance estimated by where it was copied from
-and how long its match is (`CopyAcceptance`).
+kept tokens per ms beat the planned round, with acceptance estimated by where it was copied from,
+how long its match is and whether the text went on otherwise after it (`CopyAcceptance`).
 
 V comes from a cost curve measured once per model, device and machine (a second or two at load,
 then cached on disk) and scaled by what the session's verifies actually take; c, the overhead
@@ -25,6 +25,7 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -362,72 +363,82 @@ MATCH_CAP = 32  # copies of matches this long or longer share one estimate
 class CopyAcceptance:
     """Decayed counts of copied drafts judged and accepted, by where the copy came from (this
     request's own text, or earlier texts), by how long its match was when each draft was judged,
-    and by whether the draft was a copy's first (fresh) or one that went on after drafts that passed.
+    by whether the draft was a copy's first (fresh) or one that went on after drafts that passed,
+    and by whether it was doubted: whether the string before it also went on otherwise in the text
+    it was copied from (`SuffixIndex.scored_walk`).
 
     A copy that follows a match of m tokens, once its first d - 1 drafts passed, follows a match of
     m + d - 1, so every depth of every copy tells about one match length, and a long copy of a
     long match is judged on evidence of its own (in code, a signature repeated token for token)
     rather than on the short matches most copies follow. A first draft and a later one at the
     same length are counted apart: a copy's later drafts go on along the occurrence its match
-    chose, where a copy found afresh after the longer match copies its latest occurrence. On six
-    HumanEval problems on llama.cpp, later drafts refused at 5 tokens held the estimate of copies
-    after 5-token matches at 0.47, and none was verified, where 82% of first drafts after 4- and
-    5-token matches of the request's own text passed (`engine.bench.copy_bound`).
+    chose, where a copy found afresh after the longer match copies its latest occurrence. Doubted
+    drafts are counted apart too: on 34 HumanEval problems on llama.cpp, first drafts after 1-, 2-
+    and 3-token matches of the request's own text passed 40%, 60% and 74% of the time where every
+    earlier occurrence of the match went on with the draft, and 9%, 21% and 0% where one went on
+    otherwise; merged, neither kind was judged right.
 
     A length's prior mean starts at the rule of succession, (m + 1) / (m + 2) (a match that held for
-    m tokens holds for one more that often; 0.5 where the match length is unknown), moved by what
-    copies of the same source after shorter matches did: most short matches in prose are common
-    phrases that the target does not go on with, and a longer match is not judged better than the
-    shorter ones of its source were until copies after matches that long have passed."""
+    m tokens holds for one more that often; 0.5 where the match length is unknown or the draft
+    doubted), moved by what drafts of the same kind after other match lengths did, the nearer
+    lengths weighing more: most short matches in prose are common phrases that the target does not
+    go on with, and a length judged once or twice is judged mostly by its neighbours, longer
+    ones included."""
 
-    # (own, fresh, m) -> [accepted, tried]
-    counts: dict[tuple[bool, bool, int], list[float]] = field(default_factory=dict)
-    _shorter: dict[tuple[bool, bool, int], tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
+    # (own, fresh, m, doubted) -> [accepted, tried]
+    counts: dict[tuple[bool, bool, int, bool], list[float]] = field(default_factory=dict)
+    _nearby: dict[tuple[bool, bool, int, bool], tuple[float, float]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
-    def rate(self, own: bool, match: int, fresh: bool = True) -> float:
-        """The chance that a draft at match length `match` passes: a copy's first (`fresh`) or a later one."""
+    def rate(self, own: bool, match: int, fresh: bool = True, doubted: bool = False) -> float:
+        """The chance that a draft at match length `match` passes: a copy's first (`fresh`) or a
+        later one, `doubted` or not."""
         match = min(match, MATCH_CAP)
-        prior = (match + 1) / (match + 2) if match else 0.5
-        if match > 1:
-            shorter_accepted, shorter_tried = self.shorter(own, match, fresh)
-            prior = (shorter_accepted + PRIOR * prior) / (shorter_tried + PRIOR)
-        accepted, tried = self.counts.get((own, fresh, match), (0.0, 0.0))
+        prior = (match + 1) / (match + 2) if match and not doubted else 0.5
+        if match:
+            near_accepted, near_tried = self.nearby(own, match, fresh, doubted)
+            prior = (near_accepted + PRIOR * prior) / (near_tried + PRIOR)
+        accepted, tried = self.counts.get((own, fresh, match, doubted), (0.0, 0.0))
         return (accepted + PRIOR * prior) / (tried + PRIOR)
 
-    def shorter(self, own: bool, match: int, fresh: bool = True) -> tuple[float, float]:
-        """(accepted, tried) of drafts of the same source and kind after matches of j = 1 .. match - 1
-        tokens, each length weighted (j / match)^2: the nearer a length, the more it tells."""
-        key = (own, fresh, match)
-        if key not in self._shorter:
+    def nearby(self, own: bool, match: int, fresh: bool = True, doubted: bool = False) -> tuple[float, float]:
+        """(accepted, tried) of drafts of the same source and kind after the other match lengths j,
+        each weighted (min(j, match) / max(j, match))^2: the nearer a length, the more it tells."""
+        key = (own, fresh, match, doubted)
+        if key not in self._nearby:
             accepted = tried = 0.0
-            for j in range(1, match):
-                a, t = self.counts.get((own, fresh, j), (0.0, 0.0))
-                weight = (j / match) ** 2
-                accepted, tried = accepted + weight * a, tried + weight * t
-            self._shorter[key] = (accepted, tried)
-        return self._shorter[key]
+            for (mine, first, j, doubt), (a, t) in self.counts.items():
+                if mine == own and first == fresh and doubt == doubted and j and j != match:
+                    weight = (min(j, match) / max(j, match)) ** 2
+                    accepted, tried = accepted + weight * a, tried + weight * t
+            self._nearby[key] = (accepted, tried)
+        return self._nearby[key]
 
-    def expected_tokens(self, own: bool, match: int, n: int) -> float:
+    def expected_tokens(self, own: bool, match: int, n: int, doubted: Sequence[bool] = ()) -> float:
         """Tokens a round keeps verifying the first n drafts of a copy after a match of `match`."""
-        return self.expected(own, match, n)[n]
+        return self.expected(own, match, n, doubted)[n]
 
-    def expected(self, own: bool, match: int, n: int) -> list[float]:
-        """Tokens a round keeps verifying the first 0 .. n drafts of the copy, from one pass."""
+    def expected(self, own: bool, match: int, n: int, doubted: Sequence[bool] = ()) -> list[float]:
+        """Tokens a round keeps verifying the first 0 .. n drafts of the copy, from one pass
+        (`doubted`: for each draft, whether it was; none where not given)."""
         totals, reach = [1.0], 1.0
         for depth in range(n):
-            reach *= self.rate(own, match + depth if match else 0, fresh=depth == 0)
+            doubt = depth < len(doubted) and doubted[depth]
+            reach *= self.rate(own, match + depth if match else 0, depth == 0, doubt)
             totals.append(totals[-1] + reach)
         return totals
 
-    def record(self, own: bool, match: int, drafted: int, accepted: int) -> None:
+    def record(self, own: bool, match: int, drafted: int, accepted: int, doubted: Sequence[bool] = ()) -> None:
         """Count a copy's judged drafts. An estimate forgets by its own drafts (DECAY per draft
         judged at its source, kind and length), not by other copies' rounds: in prose a request
         copies its own text far more often than earlier texts, and evidence that short matches in
         earlier texts fail, forgotten over the request's own copies, had the planner verify them
         again (from the prior) and lose once more."""
-        self._shorter.clear()
+        self._nearby.clear()
         for depth in range(min(accepted + 1, drafted)):  # depth d + 1 was judged if the d before it passed
-            key = (own, depth == 0, min(match + depth, MATCH_CAP) if match else 0)
+            doubt = depth < len(doubted) and doubted[depth]
+            key = (own, depth == 0, min(match + depth, MATCH_CAP) if match else 0, doubt)
             counts = self.counts.setdefault(key, [0.0, 0.0])
             counts[0] = counts[0] * DECAY + (depth < accepted)
             counts[1] = counts[1] * DECAY + 1.0
@@ -439,8 +450,12 @@ class CopyAcceptance:
         )
 
     def describe(self) -> str:
-        """First drafts of copies of this request's own text: how often they passed, by match length."""
-        own = sorted((m, a / t) for (mine, fresh, m), (a, t) in self.counts.items() if mine and fresh and t >= 1.0)
+        """First drafts of copies of this request's own text not doubted: how often they passed, by match length."""
+        own = sorted(
+            (m, a / t)
+            for (mine, fresh, m, doubt), (a, t) in self.counts.items()
+            if mine and fresh and not doubt and t >= 1.0
+        )
         return ", ".join(f"{m}: {rate:.2f}" for m, rate in own)
 
 
@@ -628,16 +643,24 @@ class RoundPlanner:
                     best, best_rate = (k, w), rate
         return best, best_rate
 
-    def copy_length(self, own: bool, match: int, available: int, beside_plan: bool = True) -> int:
+    def copy_length(
+        self, own: bool, match: int, available: int, beside_plan: bool = True, doubted: Sequence[bool] = ()
+    ) -> int:
         """How many of a copy's `available` drafts to verify (0: none): the number whose expected
         kept tokens per ms is best, where it beats the round `plan` chose. `own`: copied from this
-        request's own text; `match`: the length of the match the copy follows (0: unknown). A copy is
-        judged once it is found, so a steep cost curve (llama.cpp on a CPU, where a verify costs
-        about a step per token) still verifies the long copies that pay and leaves the short ones.
-        Without `beside_plan` (the drafter itself copies) the copy must beat a plain step instead."""
+        request's own text; `match`: the length of the match the copy follows (0: unknown);
+        `doubted`: which of its drafts were (`CopyAcceptance`). A copy is judged once it is found,
+        so a steep cost curve (llama.cpp on a CPU, where a verify costs about a step per token)
+        still verifies the long copies that pay and leaves the short ones. Without `beside_plan`
+        (the drafter itself copies) the copy must beat a plain step instead.
+
+        Tokens per ms stop a copy at the draft whose chance falls below the copy's own rate, above
+        the planned round's: choosing instead the n that keeps the most tokens beyond what the
+        planned round keeps in the same time (right where the estimates are) verified deeper, on
+        drafts whose estimates ran high, and lost 2-3% on HumanEval on llama.cpp."""
         best, best_rate = 0, self.planned_rate if beside_plan else 1.0 / (self.overhead_ms + self.plain_ms())
         longest = min(available, self.max_copy)
-        expected = self.copies.expected(own, match, longest)
+        expected = self.copies.expected(own, match, longest, doubted)
         after = self.aftermath_ms("copy")
         for n in range(1, longest + 1):
             rate = expected[n] / (self.drafted_overhead_ms + self.verify_ms(n + 1) + after)
@@ -708,11 +731,12 @@ class RoundPlanner:
         round_ms: float,
         rank: int | None = None,
         alternatives: int = 0,
-        copy: tuple[bool, int] | None = None,
+        copy: tuple[bool, int, Sequence[bool]] | None = None,
     ) -> None:
         """What a round planned and what it measured; `rank`: where the target's first token stood
         among the drafter's first distribution (0: its top choice), for a round the drafter drafted;
-        `copy`: for drafts copied from text, whether from this request's own and the match's length."""
+        `copy`: for drafts copied from text, whether from this request's own, the match's length and
+        which drafts were doubted."""
         label = round_label(drafted, copied, alternatives)
         self.chosen[label] = self.chosen.get(label, 0) + 1
         if rank is not None:
@@ -721,7 +745,8 @@ class RoundPlanner:
             if rank < len(self.ranks):
                 self.ranks[rank] += 1.0
         if copy is not None and drafted:
-            self.copies.record(*copy, drafted, accepted)
+            own, match, doubted = copy
+            self.copies.record(own, match, drafted, accepted, doubted)
         if drafted and not copied:
             self.drafts.record(drafted, accepted)
         if shape.k and not copied:  # the drafter was asked: did its first draft pass its floor?
@@ -801,6 +826,7 @@ class RoundPlanner:
             lines.append(f"a tree's verify {self.tree_scale:.2f}x a chain's of as many tokens")
         if self.copies.describe():
             lines.append(
-                f"copies of this request's text, first drafts accepted by match length: {self.copies.describe()}"
+                "copies of this request's text where it always went on so, first drafts accepted by match length: "
+                f"{self.copies.describe()}"
             )
         return "; ".join(lines)

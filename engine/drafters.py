@@ -67,6 +67,9 @@ class Proposal:
     # the length of the match they follow
     source: str = ""
     match_length: int = 0
+    # for each copied draft, whether the string before it also went on otherwise in that text (an
+    # earlier occurrence of it was followed by another token); empty where the copier does not say
+    doubted: tuple[bool, ...] = ()
     # first tokens the drafter also proposes beside tokens[0], likeliest first (a suffix drafter's
     # other continuations), none of them tokens[0]; a tree round verifies them, otherwise they are
     # not used. A copier may give a function that finds them, called where they are first read
@@ -147,7 +150,7 @@ class Proposal:
             return self
         pieces = self.pieces[:n] if self.pieces is not None else None
         dists = self.dists[:n] if self.dists is not None else None
-        return replace(self, tokens=self.tokens[:n], dists=dists, pieces=pieces)
+        return replace(self, tokens=self.tokens[:n], dists=dists, pieces=pieces, doubted=self.doubted[:n])
 
     def alternatives(self, width: int) -> list[int]:
         """Up to width - 1 other first tokens beside the first draft, likeliest first, each once and

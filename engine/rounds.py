@@ -143,7 +143,7 @@ class Schedule:
     def copy_length(self, proposal: Proposal, beside_plan: bool) -> int:
         assert self.planner is not None
         own = proposal.source == "prompt"
-        return self.planner.copy_length(own, proposal.match_length, len(proposal.tokens), beside_plan)
+        return self.planner.copy_length(own, proposal.match_length, len(proposal.tokens), beside_plan, proposal.doubted)
 
     def record(self, shape: Shape, draft: Draft, accepted: int, clock: Clock, first: int) -> None:
         """What the round planned and what came of it: `accepted` of the chain's drafts passed, and
@@ -165,7 +165,9 @@ class Schedule:
                 clock.round_ms(),
                 rank,
                 len(draft.alternatives),
-                (draft.proposal.source == "prompt", draft.proposal.match_length) if draft.proposal.source else None,
+                (draft.proposal.source == "prompt", draft.proposal.match_length, draft.proposal.doubted)
+                if draft.proposal.source
+                else None,
             )
         elif self.config.schedule == "heuristic" and n and not copied:
             k = min(shape.k + 2, self.config.max_k) if accepted == n else max(1, shape.k - 1)

@@ -186,11 +186,13 @@ class SuffixIndex:
 
     def scored_walk(
         self, match: Match, max_tokens: int, floor: float = 0.0, recent: bool = False
-    ) -> tuple[list[int], float]:
-        """`walk`'s path and its score: the sum of its prefixes' shares, the number of its tokens the
-        text's own frequencies expect to be right (SuffixDecoding's score)."""
+    ) -> tuple[list[int], float, list[bool]]:
+        """`walk`'s path, its score (the sum of its prefixes' shares: the number of its tokens the
+        text's own frequencies expect to be right, SuffixDecoding's score), and for each of its
+        tokens whether it was doubted: whether the string before it also went on otherwise in the text."""
         state, share, score = match.state, 1.0, 0.0
         path: list[int] = []
+        doubted: list[bool] = []
         while len(path) < max_tokens:
             top, total = self.ranked(state, recent)
             if not top:
@@ -200,9 +202,10 @@ class SuffixIndex:
             if share < floor:
                 break
             path.append(best)
+            doubted.append(best_count < total)
             score += share
             state = self._next[state][best]
-        return path, score
+        return path, score, doubted
 
 
 def repetitive_text(tokens: int, vocab: int, seed: int) -> list[int]:

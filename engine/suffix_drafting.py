@@ -93,22 +93,22 @@ class SuffixDrafter(Drafter):
         # the longest match whose walk drafts: the chain. The other candidates are walked only where
         # a tree round asks for branches (most rounds verify no copy at all, and a round's look-ups
         # are a share of a llama.cpp step)
-        chosen: tuple[str, SuffixIndex, Match, list[int]] | None = None
+        chosen: tuple[str, SuffixIndex, Match, list[int], list[bool]] | None = None
         rest = len(candidates)
         for position, (source, index, match) in enumerate(candidates):
-            tokens = self._walk(index, match, k)
-            if tokens is None:
+            walked = self._walk(index, match, k)
+            if walked is None:
                 break
-            if tokens:
-                chosen, rest = (source, index, match, tokens), position + 1
+            if walked[0]:
+                chosen, rest = (source, index, match, *walked), position + 1
                 break
         if chosen is None and not self.min_score and k and self._frequent is not None:
             # nothing matched: the request's most frequent token, its next most frequent as branches,
             # which a tree round verifies beside it for little more than a plain step costs
-            chosen = ("prompt", self._own, ROOT, [self._frequent])
+            chosen = ("prompt", self._own, ROOT, [self._frequent], [True])
         if chosen is None:
             return self._empty(self.device)
-        source, index, match, tokens = chosen
+        source, index, match, tokens, doubted = chosen
 
         def branches() -> list[int]:
             # the match's other frequent continuations, the other texts' first drafts, then the
@@ -118,12 +118,18 @@ class SuffixDrafter(Drafter):
                 walked = self._walk(other, at, k)
                 if walked is None:
                     break
-                others += walked[:1]
+                others += walked[0][:1]
             others += [token for token, _ in self._own.ranked(own.state)[0]]
             return [token for token in dict.fromkeys(others) if token != tokens[0]]
 
         return one_hot(
-            tokens, self.vocab_width, self.device, source=source, match_length=match.length, branches=branches
+            tokens,
+            self.vocab_width,
+            self.device,
+            source=source,
+            match_length=match.length,
+            doubted=tuple(doubted),
+            branches=branches,
         )
 
     def _count(self, tokens: list[int]) -> None:
@@ -132,17 +138,17 @@ class SuffixDrafter(Drafter):
             if count >= self._counts.get(self._frequent, 0):  # type: ignore[arg-type]
                 self._frequent = token
 
-    def _walk(self, index: SuffixIndex, match: Match, k: int) -> list[int] | None:
-        """The draft after `match` (empty: none that scores `min_score`), or None where the match
-        is too short to draft from (so is every later candidate's, in order of length). In this
-        request's own text, what followed the match's latest occurrence (as prompt lookup copies:
-        where the text repeats, it most often repeats its latest passage); in earlier texts, the
-        most frequent continuation."""
+    def _walk(self, index: SuffixIndex, match: Match, k: int) -> tuple[list[int], list[bool]] | None:
+        """The draft after `match` (empty: none that scores `min_score`) and which of its tokens were
+        doubted (`SuffixIndex.scored_walk`), or None where the match is too short to draft from (so
+        is every later candidate's, in order of length). In this request's own text, what followed
+        the match's latest occurrence (as prompt lookup copies: where the text repeats, it most
+        often repeats its latest passage); in earlier texts, the most frequent continuation."""
         longest = min(k, int(self.max_spec_factor * match.length))
         if longest <= 0:
             return None
-        tokens, score = index.scored_walk(match, longest, self.min_share, recent=index is self._own)
-        return tokens if score >= self.min_score else []
+        tokens, score, doubted = index.scored_walk(match, longest, self.min_share, recent=index is self._own)
+        return (tokens, doubted) if score >= self.min_score else ([], [])
 
     def _branches(self, index: SuffixIndex, match: Match) -> list[int]:
         """The match's frequent continuations (at least `min_share` of what followed it), most frequent first."""

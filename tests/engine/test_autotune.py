@@ -400,7 +400,7 @@ def test_copies_that_fail_at_a_match_length_stop_there_only():
     planner = _copy_planner(LLAMA_CPU)
     before = planner.copy_length(own=True, match=3, available=6)
     for _ in range(8):
-        planner.record(autotune.Shape(15, 0), True, 4, 0, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3))
+        planner.record(autotune.Shape(15, 0), True, 4, 0, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3, ()))
     assert before > 0 and planner.copy_length(own=True, match=3, available=6) == 0
     assert planner.copy_length(own=True, match=24, available=15) >= 4
     assert "by match length: 3: 0.00" in planner.describe()
@@ -428,10 +428,10 @@ def test_failed_copies_from_earlier_texts_are_not_forgotten_over_the_request_s_o
     passed): an estimate forgets by its own drafts, not by other copies' rounds."""
     planner = _copy_planner(LLAMA_CPU)
     for _ in range(20):
-        planner.record(autotune.Shape(15, 0), True, 1, 0, 0.0, LLAMA_CPU.ms(2), 0.0, copy=(False, 4))
+        planner.record(autotune.Shape(15, 0), True, 1, 0, 0.0, LLAMA_CPU.ms(2), 0.0, copy=(False, 4, ()))
     assert planner.copy_length(own=False, match=4, available=4) == 0
     for _ in range(100):
-        planner.record(autotune.Shape(15, 0), True, 8, 8, 0.0, LLAMA_CPU.ms(9), 0.0, copy=(True, 20))
+        planner.record(autotune.Shape(15, 0), True, 8, 8, 0.0, LLAMA_CPU.ms(9), 0.0, copy=(True, 20, ()))
     assert planner.copies.rate(False, 4) < 0.1
     assert planner.copy_length(own=False, match=4, available=4) == 0
     assert planner.copy_length(own=True, match=20, available=8) == 8
@@ -442,9 +442,9 @@ def test_copy_acceptance_counts_each_depth_at_its_own_match_length():
     acceptance = autotune.CopyAcceptance()
     acceptance.record(True, 5, drafted=4, accepted=2)  # 5 and 6 passed, 7 refused, 8 never judged
     assert acceptance.counts == {
-        (True, True, 5): [1.0, 1.0],
-        (True, False, 6): [1.0, 1.0],
-        (True, False, 7): [0.0, 1.0],
+        (True, True, 5, False): [1.0, 1.0],
+        (True, False, 6, False): [1.0, 1.0],
+        (True, False, 7, False): [0.0, 1.0],
     }
     assert acceptance.rate(True, 7, fresh=False) < acceptance.rate(True, 6, fresh=False)
     assert acceptance.rate(False, 6) == 7 / 8
@@ -455,11 +455,25 @@ def test_a_copy_s_first_draft_is_judged_apart_from_later_drafts_at_its_length():
     occurrence) do not stop a copy found afresh after a 5-token match, whose first drafts passed."""
     planner = _copy_planner(LLAMA_CPU)
     for _ in range(10):
-        planner.record(autotune.Shape(15, 0), True, 4, 2, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3))
-        planner.record(autotune.Shape(15, 0), True, 3, 3, 0.0, LLAMA_CPU.ms(4), 0.0, copy=(True, 5))
+        planner.record(autotune.Shape(15, 0), True, 4, 2, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3, ()))
+        planner.record(autotune.Shape(15, 0), True, 3, 3, 0.0, LLAMA_CPU.ms(4), 0.0, copy=(True, 5, ()))
     assert planner.copies.rate(True, 5, fresh=False) < 0.3
     assert planner.copies.rate(True, 5) > 0.8
     assert planner.copy_length(own=True, match=5, available=3) >= 1
+
+
+def test_doubted_copies_are_judged_apart():
+    """Copies after 2-token matches whose text also went on otherwise, all refused, stop being
+    verified; copies after matches as long whose every earlier occurrence went on with the draft
+    keep their own estimate, and are verified while they pass."""
+    planner = _copy_planner(LLAMA_CPU)
+    for _ in range(10):
+        planner.record(autotune.Shape(15, 0), True, 1, 0, 0.0, LLAMA_CPU.ms(2), 0.0, copy=(True, 2, (True,)))
+        planner.record(autotune.Shape(15, 0), True, 2, 2, 0.0, LLAMA_CPU.ms(3), 0.0, copy=(True, 2, (False, False)))
+    assert planner.copies.rate(True, 2, doubted=True) < 0.2
+    assert planner.copies.rate(True, 2) > 0.8
+    assert planner.copy_length(own=True, match=2, available=2, doubted=(True, False)) == 0
+    assert planner.copy_length(own=True, match=2, available=2, doubted=(False, False)) == 2
 
 
 @pytest.mark.parametrize("slowed", [True, False])

@@ -112,6 +112,21 @@ def test_walk_follows_the_most_frequent_continuation(items, query, floor):
 
 
 @PROFILE
+@given(items=texts, query=queries, recent=st.booleans())
+def test_a_walked_token_is_doubted_where_its_string_also_went_on_otherwise(items, query, recent):
+    """The walk marks a token doubted exactly where an occurrence of the string before it was
+    followed by another token or ended a text: what the planner judges such copies by."""
+    index, text = indexed(items)
+    match = index.match(query)
+    path, _, doubted = index.scored_walk(match, 6, recent=recent)
+    assert len(doubted) == len(path)
+    string = query[len(query) - match.length :]
+    for token, doubt in zip(path, doubted):
+        assert doubt == (followers(text, string)[token] < occurrences_followed(text, string))
+        string = string + [token]
+
+
+@PROFILE
 @given(items=texts, query=queries)
 def test_recent_walk_follows_the_latest_occurrence(items, query):
     """Walking `recent`, each token is the one that followed the string so far where it occurred last."""
