@@ -408,10 +408,11 @@ class CopyAcceptance:
         key = (own, fresh, match, doubted)
         if key not in self._nearby:
             accepted = tried = 0.0
-            for (mine, first, j, doubt), (a, t) in self.counts.items():
-                if mine == own and first == fresh and doubt == doubted and j and j != match:
+            for j in range(1, MATCH_CAP + 1):
+                counts = self.counts.get((own, fresh, j, doubted))
+                if counts is not None and j != match:
                     weight = (min(j, match) / max(j, match)) ** 2
-                    accepted, tried = accepted + weight * a, tried + weight * t
+                    accepted, tried = accepted + weight * counts[0], tried + weight * counts[1]
             self._nearby[key] = (accepted, tried)
         return self._nearby[key]
 
