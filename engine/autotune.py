@@ -359,6 +359,11 @@ class DepthAcceptance:
 MATCH_CAP = 32  # copies of matches this long or longer share one estimate
 
 
+def _doubted_at(doubted: Sequence[bool], depth: int) -> bool:
+    """Whether a copy's draft at `depth` was doubted (not, where the copier did not say)."""
+    return depth < len(doubted) and doubted[depth]
+
+
 @dataclass
 class CopyAcceptance:
     """Decayed counts of copied drafts judged and accepted, by where the copy came from (this
@@ -425,8 +430,7 @@ class CopyAcceptance:
         (`doubted`: for each draft, whether it was; none where not given)."""
         totals, reach = [1.0], 1.0
         for depth in range(n):
-            doubt = depth < len(doubted) and doubted[depth]
-            reach *= self.rate(own, match + depth if match else 0, depth == 0, doubt)
+            reach *= self.rate(own, match + depth if match else 0, depth == 0, _doubted_at(doubted, depth))
             totals.append(totals[-1] + reach)
         return totals
 
@@ -438,8 +442,7 @@ class CopyAcceptance:
         again (from the prior) and lose once more."""
         self._nearby.clear()
         for depth in range(min(accepted + 1, drafted)):  # depth d + 1 was judged if the d before it passed
-            doubt = depth < len(doubted) and doubted[depth]
-            key = (own, depth == 0, min(match + depth, MATCH_CAP) if match else 0, doubt)
+            key = (own, depth == 0, min(match + depth, MATCH_CAP) if match else 0, _doubted_at(doubted, depth))
             counts = self.counts.setdefault(key, [0.0, 0.0])
             counts[0] = counts[0] * DECAY + (depth < accepted)
             counts[1] = counts[1] * DECAY + 1.0
@@ -827,7 +830,7 @@ class RoundPlanner:
             lines.append(f"a tree's verify {self.tree_scale:.2f}x a chain's of as many tokens")
         if self.copies.describe():
             lines.append(
-                "copies of this request's text where it always went on so, first drafts accepted by match length: "
+                "first drafts copied from this request's text, not doubted, accepted by match length: "
                 f"{self.copies.describe()}"
             )
         return "; ".join(lines)
