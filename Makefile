@@ -31,8 +31,10 @@ validators:
 	     && apt-get update -qq && apt-get install -y -qq desktop-file-utils appstream >/dev/null; } \
 	|| echo "desktop-file-validate or appstreamcli missing: their tests will be skipped"
 
+# Two test processes on one thread each, then the `serial` tests alone (they need both cores).
 test: $(BIN)/specdeck validators
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -n 2 -m "not serial"
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m serial
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -3,6 +3,9 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# one thread per test process, sessions and the commands tests start included: the suite runs in
+# parallel processes (`make test`), and a session would otherwise count them as busy cores
+os.environ.setdefault("SPECDECK_THREADS", "1")
 
 import pytest
 import torch

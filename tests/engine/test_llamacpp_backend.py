@@ -43,10 +43,12 @@ LONG_PROMPT = "Summarize this log in three sentences.\n" + "\n".join(
 
 
 @pytest.fixture
-def two_threads():
+def two_threads(monkeypatch):
     """Two threads, as on the machines SpecDeck runs on: llama.cpp's kernels may split work between
-    them (and do, for one-token attention over 512 cached positions or more)."""
+    them (and do, for one-token attention over 512 cached positions or more). Tests that use it are
+    `serial`: two threads beside another test process would wait on each other's busy core."""
     before = torch.get_num_threads()
+    monkeypatch.setenv("SPECDECK_THREADS", "2")
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(before)
@@ -84,6 +86,7 @@ def _logits_in_calls(forward: LlamaCppForward, ids: list[int], sizes: list[int],
     return torch.cat(rows)
 
 
+@pytest.mark.serial
 @pytest.mark.usefixtures("two_threads")
 @pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["short", "long"])
 def test_one_token_and_several_token_calls_give_identical_logits(target, prompt):
@@ -123,6 +126,7 @@ def _kept(events) -> list[int]:
     return [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
 
 
+@pytest.mark.serial
 @pytest.mark.usefixtures("two_threads")
 @pytest.mark.parametrize("schedule", ["auto", "constant"])
 @pytest.mark.parametrize("drafter", ["feature-head", "draft-on-torch", "draft-on-llama.cpp", "prompt-lookup"])
@@ -153,6 +157,7 @@ def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, sc
         assert 0 < summary.accepted < summary.drafted
 
 
+@pytest.mark.serial
 @pytest.mark.usefixtures("two_threads")
 def test_plain_steps_without_states_keep_greedy_text_and_the_head_drafts_after_them(target, monkeypatch):
     """With the head on llama.cpp and a schedule that takes two plain steps (run without the target's
