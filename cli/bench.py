@@ -73,7 +73,12 @@ def add_bench_command(commands) -> None:
         "answer as history (labelled repeat; the other rows never draft from the same prompt)",
     )
     bench.add_argument("--seed", type=int, default=defaults.decode.seed)
-    bench.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    bench.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: at each session, the cores other programs leave free)",
+    )
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--out", required=True, help="folder for summary.csv, per_prompt.csv, report.md and plots")
     bench.set_defaults(handler=cmd_bench)
@@ -122,13 +127,13 @@ class ProgressBar:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import torch
     import transformers
 
     from specdeck.engine.bench.prompts import prompts_path as prompts_path_named
     from specdeck.engine.bench.prompts import read_prompts, sample_prompts
     from specdeck.engine.bench.report import markdown_table
     from specdeck.engine.bench.service import check_results_folder, report_context, run_and_write
+    from specdeck.engine.cores import pin_threads
     from specdeck.engine.interrupt import cancel_on_signals, to_stderr
     from specdeck.engine.session import load_pairs
 
@@ -140,7 +145,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         if args.threads < 1:
             raise SpecDeckError(f"--threads must be at least 1 (got {args.threads}).")
-        torch.set_num_threads(args.threads)
+        pin_threads(args.threads)
     notice = lambda line: print(f"[{line}]", file=sys.stderr, flush=True)  # noqa: E731
     out = check_results_folder(Path(args.out), notice)
     transformers.logging.set_verbosity_error()  # its assisted-generation notices would break the progress bar

@@ -42,6 +42,7 @@ from specdeck.engine.autotune import MAX_WIDTH, RoundPlanner, cost_curve, draft_
 from specdeck.engine.cache import costs_cache
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.context import context_length, fit_prompt, shortest
+from specdeck.engine.cores import fit_threads
 from specdeck.engine.drafters import Drafter, Proposal
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event, SessionStarted
@@ -123,6 +124,8 @@ def generate(
     """
     if target.model is None:
         require_greedy(config)
+    if target.device.type == "cpu":
+        fit_threads()  # the cores other programs leave free now: threads that wait on a busy core stall
     own_context = context_length(target.model) if target.model is not None else None
     context = shortest(own_context, drafter.context_length if drafter else None)
     prompt = fit_prompt(prompt_ids, context, config.max_new_tokens, config.truncate_prompt)

@@ -25,6 +25,7 @@ from specdeck.engine.bench.methods import match_bucket
 from specdeck.engine.bench.prompts import read_prompts
 from specdeck.engine.cache import costs_cache
 from specdeck.engine.config import DecodeConfig
+from specdeck.engine.cores import pin_threads
 from specdeck.engine.decoding import generate
 from specdeck.engine.events import TokenEvent
 from specdeck.engine.models import encode_prompt
@@ -57,10 +58,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target", default=PairSpec().target)
     parser.add_argument("--backend", choices=("auto", "torch", "llama.cpp"), default="auto")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads", type=int, help="CPU threads (default: at each session, the cores other programs leave free)"
+    )
     args = parser.parse_args(argv)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        pin_threads(args.threads)
     prompts = read_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     pair = load_pair(PairSpec(args.target, drafter=args.drafter, backend=args.backend))
     curve = cost_curve(pair.local_target.model, costs_cache())

@@ -15,6 +15,7 @@ import time
 import torch
 
 from specdeck.engine.config import DecodeConfig
+from specdeck.engine.cores import pin_threads
 from specdeck.engine.suffix import SuffixIndex, repetitive_text
 from specdeck.engine.suffix_drafting import SuffixDrafter
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        pin_threads(args.threads)
     _bench(args.tokens, args.rounds, args.k, args.vocab, args.seed)
 
 

@@ -28,6 +28,7 @@ import torch
 
 from specdeck.engine.atomic import write_with
 from specdeck.engine.cache import cache_root
+from specdeck.engine.cores import pin_threads
 from specdeck.engine.distill.corpus import instructions
 from specdeck.engine.distill.teacher import chat_ids, generate_scored
 from specdeck.engine.distill.texts import TEXT_SOURCES, existing_exchanges, reading_requests
@@ -133,7 +134,7 @@ def grow(target_name: str, folder: Path, config: ForcingConfig, progress: Progre
     """Add shards to `folder` until it holds `config.positions` positions, the text runs out, or the
     disk's free space falls to `config.reserve_gb`; return the folder."""
     if config.threads:
-        torch.set_num_threads(config.threads)
+        pin_threads(config.threads)
     folder.mkdir(parents=True, exist_ok=True)
     manifest_path = folder / "manifest.json"
     manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else {}

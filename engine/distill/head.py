@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from specdeck.engine.atomic import write_with
+from specdeck.engine.cores import pin_threads
 from specdeck.engine.distill.corpus import SOURCES
 from specdeck.engine.distill.forcing import Store, load_store
 from specdeck.engine.distill.loop import HeldOut, split_rows, train_loop
@@ -418,7 +419,7 @@ def train_head(
     `teacher` (default `out/teacher`), made first as `text` says when given (shards already there
     are kept)."""
     if config.threads:
-        torch.set_num_threads(config.threads)
+        pin_threads(config.threads)
     out.mkdir(parents=True, exist_ok=True)
     target = load_model(target_name, LoadOptions(device="cpu", dtype=config.feature_dtype), progress)
     if data is not None:

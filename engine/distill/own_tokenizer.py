@@ -29,6 +29,7 @@ import torch
 
 from specdeck.engine.atomic import building_folder, write_text
 from specdeck.engine.cache import cache_root
+from specdeck.engine.cores import pin_threads
 from specdeck.engine.distill.corpus import SOURCES
 from specdeck.engine.distill.loop import HeldOut, batches, split_rows, train_loop
 from specdeck.engine.distill.student import DraftShape
@@ -272,7 +273,7 @@ def train_cross_draft(
     from transformers import AutoTokenizer
 
     if config.threads:
-        torch.set_num_threads(config.threads)
+        pin_threads(config.threads)
     out.mkdir(parents=True, exist_ok=True)
     record = _texts(target_name, out, config, teacher, progress)
     texts = record["texts"]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from specdeck.engine.atomic import write_bytes
 from specdeck.engine.config import DecodeConfig
+from specdeck.engine.cores import pin_threads
 from specdeck.engine.decoding import generate
 from specdeck.engine.distill.corpus import instructions
 from specdeck.engine.distill.teacher import chat_ids
@@ -76,9 +77,7 @@ def read_answers(folder: Path) -> list[dict]:
 def grow(target_name: str, folder: Path, config: TextsConfig, progress: Progress = print) -> list[list[int]]:
     """Answer requests until the answers hold `config.tokens` tokens; return every answer's ids."""
     if config.threads:
-        import torch
-
-        torch.set_num_threads(config.threads)
+        pin_threads(config.threads)
     folder.mkdir(parents=True, exist_ok=True)
     target = load_model(target_name, LoadOptions(device="cpu", backend=config.backend), progress)
     answers = read_answers(folder)

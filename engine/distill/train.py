@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from specdeck.engine.atomic import building_folder
+from specdeck.engine.cores import pin_threads
 from specdeck.engine.distill.corpus import (
     SOURCES,
     article_instructions,
@@ -361,7 +362,7 @@ def train_draft(
     `until` stops this call after that step (a checkpoint is written there) without changing the
     learning-rate schedule, which always spans `config.steps`."""
     if config.threads:
-        torch.set_num_threads(config.threads)
+        pin_threads(config.threads)
     out.mkdir(parents=True, exist_ok=True)
     target = load_model(target_name, LoadOptions(device="cpu", dtype=config.teacher_dtype), progress)
     data = build_teacher_data(target, out / "teacher", config, progress)
