@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt
+from PySide6.QtCore import QByteArray, QEvent, QRect, QSettings, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -105,6 +105,9 @@ class MainWindow(QMainWindow):
         self.resize(1440, 900)
         if settings is not None:
             self._restore_settings(settings)
+        screen = self.screen()
+        if screen is not None:
+            self.fit_into(screen.availableGeometry())
 
     # layout -----------------------------------------------------------------------------------------
 
@@ -443,6 +446,17 @@ class MainWindow(QMainWindow):
             ("view/settings_panel", self.settings_action),
             ("view/colour_blind_safe", self.colour_blind_action),
         )
+
+    def fit_into(self, area: QRect) -> None:
+        """Shrink and move the window inside `area` (its screen's free part), so Run and Compare are
+        on screen also where the default size or a geometry saved on a larger screen is too big."""
+        frame = self.frameGeometry().size() - self.geometry().size()  # the window manager's frame
+        width = max(min(self.width(), area.width() - frame.width()), self.minimumSizeHint().width())
+        height = max(min(self.height(), area.height() - frame.height()), self.minimumSizeHint().height())
+        self.resize(width, height)
+        x = min(max(self.x(), area.left()), max(area.left(), area.right() + 1 - width - frame.width()))
+        y = min(max(self.y(), area.top()), max(area.top(), area.bottom() + 1 - height - frame.height()))
+        self.move(x, y)
 
     def _restore_settings(self, settings: QSettings) -> None:
         self.model_panel.restore(settings)

@@ -42,3 +42,19 @@ def test_settings_panel_collapses_and_comes_back(qtbot, window):
     assert not window.settings_panel.isVisible()
     window.settings_action.trigger()
     assert window.settings_panel.isVisible() and window.run_button.isVisible()
+
+
+def test_window_opens_inside_a_1366_by_768_screen(qtbot, window):
+    """A window sized or saved for a larger screen is fitted inside a 1366x768 one, with Run and
+    Compare on the screen."""
+    from PySide6.QtCore import QPoint, QRect
+
+    screen = QRect(0, 0, 1366, 768)
+    window.resize(1920, 1200)
+    window.move(400, 300)
+    window.fit_into(screen)
+    window.show()
+    assert screen.contains(window.frameGeometry()), window.frameGeometry()
+    for button in (window.run_button, window.compare_button):
+        corner = button.mapToGlobal(QPoint(button.width() - 1, button.height() - 1))
+        assert button.isVisible() and screen.contains(button.mapToGlobal(QPoint(0, 0))) and screen.contains(corner)
