@@ -13,6 +13,8 @@ from specdeck.engine.decoding import generate
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event
 from specdeck.engine.heads import load_feature_head, names_head
+from specdeck.engine.lean_weights import weights_of
+from specdeck.engine.llama_forward import supports
 from specdeck.engine.llamacpp_backend import LlamaCppModel
 from specdeck.engine.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer
 from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
@@ -56,10 +58,23 @@ def _load_target(spec: PairSpec, progress: Progress | None) -> LoadedModel | Rem
     """The target model, loaded; or, for a server's address, the served target, read with the
     tokenizer `PairSpec.remote_tokenizer` names."""
     if not spec.remote:
-        return load_model(spec.target, spec.load_options, progress)
+        target = load_model(spec.target, spec.load_options, progress)
+        _lay_out_weights(target, progress)
+        return target
     if progress:
         progress(f"Connecting to {spec.target}")
     return connect(spec.remote_settings, load_tokenizer(spec.remote_tokenizer, progress))
+
+
+def _lay_out_weights(target: LoadedModel, progress: Progress | None) -> None:
+    """Lay out the target's weights for the lean forward (packed for this machine's products, a GGUF
+    file's blocks found) now, while the load reports progress, rather than silently at the first
+    session, which would otherwise wait seconds for its first token."""
+    if isinstance(target.model, LlamaCppModel) or not supports(target.model):
+        return
+    if progress:
+        progress(f"Laying out {target.name}'s weights for this machine's products")
+    weights_of(target.model)
 
 
 def _backend(target: LoadedModel | RemoteTarget) -> str | None:

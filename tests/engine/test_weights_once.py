@@ -122,3 +122,19 @@ def test_weights_changed_in_place_are_read_again(path):
         qkv = weights_of(model).layers[1].qkv
         assert isinstance(qkv, DenseLinear)
         assert qkv.weight.untyped_storage().data_ptr() == model.model.layers[1].self_attn.q_proj.weight.data_ptr()
+
+
+def test_a_load_lays_out_the_weights_and_says_so(tmp_path):
+    """Loading a pair lays out the target's lean weights under the load's progress, so the first
+    session starts decoding at once instead of sitting silent while they are laid out."""
+    from tiny import build_pair
+
+    from specdeck.engine import lean_weights
+    from specdeck.engine.pair import PairSpec
+    from specdeck.engine.session import load_pair
+
+    target_dir, _ = build_pair(tmp_path, "llama")
+    said: list[str] = []
+    pair = load_pair(PairSpec(target=str(target_dir), drafter="prompt-lookup", device="cpu"), progress=said.append)
+    assert pair.target.model in lean_weights._WEIGHTS
+    assert any(line.startswith("Laying out") for line in said), said
