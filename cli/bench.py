@@ -7,6 +7,7 @@ loads once, each drafter's model once, and all of them alternate with the same p
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -79,6 +80,13 @@ def add_bench_command(commands) -> None:
         default=None,
         help="CPU threads (default: at each session, the cores other programs leave free)",
     )
+    bench.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="then run everything again beside this many spinning processes (as a desktop's other "
+        "programs), into OUT/busy-N/, with both runs side by side in OUT/quiet-and-busy.md",
+    )
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--out", required=True, help="folder for summary.csv, per_prompt.csv, report.md and plots")
     bench.set_defaults(handler=cmd_bench)
@@ -129,6 +137,8 @@ class ProgressBar:
 def cmd_bench(args: argparse.Namespace) -> int:
     import transformers
 
+    from specdeck.engine.atomic import write_text
+    from specdeck.engine.bench.busy import quiet_and_busy, spinning
     from specdeck.engine.bench.prompts import prompts_path as prompts_path_named
     from specdeck.engine.bench.prompts import read_prompts, sample_prompts
     from specdeck.engine.bench.report import markdown_table
@@ -146,6 +156,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise SpecDeckError(f"--threads must be at least 1 (got {args.threads}).")
         pin_threads(args.threads)
+    if not 0 <= args.busy < (os.cpu_count() or 1):
+        raise SpecDeckError(
+            f"--busy must be from 0 to {(os.cpu_count() or 1) - 1}, fewer than this machine's cores (got {args.busy})."
+        )
     notice = lambda line: print(f"[{line}]", file=sys.stderr, flush=True)  # noqa: E731
     out = check_results_folder(Path(args.out), notice)
     transformers.logging.set_verbosity_error()  # its assisted-generation notices would break the progress bar
@@ -163,6 +177,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not summary:
         print(f"Cancelled before any prompt finished: nothing written, {out} left as it was.", file=sys.stderr)
         return 130
+    if args.busy and not cancel.is_set():
+        busy_out = out / f"busy-{args.busy}"
+        busy_context = {**context, "note": f"beside {args.busy} spinning processes of the benchmark's own"}
+        with spinning(args.busy), cancel_on_signals(to_stderr) as cancel:
+            busy_summary = run_and_write(
+                pairs, prompts, settings, busy_out, busy_context, plots=False, progress=ProgressBar(), cancel=cancel
+            )
+        if busy_summary:
+            table = quiet_and_busy(summary, busy_summary, args.busy)
+            write_text(out / "quiet-and-busy.md", table)
+            print(table)
+        if cancel.is_set():
+            print(f"Cancelled during the run beside busy cores: {busy_out} covers what finished.", file=sys.stderr)
+            return 130
     overview = [r for r in summary if r["category"] == "all"]
     print(
         markdown_table(

@@ -31,7 +31,15 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.kvcache import products_path
 from specdeck.engine.pair import ModelPair
 
-RESULT_FILES = ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md", "speedup_by_category.png", "k_sweep.png")
+RESULT_FILES = (
+    "summary.csv",
+    "per_prompt.csv",
+    "k_sweep.csv",
+    "report.md",
+    "speedup_by_category.png",
+    "k_sweep.png",
+    "quiet-and-busy.md",  # `specdeck bench --busy N`, beside its run's folder busy-N/
+)
 
 
 def check_results_folder(out: Path, notice: Callable[[str], None]) -> Path:
@@ -40,7 +48,7 @@ def check_results_folder(out: Path, notice: Callable[[str], None]) -> Path:
     remains of an earlier, interrupted benchmark being removed."""
     check_writable_folder(out)
     remove_abandoned(out.parent, notice, name=out.name)
-    foreign = sorted(path.name for path in out.iterdir() if path.name not in RESULT_FILES) if out.is_dir() else []
+    foreign = sorted(path.name for path in out.iterdir() if not _result(path)) if out.is_dir() else []
     if foreign:
         raise SpecDeckError(
             f"{out} holds files a benchmark did not write ({', '.join(foreign[:3])}"
@@ -48,6 +56,11 @@ def check_results_folder(out: Path, notice: Callable[[str], None]) -> Path:
             "so choose a new or empty --out."
         )
     return out
+
+
+def _result(path: Path) -> bool:
+    """Whether a benchmark wrote `path`: a result file, or the folder of a run beside busy cores."""
+    return path.name in RESULT_FILES or (path.is_dir() and path.name.startswith("busy-"))
 
 
 def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command: str) -> dict[str, str]:

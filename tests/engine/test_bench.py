@@ -425,3 +425,43 @@ def test_round_kind_names_where_a_copy_came_from():
     assert round_kind(event(3, source="texts", match_length=12)) == "copy of earlier texts, match 9-15"
     assert round_kind(event(3, source="session", match_length=40)) == "copy of earlier texts, match 16+"
     assert round_kind(event(1, source="prompt")) == "copy of this request, match 0"
+
+
+@pytest.mark.serial
+def test_busy_runs_again_beside_spinning_processes(bench_models, two_prompts, tmp_path, capsys):
+    """--busy 1 runs every method again beside a spinning process of its own, into OUT/busy-1/,
+    puts each method's quiet and busy tok/s and speedups side by side, leaves no spinner behind,
+    and a rerun into the same folder is not refused."""
+    target, _ = bench_models
+    out = tmp_path / "out"
+    before = _spinners()
+    assert main(_bench_argv(target, two_prompts, out, "--no-plots", "--busy", "1")) == 0
+    assert _spinners() == before
+    table = (out / "quiet-and-busy.md").read_text(encoding="utf-8")
+    assert "beside 1 spinning process" in table
+    quiet = {r["method"]: r for r in _read(out / "summary.csv") if r["category"] == "all" and r["turn"] == "all"}
+    busy = {
+        r["method"]: r for r in _read(out / "busy-1" / "summary.csv") if r["category"] == "all" and r["turn"] == "all"
+    }
+    assert set(quiet) == set(busy) == {"plain", "speculative"}
+    for method in quiet:
+        row = f"| {method} | {quiet[method]['k']} | {quiet[method]['drafter']} | all | "
+        row += f"{float(quiet[method]['tokens_per_s']):.1f} | {float(busy[method]['tokens_per_s']):.1f} |"
+        assert row in table, (row, table)
+    assert "spinning processes of the benchmark's own" in (out / "busy-1" / "report.md").read_text(encoding="utf-8")
+    assert main(_bench_argv(target, two_prompts, out, "--no-plots")) == 0
+    assert capsys.readouterr().err.count("holds files") == 0
+
+
+def test_busy_is_refused_where_it_would_leave_no_core(two_prompts, tmp_path, capsys, monkeypatch):
+    """--busy takes fewer spinning processes than the machine has cores, and says so otherwise."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert main(_bench_argv(tmp_path / "no-model", two_prompts, tmp_path / "out", "--busy", "2")) == 2
+    assert "--busy must be from 0 to 1" in capsys.readouterr().err
+
+
+def _spinners() -> int:
+    import subprocess
+
+    found = subprocess.run(["pgrep", "-f", "while True: pass"], capture_output=True, text=True).stdout
+    return len(found.split())
