@@ -48,10 +48,8 @@ log = logging.getLogger(__name__)
 CURVE_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # new tokens a cost curve is measured at
 CURVE_CONTEXT = 128  # cached tokens the curve is measured after
 PROBE_EVERY = 8  # rounds at least between one-token drafts while the planner has chosen not to draft
-# the share of plain rounds' time that probes may lose, at most (expected). A probe also slows the
-# steps after it and, on a feature head, first pairs the states since its last draft: where nothing
-# paid (4 of 12 Spec-Bench categories on a 2-core Xeon) probes at 2% lost 3-4% against never
-# drafting; at 1% the 12 categories and 6 HumanEval problems were 0.2-2% faster
+# the share of plain rounds' time that probes may lose, at most (expected): a probe also slows the
+# steps after it and, on a feature head, first pairs the states since its last draft
 PROBE_BUDGET = 0.01
 DECAY = 0.97  # weight of a round's evidence after each later round (about 30 rounds of memory; a copy
 # estimate's: about 30 of its own judged drafts, `CopyAcceptance.record`)
@@ -62,20 +60,15 @@ CARRIED = 8.0  # rounds' weight of an earlier session's acceptance in a new one 
 AFTERMATH = 3  # plain steps after a round that verified drafts charged to it (`RoundPlanner.aftermath`)
 # a round measured this many times what the planner expects was held up by something else (the
 # collector, a graph capture, another process): it moves an estimate as if it took this many times,
-# and a step that slow is no drafts' aftermath. One such step once stood as the aftermath of a
-# feature head's drafts at 8 ms (a step took 6) on an H100: drafting never paid again that process
+# and a step that slow is no drafts' aftermath, or one outlier could stop drafting for good
 HELD_UP = 2.0
-# rounds after a prefill whose times the planner does not learn from: on a 2-core Xeon the first plain
-# steps after it took 4.6, 4.3, 3.6, 3.1 and 2.8 ms against 2.6 after (medians over 12 prompts), and so
-# do the steps after any pause (a 50 ms sleep, 300 MB written: the machine's caches and clocks after
-# idle time, not the prefill's work). Learned from, they priced a plain step at 3.0-3.5 ms for the
-# rest of the session and drafting looked as much cheaper
+# rounds after a prefill whose times the planner does not learn from: the first steps after it run
+# slow, as after any pause (the machine's caches and clocks after idle time), and learned from they
+# would overprice a plain step for the rest of the session
 SETTLE = 5
 NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said; measured again)
 # a cached curve whose one-token step runs this many times faster or slower now is measured again: the
-# machine's pace moved (a 2-core Xeon VM's step took 5.7 ms, and 2.3 a few hours later), and with it
-# the curve's shape (a step streaming the weights from L3 rather than memory makes more tokens dearer
-# beside it: 8 tokens 2.3x one instead of 1.7x), which the planner takes for sizes it has not measured
+# machine's pace moved, and with it the curve's shape, which the planner takes for sizes it has not measured
 DRIFT = 1.4
 
 
@@ -128,9 +121,7 @@ def measure_curve(
     for pass_no in range(passes + 1):
         for i, n in enumerate(tokens):
             # one token: the last STEPS of SETTLE + STEPS steps in a row, as plain decoding runs them
-            # (the steps right after a larger forward run slow: on a 2-core Xeon 4.6, 4.3, 3.6, 3.1 and
-            # 2.8 ms, then 2.6; timed among them, a step cost 2.9 and two tokens 2.6); more: the last
-            # of three alike
+            # (the steps right after a larger forward run slow); more: the last of three alike
             starts = range(SETTLE + STEPS) if n == 1 else (0, 0, 0)
             for turn, j in enumerate(starts):
                 lm.crop(context + j)
@@ -378,10 +369,8 @@ class CopyAcceptance:
     rather than on the short matches most copies follow. A first draft and a later one at the
     same length are counted apart: a copy's later drafts go on along the occurrence its match
     chose, where a copy found afresh after the longer match copies its latest occurrence. Doubted
-    drafts are counted apart too: on 34 HumanEval problems on llama.cpp, first drafts after 1-, 2-
-    and 3-token matches of the request's own text passed 40%, 60% and 74% of the time where every
-    earlier occurrence of the match went on with the draft, and 9%, 21% and 0% where one went on
-    otherwise; merged, neither kind was judged right.
+    drafts are counted apart too: after short matches they pass far less often than drafts not
+    doubted, and merged, neither kind was judged right.
 
     A length's prior mean starts at the rule of succession, (m + 1) / (m + 2) (a match that held for
     m tokens holds for one more that often; 0.5 where the match length is unknown or the draft
@@ -505,8 +494,8 @@ class RoundPlanner:
         self.planned_rate = 0.0  # kept tokens per ms of the round `plan` chose, which a copy must beat
         self.draft_ms_per_token = draft_ms_per_token
         # the loop's own time per round beside the draft and the verify, for plain steps and for
-        # rounds that verify drafts apart: these judge drafts and build more events (on the Xeon
-        # 0.18 ms against 0.08; priced alike, drafts looked 0.1 ms cheaper than they were)
+        # rounds that verify drafts apart: these judge drafts and build more events, so priced alike
+        # drafts would look cheaper than they are
         self.overhead_ms = 0.0
         self.drafted_overhead_ms = 0.0
         # the curve at every verify size a round may plan (read for each shape weighed, every round)
@@ -529,10 +518,9 @@ class RoundPlanner:
         self.planned_drafts = 0.0
         self.refusals = 0.0
         # What a round that verified drafts costs the plain steps after it, by kind ("model" drafts,
-        # "copy"): on a 2-core Xeon whose L3 held the target, the steps after a feature head's draft
-        # took 1.6, 1.5 and 1.2 ms more than a step after steps, after a copy's verify 0.7, 0.8 and
-        # 0.5. Measured as the excess of the AFTERMATH plain steps that follow it over `clean_ms`, the
-        # plain steps after as many plain steps; charged to the kind's rounds (`aftermath_ms`).
+        # "copy"): a draft's weights and a wider verify push the target's out of the caches. Measured
+        # as the excess of the AFTERMATH plain steps that follow it over `clean_ms`, the plain steps
+        # after as many plain steps; charged to the kind's rounds (`aftermath_ms`).
         self.aftermath: dict[str, float] = {}
         self.clean_ms: float | None = None
         self._since_drafts = AFTERMATH
@@ -587,12 +575,10 @@ class RoundPlanner:
         """A plain step's forward, as drafting is weighed against it: the session's one-token forward
         or, where less, the clean steps' (`clean_ms`: those AFTERMATH rounds or more after drafts),
         else the curve's. Drafting slows the steps beside it (the drafter's weights and a verify's
-        wider forward push the target's out of the caches: on a 2-core Xeon a step after drafts
-        took 8.6 ms against plain decoding's 7.2), so steps measured among drafts overstate what
-        not drafting costs; what they add is charged to the drafts (`aftermath_ms`). The curve,
+        wider forward push the target's out of the caches), so steps measured among drafts overstate
+        what not drafting costs; what they add is charged to the drafts (`aftermath_ms`). The curve,
         measured at load, stands in only until clean steps are measured: in the decoding loop a
-        step may cost more than it said (on an H100 5.85 ms at load, 6.0-6.1 in the loop), and
-        weighing drafts against it made them look dearer than they were."""
+        step may cost more than it said, which would make drafts look dearer than they are."""
         reference = self.clean_ms if self.clean_ms is not None else self.curve.ms(1)
         return min(self.verify_ms(1), reference)
 
@@ -661,7 +647,7 @@ class RoundPlanner:
         Tokens per ms stop a copy at the draft whose chance falls below the copy's own rate, above
         the planned round's: choosing instead the n that keeps the most tokens beyond what the
         planned round keeps in the same time (right where the estimates are) verified deeper, on
-        drafts whose estimates ran high, and lost 2-3% on HumanEval on llama.cpp."""
+        drafts whose estimates ran high, and lost time."""
         best, best_rate = 0, self.planned_rate if beside_plan else 1.0 / (self.overhead_ms + self.plain_ms())
         longest = min(available, self.max_copy)
         expected = self.copies.expected(own, match, longest, doubted)

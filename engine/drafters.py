@@ -401,9 +401,8 @@ class FeatureHeadDrafter(Drafter):
     needs_states = True
     GAP_FILL = 4  # gap tokens paired with predicted states: each costs a step of the head's layer
     # real states paired at once, at most: the latest of a longer run (a long prompt, many plain
-    # steps since the head last drafted). On a 2-core Xeon a 600-token prompt's took 28 ms, 32 take
-    # about 1.5; a fresh head's first draft after the last 32 states of a code answer was the
-    # target's token 66 times in 99, after all of them 73 (prose: 74 and 73)
+    # steps since the head last drafted): pairing a long prompt's every state makes one draft cost
+    # many steps, for a few more drafts passed
     CATCH_UP = 32
 
     def __init__(

@@ -75,9 +75,8 @@ def activations() -> str:
 def quantize_for_drafting(model: torch.nn.Module) -> None:
     """Let `model`, a drafter's layers (whose numbers decide which tokens are proposed, never the
     text: a proposal is verified by the target), multiply on Q8_0 blocks of its own float32 matrices
-    with 8-bit rows where the products run so (`own_blocks`): a quarter of the bytes a draft reads
-    (a feature head's layer for SmolLM2-135M: 4.5 MB instead of 17, a step 0.40 ms instead of 0.61
-    on a 2-core Xeon), and less of the target's weights pushed out of the caches between its steps."""
+    with 8-bit rows where the products run so (`own_blocks`): a quarter of the bytes a draft reads,
+    and less of the target's weights pushed out of the caches between its steps."""
     _OWN.add(model)
 
 
@@ -111,9 +110,9 @@ def blocks_of(model: torch.nn.Module) -> FileMatrices | OwnMatrices | None:
 
 def prefer_kernel(model: torch.nn.Module, choice: PathChoice) -> PathChoice:
     """The row kernel for `model`'s products where they can read its GGUF file's blocks, whatever
-    path float32 products would take (`choice`, timed on float32 weights: on an AVX2 build oneDNN's
-    packed product streamed them faster, 9.9 against 11.4 ms, while the file's blocks took a third of
-    either); `choice` where the model has no file, the kernel does not run or a path is forced."""
+    path float32 products would take (`choice`, timed on float32 weights: whichever path streams
+    those faster, the file's blocks take a fraction of its time); `choice` where the model has no
+    file, the kernel does not run or a path is forced."""
     on_blocks = source_of(model) is not None or own_blocks(model)
     if choice.path == "kernel" or not on_blocks or os.environ.get("SPECDECK_LINEAR", "").strip():
         return choice

@@ -40,10 +40,9 @@ PATHS = ("dense", "packed", "kernel")
 PACKED = ("packed", "kernel")
 _NAMES = {"dense": "F.linear", "packed": "oneDNN's packed product", "kernel": "SpecDeck's row kernel"}
 SLICE = 1024  # the longest inner dimension one packed product reduces over, where the whole is not invariant
-# Fewer rows than this go in padded with zeros where that streams faster: oneDNN's one-row kernel read a
-# packed weight more slowly than its blocked kernel for four on AMD EPYC (a whole SmolLM2-135M step: 31
-# against 20 ms of products), and faster on a Xeon with AMX (28 against 30 ms). Shape invariance makes a
-# padded row's result the same bits.
+# Fewer rows than this go in padded with zeros where that streams faster: on some CPUs oneDNN's one-row
+# kernel reads a packed weight more slowly than its blocked kernel for four, on others faster, so it is
+# measured per machine (`min_rows`). Shape invariance makes a padded row's result the same bits.
 MIN_ROWS = 4
 _ROWS = (1, 2, 4, 8)  # row counts a choice is measured at: a step and the verifies that matter
 _COUNTS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)  # row counts whose rows must have the bits of their own calls

@@ -187,12 +187,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     differently, so near-tied tokens can differ between speculative and plain text; float32 is the
     exact setting (`specdeck bench` names the near-tie where two texts part).
 
-    On the CPU float32 is chosen by measurement. SmolLM2-135M on a 2-core AVX-512/AMX Xeon, one
-    torch thread, float32 and bfloat16 forwards alternated over a 200-token cache (medians of 3):
-    one-token forwards (plain decoding) ran 1.96/s in float32 and 1.52/s in bfloat16; five-token
-    forwards (a K=4 verify) ran 1.05/s and 1.46/s. bfloat16 thus helps only long verifies, slows
-    plain decoding, and its rounding makes greedy ties between batched verify and one-token
-    decoding far more common, so speculative text would stop matching plain text.
+    On the CPU float32 is chosen by measurement: bfloat16 helped only long verifies, slowed plain
+    decoding, and its rounding makes greedy ties between batched verify and one-token decoding far
+    more common, so speculative text would stop matching plain text.
     """
     if name == "auto":
         if device.type == "cuda":

@@ -4,8 +4,7 @@ A verify gives each drafted token the logits a one-token step would give it only
 of the forward computes a row the same way alone as beside others. The products do where
 `engine.linear` packs them; PyTorch's fused CPU attention (`scaled_dot_product_attention`) does not:
 a query's output changes in its last bits with the queries beside it, so a verify used to attend
-query by query, one call each, as a step does (about 4 of the 12 ms an 8-token verify adds to a
-step on a Xeon).
+query by query, one call each, as a step does, and paid for every call.
 
 Here attention is spelled out as two batched matrix products and a softmax over each key/value
 head's group of query heads: q k^T, scaled, plus a mask, softmax, times v. Every call spans its

@@ -1,12 +1,11 @@
 """SpecDeck's own product for a few rows (`row_kernel.c`), built for this machine at first use.
 
-On a 2-core Xeon, oneDNN's packed product took 28 ms to stream SmolLM2-135M's float32 weights for
-one row and 37 ms for eight; this kernel takes 18 and 21 (`docs/benchmarks.md`): it reads each
-weight block once, front to back, prefetching ahead, and does up to eight rows' arithmetic while
-the block is in cache. Each output is one sum over the inner dimension in order, so a row's bits
-do not depend on the rows beside it (`engine.linear` checks that too before using it). Its
-attention (`attend`) gives a step's and a verify's queries the same property, each query reading
-only its own slots.
+It streams the weights faster than oneDNN's packed product, and eight rows cost little more than
+one: it reads each weight block once, front to back, prefetching ahead, and does up to eight rows'
+arithmetic while the block is in cache. Each output is one sum over the inner dimension in order,
+so a row's bits do not depend on the rows beside it (`engine.linear` checks that too before using
+it). Its attention (`attend`) gives a step's and a verify's queries the same property, each query
+reading only its own slots.
 
 The C source is compiled once per machine, compiler and source with the system's C compiler
 (`$CC`, else `cc`; `-O3 -march=native -fopenmp`) into SpecDeck's cache, the way PyTorch's inductor

@@ -7,6 +7,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+JOURNAL = sorted((ROOT / "docs" / "journal").glob("*.md"))
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -21,7 +22,7 @@ def relative_links(page: Path) -> list[str]:
     return [target for target in LINK.findall(text) if not re.match(r"[a-z]+:", target)]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize("page", PAGES + JOURNAL, ids=lambda page: page.relative_to(ROOT).as_posix())
 def test_relative_links_resolve(page):
     """Every relative link names a file that exists and, after #, a heading of that file."""
     for target in relative_links(page):
@@ -38,3 +39,11 @@ def test_readme_is_a_front_door():
     assert len(readme.encode("utf-8")) < 10_000
     for page in PAGES[1:]:
         assert f"docs/{page.name}" in readme
+
+
+def test_the_journal_index_lists_every_page():
+    """docs/journal/README.md links every page of the journal."""
+    index = (ROOT / "docs" / "journal" / "README.md").read_text(encoding="utf-8")
+    for page in JOURNAL:
+        if page.name != "README.md":
+            assert f"]({page.name})" in index, f"the journal's index does not list {page.name}"
