@@ -45,6 +45,10 @@ def _cmd_cache(args) -> int:
         f"Removed {cache.clear_suffix_texts()} files of past sessions' texts from {cache.suffix_cache()} "
         "(suffix drafting under --suffix-scope all starts afresh)."
     )
+    print(
+        f"Removed {cache.clear_tensor_indexes()} GGUF tensor indexes from {cache.tensor_index_cache()} "
+        "(read again from the files when next needed)."
+    )
     return 0
 
 

@@ -209,7 +209,8 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
     else:
         weights = [p.detach() for p in module.parameters()]
         runs_on = [str(weights[0].dtype), str(weights[0].device)]
-        path = gguf_blocks.prefer_kernel(module, linear.choose_path([w for w in weights if w.dim() == 2])).path
+        matrices = [w for w in weights if w.dim() == 2]
+        path = gguf_blocks.prefer_kernel(module, lambda: linear.choose_path(matrices)).path
         if llama_forward.fixed_shape_on(weights[0].device):  # CUDA graphs: another cost entirely
             path += " fixed-shape"
         else:  # curves measured before verifies attended in one call per span (`engine.row_attention`) are left

@@ -51,6 +51,19 @@ def gguf_cache() -> Path:
     return cache_root() / "gguf"
 
 
+def tensor_index_cache() -> Path:
+    """The folder of GGUF files' tensor indexes (`engine.gguf_index`)."""
+    return cache_root() / "gguf-tensors"
+
+
+def clear_tensor_indexes() -> int:
+    """Forget every GGUF file's tensor index (read again when next needed); return how many were removed."""
+    files = sorted(tensor_index_cache().glob("*.json")) if tensor_index_cache().is_dir() else []
+    for path in files:
+        remove_path(path)
+    return len(files)
+
+
 def costs_cache() -> Path:
     """The folder of measured costs (`engine.autotune`): target cost curves and drafters' costs."""
     return cache_root() / "costs"

@@ -20,13 +20,14 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from specdeck.engine import row_kernel
+from specdeck.engine.gguf_index import tensors_of
 from specdeck.engine.linear import PathChoice
 from specdeck.engine.row_kernel import QUANTIZED, QuantizedLinear
 
@@ -108,18 +109,17 @@ def blocks_of(model: torch.nn.Module) -> FileMatrices | OwnMatrices | None:
         return None
 
 
-def prefer_kernel(model: torch.nn.Module, choice: PathChoice) -> PathChoice:
+def prefer_kernel(model: torch.nn.Module, choose: Callable[[], PathChoice]) -> PathChoice:
     """The row kernel for `model`'s products where they can read its GGUF file's blocks, whatever
-    path float32 products would take (`choice`, timed on float32 weights: whichever path streams
-    those faster, the file's blocks take a fraction of its time); `choice` where the model has no
-    file, the kernel does not run or a path is forced."""
+    path float32 products would take (an AVX2 build streams float32 weights faster through oneDNN,
+    while the file's blocks take a third of either), without timing float32 paths it will not take;
+    else `choose()`: where the model has no file, the kernel does not run or a path is forced."""
     on_blocks = source_of(model) is not None or own_blocks(model)
-    if choice.path == "kernel" or not on_blocks or os.environ.get("SPECDECK_LINEAR", "").strip():
-        return choice
-    reason = row_kernel.unavailable(next(model.parameters()).detach())
-    if reason is not None:
-        return choice
-    return PathChoice("kernel", f"the blocks run on it; for float32 weights: {choice.describe()}")
+    if not on_blocks or os.environ.get("SPECDECK_LINEAR", "").strip():
+        return choose()
+    if row_kernel.unavailable(next(model.parameters()).detach()) is not None:
+        return choose()
+    return PathChoice("kernel", "the blocks of its GGUF file run on it")
 
 
 class FileMatrices:
@@ -127,10 +127,8 @@ class FileMatrices:
 
     def __init__(self, path: Path, rows: str | None = None) -> None:
         """`rows`: how its products take their rows (`activations()` by default)."""
-        from gguf import GGUFReader
-
         self.path = path
-        self._tensors = {t.name: t for t in GGUFReader(str(path), "r").tensors}
+        self._tensors = tensors_of(path)
         self.used: list[str] = []  # the block types of the products made, one a product
         self.activations = rows or activations()
 

@@ -123,7 +123,8 @@ def _read(model: PreTrainedModel) -> LeanWeights:
             [[attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]]
         )
     matrices = [module.weight for layer in groups for group in layer for module in group]
-    choice = gguf_blocks.prefer_kernel(model, choose_path(matrices + ([head.weight] if head is not None else [])))
+    weighed = matrices + ([head.weight] if head is not None else [])
+    choice = gguf_blocks.prefer_kernel(model, lambda: choose_path(weighed))
     keep = {id(base.embed_tokens.weight)}  # token lookup reads the embedding's plain table
     if model not in _WEIGHTS and next(model.parameters()).device.type == "cpu":
         _own_storage(model, groups, head, keep if choice.path in PACKED else None)

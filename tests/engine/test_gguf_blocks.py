@@ -236,11 +236,11 @@ def test_a_gguf_target_takes_the_row_kernel_where_float32_would_take_another_pat
     target = load_model("smollm2-135m-instruct", ON_CPU)
     other, _ = tiny_llama
     timed = PathChoice("packed", "timed on float32 weights")
-    chosen = gguf_blocks.prefer_kernel(target.model, timed)
+    chosen = gguf_blocks.prefer_kernel(target.model, lambda: timed)
     assert chosen.path == "kernel" and "blocks" in chosen.reason
-    assert gguf_blocks.prefer_kernel(other.model, timed) is timed
+    assert gguf_blocks.prefer_kernel(other.model, lambda: timed) is timed
     monkeypatch.setenv("SPECDECK_LINEAR", "packed")
-    assert gguf_blocks.prefer_kernel(target.model, timed) is timed
+    assert gguf_blocks.prefer_kernel(target.model, lambda: timed) is timed
 
 
 @needs_int8
@@ -293,3 +293,26 @@ def test_the_products_benchmark_times_every_matrix_of_the_file_both_ways(capsys)
     assert out[0].startswith("211 products of SmolLM2-135M-Instruct.Q4_1.gguf")
     rows = [line.split("|") for line in out if line.startswith("| 1 ") or line.startswith("| 3 ")]
     assert [r[1].strip() for r in rows] == ["1", "3"] and all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+
+
+def test_the_tensor_index_maps_what_gguf_reads_and_heals_when_damaged(tmp_path, monkeypatch):
+    """The built-in file's tensors, mapped from the cached index, are gguf-py's own (names, types,
+    shapes, bytes); an index damaged in the cache is read again from the file, not trusted."""
+    from gguf import GGUFReader
+
+    from specdeck.engine import gguf_index
+    from specdeck.engine.models import BUILTIN_MODELS
+
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    path = BUILTIN_MODELS["smollm2-135m-instruct"].path()
+    read = {t.name: t for t in GGUFReader(str(path), "r").tensors}
+    for attempt in ("first", "from the index", "damaged"):
+        if attempt == "damaged":
+            (written,) = (tmp_path / "gguf-tensors").glob("*.json")
+            written.write_text('{"version": 1, "tensors": [{"name": "x", "offset": 1e15, "bytes": 4}]}')
+        mapped = gguf_index.tensors_of(path)
+        assert mapped.keys() == read.keys(), attempt
+        for name in ("blk.0.attn_q.weight", "output_norm.weight", "token_embd.weight"):
+            ours, theirs = mapped[name], read[name]
+            assert ours.tensor_type == theirs.tensor_type and ours.shape == tuple(int(n) for n in theirs.shape)
+            assert np.array_equal(np.asarray(ours.data), np.asarray(theirs.data)), (attempt, name)

@@ -1,0 +1,103 @@
+"""Where each tensor of a GGUF file lies, read once and kept in SpecDeck's cache.
+
+gguf-py's reader parses every metadata field of a file when it opens it, a tokenizer's tens of
+thousands of strings included: seconds for the built-in model at every load, while the products on
+the file's blocks (`engine.gguf_blocks`) need only each tensor's name, type, shape and offset. Those
+are read with gguf-py once per file (its path, size and time of change) and written to
+`gguf-tensors/` in the cache; later loads map the tensors from the index alone. An index that does
+not read back, or names bytes past the file's end, is read again from the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specdeck.engine.atomic import write_text
+from specdeck.engine.cache import tensor_index_cache
+
+log = logging.getLogger(__name__)
+
+VERSION = 1  # of the index's layout: another one is read again from the file
+
+
+@dataclass(frozen=True)
+class IndexedTensor:
+    """One tensor of the file, as gguf-py's reader gives it: `shape` innermost dimension first,
+    `data` memory-mapped (a quantized type's as bytes, one row of blocks per row)."""
+
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+def tensors_of(path: Path) -> dict[str, IndexedTensor]:
+    """The file's tensors by name, from the cached index where it matches the file."""
+    index = _cached(path)
+    if index is None:
+        index = _read(path)
+        folder = tensor_index_cache()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_text(_index_path(path), json.dumps(index))
+        except Exception as error:  # a read-only or full cache only costs the next load the read
+            log.info("the tensor index of %s was not kept: %s", path, error)
+    return _mapped(path, index)
+
+
+def _index_path(path: Path) -> Path:
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{VERSION}"
+    return tensor_index_cache() / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _cached(path: Path) -> dict | None:
+    cached = _index_path(path)
+    if not cached.is_file():
+        return None
+    try:
+        index = json.loads(cached.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+        if index["version"] == VERSION and all(t["offset"] + t["bytes"] <= size for t in index["tensors"]):
+            return index
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    log.info("the tensor index of %s does not read back: reading the file again", path)
+    return None
+
+
+def _read(path: Path) -> dict:
+    from gguf import GGUFReader
+
+    tensors = [
+        {
+            "name": t.name,
+            "type": int(t.tensor_type),
+            "shape": [int(n) for n in t.shape],
+            "offset": int(t.data_offset),
+            "bytes": int(t.n_bytes),
+            "dtype": t.data.dtype.str,
+            "layout": list(t.data.shape),
+        }
+        for t in GGUFReader(str(path), "r").tensors
+    ]
+    return {"version": VERSION, "tensors": tensors}
+
+
+def _mapped(path: Path, index: dict) -> dict[str, IndexedTensor]:
+    from gguf import GGMLQuantizationType
+
+    whole = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors = {}
+    for t in index["tensors"]:
+        raw = whole[t["offset"] : t["offset"] + t["bytes"]]
+        data = raw.view(np.dtype(t["dtype"])).reshape(t["layout"])
+        tensors[t["name"]] = IndexedTensor(t["name"], GGMLQuantizationType(t["type"]), tuple(t["shape"]), data)
+    return tensors
