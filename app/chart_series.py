@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdeck.engine.events import RoundEvent, SummaryEvent
+from specdeck.engine.events import RoundEvent, SessionStarted, SummaryEvent
 from specdeck.engine.stats import SessionStats
 
 MAX_POINTS = 500  # per curve: a chart is a few hundred pixels wide, so more points only cost paint time
@@ -25,6 +25,7 @@ class SessionSeries:
         self.size = 0
         self.stats = SessionStats()
         self.summary: SummaryEvent | None = None
+        self.start: SessionStarted | None = None
         self.shapes: dict[str, int] = {}  # rounds per draft shape ("K=2", "copy 3", "none")
         self.round_shapes: list[str] = []  # each round's shape, in order
 
@@ -32,6 +33,8 @@ class SessionSeries:
         self.stats.add(event)
         if isinstance(event, SummaryEvent):
             self.summary = event
+        if isinstance(event, SessionStarted):
+            self.start = event
         if not isinstance(event, RoundEvent):
             return
         self.shapes[event.shape] = self.shapes.get(event.shape, 0) + 1

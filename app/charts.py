@@ -1,7 +1,9 @@
 """Live charts of a session: acceptance per round (with the cumulative rate), tokens/s over time
 (speculative and plain on one chart), each round's time split into drafting and verifying (its
-shape, chain length and tree width, on hover), tokens kept per round as a histogram, and
-acceptance by draft depth, with the headline figures beside or below them.
+shape, chain length and tree width, on hover), tokens kept per round as a histogram,
+acceptance by draft depth, and why it pays or not: this machine's verify cost in plain steps and
+the speedup it makes of the session's acceptance at each K, each beside a flat verify (`app.cost_series`);
+the headline figures beside or below them.
 
 Events only append to preallocated float64 buffers (`app.chart_series`); a timer redraws one
 chart per tick at 8 Hz per chart when something changed, from at most `MAX_POINTS` points per
@@ -34,6 +36,7 @@ from specdeck.app.chart_series import (
     speed_readout,
     thinned,
 )
+from specdeck.app.cost_series import curve_of, speedup_by_k, speedup_readout, verify_cost, verify_readout
 from specdeck.app.session_model import SessionModel
 from specdeck.engine.events import SummaryEvent
 from specdeck.engine.export import SessionRecord
@@ -135,12 +138,28 @@ class SessionCharts(QWidget):
         self.position_plot.addItem(self._by_position)
         self.position_plot.getAxis("bottom").setTickSpacing(1, 1)
 
+        # why it pays or not: this machine's verify cost, and what it makes of the session's acceptance
+        self.verify_cost_plot = _plot(
+            f"Verify cost {_key(SPEC_COLOUR, 'this machine')} {_key(PLAIN_COLOUR, 'flat')}", "steps", "tokens verified"
+        )
+        self._verify_cost = self.verify_cost_plot.plot(pen=SPEC_PEN, symbol="o", symbolSize=4, symbolBrush=SPEC_COLOUR)
+        self._flat_cost = self.verify_cost_plot.plot(pen=PLAIN_PEN)
+        self.expected_plot = _plot(
+            f"Expected speedup {_key(SPEC_COLOUR, 'this machine')} {_key(PLAIN_COLOUR, 'flat verify')}", "x plain", "K"
+        )
+        self._expected_here = self.expected_plot.plot(pen=SPEC_PEN, symbol="o", symbolSize=4, symbolBrush=SPEC_COLOUR)
+        self._expected_flat = self.expected_plot.plot(pen=PLAIN_PEN)
+        self.expected_plot.addItem(pg.InfiniteLine(1.0, angle=0, pen=pg.mkPen("#999", width=1)))
+        self.expected_plot.getAxis("bottom").setTickSpacing(1, 1)
+
         self.plots = (
             self.acceptance_plot,
             self.speed_plot,
             self.round_time_plot,
             self.histogram_plot,
             self.position_plot,
+            self.verify_cost_plot,
+            self.expected_plot,
         )
         self.readouts: dict[pg.PlotWidget, Callable[[float], str | None]] = {
             self.acceptance_plot: lambda x: acceptance_readout(self.speculative, x),
@@ -148,6 +167,10 @@ class SessionCharts(QWidget):
             self.round_time_plot: lambda x: round_time_readout(self.speculative, x),
             self.histogram_plot: lambda x: histogram_readout(self.speculative, x),
             self.position_plot: lambda x: position_readout(self.speculative, x),
+            self.verify_cost_plot: lambda x: verify_readout(curve_of(self.speculative.start), x),
+            self.expected_plot: lambda x: speedup_readout(
+                curve_of(self.speculative.start), self.speculative.stats.acceptance_rate, self._draft_ms(), x
+            ),
         }
         for plot in self.plots:
             plot.scene().sigMouseMoved.connect(lambda position, plot=plot: self._on_mouse_moved(plot, position))
@@ -191,6 +214,7 @@ class SessionCharts(QWidget):
             self._draw_round_time,
             self._draw_histogram,
             self._draw_by_position,
+            self._draw_costs,
         )
         self._next_part = 0
         self._timer = QTimer(self)
@@ -355,6 +379,32 @@ class SessionCharts(QWidget):
         by_position = np.asarray(self.speculative.stats.accepted_by_position, dtype=np.float64)
         self._by_position.setOpts(x=np.arange(1, by_position.size + 1, dtype=np.float64), height=by_position)
         _show_range(self.position_plot, x=(0.4, max(1, by_position.size) + 0.6))
+
+    def _draft_ms(self) -> float:
+        start = self.speculative.start
+        return start.draft_ms if start is not None else 0.0
+
+    def _draw_costs(self) -> None:
+        """The verify's cost in steps and the expected speedup by K at the session's acceptance,
+        each beside a flat verify; empty where the session measured no costs (not the auto schedule)."""
+        curve = curve_of(self.speculative.start)
+        if curve is None:
+            for item in (self._verify_cost, self._flat_cost, self._expected_here, self._expected_flat):
+                item.setData([], [])
+            return
+        tokens, steps = verify_cost(curve)
+        self._verify_cost.setData(tokens, steps)
+        self._flat_cost.setData(tokens, np.ones_like(tokens))
+        self.verify_cost_plot.setYRange(0, nice_ceiling(float(steps.max())), padding=RANGE_MARGIN)
+        acceptance = self.speculative.stats.acceptance_rate
+        ks, here = speedup_by_k(curve, acceptance, self._draft_ms())
+        _, flat = speedup_by_k(curve, acceptance, self._draft_ms(), flat=True)
+        self._expected_here.setData(ks, here)
+        self._expected_flat.setData(ks, flat)
+        self.expected_plot.setYRange(0, nice_ceiling(float(max(here.max(), flat.max(), 1.0))), padding=RANGE_MARGIN)
+        self.expected_plot.setTitle(
+            f"Expected speedup at a = {acceptance:.2f} {_key(SPEC_COLOUR, 'here')} {_key(PLAIN_COLOUR, 'flat verify')}"
+        )
 
     def _update_figures(self) -> None:
         stats = self.speculative.stats

@@ -133,7 +133,8 @@ def generate(
     generator = torch.Generator(device=target.device).manual_seed(config.seed)
     lm = target_forward(target, drafter)
     drafts = Drafts(drafter, config, target.vocab_width, target.device)
-    schedule = Schedule(config, drafts.copy_length, _planner(target, drafter, config, drafts, lm.supports_trees))
+    planner = _planner(target, drafter, config, drafts, lm.supports_trees)
+    schedule = Schedule(config, drafts.copy_length, planner)
     transcript, clock = Transcript(target, config, budget), Clock(target.device)
 
     started = clock.now()
@@ -146,6 +147,9 @@ def generate(
             len(prompt),
             clock.ms_since(started),
             prompt_tokens_dropped=len(prompt_ids) - len(prompt),
+            curve_tokens=planner.curve.tokens if planner else (),
+            curve_ms=planner.curve.forward_ms if planner else (),
+            draft_ms=planner.draft_ms_per_token if planner else 0.0,
         )
     )
     ids = list(prompt)

@@ -45,6 +45,11 @@ class SessionStarted:
     prefill_ms: float
     type: str = "start"
     prompt_tokens_dropped: int = 0  # cut from the prompt's start to fit the context (`DecodeConfig.truncate_prompt`)
+    # the auto schedule's measured costs on this machine (empty under other schedules): the target's
+    # forward over n new tokens at each n of `curve_tokens`, in ms, and a draft token's ms
+    curve_tokens: tuple[int, ...] = ()
+    curve_ms: tuple[float, ...] = ()
+    draft_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

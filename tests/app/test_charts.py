@@ -151,3 +151,32 @@ def test_figures_explain_themselves(qtbot):
     qtbot.addWidget(charts)
     assert all(label.toolTip() for label in charts.figures.values())
     assert "Leviathan" in charts.figures["predicted speedup"].toolTip()
+
+
+def test_cost_charts_show_the_sessions_measured_curve_and_what_it_makes_of_acceptance(qtbot):
+    """From the costs a session's start carries: the verify's cost in steps (one at one token, the
+    flat line at one throughout) and the expected speedup by K at the session's acceptance, which on
+    a flat verify is Leviathan et al.'s (1 - a^(K+1)) / ((1 - a)(cK + 1)); nothing without costs."""
+    from specdeck.engine.events import SessionStarted
+    from specdeck.engine.stats import predicted_speedup
+
+    charts = SessionCharts()
+    qtbot.addWidget(charts)
+    charts.add_events(_long_session(10))
+    charts.redraw()
+    assert charts._verify_cost.getData()[0] is None or charts._verify_cost.getData()[0].size == 0
+    start = SessionStarted(
+        "speculative", "head", 10, 5.0, curve_tokens=(1, 2, 4, 8, 16), curve_ms=(4.0, 4.4, 5.0, 8.0, 14.0), draft_ms=0.5
+    )
+    charts.reset()
+    charts.add_events((start, *_long_session(10)))
+    charts.redraw()
+    tokens, steps = charts._verify_cost.getData()
+    assert tokens[0] == 1 and steps[0] == 1.0 and np.isclose(steps[7], 2.0) and np.isclose(steps[15], 3.5)
+    assert np.all(charts._flat_cost.getData()[1] == 1.0)
+    ks, flat = charts._expected_flat.getData()
+    for k, value in zip(ks, flat):
+        assert np.isclose(value, predicted_speedup(0.5, k, 0.5 / 4.0)), k
+    _, here = charts._expected_here.getData()
+    assert np.isclose(here[0], 1.5 * 4.0 / (0.5 + 4.4))  # K=1 keeps 1.5 tokens for a draft and a 2-token verify
+    assert "on a flat verify" in charts.readout(charts.expected_plot, 2)

@@ -586,3 +586,20 @@ def test_a_plain_step_is_priced_at_the_machine_s_pace_while_every_round_drafts(p
         assert planner.verify_ms(1) == pytest.approx(10.0 * pace, rel=0.1)
         (k, _), _ = planner.best_k()
         assert k == (1 if pays else 0), (share, planner.describe())
+
+
+def test_a_session_start_carries_the_costs_the_schedule_plans_with(tiny_pair, monkeypatch):
+    """Under the auto schedule the start event carries the target's cost curve and the draft's cost
+    the planner weighs (the window draws them); plain decoding and a constant K carry none."""
+    curve = CostCurve((1, 2, 4), (3.0, 3.3, 4.5))
+    _forcing_drafts(monkeypatch, curve, draft_ms=0.7)
+    target, draft = tiny_pair
+    ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
+    auto = next(iter(generate(target, ids, DecodeConfig(max_new_tokens=4), DraftModelDrafter(draft.model))))
+    assert (auto.curve_tokens, auto.curve_ms, auto.draft_ms) == ((1, 2, 4), (3.0, 3.3, 4.5), 0.7)
+    constant = DecodeConfig(max_new_tokens=4, schedule="constant", k=2)
+    for start in (
+        next(iter(generate(target, ids, DecodeConfig(max_new_tokens=4)))),
+        next(iter(generate(target, ids, constant, DraftModelDrafter(draft.model)))),
+    ):
+        assert (start.curve_tokens, start.curve_ms, start.draft_ms) == ((), (), 0.0)
