@@ -8,10 +8,14 @@ a mixture, and a killed process leaves only hidden `.NAME.partial-PID-...` entri
 
 Those names carry the writer's process id: `remove_abandoned` deletes the ones whose process is
 gone (a later run of any SpecDeck command heals what a killed one left).
+
+A file written with `record=True` gets its size and SHA-256 beside it (`PATH.sha256`), so that a
+reader can tell a damaged copy (`recorded_damage`) before trusting it, as before loading a library.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -49,9 +53,10 @@ def _fsync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
-def write_with(path: str | os.PathLike, save: Callable[[Path], object]) -> None:
+def write_with(path: str | os.PathLike, save: Callable[[Path], object], record: bool = False) -> None:
     """Let `save` write a file (torch.save, safetensors, savefig) under a temporary name beside
-    `path`, then put it in place whole; or raise and leave `path` as it was."""
+    `path`, then put it in place whole; or raise and leave `path` as it was. `record`: then write
+    the file's size and digest beside it (`record_path`)."""
     target = Path(path)
     try:
         descriptor, name = tempfile.mkstemp(dir=target.parent, prefix=_prefix(target), suffix=".tmp")
@@ -64,6 +69,7 @@ def write_with(path: str | os.PathLike, save: Callable[[Path], object]) -> None:
         save(temporary)
         with temporary.open("rb") as handle:
             os.fsync(handle.fileno())
+        written = _fingerprint(temporary) if record else ""
         os.replace(temporary, target)
     except BaseException as error:  # Ctrl-C too: never leave the temporary file behind
         temporary.unlink(missing_ok=True)
@@ -71,6 +77,42 @@ def write_with(path: str | os.PathLike, save: Callable[[Path], object]) -> None:
             raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
         raise
     _fsync_folder(target.parent)
+    if record:  # after the file: a kill in between leaves a file without a record, which reads as damaged
+        write_text(record_path(target), written + "\n")
+
+
+def record_path(path: Path) -> Path:
+    """Where the size and digest of a file written with `record=True` are kept."""
+    return path.with_name(path.name + ".sha256")
+
+
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return f"{path.stat().st_size} {digest.hexdigest()}"
+
+
+def recorded_damage(path: Path) -> str | None:
+    """Why the file at `path` is not the one written with `record=True` (no record, another size or
+    other bytes), or None where its size and digest are those recorded."""
+    try:
+        recorded = record_path(path).read_text(encoding="utf-8").split()
+        size, _ = recorded
+    except FileNotFoundError:
+        return "its record of size and digest is missing"
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return f"its record cannot be read ({error})"
+    try:
+        actual = _fingerprint(path)
+    except OSError as error:
+        return f"it cannot be read ({error.strerror or error})"
+    if actual.split()[0] != size:
+        return f"{actual.split()[0]} bytes where {size} were written"
+    if actual != " ".join(recorded):
+        return "its bytes differ from those written"
+    return None
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
