@@ -157,9 +157,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     context = report_context(pairs, prompts_path, command)
     with cancel_on_signals(to_stderr) as cancel:  # Ctrl-C keeps the prompts that finished
-        summary = run_and_write(
+        written = run_and_write(
             pairs, prompts, settings, out, context, plots=not args.no_plots, progress=ProgressBar(), cancel=cancel
         )
+    summary = written.summary
     if not summary:
         print(f"Cancelled before any prompt finished: nothing written, {out} left as it was.", file=sys.stderr)
         return 130
@@ -181,7 +182,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ),
         )
     )
-    print(f"\nWrote {out}/: {', '.join(sorted(path.name for path in out.iterdir()))}.")
+    print(f"\nWrote {written.folder}/: {', '.join(written.files)}.")
     asked = sum(len(prompt.turns) for prompt in prompts)
     if int(overview[0]["prompts"]) < asked:
         print(

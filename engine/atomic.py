@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -169,6 +169,36 @@ def building_folder(target: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+@contextmanager
+def filling_folder(target: str | os.PathLike, replaces: Iterable[str] = ()) -> Iterator[Path]:
+    """Yield a hidden empty folder inside `target` (made if missing); when the block ends normally,
+    each file written there moves into `target` under its own name, and the files named in
+    `replaces` that were not written this time are deleted. If the block raises (Ctrl-C included),
+    the hidden folder is removed and `target` stays as it was.
+
+    `target` itself is never renamed, so it may be a mount point; every file is complete before
+    the renames start, so old and new files mix only for the moments between them."""
+    target = Path(target)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target, prefix=_prefix(target)))
+    except OSError as error:
+        raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
+    try:
+        yield staging
+        _fsync_tree(staging)
+        written = sorted(path.name for path in staging.iterdir())
+        for name in written:
+            os.replace(staging / name, target / name)
+        for name in set(replaces) - set(written):
+            (target / name).unlink(missing_ok=True)
+        _fsync_folder(target)
+    except OSError as error:
+        raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def process_alive(pid: int) -> bool:
     """Whether a process with this id runs (one owned by another user counts as running)."""
     if pid == os.getpid():
@@ -237,18 +267,18 @@ def remove_abandoned(folder: Path, notice: Callable[[str], None] | None = None, 
 
 
 def check_writable_folder(folder: str | os.PathLike) -> Path:
-    """Create `folder`'s parents and prove a file can be made beside it; else raise SpecDeckError
-    naming the folder and the reason. Called before any slow work, so a typo costs nothing."""
+    """Create `folder` (and its parents) and prove a file can be made in it, where results will be
+    written; else raise SpecDeckError naming the folder and the reason. Called before any slow
+    work, so a typo or a read-only mount costs nothing."""
     folder = Path(folder)
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise SpecDeckError(f"Cannot write results to {folder}: {blocker} is a file, not a folder.")
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        probe = Path(tempfile.mkdtemp(dir=folder.parent, prefix=_prefix(folder)))
-        probe.rmdir()
+        folder.mkdir(parents=True, exist_ok=True)
+        descriptor, probe = tempfile.mkstemp(dir=folder, prefix=_prefix(folder), suffix=".tmp")
+        os.close(descriptor)
+        os.unlink(probe)
     except OSError as error:
-        raise SpecDeckError(
-            f"Cannot write results to {folder}: {error.strerror or error} (in {folder.parent.resolve()})."
-        ) from error
+        raise SpecDeckError(f"Cannot write results to {folder}: {error.strerror or error}.") from error
     return folder
