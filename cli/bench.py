@@ -189,5 +189,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"Cancelled: the results cover the {overview[0]['prompts']} of {asked} prompts (turns) that finished.",
             file=sys.stderr,
         )
+        if written.folder != out:
+            print(
+                f"The earlier results in {out} are kept as they were; these partial ones are in {written.folder}.",
+                file=sys.stderr,
+            )
         return 130
     return 0

@@ -3,11 +3,13 @@ per_prompt.csv, k_sweep.csv, report.md, the plots) into one folder. `specdeck be
 window's Benchmark tab both call `run_and_write`.
 
 The files are written into the folder, each whole (`engine.atomic.filling_folder`): the folder may
-be a mount point."""
+be a mount point. A cancelled benchmark never writes over an earlier one's results: its partial
+results go to a new folder inside."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,6 +59,19 @@ class Written:
     files: list[str]
 
 
+def _folder_for(out: Path, cancelled: bool) -> Path:
+    """`out`, or for a cancelled benchmark where `out` holds an earlier one's results, a new folder
+    inside it: partial figures never replace complete ones."""
+    if not cancelled or not any((out / name).exists() for name in RESULT_FILES):
+        return out
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder, number = out / f"cancelled-{stamp}", 1
+    while folder.exists():
+        number += 1
+        folder = out / f"cancelled-{stamp}-{number}"
+    return folder
+
+
 def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command: str) -> dict[str, str]:
     """What report.md says produced the figures: the command, the target, the device and the prompts
     (the drafters it names from the methods that ran)."""
@@ -92,7 +107,8 @@ def run_and_write(
     """Run the benchmark of `pairs` (one per drafter, sharing one target) and write every output file
     into `out`, each file whole, the earlier results' files replaced only once all new ones are
     complete. Cancelled (`cancel` set), the files cover the prompts that finished and report.md
-    says so; with none finished nothing is written and no rows are returned."""
+    says so, in a new folder inside `out` where `out` holds earlier results; with none finished
+    nothing is written and no rows are returned."""
     hf = [b for b in settings.baselines if b in HF_METHODS]
     if hf and pairs[0].target.backend != "torch":
         settings = replace(settings, baselines=tuple(b for b in settings.baselines if b not in HF_METHODS))
@@ -123,10 +139,11 @@ def run_and_write(
     if len(results) < asked:
         cancelled = f"Cancelled after {len(results)} of {asked} prompts (turns): the figures cover those only."
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), cancelled)))}
+    folder = _folder_for(out, len(results) < asked)
     methods = settings.methods(pairs)
     summary = summary_rows(results, settings, methods)
     sweep = sweep_rows(results, methods)
-    with filling_folder(out, replaces=RESULT_FILES) as staging:
+    with filling_folder(folder, replaces=RESULT_FILES) as staging:
         write_csv(staging / "summary.csv", SUMMARY_COLUMNS, summary)
         write_csv(staging / "per_prompt.csv", PER_PROMPT_COLUMNS, per_prompt_rows(results, settings, methods))
         write_csv(staging / "k_sweep.csv", SWEEP_COLUMNS, sweep)
@@ -139,4 +156,4 @@ def run_and_write(
                 drawn.append("k_sweep.png")
         write_report(staging / "report.md", results, settings, methods, context, summary, sweep, drawn)
         files = sorted(path.name for path in staging.iterdir())
-    return Written(summary, out, files)
+    return Written(summary, folder, files)

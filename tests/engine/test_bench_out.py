@@ -1,4 +1,5 @@
-"""`bench --out`: results written into the folder the user names, a mount point too."""
+"""`bench --out`: results written into the folder the user names, a mount point too, and an
+earlier complete result never replaced by a cancelled run's partial one."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ def _bench(pairs, prompts: Path, out: Path, cancel_after: int | None = None):
     )
 
 
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+
+
 def test_results_go_into_the_folder_and_keep_what_else_it_holds(pairs, tmp_path):
     """The --out folder itself stays (same folder, as a mount point must), a file of the user's in it
     is kept, and the results are in it, with no temporary file left."""
@@ -58,6 +63,18 @@ def test_results_go_into_the_folder_and_keep_what_else_it_holds(pairs, tmp_path)
     assert written.folder == out and out.stat().st_ino == inode
     assert sorted(os.listdir(out)) == sorted(["notes.txt", *written.files])
     assert (out / "notes.txt").read_text(encoding="utf-8") == "mine" and "summary.csv" in written.files
+
+
+def test_a_cancelled_run_writes_beside_an_earlier_complete_one(pairs, tmp_path):
+    """Cancelled after the first prompt, over a complete result: the earlier files are unchanged, the
+    partial ones are in a new folder inside --out and say they were cancelled."""
+    out, prompts = tmp_path / "out", write_two_prompts(tmp_path / "p.jsonl")
+    _bench(pairs, prompts, out)
+    earlier = _contents(out)
+    written = _bench(pairs, prompts, out, cancel_after=2)
+    assert 0 < len(written.summary) and written.folder.parent == out and written.folder.name.startswith("cancelled-")
+    assert _contents(out) == earlier
+    assert "Cancelled after 1 of 2 prompts" in (written.folder / "report.md").read_text(encoding="utf-8")
 
 
 def _unshare_works() -> bool:
