@@ -235,11 +235,11 @@ class ModelWorker(QObject):
             pairs += add_drafters(pair, request.drafters, progress=lambda stage: progress(0, 0, stage))
         context = report_context(pairs, request.source, request.command)
         with tempfile.TemporaryDirectory(prefix="specdeck-bench-") as folder:
-            summary = run_and_write(
+            written = run_and_write(
                 pairs, list(request.prompts), request.settings, Path(folder), context, progress=progress
             )
-            files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir())}
-        return BenchOutcome(summary, files)
+            files = {name: (written.folder / name).read_bytes() for name in written.files}
+        return BenchOutcome(written.summary, files)
 
 
 class ModelHost(QObject):

@@ -171,9 +171,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     context = report_context(pairs, prompts_path, command)
     with cancel_on_signals(to_stderr) as cancel:  # Ctrl-C keeps the prompts that finished
-        summary = run_and_write(
+        written = run_and_write(
             pairs, prompts, settings, out, context, plots=not args.no_plots, progress=ProgressBar(), cancel=cancel
         )
+    summary = written.summary
     if not summary:
         print(f"Cancelled before any prompt finished: nothing written, {out} left as it was.", file=sys.stderr)
         return 130
@@ -183,7 +184,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         with spinning(args.busy), cancel_on_signals(to_stderr) as cancel:
             busy_summary = run_and_write(
                 pairs, prompts, settings, busy_out, busy_context, plots=False, progress=ProgressBar(), cancel=cancel
-            )
+            ).summary
         if busy_summary:
             table = quiet_and_busy(summary, busy_summary, args.busy)
             write_text(out / "quiet-and-busy.md", table)
@@ -209,12 +210,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ),
         )
     )
-    print(f"\nWrote {out}/: {', '.join(sorted(path.name for path in out.iterdir()))}.")
+    print(f"\nWrote {written.folder}/: {', '.join(written.files)}.")
     asked = sum(len(prompt.turns) for prompt in prompts)
     if int(overview[0]["prompts"]) < asked:
         print(
             f"Cancelled: the results cover the {overview[0]['prompts']} of {asked} prompts (turns) that finished.",
             file=sys.stderr,
         )
+        if written.folder != out:
+            print(
+                f"The earlier results in {out} are kept as they were; these partial ones are in {written.folder}.",
+                file=sys.stderr,
+            )
         return 130
     return 0

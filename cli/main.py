@@ -38,6 +38,13 @@ def _cmd_cache(args) -> int:
     )
     for entry in kept:
         print(f"Kept {entry.path.name}: {entry.state}.")
+    built = cache.clear_kernels()
+    print(
+        f"Removed {built} compiled kernel{'' if built == 1 else 's'} from {cache.kernels_cache()} "
+        "(built again when next needed)."
+    )
+    for entry in cache.leftovers():  # the heal above removed those whose writer is gone
+        print(f"Kept {entry.path}: {entry.state}.")
     print(
         f"Removed {cache.clear_costs()} measured cost files from {cache.costs_cache()} (measured again when next needed)."
     )
@@ -98,12 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--preset", default=None, help="with --demo: the prompt preset to run (default chat)")
     gui.set_defaults(handler=_cmd_gui)
 
-    cache = commands.add_parser("cache", help="list the converted models SpecDeck keeps, and their sizes")
+    cache = commands.add_parser(
+        "cache", help="list the converted models and compiled kernels SpecDeck keeps, and their sizes"
+    )
     cache.add_argument(
         "--clear",
         action="store_true",
-        help="delete them (they are converted again when needed), the measured costs and the "
-        "past sessions' texts kept for suffix drafting",
+        help="delete them (they are converted or built again when needed), the measured costs, the "
+        "past sessions' texts kept for suffix drafting and what interrupted writes left",
     )
     cache.set_defaults(handler=_cmd_cache)
 

@@ -8,15 +8,19 @@ a mixture, and a killed process leaves only hidden `.NAME.partial-PID-...` entri
 
 Those names carry the writer's process id: `remove_abandoned` deletes the ones whose process is
 gone (a later run of any SpecDeck command heals what a killed one left).
+
+A file written with `record=True` gets its size and SHA-256 beside it (`PATH.sha256`), so that a
+reader can tell a damaged copy (`recorded_damage`) before trusting it, as before loading a library.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,9 +53,10 @@ def _fsync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
-def write_with(path: str | os.PathLike, save: Callable[[Path], object]) -> None:
+def write_with(path: str | os.PathLike, save: Callable[[Path], object], record: bool = False) -> None:
     """Let `save` write a file (torch.save, safetensors, savefig) under a temporary name beside
-    `path`, then put it in place whole; or raise and leave `path` as it was."""
+    `path`, then put it in place whole; or raise and leave `path` as it was. `record`: then write
+    the file's size and digest beside it (`record_path`)."""
     target = Path(path)
     try:
         descriptor, name = tempfile.mkstemp(dir=target.parent, prefix=_prefix(target), suffix=".tmp")
@@ -64,6 +69,7 @@ def write_with(path: str | os.PathLike, save: Callable[[Path], object]) -> None:
         save(temporary)
         with temporary.open("rb") as handle:
             os.fsync(handle.fileno())
+        written = _fingerprint(temporary) if record else ""
         os.replace(temporary, target)
     except BaseException as error:  # Ctrl-C too: never leave the temporary file behind
         temporary.unlink(missing_ok=True)
@@ -71,6 +77,42 @@ def write_with(path: str | os.PathLike, save: Callable[[Path], object]) -> None:
             raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
         raise
     _fsync_folder(target.parent)
+    if record:  # after the file: a kill in between leaves a file without a record, which reads as damaged
+        write_text(record_path(target), written + "\n")
+
+
+def record_path(path: Path) -> Path:
+    """Where the size and digest of a file written with `record=True` are kept."""
+    return path.with_name(path.name + ".sha256")
+
+
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return f"{path.stat().st_size} {digest.hexdigest()}"
+
+
+def recorded_damage(path: Path) -> str | None:
+    """Why the file at `path` is not the one written with `record=True` (no record, another size or
+    other bytes), or None where its size and digest are those recorded."""
+    try:
+        recorded = record_path(path).read_text(encoding="utf-8").split()
+        size, _ = recorded
+    except FileNotFoundError:
+        return "its record of size and digest is missing"
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return f"its record cannot be read ({error})"
+    try:
+        actual = _fingerprint(path)
+    except OSError as error:
+        return f"it cannot be read ({error.strerror or error})"
+    if actual.split()[0] != size:
+        return f"{actual.split()[0]} bytes where {size} were written"
+    if actual != " ".join(recorded):
+        return "its bytes differ from those written"
+    return None
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -125,6 +167,36 @@ def building_folder(target: str | os.PathLike) -> Iterator[Path]:
         if isinstance(error, OSError):
             raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
         raise
+
+
+@contextmanager
+def filling_folder(target: str | os.PathLike, replaces: Iterable[str] = ()) -> Iterator[Path]:
+    """Yield a hidden empty folder inside `target` (made if missing); when the block ends normally,
+    each file written there moves into `target` under its own name, and the files named in
+    `replaces` that were not written this time are deleted. If the block raises (Ctrl-C included),
+    the hidden folder is removed and `target` stays as it was.
+
+    `target` itself is never renamed, so it may be a mount point; every file is complete before
+    the renames start, so old and new files mix only for the moments between them."""
+    target = Path(target)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target, prefix=_prefix(target)))
+    except OSError as error:
+        raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
+    try:
+        yield staging
+        _fsync_tree(staging)
+        written = sorted(path.name for path in staging.iterdir())
+        for name in written:
+            os.replace(staging / name, target / name)
+        for name in set(replaces) - set(written):
+            (target / name).unlink(missing_ok=True)
+        _fsync_folder(target)
+    except OSError as error:
+        raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def process_alive(pid: int) -> bool:
@@ -195,18 +267,18 @@ def remove_abandoned(folder: Path, notice: Callable[[str], None] | None = None, 
 
 
 def check_writable_folder(folder: str | os.PathLike) -> Path:
-    """Create `folder`'s parents and prove a file can be made beside it; else raise SpecDeckError
-    naming the folder and the reason. Called before any slow work, so a typo costs nothing."""
+    """Create `folder` (and its parents) and prove a file can be made in it, where results will be
+    written; else raise SpecDeckError naming the folder and the reason. Called before any slow
+    work, so a typo or a read-only mount costs nothing."""
     folder = Path(folder)
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise SpecDeckError(f"Cannot write results to {folder}: {blocker} is a file, not a folder.")
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        probe = Path(tempfile.mkdtemp(dir=folder.parent, prefix=_prefix(folder)))
-        probe.rmdir()
+        folder.mkdir(parents=True, exist_ok=True)
+        descriptor, probe = tempfile.mkstemp(dir=folder, prefix=_prefix(folder), suffix=".tmp")
+        os.close(descriptor)
+        os.unlink(probe)
     except OSError as error:
-        raise SpecDeckError(
-            f"Cannot write results to {folder}: {error.strerror or error} (in {folder.parent.resolve()})."
-        ) from error
+        raise SpecDeckError(f"Cannot write results to {folder}: {error.strerror or error}.") from error
     return folder

@@ -4,7 +4,9 @@ and where the other cached things live (measured costs, past sessions' texts for
 A GGUF file is dequantized once into a safetensors folder under `cache_root()/gguf/` (see
 `engine.models.convert_gguf`). An entry is built under a hidden name carrying the writer's process
 id (`engine.atomic`); one whose process is gone was interrupted, and `heal` removes it. A GGUF file
-run by llama.cpp keeps only its tokenizer here, in a folder named `TOKENIZER_SUFFIX`.
+run by llama.cpp keeps only its tokenizer here, in a folder named `TOKENIZER_SUFFIX`. The row
+kernel (`engine.row_kernel`) is compiled into `kernels_cache()`, each library beside the record of
+its size and digest. `heal` and `clear` also take what killed writes left anywhere in the cache.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeck.engine.atomic import leftover_writer, process_alive, remove_abandoned, remove_path
+from specdeck.engine.atomic import (
+    leftover_writer,
+    process_alive,
+    record_path,
+    recorded_damage,
+    remove_abandoned,
+    remove_path,
+)
 
 Notice = Callable[[str], None]
 TOKENIZER_SUFFIX = "-tokenizer"
@@ -67,6 +76,11 @@ def clear_tensor_indexes() -> int:
 def costs_cache() -> Path:
     """The folder of measured costs (`engine.autotune`): target cost curves and drafters' costs."""
     return cache_root() / "costs"
+
+
+def kernels_cache() -> Path:
+    """The folder of kernels compiled for this machine (`engine.row_kernel`)."""
+    return cache_root() / "kernels"
 
 
 def suffix_cache() -> Path:
@@ -128,9 +142,52 @@ def entries() -> list[CacheEntry]:
     return [CacheEntry(path, _size(path)) for path in sorted(folder.iterdir())]
 
 
+def _folders() -> list[Path]:
+    """The cache's folders, its root included, but not those inside a write's temporary entry."""
+    found = []
+    for folder, subfolders, _ in os.walk(cache_root()):
+        subfolders[:] = sorted(name for name in subfolders if leftover_writer(Path(name)) is None)
+        found.append(Path(folder))
+    return found
+
+
+def leftovers() -> list[CacheEntry]:
+    """Temporary entries of writes in the cache (`.NAME.partial-PID-...`), by path; those of
+    converted models are among `entries()`."""
+    return [
+        CacheEntry(path, _size(path))
+        for folder in _folders()
+        if folder != gguf_cache()
+        for path in sorted(folder.iterdir())
+        if leftover_writer(path) is not None
+    ]
+
+
 def heal(notice: Notice | None = None) -> list[Path]:
-    """Remove entries whose writing process is gone, telling `notice` about each."""
-    return remove_abandoned(gguf_cache(), notice)
+    """Remove what writers that are gone left anywhere in the cache, telling `notice` about each."""
+    return [path for folder in _folders() for path in remove_abandoned(folder, notice)]
+
+
+def kernels() -> list[CacheEntry]:
+    """The compiled libraries, by name (their sizes with their records')."""
+    folder = kernels_cache()
+    if not folder.is_dir():
+        return []
+    return [
+        CacheEntry(path, _size(path) + (_size(record_path(path)) if record_path(path).is_file() else 0))
+        for path in sorted(folder.glob("*.so"))
+    ]
+
+
+def clear_kernels() -> int:
+    """Remove every compiled library and its record (built again when next needed); return how many."""
+    listed = kernels()
+    for entry in listed:
+        remove_path(entry.path)
+        record_path(entry.path).unlink(missing_ok=True)
+    for path in kernels_cache().glob("*.sha256") if kernels_cache().is_dir() else []:
+        path.unlink()  # records whose library is already gone
+    return len(listed)
 
 
 def clear() -> tuple[list[CacheEntry], list[CacheEntry]]:
@@ -157,10 +214,30 @@ def format_size(size: int) -> str:
     return f"{value:.1f} GB"
 
 
+def _counted(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def _kernel_state(path: Path) -> str:
+    damage = recorded_damage(path)
+    return "complete" if damage is None else f"damaged: {damage}; built again when next needed"
+
+
 def describe(listed: list[CacheEntry]) -> str:
-    """The `specdeck cache` listing: the folder, its total, one line per entry."""
-    total = sum(entry.size for entry in listed)
-    count = f"{len(listed)} entr{'y' if len(listed) == 1 else 'ies'}"
-    lines = [f"{gguf_cache()}: {format_size(total)} in {count}"]
+    """The `specdeck cache` listing: the converted models (`listed`), the compiled kernels and any
+    unfinished writes, each with its folder and total, one line per entry."""
+    lines = [
+        f"{gguf_cache()}: {format_size(sum(e.size for e in listed))} in {_counted(len(listed), 'entry', 'entries')}"
+    ]
     lines += [f"  {format_size(entry.size):>9}  {entry.path.name}  ({entry.state})" for entry in listed]
+    built = kernels()
+    if built:
+        total = format_size(sum(e.size for e in built))
+        lines.append(f"{kernels_cache()}: {total} in {_counted(len(built), 'kernel', 'kernels')}")
+        lines += [f"  {format_size(e.size):>9}  {e.path.name}  ({_kernel_state(e.path)})" for e in built]
+    unfinished = leftovers()
+    if unfinished:
+        lines.append(f"Unfinished writes: {_counted(len(unfinished), 'entry', 'entries')}")
+        root = cache_root()
+        lines += [f"  {format_size(e.size):>9}  {e.path.relative_to(root)}  ({e.state})" for e in unfinished]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ and what to do, instead of a traceback from deep inside torch (or the machine sw
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -30,6 +31,11 @@ SHAPED_BY = {
     "max_position_embeddings": ("embed_positions.weight", "wpe.weight"),
     "n_positions": ("wpe.weight",),
 }
+# the config fields of the layer count and of the hidden size (Llama / GPT-2 names)
+LAYER_FIELDS = ("num_hidden_layers", "n_layer")
+HIDDEN_FIELDS = ("hidden_size", "n_embd")
+EMBEDDINGS = ("embed_tokens.weight", "wte.weight")  # (vocabulary, hidden size)
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")  # model.layers.3.mlp..., transformer.h.3.attn...
 HEADROOM = 1.2  # the weights plus activations, caches and the libraries' own copies
 
 
@@ -58,8 +64,30 @@ def check_model_folder(folder: Path, name: str, dtype: torch.dtype, device: torc
                     f"{shape[0]} rows. The config does not belong to these weights: restore the "
                     "model's own config.json."
                 )
+    _check_layers(config_path, config, shapes)
     if device.type == "cpu" and stored:
         _check_memory(name, stored, dtype)
+
+
+def _check_layers(config_path: Path, config: dict, shapes: dict[str, list[int]]) -> None:
+    """Refuse a config that claims more or fewer layers, or another hidden size, than the weights
+    hold: transformers would fill missing layers with random weights and run them."""
+    if not shapes:
+        return
+    layers = {int(found.group(1)) for key in shapes if (found := _LAYER.search(key))}
+    claimed = next((config[field] for field in LAYER_FIELDS if field in config), None)
+    if layers and claimed is not None and claimed != max(layers) + 1:
+        raise SpecDeckError(
+            f"{config_path}: the config says {claimed} layers, but the weights hold {max(layers) + 1}. "
+            "The config does not belong to these weights: restore the model's own config.json."
+        )
+    hidden = next((config[field] for field in HIDDEN_FIELDS if field in config), None)
+    for tensor, shape in shapes.items():
+        if hidden is not None and tensor.endswith(EMBEDDINGS) and len(shape) == 2 and shape[1] != hidden:
+            raise SpecDeckError(
+                f"{config_path}: the hidden size is {hidden}, but the weights' {tensor} has {shape[1]} "
+                "columns. The config does not belong to these weights: restore the model's own config.json."
+            )
 
 
 def _read_config(path: Path) -> dict:
@@ -82,8 +110,11 @@ def _weights(folder: Path) -> tuple[dict[str, list[int]], int]:
             with safe_open(str(path), framework="pt") as weights:
                 for key in weights.keys():
                     shapes[key] = list(weights.get_slice(key).get_shape())
-        except (SafetensorError, OSError):
-            continue  # the loader says what is wrong with a damaged file
+        except (SafetensorError, OSError) as error:
+            raise SpecDeckError(
+                f"{path} cannot be read as safetensors weights ({error}): the file is damaged or was "
+                "not downloaded whole. Download the model again."
+            ) from error
     elements = sum(_count(shape) for shape in shapes.values())
     return shapes, elements
 

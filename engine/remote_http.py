@@ -2,6 +2,10 @@
 server, each bounded by the user's timeout, and every way one can fail told as a `ServerFault`
 that says what went wrong and what to do.
 
+The timeout bounds a whole request, connecting to the answer's last byte: a socket's own timeout
+bounds each read, so a server sending a byte now and then would hold a request for ever. At the
+deadline a timer shuts the request's sockets down, which ends whatever read waits on them.
+
 Only the standard library's `urllib` is used. The API key, where the server wants one, comes from
 the environment variable `SPECDECK_API_KEY` alone: never from a flag (it would show in the
 process list and the shell's history) nor from the settings file.
@@ -13,6 +17,7 @@ import http.client
 import json
 import os
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -66,17 +71,26 @@ class Endpoint:
             headers["Authorization"] = f"Bearer {self.key}"
         request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
         started = time.perf_counter()
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as error:
-            raise ServerFault(self._status_message(error.code, _error_text(error), path)) from error
-        except urllib.error.URLError as error:
-            raise ServerFault(self._connection_message(error.reason)) from error
-        except TimeoutError as error:
-            raise ServerFault(self._connection_message(error)) from error
-        except (http.client.HTTPException, ConnectionError) as error:
-            raise ServerFault(self._connection_message(error)) from error
+        with _Deadline(self.timeout_s) as deadline:
+            try:
+                opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline))
+                with opener.open(request, timeout=self.timeout_s) as response:
+                    raw = response.read()
+                if deadline.expired:  # the answer was cut short at the deadline
+                    raise TimeoutError
+            except urllib.error.HTTPError as error:
+                text = _error_text(error)
+                if deadline.expired:
+                    raise ServerFault(self._connection_message(TimeoutError())) from error
+                raise ServerFault(self._status_message(error.code, text, path)) from error
+            except Exception as error:
+                if deadline.expired:  # a read ended by the deadline fails in any of several ways
+                    raise ServerFault(self._connection_message(TimeoutError())) from error
+                if isinstance(error, urllib.error.URLError):
+                    raise ServerFault(self._connection_message(error.reason)) from error
+                if isinstance(error, (TimeoutError, http.client.HTTPException, ConnectionError)):
+                    raise ServerFault(self._connection_message(error)) from error
+                raise
         elapsed_ms = (time.perf_counter() - started) * 1e3
         try:
             answer = json.loads(raw)
@@ -145,6 +159,80 @@ class Endpoint:
                 "server stopped or restarted. Run again once it is back."
             )
         return f"Cannot reach the server at {self.base} ({reason}): check the address in --target and the network."
+
+
+class _Deadline:
+    """A whole request's time limit: `seconds` after it starts, the sockets the request connected
+    are shut down (through duplicates: the same connections, whatever wraps them, TLS included),
+    so that a read blocked on one returns at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.ends = time.monotonic() + seconds
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()  # the timer's thread expires while the request's connects
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+        with self._lock:
+            for duplicate in self._sockets:
+                duplicate.close()
+            self._sockets.clear()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for duplicate in self._sockets:
+                _shut(duplicate)
+
+    def connect(self, address, timeout=None, source_address=None) -> socket.socket:
+        """`socket.create_connection` within what is left of the time, the connection watched."""
+        left = self.ends - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        connection = socket.create_connection(address, left, source_address)
+        with self._lock:
+            self._sockets.append(connection.dup())
+            if self.expired:
+                _shut(self._sockets[-1])
+        return connection
+
+
+def _shut(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by its reader
+
+
+class _Watching(urllib.request.AbstractHTTPHandler):
+    """Opens each connection through a `_Deadline`, so that the deadline can end it."""
+
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def do_open(self, http_class, req, **http_conn_args):
+        def connection(host, **kwargs):
+            made = http_class(host, **kwargs)
+            made._create_connection = self._deadline.connect
+            return made
+
+        return super().do_open(connection, req, **http_conn_args)
+
+
+class _HTTPHandler(_Watching, urllib.request.HTTPHandler):
+    pass
+
+
+class _HTTPSHandler(_Watching, urllib.request.HTTPSHandler):
+    pass
 
 
 def _error_text(error: urllib.error.HTTPError) -> str:

@@ -23,14 +23,15 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from specdeck.engine.atomic import write_with
-from specdeck.engine.cache import cache_root, cpu_info
+from specdeck.engine.atomic import recorded_damage, remove_abandoned, write_with
+from specdeck.engine.cache import cpu_info, kernels_cache
 from specdeck.engine.errors import SpecDeckError
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,6 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("row_kernel.c")
 _BUILD_SECONDS = 120
 _LIBRARY: list[ctypes.CDLL | str] = []  # the loaded library, or why there is none; once per process
-
-
-def kernels_cache() -> Path:
-    """The folder of kernels built for this machine."""
-    return cache_root() / "kernels"
 
 
 def cpu_flags() -> str:
@@ -54,17 +50,50 @@ class _BuildFailed(Exception):
     pass
 
 
-def _build(compiler: str, target: Path, arch: str) -> None:
-    """Compile the source for `arch` into `target`, or raise with the compiler's last word."""
+_SYMBOLS = ("block", "lanes", "int8", "product", "attention", "quantized", "layers")
+_PROBE = (
+    "import ctypes, sys\n"
+    "library = ctypes.CDLL(sys.argv[1])\n"
+    "for name in sys.argv[2:]: getattr(library, 'row_kernel_' + name)\n"
+    "library.row_kernel_block(), library.row_kernel_int8()\n"
+)
+
+
+def _compile(compiler: str, path: Path, arch: str) -> None:
+    """Compile the source for `arch` into `path`, or raise with the compiler's last word."""
     flags = ["-O3", f"-march={arch}", "-fopenmp", "-shared", "-fPIC"]
+    command = [compiler, *flags, "-o", str(path), str(SOURCE)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_SECONDS, check=False)
+    if done.returncode != 0:
+        raise _BuildFailed((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1])
+
+
+def loads_alone(path: Path) -> str | None:
+    """None if the library at `path` loads and runs in a child process, else what went wrong there:
+    a crash there costs this process nothing."""
+    command = [sys.executable, "-c", _PROBE, str(path), *_SYMBOLS]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_SECONDS, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"it could not be tried in a child process ({error})"
+    if done.returncode < 0:
+        return f"loading it killed a child process with signal {done.returncode * -1}"
+    if done.returncode != 0:
+        return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return None
+
+
+def _build(compiler: str, target: Path, arch: str) -> None:
+    """Compile the source for `arch` into `target`, tried in a child process and recorded (size and
+    digest), or raise with what went wrong."""
 
     def save(path: Path) -> None:
-        command = [compiler, *flags, "-o", str(path), str(SOURCE)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_SECONDS, check=False)
-        if done.returncode != 0:
-            raise _BuildFailed((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1])
+        _compile(compiler, path, arch)
+        crash = loads_alone(path)
+        if crash:
+            raise _BuildFailed(f"the library built does not load: {crash}")
 
-    write_with(target, save)
+    write_with(target, save, record=True)
 
 
 def build(arch: str = "native") -> ctypes.CDLL | str:
@@ -84,6 +113,10 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
         return f"the C compiler {compiler} does not run ({error})"
     key = hashlib.sha256("\n".join([SOURCE.read_text(), version, cpu_flags(), torch.__version__, arch]).encode())
     target = kernels_cache() / f"row_kernel-{key.hexdigest()[:16]}.so"
+    remove_abandoned(target.parent)  # what builds killed half-way left
+    if target.is_file() and (damage := recorded_damage(target)):
+        log.warning("The row kernel %s in the cache is damaged (%s): building it again.", target.name, damage)
+        target.unlink(missing_ok=True)
     if not target.is_file():
         log.info("building the row kernel for this machine with %s", compiler)
         try:
@@ -91,6 +124,9 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
             _build(compiler, target, arch)
         except (OSError, subprocess.SubprocessError, SpecDeckError, _BuildFailed) as error:
             return f"the row kernel did not build ({error})"
+    damage = recorded_damage(target)  # never dlopen bytes that were not checked
+    if damage:
+        return f"the row kernel in {target} is damaged ({damage})"
     try:
         library = ctypes.CDLL(str(target))
     except OSError as error:

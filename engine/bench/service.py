@@ -1,16 +1,21 @@
 """The benchmark as a service: run it on loaded pairs and write every result file (summary.csv,
 per_prompt.csv, k_sweep.csv, report.md, the plots) into one folder. `specdeck bench` and the
-window's Benchmark tab both call `run_and_write`."""
+window's Benchmark tab both call `run_and_write`.
+
+The files are written into the folder, each whole (`engine.atomic.filling_folder`): the folder may
+be a mount point. A cancelled benchmark never writes over an earlier one's results: its partial
+results go to a new folder inside."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specdeck.engine.atomic import building_folder, check_writable_folder, remove_abandoned
+from specdeck.engine.atomic import check_writable_folder, filling_folder, remove_abandoned
 from specdeck.engine.autotune import cost_curve
 from specdeck.engine.bench import plots as plotting
 from specdeck.engine.bench.methods import HF_METHODS
@@ -27,7 +32,6 @@ from specdeck.engine.bench.report import (
 )
 from specdeck.engine.bench.runner import BenchSettings, Progress, run_bench
 from specdeck.engine.cache import costs_cache
-from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.kvcache import products_path
 from specdeck.engine.pair import ModelPair
 
@@ -43,24 +47,37 @@ RESULT_FILES = (
 
 
 def check_results_folder(out: Path, notice: Callable[[str], None]) -> Path:
-    """Refuse an `--out` that cannot be written, or one holding files a benchmark did not write
-    (the new results replace the folder whole), before any model loads; `notice` hears of the
-    remains of an earlier, interrupted benchmark being removed."""
+    """Refuse an `--out` in which files cannot be made, before any model loads; `notice` hears of
+    the remains of an earlier, interrupted benchmark being removed."""
     check_writable_folder(out)
-    remove_abandoned(out.parent, notice, name=out.name)
-    foreign = sorted(path.name for path in out.iterdir() if not _result(path)) if out.is_dir() else []
-    if foreign:
-        raise SpecDeckError(
-            f"{out} holds files a benchmark did not write ({', '.join(foreign[:3])}"
-            f"{', ...' if len(foreign) > 3 else ''}): the results replace that folder whole, "
-            "so choose a new or empty --out."
-        )
+    remove_abandoned(out, notice)
+    try:
+        remove_abandoned(out.parent, notice, name=out.name)  # whole-folder swaps of earlier versions
+    except OSError:
+        pass  # a parent that cannot be listed holds none of ours
     return out
 
 
-def _result(path: Path) -> bool:
-    """Whether a benchmark wrote `path`: a result file, or the folder of a run beside busy cores."""
-    return path.name in RESULT_FILES or (path.is_dir() and path.name.startswith("busy-"))
+@dataclass(frozen=True)
+class Written:
+    """What `run_and_write` wrote: the summary rows, the folder and the files' names in it."""
+
+    summary: list[dict]
+    folder: Path
+    files: list[str]
+
+
+def _folder_for(out: Path, cancelled: bool) -> Path:
+    """`out`, or for a cancelled benchmark where `out` holds an earlier one's results, a new folder
+    inside it: partial figures never replace complete ones."""
+    if not cancelled or not any((out / name).exists() for name in RESULT_FILES):
+        return out
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder, number = out / f"cancelled-{stamp}", 1
+    while folder.exists():
+        number += 1
+        folder = out / f"cancelled-{stamp}-{number}"
+    return folder
 
 
 def report_context(pairs: Sequence[ModelPair], prompts_path: str | Path, command: str) -> dict[str, str]:
@@ -94,11 +111,12 @@ def run_and_write(
     plots: bool = True,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
-) -> list[dict]:
+) -> Written:
     """Run the benchmark of `pairs` (one per drafter, sharing one target) and write every output file
-    into `out`, which is built aside and swapped in whole (an earlier `out` stays intact until then);
-    return the summary rows. Cancelled (`cancel` set), the files cover the prompts that finished
-    and report.md says so; with none finished nothing is written and no rows are returned."""
+    into `out`, each file whole, the earlier results' files replaced only once all new ones are
+    complete. Cancelled (`cancel` set), the files cover the prompts that finished and report.md
+    says so, in a new folder inside `out` where `out` holds earlier results; with none finished
+    nothing is written and no rows are returned."""
     hf = [b for b in settings.baselines if b in HF_METHODS]
     if hf and pairs[0].target.backend != "torch":
         settings = replace(settings, baselines=tuple(b for b in settings.baselines if b not in HF_METHODS))
@@ -124,15 +142,16 @@ def run_and_write(
         context = {**context, "cost_curve": cost_curve(model, costs_cache()), "products": products_path(model)}
     results = run_bench(pairs, prompts, settings, progress, cancel)
     if not results:
-        return []
+        return Written([], out, [])
     asked = sum(len(prompt.turns) for prompt in prompts)
     if len(results) < asked:
         cancelled = f"Cancelled after {len(results)} of {asked} prompts (turns): the figures cover those only."
         context = {**context, "note": "\n- ".join(filter(None, (context.get("note"), cancelled)))}
+    folder = _folder_for(out, len(results) < asked)
     methods = settings.methods(pairs)
     summary = summary_rows(results, settings, methods)
     sweep = sweep_rows(results, methods)
-    with building_folder(out) as staging:
+    with filling_folder(folder, replaces=RESULT_FILES) as staging:
         write_csv(staging / "summary.csv", SUMMARY_COLUMNS, summary)
         write_csv(staging / "per_prompt.csv", PER_PROMPT_COLUMNS, per_prompt_rows(results, settings, methods))
         write_csv(staging / "k_sweep.csv", SWEEP_COLUMNS, sweep)
@@ -144,4 +163,5 @@ def run_and_write(
                 plotting.plot_k_sweep(sweep, staging / "k_sweep.png")
                 drawn.append("k_sweep.png")
         write_report(staging / "report.md", results, settings, methods, context, summary, sweep, drawn)
-    return summary
+        files = sorted(path.name for path in staging.iterdir())
+    return Written(summary, folder, files)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeck.engine.atomic import building_folder, remove_abandoned, write_text, write_with
+from specdeck.engine.atomic import building_folder, filling_folder, remove_abandoned, write_text, write_with
 from specdeck.engine.errors import SpecDeckError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +47,24 @@ def test_folder_swapped_in_whole_or_not_at_all(tmp_path):
     with building_folder(out) as staging:
         (staging / "c.csv").write_text("3", encoding="utf-8")
     assert os.listdir(tmp_path) == ["out"] and os.listdir(out) == ["c.csv"]
+
+
+def test_folder_filled_in_place_keeps_the_earlier_files_until_complete(tmp_path):
+    """Filling a folder (a mount point cannot be swapped): a failed fill leaves it as it was, a
+    finished one replaces the files it names, drops their stale ones and keeps the user's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.csv").write_text("old", encoding="utf-8")
+    (out / "a.png").write_text("old plot", encoding="utf-8")
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(KeyboardInterrupt), filling_folder(out, replaces=("a.csv", "a.png")) as staging:
+        (staging / "a.csv").write_text("new", encoding="utf-8")
+        raise KeyboardInterrupt
+    assert sorted(os.listdir(out)) == ["a.csv", "a.png", "notes.txt"]
+    assert (out / "a.csv").read_text(encoding="utf-8") == "old"
+    with filling_folder(out, replaces=("a.csv", "a.png")) as staging:
+        (staging / "a.csv").write_text("new", encoding="utf-8")
+    assert sorted(os.listdir(out)) == ["a.csv", "notes.txt"] and (out / "a.csv").read_text(encoding="utf-8") == "new"
 
 
 def test_unwritable_target_is_a_clear_error(tmp_path):

@@ -370,18 +370,18 @@ def test_unwritable_out_is_refused_before_models_load(two_prompts, tmp_path, cap
     assert "No model at" not in err
 
 
-def test_out_holding_other_files_is_refused(bench_models, two_prompts, tmp_path, capsys):
-    """Results replace --out whole, so a folder with the user's own files in it is refused untouched."""
+def test_out_holding_other_files_keeps_them(bench_models, two_prompts, tmp_path, capsys):
+    """Results go into --out beside the user's own files, which stay as they were."""
     target, _ = bench_models
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("keep me", encoding="utf-8")
-    assert main(_bench_argv(target, two_prompts, out)) == 2
-    assert "notes.txt" in capsys.readouterr().err and (out / "notes.txt").read_text(encoding="utf-8") == "keep me"
+    assert main(_bench_argv(target, two_prompts, out)) == 0
+    assert (out / "notes.txt").read_text(encoding="utf-8") == "keep me" and (out / "summary.csv").is_file()
 
 
 def test_no_plots_run_names_only_what_it_wrote(bench_models, two_prompts, tmp_path, capsys):
-    """--no-plots writes no PNG and does not claim plots; a rerun replaces the folder whole."""
+    """--no-plots writes no PNG and does not claim plots; a rerun replaces the files."""
     target, _ = bench_models
     out = tmp_path / "out"
     assert main(_bench_argv(target, two_prompts, out, "--no-plots")) == 0

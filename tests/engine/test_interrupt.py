@@ -115,10 +115,16 @@ def _four_prompts(path: Path) -> Path:
     return path
 
 
-def test_ctrl_c_in_bench_keeps_the_prompts_that_finished(models, tmp_path):
-    """Ctrl-C after the first prompt: the files cover the finished prompts and say it was cancelled."""
+@pytest.mark.parametrize("earlier", [False, True], ids=["empty out", "out with an earlier result"])
+def test_ctrl_c_in_bench_keeps_the_prompts_that_finished(models, tmp_path, earlier):
+    """Ctrl-C after the first prompt: the files cover the finished prompts and say it was cancelled;
+    where --out holds an earlier result, that stays as it was and these go to a new folder in it."""
     target, _ = models
     out = tmp_path / "out"
+    if earlier:
+        out.mkdir()
+        for name in ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md"):
+            (out / name).write_text(f"earlier {name}", encoding="utf-8")
     argv = [
         "bench",
         "--target",
@@ -148,7 +154,14 @@ def test_ctrl_c_in_bench_keeps_the_prompts_that_finished(models, tmp_path):
         stdout, err = child.communicate(timeout=60)
     assert child.returncode == 130 and "Traceback" not in err
     assert "Cancelled: the results cover the" in err and "of 4 prompts" in err
-    with (out / "summary.csv").open(encoding="utf-8") as handle:
+    partial = out
+    if earlier:
+        (partial,) = out.glob("cancelled-*")
+        assert f"The earlier results in {out} are kept as they were; these partial ones are in {partial}" in err
+        assert all(
+            (out / name).read_text(encoding="utf-8") == f"earlier {name}" for name in ("summary.csv", "report.md")
+        )
+    with (partial / "summary.csv").open(encoding="utf-8") as handle:
         kept = int(next(r for r in csv.DictReader(handle) if r["category"] == "all")["prompts"])
     assert 1 <= kept < 4
-    assert f"Cancelled after {kept} of 4 prompts" in (out / "report.md").read_text(encoding="utf-8")
+    assert f"Cancelled after {kept} of 4 prompts" in (partial / "report.md").read_text(encoding="utf-8")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from specdeck.cli.main import main
+from specdeck.engine.atomic import write_with
 
 
 @pytest.fixture
@@ -47,3 +50,42 @@ def test_clear_removes_every_entry(cache, capsys):
     """`specdeck cache --clear` empties the cache and says how much it freed."""
     assert main(["cache", "--clear"]) == 0
     assert "Removed 1 entry (2.5 kB)" in capsys.readouterr().out and list(cache.iterdir()) == []
+
+
+def _kernel(cache_root: Path, name: str = "row_kernel-abc.so") -> Path:
+    library = cache_root / "kernels" / name
+    library.parent.mkdir()
+    write_with(library, lambda path: path.write_bytes(b"\x7fELF" + b"\0" * 996), record=True)
+    return library
+
+
+def test_listing_names_kernels_and_damaged_ones(cache, capsys):
+    """`specdeck cache` lists the compiled kernels with their sizes and says which one is damaged."""
+    library = _kernel(cache.parent)
+    assert main(["cache"]) == 0
+    assert "row_kernel-abc.so  (complete)" in capsys.readouterr().out
+    library.write_bytes(b"\x7fELF" + b"\1" * 996)
+    assert main(["cache"]) == 0
+    assert "row_kernel-abc.so  (damaged: its bytes differ from those written" in capsys.readouterr().out
+
+
+def test_clear_removes_kernels_and_what_killed_writes_left_anywhere(cache, capsys):
+    """`cache --clear` removes compiled kernels and the temporary files of writes killed anywhere in
+    the cache, with a notice for each leftover; a write still under way is kept."""
+    library = _kernel(cache.parent)
+    dead, alive = _dead_pid(), os.getpid()
+    killed_build = library.parent / f".{library.name}.partial-{dead}-x1.tmp"
+    killed_cost = cache.parent / "costs" / f".curve.json.partial-{dead}-x2.tmp"
+    under_way = cache.parent / "costs" / f".other.json.partial-{alive}-x3.tmp"
+    killed_cost.parent.mkdir()
+    for path in (killed_build, killed_cost, under_way):
+        path.write_bytes(b"half")
+    assert main(["cache"]) == 0
+    captured = capsys.readouterr()
+    assert not killed_build.exists() and not killed_cost.exists()
+    assert f"{killed_build}, left incomplete by process {dead}" in captured.err and str(killed_cost) in captured.err
+    assert f"costs/{under_way.name}  (being written by process {alive})" in captured.out
+    assert main(["cache", "--clear"]) == 0
+    out = capsys.readouterr().out
+    assert "Removed 1 compiled kernel from" in out and os.listdir(library.parent) == []
+    assert f"Kept {under_way}: being written by process {alive}." in out

@@ -80,3 +80,37 @@ def test_a_damaged_tokenizer_file_is_named(model_dirs):
     shutil.copy(llama / "config.json", llama / "tokenizer.json")  # valid JSON, not a tokenizer
     with pytest.raises(SpecDeckError, match=r"tokenizer of .* could not be read from .*tokenizer\.json"):
         load_model(str(llama), ON_CPU)
+
+
+@pytest.mark.parametrize("arch, field", [("llama", "num_hidden_layers"), ("gpt2", "n_layer")])
+def test_a_config_claiming_more_layers_than_the_weights_hold_is_refused(model_dirs, arch, field):
+    """More layers in the config than in the weights would run random layers: refused, both counts named."""
+    folder = model_dirs[0 if arch == "llama" else 1]
+    held = json.loads((folder / "config.json").read_text())[field]
+    _edit_config(folder, **{field: held + 2})
+    with pytest.raises(
+        SpecDeckError, match=rf"config\.json: the config says {held + 2} layers, but the weights hold {held}"
+    ):
+        load_model(str(folder), ON_CPU)
+
+
+def test_a_hidden_size_that_disagrees_with_the_weights_is_named(model_dirs):
+    """A hidden size other than the embedding's width is refused with both sizes, not a traceback."""
+    llama, _ = model_dirs
+    hidden = json.loads((llama / "config.json").read_text())["hidden_size"]
+    _edit_config(llama, hidden_size=hidden * 2)
+    with pytest.raises(
+        SpecDeckError, match=rf"the hidden size is {hidden * 2}, but the weights' .* has {hidden} columns"
+    ):
+        load_model(str(llama), ON_CPU)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_damaged_safetensors_header_is_named(model_dirs, damage):
+    """Weights whose header is garbage or cut short are named with what to do, not a traceback."""
+    llama, _ = model_dirs
+    weights = llama / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(b"\xff" * 64 + data[64:] if damage == "garbage" else data[:40])
+    with pytest.raises(SpecDeckError, match=r"model\.safetensors cannot be read as safetensors weights .*Download"):
+        load_model(str(llama), ON_CPU)

@@ -321,6 +321,51 @@ def test_slow_server_times_out_at_the_users_timeout(tokenizer):
             assert time.perf_counter() - started < 2.0
 
 
+class DripServer:
+    """A server on a free port that sends its answer to /models one byte every `interval_s`, from
+    the status line (`in_headers`) or from the body's first byte."""
+
+    def __init__(self, interval_s: float, in_headers: bool) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+        self.interval_s, self.in_headers = interval_s, in_headers
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        connection, _ = self.listener.accept()
+        with connection:
+            connection.recv(65536)
+            body = json.dumps({"object": "list", "data": [{"id": "target"}] * 20}).encode()
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+            if not self.in_headers:
+                connection.sendall(head)
+            try:
+                for byte in head + body if self.in_headers else body:
+                    connection.sendall(bytes([byte]))
+                    time.sleep(self.interval_s)
+            except OSError:
+                pass  # the client gave up
+
+    def __enter__(self) -> "DripServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("in_headers", [False, True], ids=["drip in the body", "drip in the headers"])
+def test_timeout_bounds_a_whole_request_not_each_read(in_headers):
+    """A server that sends a byte now and then, each well within --timeout, is stopped at --timeout
+    for the whole answer (its full answer would take minutes)."""
+    with DripServer(0.2, in_headers) as server, pytest.raises(SpecDeckError, match=r"did not answer within 1 s"):
+        started = time.monotonic()
+        try:
+            connect(RemoteSettings(server.url, "target", 1.0), None)
+        finally:
+            assert time.monotonic() - started < 30
+
+
 def test_server_down_is_named():
     """An address where nothing listens says so, and what to do."""
     with pytest.raises(SpecDeckError, match="Nothing answers at .*connection refused.*start the server"):

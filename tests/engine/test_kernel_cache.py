@@ -1,0 +1,95 @@
+"""A damaged row kernel in the cache is never loaded: it is built again, with a notice."""
+
+from __future__ import annotations
+
+import _ctypes
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from specdeck.engine import row_kernel
+from specdeck.engine.atomic import record_path
+
+# in a child process, so that a damaged library loaded by mistake fails the test, not pytest
+CHILD = textwrap.dedent("""
+    import shutil, sys
+    from specdeck.engine import row_kernel
+
+    def copy_the_good_one(compiler, path, arch):
+        shutil.copyfile(sys.argv[1], path)
+
+    row_kernel._compile = copy_the_good_one  # a build without the compiler's 15 s
+    built = row_kernel.build()
+    assert not isinstance(built, str), built
+    print("block", built.row_kernel_block())
+""")
+
+
+@pytest.fixture(scope="module")
+def good_kernel() -> Path:
+    built = row_kernel.library()
+    if isinstance(built, str):
+        pytest.skip(built)
+    return Path(built._name)
+
+
+def _truncated(good: bytes) -> bytes:
+    return good[:20000]
+
+
+def _other_bytes(good: bytes) -> bytes:
+    return bytes((i * 7919) % 251 for i in range(len(good)))
+
+
+def _garbled_code(good: bytes) -> bytes:
+    middle = len(good) // 2
+    return good[:middle] + b"\xff" * 4096 + good[middle + 4096 :]
+
+
+def _wrong_library(good: bytes) -> bytes:
+    return Path(_ctypes.__file__).read_bytes()
+
+
+@pytest.mark.parametrize("damage", [_truncated, _other_bytes, _garbled_code, _wrong_library])
+def test_a_damaged_kernel_is_built_again_with_a_notice(good_kernel, tmp_path, damage):
+    """Truncated, overwritten, garbled or another library: the next run says so, builds and runs."""
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    cached = kernels / good_kernel.name
+    shutil.copyfile(record_path(good_kernel), record_path(cached))
+    cached.write_bytes(damage(good_kernel.read_bytes()))
+    env = {**os.environ, "SPECDECK_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(good_kernel)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{cached.name} in the cache is damaged" in done.stderr and "building it again" in done.stderr
+    assert "block" in done.stdout and cached.read_bytes() == good_kernel.read_bytes()
+
+
+def test_a_kernel_without_its_record_is_built_again(good_kernel, tmp_path):
+    """A library whose size and digest were never recorded (a write killed in between) is not trusted."""
+    (tmp_path / "kernels").mkdir()
+    shutil.copyfile(good_kernel, tmp_path / "kernels" / good_kernel.name)
+    env = {**os.environ, "SPECDECK_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(good_kernel)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "record of size and digest is missing" in done.stderr, done.stderr
+    assert record_path(tmp_path / "kernels" / good_kernel.name).is_file()
+
+
+def test_a_build_that_crashes_when_loaded_is_refused(good_kernel, tmp_path, monkeypatch):
+    """A new library that kills the process loading it is tried in a child, refused, and not kept."""
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    monkeypatch.setattr(
+        row_kernel, "_compile", lambda compiler, path, arch: path.write_bytes(good_kernel.read_bytes()[:20000])
+    )
+    reason = row_kernel.build()
+    assert isinstance(reason, str) and "the library built does not load" in reason
+    assert os.listdir(tmp_path / "kernels") == []
