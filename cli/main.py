@@ -63,7 +63,7 @@ def _cmd_gui(args) -> int:
     if (
         not os.environ.get("DISPLAY")
         and not os.environ.get("WAYLAND_DISPLAY")
-        and os.environ.get("QT_QPA_PLATFORM") != "offscreen"
+        and os.environ.get("QT_QPA_PLATFORM", "").split(":")[0] != "offscreen"  # its options after a colon
         and sys.platform.startswith("linux")
     ):
         if args.demo:
