@@ -1,7 +1,9 @@
 """Which backend runs a model: torch (every model) or llama.cpp (`.gguf` files, where
 llama-cpp-python is installed; `engine.llamacpp_backend`).
 
-`auto` picks llama.cpp for a GGUF file when it measures faster on this machine: one-token forwards
+`auto` runs a small GGUF file on torch where SpecDeck's row kernel builds (its products read the
+file's own blocks, and its step beats llama.cpp's), and elsewhere picks llama.cpp for a GGUF file
+when it measures faster on this machine: one-token forwards
 (a plain decoding step) after a short context on both backends, with the threads torch uses. The
 verdict is saved with the measured costs (`specdeck cache --clear` forgets it), so the measurement
 runs once per file, machine and thread count. A model that would not fit in memory dequantized
@@ -101,7 +103,24 @@ def choose_backend(
         return "llama.cpp"
     if path is None or device.type != "cpu" or dtype not in ("auto", "float32") or not llama_cpp_installed(progress):
         return "torch"
+    if blocks_on_row_kernel(path):
+        return "torch"
     return "llama.cpp" if llama_cpp_faster(name, path, progress) else "torch"
+
+
+def blocks_on_row_kernel(path: Path) -> bool:
+    """Whether torch runs `path`'s own blocks on SpecDeck's row kernel here, whose plain step beats
+    llama.cpp's on the same file where the kernel builds, so auto need not time llama.cpp (seconds
+    of a first load): the kernel builds, the blocks are on, and the file dequantized (about 8 times
+    its size) takes at most a sixteenth of the memory available."""
+    from specdeck.engine import row_kernel
+    from specdeck.engine.gguf_blocks import blocks_off
+    from specdeck.engine.preflight import available_memory
+
+    if blocks_off() or row_kernel.unavailable(torch.zeros(1)) is not None:
+        return False
+    memory = available_memory()
+    return memory is not None and 8 * path.stat().st_size * 16 <= memory
 
 
 def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) -> bool:

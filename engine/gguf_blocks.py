@@ -54,6 +54,11 @@ def _setting() -> str:
     return os.environ.get("SPECDECK_GGUF_BLOCKS", "").strip().lower()
 
 
+def blocks_off() -> bool:
+    """Whether `SPECDECK_GGUF_BLOCKS` keeps every product on float32 weights."""
+    return _setting() in OFF
+
+
 def source_of(model: torch.nn.Module) -> Path | None:
     """The GGUF file whose blocks `model`'s products on the row kernel take, or None: a model from
     elsewhere, or `SPECDECK_GGUF_BLOCKS=off` (float32 products, for measuring one against the other)."""

@@ -54,6 +54,7 @@ def test_auto_picks_the_faster_backend_once_measured(monkeypatch, tmp_path, llam
     """auto picks the backend whose plain step measured faster, and later loads read the saved
     verdict instead of measuring again."""
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    monkeypatch.setattr(backends, "blocks_on_row_kernel", lambda path: False)  # a machine the kernel does not build for
     measured = []
     monkeypatch.setattr(backends, "_llama_cpp_step_ms", lambda path: measured.append("llama.cpp") or llama_ms)
     monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress: measured.append("torch") or torch_ms)
@@ -67,6 +68,7 @@ def test_a_llama_cpp_that_crashes_leaves_specdeck_running_on_torch(monkeypatch, 
     """Where llama.cpp dies of a native fault while it is timed (as a build for another CPU can), auto
     runs the file on torch and says why, then and on later loads, without timing llama.cpp again."""
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    monkeypatch.setattr(backends, "blocks_on_row_kernel", lambda path: False)
     monkeypatch.setattr(backends, "_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress: 30.0)
     said: list[str] = []
@@ -86,3 +88,21 @@ def test_llama_cpp_is_timed_in_a_child_process(tmp_path):
     damaged.write_bytes(b"GGUF" + bytes(64))
     with pytest.raises(SpecDeckError, match="not a readable GGUF model"):
         backends._llama_cpp_step_ms(damaged)
+
+
+@pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")
+def test_where_the_row_kernel_reads_the_files_blocks_auto_takes_torch_untimed(monkeypatch, tmp_path):
+    """Where the row kernel builds and a small GGUF file's blocks run on it, auto takes torch at once,
+    timing neither backend (a first load would wait seconds); with the blocks off it times them."""
+    from specdeck.engine import row_kernel
+
+    if isinstance(row_kernel.library(), str):
+        pytest.skip("the row kernel does not build here")
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    timed = []
+    monkeypatch.setattr(backends, "_llama_cpp_step_ms", lambda path: timed.append("llama.cpp") or 1.0)
+    monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress: timed.append("torch") or 2.0)
+    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto") == "torch" and timed == []
+    monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "off")
+    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto") == "llama.cpp"
+    assert timed == ["llama.cpp", "torch"]
