@@ -209,8 +209,10 @@ class ModelPanel(QGroupBox):
             self.loaded.setText(f"Loaded: {escape(model.pair.description)}")
             self.loaded.setStyleSheet("color: #555;")
             # how the loaded draft's vocabulary relates to the target's, where the drafter is chosen
+            # or which of the target's layers draft, and what each count measured
             vocabulary = model.pair.vocabulary
-            self.drafter.setToolTip(f"Loaded draft: {vocabulary}" if vocabulary else DEFAULT_DRAFTER_TIP)
+            tip = f"Loaded draft: {vocabulary}" if vocabulary else DEFAULT_DRAFTER_TIP
+            self.drafter.setToolTip(model.pair.layers or tip)
 
     @property
     def drafter_kind(self) -> DrafterKind:

@@ -39,10 +39,11 @@ from specdeck.engine.llamacpp_backend import LlamaCppModel
 from specdeck.engine.models import LoadedModel, Progress
 from specdeck.engine.resources import resource_path
 
-SHARES = (1 / 4, 1 / 3, 1 / 2, 2 / 3)  # candidate L as shares of the target's layers
+SHARES = (1 / 4, 1 / 3, 1 / 2, 2 / 3, 5 / 6)  # candidate L as shares of the target's layers
 CALIBRATION_TOKENS = 192  # positions the agreement is counted over
 LONGEST_DRAFT = 8  # K up to which each candidate's speedup is weighed
-TIMED_STEPS = 9  # one-token steps timed per model, after two left out (warm-up)
+TIMED_STEPS = 5  # one-token steps timed per model and turn, after two left out (warm-up)
+TIMED_ROUNDS = 3  # turns of timing the full target and each candidate
 TIMED_AFTER = 64  # cached positions the timed steps follow
 
 _PARTIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {L: partial model}
@@ -165,10 +166,9 @@ def _argmaxes(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def _step_ms(model: PreTrainedModel, ids: list[int]) -> float:
-    """The median time of a one-token step after `TIMED_AFTER` cached positions (milliseconds)."""
-    lm = CachedModel(model)
-    lm.forward(ids[:TIMED_AFTER], last_only=True)
+def _step_ms(lm: CachedModel, ids: list[int]) -> float:
+    """The fastest of `TIMED_STEPS` one-token steps after `TIMED_AFTER` cached positions, two left out
+    first (milliseconds): the fastest, since another process only ever slows a step."""
     times = []
     for i in range(TIMED_STEPS + 2):
         synchronize(lm.device)
@@ -177,20 +177,29 @@ def _step_ms(model: PreTrainedModel, ids: list[int]) -> float:
         synchronize(lm.device)
         times.append(time.perf_counter() - start)
         lm.crop(TIMED_AFTER)
-    return 1000 * median(times[2:])
+    return 1000 * min(times[2:])
 
 
 def measure(model: PreTrainedModel, ids: list[int], layer_counts: list[int], timed: bool = True) -> dict:
-    """{"agreement": {L: a}, "cost": {L: c}} for each L of `layer_counts` on the text `ids`."""
+    """{"agreement": {L: a}, "cost": {L: c}} for each L of `layer_counts` on the text `ids`. The full
+    and partial steps are timed in turns, `TIMED_ROUNDS` times, and c is the median of each turn's
+    ratio: a busy spell of the machine then slows both sides of a ratio alike."""
     full = _argmaxes(model, ids)
     agreement = {
         layers: float((_argmaxes(partial_model(model, layers), ids) == full).float().mean()) for layers in layer_counts
     }
-    cost = {}
-    if timed:
-        whole = _step_ms(model, ids)
-        cost = {layers: _step_ms(partial_model(model, layers), ids) / whole for layers in layer_counts}
-    return {"agreement": agreement, "cost": cost}
+    if not timed:
+        return {"agreement": agreement, "cost": {}}
+    models = {layers: CachedModel(partial_model(model, layers)) for layers in layer_counts}
+    whole = CachedModel(model)
+    for lm in (whole, *models.values()):
+        lm.forward(ids[:TIMED_AFTER], last_only=True)
+    ratios: dict[int, list[float]] = {layers: [] for layers in layer_counts}
+    for _ in range(TIMED_ROUNDS):
+        step = _step_ms(whole, ids)
+        for layers, lm in models.items():
+            ratios[layers].append(_step_ms(lm, ids) / step)
+    return {"agreement": agreement, "cost": {layers: median(each) for layers, each in ratios.items()}}
 
 
 def choose_layers(target: LoadedModel, layers: int | None = None, progress: Progress | None = None) -> LayerChoice:

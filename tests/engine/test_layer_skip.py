@@ -157,7 +157,7 @@ def test_expected_speedup_weighs_agreement_against_cost():
     assert layer_skip.expected_speedup(0.8, 0.3) > layer_skip.expected_speedup(0.6, 0.3)
     assert layer_skip.expected_speedup(0.8, 0.3) > layer_skip.expected_speedup(0.8, 0.5)
     assert layer_skip.expected_speedup(0.0, 1.0) < 1.0
-    assert layer_skip.candidates(30) == [8, 10, 15, 20]
+    assert layer_skip.candidates(30) == [8, 10, 15, 20, 25]
     assert layer_skip.candidates(2) == [1]
 
 
