@@ -83,9 +83,10 @@ class DrafterKind(str, Enum):
 
     @property
     def hugging_face_runs(self) -> bool:
-        """Whether Hugging Face's assisted generation has this drafter (`assistant_model=` or
-        `prompt_lookup_num_tokens=`); it has none that reads the target's hidden state, nor a suffix one."""
-        return self in (DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP)
+        """Whether Hugging Face's assisted generation has this drafter (`assistant_model=`,
+        `prompt_lookup_num_tokens=` or `assistant_early_exit=`); it has none that reads the target's
+        hidden state, nor a suffix one."""
+        return self in (DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP, DrafterKind.LAYER_SKIP)
 
     def builtin_model(self, target: str) -> str | None:
         """The bundled draft or head of this kind for `target`, if SpecDeck ships one."""
