@@ -144,7 +144,8 @@ def _layers(choice: LayerChoice | None) -> str:
     """The layer-skip drafter's choice as the drafter's tooltip says it; "" for another drafter."""
     if choice is None:
         return ""
-    return f"Drafting with the {choice.describe()} ({choice.chosen_by}). Measured: {choice.table()}"
+    why = "as set" if choice.chosen_by == "set" else "the count measured to pay best"
+    return f"Drafting with the {choice.describe()}, {why}. Measured: {choice.table()}"
 
 
 def error_message(error: BaseException) -> str:

@@ -217,10 +217,10 @@ def choose_layers(target: LoadedModel, layers: int | None = None, progress: Prog
         partial_model(model, layers)  # checks the count
         raw = measure(model, ids, [layers], timed=False)
         return LayerChoice(layers, total, raw["agreement"], chosen_by="set")
-    if progress:
-        progress(f"Measuring how well {target.name}'s first layers agree with all {total}")
     counts = candidates(total)
     path = costs_cache() / f"layer-skip-{measurement_key(model, 'layer skip')}.json"
+    if progress and not path.is_file():
+        progress(f"Measuring how well {target.name}'s first layers agree with all {total}")
     raw = cached_measurement(path, lambda: measure(model, ids, counts), "layer-skip measurement")
     agreement = {int(key): float(value) for key, value in raw["agreement"].items()}
     cost = {int(key): float(value) for key, value in raw["cost"].items()}

@@ -137,13 +137,19 @@ def run_specdeck(
 
 
 class _ForwardCounter:
-    """Counts the target's forwards inside generate() and how many tokens each one scored."""
+    """Counts the target's forwards inside generate() and how many tokens each one scored. Under
+    `assistant_early_exit` the target also drafts, with its config's layer count cut for the
+    draft: those forwards are no verify, and are left out."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.lengths: list[int] = []
+        self._config = getattr(model, "config", None)
+        self._layers = getattr(self._config, "num_hidden_layers", None)
         self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module, args, kwargs) -> None:
+        if getattr(self._config, "num_hidden_layers", None) != self._layers:  # an early exit's draft
+            return
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None:
             self.lengths.append(int(ids.shape[-1]))

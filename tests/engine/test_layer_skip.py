@@ -200,3 +200,5 @@ def test_bench_times_layer_skip_beside_hugging_faces_early_exit(tiny_llama, tmp_
     drafting = [r for r in rows if r["method"] in ("speculative", "hf-assisted")]
     assert len(drafting) == 4 and all(int(r["drafted"]) > 0 for r in drafting)
     assert all(r["drafter"].startswith("layer skip (first 1 of 2 layers, agreement") for r in drafting)
+    # the target's own early-exit drafts are not counted as its verifies
+    assert all(float(r["mean_accepted_length"]) >= 1 for r in drafting)
