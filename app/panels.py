@@ -134,6 +134,14 @@ class ModelPanel(QGroupBox):
             self.drafter.addItem(kind.label)
             self.drafter.setItemData(index, kind.description, Qt.ItemDataRole.ToolTipRole)
         self.draft = ModelPicker(allow_empty=True)
+        # the layer-skip drafter's first layers; 0 (shown as "measured"): the count measured to pay best
+        self.draft_layers = QSpinBox()
+        self.draft_layers.setRange(0, 999)
+        self.draft_layers.setSpecialValueText("measured")
+        self.draft_layers.setToolTip(
+            "Layer skip drafts with the target's first N layers; measured: the count whose agreement "
+            "and cost promise the best speedup, measured once per model and machine"
+        )
         self.served_model = QLineEdit()  # a served target's model name, where Target is a server's address
         self.served_model.setPlaceholderText("model name on the server, when Target is http://HOST:PORT/v1")
         self.served_model.setToolTip(
@@ -167,7 +175,11 @@ class ModelPanel(QGroupBox):
         form.addRow("Target", self.target)
         form.addRow("Served as", self.served_model)
         form.addRow("Drafter", self.drafter)
-        form.addRow("Draft", self.draft)
+        draft_row = QHBoxLayout()
+        draft_row.addWidget(self.draft, 1)
+        draft_row.addWidget(QLabel("layers"))
+        draft_row.addWidget(self.draft_layers)
+        form.addRow("Draft", draft_row)
         row = QHBoxLayout()
         row.addWidget(self.device, 1)
         row.addWidget(QLabel("dtype"))
@@ -209,8 +221,10 @@ class ModelPanel(QGroupBox):
             self.loaded.setText(f"Loaded: {escape(model.pair.description)}")
             self.loaded.setStyleSheet("color: #555;")
             # how the loaded draft's vocabulary relates to the target's, where the drafter is chosen
+            # or which of the target's layers draft, and what each count measured
             vocabulary = model.pair.vocabulary
-            self.drafter.setToolTip(f"Loaded draft: {vocabulary}" if vocabulary else DEFAULT_DRAFTER_TIP)
+            tip = f"Loaded draft: {vocabulary}" if vocabulary else DEFAULT_DRAFTER_TIP
+            self.drafter.setToolTip(model.pair.layers or tip)
 
     @property
     def drafter_kind(self) -> DrafterKind:
@@ -219,6 +233,7 @@ class ModelPanel(QGroupBox):
     def _on_drafter_changed(self, index: int) -> None:
         kind = DRAFTER_KINDS[index]
         self.draft.setEnabled(kind.needs_model)
+        self.draft_layers.setEnabled(kind is DrafterKind.LAYER_SKIP)
         if kind.needs_model and self.draft.value in BUILTIN_DRAFTS:
             self.draft.set_value(kind.builtin_model(DEFAULT_TARGET))  # the built-in one that goes with the kind
 
@@ -248,6 +263,7 @@ class ModelPanel(QGroupBox):
             self.trust_remote_code.isChecked(),
             backend=self.backend.currentText(),
             target_model=self.served_model.text(),
+            draft_layers=(self.draft_layers.value() or None) if kind is DrafterKind.LAYER_SKIP else None,
         )
 
     def show_spec(self, spec: PairSpec) -> None:
@@ -261,6 +277,8 @@ class ModelPanel(QGroupBox):
         self.backend.setCurrentText(spec.backend)
         self.trust_remote_code.setChecked(spec.trust_remote_code)
         self.draft.setEnabled(spec.drafter.needs_model)
+        self.draft_layers.setValue(spec.draft_layers or 0)
+        self.draft_layers.setEnabled(spec.drafter is DrafterKind.LAYER_SKIP)
 
     def remember(self, *names: str | None) -> None:
         for name in names:
@@ -275,6 +293,7 @@ class ModelPanel(QGroupBox):
         settings.setValue("models/served_model", self.served_model.text())
         settings.setValue("models/draft", self.draft.value)
         settings.setValue("models/drafter", self.drafter.currentText())
+        settings.setValue("models/draft_layers", self.draft_layers.value())
         settings.setValue("models/device", self.device.currentText())
         settings.setValue("models/dtype", self.dtype.currentText())
         settings.setValue("models/backend", self.backend.currentText())
@@ -289,6 +308,7 @@ class ModelPanel(QGroupBox):
         self.served_model.setText(str(settings.value("models/served_model", "")))
         self.draft.set_value(str(settings.value("models/draft", default.draft)))
         self.drafter.setCurrentText(str(settings.value("models/drafter", default.drafter.label)))
+        self.draft_layers.setValue(int(settings.value("models/draft_layers", 0) or 0))
         self.device.setCurrentText(str(settings.value("models/device", default.device)))
         self.dtype.setCurrentText(str(settings.value("models/dtype", default.dtype)))
         self.backend.setCurrentText(str(settings.value("models/backend", default.backend)))

@@ -32,6 +32,7 @@ from specdeck.engine.bench.service import report_context, run_and_write
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SummaryEvent
+from specdeck.engine.layer_skip import LayerChoice
 from specdeck.engine.memory import give_back, is_out_of_memory, out_of_memory_message
 from specdeck.engine.pair import ModelPair, PairSpec
 from specdeck.engine.session import add_drafters, load_pair, run_session
@@ -95,6 +96,7 @@ class PairInfo:
     dtype: str
     vocabulary: str = ""  # a draft model's vocabulary case against the target's, in words
     backend: str = "torch"  # what runs the target (`LoadedModel.backend`)
+    layers: str = ""  # the layer-skip drafter's layers and what each count measured, in words
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,16 @@ def describe(pair: ModelPair) -> PairInfo:
         str(pair.target.dtype).removeprefix("torch."),
         pair.vocabulary.describe() if pair.vocabulary is not None else "",
         pair.target.backend,
+        _layers(pair.layer_choice),
     )
+
+
+def _layers(choice: LayerChoice | None) -> str:
+    """The layer-skip drafter's choice as the drafter's tooltip says it; "" for another drafter."""
+    if choice is None:
+        return ""
+    why = "as set" if choice.chosen_by == "set" else "the count measured to pay best"
+    return f"Drafting with the {choice.describe()}, {why}. Measured: {choice.table()}"
 
 
 def error_message(error: BaseException) -> str:

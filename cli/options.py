@@ -51,6 +51,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.drafter,
         help=f"what proposes tokens ({kinds}; default: what --draft names, else the default pair's)",
     )
+    parser.add_argument(
+        "--draft-layers",
+        type=int,
+        default=defaults.draft_layers,
+        metavar="N",
+        help="the layer-skip drafter drafts with the target's first N layers (default: the count with "
+        "the best measured agreement and cost, cached per model)",
+    )
     parser.add_argument("--device", default=defaults.device, help="auto, cpu, cuda, mps")
     parser.add_argument("--dtype", default=defaults.dtype, help="auto, float32, bfloat16, float16")
     parser.add_argument(
@@ -76,6 +84,7 @@ def pair_spec(args: argparse.Namespace) -> PairSpec:
         target_model=args.target_model,
         tokenizer=args.tokenizer,
         timeout_s=args.timeout,
+        draft_layers=args.draft_layers,
     )
 
 

@@ -203,7 +203,9 @@ def _head_dim(module: torch.nn.Module) -> int:
     return getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else 0)
 
 
-def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
+def measurement_key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
+    """What a measurement of `module` on this machine is saved under: its config, dtype, device, product
+    path, torch, threads and CPU; measured again where any of them changes."""
     if isinstance(module, LlamaCppModel):  # its config names the file and the library version
         runs_on, path = [module.backend], ""
     else:
@@ -238,7 +240,7 @@ def _key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
-def _cached(path: Path | None, measure, what: str):
+def cached_measurement(path: Path | None, measure, what: str):
     """A measurement read from `path`, else made by `measure()` and saved there (JSON)."""
     if path is not None and path.is_file():
         try:
@@ -266,9 +268,9 @@ def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = 
     so that later sessions plan alike: the auto schedule's choices, and so sampled text for a seed,
     repeat on this machine)."""
     if model not in _CURVES:
-        path = cache_dir / f"curve-{_key(model, 'curve')}.json" if cache_dir else None
+        path = cache_dir / f"curve-{measurement_key(model, 'curve')}.json" if cache_dir else None
         cached = path is not None and path.is_file()
-        raw = _cached(path, lambda: asdict(measure_curve(model)), "cost curve")
+        raw = cached_measurement(path, lambda: asdict(measure_curve(model)), "cost curve")
         try:
             curve = CostCurve(
                 tuple(raw["tokens"]), tuple(raw["forward_ms"]), raw.get("machine", ""), float(raw.get("spread", 0.0))
@@ -296,8 +298,8 @@ def draft_cost(drafter, vocab_width: int, hidden_size: int, cache_dir: Path | No
     if module is None:
         return measure_draft_ms(drafter, vocab_width, hidden_size)
     if module not in _DRAFT_MS:
-        path = cache_dir / f"draft-{_key(module, type(drafter).__name__)}.json" if cache_dir else None
-        value = _cached(path, lambda: measure_draft_ms(drafter, vocab_width, hidden_size), "draft cost")
+        path = cache_dir / f"draft-{measurement_key(module, type(drafter).__name__)}.json" if cache_dir else None
+        value = cached_measurement(path, lambda: measure_draft_ms(drafter, vocab_width, hidden_size), "draft cost")
         _DRAFT_MS[module] = (
             float(value) if isinstance(value, (int, float)) else measure_draft_ms(drafter, vocab_width, hidden_size)
         )

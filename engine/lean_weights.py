@@ -98,6 +98,14 @@ def weights_of(model: PreTrainedModel) -> LeanWeights:
     return weights
 
 
+def share_first_layers(partial: PreTrainedModel, model: PreTrainedModel, layers: int) -> None:
+    """Let `partial`, whose parameters are `model`'s embedding, first `layers` layers, final norm and
+    output layer (`engine.layer_skip`), run on `model`'s lean weights: nothing is read, fused or
+    packed again, so the partial model costs no memory for weights."""
+    full = weights_of(model)
+    _WEIGHTS[partial] = (_key(partial), replace(full, layers=full.layers[:layers]))
+
+
 def rows_in_8_bits(model: object) -> bool:
     """Whether the model's lean forward, as last read, takes its rows in 8 bits on a GGUF file's
     blocks (`engine.gguf_blocks.activations`): another arithmetic than Hugging Face's forward."""

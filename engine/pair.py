@@ -16,6 +16,7 @@ from specdeck.engine.cross_vocab import CrossVocabularyDrafter
 from specdeck.engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.heads import LoadedHead, names_head
+from specdeck.engine.layer_skip import LayerChoice, LayerSkipDrafter, refusal, refuse_backend
 from specdeck.engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
 from specdeck.engine.past_sessions import PastSessions
 from specdeck.engine.remote_http import DEFAULT_TIMEOUT_S, is_url
@@ -33,6 +34,7 @@ class DrafterKind(str, Enum):
     PROMPT_LOOKUP = "prompt-lookup"
     SUFFIX = "suffix"
     HYBRID = "hybrid"
+    LAYER_SKIP = "layer-skip"
 
     def __str__(self) -> str:
         return self.value
@@ -61,6 +63,7 @@ class DrafterKind(str, Enum):
             DrafterKind.SUFFIX: "copies the most frequent continuation from this and earlier texts (--suffix-scope)",
             DrafterKind.HYBRID: "the suffix drafter's copy where it scores high, else the feature head or the draft "
             "model --draft names",
+            DrafterKind.LAYER_SKIP: "the target's own first layers and output layer (early exit; --draft-layers)",
         }[self]
 
     @property
@@ -76,13 +79,14 @@ class DrafterKind(str, Enum):
     @property
     def copies_text(self) -> bool:
         """Whether the kind copies from the text: prompt lookup never runs before such a drafter."""
-        return not self.needs_model
+        return self in (DrafterKind.PROMPT_LOOKUP, DrafterKind.SUFFIX)
 
     @property
     def hugging_face_runs(self) -> bool:
-        """Whether Hugging Face's assisted generation has this drafter (`assistant_model=` or
-        `prompt_lookup_num_tokens=`); it has none that reads the target's hidden state, nor a suffix one."""
-        return self in (DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP)
+        """Whether Hugging Face's assisted generation has this drafter (`assistant_model=`,
+        `prompt_lookup_num_tokens=` or `assistant_early_exit=`); it has none that reads the target's
+        hidden state, nor a suffix one."""
+        return self in (DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP, DrafterKind.LAYER_SKIP)
 
     def builtin_model(self, target: str) -> str | None:
         """The bundled draft or head of this kind for `target`, if SpecDeck ships one."""
@@ -112,6 +116,11 @@ class DrafterKind(str, Enum):
         and the target's texts, and leaves it as it is."""
         if self is DrafterKind.PROMPT_LOOKUP:
             return PromptLookupDrafter(device=pair.target.device)
+        if self is DrafterKind.LAYER_SKIP:
+            refuse_backend(pair.target)
+            if pair.layer_choice is None:
+                raise SpecDeckError("The layer-skip drafter's layers were not chosen: load the pair with load_pair.")
+            return LayerSkipDrafter(pair.local_target.torch_model, pair.layer_choice)
         suffix = None
         if self in (DrafterKind.SUFFIX, DrafterKind.HYBRID):
             mine = history is None
@@ -171,6 +180,7 @@ class PairSpec:
     target_model: str = ""
     tokenizer: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    draft_layers: int | None = None  # the layer-skip drafter's first layers; None: chosen by measurement
 
     def __post_init__(self) -> None:
         # what a text field or an option holds: blanks mean the default, a kind may come as its name
@@ -210,8 +220,9 @@ class PairSpec:
         )
 
     def with_drafter(self, drafter: DrafterKind | None, draft: str | None) -> PairSpec:
-        """The same target and options with another drafter."""
-        return replace(self, drafter=drafter, draft=draft)
+        """The same target and options with another drafter (the layer count only for layer skip)."""
+        layers = self.draft_layers if drafter is DrafterKind.LAYER_SKIP else None
+        return replace(self, drafter=drafter, draft=draft, draft_layers=layers)
 
     def resolved(self, backend: str | None = None) -> PairSpec:
         """This spec with its drafter kind and model chosen, or a `SpecDeckError` saying what is missing.
@@ -221,6 +232,15 @@ class PairSpec:
         distilled draft with the draft-model drafter); a draft that names a feature head (an alias or
         a folder) picks the feature-head drafter by itself."""
         drafter, draft = self.drafter, self.draft
+        if drafter is DrafterKind.LAYER_SKIP:
+            if self.remote or backend == "llama.cpp":
+                raise refusal("on a server" if self.remote else "on llama.cpp")
+            if draft and not draft.isdigit():  # bench's layer-skip:N names the layers
+                raise SpecDeckError(
+                    f"The layer-skip drafter drafts with the target's own layers, not {draft!r}: give it "
+                    "a number of layers (--draft-layers N, in bench --drafters layer-skip:N) or nothing."
+                )
+            return replace(self, draft=None, draft_layers=int(draft) if draft else self.draft_layers)
         if drafter is not None and drafter.copies_text and draft:
             raise SpecDeckError(
                 f"The {drafter.label} drafter needs no draft model: drop --draft or choose --drafter draft-model."
@@ -238,7 +258,9 @@ class PairSpec:
 
     @property
     def drafter_entry(self) -> str:
-        """The drafter as `specdeck bench --drafters` lists it: kind or kind:MODEL."""
+        """The drafter as `specdeck bench --drafters` lists it: kind or kind:MODEL (layer-skip:N)."""
+        if self.draft_layers is not None:
+            return f"{self.drafter}:{self.draft_layers}"
         return f"{self.drafter}:{self.draft}" if self.draft else str(self.drafter)
 
     def model_arguments(self) -> list[str]:
@@ -261,8 +283,10 @@ class PairSpec:
 
     def drafter_arguments(self) -> list[str]:
         """The command-line arguments for the drafter and its model, if chosen."""
-        return (["--drafter", str(self.drafter)] if self.drafter else []) + (
-            ["--draft", self.draft] if self.draft else []
+        return (
+            (["--drafter", str(self.drafter)] if self.drafter else [])
+            + (["--draft", self.draft] if self.draft else [])
+            + (["--draft-layers", str(self.draft_layers)] if self.draft_layers is not None else [])
         )
 
     def arguments(self) -> list[str]:
@@ -283,6 +307,7 @@ class ModelPair:
     history: SuffixIndex = field(default_factory=SuffixIndex)
     vocabulary: VocabularyMatch | None = None  # how a draft model's vocabulary relates to the target's
     past: PastSessions | None = None  # past sessions' texts (suffix scope `all`); the target's tokenizer's by default
+    layer_choice: LayerChoice | None = None  # the layer-skip drafter's layers (`engine.layer_skip`)
 
     def __post_init__(self) -> None:
         if self.past is None:
@@ -358,6 +383,8 @@ class ModelPair:
     def drafter_description(self) -> str:
         if not self.drafter_kind:
             return ""
+        if self.drafter_kind is DrafterKind.LAYER_SKIP and self.layer_choice is not None:
+            return f"layer skip ({self.layer_choice.describe()})"
         return self.drafter_kind.describe(self.drafter_model) + (
             " (its own tokenizer)" if self.cross_vocabulary else ""
         )

@@ -13,6 +13,7 @@ from specdeck.engine.decoding import generate
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event
 from specdeck.engine.heads import load_feature_head, names_head
+from specdeck.engine.layer_skip import choose_layers, refuse_backend
 from specdeck.engine.lean_weights import weights_of
 from specdeck.engine.llama_forward import supports
 from specdeck.engine.llamacpp_backend import LlamaCppModel
@@ -99,6 +100,14 @@ def _attach_drafter(target_model: LoadedModel | RemoteTarget, spec: PairSpec, pr
     """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), loading
     its draft or head."""
     draft_model = head = vocabulary = None
+    if spec.drafter is DrafterKind.LAYER_SKIP:
+        refuse_backend(target_model)
+        assert isinstance(target_model, LoadedModel)  # refuse_backend refuses a served one
+        return ModelPair(
+            target_model,
+            drafter_kind=spec.drafter,
+            layer_choice=choose_layers(target_model, spec.draft_layers, progress),
+        )
     if spec.drafter is None or not spec.drafter.needs_model:
         return ModelPair(target_model, None, spec.drafter, None)
     if not spec.draft:  # `PairSpec.resolved` names one for every kind that needs it

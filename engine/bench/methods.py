@@ -5,7 +5,8 @@
 - `hf`: Hugging Face `generate()`, greedy or sampling with the same settings.
 - `hf-assisted`: Hugging Face's own speculative decoding with the same drafter and a fixed K:
   `assistant_model=` with `num_assistant_tokens_schedule="constant"` and
-  `assistant_confidence_threshold=0`, or `prompt_lookup_num_tokens=K`. A draft with a tokenizer of
+  `assistant_confidence_threshold=0`, `prompt_lookup_num_tokens=K`, or for layer skip the target
+  as its own assistant through its first L layers (`assistant_early_exit=L`). A draft with a tokenizer of
   its own runs as Universal Assisted Generation (`tokenizer=` and `assistant_tokenizer=`: greedy
   through the text, sampling over the shared tokens), on a copy of the draft, since sampling cuts
   the assistant's output layer down to the shared tokens in place.
@@ -136,13 +137,19 @@ def run_specdeck(
 
 
 class _ForwardCounter:
-    """Counts the target's forwards inside generate() and how many tokens each one scored."""
+    """Counts the target's forwards inside generate() and how many tokens each one scored. Under
+    `assistant_early_exit` the target also drafts, with its config's layer count cut for the
+    draft: those forwards are no verify, and are left out."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.lengths: list[int] = []
+        self._config = getattr(model, "config", None)
+        self._layers = getattr(self._config, "num_hidden_layers", None)
         self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module, args, kwargs) -> None:
+        if getattr(self._config, "num_hidden_layers", None) != self._layers:  # an early exit's draft
+            return
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None:
             self.lengths.append(int(ids.shape[-1]))
@@ -187,6 +194,12 @@ def _hf_generate(
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         assistant.generation_config.assistant_confidence_threshold = 0.0
         kwargs["assistant_model"] = assistant
+    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.LAYER_SKIP and pair.layer_choice is not None:
+        # the target is its own assistant, run through its first layers (`assistant_early_exit`)
+        own = target.torch_model.generation_config
+        own.num_assistant_tokens, own.num_assistant_tokens_schedule = config.k, "constant"
+        own.assistant_confidence_threshold = 0.0
+        kwargs["assistant_early_exit"] = pair.layer_choice.layers
     if not config.greedy:
         torch.manual_seed(config.seed)
     synchronize(target.device)

@@ -155,6 +155,25 @@ def test_suffix_session_drafts_from_the_earlier_answer(qtbot, window, errors):
     assert "suffix" in window.model_panel.loaded.text()
 
 
+def test_layer_skip_session_shows_its_layers(qtbot, window, errors, tmp_path, monkeypatch):
+    """With the layer-skip drafter the model panel names the target's layers that draft and their
+    measured agreement, the drafter's tooltip each count measured, and greedy text is plain text;
+    a count set in the panel is the one loaded."""
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    window.model_panel.drafter.setCurrentText("layer skip")
+    assert not window.model_panel.draft.isEnabled() and window.model_panel.draft_layers.isEnabled()
+    _run(qtbot, window, window.compare_button)
+    assert errors == []
+    assert "layer skip (first 1 of 2 layers, agreement" in window.model_panel.loaded.text()
+    assert "the count measured to pay best. Measured: L=1: a " in window.model_panel.drafter.toolTip()
+    window.model_panel.draft_layers.setValue(1)
+    assert window.model_panel.spec().draft_layers == 1
+    _run(qtbot, window, window.model_panel.load_button)
+    assert "as set. Measured: L=1: a " in window.model_panel.drafter.toolTip()
+    speculative, plain = window.session_model.records
+    assert speculative.summary.drafted > 0 and speculative.summary.text == plain.summary.text
+
+
 def test_closing_during_a_run_leaves_no_thread_running(qtbot, window):
     """Closing the window mid-session stops the session and ends the model thread."""
     window.decoding_panel.max_new_tokens.setValue(4000)

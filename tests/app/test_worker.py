@@ -37,6 +37,7 @@ class _FakePair:
     drafter_kind = None
     drafter_model = None
     vocabulary = None
+    layer_choice = None
 
     class target:
         name = "fake"

@@ -37,6 +37,19 @@ def test_prompt_lookup_greedy_equals_plain_for_128_tokens(smollm2):
     assert spec[-1].accepted > 0
 
 
+def test_layer_skip_greedy_equals_plain_on_the_builtin_target(smollm2):
+    """The built-in target drafting with its own first 25 layers writes plain greedy text, and some
+    of those drafts pass."""
+    from specdeck.engine.layer_skip import LayerSkipDrafter, choose_layers
+
+    ids = encode_prompt(smollm2.tokenizer, "Name three rivers in Europe and the seas they flow into.")
+    config = DecodeConfig(k=3, schedule="constant", max_new_tokens=48)
+    plain = [e.token_id for e in generate(smollm2, ids, config) if isinstance(e, TokenEvent)]
+    spec = list(generate(smollm2, ids, config, LayerSkipDrafter(smollm2.model, choose_layers(smollm2, 25))))
+    assert [e.token_id for e in spec if isinstance(e, TokenEvent) and e.state.kept] == plain
+    assert spec[-1].accepted > 0
+
+
 def test_chat_template_is_applied(smollm2):
     """Prompts go through the chat template unless raw completion is asked for."""
     chat = smollm2.tokenizer.decode(encode_prompt(smollm2.tokenizer, "Hello"))
