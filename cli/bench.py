@@ -188,7 +188,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if busy_summary:
             table = quiet_and_busy(summary, busy_summary, args.busy)
             write_text(out / "quiet-and-busy.md", table)
-            print(table)
+            print(f"{table}\nWrote {busy_out}/ and {out / 'quiet-and-busy.md'}.\n")
         if cancel.is_set():
             print(f"Cancelled during the run beside busy cores: {busy_out} covers what finished.", file=sys.stderr)
             return 130
