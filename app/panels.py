@@ -177,9 +177,11 @@ class ModelPanel(QGroupBox):
         form.addRow("Drafter", self.drafter)
         draft_row = QHBoxLayout()
         draft_row.addWidget(self.draft, 1)
-        draft_row.addWidget(QLabel("layers"))
+        self._layers_label = QLabel("layers")
+        draft_row.addWidget(self._layers_label)
         draft_row.addWidget(self.draft_layers)
         form.addRow("Draft", draft_row)
+        self._show_layers(self.drafter_kind is DrafterKind.LAYER_SKIP)
         row = QHBoxLayout()
         row.addWidget(self.device, 1)
         row.addWidget(QLabel("dtype"))
@@ -233,9 +235,16 @@ class ModelPanel(QGroupBox):
     def _on_drafter_changed(self, index: int) -> None:
         kind = DRAFTER_KINDS[index]
         self.draft.setEnabled(kind.needs_model)
-        self.draft_layers.setEnabled(kind is DrafterKind.LAYER_SKIP)
+        self._show_layers(kind is DrafterKind.LAYER_SKIP)
         if kind.needs_model and self.draft.value in BUILTIN_DRAFTS:
             self.draft.set_value(kind.builtin_model(DEFAULT_TARGET))  # the built-in one that goes with the kind
+
+    def _show_layers(self, shown: bool) -> None:
+        """The layer count beside the draft field only for layer skip, which reads no draft model:
+        for the others the field keeps its width for a model's name."""
+        self.draft_layers.setEnabled(shown)
+        self.draft_layers.setVisible(shown)
+        self._layers_label.setVisible(shown)
 
     def _on_drafter_picked(self, index: int) -> None:
         self._drafter_picked = True
@@ -278,7 +287,7 @@ class ModelPanel(QGroupBox):
         self.trust_remote_code.setChecked(spec.trust_remote_code)
         self.draft.setEnabled(spec.drafter.needs_model)
         self.draft_layers.setValue(spec.draft_layers or 0)
-        self.draft_layers.setEnabled(spec.drafter is DrafterKind.LAYER_SKIP)
+        self._show_layers(spec.drafter is DrafterKind.LAYER_SKIP)
 
     def remember(self, *names: str | None) -> None:
         for name in names:
