@@ -67,10 +67,7 @@ def tensor_index_cache() -> Path:
 
 def clear_tensor_indexes() -> int:
     """Forget every GGUF file's tensor index (read again when next needed); return how many were removed."""
-    files = sorted(tensor_index_cache().glob("*.json")) if tensor_index_cache().is_dir() else []
-    for path in files:
-        remove_path(path)
-    return len(files)
+    return _remove_all(tensor_index_cache(), "*.json")
 
 
 def costs_cache() -> Path:
@@ -90,15 +87,17 @@ def suffix_cache() -> Path:
 
 def clear_suffix_texts() -> int:
     """Forget every past session's text kept for suffix drafting; return how many files were removed."""
-    files = sorted(suffix_cache().glob("*.tokens")) if suffix_cache().is_dir() else []
-    for path in files:
-        remove_path(path)
-    return len(files)
+    return _remove_all(suffix_cache(), "*.tokens")
 
 
 def clear_costs() -> int:
     """Forget every measured cost (the next session measures again); return how many were removed."""
-    files = sorted(costs_cache().glob("*.json")) if costs_cache().is_dir() else []
+    return _remove_all(costs_cache(), "*.json")
+
+
+def _remove_all(folder: Path, pattern: str) -> int:
+    """Remove the files of `folder` that match `pattern`; return how many."""
+    files = sorted(folder.glob(pattern)) if folder.is_dir() else []
     for path in files:
         remove_path(path)
     return len(files)
