@@ -1,0 +1,28 @@
+"""Every module of the engine and the window is in a layer of the import contracts
+(pyproject.toml), so `lint-imports` checks which way each one's imports point."""
+
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _layered(container: str) -> set[str]:
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    names: set[str] = set()
+    for contract in contracts["contracts"]:
+        if contract.get("containers") == [container]:
+            for layer in contract["layers"]:
+                names |= {part.strip() for part in layer.replace("|", ":").split(":")}
+    return names
+
+
+@pytest.mark.parametrize("folder", ["engine", "app"])
+def test_every_module_is_in_a_layer(folder):
+    """Each module (and each sub-package, as one) of engine/ and app/ is named in its folder's layers contract."""
+    modules = {p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"}
+    modules |= {p.name for p in (ROOT / folder).iterdir() if (p / "__init__.py").is_file()}
+    missing = sorted(modules - _layered(f"specdeck.{folder}"))
+    assert not missing, f"not in a layer of pyproject.toml's contract for {folder}/: {missing}"
