@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from specdeck.engine.errors import SpecDeckError
 
 SCHEDULES = ("auto", "constant", "heuristic")
 SUFFIX_SCOPES = ("prompt", "session", "all")  # what a suffix drafter reads (`DecodeConfig.suffix_scope`)
+
+
+MOST_K = 64  # the longest draft a session may ask for
 
 
 @dataclass(frozen=True)
@@ -77,14 +81,21 @@ class DecodeConfig:
             raise SpecDeckError(f"Lookup must be 0 (off) or the most tokens to copy per round (got {self.lookup}).")
         if not 0.0 <= self.confidence_threshold < 1.0:
             raise SpecDeckError(f"The confidence threshold must be in [0, 1) (got {self.confidence_threshold}).")
-        if self.temperature < 0:
-            raise SpecDeckError(f"Temperature must be 0 (greedy) or positive (got {self.temperature}).")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise SpecDeckError(f"Temperature must be 0 (greedy) or a positive number (got {self.temperature}).")
         if self.top_k < 0:
             raise SpecDeckError(f"top-k must be 0 (off) or positive (got {self.top_k}).")
         if not 0.0 < self.top_p <= 1.0:
             raise SpecDeckError(f"top-p must be in (0, 1] (got {self.top_p}); 1 turns it off.")
         if self.max_new_tokens < 1:
             raise SpecDeckError(f"Max new tokens must be at least 1 (got {self.max_new_tokens}).")
+        if self.max_k > MOST_K:
+            raise SpecDeckError(
+                f"The longest draft can be at most {MOST_K} tokens (got {self.max_k}): each costs a drafter step "
+                "and widens the target's forward, while a round keeps drafts only up to the first refused one."
+            )
+        if any(not stop for stop in self.stop_strings):
+            raise SpecDeckError("A stop string must not be empty (it would match before the first token): drop it.")
 
     @property
     def greedy(self) -> bool:
