@@ -103,12 +103,12 @@ def choose_backend(
         return "llama.cpp"
     if path is None or device.type != "cpu" or dtype not in ("auto", "float32") or not llama_cpp_installed(progress):
         return "torch"
-    if blocks_on_row_kernel(path):
+    if blocks_on_row_kernel(path, progress):
         return "torch"
     return "llama.cpp" if llama_cpp_faster(name, path, progress) else "torch"
 
 
-def blocks_on_row_kernel(path: Path) -> bool:
+def blocks_on_row_kernel(path: Path, progress: Progress | None = None) -> bool:
     """Whether torch runs `path`'s own blocks on SpecDeck's row kernel here, whose plain step beats
     llama.cpp's on the same file where the kernel builds, so auto need not time llama.cpp (seconds
     of a first load): the kernel builds, the blocks are on, and the file dequantized (about 8 times
@@ -117,7 +117,7 @@ def blocks_on_row_kernel(path: Path) -> bool:
     from specdeck.engine.gguf_blocks import blocks_off
     from specdeck.engine.preflight import available_memory
 
-    if blocks_off() or row_kernel.unavailable(torch.zeros(1)) is not None:
+    if blocks_off() or isinstance(row_kernel.library(progress), str):
         return False
     memory = available_memory()
     return memory is not None and 8 * path.stat().st_size * 16 <= memory

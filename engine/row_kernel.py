@@ -96,10 +96,10 @@ def _build(compiler: str, target: Path, arch: str) -> None:
     write_with(target, save, record=True)
 
 
-def build(arch: str = "native") -> ctypes.CDLL | str:
+def build(arch: str = "native", progress: Callable[[str], None] | None = None) -> ctypes.CDLL | str:
     """The kernel's library compiled for `arch` (`-march=`; "native": this CPU, what SpecDeck runs;
     "haswell": the AVX2 variant, which tests check on machines that also have AVX-512), built once
-    per machine and kept in the cache, and loaded; or why it cannot be."""
+    per machine and kept in the cache, and loaded; or why it cannot be. `progress` hears of a build."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the row kernel is written for x86-64 CPUs, not {platform.machine()}"
     if not SOURCE.is_file():
@@ -119,6 +119,8 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
         target.unlink(missing_ok=True)
     if not target.is_file():
         log.info("building the row kernel for this machine with %s", compiler)
+        if progress:
+            progress("Building SpecDeck's row kernel for this CPU (once: it is kept in the cache)")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             _build(compiler, target, arch)
@@ -174,10 +176,10 @@ def build(arch: str = "native") -> ctypes.CDLL | str:
     return library
 
 
-def library() -> ctypes.CDLL | str:
+def library(progress: Callable[[str], None] | None = None) -> ctypes.CDLL | str:
     """The kernel's library, built and loaded once per process; or, where it cannot be, why not."""
     if not _LIBRARY:
-        _LIBRARY.append(build())
+        _LIBRARY.append(build(progress=progress))
         if isinstance(_LIBRARY[0], str):
             log.info("%s", _LIBRARY[0])
     return _LIBRARY[0]

@@ -54,7 +54,9 @@ def test_auto_picks_the_faster_backend_once_measured(monkeypatch, tmp_path, llam
     """auto picks the backend whose plain step measured faster, and later loads read the saved
     verdict instead of measuring again."""
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
-    monkeypatch.setattr(backends, "blocks_on_row_kernel", lambda path: False)  # a machine the kernel does not build for
+    monkeypatch.setattr(
+        backends, "blocks_on_row_kernel", lambda path, progress=None: False
+    )  # a machine the kernel does not build for
     measured = []
     monkeypatch.setattr(backends, "_llama_cpp_step_ms", lambda path: measured.append("llama.cpp") or llama_ms)
     monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress: measured.append("torch") or torch_ms)
@@ -68,7 +70,7 @@ def test_a_llama_cpp_that_crashes_leaves_specdeck_running_on_torch(monkeypatch, 
     """Where llama.cpp dies of a native fault while it is timed (as a build for another CPU can), auto
     runs the file on torch and says why, then and on later loads, without timing llama.cpp again."""
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
-    monkeypatch.setattr(backends, "blocks_on_row_kernel", lambda path: False)
+    monkeypatch.setattr(backends, "blocks_on_row_kernel", lambda path, progress=None: False)
     monkeypatch.setattr(backends, "_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress: 30.0)
     said: list[str] = []
