@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdeck.engine.autotune import CostCurve
+from specdeck.engine.costs import CostCurve
 from specdeck.engine.events import SessionStarted
 from specdeck.engine.stats import expected_tokens_per_round
 

@@ -71,7 +71,7 @@ def clear_tensor_indexes() -> int:
 
 
 def costs_cache() -> Path:
-    """The folder of measured costs (`engine.autotune`): target cost curves and drafters' costs."""
+    """The folder of measured costs (`engine.costs`): target cost curves and drafters' costs."""
     return cache_root() / "costs"
 
 

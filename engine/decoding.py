@@ -38,11 +38,12 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from specdeck.engine.autotune import MAX_WIDTH, RoundPlanner, cost_curve, draft_cost
+from specdeck.engine.autotune import MAX_WIDTH, RoundPlanner
 from specdeck.engine.cache import costs_cache
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.context import context_length, fit_prompt, shortest
 from specdeck.engine.cores import fit_threads
+from specdeck.engine.costs import cost_curve, draft_cost
 from specdeck.engine.drafters import Drafter, Proposal
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event, SessionStarted

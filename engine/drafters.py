@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from specdeck.engine import gguf_blocks
-from specdeck.engine.autotune import MATCH_CAP
+from specdeck.engine.acceptance import MATCH_CAP
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.context import context_length
 from specdeck.engine.hf_parts import input_embedding

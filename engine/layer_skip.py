@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specdeck.engine.autotune import cached_measurement, measurement_key
 from specdeck.engine.cache import costs_cache
+from specdeck.engine.costs import cached_measurement, measurement_key
 from specdeck.engine.drafters import DraftModelDrafter
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.kvcache import CachedModel, synchronize

@@ -118,7 +118,7 @@ class LlamaCppModel:
                 num_hidden_layers=llama.llama_model_n_layer(handle),
                 max_position_embeddings=min(llama.llama_model_n_ctx_train(handle), CONTEXT_LIMIT),
                 eos_token_id=eos if eos >= 0 else None,
-                # what the measured costs are cached by (`engine.autotune`): the file and the library
+                # what the measured costs are cached by (`engine.costs`): the file and the library
                 gguf_file=str(path.resolve()),
                 gguf_size=stat.st_size,
                 gguf_mtime_ns=stat.st_mtime_ns,

@@ -9,7 +9,7 @@ Two figures come of it:
   how often a copy's first draft passes, and how many of its drafts pass on average;
 - the bound: the speedup over plain decoding of a planner that knew in advance how many drafts of
   each copy pass, verified exactly those and stepped plainly where none did, priced with the
-  target's measured cost curve (`engine.autotune.cost_curve`). No planner that learns acceptance as
+  target's measured cost curve (`engine.costs.cost_curve`). No planner that learns acceptance as
   it goes can beat it; where it is near 1.0x, copying cannot pay on this machine.
 """
 
@@ -20,12 +20,12 @@ from collections import defaultdict
 
 import torch
 
-from specdeck.engine.autotune import CostCurve, cost_curve
 from specdeck.engine.bench.methods import match_bucket
 from specdeck.engine.bench.prompts import read_prompts
 from specdeck.engine.cache import costs_cache
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.cores import pin_threads
+from specdeck.engine.costs import CostCurve, cost_curve
 from specdeck.engine.decoding import generate
 from specdeck.engine.events import TokenEvent
 from specdeck.engine.models import encode_prompt

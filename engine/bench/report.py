@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-from specdeck.engine.autotune import CURVE_CONTEXT, machine_name
 from specdeck.engine.bench.remote_report import LATENCY_COLUMNS, SPLIT_COLUMNS, latency_rows, split_rows
 from specdeck.engine.bench.runner import BenchSettings, Method, PromptResult
+from specdeck.engine.cache import machine_name
+from specdeck.engine.costs import CURVE_CONTEXT
 from specdeck.engine.stats import RoundTotals
 
 SUMMARY_COLUMNS = (
@@ -317,7 +318,7 @@ def round_kind_rows(results: list[PromptResult], methods: list[Method]) -> list[
 
 
 def cost_curve_lines(curve, products: str | None = None) -> list[str]:
-    """The target's measured forward cost by new tokens (`engine.autotune.CostCurve`), as report
+    """The target's measured forward cost by new tokens (`engine.costs.CostCurve`), as report
     lines, with the path its matrix products took in this run (`engine.linear.PathChoice.describe`)."""
     header = "| new tokens | " + " | ".join(map(str, curve.tokens)) + " |"
     ms = "| ms | " + " | ".join(f"{t:.1f}" for t in curve.forward_ms) + " |"

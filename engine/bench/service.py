@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from specdeck.engine.atomic import check_writable_folder, filling_folder, remove_abandoned
-from specdeck.engine.autotune import cost_curve
 from specdeck.engine.bench import plots as plotting
 from specdeck.engine.bench.methods import HF_METHODS
 from specdeck.engine.bench.prompts import BenchPrompt
@@ -32,6 +31,7 @@ from specdeck.engine.bench.report import (
 )
 from specdeck.engine.bench.runner import BenchSettings, Progress, run_bench
 from specdeck.engine.cache import costs_cache
+from specdeck.engine.costs import cost_curve
 from specdeck.engine.kvcache import products_path
 from specdeck.engine.pair import ModelPair
 

@@ -12,12 +12,15 @@ from specdeck.engine import (
     RoundEvent,
     TokenEvent,
     autotune,
+    costs,
     encode_prompt,
     generate,
     llama_forward,
     row_kernel,
 )
-from specdeck.engine.autotune import CostCurve, DepthAcceptance, RoundPlanner
+from specdeck.engine.acceptance import CopyAcceptance, DepthAcceptance
+from specdeck.engine.autotune import RoundPlanner
+from specdeck.engine.costs import CostCurve
 from specdeck.engine.drafters import Drafter, Proposal
 from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.rounds import Clock
@@ -110,26 +113,26 @@ def test_expected_tokens_follow_acceptance_by_depth():
 def steady_pace(monkeypatch):
     """The machine runs at the cached curves' pace (the tiny model's real steps are not what the
     curves these tests cache say)."""
-    monkeypatch.setattr(autotune, "pace_of", lambda model, curve: 1.0)
+    monkeypatch.setattr(costs, "pace_of", lambda model, curve: 1.0)
 
 
 def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch, steady_pace):
     """The curve is measured once, written to the cache, and read back by a later process."""
     target, _ = tiny_llama
-    autotune._CURVES.pop(target.model, None)
-    measured = autotune.measure_curve(target.model)
-    assert measured.forward_ms[0] > 0 and len(measured.forward_ms) == len(autotune.CURVE_TOKENS)
+    costs._CURVES.pop(target.model, None)
+    measured = costs.measure_curve(target.model)
+    assert measured.forward_ms[0] > 0 and len(measured.forward_ms) == len(costs.CURVE_TOKENS)
     steady = CostCurve((1, 16), (10.0, 11.0), "this machine", spread=0.05)
-    monkeypatch.setattr(autotune, "measure_curve", lambda model: steady)
-    assert autotune.cost_curve(target.model, tmp_path) == steady
+    monkeypatch.setattr(costs, "measure_curve", lambda model: steady)
+    assert costs.cost_curve(target.model, tmp_path) == steady
     assert len(list(tmp_path.glob("curve-*.json"))) == 1
-    autotune._CURVES.pop(target.model, None)  # as a new process would start
+    costs._CURVES.pop(target.model, None)  # as a new process would start
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again instead of reading the cache")
 
-    monkeypatch.setattr(autotune, "measure_curve", no_measuring)
-    assert autotune.cost_curve(target.model, tmp_path) == steady
+    monkeypatch.setattr(costs, "measure_curve", no_measuring)
+    assert costs.cost_curve(target.model, tmp_path) == steady
 
 
 def test_curves_with_and_without_cuda_graphs_are_cached_apart(tiny_llama, tmp_path, monkeypatch, steady_pace):
@@ -139,9 +142,9 @@ def test_curves_with_and_without_cuda_graphs_are_cached_apart(tiny_llama, tmp_pa
     monkeypatch.setattr(llama_forward, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
     for graphs, curve in (("1", CostCurve((1, 16), (4.0, 4.0))), ("0", CostCurve((1, 16), (20.0, 30.0)))):
         monkeypatch.setenv("SPECDECK_CUDA_GRAPHS", graphs)
-        autotune._CURVES.pop(target.model, None)
-        monkeypatch.setattr(autotune, "measure_curve", lambda model, curve=curve: curve)
-        assert autotune.cost_curve(target.model, tmp_path) == curve
+        costs._CURVES.pop(target.model, None)
+        monkeypatch.setattr(costs, "measure_curve", lambda model, curve=curve: curve)
+        assert costs.cost_curve(target.model, tmp_path) == curve
     assert len(list(tmp_path.glob("curve-*.json"))) == 2
 
 
@@ -154,9 +157,9 @@ def test_a_curve_is_measured_again_for_another_build_of_the_row_kernel(tiny_llam
     monkeypatch.setenv("SPECDECK_LINEAR", "kernel")
     for build, curve in (("a.so", CostCurve((1, 16), (4.0, 5.0))), ("b.so", CostCurve((1, 16), (9.0, 30.0)))):
         monkeypatch.setattr(row_kernel, "identity", lambda build=build: build)
-        autotune._CURVES.pop(target.model, None)
-        monkeypatch.setattr(autotune, "measure_curve", lambda model, curve=curve: curve)
-        assert autotune.cost_curve(target.model, tmp_path) == curve
+        costs._CURVES.pop(target.model, None)
+        monkeypatch.setattr(costs, "measure_curve", lambda model, curve=curve: curve)
+        assert costs.cost_curve(target.model, tmp_path) == curve
     assert len(list(tmp_path.glob("curve-*.json"))) == 2
 
 
@@ -168,12 +171,12 @@ def test_a_curve_measured_on_a_busy_machine_is_measured_again(tiny_llama, tmp_pa
     steady = CostCurve((1, 16), (10.0, 95.0), "this machine", spread=0.05)
     noisier = CostCurve((1, 16), (30.0, 31.0), "this machine", spread=9.0)
     for measured, expected in ((busy, busy), (steady, steady)):
-        autotune._CURVES.pop(target.model, None)
-        monkeypatch.setattr(autotune, "measure_curve", lambda model, curve=measured: curve)
-        assert autotune.cost_curve(target.model, tmp_path) == expected
-    autotune._CURVES.pop(target.model, None)
-    monkeypatch.setattr(autotune, "measure_curve", lambda model: noisier)
-    assert autotune.cost_curve(target.model, tmp_path) == steady  # read back, steady: not measured again
+        costs._CURVES.pop(target.model, None)
+        monkeypatch.setattr(costs, "measure_curve", lambda model, curve=measured: curve)
+        assert costs.cost_curve(target.model, tmp_path) == expected
+    costs._CURVES.pop(target.model, None)
+    monkeypatch.setattr(costs, "measure_curve", lambda model: noisier)
+    assert costs.cost_curve(target.model, tmp_path) == steady  # read back, steady: not measured again
 
 
 @pytest.mark.parametrize("pace", [0.5, 1.2, 2.0])
@@ -182,20 +185,20 @@ def test_a_cached_curve_is_measured_again_where_the_machine_s_pace_moved(tiny_ll
     takes half or twice its time, the machine changed (and with it the curve's shape): the next
     process measures the curve again and keeps the new one. The pace is measured on the model itself."""
     target, _ = tiny_llama
-    autotune._CURVES.pop(target.model, None)
-    step = autotune.pace_of(target.model, CostCurve((1,), (1.0,)))  # this machine's step, in ms
+    costs._CURVES.pop(target.model, None)
+    step = costs.pace_of(target.model, CostCurve((1,), (1.0,)))  # this machine's step, in ms
     assert step > 0
     cached = CostCurve((1, 16), (step / pace, 2 * step / pace), "this machine", spread=0.05)
     fresh = CostCurve((1, 16), (step, 3 * step), "this machine", spread=0.05)
-    monkeypatch.setattr(autotune, "measure_curve", lambda model: cached)
-    assert autotune.cost_curve(target.model, tmp_path) == cached
-    autotune._CURVES.pop(target.model, None)
-    monkeypatch.setattr(autotune, "pace_of", lambda model, curve: step / curve.ms(1))  # steady steps here
-    monkeypatch.setattr(autotune, "measure_curve", lambda model: fresh)
+    monkeypatch.setattr(costs, "measure_curve", lambda model: cached)
+    assert costs.cost_curve(target.model, tmp_path) == cached
+    costs._CURVES.pop(target.model, None)
+    monkeypatch.setattr(costs, "pace_of", lambda model, curve: step / curve.ms(1))  # steady steps here
+    monkeypatch.setattr(costs, "measure_curve", lambda model: fresh)
     expected = cached if pace == 1.2 else fresh
-    assert autotune.cost_curve(target.model, tmp_path) == expected
-    autotune._CURVES.pop(target.model, None)
-    assert autotune.cost_curve(target.model, tmp_path) == expected  # what the next process reads
+    assert costs.cost_curve(target.model, tmp_path) == expected
+    costs._CURVES.pop(target.model, None)
+    assert costs.cost_curve(target.model, tmp_path) == expected  # what the next process reads
 
 
 def _forcing_drafts(monkeypatch, curve: CostCurve = FLAT, draft_ms: float = 0.1) -> None:
@@ -410,7 +413,7 @@ def test_short_matches_that_fail_make_a_source_s_longer_matches_doubtful():
     """Copies from earlier texts after 1- and 2-token matches that the target never takes: a copy
     after a 4-token match from those texts is doubted as well, one from the request's own text is
     not, and a source's estimate at a length of its own outweighs the shorter lengths'."""
-    acceptance = autotune.CopyAcceptance()
+    acceptance = CopyAcceptance()
     fresh = acceptance.rate(False, 4)
     for match in (1, 2) * 10:
         acceptance.record(False, match, drafted=2, accepted=0)
@@ -439,7 +442,7 @@ def test_failed_copies_from_earlier_texts_are_not_forgotten_over_the_request_s_o
 
 def test_copy_acceptance_counts_each_depth_at_its_own_match_length():
     """A copy after an m-token match whose first d drafts passed was judged at lengths m..m+d."""
-    acceptance = autotune.CopyAcceptance()
+    acceptance = CopyAcceptance()
     acceptance.record(True, 5, drafted=4, accepted=2)  # 5 and 6 passed, 7 refused, 8 never judged
     assert acceptance.counts == {
         (True, True, 5, False): [1.0, 1.0],

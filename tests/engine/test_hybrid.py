@@ -17,7 +17,8 @@ from specdeck.engine import (
     encode_prompt,
     generate,
 )
-from specdeck.engine.autotune import CostCurve, RoundPlanner
+from specdeck.engine.autotune import RoundPlanner
+from specdeck.engine.costs import CostCurve
 from specdeck.engine.drafters import FeatureHeadDrafter
 from specdeck.engine.heads import FeatureHead, head_config
 from specdeck.engine.pair import DrafterKind, PairSpec

@@ -180,7 +180,7 @@ def test_auto_schedule_sampling_follows_target(tiny_llama, monkeypatch):
     """Under the auto schedule, with costs that make drafting pay, the first two sampled tokens still
     follow the target exactly; the same counts fail against the target at another temperature (the
     control: the test can tell a near miss)."""
-    from specdeck.engine.autotune import CostCurve
+    from specdeck.engine.costs import CostCurve
 
     monkeypatch.setattr(
         "specdeck.engine.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))

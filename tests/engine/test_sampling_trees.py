@@ -10,7 +10,8 @@ import torch
 from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution
 
 from specdeck.engine import DecodeConfig, RoundEvent, TokenEvent, encode_prompt, generate
-from specdeck.engine.autotune import CostCurve, Shape
+from specdeck.engine.autotune import Shape
+from specdeck.engine.costs import CostCurve
 from specdeck.engine.decoding import verify
 from specdeck.engine.drafters import Drafter, Proposal
 from specdeck.engine.events import TokenState, event_to_dict

@@ -1,0 +1,279 @@
+"""What a forward and a draft cost on this machine, measured once and kept: the target's cost curve
+(one forward over n new tokens, for the n of `CURVE_TOKENS`, after `CURVE_CONTEXT` cached tokens)
+and a drafter's milliseconds per token, cached per model, device, machine and product path in
+SpecDeck's cache (`costs/`), measured again where the machine was busy or its pace has moved. The
+auto schedule (`engine.autotune`) plans every round with them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import os
+import time
+import weakref
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from specdeck.engine import gguf_blocks, linear, llama_forward, row_attention, row_kernel
+from specdeck.engine.atomic import write_text
+from specdeck.engine.cache import machine_name
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.hf_parts import input_embedding
+from specdeck.engine.kvcache import CachedModel, synchronize
+from specdeck.engine.llamacpp_backend import LlamaCppModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+CURVE_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # new tokens a cost curve is measured at
+CURVE_CONTEXT = 128  # cached tokens the curve is measured after
+# rounds after a prefill whose times the planner does not learn from: the first steps after it run
+# slow, as after any pause (the machine's caches and clocks after idle time), and learned from they
+# would overprice a plain step for the rest of the session
+SETTLE = 5
+NOISY = 0.25  # passes of a cost curve further apart than this: measured on a busy machine (said; measured again)
+# a cached curve whose one-token step runs this many times faster or slower now is measured again: the
+# machine's pace moved, and with it the curve's shape, which the planner takes for sizes it has not measured
+DRIFT = 1.4
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Milliseconds of one target forward over n new tokens, at the measured n (linear in between)."""
+
+    tokens: tuple[int, ...]
+    forward_ms: tuple[float, ...]
+    machine: str = ""
+    spread: float = 0.0  # how far its passes disagreed: above NOISY, the machine was busy meanwhile
+
+    @property
+    def noisy_note(self) -> str:
+        """A warning for reports and plans where the curve was measured on a busy machine, else ""."""
+        if self.spread <= NOISY:
+            return ""
+        return (
+            f"measured while the machine was busy (passes {self.spread:.0%} apart): the next session measures it again"
+        )
+
+    def ms(self, n: int) -> float:
+        tokens, ms = self.tokens, self.forward_ms
+        if n <= tokens[0] or len(tokens) == 1:
+            return ms[0]
+        # the segment that ends at or past n; past the last point, the last segment extrapolated
+        i = min(bisect.bisect_left(tokens, n), len(tokens) - 1)
+        n0, n1, t0, t1 = tokens[i - 1], tokens[i], ms[i - 1], ms[i]
+        return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+
+    def describe(self) -> str:
+        return ", ".join(f"{n}: {t:.1f}" for n, t in zip(self.tokens, self.forward_ms)) + " ms"
+
+
+STEPS = 4  # one-token forwards timed in a row, per pass of `measure_curve`
+
+
+def measure_curve(
+    model: PreTrainedModel | LlamaCppModel,
+    tokens: tuple[int, ...] = CURVE_TOKENS,
+    passes: int = 3,
+    context: int = CURVE_CONTEXT,
+) -> CostCurve:
+    """Time the model's forward over each number of new tokens after `context` cached ones, on its
+    own KV cache: every size once per pass (after a warm-up pass), the best of the passes kept, so
+    a burst of other work on the machine spoils one pass, not one size. The curve records how far the
+    passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
+    lm, ids = _primed(model, context, max(*tokens, SETTLE + STEPS))
+    runs: list[list[float]] = [[] for _ in tokens]
+    for pass_no in range(passes + 1):
+        for i, n in enumerate(tokens):
+            # one token: the last STEPS of SETTLE + STEPS steps in a row, as plain decoding runs them
+            # (the steps right after a larger forward run slow); more: the last of three alike
+            starts = range(SETTLE + STEPS) if n == 1 else (0, 0, 0)
+            for turn, j in enumerate(starts):
+                lm.crop(context + j)
+                ms = _forward_ms(lm, ids[context + j : context + j + n])
+                timed = turn >= SETTLE if n == 1 else turn == len(starts) - 1
+                if pass_no and timed:  # pass 0 warms every shape up
+                    runs[i].append(ms)
+    best = [min(r) for r in runs]
+    spread = max(sorted(r)[len(r) // 2] / b - 1.0 for r, b in zip(runs, best))
+    device = lm.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else machine_name()
+    return CostCurve(
+        tuple(tokens), tuple(round(b, 3) for b in best), f"{name}, {torch.get_num_threads()} threads", round(spread, 3)
+    )
+
+
+def pace_of(model: PreTrainedModel | LlamaCppModel, curve: CostCurve, context: int = CURVE_CONTEXT) -> float:
+    """This machine's one-token step now over `curve`'s: the best of STEPS steps in a row after
+    `context` cached tokens and SETTLE steps more, as `measure_curve` times them (a few tens of ms)."""
+    lm, ids = _primed(model, context, SETTLE + STEPS)
+    times = [_forward_ms(lm, ids[context + j : context + j + 1]) for j in range(SETTLE + STEPS)]
+    return min(times[SETTLE:]) / curve.ms(1)
+
+
+def _primed(model: PreTrainedModel | LlamaCppModel, context: int, more: int) -> tuple[CachedModel, list[int]]:
+    """The model on a KV cache of its own holding `context` tokens, and the ids to time after them
+    (`more` of them follow the cached ones)."""
+    lm = CachedModel(model)
+    vocab = model.vocab_width if isinstance(model, LlamaCppModel) else input_embedding(model).num_embeddings
+    ids = [(7 * i + 3) % vocab for i in range(context + more)]
+    lm.forward(ids[:context], last_only=True)
+    return lm, ids
+
+
+def _forward_ms(lm: CachedModel, ids: list[int]) -> float:
+    """Milliseconds of one forward over `ids` after what `lm` holds (device work included)."""
+    synchronize(lm.device)
+    started = time.perf_counter()
+    lm.forward(ids)
+    synchronize(lm.device)
+    return (time.perf_counter() - started) * 1e3
+
+
+def measure_draft_ms(
+    drafter, vocab_width: int, hidden_size: int, k: int = 4, passes: int = 3, context: int = 64
+) -> float:
+    """Milliseconds per drafted token: the best of `passes` proposals of up to k tokens after a
+    `context`-token prompt (a warm-up first). Feature heads get zero vectors for the target's states:
+    their cost does not depend on the values."""
+    from specdeck.engine.config import DecodeConfig
+
+    ids = [(7 * i + 3) % vocab_width for i in range(context + passes + 1)]
+    seen = ids[:context]
+    drafter.begin(seen, DecodeConfig(k=k, schedule="constant", lookup=0), vocab_width, None)
+    pending = len(seen) - 1
+    best = float("inf")
+    for pass_no in range(passes + 1):
+        if drafter.needs_states:
+            weight = next(drafter.module.parameters())
+            taps = (len(drafter.feature_layers) + 1,) if drafter.feature_layers else ()
+            drafter.observe(torch.zeros(pending, *taps, hidden_size, device=weight.device, dtype=weight.dtype))
+        started = time.perf_counter()
+        proposal = drafter.propose(seen, k)
+        elapsed = (time.perf_counter() - started) * 1e3
+        if pass_no and proposal.tokens:
+            best = min(best, elapsed / len(proposal.tokens))
+        seen = ids[: len(seen) + 1]
+        pending = 1
+    return round(best, 4) if best < float("inf") else 0.0
+
+
+_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_DRAFT_MS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _head_dim(module: torch.nn.Module) -> int:
+    config = getattr(module, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    return getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else 0)
+
+
+def measurement_key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
+    """What a measurement of `module` on this machine is saved under: its config, dtype, device, product
+    path, torch, threads and CPU; measured again where any of them changes."""
+    if isinstance(module, LlamaCppModel):  # its config names the file and the library version
+        runs_on, path = [module.backend], ""
+    else:
+        weights = [p.detach() for p in module.parameters()]
+        runs_on = [str(weights[0].dtype), str(weights[0].device)]
+        matrices = [w for w in weights if w.dim() == 2]
+        path = gguf_blocks.prefer_kernel(module, lambda: linear.choose_path(matrices)).path
+        if llama_forward.fixed_shape_on(weights[0].device):  # CUDA graphs: another cost entirely
+            path += " fixed-shape"
+        else:  # curves measured before verifies attended in one call per span (`engine.row_attention`) are left
+            path += f" row attention {row_attention.SPAN}"
+            if row_kernel.attention_unavailable(weights[0].dtype, weights[0].device, _head_dim(module)) is None:
+                path += " on the row kernel"
+            if path.startswith("kernel"):  # on blocks: the module's, or a part's (a feature head's layer)
+                path += next((key for part in module.modules() if (key := gguf_blocks.blocks_key(part))), "")
+                path += f", {row_kernel.identity()}"
+            if path.startswith("kernel") and os.environ.get("SPECDECK_FUSED_LAYERS", "1").strip() != "0":
+                path += ", layers fused"  # `engine.fused_layers`, where the model allows
+    config = getattr(module, "config", None)
+    parts = [
+        what,
+        config.to_json_string(use_diff=False) if config is not None else repr(module),
+        *runs_on,
+        torch.__version__,
+        str(torch.get_num_threads()),
+        machine_name(),
+        path,
+        repr(CURVE_TOKENS),
+        str(CURVE_CONTEXT),
+        f"one-token steps {STEPS} in a row after {SETTLE}, more tokens the last of three",  # how `measure_curve` times: curves timed otherwise are left
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def cached_measurement(path: Path | None, measure, what: str):
+    """A measurement read from `path`, else made by `measure()` and saved there (JSON)."""
+    if path is not None and path.is_file():
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            log.warning("ignoring an unreadable %s in %s; measuring again", what, path)
+    value = measure()
+    _save(path, value, what)
+    return value
+
+
+def _save(path: Path | None, value, what: str) -> None:
+    """Write a measurement to `path` as JSON (nowhere without one); a failure is logged, not raised."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, json.dumps(value))
+    except (OSError, SpecDeckError) as error:
+        log.warning("could not save the %s to %s (%s)", what, path, error)
+
+
+def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = None) -> CostCurve:
+    """The model's cost curve on this machine: from memory, from `cache_dir`, or measured (and saved,
+    so that later sessions plan alike: the auto schedule's choices, and so sampled text for a seed,
+    repeat on this machine)."""
+    if model not in _CURVES:
+        path = cache_dir / f"curve-{measurement_key(model, 'curve')}.json" if cache_dir else None
+        cached = path is not None and path.is_file()
+        raw = cached_measurement(path, lambda: asdict(measure_curve(model)), "cost curve")
+        try:
+            curve = CostCurve(
+                tuple(raw["tokens"]), tuple(raw["forward_ms"]), raw.get("machine", ""), float(raw.get("spread", 0.0))
+            )
+        except (KeyError, TypeError, ValueError):
+            curve = measure_curve(model)
+        if curve.spread > NOISY:  # measured on a busy machine: measure again, keep the steadier of the two
+            again = measure_curve(model)
+            if again.spread < curve.spread:
+                curve = again
+                _save(path, asdict(curve), "cost curve")
+        elif cached and not 1 / DRIFT <= (pace := pace_of(model, curve)) <= DRIFT:
+            again = measure_curve(model)
+            if again.spread <= NOISY:
+                log.info("the machine runs at %.2fx the cached cost curve's times: measured it again", pace)
+                curve = again
+                _save(path, asdict(curve), "cost curve")
+        _CURVES[model] = curve
+    return _CURVES[model]
+
+
+def draft_cost(drafter, vocab_width: int, hidden_size: int, cache_dir: Path | None = None) -> float:
+    """The drafter's milliseconds per token on this machine, measured once per model (and cached)."""
+    module = drafter.module
+    if module is None:
+        return measure_draft_ms(drafter, vocab_width, hidden_size)
+    if module not in _DRAFT_MS:
+        path = cache_dir / f"draft-{measurement_key(module, type(drafter).__name__)}.json" if cache_dir else None
+        value = cached_measurement(path, lambda: measure_draft_ms(drafter, vocab_width, hidden_size), "draft cost")
+        _DRAFT_MS[module] = (
+            float(value) if isinstance(value, (int, float)) else measure_draft_ms(drafter, vocab_width, hidden_size)
+        )
+    return _DRAFT_MS[module]
