@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from specdeck.engine.errors import SpecDeckError
+
 log = logging.getLogger(__name__)
 
 SAMPLE_S = 0.05  # long enough for the scheduler's ticks to count a busy core, short beside a load
@@ -30,8 +32,9 @@ _MOST: list[int] = []  # torch's own count before the first change: the most a s
 
 def pin_threads(threads: int) -> None:
     """Decode on `threads` threads from now on, whatever else runs on the machine."""
-    if threads < 1:
-        raise ValueError(f"threads must be at least 1 (got {threads})")
+    cores = os.cpu_count() or 1
+    if not 1 <= threads <= cores:
+        raise SpecDeckError(f"--threads must be from 1 to {cores}, this machine's cores (got {threads}).")
     _PINNED[:] = [threads]
     torch.set_num_threads(threads)
 
@@ -41,7 +44,7 @@ def pinned() -> int | None:
     if _PINNED:
         return _PINNED[0]
     named = os.environ.get("SPECDECK_THREADS", "").strip()
-    return int(named) if named.isdigit() and int(named) > 0 else None
+    return min(int(named), os.cpu_count() or 1) if named.isdigit() and int(named) > 0 else None
 
 
 def fit_threads() -> int:

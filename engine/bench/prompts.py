@@ -102,10 +102,17 @@ def read_prompts(path: str | Path, categories: list[str] | None = None, limit: i
     except UnicodeDecodeError as error:
         raise SpecDeckError(f"The prompt file {path} is not UTF-8 text.") from error
     prompts: list[BenchPrompt] = []
+    records = next((line.lstrip().startswith("{") for line in lines if line.strip()), False)
     for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        if line.lstrip().startswith("{"):
+        if records and not line.lstrip().startswith("{"):
+            # a JSON lines file's stray line (a note, a half-pasted record) would be timed as a prompt
+            raise SpecDeckError(
+                f"{path}, line {line_no}: not a JSON record, while the file's first prompt is one. "
+                "Keep a prompt file either JSON lines or one plain prompt per line."
+            )
+        if records:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:

@@ -299,13 +299,18 @@ def test_prompt_files_are_recognised_from_their_fields(tmp_path):
 
 
 def test_bad_prompt_files_get_a_clear_error(tmp_path):
-    """A record of neither format, or an unknown category, is refused with a message."""
+    """A record of neither format, an unknown category, or a stray plain line among JSON records
+    (which would be timed as a prompt) is refused with a message."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "no turns"}\n', encoding="utf-8")
     with pytest.raises(SpecDeckError, match="turns"):
         read_prompts(bad)
     with pytest.raises(SpecDeckError, match="category"):
         read_prompts(sample_prompts(), categories=["poetry"])
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"question_id": 1, "category": "x", "turns": ["hi"]}\nnot json at all\n', encoding="utf-8")
+    with pytest.raises(SpecDeckError, match="line 2: not a JSON record, while the file's first prompt is one"):
+        read_prompts(mixed)
 
 
 @pytest.mark.parametrize(

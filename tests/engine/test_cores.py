@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdeck.engine import cores
+from specdeck.engine.errors import SpecDeckError
 
 
 def test_a_core_another_program_keeps_busy_is_left_to_it():
@@ -65,7 +66,11 @@ def test_a_pinned_count_stands_whatever_the_load(monkeypatch):
         cores.pin_threads(1)
         monkeypatch.setattr(cores, "busy_cores", lambda: 0.0)
         assert cores.fit_threads() == 1
-        with pytest.raises(ValueError, match="at least 1"):
-            cores.pin_threads(0)
+        for wrong in (0, 3):  # this (patched) machine has two cores
+            with pytest.raises(SpecDeckError, match=r"--threads must be from 1 to 2, this machine's cores"):
+                cores.pin_threads(wrong)
+        cores._PINNED.clear()
+        monkeypatch.setenv("SPECDECK_THREADS", "64")  # more than there are cores: as many as there are
+        assert cores.pinned() == 2
     finally:
         torch.set_num_threads(before)
