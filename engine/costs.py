@@ -98,7 +98,7 @@ def measure_curve(
             starts = range(SETTLE + STEPS) if n == 1 else (0, 0, 0)
             for turn, j in enumerate(starts):
                 lm.crop(context + j)
-                ms = _forward_ms(lm, ids[context + j : context + j + n])
+                ms = forward_ms(lm, ids[context + j : context + j + n])
                 timed = turn >= SETTLE if n == 1 else turn == len(starts) - 1
                 if pass_no and timed:  # pass 0 warms every shape up
                     runs[i].append(ms)
@@ -115,7 +115,7 @@ def pace_of(model: PreTrainedModel | LlamaCppModel, curve: CostCurve, context: i
     """This machine's one-token step now over `curve`'s: the best of STEPS steps in a row after
     `context` cached tokens and SETTLE steps more, as `measure_curve` times them (a few tens of ms)."""
     lm, ids = _primed(model, context, SETTLE + STEPS)
-    times = [_forward_ms(lm, ids[context + j : context + j + 1]) for j in range(SETTLE + STEPS)]
+    times = [forward_ms(lm, ids[context + j : context + j + 1]) for j in range(SETTLE + STEPS)]
     return min(times[SETTLE:]) / curve.ms(1)
 
 
@@ -129,7 +129,7 @@ def _primed(model: PreTrainedModel | LlamaCppModel, context: int, more: int) -> 
     return lm, ids
 
 
-def _forward_ms(lm: CachedModel, ids: list[int]) -> float:
+def forward_ms(lm: CachedModel, ids: list[int]) -> float:
     """Milliseconds of one forward over `ids` after what `lm` holds (device work included)."""
     synchronize(lm.device)
     started = time.perf_counter()

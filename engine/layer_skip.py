@@ -19,7 +19,6 @@ are cached per model and machine beside the cost curves.
 from __future__ import annotations
 
 import copy
-import time
 import weakref
 from dataclasses import dataclass, field
 from statistics import median
@@ -29,15 +28,16 @@ import torch
 from transformers import PreTrainedModel
 
 from specdeck.engine.cache import costs_cache
-from specdeck.engine.costs import cached_measurement, measurement_key
+from specdeck.engine.costs import cached_measurement, forward_ms, measurement_key
 from specdeck.engine.drafters import DraftModelDrafter
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.kvcache import CachedModel, synchronize
+from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.lean_weights import share_first_layers
 from specdeck.engine.llama_forward import supports
 from specdeck.engine.llamacpp_backend import LlamaCppModel
 from specdeck.engine.models import LoadedModel, Progress
 from specdeck.engine.resources import resource_path
+from specdeck.engine.stats import predicted_speedup
 
 SHARES = (1 / 4, 1 / 3, 1 / 2, 2 / 3, 5 / 6)  # candidate L as shares of the target's layers
 CALIBRATION_TOKENS = 192  # positions the agreement is counted over
@@ -81,8 +81,7 @@ class LayerChoice:
 def expected_speedup(agreement: float, cost: float, longest: int = LONGEST_DRAFT) -> float:
     """The best over K = 1..longest of (1 - a^(K+1)) / ((1 - a)(K c + 1)): tokens kept per round
     over a round's cost in target steps, drafts independent and the verify priced as one step."""
-    a = min(agreement, 0.999)  # a = 1 would divide by zero; the sum it stands for is K + 1
-    return max((1 - a ** (k + 1)) / ((1 - a) * (k * cost + 1)) for k in range(1, longest + 1))
+    return max(predicted_speedup(agreement, k, cost) for k in range(1, longest + 1))
 
 
 def candidates(total: int) -> list[int]:
@@ -171,13 +170,9 @@ def _step_ms(lm: CachedModel, ids: list[int]) -> float:
     first (milliseconds): the fastest, since another process only ever slows a step."""
     times = []
     for i in range(TIMED_STEPS + 2):
-        synchronize(lm.device)
-        start = time.perf_counter()
-        lm.forward([ids[TIMED_AFTER + i % 8]], last_only=True)
-        synchronize(lm.device)
-        times.append(time.perf_counter() - start)
+        times.append(forward_ms(lm, [ids[TIMED_AFTER + i % 8]]))
         lm.crop(TIMED_AFTER)
-    return 1000 * min(times[2:])
+    return min(times[2:])
 
 
 def measure(model: PreTrainedModel, ids: list[int], layer_counts: list[int], timed: bool = True) -> dict:
