@@ -19,6 +19,7 @@ from specdeck.cli.distill import (
     add_train_draft_command,
     add_train_head_command,
 )
+from specdeck.cli.distill_head import add_distill_head_command
 from specdeck.cli.run import add_run_command
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.quiet import silence_libraries
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_cross_draft_command(commands)
     add_train_head_command(commands)
     add_head_data_command(commands)
+    add_distill_head_command(commands)
     add_suffix_texts_command(commands)
     return parser
 

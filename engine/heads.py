@@ -135,7 +135,7 @@ def save_head(
         "fingerprint": [round(v, 5) for v in target_print.tolist()],
     }
     state = {
-        name: tensor.detach().to(torch.float16).contiguous()
+        name: tensor.detach().to("cpu", torch.float16).contiguous()
         for name, tensor in head.state_dict().items()
         if not name.startswith("body.embed_tokens")
     }

@@ -86,7 +86,7 @@ def target_states(
     return states  # type: ignore[return-value]
 
 
-def _plan(target: LoadedModel, folder: Path, config: ForcingConfig, progress: Progress) -> dict:
+def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress: Progress) -> dict:
     """The tokenised existing text and the requests the target answers, made once per folder."""
     path = folder / "plan.pt"
     if path.exists():
@@ -156,7 +156,7 @@ def grow(target_name: str, folder: Path, config: ForcingConfig, progress: Progre
     target = load_model(target_name, LoadOptions(device="cpu", dtype=config.dtype), progress)
     if max(config.layers, default=0) >= target.model.config.num_hidden_layers:
         raise SpecDeckError(f"--layers must be below the target's {target.model.config.num_hidden_layers} layers.")
-    plan = _plan(target, folder, config, progress)
+    plan = plan_text(target, folder, config, progress)
     total = sum(s["positions"] for s in manifest["shards"].values())
     started, made, number = time.perf_counter(), 0, 0
     while total < config.positions:
@@ -232,4 +232,4 @@ def load_store(folder: Path) -> Store:
     return store
 
 
-__all__ = ["ForcingConfig", "Store", "default_folder", "grow", "load_store", "target_states"]
+__all__ = ["ForcingConfig", "Store", "default_folder", "grow", "load_store", "plan_text", "target_states"]

@@ -249,21 +249,23 @@ def head_loss(
     state last. With `noise_seed` (training) the input states get noise drawn from that seed."""
     final = states[..., -1, :] if states.dim() == 4 else states
     truth = final[:, 1:]
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bfloat16):
+    device = states.device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bfloat16):
         inputs = head.fuse(states[:, :-1])
     inputs = inputs.float()
     if noise_seed is not None and config.noise:
-        noise = torch.randn(inputs.shape, generator=torch.Generator().manual_seed(noise_seed))
+        generator = torch.Generator(device).manual_seed(noise_seed)
+        noise = torch.randn(inputs.shape, generator=generator, device=device)
         inputs = inputs + noise * config.noise * inputs.pow(2).mean().sqrt()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bfloat16):
         predictions = unrolled(head, inputs, embeds, config.unroll)
-    total, agreements = torch.zeros(()), []
+    total, agreements = torch.zeros((), device=device), []
     for step, predicted in enumerate(predictions):
         reach = mask.clone()
         reach[:, :step] = False  # pair j's depth-(step+1) draft follows the real pairs up to j - step
         with torch.no_grad():
             p = torch.softmax(torch.nn.functional.linear(truth[reach], weight), dim=-1)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bfloat16):
             logits = torch.nn.functional.linear(predicted[reach], weight)
         logq = torch.log_softmax(logits.float(), dim=-1)
         loss = -(p * logq).sum(-1).mean()
@@ -286,6 +288,7 @@ def model_card(
     agree: list[float],
     output_ids: torch.Tensor | None,
     sources: dict[str, str],
+    states: str = "computed once",
 ) -> str:
     listed = "\n".join(f"- {name}: {text}" for name, text in sources.items())
     params = sum(p.numel() for n, p in head.named_parameters() if not n.startswith("body.embed_tokens"))
@@ -318,8 +321,8 @@ and a final RMSNorm; {params / 1e6:.1f}M parameters. It proposes only from {voca
 frequent tokens in the training text; q = 0 elsewhere keeps rejection sampling exact.
 
 ## Training
-{sequences} sequences, {positions} positions from the sources below, with the target's hidden
-states computed once. Loss per pair: cross-entropy to the target's next-token distribution over
+{sequences} sequences, {positions} positions seen, from the sources below, with the target's hidden
+states {states}. Loss per pair: cross-entropy to the target's next-token distribution over
 the output tokens{f" plus {config.feature_weight} x smooth-L1 to its next hidden state" if config.feature_weight else ""},
 over {config.unroll} passes run as drafting runs them (each later pass reads the states the
 previous one predicted and attends as a deeper draft would). {step} steps of {config.batch_sequences}

@@ -66,7 +66,7 @@ def resume_checkpoint(checkpoint: Path, model, optimizer, progress: Progress, se
     """Load model and optimizer state; return (step, best held-out agreement so far). The best
     agreement starts over if the teacher text has changed size since (`sequences`): it was measured
     on another held-out set, so no agreement on this one can be compared with it."""
-    state = torch.load(checkpoint, weights_only=True)
+    state = torch.load(checkpoint, weights_only=True, map_location="cpu")  # a GPU's checkpoint resumes anywhere
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     best = state["best_agreement"]
@@ -118,6 +118,8 @@ def train_loop(
     progress: Progress,
     until: int | None,
     evaluate_first: bool = False,
+    seconds: float = 0.0,
+    checkpoint_seconds: float = 0.0,
 ) -> None:
     """Train `model` on the `training` rows of `sequences` from `checkpoint` (with `resume`) to
     config.steps, or to step `until` for now (the learning-rate schedule always spans config.steps).
@@ -128,7 +130,9 @@ def train_loop(
     reports) the held-out rows and, where they agree more than at any evaluation before, `export`
     saves the model as the run's result; a checkpoint follows every evaluation. With
     `evaluate_first` a run that starts at step 0 is measured before it trains (a model grown from
-    another: where it starts)."""
+    another: where it starts). With `seconds` the run stops after the first step past that many
+    seconds, measured and saved as at an evaluation; `checkpoint_seconds` adds a checkpoint at least
+    that often between evaluations, so that a killed run loses little."""
     step, best = 0, -1.0
     if resume and checkpoint.exists():
         step, best = resume_checkpoint(checkpoint, model, optimizer, progress, sequences)
@@ -139,6 +143,7 @@ def train_loop(
         evaluate(step)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     started, first = time.perf_counter(), step
+    saved = started
     stop = min(config.steps, until or config.steps)
     model.train()
     while step < stop:
@@ -156,9 +161,17 @@ def train_loop(
             f"step {step}/{config.steps} loss {loss.item():.3f} top-1 agreement {agreement} ({elapsed:.0f} s, "
             f"about {elapsed / (step - first) * (stop - step) / 60:.0f} min left)"
         )
-        if step % config.eval_every == 0 or step == stop:
+        out_of_time = bool(seconds) and time.perf_counter() - started >= seconds
+        if step % config.eval_every == 0 or step == stop or out_of_time:
             held = evaluate(step)
             if held.agreement > best:  # the exported model is the one that agrees most on unseen text
                 best = held.agreement
                 export(step, held)
             save_checkpoint(checkpoint, model, optimizer, step, best, config, sequences)
+            saved = time.perf_counter()
+        elif checkpoint_seconds and time.perf_counter() - saved >= checkpoint_seconds:
+            save_checkpoint(checkpoint, model, optimizer, step, best, config, sequences)
+            saved = time.perf_counter()
+        if out_of_time:
+            progress(f"stopped at step {step} after {seconds / 60:.0f} min, as asked: resume to go on")
+            break

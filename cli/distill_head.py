@@ -1,0 +1,128 @@
+"""`specdeck distill-head`: train a feature head with the target's states computed per batch."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from specdeck.cli.distill import _add_loop_arguments
+from specdeck.engine.errors import SpecDeckError
+
+
+def add_distill_head_command(commands) -> None:
+    from specdeck.engine.distill.stream import StreamConfig
+
+    defaults = StreamConfig()
+    head = defaults.head
+    parser = commands.add_parser(
+        "distill-head",
+        help="train a feature head on given text and the target's own answers, its states computed per batch",
+    )
+    parser.add_argument("--target", default=None, help="target model (default: the built-in target)")
+    parser.add_argument(
+        "--out", required=True, help="output folder: plan.pt, answers.pt, checkpoint.pt, curve.json, head/"
+    )
+    parser.add_argument("--device", default=defaults.device, help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default=defaults.dtype, help="the target's dtype: auto, float32, bfloat16")
+    parser.add_argument("--answers", type=int, default=defaults.answers, help="own answers the target writes first")
+    parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens, help="longest own answer")
+    parser.add_argument("--answer-batch", type=int, default=defaults.answer_batch, help="requests answered at once")
+    parser.add_argument(
+        "--answer-minutes", type=float, default=0.0, help="stop making answers after this long (0: make them all)"
+    )
+    parser.add_argument(
+        "--own-repeat", type=int, default=defaults.own_repeat, help="times each own answer trains per epoch"
+    )
+    parser.add_argument(
+        "--feature-layers",
+        default=",".join(map(str, head.feature_layers)),
+        help="also read the residual streams after these many target layers (comma-separated; empty: the last state only)",
+    )
+    parser.add_argument("--unroll", type=int, default=head.unroll, help="passes per step, as drafting runs them")
+    parser.add_argument(
+        "--feature-weight", type=float, default=head.feature_weight, help="pull towards the target's states"
+    )
+    parser.add_argument("--output-vocab", type=int, default=head.output_vocab, help="tokens the head may propose")
+    parser.add_argument("--batch", type=int, default=head.batch_sequences, help="sequences per step")
+    parser.add_argument(
+        "--eval-sequences", type=int, default=head.eval_sequences, help="held-out sequences measured, half of each kind"
+    )
+    parser.add_argument("--init-from", default="", help="start from this head's weights (a folder or a built-in name)")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=0.0,
+        help="stop training after this long, saved (0: run to --steps; with --steps 0 the schedule fills it)",
+    )
+    parser.add_argument(
+        "--checkpoint-minutes", type=float, default=defaults.checkpoint_minutes, help="longest time between checkpoints"
+    )
+    _add_loop_arguments(parser, head)
+    parser.set_defaults(handler=run_distill_head)
+
+
+def run_distill_head(args) -> int:
+    from specdeck.engine.distill.head import HeadConfig
+    from specdeck.engine.distill.stream import StreamConfig, train_streaming
+    from specdeck.engine.models import DEFAULT_TARGET
+
+    counts = (args.batch, args.unroll, args.eval_every, args.answer_batch, args.own_repeat, args.eval_sequences)
+    if min(counts) < 1:
+        raise SpecDeckError(
+            "--batch, --unroll, --eval-every, --eval-sequences, --answer-batch and --own-repeat must be at least 1."
+        )
+    if args.steps < 0 or (args.steps == 0 and not args.minutes):
+        raise SpecDeckError("--steps must be at least 1, or 0 with --minutes to size the run to that time.")
+    if min(args.answers, args.output_vocab, args.minutes, args.checkpoint_minutes, args.answer_minutes) < 0:
+        raise SpecDeckError(
+            "--answers, --output-vocab, --minutes, --answer-minutes and --checkpoint-minutes cannot be negative."
+        )
+    try:
+        layers = tuple(int(n) for n in args.feature_layers.split(",") if n.strip())
+    except ValueError:
+        raise SpecDeckError(
+            f"--feature-layers takes layer counts separated by commas, not {args.feature_layers!r}."
+        ) from None
+    head = HeadConfig(
+        seed=args.seed,
+        output_vocab=args.output_vocab,
+        unroll=args.unroll,
+        steps=args.steps,
+        batch_sequences=args.batch,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        bfloat16=not args.float32,
+        threads=args.threads,
+        feature_layers=layers,
+        feature_weight=args.feature_weight,
+        init_from=args.init_from,
+        eval_sequences=args.eval_sequences,
+    )
+    config = StreamConfig(
+        head=head,
+        device=args.device,
+        dtype=args.dtype,
+        answers=args.answers,
+        answer_tokens=args.answer_tokens,
+        answer_batch=args.answer_batch,
+        answer_minutes=args.answer_minutes,
+        own_repeat=args.own_repeat,
+        minutes=args.minutes,
+        checkpoint_minutes=args.checkpoint_minutes,
+    )
+    out = Path(args.out).expanduser()
+    if (out / "checkpoint.pt").exists() and not args.resume:
+        raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
+    folder = train_streaming(
+        args.target or DEFAULT_TARGET,
+        out,
+        config,
+        resume=args.resume,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        until=args.until,
+    )
+    print(f"feature head saved in {folder}")
+    return 0
+
+
+__all__ = ["add_distill_head_command", "run_distill_head"]

@@ -1,0 +1,157 @@
+"""`specdeck distill-head`: a feature head trained with the target's states computed per batch, a
+run that resumes to the weights of an uninterrupted one, checkpoints never read half written, a
+learning curve, and drafts that keep decoding exact."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny import ON_CPU, build_pair
+
+from specdeck.cli.main import main
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.distill import forcing, loop
+from specdeck.engine.distill.stream import batch_states
+from specdeck.engine.distill.texts import Exchange
+from specdeck.engine.events import TokenEvent
+from specdeck.engine.models import load_model
+from specdeck.engine.pair import PairSpec
+from specdeck.engine.session import load_pair, run_session
+
+EXCHANGES = [
+    Exchange(
+        "python-docs", f"Explain item {i}.", f"Item {i} reads the file and returns a list of lines. " * (4 + i % 5)
+    )
+    for i in range(40)
+]
+SMALL = [
+    "--device", "cpu", "--dtype", "float32", "--feature-layers", "1", "--answers", "6", "--answer-batch", "3",
+    "--answer-tokens", "12", "--output-vocab", "150", "--batch", "4", "--eval-every", "3", "--unroll", "2",
+    "--threads", "1",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distill")
+    target, _ = build_pair(root, "llama")
+    return root, target
+
+
+@pytest.fixture
+def few_passages(monkeypatch):
+    monkeypatch.setattr(forcing, "existing_exchanges", lambda seed: EXCHANGES)  # the free text on disk is large
+
+
+def distill(target, out, *extra: str) -> int:
+    return main(["distill-head", "--target", str(target), "--out", str(out), *SMALL, *extra])
+
+
+@pytest.fixture(scope="module")
+def straight(text):
+    root, target = text
+    out = root / "straight"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(forcing, "existing_exchanges", lambda seed: EXCHANGES)
+        assert distill(target, out, "--steps", "7") == 0
+    return out
+
+
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(text, straight, few_passages, tmp_path):
+    """Stopped after step 4 and resumed to 7 (the own answers and text reused from the folder):
+    the same weights and the same learning curve as one run of 7 steps."""
+    _, target = text
+    out = tmp_path / "resumed"
+    assert distill(target, out, "--steps", "7", "--until", "4") == 0
+    answers = (out / "answers.pt").stat().st_mtime_ns
+    assert distill(target, out, "--steps", "7", "--resume") == 0
+    assert (out / "answers.pt").stat().st_mtime_ns == answers
+    a = torch.load(straight / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    resumed = json.loads((out / "curve.json").read_text())  # with the point where it stopped, step 4
+    assert [point for point in resumed if point["step"] != 4] == json.loads((straight / "curve.json").read_text())
+
+
+def test_learning_curve_counts_positions_and_measures_both_kinds(straight):
+    curve = json.loads((straight / "curve.json").read_text())
+    assert [point["step"] for point in curve] == [3, 6, 7]
+    positions = [point["positions"] for point in curve]
+    assert positions == sorted(positions) and positions[-1] > 0
+    for point in curve:
+        assert len(point["own answers"]) == 2 and len(point["given text"]) == 2  # one figure per depth
+        assert all(0.0 <= a <= 1.0 for a in point["own answers"] + point["given text"])
+    assert json.loads((straight / "head" / "curve.json").read_text())[-1]["step"] <= 7
+
+
+def test_a_checkpoint_killed_while_written_is_never_loaded(text, straight, few_passages, tmp_path, monkeypatch):
+    """A write that dies half way leaves the checkpoint before it whole: the resumed run starts
+    from that one, as if the write had never begun."""
+    _, target = text
+    out = tmp_path / "killed"
+    assert distill(target, out, "--steps", "7", "--until", "3") == 0
+    before = (out / "checkpoint.pt").read_bytes()
+    real_save = torch.save
+
+    def dies_half_way(state, path, *args, **kwargs):
+        real_save(state, path, *args, **kwargs)
+        with open(path, "r+b") as file:
+            file.truncate(len(before) // 2)
+        raise KeyboardInterrupt  # killed before the file was put in place
+
+    monkeypatch.setattr(loop.torch, "save", dies_half_way)
+    assert distill(target, out, "--steps", "7", "--resume", "--until", "6") == 130  # as after Ctrl+C
+    monkeypatch.setattr(loop.torch, "save", real_save)
+    assert (out / "checkpoint.pt").read_bytes() == before
+    assert distill(target, out, "--steps", "7", "--resume") == 0
+    a = torch.load(straight / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_distilled_head_keeps_greedy_decoding_exact(text, straight):
+    """The head that fuses a lower layer drafts, and greedy output equals plain decoding for K = 1..4."""
+    _, target = text
+    pair = load_pair(PairSpec(str(target), str(straight / "head"), None, device="cpu"))
+    assert pair.drafter_kind == "feature-head"
+
+    def kept(events):
+        return [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
+
+    prompt = "The quick brown fox"
+    plain = kept(run_session(pair, prompt, DecodeConfig(max_new_tokens=40), chat=False, plain=True))
+    for k in range(1, 5):
+        config = DecodeConfig(k=k, schedule="constant", max_new_tokens=40)
+        assert kept(run_session(pair, prompt, config, chat=False)) == plain, k
+
+
+def test_states_per_batch_are_the_targets(text):
+    """A padded batch gives each sequence the states the target computes for it alone."""
+    _, folder = text
+    target = load_model(str(folder), ON_CPU)
+    sequences = [torch.tensor([5, 9, 13, 2, 7]), torch.tensor([4, 8])]
+    states, ids = batch_states(target, sequences, (1,))
+    assert states.shape[:3] == (2, 5, 2) and ids.shape == (2, 5)
+    for row, s in enumerate(sequences):
+        with torch.no_grad():
+            hidden = target.torch_model.model(s[None], output_hidden_states=True).hidden_states
+        expected = torch.stack([hidden[1][0], hidden[-1][0]], dim=1)
+        torch.testing.assert_close(states[row, : len(s)], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_settings_are_refused_with_what_to_do(text, few_passages, tmp_path, capsys):
+    _, target = text
+    assert distill(target, tmp_path / "a", "--feature-layers", "9") == 2
+    assert "between 1 and" in capsys.readouterr().err
+    assert distill(target, tmp_path / "b", "--own-repeat", "0") == 2
+    assert "at least 1" in capsys.readouterr().err
+    assert distill(target, tmp_path / "d", "--steps", "0") == 2
+    assert "--minutes" in capsys.readouterr().err
+    assert distill(target, tmp_path / "c", "--steps", "2") == 0
+    assert distill(target, tmp_path / "c", "--steps", "2") == 2
+    assert "pass --resume" in capsys.readouterr().err
