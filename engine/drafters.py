@@ -446,8 +446,13 @@ class FeatureHeadDrafter(Drafter):
             self._output = _rows_product(matrices, self._output_ids, rows)
         # the map of (state, embedding) pairs into the layer, on the layer's kind of blocks: 0.7 MB, not 2.7
         self._fc: Linear | torch.nn.Module = head.fc
+        # and the fusion of a head that reads lower layers (once per kept token), likewise
+        self._fuse_fc: Linear | torch.nn.Module | None = getattr(head, "fuse_fc", None)
         if gguf_blocks.own_blocks(head.body):
             self._fc = gguf_blocks.OwnMatrices().product(["own"], [head.fc.weight], None) or head.fc
+            if self._fuse_fc is not None:
+                own = gguf_blocks.OwnMatrices().product(["own"], [self._fuse_fc.weight], None)
+                self._fuse_fc = own or self._fuse_fc
 
     def begin(self, prompt_ids, config, vocab_width, generator) -> None:
         super().begin(prompt_ids, config, vocab_width, generator)
@@ -486,7 +491,7 @@ class FeatureHeadDrafter(Drafter):
                 part, self._seen = part[left_out:], self._seen + left_out
                 n = len(part)
                 following = torch.tensor(ids[self._seen + 1 : self._seen + n + 1], device=self.device)
-                self._next = self._pair(self.head.fuse(part.to(self.dtype)), following)[-1]
+                self._next = self._pair(self.head.fuse(part.to(self.dtype), self._fuse_fc), following)[-1]
                 self._seen += n
                 self._cached += n
         self._pending = []

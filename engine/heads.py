@@ -60,16 +60,19 @@ class FeatureHead(torch.nn.Module):
         self.fc = torch.nn.Linear(2 * width, width, bias=False)
         self.body = LlamaModel(config)  # its token embedding is unused (vocab_size 1): inputs are fc's output
 
-    def fuse(self, observed: torch.Tensor) -> torch.Tensor:
+    def fuse(
+        self, observed: torch.Tensor, fc: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """The input state (..., hidden) for the target's states of a token: (..., hidden), its final
         state, for a head without `feature_layers`; else (..., len(feature_layers) + 1, hidden), the
         residual streams after those layers (each scaled to unit RMS: the middle layers' are a
-        hundred times larger) and the final state, mixed by one linear map."""
+        hundred times larger) and the final state, mixed by one linear map (through `fc` in place of
+        its own where given: a drafter's product of the same matrix)."""
         if not self.feature_layers:
             return observed
         lower, final = observed[..., :-1, :], observed[..., -1, :]
         unit = lower * torch.rsqrt(lower.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(lower.dtype)
-        return self.fuse_fc(torch.cat([unit.flatten(-2), final], dim=-1))
+        return (self.fuse_fc if fc is None else fc)(torch.cat([unit.flatten(-2), final], dim=-1))
 
     def mix(
         self, features: torch.Tensor, embeddings: torch.Tensor, fc: Callable[[torch.Tensor], torch.Tensor] | None = None
