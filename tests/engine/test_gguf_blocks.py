@@ -2,6 +2,8 @@
 rows, the bits of the float32 product of the dequantized matrices; with rows in 8 bits (as llama.cpp
 multiplies), the exact integer scheme; either way a row's bits do not depend on the rows beside it."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,7 @@ from specdeck.engine.models import load_model
 from specdeck.engine.row_kernel import KernelLinear, QuantizedLinear
 
 gguf = pytest.importorskip("gguf")
+ROOT = Path(__file__).resolve().parents[2]
 needs_kernel = pytest.mark.skipif("kernel" not in PACKED_PATHS, reason="the row kernel does not build here")
 
 
@@ -268,6 +271,29 @@ def test_a_gguf_targets_feature_head_drafts_on_blocks_of_its_own_weights(monkeyp
     kept = load_feature_head(DEFAULT_HEAD, target)
     FeatureHeadDrafter(kept.head, target.model, name=kept.name, output_ids=kept.output_ids)
     assert "own weights" not in weights_of(kept.head.body).products.reason
+
+
+@needs_int8
+def test_a_head_that_fuses_lower_layers_drafts_on_its_own_blocks_too(monkeypatch):
+    """The distilled head of training/ reads the target's layers 3 and 15: beside the GGUF target
+    its fusion multiplies on Q8_0 blocks of its own weights as its layer does, its drafts are
+    accepted, and greedy speculative text equals plain for K = 1 and 3 (deeper drafts pass more
+    rarely: at least one)."""
+    from specdeck.engine.drafters import FeatureHeadDrafter
+    from specdeck.engine.heads import load_feature_head
+
+    monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
+    target = load_model("smollm2-135m-instruct", ON_CPU)
+    head = load_feature_head(str(ROOT / "training" / "smollm2-135m-head" / "head"), target)
+    assert head.head.feature_layers == (3, 15)
+    drafter = FeatureHeadDrafter(head.head, target.model, name=head.name, output_ids=head.output_ids)
+    assert isinstance(drafter._fuse_fc, QuantizedLinear)
+    ids = encode_prompt(target.tokenizer, "Explain in simple terms why the sky is blue.")
+    config = DecodeConfig(k=1, schedule="constant", lookup=0, max_new_tokens=48)
+    summary = head_session_keeps_plain_text(target, head, ids, config)
+    assert summary.accepted >= 0.15 * summary.drafted
+    config = DecodeConfig(k=3, schedule="constant", lookup=0, max_new_tokens=48)
+    assert head_session_keeps_plain_text(target, head, ids, config).accepted > 0
 
 
 def test_a_head_beside_a_target_from_elsewhere_keeps_float32_products(tiny_llama):
