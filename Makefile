@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 # llama.cpp for GGUF files, with its OpenAI-compatible server (the served target of the remote tests)
 LLAMA_CPP ?= llama-cpp-python[server]==0.3.36
 
-.PHONY: run test gui bench clean package validators figures
+.PHONY: run test gui bench clean package validators figures gpu-check
 
 $(BIN)/specdeck: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,22 @@ figures: $(BIN)/specdeck
 	    --max-new-tokens 64 --repeats 1 --baselines plain,hf,llama.cpp --threads 2 --backend torch --out figures/humaneval
 	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --max-new-tokens 64 --repeats 3 \
 	    --baselines plain,llama.cpp --threads 2 --backend llama.cpp --out figures/humaneval-llama.cpp
+
+# On a machine with a CUDA GPU, in one go (a few minutes on an H100), with the Python that holds
+# the CUDA torch and the built-in model (GPU_PYTHON; no .venv): the GPU test set, then the default
+# pair against plain decoding in bfloat16 on the README's prompts, into gpu-check/ (without
+# ../shared beside the checkout: SPEC_BENCH=spec-bench HUMANEVAL=humaneval, the bundled samples).
+GPU_PYTHON ?= python3
+GPU_RUN := PYTHONPATH=$(CURDIR) $(GPU_PYTHON)
+gpu-check:
+	mkdir -p gpu-check
+	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee gpu-check/device.txt
+	$(GPU_RUN) -m pytest -q -m cuda tests/engine -p no:cacheprovider 2>&1 | tee gpu-check/tests.log
+	$(GPU_RUN) -m specdeck.cli.main bench --device cuda --dtype bfloat16 --prompts $(SPEC_BENCH) \
+	    --categories $(CATEGORIES) --limit 1 --k auto,1 --max-new-tokens 64 --repeats 1 --baselines plain \
+	    --out gpu-check/spec-bench
+	$(GPU_RUN) -m specdeck.cli.main bench --device cuda --dtype bfloat16 --prompts $(HUMANEVAL) --limit 6 \
+	    --k auto,1 --max-new-tokens 64 --repeats 1 --baselines plain --out gpu-check/humaneval
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
