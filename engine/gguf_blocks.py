@@ -17,9 +17,11 @@ its float32 product, and the products' report says how many run on the file's bl
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import weakref
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -27,7 +29,8 @@ import numpy as np
 import torch
 
 from specdeck.engine import row_kernel
-from specdeck.engine.gguf_index import tensors_of
+from specdeck.engine.atomic import write_text
+from specdeck.engine.gguf_index import matches_path, tensors_of
 from specdeck.engine.linear import PathChoice
 from specdeck.engine.row_kernel import QUANTIZED, QuantizedLinear
 
@@ -136,6 +139,35 @@ class FileMatrices:
         self._tensors = tensors_of(path)
         self.used: list[str] = []  # the block types of the products made, one a product
         self.activations = rows or activations()
+        self._matches = _read_matches(path)
+        self._learnt = False
+
+    def _rows(self, name: str, tensor, weight: np.ndarray) -> np.ndarray | None:
+        """`_matching_rows`, decided once per file and weights: a verdict is kept under the tensor's
+        name and the weights' shape and checksum, so that a later load of the same weights skips
+        decoding the file's blocks to compare them."""
+        key = f"{name}|{weight.shape}|{zlib.crc32(np.ascontiguousarray(weight).data):08x}"
+        if key in self._matches:
+            known = self._matches[key]
+            return None if known is None else np.arange(weight.shape[0]) if known == "same" else np.array(known)
+        rows = _matching_rows(tensor, weight)
+        same = rows is not None and np.array_equal(rows, np.arange(weight.shape[0]))
+        self._matches[key] = None if rows is None else "same" if same else rows.tolist()
+        self._learnt = True
+        return rows
+
+    def remember(self) -> None:
+        """Keep the verdicts reached since the file was opened (a cache that cannot be written only
+        costs the next load the comparison)."""
+        if not self._learnt:
+            return
+        try:
+            path = matches_path(self.path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text(path, json.dumps(self._matches))
+            self._learnt = False
+        except Exception as error:
+            log.info("the row matches of %s were not kept: %s", self.path, error)
 
     def layer_names(self, layer: int) -> list[list[str]]:
         return [[f"blk.{layer}.{name}.weight" for name in group] for group in LAYER_TENSORS]
@@ -157,8 +189,8 @@ class FileMatrices:
         if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params):
             return None
         pieces = []
-        for tensor, param in zip(tensors, params):
-            rows = _matching_rows(tensor, param.detach().numpy())
+        for name, tensor, param in zip(names, tensors, params):
+            rows = self._rows(name, tensor, param.detach().numpy())
             if rows is None:
                 return None
             pieces.append((tensor, rows))
@@ -180,6 +212,14 @@ class FileMatrices:
         kinds = ", ".join(f"{self.used.count(k)} {k}" for k in sorted(set(self.used)))
         rows = ", rows in 8 bits" if self.activations == "int8" else ""
         return f"{len(self.used)} of {total} products on {self.path.name}'s own blocks ({kinds}{rows})"
+
+
+def _read_matches(path: Path) -> dict:
+    try:
+        matches = json.loads(matches_path(path).read_text(encoding="utf-8"))
+        return matches if isinstance(matches, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def _dequantized(tensor, width: int) -> np.ndarray:

@@ -52,6 +52,12 @@ def tensors_of(path: Path) -> dict[str, IndexedTensor]:
     return _mapped(path, index)
 
 
+def matches_path(path: Path) -> Path:
+    """Where the verdicts of `engine.gguf_blocks` on the file's tensors are kept (which rows of each
+    match a model's weights bit for bit), beside its index and under the same key."""
+    return _index_path(path).with_suffix(".rows.json")
+
+
 def _index_path(path: Path) -> Path:
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{VERSION}"

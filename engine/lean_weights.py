@@ -186,6 +186,8 @@ def _read(model: PreTrainedModel) -> LeanWeights:
             )
         )
     output = product([head], blocks.output_names() if blocks else []) if head is not None else None
+    if isinstance(blocks, gguf_blocks.FileMatrices):
+        blocks.remember()
     if blocks and blocks.used:
         count = len(layers) * 4 + (output is not None)
         choice = replace(choice, reason=f"{choice.reason}; {blocks.summary(count)}")

@@ -193,6 +193,35 @@ def test_only_matrices_the_file_holds_bit_for_bit_are_taken(builtin_file):
 
 
 @needs_kernel
+def test_a_match_is_decided_once_per_file_and_weights(tmp_path, monkeypatch):
+    """Which rows of the file a matrix matches is kept in the cache: the file opened again takes the
+    same matrix without decoding its blocks, a matrix with one weight changed is compared again and
+    refused, and a damaged record is read as none."""
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    path = gguf_file("smollm2-135m-instruct")
+    first = gguf_blocks.FileMatrices(path, rows="float32")
+    tensor = first._tensors["blk.0.attn_q.weight"]
+    matrix = torch.from_numpy(gguf.dequantize(np.asarray(tensor.data), tensor.tensor_type).copy())
+    order = torch.randperm(matrix.shape[0], generator=torch.Generator().manual_seed(1))
+    reordered = matrix[order].contiguous()
+    assert first.product(["blk.0.attn_q.weight"], [reordered], None) is not None
+    first.remember()
+    compared = []
+    real = gguf_blocks._matching_rows
+    monkeypatch.setattr(gguf_blocks, "_matching_rows", lambda t, w: compared.append(1) or real(t, w))
+    again = gguf_blocks.FileMatrices(path, rows="float32")
+    product = again.product(["blk.0.attn_q.weight"], [reordered], None)
+    assert product is not None and torch.equal(product.dense(), reordered) and not compared
+    changed = reordered.clone()
+    changed[3, 9] = torch.nextafter(changed[3, 9], torch.tensor(1.0))
+    assert again.product(["blk.0.attn_q.weight"], [changed], None) is None and compared == [1]
+    (record,) = (tmp_path / "gguf-tensors").glob("*.rows.json")
+    record.write_text("[not json")
+    assert gguf_blocks.FileMatrices(path, rows="float32").product(["blk.0.attn_q.weight"], [reordered], None)
+    assert compared == [1, 1]
+
+
+@needs_kernel
 def test_the_builtin_target_runs_on_its_file_blocks_with_the_float32_bits(monkeypatch):
     """The built-in Q4_1 target's products all read the file's blocks (the report says so), and its
     logits after a prefill, a step and a verify are those of the float32 products, bit for bit."""
