@@ -30,6 +30,7 @@ from specdeck.app import dialogs
 from specdeck.app.bench_tab import BenchmarkTab
 from specdeck.app.charts import SessionCharts
 from specdeck.app.controller import SessionController
+from specdeck.app.cost_series import curve_of, why_off
 from specdeck.app.panels import DecodingPanel, ModelPanel
 from specdeck.app.replay import ReplayDialog
 from specdeck.app.session_model import Activity, SessionModel
@@ -412,6 +413,16 @@ class MainWindow(QMainWindow):
                 f"{speculative:.1f} against {plain:.1f} tokens/s on {model.run_info.backend}: "
                 f"measured speedup <b>{self.charts.measured_speedup:.2f}x</b>"
             )
+            stats = self.charts.speculative.stats
+            reason = why_off(
+                self.charts.measured_speedup,
+                stats.predicted_speedup,
+                1000.0 / plain if plain > 0 else 0.0,
+                curve_of(self.charts.speculative.start),
+                stats.rounds,
+            )
+            if reason is not None:
+                parts.append(f"predicted {stats.predicted_speedup:.2f}x: {reason}")
         if model.identical is not None:
             colour = "#1b8a2f" if model.identical else "#c62828"
             mark = "greedy outputs identical ✓" if model.identical else "greedy outputs differ ✗"
