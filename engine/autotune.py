@@ -30,6 +30,10 @@ PROBE_EVERY = 8  # rounds at least between one-token drafts while the planner ha
 PROBE_BUDGET = 0.01
 MAX_WIDTH = 4  # candidates for a round's first token, at most
 DEEPER = 2  # drafts a confident chain may go past the planned K (`RoundPlanner.with_floors`)
+# model drafts a drafter's first session verifies, whatever the estimates say: it measures the
+# drafter's acceptance (and a user sees the drafts' colours) even where drafting seldom pays; later
+# sessions start from what it measured (`RoundPlanner.carry_over`)
+EXPLORE = 2
 CARRIED = 8.0  # rounds' weight of an earlier session's acceptance in a new one (`RoundPlanner.carry_over`)
 AFTERMATH = 3  # plain steps after a round that verified drafts charged to it (`RoundPlanner.aftermath`)
 # a round measured this many times what the planner expects was held up by something else (the
@@ -95,6 +99,7 @@ class RoundPlanner:
         self.shapes: dict[tuple[int, bool], float] = {}
         self.tree_scale = 1.0  # a tree's verify time over a chain's of as many tokens, for trees not verified yet
         self.rounds_without_draft = 0
+        self.explored = 0  # model drafts this session verified (`EXPLORE`)
         self.chosen: dict[str, int] = {}  # "K=2", "K=2 w3", "copy 4", "none": rounds
         self.max_width = max_width  # 1 where trees cannot run (sampling, a backend without tree attention)
         self.ranks = [0.0] * MAX_WIDTH  # decayed rounds in which the target's first token had each rank
@@ -262,6 +267,8 @@ class RoundPlanner:
         repeats, up to `max_copy` tokens, replaces it where `copy_length` finds the copy pays more."""
         (k, width), k_rate = self.best_k()
         self.planned_rate = k_rate
+        if k == 0 and self.explored < EXPLORE and self.max_k:
+            return Shape(self.max_copy, 1, 1)  # one draft, verified whatever its probability
         if k == 0:
             self.rounds_without_draft += 1
             if self.probe_due(k_rate):
@@ -285,7 +292,8 @@ class RoundPlanner:
             (self.draft_ms_per_token + self.verify_ms(n + 1, tree) - self.verify_ms(n, tree)) * rate
             for n in range(shape.width, shape.width + k)  # n: the verify's tokens before draft d + 1
         )
-        return Shape(shape.copy, k, shape.width, (self.first_floor(shape.width),) + floors[1:])
+        first = self.first_floor(shape.width) if self.explored >= EXPLORE else 0.0
+        return Shape(shape.copy, k, shape.width, (first,) + floors[1:])
 
     def first_floor(self, width: int) -> float:
         """The least probability of a round's first draft (with a tree's alternatives, `width`
@@ -325,6 +333,7 @@ class RoundPlanner:
             self.copies.record(own, match, drafted, accepted, doubted)
         if drafted and not copied:
             self.drafts.record(drafted, accepted)
+            self.explored += 1
         if shape.k and not copied:  # the drafter was asked: did its first draft pass its floor?
             self.planned_drafts = self.planned_drafts * DECAY + 1.0
             self.refusals = self.refusals * DECAY + (drafted == 0)
@@ -369,6 +378,8 @@ class RoundPlanner:
         scale = min(1.0, CARRIED / earlier.planned_drafts) if earlier.planned_drafts else 0.0
         self.planned_drafts, self.refusals = earlier.planned_drafts * scale, earlier.refusals * scale
         self.aftermath, self.clean_ms = dict(earlier.aftermath), earlier.clean_ms  # the machine's, as measured
+        if theirs.tried:  # their verified drafts stand for this session's first (`EXPLORE`)
+            self.explored = EXPLORE
 
     def describe(self) -> str:
         """What was chosen and why, in one paragraph for the terminal and the window."""

@@ -606,3 +606,22 @@ def test_a_session_start_carries_the_costs_the_schedule_plans_with(tiny_pair, mo
         next(iter(generate(target, ids, constant, DraftModelDrafter(draft.model)))),
     ):
         assert (start.curve_tokens, start.curve_ms, start.draft_ms) == ((), (), 0.0)
+
+
+def test_a_drafters_first_session_verifies_its_first_drafts_where_drafting_does_not_pay():
+    """Where the costs say no draft pays (a draft dearer than a step, a verify of two tokens twice a
+    step), a drafter's first session still verifies its first EXPLORE drafts, one token each and
+    whatever their probability, then steps plainly; a session after it starts from its record."""
+    steep = CostCurve((1, 2, 4, 8), (4.0, 8.0, 16.0, 32.0))
+    planner = RoundPlanner(steep, 6.0, max_k=8, max_copy=0, adapt=False)
+    shapes = []
+    for _ in range(autotune.EXPLORE + 3):
+        shape = planner.plan()
+        shapes.append(shape)
+        planner.record(shape, False, shape.k, 0, 6.0 * shape.k, steep.ms(shape.k + 1), 0.0)
+    explored = shapes[: autotune.EXPLORE]
+    assert all(s.k == 1 and not any(s.floors) for s in explored)
+    assert all(s.k == 0 for s in shapes[autotune.EXPLORE :])
+    later = RoundPlanner(steep, 6.0, max_k=8, max_copy=0, adapt=False)
+    later.carry_over(planner)
+    assert later.plan().k == 0
