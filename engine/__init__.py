@@ -1,33 +1,81 @@
 """SpecDeck's engine: speculative and plain decoding on Hugging Face causal LMs, Qt-free.
 
 Front ends use `load_model`, `make_drafter`, `encode_prompt` and `generate`, and read the typed
-events that `generate` yields.
+events that `generate` yields. The names below are imported at first use, so that importing one part
+of the engine (the row kernel, say, to build it while the rest loads) does not import them all.
 """
 
-from specdeck.engine.config import DecodeConfig
-from specdeck.engine.decoding import generate
-from specdeck.engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter, Proposal
-from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.events import (
-    Event,
-    RoundEvent,
-    SessionStarted,
-    SummaryEvent,
-    TokenEvent,
-    TokenState,
-    event_to_dict,
-)
-from specdeck.engine.models import (
-    BUILTIN_MODELS,
-    DEFAULT_TARGET,
-    LoadedModel,
-    LoadOptions,
-    encode_prompt,
-    load_model,
-)
-from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
-from specdeck.engine.stats import SessionStats, expected_tokens_per_round, predicted_speedup
-from specdeck.engine.suffix_drafting import HybridDrafter, SuffixDrafter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specdeck.engine.config import DecodeConfig
+    from specdeck.engine.decoding import generate
+    from specdeck.engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter, Proposal
+    from specdeck.engine.errors import SpecDeckError
+    from specdeck.engine.events import (
+        Event,
+        RoundEvent,
+        SessionStarted,
+        SummaryEvent,
+        TokenEvent,
+        TokenState,
+        event_to_dict,
+    )
+    from specdeck.engine.models import (
+        BUILTIN_MODELS,
+        DEFAULT_TARGET,
+        LoadedModel,
+        LoadOptions,
+        encode_prompt,
+        load_model,
+    )
+    from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
+    from specdeck.engine.stats import SessionStats, expected_tokens_per_round, predicted_speedup
+    from specdeck.engine.suffix_drafting import HybridDrafter, SuffixDrafter
+
+_HOMES = {  # each name's module, imported at first use (importing the engine's parts stays cheap)
+    "BUILTIN_MODELS": "specdeck.engine.models",
+    "DEFAULT_TARGET": "specdeck.engine.models",
+    "DecodeConfig": "specdeck.engine.config",
+    "DraftModelDrafter": "specdeck.engine.drafters",
+    "Drafter": "specdeck.engine.drafters",
+    "DrafterKind": "specdeck.engine.pair",
+    "Event": "specdeck.engine.events",
+    "FeatureHeadDrafter": "specdeck.engine.drafters",
+    "HybridDrafter": "specdeck.engine.suffix_drafting",
+    "LoadOptions": "specdeck.engine.models",
+    "LoadedModel": "specdeck.engine.models",
+    "ModelPair": "specdeck.engine.pair",
+    "PairSpec": "specdeck.engine.pair",
+    "PromptLookupDrafter": "specdeck.engine.drafters",
+    "Proposal": "specdeck.engine.drafters",
+    "RoundEvent": "specdeck.engine.events",
+    "SessionStarted": "specdeck.engine.events",
+    "SessionStats": "specdeck.engine.stats",
+    "SpecDeckError": "specdeck.engine.errors",
+    "SuffixDrafter": "specdeck.engine.suffix_drafting",
+    "SummaryEvent": "specdeck.engine.events",
+    "TokenEvent": "specdeck.engine.events",
+    "TokenState": "specdeck.engine.events",
+    "encode_prompt": "specdeck.engine.models",
+    "event_to_dict": "specdeck.engine.events",
+    "expected_tokens_per_round": "specdeck.engine.stats",
+    "generate": "specdeck.engine.decoding",
+    "load_model": "specdeck.engine.models",
+    "predicted_speedup": "specdeck.engine.stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value  # found once
+    return value
+
 
 __all__ = [
     "BUILTIN_MODELS",

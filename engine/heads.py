@@ -60,9 +60,7 @@ class FeatureHead(torch.nn.Module):
         self.fc = torch.nn.Linear(2 * width, width, bias=False)
         self.body = LlamaModel(config)  # its token embedding is unused (vocab_size 1): inputs are fc's output
 
-    def fuse(
-        self, observed: torch.Tensor, fc: Callable[[torch.Tensor], torch.Tensor] | None = None
-    ) -> torch.Tensor:
+    def fuse(self, observed: torch.Tensor, fc: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """The input state (..., hidden) for the target's states of a token: (..., hidden), its final
         state, for a head without `feature_layers`; else (..., len(feature_layers) + 1, hidden), the
         residual streams after those layers (each scaled to unit RMS: the middle layers' are a

@@ -24,6 +24,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("row_kernel.c")
 _BUILD_SECONDS = 120
 _LIBRARY: list[ctypes.CDLL | str] = []  # the loaded library, or why there is none; once per process
+_LOADING = threading.Lock()  # held while the library is built or loaded, by one thread at a time
 
 
 def cpu_flags() -> str:
@@ -177,12 +179,33 @@ def build(arch: str = "native", progress: Callable[[str], None] | None = None) -
 
 
 def library(progress: Callable[[str], None] | None = None) -> ctypes.CDLL | str:
-    """The kernel's library, built and loaded once per process; or, where it cannot be, why not."""
-    if not _LIBRARY:
-        _LIBRARY.append(build(progress=progress))
-        if isinstance(_LIBRARY[0], str):
-            log.info("%s", _LIBRARY[0])
-    return _LIBRARY[0]
+    """The kernel's library, built and loaded once per process; or, where it cannot be, why not.
+    Where `build_in_background` is at it, this waits for it (and says so)."""
+    if _LIBRARY:
+        return _LIBRARY[0]
+    if not _LOADING.acquire(blocking=False):
+        if progress:
+            progress("Waiting for SpecDeck's row kernel for this CPU (built once: it is kept in the cache)")
+        _LOADING.acquire()
+    try:
+        if not _LIBRARY:
+            _LIBRARY.append(build(progress=progress))
+            if isinstance(_LIBRARY[0], str):
+                log.info("%s", _LIBRARY[0])
+        return _LIBRARY[0]
+    finally:
+        _LOADING.release()
+
+
+def build_in_background() -> threading.Thread | None:
+    """Start building (or loading) the library on a thread of its own, so that a first build, which
+    takes a compiler several seconds on one core, runs while the models load on the other; None
+    where it is loaded already. `library()` then waits for that thread instead of building again."""
+    if _LIBRARY:
+        return None
+    thread = threading.Thread(target=library, name="row kernel build", daemon=True)
+    thread.start()
+    return thread
 
 
 def identity() -> str:

@@ -2,7 +2,7 @@
 
 import sys
 
-from specdeck.cli.main import main
+from specdeck.cli.launch import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -151,7 +151,7 @@ def test_wheel_entry_point_runs_from_the_installed_files(wheel, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     value, module, engine_file, icon = result.stdout.split()
-    assert (value, module) == ("specdeck.cli.main:main", "specdeck.cli.main")
+    assert (value, module) == ("specdeck.cli.launch:main", "specdeck.cli.launch")
     assert Path(engine_file).is_relative_to(installed)
     assert Path(icon).is_relative_to(installed) and Path(icon).is_file()
 

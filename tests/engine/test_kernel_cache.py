@@ -93,3 +93,40 @@ def test_a_build_that_crashes_when_loaded_is_refused(good_kernel, tmp_path, monk
     reason = row_kernel.build()
     assert isinstance(reason, str) and "the library built does not load" in reason
     assert os.listdir(tmp_path / "kernels") == []
+
+
+def test_a_build_started_in_the_background_is_waited_for_not_repeated(monkeypatch):
+    """`build_in_background` starts the build on its own thread; a caller of `library()` meanwhile
+    hears that it waits, gets what that build made, and nothing is built twice."""
+    import threading
+
+    started, finish, calls = threading.Event(), threading.Event(), []
+
+    def slow_build(progress=None):
+        calls.append(progress)
+        started.set()
+        finish.wait(10)
+        return "built once"
+
+    monkeypatch.setattr(row_kernel, "_LIBRARY", [])
+    monkeypatch.setattr(row_kernel, "build", slow_build)
+    thread = row_kernel.build_in_background()
+    assert thread is not None and started.wait(10)
+    heard = []
+    threading.Timer(0.2, finish.set).start()
+    assert row_kernel.library(heard.append) == "built once"
+    thread.join(10)
+    assert calls == [None] and heard and "Waiting" in heard[0]
+    assert row_kernel.build_in_background() is None  # loaded: nothing more to start
+
+
+def test_the_command_starts_the_kernel_only_for_commands_that_load_a_model(monkeypatch):
+    from specdeck.cli import launch, main
+
+    started = []
+    monkeypatch.setattr(row_kernel, "build_in_background", lambda: started.append(1))
+    monkeypatch.setattr(main, "main", lambda: 0)
+    for argv, expected in ((["specdeck", "cache"], []), (["specdeck", "run"], [1]), (["specdeck"], [1, 1])):
+        monkeypatch.setattr(sys, "argv", argv)
+        assert launch.main() == 0
+        assert started == expected, argv
