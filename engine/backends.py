@@ -111,13 +111,19 @@ def choose_backend(
 def blocks_on_row_kernel(path: Path, progress: Progress | None = None) -> bool:
     """Whether torch runs `path`'s own blocks on SpecDeck's row kernel here, whose plain step beats
     llama.cpp's on the same file where the kernel builds, so auto need not time llama.cpp (seconds
-    of a first load): the kernel builds, the blocks are on, and the file dequantized (about 8 times
-    its size) takes at most a sixteenth of the memory available."""
+    of a first load): the kernel builds (or, while it is being built, can be), the blocks are on,
+    and the file dequantized (about 8 times its size) takes at most a sixteenth of the memory
+    available."""
     from specdeck.engine import row_kernel
     from specdeck.engine.gguf_blocks import blocks_off
     from specdeck.engine.preflight import available_memory
 
-    if blocks_off() or isinstance(row_kernel.library(progress), str):
+    if blocks_off():
+        return False
+    if row_kernel.building():  # not waited for here: the load goes on beside the build
+        if row_kernel.buildable() is not None:
+            return False
+    elif isinstance(row_kernel.library(progress), str):
         return False
     memory = available_memory()
     return memory is not None and 8 * path.stat().st_size * 16 <= memory

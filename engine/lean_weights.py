@@ -132,6 +132,7 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         )
     matrices = [module.weight for layer in groups for group in layer for module in group]
     weighed = matrices + ([head.weight] if head is not None else [])
+    on_file = gguf_blocks.blocks_of(model)  # its index read first, while a kernel build may still run
     choice = gguf_blocks.prefer_kernel(model, lambda: choose_path(weighed))
     keep = {id(base.embed_tokens.weight)}  # token lookup reads the embedding's plain table
     if model not in _WEIGHTS and next(model.parameters()).device.type == "cpu":
@@ -144,7 +145,7 @@ def _read(model: PreTrainedModel) -> LeanWeights:
             restore(alive)
 
     # a GGUF target's products on the row kernel take the file's own blocks where it holds them
-    blocks = gguf_blocks.blocks_of(model) if choice.path == "kernel" else None
+    blocks = on_file if choice.path == "kernel" else None
 
     def product(modules: list[torch.nn.Linear], names: list[str]) -> Linear:
         bias = _stack([m.bias for m in modules]) if modules[0].bias is not None else None

@@ -197,6 +197,23 @@ def library(progress: Callable[[str], None] | None = None) -> ctypes.CDLL | str:
         _LOADING.release()
 
 
+def building() -> bool:
+    """Whether the library is being built or loaded on another thread (`build_in_background`)."""
+    return not _LIBRARY and _LOADING.locked()
+
+
+def buildable() -> str | None:
+    """Why the library cannot be built here (no x86-64 CPU, no source, no compiler), or None: what a
+    caller may go by while a build is under way, rather than wait for it."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the row kernel is written for x86-64 CPUs, not {platform.machine()}"
+    if not SOURCE.is_file():
+        return f"the row kernel's source {SOURCE} is not installed"
+    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        return "no C compiler (cc) to build the row kernel with"
+    return None
+
+
 def build_in_background() -> threading.Thread | None:
     """Start building (or loading) the library on a thread of its own, so that a first build, which
     takes a compiler several seconds on one core, runs while the models load on the other; None

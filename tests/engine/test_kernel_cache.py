@@ -130,3 +130,22 @@ def test_the_command_starts_the_kernel_only_for_commands_that_load_a_model(monke
         monkeypatch.setattr(sys, "argv", argv)
         assert launch.main() == 0
         assert started == expected, argv
+
+
+def test_the_backend_choice_goes_on_beside_a_build_under_way(monkeypatch):
+    """While the kernel builds on its own thread, auto's choice for a GGUF file does not wait for
+    it: it goes by whether the kernel can build here (a compiler, an x86-64 CPU)."""
+    from specdeck.engine import backends
+    from specdeck.engine.backends import gguf_file
+
+    def waited(progress=None):
+        raise AssertionError("waited for the build")
+
+    path = gguf_file("smollm2-135m-instruct")
+    monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
+    monkeypatch.setattr(row_kernel, "building", lambda: True)
+    monkeypatch.setattr(row_kernel, "library", waited)
+    monkeypatch.setattr(row_kernel, "buildable", lambda: None)
+    assert backends.blocks_on_row_kernel(path)
+    monkeypatch.setattr(row_kernel, "buildable", lambda: "no C compiler (cc) to build the row kernel with")
+    assert not backends.blocks_on_row_kernel(path)
