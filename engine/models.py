@@ -202,18 +202,21 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+CONVERSION_FORMAT = 2  # of a converted folder: 2 saves tied weights as transformers does (servers read them)
+
+
 def _gguf_cache_dir(path: Path) -> Path:
     import transformers
 
     stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}|{CONVERSION_FORMAT}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return gguf_cache() / f"{path.stem}-{digest}"
 
 
 def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
-    """Dequantize a GGUF file once into a safetensors folder in the cache; return the folder."""
-    from safetensors.torch import save_model
+    """Dequantize a GGUF file once into a Hugging Face folder in the cache; return the folder."""
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = _gguf_cache_dir(path)
@@ -241,7 +244,13 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
         with building_folder(target) as staging:
             model.config.save_pretrained(staging)
             model.generation_config.save_pretrained(staging)
-            save_model(model, str(staging / "model.safetensors"))
+            # as transformers saves a model, so that other tools (a vLLM server) load the folder too: a
+            # tied output layer is the embedding, saved once under the embedding's name
+            state = model.state_dict()
+            if getattr(model.config, "tie_word_embeddings", False):
+                state.pop("lm_head.weight", None)
+            tensors = {name: tensor.contiguous() for name, tensor in state.items()}
+            save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
             record_weights(staging)
             tokenizer.save_pretrained(staging)
     except SpecDeckError:

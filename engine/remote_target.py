@@ -87,7 +87,29 @@ class RemoteTarget:
                 f"The server at {self.settings.url} gave {len(rows)} rows of log-probabilities for "
                 f"{len(drafts) + 1} positions: it does not answer as the {self.server} API does."
             )
+        for row in rows:
+            self._check_sense(row)
         return torch.stack([self._logit_row(row) for row in rows]), time
+
+    def _check_sense(self, row: dict[int, float]) -> None:
+        """Stop at a distribution no working model gives: values that are not finite log-probabilities,
+        or every listed token at 1/vocabulary (a model whose weights the server did not load: its
+        answers would all agree with any draft, and the text would be nonsense without a word)."""
+        values = list(row.values())
+        if not all(math.isfinite(v) and v <= 1e-6 for v in values):
+            raise ServerFault(
+                f"The server at {self.settings.url} answered log-probabilities that are not finite numbers at or "
+                f"below 0 ({', '.join(f'{v:g}' for v in values[:3])}): its model's arithmetic failed (a float16 "
+                "overflow, say). Serve the model in bfloat16 or float32, and check the server's log."
+            )
+        uniform = -math.log(self.vocab_width)
+        if len(values) > 1 and max(values) - min(values) < 1e-3 and abs(max(values) - uniform) < 0.05:
+            raise ServerFault(
+                f"The server at {self.settings.url} answered the same log-probability for every token "
+                f"({max(values):.2f}, log 1/{self.vocab_width}): its model computes nothing, as when its weights "
+                "did not load (a tied embedding saved under another name than the server reads, say). Check the "
+                "server's log, and serve a folder whose weights it loads."
+            )
 
     def _logit_row(self, row: dict[int, float]) -> torch.Tensor:
         """Listed tokens at their log-probabilities; the rest share what the server left unlisted."""

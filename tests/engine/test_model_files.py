@@ -46,6 +46,24 @@ def test_damaged_gguf_cache_is_detected_and_rebuilt(tmp_path, monkeypatch):
     assert weights.stat().st_size == size
 
 
+def test_a_converted_gguf_is_a_folder_other_tools_load():
+    """The built-in GGUF converts into a standard Hugging Face folder: its tied output layer saved
+    once under the embedding's name (a vLLM server reads that name; one stored only as
+    lm_head.weight served uniform log-probabilities), loading with transformers alone into a model
+    whose output layer is its embedding."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    folder = convert_gguf(BUILTIN_MODELS[DEFAULT_TARGET].path())
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+        embedding = weights.get_tensor("model.embed_tokens.weight")
+    assert "lm_head.weight" not in names
+    model = AutoModelForCausalLM.from_pretrained(str(folder))
+    assert torch.equal(model.get_output_embeddings().weight, embedding)
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
 def test_cache_damage_names_a_changed_byte_and_records_older_caches(tmp_path):
     """Same size but another byte fails the checksum; a cache without a record is recorded if it reads, else damaged."""
     from safetensors.torch import save_file

@@ -17,7 +17,7 @@ import pytest
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.decoding import generate
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.events import RoundEvent, SummaryEvent
+from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent
 from specdeck.engine.models import (
     BUILTIN_MODELS,
     DEFAULT_DRAFT,
@@ -27,9 +27,9 @@ from specdeck.engine.models import (
     load_tokenizer,
 )
 from specdeck.engine.pair import DrafterKind, PairSpec
-from specdeck.engine.remote_http import API_KEY_VARIABLE
+from specdeck.engine.remote_http import API_KEY_VARIABLE, Endpoint
 from specdeck.engine.remote_scoring import ServerTime
-from specdeck.engine.remote_target import RemoteSettings, connect
+from specdeck.engine.remote_target import RemoteSettings, RemoteTarget, connect
 from specdeck.engine.session import load_pair
 from specdeck.engine.stats import expected_tokens_per_round, remote_tokens_per_s
 
@@ -397,3 +397,39 @@ def test_server_time_reads_what_servers_report():
     cached = ServerTime.of({"usage": {"prompt_tokens_details": {"cached_tokens": 96}}}, 50.0)
     assert (cached.server_ms, cached.network_ms, cached.cache_hit) == (None, 50.0, True)
     assert ServerTime.of({}, 25.0).cache_hit is None
+
+
+class _Rows:
+    """A scoring that answers the same crafted row at every position."""
+
+    def __init__(self, row: dict[int, float]) -> None:
+        self.row = row
+
+    def admit(self, endpoint, ids, drafts):
+        return drafts
+
+    def score(self, endpoint, model, ids, drafts):
+        return [dict(self.row) for _ in range(len(drafts) + 1)], ServerTime(1.0)
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({0: -10.8018, 1: -10.8018, 2: -10.8018}, r"same log-probability for every token .*weights"),
+        ({5: float("nan"), 6: -1.0}, r"not finite numbers.*bfloat16 or float32"),
+        ({5: 0.7, 6: -1.0}, r"not finite numbers"),
+    ],
+)
+def test_a_served_distribution_no_model_gives_stops_the_session(tokenizer, row, message):
+    """A uniform distribution (a server whose model did not load its weights) or values that are
+    not log-probabilities stop the session with the cause, instead of text that agrees with any draft;
+    a sensible row passes."""
+
+    def served(row):
+        settings = RemoteSettings("http://127.0.0.1:9/v1", "target", 1.0)
+        return RemoteTarget(settings, tokenizer, Endpoint(settings.url, 1.0), _Rows(row), "vllm")
+
+    with pytest.raises(SpecDeckError, match=message):
+        list(generate(served(row), tokenizer.encode("The cat sat"), DecodeConfig(max_new_tokens=4)))
+    events = list(generate(served({5: -0.1, 6: -3.0}), tokenizer.encode("The cat sat"), DecodeConfig(max_new_tokens=4)))
+    assert [e.token_id for e in events if isinstance(e, TokenEvent)] == [5, 5, 5, 5]
