@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 # llama.cpp for GGUF files, with its OpenAI-compatible server (the served target of the remote tests)
 LLAMA_CPP ?= llama-cpp-python[server]==0.3.36
 
-.PHONY: run test gui bench clean package validators figures gpu-check
+.PHONY: run test test-long gui bench clean package validators figures gpu-check
 
 $(BIN)/specdeck: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test: $(BIN)/specdeck validators
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# Before a release, and after a change to the engine's arithmetic: the same, with the property
+# tests drawing 300 new random examples each (SPECDECK_HYPOTHESIS=long).
+test-long: export SPECDECK_HYPOTHESIS = long
+test-long: test
 
 # One-folder Linux bundle in dist/specdeck/ (see packaging/README.md); needs the CPU build of torch.
 package: $(BIN)/specdeck
