@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from specdeck.engine.config import DecodeConfig
     from specdeck.engine.decoding import generate
-    from specdeck.engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter, Proposal
+    from specdeck.engine.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, Proposal
     from specdeck.engine.errors import SpecDeckError
     from specdeck.engine.events import (
         Event,
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         TokenState,
         event_to_dict,
     )
+    from specdeck.engine.head_drafter import FeatureHeadDrafter
     from specdeck.engine.models import (
         BUILTIN_MODELS,
         DEFAULT_TARGET,
@@ -44,7 +45,7 @@ _HOMES = {  # each name's module, imported at first use (importing the engine's 
     "Drafter": "specdeck.engine.drafters",
     "DrafterKind": "specdeck.engine.pair",
     "Event": "specdeck.engine.events",
-    "FeatureHeadDrafter": "specdeck.engine.drafters",
+    "FeatureHeadDrafter": "specdeck.engine.head_drafter",
     "HybridDrafter": "specdeck.engine.suffix_drafting",
     "LoadOptions": "specdeck.engine.models",
     "LoadedModel": "specdeck.engine.models",

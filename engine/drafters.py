@@ -4,8 +4,8 @@ A drafter sees every kept token and proposes up to k more, with the distribution
 drawn from. The decoding loop needs nothing else, so new drafters (a trained head, an early exit)
 slot in by implementing `Drafter`.
 - `DraftModelDrafter`: a smaller model of the same vocabulary, with its own KV cache.
-- `FeatureHeadDrafter`: a one-layer head on the target's own last hidden state (EAGLE,
-  `engine.heads`); the decoding loop hands it the target's states for every kept token.
+- `engine.head_drafter.FeatureHeadDrafter`: a one-layer head on the target's own last hidden state
+  (EAGLE, `engine.heads`); the decoding loop hands it the target's states for every kept token.
 - `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
 - `SuffixDrafter` and `HybridDrafter` (`engine.suffix_drafting`): the most frequent continuation
@@ -17,7 +17,6 @@ slot in by implementing `Drafter`.
 from __future__ import annotations
 
 import bisect
-import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -26,23 +25,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from specdeck.engine import gguf_blocks
 from specdeck.engine.acceptance import MATCH_CAP
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.context import context_length
 from specdeck.engine.hf_parts import input_embedding
-from specdeck.engine.kvcache import CachedModel, backend_for
+from specdeck.engine.kvcache import CachedModel
 from specdeck.engine.lean_weights import output_weight
-from specdeck.engine.linear import Linear, PathChoice, bfloat16_pays, make_linear
-from specdeck.engine.llama_forward import LlamaForward, output_layer, supports
+from specdeck.engine.linear import Linear, make_linear
 from specdeck.engine.llamacpp_backend import LlamaCppModel, matrices_of
-from specdeck.engine.row_kernel import QuantizedLinear
 from specdeck.engine.sampling import logits_to_probs, sample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-    from specdeck.engine.heads import FeatureHead
 
 
 @dataclass(frozen=True)
@@ -170,7 +164,7 @@ class Proposal:
         return cls([], torch.zeros(0, vocab_width, device=device))
 
 
-class _Chain:
+class DraftChain:
     """A model drafter's tokens, drawn one after another, each with the q it was drawn from.
 
     Past the first draft the chain stops where the drafter is unsure: its top probability below
@@ -366,7 +360,7 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, ids: list[int], k: int) -> Proposal:
         feed = self._sync(ids)
-        chain = _Chain(self.config, self.generator, self.floors, self.width)
+        chain = DraftChain(self.config, self.generator, self.floors, self.width)
         for _ in range(k):
             logits = self._next_logits(feed)
             self._cached.extend(feed)
@@ -381,168 +375,6 @@ def _stand_in(eos: int | list[int] | None, embeddable: int) -> int:
     """The token a draft reads in place of one it cannot embed: its (first) end-of-text token, else 0."""
     first = eos[0] if isinstance(eos, list) and eos else eos
     return first if isinstance(first, int) and 0 <= first < embeddable else 0
-
-
-class FeatureHeadDrafter(Drafter):
-    """Drafts from the target's own last hidden state (`engine.heads.FeatureHead`).
-
-    The head's cache holds one pair (state f_i, token i+1) per kept token it has seen: every kept
-    token but the newest. A round feeds the pairs that became known since the last one, then drafts
-    by feeding back its own predicted states; those predicted pairs are cropped away next round,
-    when the target's real states replace them.
-
-    Kept tokens whose states the target did not compute (`skip`: rounds that drafted nothing from
-    the head) are a gap: the head pairs the latest GAP_FILL of them with its own predicted states,
-    as when drafting, and leaves older ones out of its cache; so does a run of real states longer
-    than CATCH_UP (a long prompt, a long stretch of plain steps): its latest CATCH_UP are paired.
-    Its drafts then rest on less, which changes how many pass, never the text.
-    """
-
-    needs_states = True
-    GAP_FILL = 4  # gap tokens paired with predicted states: each costs a step of the head's layer
-    # real states paired at once, at most: the latest of a longer run (a long prompt, many plain
-    # steps since the head last drafted): pairing a long prompt's every state makes one draft cost
-    # many steps, for a few more drafts passed
-    CATCH_UP = 32
-
-    def __init__(
-        self,
-        head: FeatureHead,
-        target: PreTrainedModel | LlamaCppModel,
-        name: str = "feature head",
-        output_ids: torch.Tensor | None = None,
-    ) -> None:
-        self.name = name
-        matrices = matrices_of(target)
-        self._embedding = input_embedding(matrices)
-        self.device = self._embedding.weight.device
-        # in increasing order: q over them widens to the whole vocabulary in one pass through memory
-        self._output_ids = None if output_ids is None else output_ids.to(self.device, torch.long).sort().values
-        rows = None if output_ids is None else output_weight(matrices)[self._output_ids].contiguous()
-        # bfloat16 where this machine computes it faster (`bfloat16_pays`): a head with a reduced
-        # output vocabulary drafts in it, on a copy (the head loaded stays as trained)
-        # a GGUF target's head: its layer on Q8_0 blocks of its own weights too, where they run (then
-        # not in bfloat16, which would take it off them)
-        if isinstance(target, LlamaCppModel) or gguf_blocks.source_of(target) is not None:
-            gguf_blocks.quantize_for_drafting(head.body)
-        weights = [p for p in head.parameters() if p.dim() == 2] + ([rows] if rows is not None else [])
-        self.precision: PathChoice | None
-        if gguf_blocks.own_blocks(head.body):
-            self.precision = PathChoice("float32", "its layer multiplies on Q8_0 blocks of its own weights")
-        else:
-            self.precision = bfloat16_pays(weights) if rows is not None else None
-        if self.precision is not None and self.precision.path == "bfloat16" and rows is not None:
-            head, rows = copy.deepcopy(head).to(torch.bfloat16), rows.to(torch.bfloat16)
-        self.head = self.module = head
-        self.dtype = next(head.parameters()).dtype
-        self.feature_layers = head.feature_layers
-        self._body = backend_for(head.body)  # the head's decoder layer and its KV cache
-        if isinstance(self._body, LlamaForward):
-            self._body.fused_first_chunk = True  # its first pairs after a prompt in one kernel call too
-        # the target's own output layer (shared with its lean forward), or a product of the rows it may propose
-        if rows is None or self._output_ids is None:
-            self._output = output_layer(matrices)
-        else:
-            self._output = _rows_product(matrices, self._output_ids, rows)
-        # the map of (state, embedding) pairs into the layer, on the layer's kind of blocks: 0.7 MB, not 2.7
-        self._fc: Linear | torch.nn.Module = head.fc
-        # and the fusion of a head that reads lower layers (once per kept token), likewise
-        self._fuse_fc: Linear | torch.nn.Module | None = getattr(head, "fuse_fc", None)
-        if gguf_blocks.own_blocks(head.body):
-            self._fc = gguf_blocks.OwnMatrices().product(["own"], [head.fc.weight], None) or head.fc
-            if self._fuse_fc is not None:
-                own = gguf_blocks.OwnMatrices().product(["own"], [self._fuse_fc.weight], None)
-                self._fuse_fc = own or self._fuse_fc
-
-    def begin(self, prompt_ids, config, vocab_width, generator) -> None:
-        super().begin(prompt_ids, config, vocab_width, generator)
-        self._body.reset()
-        self._seen = 0  # kept tokens (but the newest) the head has dealt with: paired, or left out
-        self._cached = 0  # pairs in the head's cache, real or filled (no draft's)
-        self._next: torch.Tensor | None = None  # the state the head predicts after its latest pair
-        self._pending: list[torch.Tensor | int] = []  # real states not paired yet, or a gap's length
-
-    def observe(self, states: torch.Tensor) -> None:
-        self._pending.append(states)
-
-    def skip(self, count: int) -> None:
-        if count:
-            self._pending.append(count)
-
-    def _pair(self, states: torch.Tensor, following: torch.Tensor) -> torch.Tensor:
-        """The head's predicted next states for pairs (state, following token) after its cache."""
-        return self._body.hidden_from_inputs(self.head.mix(states, self._embedding(following).to(self.dtype), self._fc))
-
-    def _catch_up(self, ids: list[int]) -> None:
-        """Pair every kept token but the newest: real states in one step, a gap from predictions."""
-        self._body.crop(self._cached)  # forget the states predicted last round
-        for part in _runs(self._pending):
-            if isinstance(part, int):
-                start = self._seen + max(0, part - self.GAP_FILL)  # older gap tokens are left out
-                self._seen += part
-                for i in range(start, self._seen):
-                    previous = self._next
-                    if previous is None:  # no state yet to predict from: the gap stays out
-                        break
-                    self._next = self._pair(previous[None], torch.tensor([ids[i + 1]], device=self.device))[-1]
-                    self._cached += 1
-            else:
-                left_out = max(0, len(part) - self.CATCH_UP)  # the oldest of a long run stay out
-                part, self._seen = part[left_out:], self._seen + left_out
-                n = len(part)
-                following = torch.tensor(ids[self._seen + 1 : self._seen + n + 1], device=self.device)
-                self._next = self._pair(self.head.fuse(part.to(self.dtype), self._fuse_fc), following)[-1]
-                self._seen += n
-                self._cached += n
-        self._pending = []
-        if self._seen != len(ids) - 1:
-            raise RuntimeError(
-                f"the head has heard of {self._seen} kept tokens, the session kept {len(ids) - 1}: "
-                "each proposal needs the states (or a skip) of the tokens kept since the last one"
-            )
-
-    @torch.inference_mode()
-    def propose(self, ids: list[int], k: int) -> Proposal:
-        self._catch_up(ids)
-        predicted = self._next
-        if predicted is None:
-            return self._empty(self.device)
-        chain = _Chain(self.config, self.generator, self.floors, self.width)
-        for step in range(k):
-            # with output ids, q over the head's output tokens alone (0 elsewhere): a sixth of the vocabulary
-            q = logits_to_probs(self._output(predicted).float(), self.config)
-            token = chain.draw(q, self._output_ids, self.vocab_width)
-            if token is None or not chain.open or step == k - 1:
-                break
-            predicted = self._pair(predicted[None], torch.tensor([token], device=self.device))[-1]
-        return chain.proposal(self.vocab_width, self.device)
-
-
-def _rows_product(matrices, ids: torch.Tensor, rows: torch.Tensor) -> Linear:
-    """A product of the target's output rows `ids` (values `rows`): on the GGUF file's blocks where
-    the target's output layer reads them (`engine.gguf_blocks`; the same bits, a quarter of the
-    bytes), else on `rows`."""
-    if rows.dtype == torch.float32 and not isinstance(matrices, LlamaCppModel) and supports(matrices):
-        whole = output_layer(matrices)
-        if isinstance(whole, QuantizedLinear) and (cut := whole.rows(ids.cpu().numpy())) is not None:
-            return cut
-    return make_linear(rows)
-
-
-def _runs(parts: list[torch.Tensor | int]) -> list[torch.Tensor | int]:
-    """`parts` with each run of consecutive states joined: the head pairs a run in one forward
-    (several plain steps' states after rounds that drafted nothing: one step of the head's layer,
-    not one per token). Each run is joined in one copy: a long run of plain steps' rows, joined one
-    by one, would copy the run again at every row."""
-    grouped: list[list[torch.Tensor] | int] = []
-    for part in parts:
-        if isinstance(part, int):
-            grouped.append(part)
-        elif grouped and isinstance(grouped[-1], list):
-            grouped[-1].append(part)
-        else:
-            grouped.append([part])
-    return [group if isinstance(group, int) else torch.cat(group) for group in grouped]
 
 
 class PromptLookupDrafter(Drafter):

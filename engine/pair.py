@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from specdeck.engine.cross_vocab import CrossVocabularyDrafter
-from specdeck.engine.drafters import Drafter, DraftModelDrafter, FeatureHeadDrafter, PromptLookupDrafter
+from specdeck.engine.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.head_drafter import FeatureHeadDrafter
 from specdeck.engine.heads import LoadedHead, names_head
 from specdeck.engine.layer_skip import LayerChoice, LayerSkipDrafter, refusal, refuse_backend
 from specdeck.engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions

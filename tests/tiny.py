@@ -199,7 +199,7 @@ def head_session_keeps_plain_text(target, head, prompt_ids: list[int], config):
     """A greedy session of the loaded feature head `head` beside `target`: asserts its kept tokens are
     plain decoding's, and returns its summary event (what it drafted, accepted and copied)."""
     from specdeck.engine import TokenEvent, generate
-    from specdeck.engine.drafters import FeatureHeadDrafter
+    from specdeck.engine.head_drafter import FeatureHeadDrafter
 
     plain = [e.token_id for e in generate(target, prompt_ids, config) if isinstance(e, TokenEvent)]
     drafter = FeatureHeadDrafter(head.head, target.model, name=head.name, output_ids=head.output_ids)

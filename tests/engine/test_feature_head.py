@@ -13,9 +13,9 @@ from specdeck.engine.config import DecodeConfig
 from specdeck.engine.decoding import generate
 from specdeck.engine.distill.head import HeadConfig, build_head, collate_pairs, extract_features, unrolled
 from specdeck.engine.distill.teacher import Shard, load_shards
-from specdeck.engine.drafters import FeatureHeadDrafter
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SummaryEvent, TokenEvent, TokenState
+from specdeck.engine.head_drafter import FeatureHeadDrafter
 from specdeck.engine.heads import FeatureHead, head_config, load_head
 from specdeck.engine.models import encode_prompt, load_model
 from specdeck.engine.pair import PairSpec

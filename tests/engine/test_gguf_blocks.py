@@ -281,7 +281,7 @@ def test_a_gguf_targets_feature_head_drafts_on_blocks_of_its_own_weights(monkeyp
     weights with 8-bit rows (the report says so), its drafts are still accepted, its float32 weights
     stay as trained, bit for bit, and greedy speculative text equals plain; with
     SPECDECK_GGUF_BLOCKS=float32, or beside a target from elsewhere, it keeps float32 products."""
-    from specdeck.engine.drafters import FeatureHeadDrafter
+    from specdeck.engine.head_drafter import FeatureHeadDrafter
     from specdeck.engine.heads import load_feature_head
     from specdeck.engine.models import DEFAULT_HEAD
 
@@ -308,7 +308,7 @@ def test_a_head_that_fuses_lower_layers_drafts_on_its_own_blocks_too(monkeypatch
     its fusion multiplies on Q8_0 blocks of its own weights as its layer does, its drafts are
     accepted, and greedy speculative text equals plain for K = 1 and 3 (deeper drafts pass more
     rarely: at least one)."""
-    from specdeck.engine.drafters import FeatureHeadDrafter
+    from specdeck.engine.head_drafter import FeatureHeadDrafter
     from specdeck.engine.heads import load_feature_head
 
     monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
@@ -327,7 +327,7 @@ def test_a_head_that_fuses_lower_layers_drafts_on_its_own_blocks_too(monkeypatch
 
 def test_a_head_beside_a_target_from_elsewhere_keeps_float32_products(tiny_llama):
     """A head beside a target that is not a GGUF file drafts on its float32 products."""
-    from specdeck.engine.drafters import FeatureHeadDrafter
+    from specdeck.engine.head_drafter import FeatureHeadDrafter
     from specdeck.engine.heads import FeatureHead, head_config
 
     target, _ = tiny_llama

@@ -23,7 +23,7 @@ from specdeck.engine import (
     encode_prompt,
     generate,
 )
-from specdeck.engine.drafters import FeatureHeadDrafter
+from specdeck.engine.head_drafter import FeatureHeadDrafter
 from specdeck.engine.heads import FeatureHead, head_config
 from specdeck.engine.llama_forward import LlamaForward
 from specdeck.engine.memory import give_back

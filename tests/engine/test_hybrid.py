@@ -19,7 +19,7 @@ from specdeck.engine import (
 )
 from specdeck.engine.autotune import RoundPlanner
 from specdeck.engine.costs import CostCurve
-from specdeck.engine.drafters import FeatureHeadDrafter
+from specdeck.engine.head_drafter import FeatureHeadDrafter
 from specdeck.engine.heads import FeatureHead, head_config
 from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.rounds import Clock

@@ -15,9 +15,9 @@ from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter
 from specdeck.engine import llamacpp_backend as llama_backend
 from specdeck.engine.autotune import Shape
 from specdeck.engine.bench import llamacpp_baseline
-from specdeck.engine.drafters import FeatureHeadDrafter
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent
+from specdeck.engine.head_drafter import FeatureHeadDrafter
 from specdeck.engine.heads import load_feature_head
 from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library, model_params
 from specdeck.engine.models import (

@@ -20,7 +20,7 @@ from specdeck.engine import (
     generate,
 )
 from specdeck.engine.decoding import verify
-from specdeck.engine.drafters import FeatureHeadDrafter
+from specdeck.engine.head_drafter import FeatureHeadDrafter
 from specdeck.engine.heads import FeatureHead, head_config
 from specdeck.engine.sampling import logits_to_probs
 from specdeck.engine.suffix import SuffixIndex
