@@ -2,7 +2,7 @@
 and where the other cached things live (measured costs, past sessions' texts for suffix drafting).
 
 A GGUF file is dequantized once into a safetensors folder under `cache_root()/gguf/` (see
-`engine.models.convert_gguf`). An entry is built under a hidden name carrying the writer's process
+`engine.gguf_conversion.convert_gguf`). An entry is built under a hidden name carrying the writer's process
 id (`engine.atomic`); one whose process is gone was interrupted, and `heal` removes it. A GGUF file
 run by llama.cpp keeps only its tokenizer here, in a folder named `TOKENIZER_SUFFIX`. The row
 kernel (`engine.row_kernel`) is compiled into `kernels_cache()`, each library beside the record of

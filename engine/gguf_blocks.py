@@ -1,6 +1,6 @@
 """A GGUF target's matrices multiplied as the file stores them, on the row kernel.
 
-A `.gguf` model runs on torch dequantized to float32 (`engine.models.convert_gguf`): SmolLM2-135M's
+A `.gguf` model runs on torch dequantized to float32 (`engine.gguf_conversion.convert_gguf`): SmolLM2-135M's
 Q4_1 file becomes 540 MB of weights that every decode step streams from memory. Its matrices are
 4.5 bits a weight in the file (Q4_1; the output layer Q8_0, 8.5), 90 MB in all. Where the products
 run on SpecDeck's row kernel, each product whose matrices the file holds in a block type the kernel

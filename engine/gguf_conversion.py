@@ -1,0 +1,128 @@
+"""A GGUF file dequantized once into a Hugging Face folder in SpecDeck's cache, which torch loads
+(`engine.models.locate`), and the record that tells a damaged folder from a whole one.
+
+The folder is a standard one (a tied output layer saved once under the embedding's name, as
+transformers saves a model), so that other tools, a vLLM server say, load the same weights. Its
+name carries the file's path, size and time of change, the transformers version and the folder's
+format (`CONVERSION_FORMAT`): a change to any of them converts again. `model.safetensors` gets its
+size and SHA-256 beside it (`WEIGHTS_RECORD_FILE`), checked at every load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from specdeck.engine.atomic import building_folder
+from specdeck.engine.cache import gguf_cache, heal
+from specdeck.engine.errors import SpecDeckError
+
+Progress = Callable[[str], None]
+
+CONVERSION_FORMAT = 2  # of a converted folder: 2 saves tied weights as transformers does (servers read them)
+
+
+def conversion_folder(path: Path) -> Path:
+    import transformers
+
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}|{CONVERSION_FORMAT}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return gguf_cache() / f"{path.stem}-{digest}"
+
+
+def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
+    """Dequantize a GGUF file once into a Hugging Face folder in the cache; return the folder."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = conversion_folder(path)
+    heal(progress)
+    if (target / "model.safetensors").exists():
+        damage = cache_damage(target)
+        if damage is None:
+            return target
+        if progress:
+            progress(f"The cached conversion of {path.name} in {target} is damaged ({damage}): converting it again")
+        shutil.rmtree(target, ignore_errors=True)
+    elif progress:
+        progress(f"Converting {path.name} to safetensors (once; later loads are fast)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as error:  # the gguf reader raises many types on a damaged file
+        raise SpecDeckError(
+            f"{path} is not a readable GGUF model ({type(error).__name__}: {error}). "
+            "Check that the download finished, or pick another file."
+        ) from error
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config  # the weights are dequantized now
+    try:  # any failure, Ctrl-C included, removes what it began; a killed process's entry is healed later
+        with building_folder(target) as staging:
+            model.config.save_pretrained(staging)
+            model.generation_config.save_pretrained(staging)
+            # as transformers saves a model, so that other tools (a vLLM server) load the folder too: a
+            # tied output layer is the embedding, saved once under the embedding's name
+            state = model.state_dict()
+            if getattr(model.config, "tie_word_embeddings", False):
+                state.pop("lm_head.weight", None)
+            tensors = {name: tensor.contiguous() for name, tensor in state.items()}
+            save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+            record_weights(staging)
+            tokenizer.save_pretrained(staging)
+    except SpecDeckError:
+        if not (target / "model.safetensors").exists():  # unless another process finished it meanwhile
+            raise
+    return target
+
+
+WEIGHTS_RECORD_FILE = "weights_record.json"  # {"size": bytes, "sha256": hex} of a cache's model.safetensors
+
+
+def _weights_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record_weights(folder: Path) -> None:
+    """Write the size and SHA-256 of `folder`'s model.safetensors beside it (`WEIGHTS_RECORD_FILE`)."""
+    weights = folder / "model.safetensors"
+    record = {"size": weights.stat().st_size, "sha256": _weights_digest(weights)}
+    (folder / WEIGHTS_RECORD_FILE).write_text(json.dumps(record), encoding="utf-8")
+
+
+def cache_damage(folder: Path) -> str | None:
+    """What is wrong with a converted cache's weights, or None when they match their record (about
+    a second for SmolLM2-135M's 540 MB). A cache from before records were kept is recorded now if
+    safetensors can read its header and sizes, and reported damaged if not."""
+    weights = folder / "model.safetensors"
+    try:
+        record = json.loads((folder / WEIGHTS_RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict):
+        return _legacy_cache_damage(folder)
+    size = weights.stat().st_size
+    if size != record.get("size"):
+        return f"model.safetensors is {size} bytes, {record.get('size')} were written"
+    if _weights_digest(weights) != record.get("sha256"):
+        return "the checksum of model.safetensors differs from the one recorded when it was written"
+    return None
+
+
+def _legacy_cache_damage(folder: Path) -> str | None:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(folder / "model.safetensors"), "pt"):
+            pass
+    except (SafetensorError, OSError) as error:
+        return f"model.safetensors cannot be read: {error}"
+    record_weights(folder)
+    return None
