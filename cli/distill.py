@@ -85,19 +85,30 @@ def run_train_draft(args) -> int:
         threads=args.threads,
         eval_every=args.eval_every,
     )
-    out = Path(args.out).expanduser()
-    if (out / "checkpoint.pt").exists() and not args.resume:
-        raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
+    out = training_folder(args)
     draft = train_draft(
         args.target or DEFAULT_TARGET,
         out,
         config,
         resume=args.resume,
-        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        progress=report,
         until=args.until,
     )
     print(f"draft saved in {draft}")
     return 0
+
+
+def report(line: str) -> None:
+    """A training command's progress line, on stderr as it happens."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def training_folder(args) -> Path:
+    """The run's --out folder, refused where it holds a checkpoint and --resume was not passed."""
+    out = Path(args.out).expanduser()
+    if (out / "checkpoint.pt").exists() and not args.resume:
+        raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
+    return out
 
 
 def _add_loop_arguments(parser, defaults) -> None:
@@ -245,7 +256,7 @@ def run_train_cross_draft(args) -> int:
         config,
         Path(args.teacher).expanduser() if args.teacher else None,
         resume=args.resume,
-        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        progress=report,
         until=args.until,
     )
     print(f"draft saved in {draft}: try it with `specdeck run --draft {draft}`")
@@ -346,9 +357,7 @@ def run_train_head(args) -> int:
             generation_batch=args.generation_batch,
             teacher_shards=args.teacher_shards,
         )
-    out = Path(args.out).expanduser()
-    if (out / "checkpoint.pt").exists() and not args.resume:
-        raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
+    out = training_folder(args)
     head = train_head(
         args.target or DEFAULT_TARGET,
         out,
@@ -356,7 +365,7 @@ def run_train_head(args) -> int:
         text,
         Path(args.teacher).expanduser() if args.teacher else None,
         resume=args.resume,
-        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        progress=report,
         until=args.until,
         data=Path(args.data).expanduser() if args.data else None,
     )
@@ -436,7 +445,7 @@ def run_head_data(args) -> int:
         threads=args.threads,
     )
     out = Path(args.out).expanduser() if args.out else default_folder(name)
-    grow(name, out, config, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    grow(name, out, config, progress=report)
     print(f"head data in {out}")
     return 0
 
@@ -479,7 +488,7 @@ def run_suffix_texts(args) -> int:
     config = TextsConfig(
         tokens=args.tokens, answer_tokens=args.answer_tokens, backend=args.backend, threads=args.threads
     )
-    answers = grow(name, default_folder(name), config, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    answers = grow(name, default_folder(name), config, progress=report)
     out = Path(args.out).expanduser() if args.out else target_texts_folder()
     path = write_texts(answers, load_tokenizer(name), out)
     print(f"{sum(map(len, answers)):,} tokens of {len(answers)} answers in {path}")
@@ -492,4 +501,6 @@ __all__ = [
     "add_train_cross_draft_command",
     "add_train_draft_command",
     "add_train_head_command",
+    "report",
+    "training_folder",
 ]

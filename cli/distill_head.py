@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-from specdeck.cli.distill import _add_loop_arguments
+from specdeck.cli.distill import _add_loop_arguments, report, training_folder
 from specdeck.engine.errors import SpecDeckError
 
 
@@ -110,15 +107,13 @@ def run_distill_head(args) -> int:
         minutes=args.minutes,
         checkpoint_minutes=args.checkpoint_minutes,
     )
-    out = Path(args.out).expanduser()
-    if (out / "checkpoint.pt").exists() and not args.resume:
-        raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
+    out = training_folder(args)
     folder = train_streaming(
         args.target or DEFAULT_TARGET,
         out,
         config,
         resume=args.resume,
-        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        progress=report,
         until=args.until,
     )
     print(f"feature head saved in {folder}")
