@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdeck.engine.errors import SpecDeckError
+
+if TYPE_CHECKING:
+    from specdeck.engine.distill.head import HeadConfig
 
 
 def add_train_draft_command(commands) -> None:
@@ -314,24 +318,17 @@ def add_train_head_command(commands) -> None:
     parser.set_defaults(handler=run_train_head)
 
 
-def run_train_head(args) -> int:
-    from specdeck.engine.distill.head import HeadConfig, train_head
-    from specdeck.engine.distill.train import TrainConfig
-    from specdeck.engine.models import DEFAULT_TARGET
+def head_settings(args, **more) -> HeadConfig:
+    """A head's training settings from the options train-head and distill-head share (`more`: others)."""
+    from specdeck.engine.distill.head import HeadConfig
 
-    if min(args.steps, args.batch, args.unroll, args.eval_every) < 1:
-        raise SpecDeckError("--steps, --batch, --unroll and --eval-every must be at least 1.")
-    if min(args.answers, args.passages, args.code, args.articles, args.teacher_shards, args.output_vocab) < 0:
-        raise SpecDeckError(
-            "--answers, --passages, --code, --articles, --teacher-shards and --output-vocab cannot be negative."
-        )
     try:
         layers = tuple(int(n) for n in args.feature_layers.split(",") if n.strip())
     except ValueError:
         raise SpecDeckError(
             f"--feature-layers takes layer counts separated by commas, not {args.feature_layers!r}."
         ) from None
-    config = HeadConfig(
+    return HeadConfig(
         seed=args.seed,
         output_vocab=args.output_vocab,
         unroll=args.unroll,
@@ -344,7 +341,22 @@ def run_train_head(args) -> int:
         feature_layers=layers,
         feature_weight=args.feature_weight,
         init_from=args.init_from,
+        **more,
     )
+
+
+def run_train_head(args) -> int:
+    from specdeck.engine.distill.head import train_head
+    from specdeck.engine.distill.train import TrainConfig
+    from specdeck.engine.models import DEFAULT_TARGET
+
+    if min(args.steps, args.batch, args.unroll, args.eval_every) < 1:
+        raise SpecDeckError("--steps, --batch, --unroll and --eval-every must be at least 1.")
+    if min(args.answers, args.passages, args.code, args.articles, args.teacher_shards, args.output_vocab) < 0:
+        raise SpecDeckError(
+            "--answers, --passages, --code, --articles, --teacher-shards and --output-vocab cannot be negative."
+        )
+    config = head_settings(args)
     text = None
     if args.answers or args.passages or args.code or args.articles:
         text = TrainConfig(
@@ -501,6 +513,7 @@ __all__ = [
     "add_train_cross_draft_command",
     "add_train_draft_command",
     "add_train_head_command",
+    "head_settings",
     "report",
     "training_folder",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdeck.cli.distill import _add_loop_arguments, report, training_folder
+from specdeck.cli.distill import _add_loop_arguments, head_settings, report, training_folder
 from specdeck.engine.errors import SpecDeckError
 
 
@@ -59,7 +59,6 @@ def add_distill_head_command(commands) -> None:
 
 
 def run_distill_head(args) -> int:
-    from specdeck.engine.distill.head import HeadConfig
     from specdeck.engine.distill.stream import StreamConfig, train_streaming
     from specdeck.engine.models import DEFAULT_TARGET
 
@@ -74,27 +73,7 @@ def run_distill_head(args) -> int:
         raise SpecDeckError(
             "--answers, --output-vocab, --minutes, --answer-minutes and --checkpoint-minutes cannot be negative."
         )
-    try:
-        layers = tuple(int(n) for n in args.feature_layers.split(",") if n.strip())
-    except ValueError:
-        raise SpecDeckError(
-            f"--feature-layers takes layer counts separated by commas, not {args.feature_layers!r}."
-        ) from None
-    head = HeadConfig(
-        seed=args.seed,
-        output_vocab=args.output_vocab,
-        unroll=args.unroll,
-        steps=args.steps,
-        batch_sequences=args.batch,
-        lr=args.lr,
-        eval_every=args.eval_every,
-        bfloat16=not args.float32,
-        threads=args.threads,
-        feature_layers=layers,
-        feature_weight=args.feature_weight,
-        init_from=args.init_from,
-        eval_sequences=args.eval_sequences,
-    )
+    head = head_settings(args, eval_sequences=args.eval_sequences)
     config = StreamConfig(
         head=head,
         device=args.device,
