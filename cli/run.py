@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 from specdeck.cli.options import add_decode_arguments, add_model_arguments, decode_config, pair_spec
-from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.interrupt import cancel_on_signals, to_stderr
 
 _COLOURS = {
@@ -43,27 +42,13 @@ def add_run_command(commands) -> None:
     run.set_defaults(handler=cmd_run)
 
 
-def read_prompt_file(path: Path) -> str:
-    """A prompt file's text: UTF-8, with or without a byte-order mark, or a `SpecDeckError` that
-    names the file and where its text stops being UTF-8."""
-    try:
-        return path.read_bytes().decode("utf-8-sig")
-    except OSError as error:
-        raise SpecDeckError(f"Cannot read the prompt file {path}: {error.strerror}.") from error
-    except UnicodeDecodeError as error:
-        raise SpecDeckError(
-            f"The prompt file {path} is not UTF-8 text: byte 0x{error.object[error.start]:02x} at offset "
-            f"{error.start} is not valid UTF-8. Save the file as UTF-8 (most editors offer it under "
-            "'Save as' or 'Encoding') and try again."
-        ) from error
-
-
 def _prompt(args: argparse.Namespace) -> str:
+    from specdeck.engine.bench.prompts import read_prompt_text
     from specdeck.engine.models import check_prompt
     from specdeck.engine.session import DEFAULT_PROMPT
 
     if args.prompt_file:
-        return check_prompt(read_prompt_file(Path(args.prompt_file)))
+        return check_prompt(read_prompt_text(Path(args.prompt_file)))
     return check_prompt(args.prompt if args.prompt is not None else DEFAULT_PROMPT)
 
 

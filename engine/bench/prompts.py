@@ -91,16 +91,36 @@ def _from_record(record: dict, path: Path, line_no: int) -> BenchPrompt:
     )
 
 
+MOST_PROMPT_BYTES = 64 * 2**20  # a prompt file is read whole: a larger one is a mistake, not prompts
+
+
+def read_prompt_text(path: Path) -> str:
+    """A prompt file's text: UTF-8, with or without a byte-order mark (as Windows editors write), or
+    a `SpecDeckError` that names the file and what is wrong: unreadable, too large to be prompts
+    (`MOST_PROMPT_BYTES`, checked before reading), or where its text stops being UTF-8."""
+    try:
+        size = path.stat().st_size
+        if size > MOST_PROMPT_BYTES:
+            raise SpecDeckError(
+                f"The prompt file {path} is {size / 2**20:.0f} MiB: SpecDeck reads prompt files of up to "
+                f"{MOST_PROMPT_BYTES // 2**20} MiB whole. Pick the file you meant, or split it."
+            )
+        return path.read_bytes().decode("utf-8-sig")
+    except OSError as error:
+        raise SpecDeckError(f"Cannot read the prompt file {path}: {error.strerror}.") from error
+    except UnicodeDecodeError as error:
+        raise SpecDeckError(
+            f"The prompt file {path} is not UTF-8 text: byte 0x{error.object[error.start]:02x} at offset "
+            f"{error.start} is not valid UTF-8. Save the file as UTF-8 (most editors offer it under "
+            "'Save as' or 'Encoding') and try again."
+        ) from error
+
+
 def read_prompts(path: str | Path, categories: list[str] | None = None, limit: int | None = None) -> list[BenchPrompt]:
     """The prompts of a file (or of a bundled set, by name), in file order; with `limit`, at most
     that many per category."""
     path = prompts_path(str(path))
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a BOM, as Windows editors write, is not text
-    except OSError as error:
-        raise SpecDeckError(f"Cannot read the prompt file {path}: {error.strerror}.") from error
-    except UnicodeDecodeError as error:
-        raise SpecDeckError(f"The prompt file {path} is not UTF-8 text.") from error
+    lines = read_prompt_text(path).splitlines()
     prompts: list[BenchPrompt] = []
     records = next((line.lstrip().startswith("{") for line in lines if line.strip()), False)
     for line_no, line in enumerate(lines, start=1):

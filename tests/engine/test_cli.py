@@ -220,3 +220,15 @@ def test_jsonl_keeps_each_event_on_one_line_for_any_line_reader():
     line = jsonl_line({"type": "token", "text": text})
     assert len(line.splitlines()) == 1
     assert json.loads(line)["text"] == text
+
+
+def test_a_prompt_file_too_large_to_be_prompts_is_refused_before_reading(tmp_path, capsys):
+    """A prompt file over 64 MiB (a log, a dataset picked by mistake) is refused by size, for run and
+    bench alike, with what to do, before it is read or a model is loaded."""
+    big = tmp_path / "big.txt"
+    with big.open("wb") as file:  # sparse: no 65 MiB written
+        file.truncate(65 * 2**20)
+    assert main(["run", "--prompt-file", str(big)]) == 2
+    assert "is 65 MiB: SpecDeck reads prompt files of up to 64 MiB" in capsys.readouterr().err
+    assert main(["bench", "--prompts", str(big), "--out", str(tmp_path / "out")]) == 2
+    assert "is 65 MiB" in capsys.readouterr().err
