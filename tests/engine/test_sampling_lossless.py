@@ -103,18 +103,19 @@ def exact_two_token_distribution(target, ids, config) -> dict:
     return joint
 
 
-@pytest.mark.parametrize("drafter", ["draft-model", "reduced-output-vocabulary", "feature-head"])
+@pytest.mark.parametrize("drafter", ["draft-model", "reduced-output-vocabulary", "feature-head", "fused-feature-head"])
 def test_speculative_sampling_follows_target(tiny_llama, drafter):
     """Over 1000 seeds, the first two tokens of speculative sampling follow the target exactly, also
     when the draft may only propose half the vocabulary (q = 0 on the rest), and with a feature head
-    (random: the rule must not depend on the head being good)."""
+    (random: the rule must not depend on the head being good), one that reads a lower layer too."""
     target, draft = tiny_llama
     output_ids = torch.arange(0, target.vocab_width, 2) if drafter != "draft-model" else None
     torch.manual_seed(0)
-    head = FeatureHead(head_config(target.model.config)).eval()
+    layers = (1,) if drafter == "fused-feature-head" else ()
+    head = FeatureHead(head_config(target.model.config, feature_layers=layers)).eval()
 
     def make():
-        if drafter == "feature-head":
+        if drafter.endswith("feature-head"):
             return FeatureHeadDrafter(head, target.model, output_ids=output_ids)
         return DraftModelDrafter(draft.model, output_ids=output_ids)
 
