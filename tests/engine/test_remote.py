@@ -9,10 +9,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from serving import free_port, post, wait_until_serving
 
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.decoding import generate
@@ -40,18 +40,6 @@ needs_server = pytest.mark.skipif(
     not SERVED, reason='llama_cpp or its server extra is not installed (pip install "llama-cpp-python[server]==0.3.36")'
 )
 GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=16)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())
 
 
 # `python -m llama_cpp.server`, with the weights kept out of ggml's AMX buffers where the CPU has AMX
@@ -97,16 +85,7 @@ def server():
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        for _ in range(240):
-            try:
-                with urllib.request.urlopen(url + "/models", timeout=1):
-                    break
-            except OSError:
-                if process.poll() is not None:
-                    pytest.fail("llama-cpp-python's server exited while starting")
-                time.sleep(0.25)
-        else:
-            pytest.fail("llama-cpp-python's server did not answer within 60 s")
+        wait_until_serving(process, url, "llama-cpp-python's server", 60)
         yield url
     finally:
         process.terminate()

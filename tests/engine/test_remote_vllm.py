@@ -7,16 +7,14 @@ the Python that `SPECDECK_VLLM_PYTHON` names, and skip, saying so, without it.""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
+from serving import free_port, post, wait_until_serving
 
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.decoding import generate
@@ -36,23 +34,9 @@ PROMPTS = ["def fibonacci(n):", "The cat sat on the mat. The cat", "Once upon a 
 GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=24)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        return json.loads(response.read())
-
-
 def _serve(folder: Path):
     """A vLLM OpenAI server on `folder` (float32, model name "target"): (process, base URL)."""
-    port = _free_port()
+    port = free_port()
     command = [
         PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
         "--port", str(port), "--served-model-name", "target", "--max-model-len", "2048", "--dtype", "float32",
@@ -60,16 +44,8 @@ def _serve(folder: Path):
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}/v1"
-    for _ in range(600):  # about 2 minutes on 2 cores
-        try:
-            with urllib.request.urlopen(url + "/models", timeout=1):
-                return process, url
-        except OSError:
-            if process.poll() is not None:
-                pytest.fail("vLLM's server exited while starting")
-            time.sleep(0.5)
-    process.terminate()
-    pytest.fail("vLLM's server did not answer within 5 minutes")
+    wait_until_serving(process, url, "vLLM's server", 300)  # about 2 minutes on 2 cores
+    return process, url
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +60,7 @@ def served():
 
 
 def _vllm_greedy(url: str, prompt: str, n: int) -> str:
-    return _post(url + "/completions", {"model": "target", "prompt": prompt, "max_tokens": n, "temperature": 0})[
+    return post(url + "/completions", {"model": "target", "prompt": prompt, "max_tokens": n, "temperature": 0})[
         "choices"
     ][0]["text"]
 
