@@ -6,7 +6,9 @@ the speedup it makes of the session's acceptance at each K, each beside a flat v
 the headline figures beside or below them.
 
 Events only append to preallocated float64 buffers (`app.chart_series`); a timer redraws one
-chart per tick at 8 Hz per chart when something changed, from at most `MAX_POINTS` points per
+chart per tick when something changed, at 8 Hz per chart, 2 Hz while a session decodes (painting
+a chart takes a few ms of the main thread, which on a small machine is a core the decoding
+threads wait for), from at most `MAX_POINTS` points per
 curve, on axes that grow in steps (so their ticks are recomputed a few times per session, not at
 every redraw): drawing costs the same however fast tokens arrive and however long the session
 runs. Hovering a chart reads out the point under the mouse. The predicted speedup is Leviathan et
@@ -42,6 +44,7 @@ from specdeck.engine.events import SummaryEvent
 from specdeck.engine.export import SessionRecord
 
 REDRAW_HZ = 8
+DECODING_REDRAW_HZ = 2
 SYMBOL_LIMIT = 300  # rounds: beyond this, per-round points are drawn as a line (symbols cost per point)
 WIDEST_FIGURE = "0.000  (000000/000000)"  # the acceptance rate of a million-token session
 RANGE_MARGIN = 0.06  # beyond each end of an axis, so that the end ticks' labels still show
@@ -218,12 +221,13 @@ class SessionCharts(QWidget):
         )
         self._next_part = 0
         self._timer = QTimer(self)
-        self._timer.setInterval(1000 // (REDRAW_HZ * len(self._parts)))
         self._timer.timeout.connect(self._on_redraw_timer)
+        self.set_decoding(False)
         self._timer.start()
         self.reset()
         if model is not None:
             model.run_started.connect(lambda compare: self.reset())
+            model.activity_changed.connect(lambda activity: self.set_decoding(activity.running))
             model.events_arrived.connect(self._on_events_arrived)
             model.run_ended.connect(self._on_run_ended)
 
@@ -281,6 +285,11 @@ class SessionCharts(QWidget):
     def _on_run_ended(self) -> None:
         self.set_identical(self._model.identical)
         self.redraw()
+
+    def set_decoding(self, decoding: bool) -> None:
+        """Redraw at the slower pace while a session decodes, so drawing leaves the cores to it."""
+        hz = DECODING_REDRAW_HZ if decoding else REDRAW_HZ
+        self._timer.setInterval(1000 // (hz * len(self._parts)))
 
     def reset(self) -> None:
         self.speculative = SessionSeries()

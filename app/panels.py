@@ -50,7 +50,8 @@ WRONG_FIELD_STYLE = "border: 2px solid #c62828;"
 
 def load_presets() -> dict[str, str]:
     """Prompt presets: resources/presets/<name>.txt, by name. Lines are wrapped in the files; a blank
-    line separates paragraphs, and an indented line (code) keeps its line break."""
+    line separates paragraphs, and an indented line or one inside a ``` fence (code) keeps its line
+    break."""
     folder = resource_path("presets")
     if not folder.is_dir():
         return {}
@@ -59,11 +60,15 @@ def load_presets() -> dict[str, str]:
 
 def _unwrap(text: str) -> str:
     out: list[str] = []
+    fenced = False
     for line in text.strip().splitlines():
-        if out and line.strip() and not line.startswith((" ", "\t")) and out[-1].strip():
+        fence = line.startswith("```")
+        prose = not (fenced or fence) and line.strip() and not line.startswith((" ", "\t"))
+        if prose and out and out[-1].strip() and not out[-1].startswith("```"):
             out[-1] = out[-1] + " " + line.strip()
         else:
             out.append(line.rstrip())
+        fenced ^= fence
     return "\n".join(out)
 
 

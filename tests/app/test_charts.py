@@ -198,3 +198,30 @@ def test_a_measured_speedup_far_from_the_predicted_one_says_why():
     assert short is not None and "short run" in short
     assert "copies" in (why_off(2.0, 1.3, 4.0, curve, 200) or "")
     assert "pace" in (why_off(0.9, 1.3, 4.0, curve, 200) or "")
+
+
+def test_charts_redraw_less_often_while_a_session_decodes(qtbot):
+    """Painting a chart takes the main thread a few ms, which on a small machine is a core the
+    decoding threads wait for: while a session runs, the charts still follow it, at a slower pace."""
+    from specdeck.app.session_model import SessionModel
+
+    model = SessionModel()
+    charts = SessionCharts(model=model)
+    qtbot.addWidget(charts)
+    drawn = []
+    charts._parts = tuple((lambda part=part: (drawn.append(part), part())[1]) for part in charts._parts)
+    events = _long_session(400)
+
+    def draws_in_one_second(first_round: int) -> int:
+        drawn.clear()
+        for i in range(first_round, first_round + 50):
+            charts.add_events(events[6 * i : 6 * i + 6])
+            qtbot.wait(20)
+        return len(drawn)
+
+    idle = draws_in_one_second(0)
+    model.set_activity(running=True)
+    decoding = draws_in_one_second(50)
+    model.set_activity(running=False)
+    assert decoding >= 4, "the charts stopped following the session"
+    assert decoding * 2 < idle, (decoding, idle)

@@ -19,3 +19,18 @@ def test_every_preset_drafts_on_the_default_pair_and_keeps_plain_text():
         summary = events[-1]
         assert isinstance(summary, SummaryEvent) and summary.drafted > 0, name
         assert [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept] == plain, name
+
+
+def test_code_in_a_preset_keeps_its_lines(tmp_path, monkeypatch):
+    """Prose lines wrapped in a preset file join into paragraphs; code, indented or inside a ```
+    fence, reaches the prompt line for line (the answer's copy of it is what prompt lookup drafts)."""
+    from specdeck.app import panels
+
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "fix.txt").write_text(
+        "Fix this\nfunction.\n\n```python\ndef f(x):\n    return x\n```\nThen explain\nit.\n\n    indented = 1\n"
+    )
+    monkeypatch.setattr(panels, "resource_path", lambda name: tmp_path / name)
+    assert panels.load_presets()["fix"] == (
+        "Fix this function.\n\n```python\ndef f(x):\n    return x\n```\nThen explain it.\n\n    indented = 1"
+    )
