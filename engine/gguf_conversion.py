@@ -5,7 +5,8 @@ The folder is a standard one (a tied output layer saved once under the embedding
 transformers saves a model), so that other tools, a vLLM server say, load the same weights. Its
 name carries the file's path, size and time of change, the transformers version and the folder's
 format (`CONVERSION_FORMAT`): a change to any of them converts again. `model.safetensors` gets its
-size and SHA-256 beside it (`WEIGHTS_RECORD_FILE`), checked at every load.
+size and SHA-256 beside it (`WEIGHTS_RECORD_FILE`), checked at every load: the size at once, the
+checksum on a thread of its own while the load reads the weights (`pending_damage` waits for it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,8 +44,9 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
     target = conversion_folder(path)
     heal(progress)
     if (target / "model.safetensors").exists():
-        damage = cache_damage(target)
+        damage = cache_damage(target, checksum=False)
         if damage is None:
+            _check_beside_the_load(target)
             return target
         if progress:
             progress(f"The cached conversion of {path.name} in {target} is damaged ({damage}): converting it again")
@@ -97,10 +100,34 @@ def record_weights(folder: Path) -> None:
     (folder / WEIGHTS_RECORD_FILE).write_text(json.dumps(record), encoding="utf-8")
 
 
-def cache_damage(folder: Path) -> str | None:
+_CHECKS: dict[Path, tuple[threading.Thread, list[str | None]]] = {}
+
+
+def _check_beside_the_load(folder: Path) -> None:
+    """Start comparing the folder's weights with their recorded checksum on a thread (hashing
+    releases the GIL: it takes the other core while the load reads the same bytes)."""
+    verdict: list[str | None] = []
+    thread = threading.Thread(
+        target=lambda: verdict.append(_checksum_damage(folder)), name="weights checksum", daemon=True
+    )
+    _CHECKS[folder] = (thread, verdict)
+    thread.start()
+
+
+def pending_damage(folder: Path) -> str | None:
+    """The verdict of the checksum `convert_gguf` started on `folder` (waited for), or None where
+    none was started or it matched."""
+    thread, verdict = _CHECKS.pop(folder, (None, [None]))
+    if thread is not None:
+        thread.join()
+    return verdict[0] if verdict else "its checksum could not be computed"
+
+
+def cache_damage(folder: Path, checksum: bool = True) -> str | None:
     """What is wrong with a converted cache's weights, or None when they match their record (about
-    a second for SmolLM2-135M's 540 MB). A cache from before records were kept is recorded now if
-    safetensors can read its header and sizes, and reported damaged if not."""
+    half a second for SmolLM2-135M's 540 MB; with `checksum` False their size only). A cache from
+    before records were kept is recorded now if safetensors can read its header and sizes, and
+    reported damaged if not."""
     weights = folder / "model.safetensors"
     try:
         record = json.loads((folder / WEIGHTS_RECORD_FILE).read_text(encoding="utf-8"))
@@ -111,9 +138,17 @@ def cache_damage(folder: Path) -> str | None:
     size = weights.stat().st_size
     if size != record.get("size"):
         return f"model.safetensors is {size} bytes, {record.get('size')} were written"
-    if _weights_digest(weights) != record.get("sha256"):
-        return "the checksum of model.safetensors differs from the one recorded when it was written"
-    return None
+    return _checksum_damage(folder) if checksum else None
+
+
+def _checksum_damage(folder: Path) -> str | None:
+    try:
+        record = json.loads((folder / WEIGHTS_RECORD_FILE).read_text(encoding="utf-8"))
+        if _weights_digest(folder / "model.safetensors") == record.get("sha256"):
+            return None
+    except (OSError, ValueError, AttributeError) as error:
+        return f"model.safetensors cannot be checked ({error})"
+    return "the checksum of model.safetensors differs from the one recorded when it was written"
 
 
 def _legacy_cache_damage(folder: Path) -> str | None:

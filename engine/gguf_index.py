@@ -3,9 +3,10 @@
 gguf-py's reader parses every metadata field of a file when it opens it, a tokenizer's tens of
 thousands of strings included: seconds for the built-in model at every load, while the products on
 the file's blocks (`engine.gguf_blocks`) need only each tensor's name, type, shape and offset. Those
-are read with gguf-py once per file (its path, size and time of change) and written to
-`gguf-tensors/` in the cache; later loads map the tensors from the index alone. An index that does
-not read back, or names bytes past the file's end, is read again from the file.
+are read with gguf-py once per file (its path, size and time of change), stepping over arrays of
+strings rather than parsing them (`_TensorsOnly`), and written to `gguf-tensors/` in the cache;
+later loads map the tensors from the index alone. An index that does not read back, or names bytes
+past the file's end, is read again from the file.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,9 +82,33 @@ def _cached(path: Path) -> dict | None:
     return None
 
 
-def _read(path: Path) -> dict:
-    from gguf import GGUFReader
+def _tensors_only_reader():
+    """gguf-py's reader, except that arrays (a tokenizer's vocabulary, merges and token types: most
+    of the fields of a model's file, each parsed on its own, and most of the time gguf-py takes to
+    open it) are stepped over: their lengths are kept, their items are not. The tensors are read as
+    gguf-py reads them."""
+    from gguf import GGUFReader, GGUFValueType
 
+    length = struct.Struct("<Q")
+
+    class TensorsOnly(GGUFReader):
+        def _get_field_parts(self, orig_offs: int, raw_type: int):
+            if raw_type == GGUFValueType.ARRAY and self.byte_order == "I" and sys.byteorder == "little":
+                item, count = int(self._get(orig_offs, np.uint32)[0]), int(self._get(orig_offs + 4, np.uint64)[0])
+                scalar = self.gguf_scalar_to_np.get(GGUFValueType(item))
+                if item == GGUFValueType.STRING:
+                    data, offs = memoryview(self.data), orig_offs + 12
+                    for _ in range(count):
+                        offs += 8 + length.unpack_from(data, offs)[0]
+                    return offs - orig_offs, [], [], [GGUFValueType.ARRAY, GGUFValueType.STRING]
+                if scalar is not None:
+                    return 12 + count * np.dtype(scalar).itemsize, [], [], [GGUFValueType.ARRAY, GGUFValueType(item)]
+            return super()._get_field_parts(orig_offs, raw_type)
+
+    return TensorsOnly
+
+
+def _read(path: Path) -> dict:
     tensors = [
         {
             "name": t.name,
@@ -92,7 +119,7 @@ def _read(path: Path) -> dict:
             "dtype": t.data.dtype.str,
             "layout": list(t.data.shape),
         }
-        for t in GGUFReader(str(path), "r").tensors
+        for t in _tensors_only_reader()(str(path), "r").tensors
     ]
     return {"version": VERSION, "tensors": tensors}
 

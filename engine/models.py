@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import socket
 import urllib.parse
 import urllib.request
@@ -32,7 +33,7 @@ from specdeck.engine.atomic import building_folder
 from specdeck.engine.backends import choose_backend, gguf_file
 from specdeck.engine.cache import TOKENIZER_SUFFIX
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.gguf_conversion import conversion_folder, convert_gguf
+from specdeck.engine.gguf_conversion import conversion_folder, convert_gguf, pending_damage
 from specdeck.engine.hf_parts import output_projection
 from specdeck.engine.llamacpp_backend import LlamaCppModel
 from specdeck.engine.preflight import check_model_folder
@@ -245,8 +246,21 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     if progress:
         progress(f"Loading {name}")
     try:
-        tokenizer = _load_tokenizer(name, tokenizer_source(source, progress), options.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=options.trust_remote_code)
+        failure: BaseException | None = None
+        try:
+            tokenizer = _load_tokenizer(name, tokenizer_source(source, progress), options.trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=dtype, trust_remote_code=options.trust_remote_code
+            )
+        except BaseException as error:  # raised below, unless damaged weights explain it
+            failure = error
+        if damage := pending_damage(Path(source)):  # the conversion's checksum, computed beside the load
+            if progress:
+                progress(f"The cached conversion of {name} in {source} is damaged ({damage}): converting it again")
+            shutil.rmtree(source, ignore_errors=True)
+            return load_model(name, options, progress)
+        if failure is not None:
+            raise failure
     except MemoryError as error:
         raise SpecDeckError(
             f"{name} does not fit in the memory this machine has free: close other programs, "

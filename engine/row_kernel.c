@@ -643,13 +643,72 @@ static inline vec vexp(vec x) {
 #define QMAX 4 /* query heads that share a pass over their key/value head's slots */
 typedef void (*attend_fn)(const float *const *, const float *, const float *, long, float, float *, long,
                           float *const *);
-ATTEND_HEADS(1) ATTEND_HEADS(2) ATTEND_HEADS(3) ATTEND_HEADS(4) ATTEND_HEADS(5) ATTEND_HEADS(6)
-ATTEND_HEADS(7) ATTEND_HEADS(8) ATTEND_HEADS(9) ATTEND_HEADS(10) ATTEND_HEADS(11) ATTEND_HEADS(12)
-ATTEND_HEADS(13) ATTEND_HEADS(14) ATTEND_HEADS(15) ATTEND_HEADS(16)
-static const attend_fn ATTENDS[16][QMAX + 1] = {
-    ATTEND_NAMES(1),  ATTEND_NAMES(2),  ATTEND_NAMES(3),  ATTEND_NAMES(4),  ATTEND_NAMES(5),  ATTEND_NAMES(6),
-    ATTEND_NAMES(7),  ATTEND_NAMES(8),  ATTEND_NAMES(9),  ATTEND_NAMES(10), ATTEND_NAMES(11), ATTEND_NAMES(12),
-    ATTEND_NAMES(13), ATTEND_NAMES(14), ATTEND_NAMES(15), ATTEND_NAMES(16)};
+#define VMAXV 16 /* vectors of a head: d at most 256 */
+#define NO_NAMES {0, 0, 0, 0, 0}
+/* Unrolled for the common head sizes, 64 and 128 (each of the 64 variants costs the compiler about
+ * as much as the rest of this file); any other size takes `attend_any`, the same sums in the same
+ * order with the counts known only at run time. */
+#if LANES == 16
+ATTEND_HEADS(4) ATTEND_HEADS(8)
+static const attend_fn ATTENDS[VMAXV][QMAX + 1] = {NO_NAMES, NO_NAMES, NO_NAMES, ATTEND_NAMES(4),
+                                                  NO_NAMES, NO_NAMES, NO_NAMES, ATTEND_NAMES(8)};
+#else
+ATTEND_HEADS(8) ATTEND_HEADS(16)
+static const attend_fn ATTENDS[VMAXV][QMAX + 1] = {NO_NAMES, NO_NAMES, NO_NAMES, NO_NAMES, NO_NAMES, NO_NAMES,
+                                                  NO_NAMES, ATTEND_NAMES(8), [15] = ATTEND_NAMES(16)};
+#endif
+
+/* `ATTEND` for any QN <= QMAX and V <= VMAXV, its operations in the same order. */
+static void attend_any(int QN, int V, const float *const *q, const float *k, const float *v, long count, float scale,
+                       float *scores, long padded, float *const *out) {
+    vec qv[QMAX][VMAXV], total[QMAX], acc[QMAX][VMAXV], tops[QMAX];
+    float top[QMAX];
+    for (int i = 0; i < QN; i++) {
+        for (int c = 0; c < V; c++) qv[i][c] = VLOAD(q[i] + c * LANES);
+        tops[i] = VSET(-INFINITY);
+    }
+    for (long j0 = 0; j0 < count; j0 += LANES) {
+        int n = count - j0 < LANES ? (int)(count - j0) : LANES;
+        for (int i = 0; i < QN; i++) {
+            vec dots[LANES];
+            for (int l = 0; l < LANES; l++) {
+                const float *kj = k + (j0 + l) * V * LANES;
+                vec dot = VZERO();
+                if (l < n) {
+                    dot = VMUL(qv[i][0], VLOAD(kj));
+                    for (int c = 1; c < V; c++) dot = VFMA(qv[i][c], VLOAD(kj + c * LANES), dot);
+                }
+                dots[FOLDED(l)] = dot;
+            }
+            vec sc = VTAIL(VMUL(fold(dots), VSET(scale)), n);
+            VSTORE(scores + i * padded + j0, sc);
+            tops[i] = VMAX(tops[i], sc);
+        }
+    }
+    for (int i = 0; i < QN; i++) top[i] = vtop(tops[i]);
+    for (int i = 0; i < QN; i++) {
+        float *si = scores + i * padded;
+        for (long j = count; j < padded; j++) si[j] = -INFINITY;
+        vec peak = VSET(top[i]);
+        total[i] = VZERO();
+        for (long j = 0; j < padded; j += LANES) {
+            vec e = vexp(VSUB(VLOAD(si + j), peak));
+            VSTORE(si + j, e);
+            total[i] = VADD(total[i], e);
+        }
+        for (int c = 0; c < V; c++) acc[i][c] = VZERO();
+    }
+    for (long j = 0; j < count; j++) {
+        for (int i = 0; i < QN; i++) {
+            vec p = VBCAST(scores + i * padded + j);
+            for (int c = 0; c < V; c++) acc[i][c] = VFMA(p, VLOAD(v + (j * V + c) * LANES), acc[i][c]);
+        }
+    }
+    for (int i = 0; i < QN; i++) {
+        vec inverse = VSET(1.0f / vsum(total[i]));
+        for (int c = 0; c < V; c++) VSTORE(out[i] + c * LANES, VMUL(acc[i][c], inverse));
+    }
+}
 
 static _Thread_local float *own_scores;
 static _Thread_local long own_scores_room;
@@ -691,8 +750,12 @@ static void attention_part(int t, int nt, const float *q, long q_row, long q_hea
             qs[i] = q + r * q_row + (first + i) * q_head;
             outs[i] = out + (r * heads + first + i) * d;
         }
-        ATTENDS[vectors - 1][count_heads](qs, keys + g * kv_head + lo * d, values + g * kv_head + lo * d, count, scale,
-                                    own_scores, padded, outs);
+        const float *k = keys + g * kv_head + lo * d, *v = values + g * kv_head + lo * d;
+        attend_fn unrolled = ATTENDS[vectors - 1][count_heads];
+        if (unrolled)
+            unrolled(qs, k, v, count, scale, own_scores, padded, outs);
+        else
+            attend_any((int)count_heads, (int)vectors, qs, k, v, count, scale, own_scores, padded, outs);
     }
 }
 

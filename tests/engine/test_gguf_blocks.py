@@ -351,8 +351,9 @@ def test_the_products_benchmark_times_every_matrix_of_the_file_both_ways(capsys)
 
 
 def test_the_tensor_index_maps_what_gguf_reads_and_heals_when_damaged(tmp_path, monkeypatch):
-    """The built-in file's tensors, mapped from the cached index, are gguf-py's own (names, types,
-    shapes, bytes); an index damaged in the cache is read again from the file, not trusted."""
+    """The built-in file's tensors, read stepping over its vocabulary and mapped from the cached
+    index, are gguf-py's own (names, types, shapes, layouts, bytes); an index damaged in the cache
+    is read again from the file, not trusted."""
     from gguf import GGUFReader
 
     from specdeck.engine import gguf_index
@@ -367,6 +368,9 @@ def test_the_tensor_index_maps_what_gguf_reads_and_heals_when_damaged(tmp_path, 
             written.write_text('{"version": 1, "tensors": [{"name": "x", "offset": 1e15, "bytes": 4}]}')
         mapped = gguf_index.tensors_of(path)
         assert mapped.keys() == read.keys(), attempt
+        assert all(
+            mapped[n].data.shape == t.data.shape and mapped[n].data.dtype == t.data.dtype for n, t in read.items()
+        )
         for name in ("blk.0.attn_q.weight", "output_norm.weight", "token_embd.weight"):
             ours, theirs = mapped[name], read[name]
             assert ours.tensor_type == theirs.tensor_type and ours.shape == tuple(int(n) for n in theirs.shape)

@@ -47,6 +47,25 @@ def test_damaged_gguf_cache_is_detected_and_rebuilt(tmp_path, monkeypatch):
     assert weights.stat().st_size == size
 
 
+def test_a_changed_byte_in_the_cached_weights_is_caught_while_they_load(tmp_path, monkeypatch):
+    """The checksum runs beside the load rather than before it: a byte changed in place (same size)
+    is still caught before the model is used, converted again with a notice, and the model loads
+    with the file's own weights."""
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    gguf = BUILTIN_MODELS[DEFAULT_TARGET].path()
+    whole = load_model(DEFAULT_TARGET, ON_CPU).model.get_input_embeddings().weight.detach().clone()
+    weights = convert_gguf(gguf) / "model.safetensors"
+    with weights.open("r+b") as file:  # a byte of the last tensor's data, far from the header
+        file.seek(-5, 2)
+        byte = file.read(1)
+        file.seek(-5, 2)
+        file.write(bytes([byte[0] ^ 0x40]))
+    notices: list[str] = []
+    loaded = load_model(DEFAULT_TARGET, ON_CPU, progress=notices.append)
+    assert any("is damaged" in n and "checksum" in n for n in notices), notices
+    assert torch.equal(loaded.model.get_input_embeddings().weight, whole)
+
+
 def test_a_converted_gguf_is_a_folder_other_tools_load():
     """The built-in GGUF converts into a standard Hugging Face folder: its tied output layer saved
     once under the embedding's name (a vLLM server reads that name; one stored only as
