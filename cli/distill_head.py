@@ -25,6 +25,12 @@ def add_distill_head_command(commands) -> None:
     parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens, help="longest own answer")
     parser.add_argument("--answer-batch", type=int, default=defaults.answer_batch, help="requests answered at once")
     parser.add_argument(
+        "--second-turns",
+        type=int,
+        default=defaults.second_turns,
+        help="then follow this many own answers with a second request (shorter, as a list, in French...) and answer it",
+    )
+    parser.add_argument(
         "--answer-minutes", type=float, default=0.0, help="stop making answers after this long (0: make them all)"
     )
     parser.add_argument(
@@ -69,16 +75,19 @@ def run_distill_head(args) -> int:
         )
     if args.steps < 0 or (args.steps == 0 and not args.minutes):
         raise SpecDeckError("--steps must be at least 1, or 0 with --minutes to size the run to that time.")
-    if min(args.answers, args.output_vocab, args.minutes, args.checkpoint_minutes, args.answer_minutes) < 0:
+    if min(args.answers, args.second_turns, args.output_vocab, args.minutes, args.checkpoint_minutes) < 0:
         raise SpecDeckError(
-            "--answers, --output-vocab, --minutes, --answer-minutes and --checkpoint-minutes cannot be negative."
+            "--answers, --second-turns, --output-vocab, --minutes and --checkpoint-minutes cannot be negative."
         )
+    if args.answer_minutes < 0:
+        raise SpecDeckError("--answer-minutes cannot be negative.")
     head = head_settings(args, eval_sequences=args.eval_sequences)
     config = StreamConfig(
         head=head,
         device=args.device,
         dtype=args.dtype,
         answers=args.answers,
+        second_turns=args.second_turns,
         answer_tokens=args.answer_tokens,
         answer_batch=args.answer_batch,
         answer_minutes=args.answer_minutes,

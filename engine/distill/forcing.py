@@ -32,6 +32,7 @@ from specdeck.engine.cores import pin_threads
 from specdeck.engine.distill.corpus import instructions
 from specdeck.engine.distill.teacher import chat_ids, generate_scored
 from specdeck.engine.distill.texts import TEXT_SOURCES, existing_exchanges, reading_requests
+from specdeck.engine.distill.turns import one_turn_requests
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.models import LoadedModel, LoadOptions, load_model
 
@@ -94,6 +95,7 @@ def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress
     progress("reading and tokenising the existing text (once per folder)")
     exchanges = existing_exchanges(config.seed)
     requests = instructions(config.seed) + reading_requests(exchanges, config.seed)
+    requests += one_turn_requests(exchanges, config.seed)
     random.Random(config.seed + 11).shuffle(requests)
     plan = {
         "sources": [e.source for e in exchanges],

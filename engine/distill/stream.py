@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -40,6 +41,7 @@ from specdeck.engine.distill.head import HeadConfig, build_head, frequent_tokens
 from specdeck.engine.distill.loop import HeldOut, train_loop
 from specdeck.engine.distill.teacher import Shard, generate_scored
 from specdeck.engine.distill.texts import TEXT_SOURCES
+from specdeck.engine.distill.turns import FOLLOW_UPS, second_turn_suffix
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.heads import FeatureHead, fingerprint, save_head
 from specdeck.engine.hf_parts import input_embedding, output_projection
@@ -58,6 +60,7 @@ class StreamConfig:
     answer_tokens: int = 320
     answer_batch: int = 64
     answer_minutes: float = 0.0  # stop making answers after this long (the rest on a later run); 0: no limit
+    second_turns: int = 0  # then this many second turns: a follow-up on an own answer, answered too
     own_repeat: int = 2  # times each own answer appears per epoch
     max_length: int = 1024  # tokens of a given-text sequence, prompt included
     minutes: float = 0.0  # stop after this long (saved, resumable); 0: run to head.steps
@@ -106,7 +109,43 @@ def own_answers(target: LoadedModel, folder: Path, plan: dict, config: StreamCon
         if config.answer_minutes and time.perf_counter() - started >= config.answer_minutes * 60 and g + 1 < batches:
             progress(f"own answers: stopped after {config.answer_minutes:g} min as asked; a later run makes the rest")
             break
-    return Shard(made["ids"], [], [], made["first"])
+    else:
+        second_turns(target, made, config, started, progress, save=partial(write_with, path, partial(torch.save, made)))
+    second = made.get("second", {"ids": [], "first": []})
+    return Shard(made["ids"] + second["ids"], [], [], made["first"] + second["first"])
+
+
+def second_turns(
+    target: LoadedModel, made: dict, config: StreamConfig, started: float, progress: Progress, save: Callable[[], Any]
+) -> None:
+    """Up to `config.second_turns` second turns, in batches kept in `made["second"]` (`save` after
+    each): an own answer that ended, a follow-up (`engine.distill.turns.FOLLOW_UPS`) and the
+    target's reply to it, which is what the head learns from (the first answer is learnt on its
+    own)."""
+    done = made.setdefault("second", {"ids": [], "first": [], "batches": 0})
+    ended = [ids.tolist() for ids in made["ids"] if int(ids[-1]) in target.eos_ids]
+    batches = -(-min(config.second_turns, len(ended)) // config.answer_batch)
+    if done["batches"] >= batches:
+        return
+    random.Random(config.head.seed + 29).shuffle(ended)
+    suffixes = [second_turn_suffix(target.tokenizer, f, sorted(target.eos_ids)[0]) for f in FOLLOW_UPS]
+    if any(s is None for s in suffixes):
+        progress("second turns: the target's chat template does not continue a conversation here; none made")
+        return
+    for g in range(done["batches"], batches):
+        first_turns = ended[g * config.answer_batch : (g + 1) * config.answer_batch]
+        chunk = [ids + suffixes[(g * config.answer_batch + j) % len(suffixes)] for j, ids in enumerate(first_turns)]
+        shard = generate_scored(
+            target, chunk, config.answer_tokens, greedy=g % 4 != 3, seed=config.head.seed + 7927 * g, top_k=1
+        )
+        done["ids"] += shard.ids
+        done["first"] += shard.first
+        done["batches"] = g + 1
+        save()
+        progress(f"second turns: batch {g + 1}/{batches}, {len(done['ids'])} replies")
+        if config.answer_minutes and time.perf_counter() - started >= config.answer_minutes * 60 and g + 1 < batches:
+            progress(f"second turns: stopped after {config.answer_minutes:g} min as asked; a later run makes the rest")
+            break
 
 
 def stream_text(target: LoadedModel, folder: Path, config: StreamConfig, progress: Progress) -> Text:

@@ -155,3 +155,50 @@ def test_bad_settings_are_refused_with_what_to_do(text, few_passages, tmp_path, 
     assert distill(target, tmp_path / "c", "--steps", "2") == 0
     assert distill(target, tmp_path / "c", "--steps", "2") == 2
     assert "pass --resume" in capsys.readouterr().err
+
+
+def test_second_turns_follow_the_targets_own_finished_answers(text, tmp_path):
+    """A second turn is an own answer that ended, the chat template's next user turn asking a
+    follow-up, and the target's reply, which is where its training starts; answers cut off by the
+    length limit get none, every batch is kept, and a rerun makes no more."""
+    from specdeck.engine.distill.stream import StreamConfig, second_turns
+    from specdeck.engine.distill.turns import FOLLOW_UPS, second_turn_suffix
+
+    _, path = text
+    target = load_model(str(path), ON_CPU)
+    eos = sorted(target.eos_ids)[0]
+    target.tokenizer.chat_template = (  # the tiny tokenizer has none: a plain one that ends a turn with EOS
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
+    assert second_turn_suffix(target.tokenizer, FOLLOW_UPS[0], eos) is not None
+    finished = [torch.tensor([5, 6, 7, 8 + i, eos], dtype=torch.int32) for i in range(5)]
+    made = {"ids": [*finished, torch.tensor([5, 6, 9], dtype=torch.int32)], "first": [2] * 6, "batches": 2}
+    saved: list[int] = []
+    config = StreamConfig(second_turns=10, answer_batch=2, answer_tokens=6)
+
+    def save() -> None:
+        saved.append(made["second"]["batches"])
+
+    second_turns(target, made, config, 0.0, print, save)
+    replies = made["second"]
+    assert saved == [1, 2, 3] and replies["batches"] == 3 and len(replies["ids"]) == 5
+    firsts = {tuple(ids.tolist()) for ids in finished}
+    for ids, first in zip(replies["ids"], replies["first"]):
+        ids = ids.tolist()
+        opening = next(f for f in firsts if tuple(ids[: len(f)]) == f)  # an own answer that ended
+        asked = [second_turn_suffix(target.tokenizer, f, eos) for f in FOLLOW_UPS]
+        assert any(ids[len(opening) : first + 1] == a for a in asked)  # then a follow-up, then the reply
+        assert first + 1 < len(ids)
+    second_turns(target, made, config, 0.0, print, save)
+    assert saved == [1, 2, 3], "a rerun made more"
+
+
+def test_the_chat_templates_second_turn_is_a_user_turn_then_the_assistants():
+    from specdeck.engine.distill.turns import second_turn_suffix
+    from specdeck.engine.models import load_tokenizer
+
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    suffix = second_turn_suffix(tokenizer, "Make it shorter.", eos)
+    assert tokenizer.decode(suffix) == "\n<|im_start|>user\nMake it shorter.<|im_end|>\n<|im_start|>assistant\n"
