@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["gui"])
+    stdout = sys.stdout
+    if stdout is not None and not isinstance(stdout, _Output):
+        sys.stdout = _Output(stdout)  # type: ignore[assignment]
     try:
         return args.handler(args)
     except SpecDeckError as error:
@@ -150,6 +153,49 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `specdeck run | head`: the reader left; say nothing more
         _silence_stdout()
         return 141  # 128 + SIGPIPE, as a command killed by the broken pipe would report
+    except _OutputFailed as failed:
+        _silence_stdout()
+        print(
+            f"specdeck: error: the output could not be written ({failed.error.strerror or failed.error}): "
+            "free space where standard output goes, or send it elsewhere.",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        sys.stdout = stdout
+
+
+class _OutputFailed(Exception):
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Output:
+    """Standard output whose failures (a full disk, a device error) are told apart from any other
+    OSError, so that `main` reports them in a line; a reader that left stays a BrokenPipeError."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise _OutputFailed(error) from error
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise _OutputFailed(error) from error
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _silence_stdout() -> None:

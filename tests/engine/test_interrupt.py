@@ -165,3 +165,15 @@ def test_ctrl_c_in_bench_keeps_the_prompts_that_finished(models, tmp_path, earli
         kept = int(next(r for r in csv.DictReader(handle) if r["category"] == "all")["prompts"])
     assert 1 <= kept < 4
     assert f"Cancelled after {kept} of 4 prompts" in (partial / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full to stand for a full disk")
+@pytest.mark.parametrize("form", ["text", "jsonl"])
+def test_a_full_disk_on_standard_output_is_said_in_a_line(models, form):
+    """`specdeck run > file` on a full disk: one line saying what failed and what to do, no traceback."""
+    extra = ("--jsonl",) if form == "jsonl" else ()
+    with open("/dev/full", "w") as full, _specdeck(*_run_argv(models), *extra, stdout=full) as child:
+        err = child.stderr.read()
+        child.wait(timeout=120)
+    assert child.returncode == 1 and "Traceback" not in err, err
+    assert "could not be written" in err and "No space left" in err
