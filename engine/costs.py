@@ -11,6 +11,7 @@ import bisect
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 import weakref
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdeck.engine import gguf_blocks, linear, llama_forward, row_attention, row_kernel
-from specdeck.engine.atomic import write_text
+from specdeck.engine.atomic import recorded_damage, write_with
 from specdeck.engine.cache import machine_name
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.hf_parts import input_embedding
@@ -62,6 +63,13 @@ class CostCurve:
         return (
             f"measured while the machine was busy (passes {self.spread:.0%} apart): the next session measures it again"
         )
+
+    def __post_init__(self) -> None:
+        sizes, times = self.tokens, self.forward_ms
+        if not sizes or len(sizes) != len(times) or any(b <= a for a, b in zip(sizes, sizes[1:])) or sizes[0] < 1:
+            raise ValueError(f"a cost curve needs increasing token counts, one time each, not {sizes} and {times}")
+        if not all(math.isfinite(t) and t > 0 for t in times) or not math.isfinite(self.spread):
+            raise ValueError(f"a cost curve's times are positive and finite, not {times}")
 
     def ms(self, n: int) -> float:
         tokens, ms = self.tokens, self.forward_ms
@@ -214,12 +222,16 @@ def measurement_key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
 
 
 def cached_measurement(path: Path | None, measure, what: str):
-    """A measurement read from `path`, else made by `measure()` and saved there (JSON)."""
+    """A measurement read from `path` where it is the one written there (its recorded size and
+    digest), else made by `measure()` and saved there (JSON)."""
     if path is not None and path.is_file():
+        damage = recorded_damage(path)
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            log.warning("ignoring an unreadable %s in %s; measuring again", what, path)
+            if damage is None:
+                return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            damage = str(error)
+        log.warning("the %s in %s is damaged (%s): measuring it again", what, path, damage)
     value = measure()
     _save(path, value, what)
     return value
@@ -231,7 +243,8 @@ def _save(path: Path | None, value, what: str) -> None:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text(path, json.dumps(value))
+        text = json.dumps(value).encode("utf-8")
+        write_with(path, lambda temporary: temporary.write_bytes(text), record=True)
     except (OSError, SpecDeckError) as error:
         log.warning("could not save the %s to %s (%s)", what, path, error)
 
@@ -248,8 +261,10 @@ def cost_curve(model: PreTrainedModel | LlamaCppModel, cache_dir: Path | None = 
             curve = CostCurve(
                 tuple(raw["tokens"]), tuple(raw["forward_ms"]), raw.get("machine", ""), float(raw.get("spread", 0.0))
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError) as error:  # a record that read back but says nonsense
+            log.warning("the cost curve in %s cannot be used (%s): measuring it again", path, error)
             curve = measure_curve(model)
+            _save(path, asdict(curve), "cost curve")
         if curve.spread > NOISY:  # measured on a busy machine: measure again, keep the steadier of the two
             again = measure_curve(model)
             if again.spread < curve.spread:

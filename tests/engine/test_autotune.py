@@ -1,5 +1,6 @@
 """The auto schedule: each round's draft length chosen from measured costs and acceptance."""
 
+import hashlib
 import itertools
 import re
 
@@ -133,6 +134,42 @@ def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch, stead
 
     monkeypatch.setattr(costs, "measure_curve", no_measuring)
     assert costs.cost_curve(target.model, tmp_path) == steady
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: text.replace("10.0", "1.0"),  # a number changed: still JSON, still a curve
+        lambda text: text[: len(text) // 2],  # cut short
+        lambda text: '{"tokens": [1, 16], "forward_ms": [NaN, -3.0]}',  # nonsense, its record rewritten too
+    ],
+)
+def test_a_damaged_cached_curve_is_measured_again_with_a_notice(
+    tiny_llama, tmp_path, monkeypatch, steady_pace, caplog, damage
+):
+    """A cost curve in the cache that is not the one written there (its recorded size and digest),
+    or that says nothing a curve can (times not positive and finite), is not planned with: it is
+    measured again, saying so, and the new one replaces it."""
+    from specdeck.engine.atomic import record_path
+
+    target, _ = tiny_llama
+    costs._CURVES.pop(target.model, None)
+    steady, again = CostCurve((1, 16), (10.0, 11.0), "this machine"), CostCurve((1, 16), (12.0, 13.0), "this machine")
+    monkeypatch.setattr(costs, "measure_curve", lambda model: steady)
+    costs.cost_curve(target.model, tmp_path)
+    (path,) = tmp_path.glob("curve-*.json")
+    changed = damage(path.read_text())
+    path.write_text(changed)
+    if "NaN" in changed:
+        record_path(path).write_text(f"{path.stat().st_size} {hashlib.sha256(path.read_bytes()).hexdigest()}\n")
+    costs._CURVES.pop(target.model, None)  # as a new process would start
+    monkeypatch.setattr(costs, "measure_curve", lambda model: again)
+    with caplog.at_level("WARNING"):
+        assert costs.cost_curve(target.model, tmp_path) == again
+    assert "measuring it again" in caplog.text
+    costs._CURVES.pop(target.model, None)
+    monkeypatch.setattr(costs, "measure_curve", lambda model: steady)
+    assert costs.cost_curve(target.model, tmp_path) == again, "the new measurement was not kept"
 
 
 def test_curves_with_and_without_cuda_graphs_are_cached_apart(tiny_llama, tmp_path, monkeypatch, steady_pace):
