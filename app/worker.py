@@ -168,11 +168,15 @@ class ModelWorker(QObject):
     finished = Signal(int, object)  # request id, result (PairInfo, SummaryEvent or BenchOutcome)
     failed = Signal(int, str, bool)  # request id, message, cancelled
 
-    def __init__(self, session_fn: Callable = run_session, load_fn: Callable = load_pair) -> None:
+    def __init__(
+        self, session_fn: Callable = run_session, load_fn: Callable = load_pair, attach_fn: Callable = add_drafters
+    ) -> None:
         super().__init__()
         self._session_fn = session_fn
         self._load_fn = load_fn
+        self._attach_fn = attach_fn
         self._pair: ModelPair | None = None
+        self._spec: PairSpec | None = None  # what the resident pair was loaded from
         self._handlers = {LoadRequest: self._load, SessionRequest: self._run, BenchRequest: self._bench}
 
     @Slot(object)
@@ -198,11 +202,23 @@ class ModelWorker(QObject):
         return self._pair
 
     def _load(self, request: LoadRequest) -> PairInfo:
+        """Load the pair; where only its drafter changed, the resident target stays and only the
+        drafter loads."""
         self._progress(request, "Starting")
-        pair = self._load_fn(request.spec, progress=lambda stage: self._progress(request, stage))
+        progress = lambda stage: self._progress(request, stage)  # noqa: E731
+        spec, resident = request.spec, self._spec
+        if (
+            self._pair is not None
+            and resident is not None
+            and spec.with_drafter(None, None) == resident.with_drafter(None, None)
+        ):
+            progress(f"Keeping {self._pair.target.name} loaded")
+            pair = self._attach_fn(self._pair, [spec], progress=progress)[0]
+        else:
+            pair = self._load_fn(spec, progress=progress)
         if request.cancel.is_set():
             raise LoadCancelled
-        self._pair = pair  # the previous pair is released only once the new one loaded
+        self._pair, self._spec = pair, spec  # the previous pair is released only once the new one loaded
         freeze_long_lived_objects()
         give_back(collect=False)  # the previous pair's memory, now collected
         return describe(pair)

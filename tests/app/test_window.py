@@ -155,6 +155,24 @@ def test_suffix_session_drafts_from_the_earlier_answer(qtbot, window, errors):
     assert "suffix" in window.model_panel.loaded.text()
 
 
+def test_switching_the_drafter_keeps_the_loaded_target(qtbot, window, errors, monkeypatch):
+    """Another drafter for the same target loads the drafter alone: the target already in memory
+    is the one the new pair decodes with, and the status says it was kept."""
+    from specdeck.engine import session
+
+    _run(qtbot, window, window.model_panel.load_button)
+    loads: list[str] = []
+    monkeypatch.setattr(session, "load_model", lambda name, *args, **kwargs: loads.append(name))
+    stages: list[str] = []
+    window.host.load_progress.connect(stages.append)
+    window.model_panel.drafter.setCurrentText("prompt lookup")
+    _run(qtbot, window, window.run_button)
+    assert errors == [] and loads == [], loads
+    assert any("Keeping" in stage for stage in stages), stages
+    assert window.session_model.records[0].summary.drafted > 0
+    assert "prompt lookup" in window.model_panel.loaded.text()
+
+
 def test_layer_skip_session_shows_its_layers(qtbot, window, errors, tmp_path, monkeypatch):
     """With the layer-skip drafter the model panel names the target's layers that draft and their
     measured agreement, the drafter's tooltip each count measured, and greedy text is plain text;
