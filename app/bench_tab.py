@@ -208,21 +208,27 @@ class BenchmarkTab(QWidget):
         form.addRow("Temperature", self.temperature)
         form.addRow("Max new tokens", self.max_new_tokens)
         form.addRow("Repeats", self.repeats)
-        buttons = QHBoxLayout()
-        for button in (self.run_button, self.cancel_button, self.export_button):
-            buttons.addWidget(button)
-        form.addRow(buttons)
-        form.addRow(self.progress)
-        form.addRow(self.stage)
-        form.addRow(self.plan_note)
         form.addRow(self.scope_note)
         scroll = QScrollArea()
         scroll.setWidget(options)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        # what Run benchmark will do, the buttons and the progress stay in view below the options,
+        # which scroll where the window is short
+        left = QWidget()
+        column = QVBoxLayout(left)
+        column.setContentsMargins(0, 0, 0, 0)
+        buttons = QHBoxLayout()
+        for button in (self.run_button, self.cancel_button, self.export_button):
+            buttons.addWidget(button)
+        column.addWidget(scroll, 1)
+        column.addWidget(self.plan_note)
+        column.addLayout(buttons)
+        column.addWidget(self.progress)
+        column.addWidget(self.stage)
 
         top = QSplitter(Qt.Orientation.Horizontal)
-        top.addWidget(scroll)
+        top.addWidget(left)
         top.addWidget(self.table)
         top.setChildrenCollapsible(False)
         top.setStretchFactor(1, 1)
@@ -279,9 +285,11 @@ class BenchmarkTab(QWidget):
             for spec in specs
         ]  # what `BenchSettings.methods` reads of a loaded pair (before its vocabularies are known)
         methods = settings.methods(stand_ins)
-        runs = len(prompts) * settings.repeats * len(methods)
+        turns = sum(len(p.turns) for p in prompts)  # a later turn is a run of its own, as the harness counts
+        runs = turns * settings.repeats * len(methods)
+        asked = f"{len(prompts)} prompts" + (f" ({turns} turns)" if turns != len(prompts) else "")
         lines = [
-            f"{runs} timed runs: {len(prompts)} prompts x {settings.repeats} repeats x {len(methods)} methods, "
+            f"{runs} timed runs: {asked} x {settings.repeats} repeats x {len(methods)} methods, "
             f"up to {settings.decode.max_new_tokens} new tokens each"
         ]
         if tokens_per_s:

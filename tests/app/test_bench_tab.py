@@ -157,7 +157,7 @@ def test_closing_during_a_benchmark_leaves_no_thread_running(qtbot, window, benc
     assert not window.host.thread_running
 
 
-def test_plan_counts_the_runs_and_says_which_baselines_are_skipped(qtbot, window, bench):
+def test_plan_counts_the_runs_and_says_which_baselines_are_skipped(qtbot, window, bench, tmp_path):
     """Before starting, the tab states how many timed runs the settings make, an estimate from a
     measured rate, and that hf-assisted is skipped (and why) where it cannot run."""
     from specdeck.engine.pair import PairSpec
@@ -167,6 +167,11 @@ def test_plan_counts_the_runs_and_says_which_baselines_are_skipped(qtbot, window
     methods = 4  # plain, speculative K=2, hf, hf-assisted K=2
     assert f"{2 * 1 * methods} timed runs: 2 prompts x 1 repeats x {methods} methods" in plan
     assert "skipped" not in plan and "under a minute" in plan
+    two_turns = tmp_path / "two_turns.jsonl"
+    two_turns.write_text('{"question_id": 1, "category": "writing", "turns": ["Write a haiku.", "Now a limerick."]}\n')
+    bench.prompts_path = two_turns  # a second turn is a run of its own, as the harness runs it
+    assert f"{2 * methods} timed runs: 1 prompts (2 turns) x 1 repeats" in bench.plan(spec)
+    bench.prompts_path = None
     bench.ks.setText("auto")
     assert "hf-assisted is skipped</b>: it needs a fixed K" in bench.plan(spec)
     bench.ks.setText("2")

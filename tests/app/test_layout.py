@@ -58,3 +58,15 @@ def test_window_opens_inside_a_1366_by_768_screen(qtbot, window):
     for button in (window.run_button, window.compare_button):
         corner = button.mapToGlobal(QPoint(button.width() - 1, button.height() - 1))
         assert button.isVisible() and screen.contains(button.mapToGlobal(QPoint(0, 0))) and screen.contains(corner)
+
+
+def test_the_benchmark_tabs_plan_and_run_button_show_on_a_small_screen(qtbot, window):
+    """At 1024x700 the Benchmark tab's options scroll, but what Run benchmark will do, the button
+    itself and the progress stay in view."""
+    bench = window.bench_tab
+    window.resize(*SMALL_SCREEN)
+    window.tabs.setCurrentWidget(bench)
+    qtbot.waitUntil(lambda: "timed runs" in bench.plan_note.text(), timeout=5000)
+    for shown in (bench.plan_note, bench.run_button, bench.progress, bench.stage):
+        qtbot.waitUntil(lambda shown=shown: not shown.visibleRegion().isEmpty(), timeout=2000)
+        assert shown.visibleRegion().boundingRect().height() == shown.height(), shown
