@@ -42,12 +42,19 @@ LAYER_TENSORS = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", 
 OUTPUT_TENSORS = ("output", "token_embd")
 
 _SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the GGUF file it was read from
+_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weights' digest, their folder)
+ROW_MATCHES_FILE = "row_matches.json"  # in a converted folder: `FileMatrices`' verdicts on its weights
 _OWN: weakref.WeakSet = weakref.WeakSet()  # drafters' models whose products take Q8_0 blocks of their own weights
 
 
-def remember(model: torch.nn.Module, path: Path) -> None:
-    """Note that `model`'s weights are the dequantized weights of the GGUF file `path`."""
+def remember(model: torch.nn.Module, path: Path, weights: tuple[str, Path] | None = None) -> None:
+    """Note that `model`'s weights are the dequantized weights of the GGUF file `path`. `weights`:
+    their recorded digest, checked when they loaded, and the folder they were converted into: the
+    verdicts on which rows match are kept there under that digest (`FileMatrices`), so they last
+    as long as the weights they judge, and a load need not checksum each matrix to find them."""
     _SOURCES[model] = path
+    if weights is not None:
+        _WEIGHTS[model] = weights
 
 
 OFF = ("off", "0", "no")  # SPECDECK_GGUF_BLOCKS values that keep every product on float32 weights
@@ -111,7 +118,7 @@ def blocks_of(model: torch.nn.Module) -> FileMatrices | OwnMatrices | None:
     if path is None:
         return None
     try:
-        return FileMatrices(path)
+        return FileMatrices(path, weights=_WEIGHTS.get(model))
     except Exception as error:  # gguf's reader raises many types on a changed file
         log.info("the matrices of %s stay float32: the file does not read (%s)", path, error)
         return None
@@ -133,20 +140,25 @@ def prefer_kernel(model: torch.nn.Module, choose: Callable[[], PathChoice]) -> P
 class FileMatrices:
     """A GGUF file's tensors, memory-mapped, by name."""
 
-    def __init__(self, path: Path, rows: str | None = None) -> None:
-        """`rows`: how its products take their rows (`activations()` by default)."""
+    def __init__(self, path: Path, rows: str | None = None, weights: tuple[str, Path] | None = None) -> None:
+        """`rows`: how its products take their rows (`activations()` by default); `weights`: the
+        digest and folder of the weights compared with the file (`remember`)."""
         self.path = path
         self._tensors = tensors_of(path)
         self.used: list[str] = []  # the block types of the products made, one a product
         self.activations = rows or activations()
-        self._matches = _read_matches(path)
+        self._digest, folder = weights or ("", None)
+        self._matches_file = folder / ROW_MATCHES_FILE if folder is not None else matches_path(path)
+        self._matches = _read_matches(self._matches_file)
         self._learnt = False
 
     def _rows(self, name: str, tensor, weight: np.ndarray) -> np.ndarray | None:
         """`_matching_rows`, decided once per file and weights: a verdict is kept under the tensor's
-        name and the weights' shape and checksum, so that a later load of the same weights skips
-        decoding the file's blocks to compare them."""
-        key = f"{name}|{weight.shape}|{zlib.crc32(np.ascontiguousarray(weight).data):08x}"
+        name and the weights' shape and digest (of all the weights, where `remember` was given it,
+        else of this matrix), so that a later load of the same weights skips decoding the file's
+        blocks to compare them."""
+        digest = self._digest or f"{zlib.crc32(np.ascontiguousarray(weight).data):08x}"
+        key = f"{name}|{weight.shape}|{digest}"
         if key in self._matches:
             known = self._matches[key]
             return None if known is None else np.arange(weight.shape[0]) if known == "same" else np.array(known)
@@ -162,7 +174,7 @@ class FileMatrices:
         if not self._learnt:
             return
         try:
-            path = matches_path(self.path)
+            path = self._matches_file
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text(path, json.dumps(self._matches))
             self._learnt = False
@@ -216,7 +228,7 @@ class FileMatrices:
 
 def _read_matches(path: Path) -> dict:
     try:
-        matches = json.loads(matches_path(path).read_text(encoding="utf-8"))
+        matches = json.loads(path.read_text(encoding="utf-8"))
         return matches if isinstance(matches, dict) else {}
     except (OSError, ValueError):
         return {}

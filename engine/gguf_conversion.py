@@ -151,6 +151,16 @@ def _checksum_damage(folder: Path) -> str | None:
     return "the checksum of model.safetensors differs from the one recorded when it was written"
 
 
+def converted_weights(folder: Path) -> tuple[str, Path] | None:
+    """The recorded SHA-256 of a converted folder's weights and the folder, or None for a folder
+    that is not a conversion with a record."""
+    try:
+        digest = json.loads((folder / WEIGHTS_RECORD_FILE).read_text(encoding="utf-8"))["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (digest, folder) if isinstance(digest, str) else None
+
+
 def _legacy_cache_damage(folder: Path) -> str | None:
     from safetensors import SafetensorError, safe_open
 

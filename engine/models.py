@@ -33,7 +33,7 @@ from specdeck.engine.atomic import building_folder
 from specdeck.engine.backends import choose_backend, gguf_file
 from specdeck.engine.cache import TOKENIZER_SUFFIX
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.gguf_conversion import conversion_folder, convert_gguf, pending_damage
+from specdeck.engine.gguf_conversion import conversion_folder, convert_gguf, converted_weights, pending_damage
 from specdeck.engine.hf_parts import output_projection
 from specdeck.engine.llamacpp_backend import LlamaCppModel
 from specdeck.engine.preflight import check_model_folder
@@ -279,7 +279,8 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
         raise SpecDeckError(f"Could not load {name}: {error}") from error
     model.to(device).eval()  # type: ignore[arg-type]  # a decorator in transformers hides to()'s signature
     if (file := gguf_file(name.strip())) is not None:
-        gguf_blocks.remember(model, file)  # its products may read the file's own blocks (`engine.gguf_blocks`)
+        # its products may read the file's own blocks (`engine.gguf_blocks`)
+        gguf_blocks.remember(model, file, converted_weights(Path(source)))
     output_ids = read_output_tokens(Path(source), output_projection(model).weight.shape[0])
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
 

@@ -222,6 +222,35 @@ def test_a_match_is_decided_once_per_file_and_weights(tmp_path, monkeypatch):
 
 
 @needs_kernel
+def test_verdicts_on_converted_weights_are_kept_with_them(tmp_path, monkeypatch):
+    """The verdicts on the built-in target's converted weights are kept in their folder, under the
+    weights' recorded digest: a cache emptied of all but the converted model (as a first run finds
+    it after a cache is cleared but a conversion kept) lays the weights out on the file's blocks
+    without decoding a block to compare them."""
+    import shutil
+
+    from specdeck.engine.gguf_conversion import conversion_folder
+
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    compared = []
+    real = gguf_blocks._matching_rows
+    monkeypatch.setattr(gguf_blocks, "_matching_rows", lambda t, w: compared.append(1) or real(t, w))
+    weights_of(load_model("smollm2-135m-instruct", ON_CPU).model)
+    folder = conversion_folder(gguf_file("smollm2-135m-instruct"))
+    assert compared and (folder / gguf_blocks.ROW_MATCHES_FILE).is_file()
+    for entry in tmp_path.iterdir():
+        if entry.name != "gguf":
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    compared.clear()
+    model = load_model("smollm2-135m-instruct", ON_CPU).model
+    weights_of(model)
+    matrices = gguf_blocks.blocks_of(model)
+    assert compared == [] and isinstance(matrices, gguf_blocks.FileMatrices)
+    assert matrices.product(["blk.0.attn_q.weight"], [model.model.layers[0].self_attn.q_proj.weight], None)
+    assert compared == []
+
+
+@needs_kernel
 def test_the_builtin_target_runs_on_its_file_blocks_with_the_float32_bits(monkeypatch):
     """The built-in Q4_1 target's products all read the file's blocks (the report says so), and its
     logits after a prefill, a step and a verify are those of the float32 products, bit for bit."""
