@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specdeck.engine.atomic import check_writable_folder
 from specdeck.engine.errors import SpecDeckError
 
 if TYPE_CHECKING:
@@ -108,11 +109,17 @@ def report(line: str) -> None:
 
 
 def training_folder(args) -> Path:
-    """The run's --out folder, refused where it holds a checkpoint and --resume was not passed."""
-    out = Path(args.out).expanduser()
-    if (out / "checkpoint.pt").exists() and not args.resume:
+    """The run's --out folder, made and proven writable before any work; refused where it holds a
+    checkpoint and --resume was not passed."""
+    return output_folder(Path(args.out).expanduser(), args.resume)
+
+
+def output_folder(out: Path, resume: bool) -> Path:
+    if (out / "checkpoint.pt").exists() and not resume:
         raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
-    return out
+    if resume and not (out / "checkpoint.pt").exists():
+        print(f"{out} holds no checkpoint to resume: starting a new run there", file=sys.stderr)
+    return check_writable_folder(out)
 
 
 def _add_loop_arguments(parser, defaults) -> None:
@@ -251,9 +258,7 @@ def run_train_cross_draft(args) -> int:
             "No text to train on: give --answers, --passages, --code, --articles or --exchanges, or --teacher shards."
         )
     name = args.target or DEFAULT_TARGET
-    out = Path(args.out).expanduser() if args.out else default_folder(name)
-    if (out / "checkpoint.pt").exists() and not args.resume:
-        raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
+    out = output_folder(Path(args.out).expanduser() if args.out else default_folder(name), args.resume)
     draft = train_cross_draft(
         name,
         out,
@@ -456,7 +461,7 @@ def run_head_data(args) -> int:
         reserve_gb=args.reserve_gb,
         threads=args.threads,
     )
-    out = Path(args.out).expanduser() if args.out else default_folder(name)
+    out = check_writable_folder(Path(args.out).expanduser() if args.out else default_folder(name))
     grow(name, out, config, progress=report)
     print(f"head data in {out}")
     return 0
@@ -500,8 +505,8 @@ def run_suffix_texts(args) -> int:
     config = TextsConfig(
         tokens=args.tokens, answer_tokens=args.answer_tokens, backend=args.backend, threads=args.threads
     )
+    out = check_writable_folder(Path(args.out).expanduser() if args.out else target_texts_folder())
     answers = grow(name, default_folder(name), config, progress=report)
-    out = Path(args.out).expanduser() if args.out else target_texts_folder()
     path = write_texts(answers, load_tokenizer(name), out)
     print(f"{sum(map(len, answers)):,} tokens of {len(answers)} answers in {path}")
     return 0

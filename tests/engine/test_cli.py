@@ -232,3 +232,29 @@ def test_a_prompt_file_too_large_to_be_prompts_is_refused_before_reading(tmp_pat
     assert "is 65 MiB: SpecDeck reads prompt files of up to 64 MiB" in capsys.readouterr().err
     assert main(["bench", "--prompts", str(big), "--out", str(tmp_path / "out")]) == 2
     assert "is 65 MiB" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["distill-head", "--steps", "1"],
+        ["train-head", "--steps", "1"],
+        ["train-draft", "--steps", "1"],
+        ["train-cross-draft", "--steps", "1"],
+        ["head-data"],
+        ["suffix-texts"],
+    ],
+)
+def test_a_training_commands_out_is_checked_before_any_work(command, tiny_dirs, tmp_path, capsys, monkeypatch):
+    """`--out` naming a file, or a place nothing can be written, is refused in one line before a
+    model loads or a token is generated (a typo must not cost a run's worth of work)."""
+    from specdeck.engine import models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking --out"))
+    target, _ = tiny_dirs
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    for out, said in ((taken, "is a file"), (taken / "below", "is a file")):
+        assert main([*command, "--target", str(target), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "Cannot write results to" in err and said in err and "Traceback" not in err, err
