@@ -19,7 +19,7 @@ from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SummaryEvent
 from specdeck.engine.export import RunInfo
-from specdeck.engine.models import check_prompt
+from specdeck.engine.loading.models import check_prompt
 from specdeck.engine.pair import PairSpec
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdeck.engine.costs import CostCurve
 from specdeck.engine.events import SessionStarted
+from specdeck.engine.planner.costs import CostCurve
 from specdeck.engine.stats import expected_tokens_per_round
 
 VERIFY_TOKENS = 16  # the widest verify drawn

@@ -30,9 +30,9 @@ from specdeck.engine.bench.prompts import BenchPrompt
 from specdeck.engine.bench.runner import BenchSettings
 from specdeck.engine.bench.service import report_context, run_and_write
 from specdeck.engine.config import DecodeConfig
+from specdeck.engine.drafting.layer_skip import LayerChoice
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SummaryEvent
-from specdeck.engine.layer_skip import LayerChoice
 from specdeck.engine.memory import give_back, is_out_of_memory, out_of_memory_message
 from specdeck.engine.pair import ModelPair, PairSpec
 from specdeck.engine.session import add_drafters, load_pair, run_session

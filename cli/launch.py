@@ -15,7 +15,7 @@ LOADS_A_MODEL = ("run", "gui", "bench")  # bare `specdeck` is `specdeck gui`
 
 def main() -> int:
     if (sys.argv[1:2] or ["gui"])[0] in LOADS_A_MODEL:
-        from specdeck.engine import row_kernel
+        from specdeck.engine.forward import row_kernel
 
         row_kernel.build_in_background()
     from specdeck.cli.main import main as command

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 
-from specdeck.engine.backends import BACKENDS
 from specdeck.engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
+from specdeck.engine.loading.backends import BACKENDS
 from specdeck.engine.pair import DrafterKind, PairSpec
-from specdeck.engine.remote_http import API_KEY_VARIABLE
+from specdeck.engine.remote.remote_http import API_KEY_VARIABLE
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specdeck.engine.config import DecodeConfig
-    from specdeck.engine.decoding import generate
-    from specdeck.engine.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, Proposal
+    from specdeck.engine.drafting.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, Proposal
+    from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+    from specdeck.engine.drafting.suffix_drafting import HybridDrafter, SuffixDrafter
     from specdeck.engine.errors import SpecDeckError
     from specdeck.engine.events import (
         Event,
@@ -24,8 +25,7 @@ if TYPE_CHECKING:
         TokenState,
         event_to_dict,
     )
-    from specdeck.engine.head_drafter import FeatureHeadDrafter
-    from specdeck.engine.models import (
+    from specdeck.engine.loading.models import (
         BUILTIN_MODELS,
         DEFAULT_TARGET,
         LoadedModel,
@@ -33,39 +33,39 @@ if TYPE_CHECKING:
         encode_prompt,
         load_model,
     )
+    from specdeck.engine.loop.decoding import generate
     from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
     from specdeck.engine.stats import SessionStats, expected_tokens_per_round, predicted_speedup
-    from specdeck.engine.suffix_drafting import HybridDrafter, SuffixDrafter
 
 _HOMES = {  # each name's module, imported at first use (importing the engine's parts stays cheap)
-    "BUILTIN_MODELS": "specdeck.engine.models",
-    "DEFAULT_TARGET": "specdeck.engine.models",
+    "BUILTIN_MODELS": "specdeck.engine.loading.models",
+    "DEFAULT_TARGET": "specdeck.engine.loading.models",
     "DecodeConfig": "specdeck.engine.config",
-    "DraftModelDrafter": "specdeck.engine.drafters",
-    "Drafter": "specdeck.engine.drafters",
+    "DraftModelDrafter": "specdeck.engine.drafting.drafters",
+    "Drafter": "specdeck.engine.drafting.drafters",
     "DrafterKind": "specdeck.engine.pair",
     "Event": "specdeck.engine.events",
-    "FeatureHeadDrafter": "specdeck.engine.head_drafter",
-    "HybridDrafter": "specdeck.engine.suffix_drafting",
-    "LoadOptions": "specdeck.engine.models",
-    "LoadedModel": "specdeck.engine.models",
+    "FeatureHeadDrafter": "specdeck.engine.drafting.head_drafter",
+    "HybridDrafter": "specdeck.engine.drafting.suffix_drafting",
+    "LoadOptions": "specdeck.engine.loading.models",
+    "LoadedModel": "specdeck.engine.loading.models",
     "ModelPair": "specdeck.engine.pair",
     "PairSpec": "specdeck.engine.pair",
-    "PromptLookupDrafter": "specdeck.engine.drafters",
-    "Proposal": "specdeck.engine.drafters",
+    "PromptLookupDrafter": "specdeck.engine.drafting.drafters",
+    "Proposal": "specdeck.engine.drafting.drafters",
     "RoundEvent": "specdeck.engine.events",
     "SessionStarted": "specdeck.engine.events",
     "SessionStats": "specdeck.engine.stats",
     "SpecDeckError": "specdeck.engine.errors",
-    "SuffixDrafter": "specdeck.engine.suffix_drafting",
+    "SuffixDrafter": "specdeck.engine.drafting.suffix_drafting",
     "SummaryEvent": "specdeck.engine.events",
     "TokenEvent": "specdeck.engine.events",
     "TokenState": "specdeck.engine.events",
-    "encode_prompt": "specdeck.engine.models",
+    "encode_prompt": "specdeck.engine.loading.models",
     "event_to_dict": "specdeck.engine.events",
     "expected_tokens_per_round": "specdeck.engine.stats",
-    "generate": "specdeck.engine.decoding",
-    "load_model": "specdeck.engine.models",
+    "generate": "specdeck.engine.loop.decoding",
+    "load_model": "specdeck.engine.loading.models",
     "predicted_speedup": "specdeck.engine.stats",
 }
 

@@ -16,7 +16,7 @@ import torch
 from specdeck.engine.errors import SpecDeckError
 
 if TYPE_CHECKING:
-    from specdeck.engine.llamacpp_backend import LlamaCppModel
+    from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 
 
 def context_length(model: torch.nn.Module | LlamaCppModel) -> int | None:

@@ -12,19 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from specdeck.engine.cross_vocab import CrossVocabularyDrafter
-from specdeck.engine.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
+from specdeck.engine.drafting.cross_vocab import CrossVocabularyDrafter
+from specdeck.engine.drafting.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
+from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+from specdeck.engine.drafting.heads import LoadedHead, names_head
+from specdeck.engine.drafting.layer_skip import LayerChoice, LayerSkipDrafter, refusal, refuse_backend
+from specdeck.engine.drafting.past_sessions import PastSessions
+from specdeck.engine.drafting.suffix import SuffixIndex
+from specdeck.engine.drafting.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
+from specdeck.engine.drafting.vocabulary import VocabularyMatch
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.head_drafter import FeatureHeadDrafter
-from specdeck.engine.heads import LoadedHead, names_head
-from specdeck.engine.layer_skip import LayerChoice, LayerSkipDrafter, refusal, refuse_backend
-from specdeck.engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
-from specdeck.engine.past_sessions import PastSessions
-from specdeck.engine.remote_http import DEFAULT_TIMEOUT_S, is_url
-from specdeck.engine.remote_target import RemoteSettings, RemoteTarget
-from specdeck.engine.suffix import SuffixIndex
-from specdeck.engine.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
-from specdeck.engine.vocabulary import VocabularyMatch
+from specdeck.engine.loading.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
+from specdeck.engine.remote.remote_http import DEFAULT_TIMEOUT_S, is_url
+from specdeck.engine.remote.remote_target import RemoteSettings, RemoteTarget
 
 
 class DrafterKind(str, Enum):

@@ -7,20 +7,20 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from specdeck.engine.backends import gguf_file
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.decoding import generate
+from specdeck.engine.drafting.heads import load_feature_head, names_head
+from specdeck.engine.drafting.layer_skip import choose_layers, refuse_backend
+from specdeck.engine.drafting.vocabulary import match_vocabularies
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event
-from specdeck.engine.heads import load_feature_head, names_head
-from specdeck.engine.layer_skip import choose_layers, refuse_backend
-from specdeck.engine.lean_weights import weights_of
-from specdeck.engine.llama_forward import supports
-from specdeck.engine.llamacpp_backend import LlamaCppModel
-from specdeck.engine.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer
+from specdeck.engine.forward.lean_weights import weights_of
+from specdeck.engine.forward.llama_forward import supports
+from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
+from specdeck.engine.loading.backends import gguf_file
+from specdeck.engine.loading.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer
+from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
-from specdeck.engine.remote_target import RemoteTarget, connect
-from specdeck.engine.vocabulary import match_vocabularies
+from specdeck.engine.remote.remote_target import RemoteTarget, connect
 
 DEFAULT_PROMPT = (
     "Summarize in two sentences: Speculative decoding speeds up a large language model by letting a "

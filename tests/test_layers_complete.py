@@ -19,10 +19,21 @@ def _layered(container: str) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("folder", ["engine", "app"])
+ROOMS = ["engine/loop", "engine/drafting", "engine/planner", "engine/loading", "engine/forward", "engine/remote"]
+
+
+@pytest.mark.parametrize("folder", ["engine", "app", *ROOMS])
 def test_every_module_is_in_a_layer(folder):
-    """Each module (and each sub-package, as one) of engine/ and app/ is named in its folder's layers contract."""
+    """Each module (and each sub-package, as one) of engine/, its rooms and app/ is named in its
+    folder's layers contract."""
     modules = {p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"}
     modules |= {p.name for p in (ROOT / folder).iterdir() if (p / "__init__.py").is_file()}
-    missing = sorted(modules - _layered(f"specdeck.{folder}"))
+    missing = sorted(modules - _layered("specdeck." + folder.replace("/", ".")))
     assert not missing, f"not in a layer of pyproject.toml's contract for {folder}/: {missing}"
+
+
+def test_every_room_of_the_engine_has_its_contract():
+    """A sub-package of engine/ other than the front ends' (bench, distill) is a room with a
+    layers contract of its own, so a new one cannot go unchecked."""
+    rooms = {f"engine/{p.name}" for p in (ROOT / "engine").iterdir() if (p / "__init__.py").is_file()}
+    assert rooms - {"engine/bench", "engine/distill"} == set(ROOMS)

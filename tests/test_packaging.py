@@ -15,7 +15,7 @@ import pytest
 from tiny import ON_CPU, build_model, build_tokenizer
 
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.models import load_model
+from specdeck.engine.loading.models import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DESKTOP = ROOT / "packaging" / "io.github.specdeck.SpecDeck.desktop"

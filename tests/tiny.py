@@ -18,9 +18,9 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from specdeck.engine import row_kernel
-from specdeck.engine.linear import packed_available
-from specdeck.engine.models import LoadOptions
+from specdeck.engine.forward import row_kernel
+from specdeck.engine.forward.linear import packed_available
+from specdeck.engine.loading.models import LoadOptions
 
 # What tests of CPU behaviour load with, so that they test the same thing on a machine with a GPU
 # (where `auto` would pick it and a half dtype); the GPU set (`-m cuda`) asks for the GPU itself.
@@ -199,7 +199,7 @@ def head_session_keeps_plain_text(target, head, prompt_ids: list[int], config):
     """A greedy session of the loaded feature head `head` beside `target`: asserts its kept tokens are
     plain decoding's, and returns its summary event (what it drafted, accepted and copied)."""
     from specdeck.engine import TokenEvent, generate
-    from specdeck.engine.head_drafter import FeatureHeadDrafter
+    from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
 
     plain = [e.token_id for e in generate(target, prompt_ids, config) if isinstance(e, TokenEvent)]
     drafter = FeatureHeadDrafter(head.head, target.model, name=head.name, output_ids=head.output_ids)

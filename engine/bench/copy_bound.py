@@ -25,11 +25,11 @@ from specdeck.engine.bench.prompts import read_prompts
 from specdeck.engine.cache import costs_cache
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.cores import pin_threads
-from specdeck.engine.costs import CostCurve, cost_curve
-from specdeck.engine.decoding import generate
 from specdeck.engine.events import TokenEvent
-from specdeck.engine.models import encode_prompt
+from specdeck.engine.loading.models import encode_prompt
+from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import PairSpec
+from specdeck.engine.planner.costs import CostCurve, cost_curve
 from specdeck.engine.session import load_pair
 
 LONGEST = 15  # drafts a copy may propose

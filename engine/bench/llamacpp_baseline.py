@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from specdeck.engine.backends import gguf_file, llama_cpp_installed
 from specdeck.engine.bench.methods import Run
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.hf_parts import decode
-from specdeck.engine.llamacpp_backend import CONTEXT_LIMIT, library, model_params
+from specdeck.engine.forward.hf_parts import decode
+from specdeck.engine.forward.llamacpp_backend import CONTEXT_LIMIT, library, model_params
+from specdeck.engine.loading.backends import gguf_file, llama_cpp_installed
 from specdeck.engine.session import ModelPair
 
 METHOD = "llama.cpp"

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 import torch
 
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.decoding import generate
-from specdeck.engine.drafters import PromptLookupDrafter
+from specdeck.engine.drafting.drafters import PromptLookupDrafter
+from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent
-from specdeck.engine.hf_parts import decode, generate_of
-from specdeck.engine.kvcache import synchronize
+from specdeck.engine.forward.hf_parts import decode, generate_of
+from specdeck.engine.forward.kvcache import synchronize
+from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, ModelPair
 from specdeck.engine.stats import RemoteTotals, RoundTotals
-from specdeck.engine.suffix import SuffixIndex
 
 SPECDECK_METHODS = ("plain", "speculative")
 HF_METHODS = ("hf", "hf-assisted")

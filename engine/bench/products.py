@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdeck.engine import row_kernel
-from specdeck.engine.backends import gguf_file
-from specdeck.engine.models import DEFAULT_TARGET
-from specdeck.engine.row_kernel import QUANTIZED, QuantizedLinear
+from specdeck.engine.forward import row_kernel
+from specdeck.engine.forward.row_kernel import QUANTIZED, QuantizedLinear
+from specdeck.engine.loading.backends import gguf_file
+from specdeck.engine.loading.models import DEFAULT_TARGET
 
 
 def file_products(path: Path, activations: str) -> list[QuantizedLinear]:

@@ -26,7 +26,7 @@ import torch
 from specdeck.engine.bench.remote_report import LATENCY_COLUMNS, SPLIT_COLUMNS, latency_rows, split_rows
 from specdeck.engine.bench.runner import BenchSettings, Method, PromptResult
 from specdeck.engine.cache import machine_name
-from specdeck.engine.costs import CURVE_CONTEXT
+from specdeck.engine.planner.costs import CURVE_CONTEXT
 from specdeck.engine.stats import RoundTotals
 
 SUMMARY_COLUMNS = (

@@ -34,12 +34,12 @@ from specdeck.engine.bench.llamacpp_baseline import OTHER_ROUNDING, check_baseli
 from specdeck.engine.bench.methods import HF_METHODS, Run, run_method
 from specdeck.engine.bench.prompts import BenchPrompt
 from specdeck.engine.config import DecodeConfig
+from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.lean_weights import rows_in_8_bits
-from specdeck.engine.models import encode_conversation, encode_prompt
+from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.forward.lean_weights import rows_in_8_bits
+from specdeck.engine.loading.models import encode_conversation, encode_prompt
 from specdeck.engine.pair import DrafterKind, ModelPair
-from specdeck.engine.suffix import SuffixIndex
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
 AUTO_K = 0  # a speculative method's K when the auto schedule chooses it each round

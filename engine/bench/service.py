@@ -31,9 +31,9 @@ from specdeck.engine.bench.report import (
 )
 from specdeck.engine.bench.runner import BenchSettings, Progress, run_bench
 from specdeck.engine.cache import costs_cache
-from specdeck.engine.costs import cost_curve
-from specdeck.engine.kvcache import products_path
+from specdeck.engine.forward.kvcache import products_path
 from specdeck.engine.pair import ModelPair
+from specdeck.engine.planner.costs import cost_curve
 
 RESULT_FILES = (
     "summary.csv",

@@ -16,8 +16,8 @@ import torch
 
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.cores import pin_threads
-from specdeck.engine.suffix import SuffixIndex, repetitive_text
-from specdeck.engine.suffix_drafting import SuffixDrafter
+from specdeck.engine.drafting.suffix import SuffixIndex, repetitive_text
+from specdeck.engine.drafting.suffix_drafting import SuffixDrafter
 
 
 def _bench(tokens: int, rounds: int, k: int, vocab: int, seed: int) -> None:

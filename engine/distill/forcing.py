@@ -34,7 +34,7 @@ from specdeck.engine.distill.teacher import chat_ids, generate_scored
 from specdeck.engine.distill.texts import TEXT_SOURCES, existing_exchanges, reading_requests
 from specdeck.engine.distill.turns import one_turn_requests
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.models import LoadedModel, LoadOptions, load_model
+from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
 
 Progress = Callable[[str], None]
 HELD_OUT_EVERY = 20  # sequence j of a shard is held out when j % 20 == 0

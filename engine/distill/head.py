@@ -36,10 +36,10 @@ from specdeck.engine.distill.loop import HeldOut, split_rows, train_loop
 from specdeck.engine.distill.teacher import Shard, load_shards
 from specdeck.engine.distill.texts import TEXT_SOURCES
 from specdeck.engine.distill.train import TrainConfig, build_teacher_data
+from specdeck.engine.drafting.heads import FeatureHead, fingerprint, head_config, save_head
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.heads import FeatureHead, fingerprint, head_config, save_head
-from specdeck.engine.hf_parts import input_embedding, output_projection
-from specdeck.engine.models import LoadedModel, LoadOptions, load_model
+from specdeck.engine.forward.hf_parts import input_embedding, output_projection
+from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
 
 Progress = Callable[[str], None]
 
@@ -150,7 +150,7 @@ def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
             head.fuse_fc.weight.zero_()
             head.fuse_fc.weight[:, -width:] = torch.eye(width)
         if config.init_from:
-            from specdeck.engine.heads import load_feature_head_weights
+            from specdeck.engine.drafting.heads import load_feature_head_weights
 
             missing = load_feature_head_weights(head, config.init_from)
             if any(not name.startswith("fuse_fc") for name in missing):

@@ -36,8 +36,8 @@ from specdeck.engine.distill.student import DraftShape
 from specdeck.engine.distill.teacher import chat_ids, load_shards
 from specdeck.engine.distill.texts import TEXT_SOURCES, existing_exchanges
 from specdeck.engine.distill.train import TrainConfig, build_teacher_data
-from specdeck.engine.models import LoadedModel, LoadOptions, load_model
-from specdeck.engine.vocabulary import TokenText
+from specdeck.engine.drafting.vocabulary import TokenText
+from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
 
 Progress = Callable[[str], None]
 TEXTS_FILE = "texts.json"

@@ -42,10 +42,10 @@ from specdeck.engine.distill.loop import HeldOut, train_loop
 from specdeck.engine.distill.teacher import Shard, generate_scored
 from specdeck.engine.distill.texts import TEXT_SOURCES
 from specdeck.engine.distill.turns import FOLLOW_UPS, second_turn_suffix
+from specdeck.engine.drafting.heads import FeatureHead, fingerprint, save_head
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.heads import FeatureHead, fingerprint, save_head
-from specdeck.engine.hf_parts import input_embedding, output_projection
-from specdeck.engine.models import LoadedModel, LoadOptions, load_model
+from specdeck.engine.forward.hf_parts import input_embedding, output_projection
+from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
 
 Progress = Callable[[str], None]
 OWN = "target-answers"

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdeck.engine.hf_parts import input_embedding
-from specdeck.engine.models import LoadedModel
+from specdeck.engine.forward.hf_parts import input_embedding
+from specdeck.engine.loading.models import LoadedModel
 
 
 @dataclass(frozen=True)

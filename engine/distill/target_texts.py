@@ -26,13 +26,13 @@ from pathlib import Path
 from specdeck.engine.atomic import write_bytes
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.cores import pin_threads
-from specdeck.engine.decoding import generate
 from specdeck.engine.distill.corpus import instructions
 from specdeck.engine.distill.teacher import chat_ids
 from specdeck.engine.distill.texts import existing_exchanges, reading_requests
+from specdeck.engine.drafting.past_sessions import encode_texts, target_texts_folder, tokenizer_key
 from specdeck.engine.events import TokenEvent
-from specdeck.engine.models import LoadOptions, load_model
-from specdeck.engine.past_sessions import encode_texts, target_texts_folder, tokenizer_key
+from specdeck.engine.loading.models import LoadOptions, load_model
+from specdeck.engine.loop.decoding import generate
 
 Progress = Callable[[str], None]
 ANSWERS_FILE = "answers.jsonl"

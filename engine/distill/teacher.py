@@ -19,8 +19,8 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from specdeck.engine.atomic import write_with
-from specdeck.engine.hf_parts import generate_of
-from specdeck.engine.models import LoadedModel, encode_prompt
+from specdeck.engine.forward.hf_parts import generate_of
+from specdeck.engine.loading.models import LoadedModel, encode_prompt
 
 
 @dataclass

@@ -39,8 +39,8 @@ from specdeck.engine.distill.corpus import (
 from specdeck.engine.distill.loop import HeldOut, batches, split_rows, train_loop
 from specdeck.engine.distill.student import DraftShape, build_draft
 from specdeck.engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
-from specdeck.engine.hf_parts import decode, input_embedding, output_projection
-from specdeck.engine.models import (
+from specdeck.engine.forward.hf_parts import decode, input_embedding, output_projection
+from specdeck.engine.loading.models import (
     BUILTIN_MODELS,
     OUTPUT_TOKENS_FILE,
     TOKENIZER_REFERENCE_FILE,

@@ -10,8 +10,8 @@ import pytest
 from specdeck.app.panels import ModelPanel
 from specdeck.cli.main import build_parser
 from specdeck.cli.options import pair_spec
-from specdeck.engine.llamacpp_backend import library
-from specdeck.engine.models import DEFAULT_HEAD, DEFAULT_TARGET
+from specdeck.engine.forward.llamacpp_backend import library
+from specdeck.engine.loading.models import DEFAULT_HEAD, DEFAULT_TARGET
 
 TIMEOUT_MS = 120_000
 

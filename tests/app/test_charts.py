@@ -187,7 +187,7 @@ def test_a_measured_speedup_far_from_the_predicted_one_says_why():
     curve name a busy machine, a run of few rounds its warm-up, and otherwise which way the rounds
     went."""
     from specdeck.app.cost_series import why_off
-    from specdeck.engine.costs import CostCurve
+    from specdeck.engine.planner.costs import CostCurve
 
     curve = CostCurve((1, 2, 4, 8), (4.0, 4.5, 5.5, 8.0))
     assert why_off(1.25, 1.4, 4.1, curve, 200) is None

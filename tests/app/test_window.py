@@ -117,8 +117,8 @@ def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pai
     import torch
     from tiny import ON_CPU
 
-    from specdeck.engine.heads import FeatureHead, fingerprint, head_config, save_head
-    from specdeck.engine.models import load_model
+    from specdeck.engine.drafting.heads import FeatureHead, fingerprint, head_config, save_head
+    from specdeck.engine.loading.models import load_model
 
     model = load_model(str(tiny_pair[0]), ON_CPU).model
     torch.manual_seed(0)
@@ -242,7 +242,7 @@ def test_fresh_window_offers_the_default_pair(qtbot, loop, settings):
     """A first launch proposes the built-in target with its feature head; choosing the draft-model
     drafter swaps in the built-in draft, and back."""
     from specdeck.app.main_window import MainWindow
-    from specdeck.engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+    from specdeck.engine.loading.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 
     fresh = MainWindow(settings=settings)
     qtbot.addWidget(fresh)

@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tiny import ON_CPU, build_cross_pair, build_pair
 
-from specdeck.engine.models import LoadedModel, load_model
+from specdeck.engine.loading.models import LoadedModel, load_model
 
 
 @pytest.fixture(scope="session")

@@ -7,25 +7,16 @@ import re
 import pytest
 import torch
 
-from specdeck.engine import (
-    DecodeConfig,
-    DraftModelDrafter,
-    RoundEvent,
-    TokenEvent,
-    autotune,
-    costs,
-    encode_prompt,
-    generate,
-    llama_forward,
-    row_kernel,
-)
-from specdeck.engine.acceptance import CopyAcceptance, DepthAcceptance
-from specdeck.engine.autotune import RoundPlanner
-from specdeck.engine.costs import CostCurve
-from specdeck.engine.drafters import Drafter, Proposal
-from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.rounds import Clock
-from specdeck.engine.suffix_drafting import HybridDrafter, SuffixDrafter
+from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, encode_prompt, generate
+from specdeck.engine.drafting.drafters import Drafter, Proposal
+from specdeck.engine.drafting.suffix_drafting import HybridDrafter, SuffixDrafter
+from specdeck.engine.forward import llama_forward, row_kernel
+from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.loop.rounds import Clock
+from specdeck.engine.planner import autotune, costs
+from specdeck.engine.planner.acceptance import CopyAcceptance, DepthAcceptance
+from specdeck.engine.planner.autotune import RoundPlanner
+from specdeck.engine.planner.costs import CostCurve
 
 FLAT = CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0))
 STEEP = CostCurve((1, 2, 4, 8, 16), (10.0, 20.0, 40.0, 80.0, 160.0))
@@ -240,8 +231,8 @@ def test_a_cached_curve_is_measured_again_where_the_machine_s_pace_moved(tiny_ll
 
 def _forcing_drafts(monkeypatch, curve: CostCurve = FLAT, draft_ms: float = 0.1) -> None:
     """Costs under which drafting pays, whatever the tiny test models really cost."""
-    monkeypatch.setattr("specdeck.engine.decoding.cost_curve", lambda model, cache_dir=None: curve)
-    monkeypatch.setattr("specdeck.engine.decoding.draft_cost", lambda drafter, *args, **kwargs: draft_ms)
+    monkeypatch.setattr("specdeck.engine.loop.decoding.cost_curve", lambda model, cache_dir=None: curve)
+    monkeypatch.setattr("specdeck.engine.loop.decoding.draft_cost", lambda drafter, *args, **kwargs: draft_ms)
     # the tiny models' drafts are all unlikely (their top probabilities are a few percent): verify them anyway
     monkeypatch.setattr(RoundPlanner, "first_floor", lambda self, width: 0.0)
 

@@ -4,10 +4,10 @@ what happens where llama-cpp-python is not installed."""
 import pytest
 import torch
 
-from specdeck.engine import backends
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.llamacpp_backend import library
-from specdeck.engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
+from specdeck.engine.forward.llamacpp_backend import library
+from specdeck.engine.loading import backends
+from specdeck.engine.loading.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
 
 CPU = torch.device("cpu")
 
@@ -15,7 +15,7 @@ CPU = torch.device("cpu")
 @pytest.fixture
 def not_installed(monkeypatch):
     """llama-cpp-python missing, and the process not yet told about it."""
-    monkeypatch.setattr("specdeck.engine.llamacpp_backend.library", lambda: None)
+    monkeypatch.setattr("specdeck.engine.forward.llamacpp_backend.library", lambda: None)
     monkeypatch.setattr(backends, "_told_missing", False)
 
 
@@ -96,7 +96,7 @@ def test_llama_cpp_is_timed_in_a_child_process(tmp_path):
 def test_where_the_row_kernel_reads_the_files_blocks_auto_takes_torch_untimed(monkeypatch, tmp_path):
     """Where the row kernel builds and a small GGUF file's blocks run on it, auto takes torch at once,
     timing neither backend (a first load would wait seconds); with the blocks off it times them."""
-    from specdeck.engine import row_kernel
+    from specdeck.engine.forward import row_kernel
 
     if isinstance(row_kernel.library(), str):
         pytest.skip("the row kernel does not build here")

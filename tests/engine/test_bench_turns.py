@@ -5,7 +5,7 @@ from specdeck.engine import DecodeConfig
 from specdeck.engine.bench.prompts import BenchPrompt, read_prompts
 from specdeck.engine.bench.report import summary_rows
 from specdeck.engine.bench.runner import BenchSettings, Method, run_bench
-from specdeck.engine.models import encode_conversation, encode_prompt
+from specdeck.engine.loading.models import encode_conversation, encode_prompt
 from specdeck.engine.pair import DrafterKind, ModelPair
 
 TURNS = ("The quick brown fox", "Say it again")

@@ -3,7 +3,7 @@
 import torch
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
-from specdeck.engine.kvcache import CachedModel
+from specdeck.engine.forward.kvcache import CachedModel
 
 
 def fresh_logits(model, ids: list[int]) -> torch.Tensor:

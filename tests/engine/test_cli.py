@@ -248,7 +248,7 @@ def test_a_prompt_file_too_large_to_be_prompts_is_refused_before_reading(tmp_pat
 def test_a_training_commands_out_is_checked_before_any_work(command, tiny_dirs, tmp_path, capsys, monkeypatch):
     """`--out` naming a file, or a place nothing can be written, is refused in one line before a
     model loads or a token is generated (a typo must not cost a run's worth of work)."""
-    from specdeck.engine import models
+    from specdeck.engine.loading import models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking --out"))
     target, _ = tiny_dirs

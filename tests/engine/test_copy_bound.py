@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specdeck.engine.bench.copy_bound import fastest_ms
-from specdeck.engine.costs import CostCurve
+from specdeck.engine.planner.costs import CostCurve
 
 FLAT = CostCurve((1, 2, 16), (10.0, 10.0, 10.0))
 BY_THE_TOKEN = CostCurve((1, 2, 16), (10.0, 20.0, 160.0))  # a verify of n tokens costs n steps

@@ -12,11 +12,11 @@ from tiny import ON_CPU
 
 from specdeck.cli.main import main
 from specdeck.engine import DecodeConfig, TokenEvent, encode_prompt, generate
-from specdeck.engine.cross_vocab import CrossVocabularyDrafter
-from specdeck.engine.models import DEFAULT_TARGET, load_model
+from specdeck.engine.drafting.cross_vocab import CrossVocabularyDrafter
+from specdeck.engine.drafting.vocabulary import match_vocabularies
+from specdeck.engine.loading.models import DEFAULT_TARGET, load_model
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair
-from specdeck.engine.vocabulary import match_vocabularies
 
 # a few seconds: the target writes six short answers, the draft memorises them in part
 SMALL = [

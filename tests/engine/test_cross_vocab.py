@@ -10,9 +10,9 @@ from tiny import write_two_prompts
 
 from specdeck.cli.main import main
 from specdeck.engine import DecodeConfig, RoundEvent, TokenEvent, encode_prompt, generate
-from specdeck.engine.cross_vocab import CrossVocabularyDrafter
-from specdeck.engine.drafters import Proposal
-from specdeck.engine.vocabulary import TokenText, match_vocabularies
+from specdeck.engine.drafting.cross_vocab import CrossVocabularyDrafter
+from specdeck.engine.drafting.drafters import Proposal
+from specdeck.engine.drafting.vocabulary import TokenText, match_vocabularies
 
 PROMPTS = [
     "The quick brown fox",
@@ -218,7 +218,7 @@ def test_pair_with_little_in_common_is_said_and_still_exact(cross_pair, tmp_path
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from specdeck.engine.models import load_model
+    from specdeck.engine.loading.models import load_model
 
     words = sorted({word for text in CORPUS for word in text.split()})
     tok = Tokenizer(models.WordLevel({word: i for i, word in enumerate(["[UNK]", "[EOS]", *words])}, unk_token="[UNK]"))

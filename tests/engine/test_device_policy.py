@@ -10,8 +10,8 @@ from tiny import ON_CPU
 
 from specdeck.engine import DecodeConfig, generate, load_model
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.models import resolve_device, resolve_dtype
+from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.loading.models import resolve_device, resolve_dtype
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from specdeck.engine.distill import forcing, loop
 from specdeck.engine.distill.stream import batch_states
 from specdeck.engine.distill.texts import Exchange
 from specdeck.engine.events import TokenEvent
-from specdeck.engine.models import load_model
+from specdeck.engine.loading.models import load_model
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, run_session
 
@@ -196,7 +196,7 @@ def test_second_turns_follow_the_targets_own_finished_answers(text, tmp_path):
 
 def test_the_chat_templates_second_turn_is_a_user_turn_then_the_assistants():
     from specdeck.engine.distill.turns import second_turn_suffix
-    from specdeck.engine.models import load_tokenizer
+    from specdeck.engine.loading.models import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -13,8 +13,8 @@ from specdeck.engine import (
     encode_prompt,
     generate,
 )
-from specdeck.engine.detok import Detokenizer
-from specdeck.engine.drafters import PromptLookupDrafter, Proposal, one_hot
+from specdeck.engine.drafting.drafters import PromptLookupDrafter, Proposal, one_hot
+from specdeck.engine.loop.detok import Detokenizer
 
 
 def session(target, draft, **settings):

@@ -15,8 +15,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.llama_forward import LlamaForward, supports
+from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.forward.llama_forward import LlamaForward, supports
 
 SIZES = dict(
     vocab_size=64,

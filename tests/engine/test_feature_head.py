@@ -10,14 +10,14 @@ from tiny import ON_CPU, build_pair
 
 from specdeck.cli.main import main
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.decoding import generate
 from specdeck.engine.distill.head import HeadConfig, build_head, collate_pairs, extract_features, unrolled
 from specdeck.engine.distill.teacher import Shard, load_shards
+from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+from specdeck.engine.drafting.heads import FeatureHead, head_config, load_head
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SummaryEvent, TokenEvent, TokenState
-from specdeck.engine.head_drafter import FeatureHeadDrafter
-from specdeck.engine.heads import FeatureHead, head_config, load_head
-from specdeck.engine.models import encode_prompt, load_model
+from specdeck.engine.loading.models import encode_prompt, load_model
+from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, run_session
 

@@ -12,20 +12,12 @@ from test_families import FAMILIES, build, feed_and_compare
 from test_shape_invariance import _kept, _near_ties
 from tiny import build_pair
 
-from specdeck.engine import (
-    DecodeConfig,
-    DraftModelDrafter,
-    PromptLookupDrafter,
-    encode_prompt,
-    generate,
-    graphed_steps,
-    kvcache,
-    llama_forward,
-)
-from specdeck.engine.graphed_steps import ROWS
-from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.llama_forward import LlamaForward
-from specdeck.engine.models import LoadOptions, load_model
+from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, encode_prompt, generate
+from specdeck.engine.forward import graphed_steps, kvcache, llama_forward
+from specdeck.engine.forward.graphed_steps import ROWS
+from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.forward.llama_forward import LlamaForward
+from specdeck.engine.loading.models import LoadOptions, load_model
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])

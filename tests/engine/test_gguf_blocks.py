@@ -9,13 +9,14 @@ import pytest
 import torch
 from tiny import ON_CPU, PACKED_PATHS, head_session_keeps_plain_text
 
-from specdeck.engine import DecodeConfig, encode_prompt, generate, gguf_blocks, row_kernel
-from specdeck.engine.backends import gguf_file
-from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.lean_weights import weights_of
-from specdeck.engine.llama_forward import LlamaForward
-from specdeck.engine.models import load_model
-from specdeck.engine.row_kernel import KernelLinear, QuantizedLinear
+from specdeck.engine import DecodeConfig, encode_prompt, generate
+from specdeck.engine.forward import gguf_blocks, row_kernel
+from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.forward.lean_weights import weights_of
+from specdeck.engine.forward.llama_forward import LlamaForward
+from specdeck.engine.forward.row_kernel import KernelLinear, QuantizedLinear
+from specdeck.engine.loading.backends import gguf_file
+from specdeck.engine.loading.models import load_model
 
 gguf = pytest.importorskip("gguf")
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,7 +230,7 @@ def test_verdicts_on_converted_weights_are_kept_with_them(tmp_path, monkeypatch)
     without decoding a block to compare them."""
     import shutil
 
-    from specdeck.engine.gguf_conversion import conversion_folder
+    from specdeck.engine.loading.gguf_conversion import conversion_folder
 
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
     compared = []
@@ -291,7 +292,7 @@ def test_a_gguf_target_takes_the_row_kernel_where_float32_would_take_another_pat
     """Where float32 products would run on oneDNN or F.linear (timed faster there for float32
     weights, as on an AVX2 build), a GGUF target's products still take the row kernel, which reads
     the file's blocks; a model from elsewhere, or a path forced by SPECDECK_LINEAR, keeps its choice."""
-    from specdeck.engine.linear import PathChoice
+    from specdeck.engine.forward.linear import PathChoice
 
     monkeypatch.delenv("SPECDECK_LINEAR", raising=False)
     target = load_model("smollm2-135m-instruct", ON_CPU)
@@ -310,9 +311,9 @@ def test_a_gguf_targets_feature_head_drafts_on_blocks_of_its_own_weights(monkeyp
     weights with 8-bit rows (the report says so), its drafts are still accepted, its float32 weights
     stay as trained, bit for bit, and greedy speculative text equals plain; with
     SPECDECK_GGUF_BLOCKS=float32, or beside a target from elsewhere, it keeps float32 products."""
-    from specdeck.engine.head_drafter import FeatureHeadDrafter
-    from specdeck.engine.heads import load_feature_head
-    from specdeck.engine.models import DEFAULT_HEAD
+    from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+    from specdeck.engine.drafting.heads import load_feature_head
+    from specdeck.engine.loading.models import DEFAULT_HEAD
 
     monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
     target = load_model("smollm2-135m-instruct", ON_CPU)
@@ -337,8 +338,8 @@ def test_a_head_that_fuses_lower_layers_drafts_on_its_own_blocks_too(monkeypatch
     its fusion multiplies on Q8_0 blocks of its own weights as its layer does, its drafts are
     accepted, and greedy speculative text equals plain for K = 1 and 3 (deeper drafts pass more
     rarely: at least one)."""
-    from specdeck.engine.head_drafter import FeatureHeadDrafter
-    from specdeck.engine.heads import load_feature_head
+    from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+    from specdeck.engine.drafting.heads import load_feature_head
 
     monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
     target = load_model("smollm2-135m-instruct", ON_CPU)
@@ -356,8 +357,8 @@ def test_a_head_that_fuses_lower_layers_drafts_on_its_own_blocks_too(monkeypatch
 
 def test_a_head_beside_a_target_from_elsewhere_keeps_float32_products(tiny_llama):
     """A head beside a target that is not a GGUF file drafts on its float32 products."""
-    from specdeck.engine.head_drafter import FeatureHeadDrafter
-    from specdeck.engine.heads import FeatureHead, head_config
+    from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+    from specdeck.engine.drafting.heads import FeatureHead, head_config
 
     target, _ = tiny_llama
     head = FeatureHead(head_config(target.model.config)).eval()
@@ -385,8 +386,8 @@ def test_the_tensor_index_maps_what_gguf_reads_and_heals_when_damaged(tmp_path, 
     is read again from the file, not trusted."""
     from gguf import GGUFReader
 
-    from specdeck.engine import gguf_index
-    from specdeck.engine.models import BUILTIN_MODELS
+    from specdeck.engine.forward import gguf_index
+    from specdeck.engine.loading.models import BUILTIN_MODELS
 
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
     path = BUILTIN_MODELS["smollm2-135m-instruct"].path()

@@ -23,14 +23,14 @@ from specdeck.engine import (
     encode_prompt,
     generate,
 )
-from specdeck.engine.head_drafter import FeatureHeadDrafter
-from specdeck.engine.heads import FeatureHead, head_config
-from specdeck.engine.llama_forward import LlamaForward
+from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+from specdeck.engine.drafting.heads import FeatureHead, head_config
+from specdeck.engine.drafting.suffix import SuffixIndex
+from specdeck.engine.forward.llama_forward import LlamaForward
+from specdeck.engine.loading.models import LoadOptions, load_model
 from specdeck.engine.memory import give_back
-from specdeck.engine.models import LoadOptions, load_model
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair
-from specdeck.engine.suffix import SuffixIndex
 
 pytestmark = pytest.mark.cuda
 PROMPT = "The quick brown fox"

@@ -15,7 +15,7 @@ from specdeck.engine.distill import forcing
 from specdeck.engine.distill.forcing import load_store
 from specdeck.engine.distill.texts import TEXT_SOURCES, Exchange
 from specdeck.engine.events import TokenEvent
-from specdeck.engine.models import load_model
+from specdeck.engine.loading.models import load_model
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, run_session
 

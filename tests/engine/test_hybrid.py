@@ -17,14 +17,14 @@ from specdeck.engine import (
     encode_prompt,
     generate,
 )
-from specdeck.engine.autotune import RoundPlanner
-from specdeck.engine.costs import CostCurve
-from specdeck.engine.head_drafter import FeatureHeadDrafter
-from specdeck.engine.heads import FeatureHead, head_config
+from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+from specdeck.engine.drafting.heads import FeatureHead, head_config
+from specdeck.engine.drafting.suffix import SuffixIndex
+from specdeck.engine.loop.rounds import Clock
 from specdeck.engine.pair import DrafterKind, PairSpec
-from specdeck.engine.rounds import Clock
+from specdeck.engine.planner.autotune import RoundPlanner
+from specdeck.engine.planner.costs import CostCurve
 from specdeck.engine.sampling import logits_to_probs
-from specdeck.engine.suffix import SuffixIndex
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 
@@ -48,10 +48,10 @@ def test_greedy_hybrid_equals_plain(tiny_llama, kind, schedule, monkeypatch):
     drafting pays (a flat verify, cheap drafts, a round clock that ticks), not with what the tiny
     models cost on a busy machine."""
     monkeypatch.setattr(
-        "specdeck.engine.decoding.cost_curve",
+        "specdeck.engine.loop.decoding.cost_curve",
         lambda model, cache_dir=None: CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)),
     )
-    monkeypatch.setattr("specdeck.engine.decoding.draft_cost", lambda *args, **kwargs: 0.1)
+    monkeypatch.setattr("specdeck.engine.loop.decoding.draft_cost", lambda *args, **kwargs: 0.1)
     # every first draft verified: the tiny random models' likeliest token is rarely likely enough to
     # pass a floor, and a planner that learns its drafts are refused stops asking for them
     monkeypatch.setattr(RoundPlanner, "first_floor", lambda self, width: 0.0)

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from specdeck.engine import row_kernel
 from specdeck.engine.atomic import record_path
+from specdeck.engine.forward import row_kernel
 
 # in a child process, so that a damaged library loaded by mistake fails the test, not pytest
 CHILD = textwrap.dedent("""
     import shutil, sys
-    from specdeck.engine import row_kernel
+    from specdeck.engine.forward import row_kernel
 
     def copy_the_good_one(compiler, path, arch):
         shutil.copyfile(sys.argv[1], path)
@@ -135,8 +135,8 @@ def test_the_command_starts_the_kernel_only_for_commands_that_load_a_model(monke
 def test_the_backend_choice_goes_on_beside_a_build_under_way(monkeypatch):
     """While the kernel builds on its own thread, auto's choice for a GGUF file does not wait for
     it: it goes by whether the kernel can build here (a compiler, an x86-64 CPU)."""
-    from specdeck.engine import backends
-    from specdeck.engine.backends import gguf_file
+    from specdeck.engine.loading import backends
+    from specdeck.engine.loading.backends import gguf_file
 
     def waited(progress=None):
         raise AssertionError("waited for the build")

@@ -19,10 +19,11 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from specdeck.engine import DecodeConfig, Proposal, TokenEvent, encode_prompt, generate, layer_skip
+from specdeck.engine import DecodeConfig, Proposal, TokenEvent, encode_prompt, generate
+from specdeck.engine.drafting import layer_skip
+from specdeck.engine.drafting.layer_skip import LayerSkipDrafter, choose_layers, partial_model
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.layer_skip import LayerSkipDrafter, choose_layers, partial_model
-from specdeck.engine.lean_weights import weights_of
+from specdeck.engine.forward.lean_weights import weights_of
 from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.session import load_pair
 

@@ -5,8 +5,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdeck.engine import DecodeConfig, TokenEvent, encode_prompt, generate
-from specdeck.engine.kvcache import CachedModel, HFForward
-from specdeck.engine.llama_forward import LlamaForward
+from specdeck.engine.forward.kvcache import CachedModel, HFForward
+from specdeck.engine.forward.llama_forward import LlamaForward
 
 
 def test_logits_match_hf_through_prefill_steps_growth_and_crop(tiny_llama):

@@ -12,15 +12,14 @@ import torch
 from test_sampling_lossless import chi_square, chi_square_quantile, sample_two_tokens
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
-from specdeck.engine import llamacpp_backend as llama_backend
-from specdeck.engine.autotune import Shape
 from specdeck.engine.bench import llamacpp_baseline
+from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+from specdeck.engine.drafting.heads import load_feature_head
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent
-from specdeck.engine.head_drafter import FeatureHeadDrafter
-from specdeck.engine.heads import load_feature_head
-from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel, library, model_params
-from specdeck.engine.models import (
+from specdeck.engine.forward import llamacpp_backend as llama_backend
+from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel, library, model_params
+from specdeck.engine.loading.models import (
     BUILTIN_MODELS,
     DEFAULT_DRAFT,
     DEFAULT_HEAD,
@@ -29,7 +28,8 @@ from specdeck.engine.models import (
     LoadOptions,
     load_model,
 )
-from specdeck.engine.rounds import Schedule
+from specdeck.engine.loop.rounds import Schedule
+from specdeck.engine.planner.autotune import Shape
 from specdeck.engine.sampling import logits_to_probs
 
 pytestmark = pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")

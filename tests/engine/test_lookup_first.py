@@ -10,10 +10,10 @@ import torch
 from test_sampling_lossless import chi_square, chi_square_quantile
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, TokenState, encode_prompt, generate
-from specdeck.engine.drafters import PromptLookupDrafter
+from specdeck.engine.drafting.drafters import PromptLookupDrafter
+from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+from specdeck.engine.drafting.heads import FeatureHead, head_config
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.head_drafter import FeatureHeadDrafter
-from specdeck.engine.heads import FeatureHead, head_config
 from specdeck.engine.sampling import logits_to_probs
 
 REPEATING = "one two three four five one two three four five one two three"

@@ -7,8 +7,8 @@ import torch
 from tiny import ON_CPU, build_pair
 
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.gguf_conversion import WEIGHTS_RECORD_FILE, convert_gguf
-from specdeck.engine.models import BUILTIN_MODELS, DEFAULT_TARGET, load_model
+from specdeck.engine.loading.gguf_conversion import WEIGHTS_RECORD_FILE, convert_gguf
+from specdeck.engine.loading.models import BUILTIN_MODELS, DEFAULT_TARGET, load_model
 
 
 class RunsAShellCommand:
@@ -88,7 +88,7 @@ def test_cache_damage_names_a_changed_byte_and_records_older_caches(tmp_path):
     """Same size but another byte fails the checksum; a cache without a record is recorded if it reads, else damaged."""
     from safetensors.torch import save_file
 
-    from specdeck.engine.gguf_conversion import cache_damage, record_weights
+    from specdeck.engine.loading.gguf_conversion import cache_damage, record_weights
 
     weights = tmp_path / "model.safetensors"
     save_file({"w": torch.arange(64, dtype=torch.float32)}, str(weights))

@@ -9,7 +9,7 @@ from tiny import ON_CPU, build_pair
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, TokenState, encode_prompt, generate
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.models import OUTPUT_TOKENS_FILE, load_model
+from specdeck.engine.loading.models import OUTPUT_TOKENS_FILE, load_model
 
 
 def test_reduced_output_greedy_equals_plain(tiny_pair):

@@ -5,8 +5,8 @@ import torch
 from tiny import ON_CPU, build_model, build_tokenizer
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, TokenState, encode_prompt, generate
-from specdeck.engine.models import load_model
-from specdeck.engine.vocabulary import match_vocabularies
+from specdeck.engine.drafting.vocabulary import match_vocabularies
+from specdeck.engine.loading.models import load_model
 
 EXTRA = ["<|user|>", "<|end|>"]
 

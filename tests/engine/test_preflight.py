@@ -7,9 +7,9 @@ import shutil
 import pytest
 from tiny import ON_CPU, build_pair
 
-from specdeck.engine import preflight
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.models import load_model
+from specdeck.engine.loading import preflight
+from specdeck.engine.loading.models import load_model
 
 
 @pytest.fixture

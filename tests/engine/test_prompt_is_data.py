@@ -3,7 +3,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from specdeck.engine.models import encode_prompt, locate
+from specdeck.engine.loading.models import encode_prompt, locate
 
 
 @pytest.fixture(scope="module")

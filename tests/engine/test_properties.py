@@ -23,8 +23,8 @@ from specdeck.engine import (
     generate,
 )
 from specdeck.engine.config import SCHEDULES
+from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.events import SessionStarted, TokenState
-from specdeck.engine.suffix import SuffixIndex
 
 LONG = os.environ.get("SPECDECK_HYPOTHESIS") == "long"
 PROFILE = settings(

@@ -40,7 +40,7 @@ def test_prompt_lookup_greedy_equals_plain_for_128_tokens(smollm2):
 def test_layer_skip_greedy_equals_plain_on_the_builtin_target(smollm2):
     """The built-in target drafting with its own first 25 layers writes plain greedy text, and some
     of those drafts pass."""
-    from specdeck.engine.layer_skip import LayerSkipDrafter, choose_layers
+    from specdeck.engine.drafting.layer_skip import LayerSkipDrafter, choose_layers
 
     ids = encode_prompt(smollm2.tokenizer, "Name three rivers in Europe and the seas they flow into.")
     config = DecodeConfig(k=3, schedule="constant", max_new_tokens=48)
@@ -62,8 +62,8 @@ def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
     """The bundled draft fits the size limit, shares the built-in target's vocabulary, proposes from
     its reduced vocabulary, and leaves greedy output unchanged while
     actually getting drafts accepted."""
-    from specdeck.engine.models import DEFAULT_DRAFT, locate
-    from specdeck.engine.vocabulary import match_vocabularies
+    from specdeck.engine.drafting.vocabulary import match_vocabularies
+    from specdeck.engine.loading.models import DEFAULT_DRAFT, locate
 
     folder = Path(locate(DEFAULT_DRAFT))
     assert sum(f.stat().st_size for f in folder.glob("*.safetensors")) <= 32_000_000
@@ -82,8 +82,8 @@ def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
 def test_builtin_head_ships_small_and_keeps_greedy_exact(smollm2):
     """The bundled feature head fits the size limit, carries its card, binds to the built-in target
     and leaves greedy output unchanged while getting drafts accepted."""
-    from specdeck.engine.heads import load_feature_head
-    from specdeck.engine.models import DEFAULT_HEAD, locate
+    from specdeck.engine.drafting.heads import load_feature_head
+    from specdeck.engine.loading.models import DEFAULT_HEAD, locate
 
     folder = Path(locate(DEFAULT_HEAD))
     assert sum(f.stat().st_size for f in folder.iterdir()) <= 32_000_000
@@ -99,8 +99,8 @@ def test_builtin_head_ships_small_and_keeps_greedy_exact(smollm2):
 def test_default_pair_copies_from_an_article_and_stays_exact(smollm2):
     """The default settings (head, K=1, prompt lookup first) on the summarization preset: some copies
     of the article are accepted, and the text equals plain greedy decoding."""
-    from specdeck.engine.heads import load_feature_head
-    from specdeck.engine.models import DEFAULT_HEAD
+    from specdeck.engine.drafting.heads import load_feature_head
+    from specdeck.engine.loading.models import DEFAULT_HEAD
     from specdeck.engine.resources import resource_path
 
     head = load_feature_head(DEFAULT_HEAD, smollm2)
@@ -118,8 +118,8 @@ def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
     long copies pay (a head asked for is kept there); with its distilled draft when that drafter is
     asked for; the head by itself when named; prompt lookup when asked for it; a target of one's own
     without a draft gets prompt lookup."""
-    from specdeck.engine.llamacpp_backend import library
-    from specdeck.engine.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+    from specdeck.engine.forward.llamacpp_backend import library
+    from specdeck.engine.loading.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
     from specdeck.engine.pair import PairSpec
     from specdeck.engine.session import load_pair
 
@@ -142,8 +142,8 @@ def test_lean_forward_keeps_hf_logits_and_greedy_text(monkeypatch):
     another arithmetic)."""
     import torch
 
-    from specdeck.engine.kvcache import CachedModel, HFForward
-    from specdeck.engine.llama_forward import LlamaForward
+    from specdeck.engine.forward.kvcache import CachedModel, HFForward
+    from specdeck.engine.forward.llama_forward import LlamaForward
 
     monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "float32")
     smollm2 = load_model("smollm2-135m-instruct", ON_CPU)

@@ -15,10 +15,9 @@ import pytest
 from serving import free_port, post, wait_until_serving
 
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.decoding import generate
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent
-from specdeck.engine.models import (
+from specdeck.engine.loading.models import (
     BUILTIN_MODELS,
     DEFAULT_DRAFT,
     DEFAULT_HEAD,
@@ -26,10 +25,11 @@ from specdeck.engine.models import (
     encode_prompt,
     load_tokenizer,
 )
+from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, PairSpec
-from specdeck.engine.remote_http import API_KEY_VARIABLE, Endpoint
-from specdeck.engine.remote_scoring import ServerTime
-from specdeck.engine.remote_target import RemoteSettings, RemoteTarget, connect
+from specdeck.engine.remote.remote_http import API_KEY_VARIABLE, Endpoint
+from specdeck.engine.remote.remote_scoring import ServerTime
+from specdeck.engine.remote.remote_target import RemoteSettings, RemoteTarget, connect
 from specdeck.engine.session import load_pair
 from specdeck.engine.stats import expected_tokens_per_round, remote_tokens_per_s
 
@@ -47,7 +47,7 @@ GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=16)
 SERVER_WITHOUT_AMX_BUFFERS = """
 import llama_cpp
 from llama_cpp.server.__main__ import main
-from specdeck.engine.llamacpp_backend import model_params
+from specdeck.engine.forward.llamacpp_backend import model_params
 llama_cpp.llama_cpp.llama_model_default_params = lambda: model_params(llama_cpp)
 main()
 """

@@ -17,11 +17,11 @@ from safetensors.torch import load_file, save_file
 from serving import free_port, post, wait_until_serving
 
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.decoding import generate
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import TokenEvent
-from specdeck.engine.gguf_conversion import convert_gguf
-from specdeck.engine.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, encode_prompt
+from specdeck.engine.loading.gguf_conversion import convert_gguf
+from specdeck.engine.loading.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, encode_prompt
+from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.session import load_pair, run_session
 

@@ -19,11 +19,11 @@ from specdeck.engine import (
     encode_prompt,
     generate,
 )
-from specdeck.engine.decoding import verify
-from specdeck.engine.head_drafter import FeatureHeadDrafter
-from specdeck.engine.heads import FeatureHead, head_config
+from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+from specdeck.engine.drafting.heads import FeatureHead, head_config
+from specdeck.engine.drafting.suffix import SuffixIndex
+from specdeck.engine.loop.decoding import verify
 from specdeck.engine.sampling import logits_to_probs
-from specdeck.engine.suffix import SuffixIndex
 
 Z_999 = 3.090  # standard normal 99.9% quantile
 
@@ -181,12 +181,12 @@ def test_auto_schedule_sampling_follows_target(tiny_llama, monkeypatch):
     """Under the auto schedule, with costs that make drafting pay, the first two sampled tokens still
     follow the target exactly; the same counts fail against the target at another temperature (the
     control: the test can tell a near miss)."""
-    from specdeck.engine.costs import CostCurve
+    from specdeck.engine.planner.costs import CostCurve
 
     monkeypatch.setattr(
-        "specdeck.engine.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
+        "specdeck.engine.loop.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
     )
-    monkeypatch.setattr("specdeck.engine.decoding.draft_cost", lambda *args, **kwargs: 0.1)
+    monkeypatch.setattr("specdeck.engine.loop.decoding.draft_cost", lambda *args, **kwargs: 0.1)
     target, draft = tiny_llama
     ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
     base = DecodeConfig(temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2)

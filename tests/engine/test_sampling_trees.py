@@ -10,13 +10,13 @@ import torch
 from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution
 
 from specdeck.engine import DecodeConfig, RoundEvent, TokenEvent, encode_prompt, generate
-from specdeck.engine.autotune import Shape
-from specdeck.engine.costs import CostCurve
-from specdeck.engine.decoding import verify
-from specdeck.engine.drafters import Drafter, Proposal
+from specdeck.engine.drafting.drafters import Drafter, Proposal
 from specdeck.engine.events import TokenState, event_to_dict
 from specdeck.engine.export import SessionRecord
-from specdeck.engine.rounds import Schedule
+from specdeck.engine.loop.decoding import verify
+from specdeck.engine.loop.rounds import Schedule
+from specdeck.engine.planner.autotune import Shape
+from specdeck.engine.planner.costs import CostCurve
 from specdeck.engine.sampling import logits_to_probs, sample
 
 SAMPLED = DecodeConfig(temperature=0.8, top_k=40, top_p=0.9, lookup=0, schedule="constant")
@@ -85,7 +85,7 @@ def test_alternatives_tried_against_the_residual_give_p():
         taken = 0
         with pytest.MonkeyPatch.context() as patch:
             if wrong:
-                patch.setattr("specdeck.engine.decoding.alternative_chances", unzeroed_chances)
+                patch.setattr("specdeck.engine.loop.decoding.alternative_chances", unzeroed_chances)
             for _ in range(n):
                 first = int(torch.multinomial(q, 1, generator=gen))
                 alternatives = [t for t in (0, 1, 2, 5) if t != first][:3]
@@ -121,7 +121,7 @@ def test_sampled_tree_follows_target(tiny_llama, monkeypatch, rule):
     target, _ = tiny_llama
     monkeypatch.setattr(Schedule, "plan", lambda self: Shape(0, 1, 4))
     if rule != "residual":
-        monkeypatch.setattr("specdeck.engine.decoding.alternative_chances", unzeroed_chances)
+        monkeypatch.setattr("specdeck.engine.loop.decoding.alternative_chances", unzeroed_chances)
     ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
     config = replace(SAMPLED, max_new_tokens=2)
     exact = exact_two_token_distribution(target, ids, config)
@@ -190,9 +190,9 @@ def test_sampled_sessions_plan_trees_that_keep_alternatives_and_repeat_for_a_see
     """Under the auto schedule with a verify that costs the same for any size, sampled sessions verify
     trees, keep an alternative to the first draft in some rounds, and give the same text for a seed."""
     monkeypatch.setattr(
-        "specdeck.engine.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
+        "specdeck.engine.loop.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
     )
-    monkeypatch.setattr("specdeck.engine.decoding.draft_cost", lambda *args, **kwargs: 0.1)
+    monkeypatch.setattr("specdeck.engine.loop.decoding.draft_cost", lambda *args, **kwargs: 0.1)
     target, _ = tiny_llama
     ids = encode_prompt(target.tokenizer, "Once upon a time", chat=False)
     config = DecodeConfig(temperature=1.0, max_new_tokens=48, lookup=0)

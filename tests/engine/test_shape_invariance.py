@@ -6,21 +6,13 @@ import torch
 import torch.nn.functional as F
 from tiny import ON_CPU, PACKED_PATHS, build_pair
 
-from specdeck.engine import (
-    DecodeConfig,
-    DraftModelDrafter,
-    TokenEvent,
-    encode_prompt,
-    generate,
-    linear,
-    rounds,
-    row_attention,
-    row_kernel,
-)
-from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.linear import PackedLinear, layout_for, packed_available
-from specdeck.engine.models import load_model
-from specdeck.engine.row_kernel import KernelLinear
+from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
+from specdeck.engine.forward import linear, row_attention, row_kernel
+from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.forward.linear import PackedLinear, layout_for, packed_available
+from specdeck.engine.forward.row_kernel import KernelLinear
+from specdeck.engine.loading.models import load_model
+from specdeck.engine.loop import rounds
 
 needs_packed = pytest.mark.skipif(not PACKED_PATHS, reason="no product path here keeps a row's bits")
 
@@ -275,7 +267,7 @@ def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama, parents, atte
     path had been fed. Where the layers run on the row kernel, whose steps round their small
     operations otherwise than a side branch's eager layers, the forward takes no trees."""
     _attention(attention, monkeypatch, packed_llama.model)
-    from specdeck.engine.llama_forward import LlamaForward, _paths
+    from specdeck.engine.forward.llama_forward import LlamaForward, _paths
 
     forward = LlamaForward(packed_llama.model)
     _layers_as_asked(forward, attention)

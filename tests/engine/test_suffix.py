@@ -10,7 +10,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdeck.engine.suffix import SuffixIndex
+from specdeck.engine.drafting.suffix import SuffixIndex
 
 LONG = os.environ.get("SPECDECK_HYPOTHESIS") == "long"
 PROFILE = settings(

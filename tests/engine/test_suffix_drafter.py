@@ -6,8 +6,8 @@ import pytest
 from specdeck.engine import DecodeConfig, SuffixDrafter, TokenEvent, encode_prompt, generate
 from specdeck.engine.bench.prompts import BenchPrompt
 from specdeck.engine.bench.runner import BenchSettings, Method, run_bench
+from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.pair import DrafterKind, ModelPair
-from specdeck.engine.suffix import SuffixIndex
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 

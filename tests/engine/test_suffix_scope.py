@@ -9,10 +9,10 @@ import pytest
 
 from specdeck.engine import DecodeConfig, PromptLookupDrafter, RoundEvent, TokenEvent, encode_prompt, generate
 from specdeck.engine.cache import clear_suffix_texts, suffix_cache
+from specdeck.engine.drafting.past_sessions import PastSessions, read_texts
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.export import SessionRecord, tokens_csv
 from specdeck.engine.pair import DrafterKind, ModelPair
-from specdeck.engine.past_sessions import PastSessions, read_texts
 
 PROMPT = "The quick brown fox"
 
@@ -155,8 +155,8 @@ def test_the_targets_own_texts_are_copied_under_scope_session(tiny_pair, monkeyp
 
 def test_the_built_in_target_ships_its_own_texts():
     """SpecDeck ships the built-in target's own texts, where a suffix drafter for it finds them."""
-    from specdeck.engine.models import DEFAULT_TARGET, load_tokenizer
-    from specdeck.engine.past_sessions import target_texts_file
+    from specdeck.engine.drafting.past_sessions import target_texts_file
+    from specdeck.engine.loading.models import DEFAULT_TARGET, load_tokenizer
     from specdeck.engine.resources import resource_path
 
     tokenizer = load_tokenizer(DEFAULT_TARGET)

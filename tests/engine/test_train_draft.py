@@ -11,7 +11,7 @@ from specdeck.engine.config import DecodeConfig
 from specdeck.engine.distill.teacher import load_shards
 from specdeck.engine.distill.train import TrainConfig, build_teacher_data
 from specdeck.engine.events import SummaryEvent, TokenEvent, TokenState
-from specdeck.engine.models import LoadOptions, load_model
+from specdeck.engine.loading.models import LoadOptions, load_model
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, run_session
 

@@ -6,10 +6,10 @@ import torch
 from tiny import PACKED_PATHS
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdeck.engine.lean_weights import output_weight, weights_of
-from specdeck.engine.linear import DenseLinear, PackedLinear
-from specdeck.engine.llama_forward import LlamaForward
-from specdeck.engine.row_kernel import KernelLinear
+from specdeck.engine.forward.lean_weights import output_weight, weights_of
+from specdeck.engine.forward.linear import DenseLinear, PackedLinear
+from specdeck.engine.forward.llama_forward import LlamaForward
+from specdeck.engine.forward.row_kernel import KernelLinear
 
 PATHS = ["dense", *PACKED_PATHS]
 
@@ -129,7 +129,7 @@ def test_a_load_lays_out_the_weights_and_says_so(tmp_path):
     session starts decoding at once instead of sitting silent while they are laid out."""
     from tiny import build_pair
 
-    from specdeck.engine import lean_weights
+    from specdeck.engine.forward import lean_weights
     from specdeck.engine.pair import PairSpec
     from specdeck.engine.session import load_pair
 

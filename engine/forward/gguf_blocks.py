@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdeck.engine import row_kernel
 from specdeck.engine.atomic import write_text
-from specdeck.engine.gguf_index import matches_path, tensors_of
-from specdeck.engine.linear import PathChoice
-from specdeck.engine.row_kernel import QUANTIZED, QuantizedLinear
+from specdeck.engine.forward import row_kernel
+from specdeck.engine.forward.gguf_index import matches_path, tensors_of
+from specdeck.engine.forward.linear import PathChoice
+from specdeck.engine.forward.row_kernel import QUANTIZED, QuantizedLinear
 
 log = logging.getLogger(__name__)
 

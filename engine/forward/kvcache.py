@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, overload
 import torch
 from transformers import DynamicCache
 
-from specdeck.engine import graphed_steps, llama_forward, row_attention, row_kernel
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.hf_parts import input_embedding, output_projection
-from specdeck.engine.lean_weights import weights_of
-from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
+from specdeck.engine.forward import graphed_steps, llama_forward, row_attention, row_kernel
+from specdeck.engine.forward.hf_parts import input_embedding, output_projection
+from specdeck.engine.forward.lean_weights import weights_of
+from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdeck.engine import gguf_blocks
 from specdeck.engine.atomic import building_folder
-from specdeck.engine.backends import choose_backend, gguf_file
 from specdeck.engine.cache import TOKENIZER_SUFFIX
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.gguf_conversion import conversion_folder, convert_gguf, converted_weights, pending_damage
-from specdeck.engine.hf_parts import output_projection
-from specdeck.engine.llamacpp_backend import LlamaCppModel
-from specdeck.engine.preflight import check_model_folder
+from specdeck.engine.forward import gguf_blocks
+from specdeck.engine.forward.hf_parts import output_projection
+from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
+from specdeck.engine.loading.backends import choose_backend, gguf_file
+from specdeck.engine.loading.gguf_conversion import conversion_folder, convert_gguf, converted_weights, pending_damage
+from specdeck.engine.loading.preflight import check_model_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -20,7 +20,7 @@ for prose, longer for text that repeats itself many times (n for one token repea
 Texts of several sessions go into one automaton separated by `separate()`: each separator is a
 token id of its own (negative), so no match runs across it.
 
-`python -m specdeck.engine.suffix --bench` times a drafting round's look-ups on this machine.
+`python -m specdeck.engine.drafting.suffix --bench` times a drafting round's look-ups on this machine.
 """
 
 from __future__ import annotations
@@ -249,7 +249,9 @@ def _bench(tokens: int, queries: int, vocab: int, seed: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specdeck.engine.suffix", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m specdeck.engine.drafting.suffix", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--bench", action="store_true", help="time indexing and a drafting round's look-ups")
     parser.add_argument("--tokens", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=2000)

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdeck.engine import gguf_blocks, linear, llama_forward, row_attention, row_kernel
 from specdeck.engine.atomic import recorded_damage, write_with
 from specdeck.engine.cache import machine_name
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.hf_parts import input_embedding
-from specdeck.engine.kvcache import CachedModel, synchronize
-from specdeck.engine.llamacpp_backend import LlamaCppModel
+from specdeck.engine.forward import gguf_blocks, linear, llama_forward, row_attention, row_kernel
+from specdeck.engine.forward.hf_parts import input_embedding
+from specdeck.engine.forward.kvcache import CachedModel, synchronize
+from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

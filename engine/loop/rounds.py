@@ -21,19 +21,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdeck.engine.autotune import RoundPlanner, Shape, round_label
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.drafters import Drafter, Proposal
+from specdeck.engine.drafting.drafters import Drafter, Proposal
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.kvcache import CachedModel, synchronize
-from specdeck.engine.models import LoadedModel
-from specdeck.engine.remote_scoring import ServerTime
-from specdeck.engine.remote_target import RemoteTarget
+from specdeck.engine.forward.kvcache import CachedModel, synchronize
+from specdeck.engine.loading.models import LoadedModel
+from specdeck.engine.planner.autotune import RoundPlanner, Shape, round_label
+from specdeck.engine.remote.remote_scoring import ServerTime
+from specdeck.engine.remote.remote_target import RemoteTarget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from specdeck.engine.llamacpp_backend import LlamaCppModel
+    from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 
 log = logging.getLogger(__name__)
 

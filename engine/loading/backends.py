@@ -39,7 +39,7 @@ Progress = Callable[[str], None]
 
 def gguf_file(name: str) -> Path | None:
     """The GGUF file that `name` (a built-in alias or a path) stands for, or None."""
-    from specdeck.engine.models import BUILTIN_MODELS, BuiltinModel
+    from specdeck.engine.loading.models import BUILTIN_MODELS, BuiltinModel
 
     entry = BUILTIN_MODELS.get(name)
     if isinstance(entry, BuiltinModel):
@@ -54,7 +54,7 @@ _told_missing = False
 
 def llama_cpp_installed(progress: Progress | None = None) -> bool:
     """Whether llama-cpp-python imports here; where it does not, say so once per process."""
-    from specdeck.engine.llamacpp_backend import library
+    from specdeck.engine.forward.llamacpp_backend import library
 
     global _told_missing
     if library() is not None:
@@ -114,9 +114,9 @@ def blocks_on_row_kernel(path: Path, progress: Progress | None = None) -> bool:
     of a first load): the kernel builds (or, while it is being built, can be), the blocks are on,
     and the file dequantized (about 8 times its size) takes at most a sixteenth of the memory
     available."""
-    from specdeck.engine import row_kernel
-    from specdeck.engine.gguf_blocks import blocks_off
-    from specdeck.engine.preflight import available_memory
+    from specdeck.engine.forward import row_kernel
+    from specdeck.engine.forward.gguf_blocks import blocks_off
+    from specdeck.engine.loading.preflight import available_memory
 
     if blocks_off():
         return False
@@ -133,8 +133,8 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
     """Whether a plain step of `path` is faster on llama.cpp than on torch here (measured once, then saved)."""
     from specdeck.engine.atomic import write_text
     from specdeck.engine.cache import costs_cache, machine_name
-    from specdeck.engine.gguf_blocks import activations
-    from specdeck.engine.llamacpp_backend import library
+    from specdeck.engine.forward.gguf_blocks import activations
+    from specdeck.engine.forward.llamacpp_backend import library
 
     stat = path.stat()
     key = "\n".join(
@@ -185,7 +185,7 @@ class LlamaCppCrashed(SpecDeckError):
 # a SpecDeckError's message on stderr with exit status 2.
 _CHILD = """
 import sys, torch
-from specdeck.engine.backends import llama_cpp_step_ms_here
+from specdeck.engine.loading.backends import llama_cpp_step_ms_here
 from specdeck.engine.errors import SpecDeckError
 torch.set_num_threads(int(sys.argv[2]))
 try:
@@ -227,7 +227,7 @@ def _llama_cpp_step_ms(path: Path) -> float:
 
 def llama_cpp_step_ms_here(path: str) -> float:
     """A llama.cpp plain step's milliseconds on the file at `path`, in this process."""
-    from specdeck.engine.llamacpp_backend import LlamaCppForward, LlamaCppModel
+    from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
     model = LlamaCppModel(Path(path))
     return _step_ms(LlamaCppForward(model), model.vocab_width)
@@ -235,8 +235,8 @@ def llama_cpp_step_ms_here(path: str) -> float:
 
 def _torch_step_ms(name: str, progress: Progress | None) -> float:
     """A torch plain step's milliseconds, or infinity where the dequantized model would not fit in memory."""
-    from specdeck.engine.kvcache import CachedModel
-    from specdeck.engine.models import LoadOptions, load_model
+    from specdeck.engine.forward.kvcache import CachedModel
+    from specdeck.engine.loading.models import LoadOptions, load_model
 
     try:
         loaded = load_model(name, LoadOptions(device="cpu", backend="torch"), progress)

@@ -19,8 +19,8 @@ import os
 
 import torch
 
-from specdeck.engine import row_kernel
-from specdeck.engine.row_kernel import KernelLinear, QuantizedLinear
+from specdeck.engine.forward import row_kernel
+from specdeck.engine.forward.row_kernel import KernelLinear, QuantizedLinear
 
 LIMIT = 64  # rows a call takes at most (the kernel's bound)
 

@@ -28,14 +28,14 @@ import torch
 from transformers import PreTrainedModel
 
 from specdeck.engine.cache import costs_cache
-from specdeck.engine.costs import cached_measurement, forward_ms, measurement_key
-from specdeck.engine.drafters import DraftModelDrafter
+from specdeck.engine.drafting.drafters import DraftModelDrafter
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.lean_weights import share_first_layers
-from specdeck.engine.llama_forward import supports
-from specdeck.engine.llamacpp_backend import LlamaCppModel
-from specdeck.engine.models import LoadedModel, Progress
+from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.forward.lean_weights import share_first_layers
+from specdeck.engine.forward.llama_forward import supports
+from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
+from specdeck.engine.loading.models import LoadedModel, Progress
+from specdeck.engine.planner.costs import cached_measurement, forward_ms, measurement_key
 from specdeck.engine.resources import resource_path
 from specdeck.engine.stats import predicted_speedup
 

@@ -97,7 +97,7 @@ def _tensors_only_reader():
                 item, count = int(self._get(orig_offs, np.uint32)[0]), int(self._get(orig_offs + 4, np.uint64)[0])
                 scalar = self.gguf_scalar_to_np.get(GGUFValueType(item))
                 if item == GGUFValueType.STRING:
-                    data, offs = memoryview(self.data), orig_offs + 12
+                    data, offs = self.data.data, orig_offs + 12
                     for _ in range(count):
                         offs += 8 + length.unpack_from(data, offs)[0]
                     return offs - orig_offs, [], [], [GGUFValueType.ARRAY, GGUFValueType.STRING]

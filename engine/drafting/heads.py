@@ -31,10 +31,10 @@ from transformers import LlamaConfig, LlamaModel, PreTrainedModel
 
 from specdeck.engine.atomic import building_folder
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.hf_parts import output_projection
-from specdeck.engine.lean_weights import output_weight
-from specdeck.engine.llamacpp_backend import LlamaCppModel, matrices_of
-from specdeck.engine.models import (
+from specdeck.engine.forward.hf_parts import output_projection
+from specdeck.engine.forward.lean_weights import output_weight
+from specdeck.engine.forward.llamacpp_backend import LlamaCppModel, matrices_of
+from specdeck.engine.loading.models import (
     BUILTIN_MODELS,
     HEAD_KEY,
     OUTPUT_TOKENS_FILE,

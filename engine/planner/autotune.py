@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdeck.engine.acceptance import DECAY, PRIOR, CopyAcceptance, DepthAcceptance
-from specdeck.engine.costs import SETTLE, CostCurve
+from specdeck.engine.planner.acceptance import DECAY, PRIOR, CopyAcceptance, DepthAcceptance
+from specdeck.engine.planner.costs import SETTLE, CostCurve
 
 PROBE_EVERY = 8  # rounds at least between one-token drafts while the planner has chosen not to draft
 # the share of plain rounds' time that probes may lose, at most (expected): a probe also slows the

@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from specdeck.engine import row_kernel
-from specdeck.engine.row_kernel import KernelLinear, QuantizedLinear
+from specdeck.engine.forward import row_kernel
+from specdeck.engine.forward.row_kernel import KernelLinear, QuantizedLinear
 
 log = logging.getLogger(__name__)
 

@@ -10,21 +10,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdeck.engine import gguf_blocks
-from specdeck.engine.drafters import DraftChain, Drafter, Proposal
-from specdeck.engine.hf_parts import input_embedding
-from specdeck.engine.kvcache import backend_for
-from specdeck.engine.lean_weights import output_weight
-from specdeck.engine.linear import Linear, PathChoice, bfloat16_pays, make_linear
-from specdeck.engine.llama_forward import LlamaForward, output_layer, supports
-from specdeck.engine.llamacpp_backend import LlamaCppModel, matrices_of
-from specdeck.engine.row_kernel import QuantizedLinear
+from specdeck.engine.drafting.drafters import DraftChain, Drafter, Proposal
+from specdeck.engine.forward import gguf_blocks
+from specdeck.engine.forward.hf_parts import input_embedding
+from specdeck.engine.forward.kvcache import backend_for
+from specdeck.engine.forward.lean_weights import output_weight
+from specdeck.engine.forward.linear import Linear, PathChoice, bfloat16_pays, make_linear
+from specdeck.engine.forward.llama_forward import LlamaForward, output_layer, supports
+from specdeck.engine.forward.llamacpp_backend import LlamaCppModel, matrices_of
+from specdeck.engine.forward.row_kernel import QuantizedLinear
 from specdeck.engine.sampling import logits_to_probs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from specdeck.engine.heads import FeatureHead
+    from specdeck.engine.drafting.heads import FeatureHead
 
 
 class FeatureHeadDrafter(Drafter):

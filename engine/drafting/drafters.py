@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from specdeck.engine.acceptance import MATCH_CAP
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.context import context_length
-from specdeck.engine.hf_parts import input_embedding
-from specdeck.engine.kvcache import CachedModel
-from specdeck.engine.lean_weights import output_weight
-from specdeck.engine.linear import Linear, make_linear
-from specdeck.engine.llamacpp_backend import LlamaCppModel, matrices_of
+from specdeck.engine.forward.hf_parts import input_embedding
+from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.forward.lean_weights import output_weight
+from specdeck.engine.forward.linear import Linear, make_linear
+from specdeck.engine.forward.llamacpp_backend import LlamaCppModel, matrices_of
+from specdeck.engine.planner.acceptance import MATCH_CAP
 from specdeck.engine.sampling import logits_to_probs, sample
 
 if TYPE_CHECKING:

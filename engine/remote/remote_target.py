@@ -33,8 +33,8 @@ import torch
 
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.remote_http import Endpoint, ServerFault
-from specdeck.engine.remote_scoring import EchoScoring, Scoring, ServerTime, SglangScoring, VllmScoring
+from specdeck.engine.remote.remote_http import Endpoint, ServerFault
+from specdeck.engine.remote.remote_scoring import EchoScoring, Scoring, ServerTime, SglangScoring, VllmScoring
 
 TOP_LOGPROBS = 5  # log-probabilities asked per position: the argmax and a few to show p by
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.remote_http import Endpoint, ServerFault
+from specdeck.engine.remote.remote_http import Endpoint, ServerFault
 
 Row = dict[int, float]  # token id -> log-probability
 

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specdeck.engine import gguf_blocks
-from specdeck.engine.hf_parts import output_projection
-from specdeck.engine.linear import PACKED, Linear, PathChoice, choose_path, make_linear
+from specdeck.engine.forward import gguf_blocks
+from specdeck.engine.forward.hf_parts import output_projection
+from specdeck.engine.forward.linear import PACKED, Linear, PathChoice, choose_path, make_linear
 from specdeck.engine.memory import trim_heap
 
 

@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdeck.engine.context import context_length
-from specdeck.engine.drafters import Drafter, DraftPiece, Proposal
-from specdeck.engine.kvcache import CachedModel
+from specdeck.engine.drafting.drafters import Drafter, DraftPiece, Proposal
+from specdeck.engine.drafting.vocabulary import TokenText, VocabularyMatch
+from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.sampling import logits_to_probs, sample
-from specdeck.engine.vocabulary import TokenText, VocabularyMatch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from specdeck.engine.llamacpp_backend import LlamaCppModel
+    from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 
 LOOKBEHIND = 4  # tokens before a seam that are tokenized again with the text after it
 

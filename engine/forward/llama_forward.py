@@ -28,13 +28,13 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from specdeck.engine import row_attention, row_kernel
-from specdeck.engine.fused_layers import LIMIT as FUSED_LIMIT
-from specdeck.engine.fused_layers import FusedLayers
-from specdeck.engine.graphed_steps import FixedShapeSteps
-from specdeck.engine.hf_parts import output_projection
-from specdeck.engine.lean_weights import weights_of
-from specdeck.engine.linear import Linear, make_linear
+from specdeck.engine.forward import row_attention, row_kernel
+from specdeck.engine.forward.fused_layers import LIMIT as FUSED_LIMIT
+from specdeck.engine.forward.fused_layers import FusedLayers
+from specdeck.engine.forward.graphed_steps import FixedShapeSteps
+from specdeck.engine.forward.hf_parts import output_projection
+from specdeck.engine.forward.lean_weights import weights_of
+from specdeck.engine.forward.linear import Linear, make_linear
 
 FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})  # Hugging Face `model_type`s this forward reproduces
 # Rotary variants whose frequencies are fixed when the model loads ("dynamic" and "longrope"

@@ -38,20 +38,20 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from specdeck.engine.autotune import MAX_WIDTH, RoundPlanner
 from specdeck.engine.cache import costs_cache
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.context import context_length, fit_prompt, shortest
 from specdeck.engine.cores import fit_threads
-from specdeck.engine.costs import cost_curve, draft_cost
-from specdeck.engine.drafters import Drafter, Proposal
+from specdeck.engine.drafting.drafters import Drafter, Proposal
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event, SessionStarted
-from specdeck.engine.models import LoadedModel
-from specdeck.engine.remote_target import RemoteTarget, require_greedy
-from specdeck.engine.rounds import Clock, Drafts, Schedule, target_forward
+from specdeck.engine.loading.models import LoadedModel
+from specdeck.engine.loop.rounds import Clock, Drafts, Schedule, target_forward
+from specdeck.engine.loop.transcript import Transcript, Verdict
+from specdeck.engine.planner.autotune import MAX_WIDTH, RoundPlanner
+from specdeck.engine.planner.costs import cost_curve, draft_cost
+from specdeck.engine.remote.remote_target import RemoteTarget, require_greedy
 from specdeck.engine.sampling import alternative_chances, argmaxes, logits_to_probs, residual, sample
-from specdeck.engine.transcript import Transcript, Verdict
 
 
 def verify(

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from specdeck.engine.llama_forward import LlamaForward
+    from specdeck.engine.forward.llama_forward import LlamaForward
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from specdeck.engine.atomic import write_bytes
 from specdeck.engine.cache import cache_root, suffix_cache
+from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.resources import resource_path
-from specdeck.engine.suffix import SuffixIndex
 
 MAGIC = b"specdeck-suffix 1\n"
 MAX_TOKENS = 200_000  # about 0.8 MB a tokenizer; indexing that many tokens takes about a second

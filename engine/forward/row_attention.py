@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdeck.engine import row_kernel
+from specdeck.engine.forward import row_kernel
 
 log = logging.getLogger(__name__)
 

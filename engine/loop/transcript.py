@@ -21,13 +21,13 @@ from typing import NamedTuple
 import torch
 
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.detok import Detokenizer
-from specdeck.engine.drafters import DraftPiece
+from specdeck.engine.drafting.drafters import DraftPiece
 from specdeck.engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
-from specdeck.engine.models import LoadedModel
-from specdeck.engine.remote_scoring import ServerTime
-from specdeck.engine.remote_target import RemoteTarget
-from specdeck.engine.rounds import Clock, Draft
+from specdeck.engine.loading.models import LoadedModel
+from specdeck.engine.loop.detok import Detokenizer
+from specdeck.engine.loop.rounds import Clock, Draft
+from specdeck.engine.remote.remote_scoring import ServerTime
+from specdeck.engine.remote.remote_target import RemoteTarget
 from specdeck.engine.sampling import alternative_chances, logits_to_probs, require_finite, residual
 from specdeck.engine.stats import SessionStats
 

@@ -1,0 +1,3 @@
+"""Each round's shape chosen from what it costs and what it is likely to keep: the machine's
+measured costs (`costs`), acceptance estimated as the session goes (`acceptance`), and the
+planner that weighs them (`autotune`)."""
