@@ -15,7 +15,7 @@ apart with 2 threads; `ggml_compute_forward_flash_attn_ext_f16`, llama-cpp-pytho
 calls of 64 tokens or more take a tiled kernel. With flash attention on an 8-bit (q8_0) KV cache
 every call shape runs the same kernel, one query row per thread over all cached positions, so a
 position gets the same logits bit for bit whatever the call shape, context length or thread count,
-and greedy speculative text equals plain text on this backend (tests/engine/test_llamacpp_backend.py
+and greedy speculative text equals plain text on this backend (tests/engine/forward/test_llamacpp_backend.py
 checks both). The 8-bit cache is also half the memory of llama.cpp's default float16 one.
 """
 

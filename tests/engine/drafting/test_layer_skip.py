@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
+from sampling_checks import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
 from tiny import build_tokenizer
 from transformers import (
     LlamaConfig,

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from test_sampling_lossless import chi_square, chi_square_quantile, sample_two_tokens
+from sampling_checks import chi_square, chi_square_quantile, sample_two_tokens
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
 from specdeck.engine.bench import llamacpp_baseline

@@ -20,7 +20,7 @@ from specdeck.engine.config import DecodeConfig
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pairs
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONTEXT = {"command": "test", "target": "tiny", "device": "cpu", "dtype": "float32", "prompts": "p"}
 
 

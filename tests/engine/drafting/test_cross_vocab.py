@@ -5,7 +5,7 @@ import csv
 
 import pytest
 import torch
-from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
+from sampling_checks import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
 from tiny import write_two_prompts
 
 from specdeck.cli.main import main

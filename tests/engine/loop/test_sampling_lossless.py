@@ -4,11 +4,11 @@ Chi-square goodness of fit against the exact target distribution, at a false-ala
 (Wilson-Hilferty quantile); a control checks that the same test does reject a wrong sampler.
 """
 
-import math
 from dataclasses import replace
 
 import pytest
 import torch
+from sampling_checks import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
 
 from specdeck.engine import (
     DecodeConfig,
@@ -24,45 +24,6 @@ from specdeck.engine.drafting.heads import FeatureHead, head_config
 from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.loop.decoding import verify
 from specdeck.engine.sampling import logits_to_probs
-
-Z_999 = 3.090  # standard normal 99.9% quantile
-
-
-def chi_square_quantile(df: int, z: float = Z_999) -> float:
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
-def chi_square(counts: dict, expected_probs: dict, n: int) -> tuple[float, int]:
-    """Statistic and degrees of freedom, pooling cells expected fewer than 5 times into one."""
-    stat, df, pooled_obs, pooled_exp = 0.0, -1, 0, 0.0
-    for cell, prob in expected_probs.items():
-        exp = prob * n
-        if exp < 5:
-            pooled_obs += counts.get(cell, 0)
-            pooled_exp += exp
-        else:
-            stat += (counts.get(cell, 0) - exp) ** 2 / exp
-            df += 1
-    pooled_obs += sum(c for cell, c in counts.items() if cell not in expected_probs)
-    if pooled_exp > 0:
-        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
-        df += 1
-    elif pooled_obs:
-        return math.inf, max(df, 1)
-    return stat, df
-
-
-def sample_two_tokens(target, ids, config: DecodeConfig, make_drafter, n: int) -> tuple[dict, int]:
-    """The kept tokens of n sessions under `config` with seeds 0..n-1, counted, and how many sessions
-    rejected a draft."""
-    counts: dict = {}
-    rejections = 0
-    for seed in range(n):
-        events = list(generate(target, ids, replace(config, seed=seed), make_drafter()))
-        kept = tuple(e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept)
-        rejections += any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)
-        counts[kept] = counts.get(kept, 0) + 1
-    return counts, rejections
 
 
 def test_rejection_rule_reproduces_target_distribution():
@@ -83,24 +44,6 @@ def test_rejection_rule_reproduces_target_distribution():
     assert stat < chi_square_quantile(df)
     wrong, _ = chi_square({i: int(v * n) for i, v in enumerate(q.tolist())}, dict(enumerate(p.tolist())), n)
     assert wrong > chi_square_quantile(df)  # control: the test tells q from p
-
-
-def exact_two_token_distribution(target, ids, config) -> dict:
-    """p(t1) p(t2 | t1) under the session's temperature / top-k / top-p (p(t1) alone where t1 ends
-    the text)."""
-    with torch.inference_mode():
-        p1 = logits_to_probs(target.model(input_ids=torch.tensor([ids], device=target.device)).logits[0, -1], config)
-        joint = {}
-        for t1 in p1.nonzero().flatten().tolist():
-            if t1 in target.eos_ids:
-                joint[(t1,)] = float(p1[t1])
-                continue
-            p2 = logits_to_probs(
-                target.model(input_ids=torch.tensor([ids + [t1]], device=target.device)).logits[0, -1], config
-            )
-            for t2 in p2.nonzero().flatten().tolist():
-                joint[(t1, t2)] = float(p1[t1] * p2[t2])
-    return joint
 
 
 @pytest.mark.parametrize("drafter", ["draft-model", "reduced-output-vocabulary", "feature-head", "fused-feature-head"])

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_sampling_lossless import chi_square, chi_square_quantile
+from sampling_checks import chi_square, chi_square_quantile
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, TokenState, encode_prompt, generate
 from specdeck.engine.drafting.drafters import PromptLookupDrafter

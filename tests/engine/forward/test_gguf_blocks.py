@@ -19,7 +19,7 @@ from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.models import load_model
 
 gguf = pytest.importorskip("gguf")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 needs_kernel = pytest.mark.skipif("kernel" not in PACKED_PATHS, reason="the row kernel does not build here")
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_sampling_lossless import chi_square, chi_square_quantile, exact_two_token_distribution
+from sampling_checks import chi_square, chi_square_quantile, exact_two_token_distribution
 
 from specdeck.engine import DecodeConfig, RoundEvent, TokenEvent, encode_prompt, generate
 from specdeck.engine.drafting.drafters import Drafter, Proposal
