@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import threading
 from collections.abc import Callable
@@ -38,6 +39,7 @@ def conversion_folder(path: Path) -> Path:
 
 def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
     """Dequantize a GGUF file once into a Hugging Face folder in the cache; return the folder."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,6 +55,7 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
         shutil.rmtree(target, ignore_errors=True)
     elif progress:
         progress(f"Converting {path.name} to safetensors (once; later loads are fast)")
+    _check_room(path, target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -63,23 +66,47 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
         ) from error
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the weights are dequantized now
+    # as transformers saves a model, so that other tools (a vLLM server) load the folder too: a tied
+    # output layer is the embedding, saved once under the embedding's name
+    state = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    tensors = {name: tensor.contiguous() for name, tensor in state.items()}
     try:  # any failure, Ctrl-C included, removes what it began; a killed process's entry is healed later
         with building_folder(target) as staging:
             model.config.save_pretrained(staging)
             model.generation_config.save_pretrained(staging)
-            # as transformers saves a model, so that other tools (a vLLM server) load the folder too: a
-            # tied output layer is the embedding, saved once under the embedding's name
-            state = model.state_dict()
-            if getattr(model.config, "tie_word_embeddings", False):
-                state.pop("lm_head.weight", None)
-            tensors = {name: tensor.contiguous() for name, tensor in state.items()}
-            save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+            try:
+                save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+            except SafetensorError as error:  # safetensors' own error for a failed write (a full disk, say)
+                raise SpecDeckError(
+                    f"Cannot write the converted weights of {path.name} to {target}: {error}."
+                ) from error
             record_weights(staging)
             tokenizer.save_pretrained(staging)
     except SpecDeckError:
         if not (target / "model.safetensors").exists():  # unless another process finished it meanwhile
             raise
     return target
+
+
+def _check_room(path: Path, target: Path) -> None:
+    """Refuse a conversion whose float32 weights (the file's tensors' sizes, read from its index)
+    the cache's disk has no room for, before any work, saying what to free or where else to point
+    the cache. A file whose index does not read is left to the conversion to name."""
+    from specdeck.engine.forward.gguf_index import tensors_of
+
+    try:
+        size = 4 * sum(math.prod(t.shape) for t in tensors_of(path).values())
+    except Exception:  # gguf's reader raises many types on a damaged file
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(target.parent).free
+    if size + (64 << 20) > free:  # and a little for the tokenizer and the config
+        raise SpecDeckError(
+            f"Converting {path.name} needs about {size / 1e6:,.0f} MB in {target.parent}, which has "
+            f"{free / 1e6:,.0f} MB free: free some space there, or point SPECDECK_CACHE at a disk with room."
+        )
 
 
 WEIGHTS_RECORD_FILE = "weights_record.json"  # {"size": bytes, "sha256": hex} of a cache's model.safetensors

@@ -103,3 +103,32 @@ def test_cache_damage_names_a_changed_byte_and_records_older_caches(tmp_path):
     (tmp_path / WEIGHTS_RECORD_FILE).unlink()
     weights.write_bytes(bytes(data[:-8]))
     assert "cannot be read" in cache_damage(tmp_path)
+
+
+def test_a_conversion_without_room_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
+    """A cache disk without room for the converted weights is named before any work (the size it
+    needs, what it has); one that fills up while they are written gives one line, no traceback,
+    and no half-written folder."""
+    import collections
+
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from specdeck.engine.loading import gguf_conversion
+
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    gguf = BUILTIN_MODELS[DEFAULT_TARGET].path()
+    usage = collections.namedtuple("usage", "total used free")
+    with monkeypatch.context() as small:
+        small.setattr(gguf_conversion.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 10 << 20))
+        with pytest.raises(SpecDeckError, match=r"needs about 5\d\d MB in .* which has 10 MB free"):
+            load_model(DEFAULT_TARGET, ON_CPU)
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    with pytest.raises(SpecDeckError, match="Cannot write the converted weights .* No space left"):
+        load_model(DEFAULT_TARGET, ON_CPU)
+    folder = gguf_conversion.conversion_folder(gguf)
+    assert not folder.exists() and not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
