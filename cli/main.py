@@ -57,6 +57,8 @@ def _cmd_cache(args) -> int:
         f"Removed {cache.clear_tensor_indexes()} GGUF tensor indexes from {cache.tensor_index_cache()} "
         "(read again from the files when next needed)."
     )
+    for entry in cache.kept_folders():
+        print(f"Kept {entry.path} ({cache.format_size(entry.size)}): training data; delete the folder to remove it.")
     return 0
 
 

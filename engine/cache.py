@@ -91,8 +91,27 @@ def clear_suffix_texts() -> int:
 
 
 def clear_costs() -> int:
-    """Forget every measured cost (the next session measures again); return how many were removed."""
-    return _remove_all(costs_cache(), "*.json")
+    """Forget every measured cost and its record (the next session measures again); return how many
+    measurements were removed."""
+    removed = _remove_all(costs_cache(), "*.json")
+    _remove_all(costs_cache(), "*.json.sha256")
+    return removed
+
+
+CLEARED = ("gguf", "gguf-tensors", "costs", "kernels", "suffix")  # the folders `specdeck cache --clear` empties
+
+
+def kept_folders() -> list[CacheEntry]:
+    """The cache's other folders (the training commands' data and drafters, written where no --out
+    was given), which `specdeck cache --clear` keeps: hours of work, not a cache of it."""
+    root = cache_root()
+    if not root.is_dir():
+        return []
+    return [
+        CacheEntry(path, _size(path))
+        for path in sorted(root.iterdir())
+        if path.is_dir() and path.name not in CLEARED and leftover_writer(path) is None
+    ]
 
 
 def _remove_all(folder: Path, pattern: str) -> int:
@@ -234,6 +253,10 @@ def describe(listed: list[CacheEntry]) -> str:
         total = format_size(sum(e.size for e in built))
         lines.append(f"{kernels_cache()}: {total} in {_counted(len(built), 'kernel', 'kernels')}")
         lines += [f"  {format_size(e.size):>9}  {e.path.name}  ({_kernel_state(e.path)})" for e in built]
+    kept = kept_folders()
+    if kept:
+        lines.append(f"Training data, kept by --clear: {_counted(len(kept), 'folder', 'folders')}")
+        lines += [f"  {format_size(e.size):>9}  {e.path}" for e in kept]
     unfinished = leftovers()
     if unfinished:
         lines.append(f"Unfinished writes: {_counted(len(unfinished), 'entry', 'entries')}")

@@ -89,3 +89,23 @@ def test_clear_removes_kernels_and_what_killed_writes_left_anywhere(cache, capsy
     out = capsys.readouterr().out
     assert "Removed 1 compiled kernel from" in out and os.listdir(library.parent) == []
     assert f"Kept {under_way}: being written by process {alive}." in out
+
+
+def test_clear_leaves_no_measurement_or_record_and_keeps_training_data(cache, capsys):
+    """`cache --clear` removes every measured cost with its record of size and digest; the training
+    commands' data in the cache (hours of work, written there when no --out was given) is listed
+    by `specdeck cache` and kept by --clear, with a line saying how to remove it."""
+    costs = cache.parent / "costs"
+    costs.mkdir()
+    write_with(
+        costs / "curve-abc.json", lambda path: path.write_text('{"tokens": [1], "forward_ms": [3.0]}'), record=True
+    )
+    texts = cache.parent / "teacher-head" / "smollm2"
+    texts.mkdir(parents=True)
+    (texts / "shard-0.pt").write_bytes(b"\0" * 1500)
+    assert main(["cache"]) == 0
+    assert f"1.5 kB  {cache.parent / 'teacher-head'}" in capsys.readouterr().out
+    assert main(["cache", "--clear"]) == 0
+    out = capsys.readouterr().out
+    assert list(costs.iterdir()) == [] and (texts / "shard-0.pt").is_file()
+    assert f"Kept {cache.parent / 'teacher-head'} (1.5 kB): training data" in out
