@@ -573,94 +573,23 @@ static inline vec vexp(vec x) {
     return VZERO_BELOW(VMUL(p, VPOW2(n)), x, floor);
 }
 
-/* Scores, softmax and weighted values of QN query heads over the same `count` slots of one key/value
- * head (keys k and values v at d = V LANES floats a slot): the group's heads read each slot's key and
- * value from L1 after the first. Each head's arithmetic is what a call for it alone does, in the same
- * order: a score is V fused multiply-adds and a lane sum (LANES slots' sums at once, `fold`, each in
- * an order of its own lanes only), the softmax's total is taken in slot order, and a value's weighted
- * sum runs slot by slot. `scores` holds QN
- * `padded` floats; q[i] and out[i] are head i's query and output. */
 /* v held in a register: the compiler would otherwise fold its load into each use */
 #define KEEP(v) __asm__("" : "+v"(v))
-#define ATTEND(QN, V)                                                                                  \
-    static void attend_##QN##_##V(const float *const *q, const float *k, const float *v, long count,    \
-                                  float scale, float *scores, long padded, float *const *out) {        \
-        vec qv[QN][V], total[QN], acc[QN][V], tops[QN];                                                \
-        float top[QN];                                                                                 \
-        for (int i = 0; i < QN; i++) {                                                                 \
-            for (int c = 0; c < V; c++) qv[i][c] = VLOAD(q[i] + c * LANES);                            \
-            tops[i] = VSET(-INFINITY);                                                                 \
-        }                                                                                              \
-        for (long j0 = 0; j0 < count; j0 += LANES) {                                                   \
-            int n = count - j0 < LANES ? (int)(count - j0) : LANES;                                    \
-            for (int i = 0; i < QN; i++) {                                                             \
-                vec dots[LANES]; /* unrolled, so that the dots stay in registers for the fold */       \
-                _Pragma("GCC unroll 16") for (int l = 0; l < LANES; l++) {                             \
-                    const float *kj = k + (j0 + l) * V * LANES;                                        \
-                    vec dot = VZERO();                                                                 \
-                    if (l < n) {                                                                       \
-                        dot = VMUL(qv[i][0], VLOAD(kj));                                               \
-                        for (int c = 1; c < V; c++) dot = VFMA(qv[i][c], VLOAD(kj + c * LANES), dot);  \
-                    }                                                                                  \
-                    dots[FOLDED(l)] = dot;                                                             \
-                }                                                                                      \
-                vec sc = VTAIL(VMUL(fold(dots), VSET(scale)), n);                                      \
-                VSTORE(scores + i * padded + j0, sc);                                                  \
-                tops[i] = VMAX(tops[i], sc);                                                           \
-            }                                                                                          \
-        }                                                                                              \
-        for (int i = 0; i < QN; i++) top[i] = vtop(tops[i]);                                           \
-        for (int i = 0; i < QN; i++) {                                                                 \
-            float *si = scores + i * padded;                                                           \
-            for (long j = count; j < padded; j++) si[j] = -INFINITY;                                   \
-            vec peak = VSET(top[i]);                                                                   \
-            total[i] = VZERO();                                                                        \
-            for (long j = 0; j < padded; j += LANES) {                                                 \
-                vec e = vexp(VSUB(VLOAD(si + j), peak));                                               \
-                VSTORE(si + j, e);                                                                     \
-                total[i] = VADD(total[i], e);                                                          \
-            }                                                                                          \
-            for (int c = 0; c < V; c++) acc[i][c] = VZERO();                                           \
-        }                                                                                              \
-        for (long j = 0; j < count; j++) {                                                             \
-            vec vv[V];                                                                                 \
-            for (int c = 0; c < V; c++) {                                                              \
-                vv[c] = VLOAD(v + (j * V + c) * LANES);                                                \
-                KEEP(vv[c]); /* loaded once for the group's heads, not once a head */                  \
-            }                                                                                          \
-            for (int i = 0; i < QN; i++) {                                                             \
-                vec p = VBCAST(scores + i * padded + j);                                               \
-                for (int c = 0; c < V; c++) acc[i][c] = VFMA(p, vv[c], acc[i][c]);                     \
-            }                                                                                          \
-        }                                                                                              \
-        for (int i = 0; i < QN; i++) {                                                                 \
-            vec inverse = VSET(1.0f / vsum(total[i]));                                                 \
-            for (int c = 0; c < V; c++) VSTORE(out[i] + c * LANES, VMUL(acc[i][c], inverse));          \
-        }                                                                                              \
-    }
-#define ATTEND_HEADS(V) ATTEND(1, V) ATTEND(2, V) ATTEND(3, V) ATTEND(4, V)
-#define ATTEND_NAMES(V) {0, attend_1_##V, attend_2_##V, attend_3_##V, attend_4_##V}
 #define QMAX 4 /* query heads that share a pass over their key/value head's slots */
-typedef void (*attend_fn)(const float *const *, const float *, const float *, long, float, float *, long,
-                          float *const *);
 #define VMAXV 16 /* vectors of a head: d at most 256 */
-#define NO_NAMES {0, 0, 0, 0, 0}
-/* Unrolled for the common head sizes, 64 and 128 (each of the 64 variants costs the compiler about
- * as much as the rest of this file); any other size takes `attend_any`, the same sums in the same
- * order with the counts known only at run time. */
-#if LANES == 16
-ATTEND_HEADS(4) ATTEND_HEADS(8)
-static const attend_fn ATTENDS[VMAXV][QMAX + 1] = {NO_NAMES, NO_NAMES, NO_NAMES, ATTEND_NAMES(4),
-                                                  NO_NAMES, NO_NAMES, NO_NAMES, ATTEND_NAMES(8)};
-#else
-ATTEND_HEADS(8) ATTEND_HEADS(16)
-static const attend_fn ATTENDS[VMAXV][QMAX + 1] = {NO_NAMES, NO_NAMES, NO_NAMES, NO_NAMES, NO_NAMES, NO_NAMES,
-                                                  NO_NAMES, ATTEND_NAMES(8), [15] = ATTEND_NAMES(16)};
-#endif
 
-/* `ATTEND` for any QN <= QMAX and V <= VMAXV, its operations in the same order. */
-static void attend_any(int QN, int V, const float *const *q, const float *k, const float *v, long count, float scale,
-                       float *scores, long padded, float *const *out) {
+/* Scores, softmax and weighted values of QN query heads (at most QMAX) over the same `count` slots of
+ * one key/value head (keys k and values v at d = V LANES floats a slot, V at most VMAXV): the
+ * group's heads read each slot's key and value from L1 after the first. Each head's arithmetic is
+ * what a call for it alone does, in the same order: a score is V fused multiply-adds and a lane sum
+ * (LANES slots' sums at once, `fold`, each in an order of its own lanes only), the softmax's total
+ * is taken in slot order, and a value's weighted sum runs slot by slot. `scores` holds QN `padded`
+ * floats; q[i] and out[i] are head i's query and output. Inlined where QN and V are constants
+ * (`ATTEND`), the compiler unrolls it and keeps the queries, dots and sums in registers;
+ * `attend_any` takes them at run time, the same operations in the same order. */
+static inline __attribute__((always_inline)) void attend(int QN, int V, const float *const *q, const float *k,
+                                                         const float *v, long count, float scale, float *scores,
+                                                         long padded, float *const *out) {
     vec qv[QMAX][VMAXV], total[QMAX], acc[QMAX][VMAXV], tops[QMAX];
     float top[QMAX];
     for (int i = 0; i < QN; i++) {
@@ -670,8 +599,8 @@ static void attend_any(int QN, int V, const float *const *q, const float *k, con
     for (long j0 = 0; j0 < count; j0 += LANES) {
         int n = count - j0 < LANES ? (int)(count - j0) : LANES;
         for (int i = 0; i < QN; i++) {
-            vec dots[LANES];
-            for (int l = 0; l < LANES; l++) {
+            vec dots[LANES]; /* unrolled, so that the dots stay in registers for the fold */
+            _Pragma("GCC unroll 16") for (int l = 0; l < LANES; l++) {
                 const float *kj = k + (j0 + l) * V * LANES;
                 vec dot = VZERO();
                 if (l < n) {
@@ -699,9 +628,14 @@ static void attend_any(int QN, int V, const float *const *q, const float *k, con
         for (int c = 0; c < V; c++) acc[i][c] = VZERO();
     }
     for (long j = 0; j < count; j++) {
+        vec vv[VMAXV];
+        for (int c = 0; c < V; c++) {
+            vv[c] = VLOAD(v + (j * V + c) * LANES);
+            KEEP(vv[c]); /* loaded once for the group's heads, not once a head */
+        }
         for (int i = 0; i < QN; i++) {
             vec p = VBCAST(scores + i * padded + j);
-            for (int c = 0; c < V; c++) acc[i][c] = VFMA(p, VLOAD(v + (j * V + c) * LANES), acc[i][c]);
+            for (int c = 0; c < V; c++) acc[i][c] = VFMA(p, vv[c], acc[i][c]);
         }
     }
     for (int i = 0; i < QN; i++) {
@@ -709,6 +643,34 @@ static void attend_any(int QN, int V, const float *const *q, const float *k, con
         for (int c = 0; c < V; c++) VSTORE(out[i] + c * LANES, VMUL(acc[i][c], inverse));
     }
 }
+
+#define ATTEND(QN, V)                                                                                  \
+    static void attend_##QN##_##V(const float *const *q, const float *k, const float *v, long count,    \
+                                  float scale, float *scores, long padded, float *const *out) {        \
+        attend(QN, V, q, k, v, count, scale, scores, padded, out);                                     \
+    }
+static void attend_any(int QN, int V, const float *const *q, const float *k, const float *v, long count, float scale,
+                       float *scores, long padded, float *const *out) {
+    attend(QN, V, q, k, v, count, scale, scores, padded, out);
+}
+
+#define ATTEND_HEADS(V) ATTEND(1, V) ATTEND(2, V) ATTEND(3, V) ATTEND(4, V)
+#define ATTEND_NAMES(V) {0, attend_1_##V, attend_2_##V, attend_3_##V, attend_4_##V}
+typedef void (*attend_fn)(const float *const *, const float *, const float *, long, float, float *, long,
+                          float *const *);
+#define NO_NAMES {0, 0, 0, 0, 0}
+/* Unrolled for the common head sizes, 64 and 128 (each of the 64 variants costs the compiler about
+ * as much as the rest of this file); any other size takes `attend_any`, the same sums in the same
+ * order with the counts known only at run time. */
+#if LANES == 16
+ATTEND_HEADS(4) ATTEND_HEADS(8)
+static const attend_fn ATTENDS[VMAXV][QMAX + 1] = {NO_NAMES, NO_NAMES, NO_NAMES, ATTEND_NAMES(4),
+                                                  NO_NAMES, NO_NAMES, NO_NAMES, ATTEND_NAMES(8)};
+#else
+ATTEND_HEADS(8) ATTEND_HEADS(16)
+static const attend_fn ATTENDS[VMAXV][QMAX + 1] = {NO_NAMES, NO_NAMES, NO_NAMES, NO_NAMES, NO_NAMES, NO_NAMES,
+                                                  NO_NAMES, ATTEND_NAMES(8), [15] = ATTEND_NAMES(16)};
+#endif
 
 static _Thread_local float *own_scores;
 static _Thread_local long own_scores_room;
