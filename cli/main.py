@@ -27,6 +27,7 @@ from specdeck.engine.quiet import silence_libraries
 
 def _cmd_cache(args) -> int:
     from specdeck.engine import cache
+    from specdeck.engine.atomic import remove_path
 
     cache.heal(lambda line: print(f"[{line}]", file=sys.stderr))
     if not args.clear:
@@ -57,8 +58,13 @@ def _cmd_cache(args) -> int:
         f"Removed {cache.clear_tensor_indexes()} GGUF tensor indexes from {cache.tensor_index_cache()} "
         "(read again from the files when next needed)."
     )
-    for entry in cache.kept_folders():
-        print(f"Kept {entry.path} ({cache.format_size(entry.size)}): training data; delete the folder to remove it.")
+    for entry in cache.training_folders():
+        writer = cache.in_use(entry.path)
+        if writer is None:
+            remove_path(entry.path)
+            print(f"Removed {entry.path} ({cache.format_size(entry.size)}): training data, made again by its command.")
+        else:
+            print(f"Kept {entry.path}: training data that process {writer} is writing now.")
     return 0
 
 

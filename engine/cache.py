@@ -98,12 +98,13 @@ def clear_costs() -> int:
     return removed
 
 
-CLEARED = ("gguf", "gguf-tensors", "costs", "kernels", "suffix")  # the folders `specdeck cache --clear` empties
+CLEARED = ("gguf", "gguf-tensors", "costs", "kernels", "suffix")  # the cache's own folders; others hold training data
 
 
-def kept_folders() -> list[CacheEntry]:
-    """The cache's other folders (the training commands' data and drafters, written where no --out
-    was given), which `specdeck cache --clear` keeps: hours of work, not a cache of it."""
+def training_folders() -> list[CacheEntry]:
+    """The cache's other folders: the training commands' data and drafters, written there where no
+    --out was given (`specdeck cache` lists them; --clear removes them unless a live process is
+    writing in one)."""
     root = cache_root()
     if not root.is_dir():
         return []
@@ -112,6 +113,15 @@ def kept_folders() -> list[CacheEntry]:
         for path in sorted(root.iterdir())
         if path.is_dir() and path.name not in CLEARED and leftover_writer(path) is None
     ]
+
+
+def in_use(folder: Path) -> int | None:
+    """The id of a live process writing somewhere in `folder` (a partial file of its own), else None."""
+    for path in folder.rglob("*"):
+        writer = leftover_writer(path)
+        if writer is not None and process_alive(writer):
+            return writer
+    return None
 
 
 def _remove_all(folder: Path, pattern: str) -> int:
@@ -253,10 +263,10 @@ def describe(listed: list[CacheEntry]) -> str:
         total = format_size(sum(e.size for e in built))
         lines.append(f"{kernels_cache()}: {total} in {_counted(len(built), 'kernel', 'kernels')}")
         lines += [f"  {format_size(e.size):>9}  {e.path.name}  ({_kernel_state(e.path)})" for e in built]
-    kept = kept_folders()
-    if kept:
-        lines.append(f"Training data, kept by --clear: {_counted(len(kept), 'folder', 'folders')}")
-        lines += [f"  {format_size(e.size):>9}  {e.path}" for e in kept]
+    training = training_folders()
+    if training:
+        lines.append(f"Training data: {_counted(len(training), 'folder', 'folders')}")
+        lines += [f"  {format_size(e.size):>9}  {e.path}" for e in training]
     unfinished = leftovers()
     if unfinished:
         lines.append(f"Unfinished writes: {_counted(len(unfinished), 'entry', 'entries')}")

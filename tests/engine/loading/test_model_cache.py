@@ -91,10 +91,10 @@ def test_clear_removes_kernels_and_what_killed_writes_left_anywhere(cache, capsy
     assert f"Kept {under_way}: being written by process {alive}." in out
 
 
-def test_clear_leaves_no_measurement_or_record_and_keeps_training_data(cache, capsys):
-    """`cache --clear` removes every measured cost with its record of size and digest; the training
-    commands' data in the cache (hours of work, written there when no --out was given) is listed
-    by `specdeck cache` and kept by --clear, with a line saying how to remove it."""
+def test_clear_leaves_no_file_but_what_a_live_process_is_writing(cache, capsys):
+    """`cache --clear` removes every measured cost with its record of size and digest, and the
+    training commands' data written in the cache (listed by `specdeck cache` first); a training
+    folder a live process is writing in stays, named."""
     costs = cache.parent / "costs"
     costs.mkdir()
     write_with(
@@ -103,9 +103,13 @@ def test_clear_leaves_no_measurement_or_record_and_keeps_training_data(cache, ca
     texts = cache.parent / "teacher-head" / "smollm2"
     texts.mkdir(parents=True)
     (texts / "shard-0.pt").write_bytes(b"\0" * 1500)
+    running = cache.parent / "cross-draft" / "smollm2"
+    running.mkdir(parents=True)
+    (running / f".checkpoint.pt.partial-{os.getpid()}-x1.tmp").write_bytes(b"half")
     assert main(["cache"]) == 0
     assert f"1.5 kB  {cache.parent / 'teacher-head'}" in capsys.readouterr().out
     assert main(["cache", "--clear"]) == 0
     out = capsys.readouterr().out
-    assert list(costs.iterdir()) == [] and (texts / "shard-0.pt").is_file()
-    assert f"Kept {cache.parent / 'teacher-head'} (1.5 kB): training data" in out
+    assert list(costs.iterdir()) == [] and not (cache.parent / "teacher-head").exists()
+    assert f"Removed {cache.parent / 'teacher-head'} (1.5 kB): training data" in out
+    assert running.is_dir() and f"Kept {cache.parent / 'cross-draft'}: training data that process {os.getpid()}" in out
