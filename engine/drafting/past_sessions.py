@@ -20,6 +20,7 @@ read once per process and never written by a session.
 from __future__ import annotations
 
 import hashlib
+import logging
 import struct
 import sys
 from array import array
@@ -29,6 +30,8 @@ from specdeck.engine.atomic import write_bytes
 from specdeck.engine.cache import cache_root, suffix_cache
 from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.resources import resource_path
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"specdeck-suffix 1\n"
 MAX_TOKENS = 200_000  # about 0.8 MB a tokenizer; indexing that many tokens takes about a second
@@ -41,8 +44,20 @@ def tokenizer_key(tokenizer) -> str:
     return digest.hexdigest()[:16]
 
 
-def read_texts(path: Path) -> list[list[int]]:
-    """The texts of a store file; none for a missing, foreign or damaged file (the next save replaces it)."""
+def read_texts(path: Path, vocabulary: int | None = None) -> list[list[int]]:
+    """The texts of a store file; none for a missing, foreign or damaged file (the next save
+    replaces it), and where `vocabulary` is given, none with an id outside it (a damaged text: a
+    draft copied from it would name no token)."""
+    texts = _read_texts(path)
+    if vocabulary is None:
+        return texts
+    whole = [text for text in texts if all(0 <= i < vocabulary for i in text)]
+    if len(whole) < len(texts):
+        log.warning("%s holds %d damaged texts (ids outside the vocabulary): left out", path, len(texts) - len(whole))
+    return whole
+
+
+def _read_texts(path: Path) -> list[list[int]]:
     try:
         data = path.read_bytes()
     except OSError:
@@ -110,7 +125,7 @@ class PastSessions:
         later is in the session's own history already)."""
         if self._index is None:
             self._index = SuffixIndex()
-            for text in read_texts(self.path):
+            for text in read_texts(self.path, len(self.tokenizer)):
                 self._index.extend(text)
                 self._index.separate()
         return self._index
@@ -121,7 +136,7 @@ class PastSessions:
         if path is None:
             return None
         if path not in _TARGET_TEXTS:
-            texts = read_texts(path)
+            texts = read_texts(path, len(self.tokenizer))
             index = SuffixIndex() if texts else None
             for text in texts:
                 index.extend(text)  # type: ignore[union-attr]
@@ -131,7 +146,7 @@ class PastSessions:
 
     def save(self, ids: list[int]) -> None:
         """Add one text (prompt and answer) to the store, dropping the oldest past `max_tokens`."""
-        texts = read_texts(self.path) + [list(ids)]
+        texts = read_texts(self.path, len(self.tokenizer)) + [list(ids)]
         total = sum(len(text) for text in texts)
         while len(texts) > 1 and total > self.max_tokens:
             total -= len(texts.pop(0))

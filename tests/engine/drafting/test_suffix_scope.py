@@ -114,6 +114,24 @@ def test_store_round_trip_cap_and_clear(tiny_pair):
     assert not store.path.exists()
 
 
+def test_a_damaged_text_in_the_store_is_left_out_and_the_session_runs(tiny_pair):
+    """A stored text holding an id no token has (a damaged byte) is left out when the store is read:
+    a session under scope all runs and keeps plain greedy text, and the next save drops that text."""
+    from specdeck.engine.drafting.past_sessions import encode_texts
+
+    target, _ = tiny_pair
+    pair = ModelPair(target, drafter_kind=DrafterKind.SUFFIX)
+    prompt = encode_prompt(target.tokenizer, PROMPT, False)
+    plain = [e.token_id for e in generate(target, prompt, DecodeConfig(max_new_tokens=32)) if isinstance(e, TokenEvent)]
+    damaged = prompt + plain[:3] + [2_000_000_000] + plain[4:]
+    store = PastSessions(target.tokenizer)
+    store.path.parent.mkdir(parents=True, exist_ok=True)
+    store.path.write_bytes(encode_texts([damaged, [5, 6, 7]]))
+    events = session(pair, "all")
+    assert [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept][: len(plain)] == plain
+    assert [5, 6, 7] in read_texts(store.path) and damaged not in read_texts(store.path)
+
+
 def test_unknown_scope_is_refused():
     """A scope other than prompt, session or all is refused with the choices named."""
     with pytest.raises(SpecDeckError, match="prompt .* session .* all"):
