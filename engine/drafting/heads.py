@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaModel, PreTrainedModel
 
-from specdeck.engine.atomic import building_folder
+from specdeck.engine.atomic import building_folder, record_path, recorded_damage, write_with
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.hf_parts import output_projection
 from specdeck.engine.forward.lean_weights import output_weight
@@ -142,7 +142,8 @@ def save_head(
     }
     with building_folder(folder) as staging:  # a reader never loads half a head
         (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        save_file(state, staging / "model.safetensors")
+        # with its size and digest beside it, checked at every load
+        write_with(staging / "model.safetensors", lambda temporary: save_file(state, temporary), record=True)
         if output_ids is not None:
             (staging / OUTPUT_TOKENS_FILE).write_text(json.dumps({"token_ids": output_ids.tolist()}), encoding="utf-8")
         if card is not None:
@@ -185,8 +186,14 @@ def load_head(
             "its own target."
         )
     head = FeatureHead(config)
+    weights = folder / "model.safetensors"
+    if record_path(weights).is_file() and (damage := recorded_damage(weights)):  # heads saved before records: none
+        raise SpecDeckError(
+            f"The feature head's weights in {weights} are damaged ({damage}): train the head again, "
+            "or restore the folder from where it came."
+        )
     try:
-        state = load_file(folder / "model.safetensors")
+        state = load_file(weights)
     except (OSError, SafetensorError) as error:
         raise SpecDeckError(
             f"Could not read the feature head's weights in {folder} ({error}): the file is missing or corrupt."

@@ -180,6 +180,22 @@ def test_head_as_draft_model_and_corrupt_head_are_refused(tiny_head, tmp_path):
         load_pair(PairSpec(str(target), str(broken), None, device="cpu"))
 
 
+def test_a_trained_heads_weights_changed_in_place_are_refused(tiny_head, tmp_path):
+    """A head is saved with its weights' size and digest beside them: one with a byte changed in
+    place (a file that still reads) is refused with what is wrong and what to do."""
+    import shutil
+
+    target, out = tiny_head
+    copy = tmp_path / "head"
+    shutil.copytree(out / "head", copy)
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x10
+    weights.write_bytes(bytes(data))
+    with pytest.raises(SpecDeckError, match="are damaged .*bytes differ.* train the head again"):
+        load_pair(PairSpec(str(target), str(copy), None, device="cpu"))
+
+
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_untrained_head_keeps_sampling_exact_too(tiny_llama, monkeypatch, precision):
     """The rejection rule does not depend on the head being any good: with a random head and a
