@@ -21,7 +21,7 @@ from specdeck.engine.drafting.heads import FeatureHead, fingerprint, head_config
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import row_kernel
 from specdeck.engine.forward.linear import packed_available
-from specdeck.engine.pair import PairSpec
+from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.session import load_pair, load_pairs
 
 
@@ -470,3 +470,22 @@ def _spinners() -> int:
 
     found = subprocess.run(["pgrep", "-f", "while True: pass"], capture_output=True, text=True).stdout
     return len(found.split())
+
+
+def test_bench_times_layer_skip_beside_hugging_faces_early_exit(tiny_llama, tmp_path, monkeypatch):
+    """In the bench the drafter's rows name its layers and agreement, and Hugging Face's
+    `assistant_early_exit` with the same layers runs beside it, drafting; every text is plain text."""
+
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    target, _ = tiny_llama
+    pair = load_pair(PairSpec(target.name, drafter=DrafterKind.LAYER_SKIP, device="cpu", dtype="float32"))
+    out = _run(
+        [pair], write_two_prompts(tmp_path / "prompts.jsonl"), tmp_path / "out", baselines=("plain", "hf-assisted")
+    )
+    rows = _read(out / "per_prompt.csv")
+    assert all(r["identical_to_plain"] == "true" for r in rows), [r["mismatch"] for r in rows]
+    drafting = [r for r in rows if r["method"] in ("speculative", "hf-assisted")]
+    assert len(drafting) == 4 and all(int(r["drafted"]) > 0 for r in drafting)
+    assert all(r["drafter"].startswith("layer skip (first 1 of 2 layers, agreement") for r in drafting)
+    # the target's own early-exit drafts are not counted as its verifies
+    assert all(float(r["mean_accepted_length"]) >= 1 for r in drafting)

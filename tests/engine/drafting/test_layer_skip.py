@@ -182,24 +182,3 @@ def test_bench_entry_names_the_layer_count():
     assert spec.arguments()[-2:] == ["--draft-layers", "3"]
     with pytest.raises(SpecDeckError, match="a number of layers"):
         PairSpec(drafter=DrafterKind.LAYER_SKIP, draft="some/model").resolved()
-
-
-def test_bench_times_layer_skip_beside_hugging_faces_early_exit(tiny_llama, tmp_path, monkeypatch):
-    """In the bench the drafter's rows name its layers and agreement, and Hugging Face's
-    `assistant_early_exit` with the same layers runs beside it, drafting; every text is plain text."""
-    from test_bench import _read, _run
-    from tiny import write_two_prompts
-
-    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
-    target, _ = tiny_llama
-    pair = load_pair(PairSpec(target.name, drafter=DrafterKind.LAYER_SKIP, device="cpu", dtype="float32"))
-    out = _run(
-        [pair], write_two_prompts(tmp_path / "prompts.jsonl"), tmp_path / "out", baselines=("plain", "hf-assisted")
-    )
-    rows = _read(out / "per_prompt.csv")
-    assert all(r["identical_to_plain"] == "true" for r in rows), [r["mismatch"] for r in rows]
-    drafting = [r for r in rows if r["method"] in ("speculative", "hf-assisted")]
-    assert len(drafting) == 4 and all(int(r["drafted"]) > 0 for r in drafting)
-    assert all(r["drafter"].startswith("layer skip (first 1 of 2 layers, agreement") for r in drafting)
-    # the target's own early-exit drafts are not counted as its verifies
-    assert all(float(r["mean_accepted_length"]) >= 1 for r in drafting)
