@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 from specdeck.app.session_model import SessionModel
 from specdeck.engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
 from specdeck.engine.loading.backends import BACKENDS
-from specdeck.engine.loading.models import BUILTIN_MODELS, DEFAULT_TARGET
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
 from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.remote.remote_http import API_KEY_VARIABLE
 from specdeck.engine.resources import resource_path

@@ -49,7 +49,7 @@ def add_train_draft_command(commands) -> None:
 def run_train_draft(args) -> int:
     from specdeck.engine.distill.student import DraftShape
     from specdeck.engine.distill.train import TrainConfig, train_draft
-    from specdeck.engine.loading.models import DEFAULT_TARGET
+    from specdeck.engine.loading.registry import DEFAULT_TARGET
 
     if min(args.steps, args.batch, args.layers, args.eval_every) < 1 or args.hidden < 8:
         raise SpecDeckError("--steps, --batch, --layers and --eval-every must be at least 1, --hidden at least 8.")
@@ -218,7 +218,7 @@ def add_train_cross_draft_command(commands) -> None:
 def run_train_cross_draft(args) -> int:
     from specdeck.engine.distill.own_tokenizer import CrossDraftConfig, default_folder, train_cross_draft
     from specdeck.engine.distill.student import DraftShape
-    from specdeck.engine.loading.models import DEFAULT_TARGET
+    from specdeck.engine.loading.registry import DEFAULT_TARGET
 
     if min(args.steps, args.batch, args.layers, args.eval_every, args.max_length) < 1 or args.hidden < 8:
         raise SpecDeckError(
@@ -353,7 +353,7 @@ def head_settings(args, **more) -> HeadConfig:
 def run_train_head(args) -> int:
     from specdeck.engine.distill.head import train_head
     from specdeck.engine.distill.train import TrainConfig
-    from specdeck.engine.loading.models import DEFAULT_TARGET
+    from specdeck.engine.loading.registry import DEFAULT_TARGET
 
     if min(args.steps, args.batch, args.unroll, args.eval_every) < 1:
         raise SpecDeckError("--steps, --batch, --unroll and --eval-every must be at least 1.")
@@ -434,7 +434,7 @@ def add_head_data_command(commands) -> None:
 
 def run_head_data(args) -> int:
     from specdeck.engine.distill.forcing import ForcingConfig, default_folder, grow
-    from specdeck.engine.loading.models import DEFAULT_TARGET
+    from specdeck.engine.loading.registry import DEFAULT_TARGET
 
     try:
         layers = tuple(int(n) for n in args.layers.split(",") if n.strip())
@@ -497,7 +497,8 @@ def add_suffix_texts_command(commands) -> None:
 def run_suffix_texts(args) -> int:
     from specdeck.engine.distill.target_texts import TextsConfig, default_folder, grow, write_texts
     from specdeck.engine.drafting.past_sessions import target_texts_folder
-    from specdeck.engine.loading.models import DEFAULT_TARGET, load_tokenizer
+    from specdeck.engine.loading.models import load_tokenizer
+    from specdeck.engine.loading.registry import DEFAULT_TARGET
 
     if min(args.tokens, args.answer_tokens) < 1 or args.threads < 0:
         raise SpecDeckError("--tokens and --answer-tokens must be at least 1, --threads at least 0.")

@@ -66,7 +66,7 @@ def add_distill_head_command(commands) -> None:
 
 def run_distill_head(args) -> int:
     from specdeck.engine.distill.stream import StreamConfig, train_streaming
-    from specdeck.engine.loading.models import DEFAULT_TARGET
+    from specdeck.engine.loading.registry import DEFAULT_TARGET
 
     counts = (args.batch, args.unroll, args.eval_every, args.answer_batch, args.own_repeat, args.eval_sequences)
     if min(counts) < 1:

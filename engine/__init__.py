@@ -25,21 +25,15 @@ if TYPE_CHECKING:
         TokenState,
         event_to_dict,
     )
-    from specdeck.engine.loading.models import (
-        BUILTIN_MODELS,
-        DEFAULT_TARGET,
-        LoadedModel,
-        LoadOptions,
-        encode_prompt,
-        load_model,
-    )
+    from specdeck.engine.loading.models import LoadedModel, LoadOptions, encode_prompt, load_model
+    from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
     from specdeck.engine.loop.decoding import generate
     from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
     from specdeck.engine.stats import SessionStats, expected_tokens_per_round, predicted_speedup
 
 _HOMES = {  # each name's module, imported at first use (importing the engine's parts stays cheap)
-    "BUILTIN_MODELS": "specdeck.engine.loading.models",
-    "DEFAULT_TARGET": "specdeck.engine.loading.models",
+    "BUILTIN_MODELS": "specdeck.engine.loading.registry",
+    "DEFAULT_TARGET": "specdeck.engine.loading.registry",
     "DecodeConfig": "specdeck.engine.config",
     "DraftModelDrafter": "specdeck.engine.drafting.drafters",
     "Drafter": "specdeck.engine.drafting.drafters",

@@ -22,7 +22,8 @@ from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.drafting.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
 from specdeck.engine.drafting.vocabulary import VocabularyMatch
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.loading.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LoadedModel, LoadOptions
+from specdeck.engine.loading.models import LoadedModel, LoadOptions
+from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 from specdeck.engine.remote.remote_http import DEFAULT_TIMEOUT_S, is_url
 from specdeck.engine.remote.remote_target import RemoteSettings, RemoteTarget
 

@@ -21,7 +21,7 @@ import torch
 from specdeck.engine.forward import row_kernel
 from specdeck.engine.forward.row_kernel import QUANTIZED, QuantizedLinear
 from specdeck.engine.loading.backends import gguf_file
-from specdeck.engine.loading.models import DEFAULT_TARGET
+from specdeck.engine.loading.registry import DEFAULT_TARGET
 
 
 def file_products(path: Path, activations: str) -> list[QuantizedLinear]:

@@ -41,7 +41,6 @@ from specdeck.engine.distill.student import DraftShape, build_draft
 from specdeck.engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
 from specdeck.engine.forward.hf_parts import decode, input_embedding, output_projection
 from specdeck.engine.loading.models import (
-    BUILTIN_MODELS,
     OUTPUT_TOKENS_FILE,
     TOKENIZER_REFERENCE_FILE,
     LoadedModel,
@@ -49,6 +48,7 @@ from specdeck.engine.loading.models import (
     load_model,
     locate,
 )
+from specdeck.engine.loading.registry import BUILTIN_MODELS
 
 Progress = Callable[[str], None]
 TOKENIZER_FILES = (

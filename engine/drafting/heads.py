@@ -35,16 +35,15 @@ from specdeck.engine.forward.hf_parts import output_projection
 from specdeck.engine.forward.lean_weights import output_weight
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel, matrices_of
 from specdeck.engine.loading.models import (
-    BUILTIN_MODELS,
     HEAD_KEY,
     OUTPUT_TOKENS_FILE,
-    BundledModel,
     LoadedModel,
     Progress,
     is_head_folder,
     locate,
     read_output_tokens,
 )
+from specdeck.engine.loading.registry import BUILTIN_MODELS, BundledModel
 
 
 class FeatureHead(torch.nn.Module):

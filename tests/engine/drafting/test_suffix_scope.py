@@ -174,7 +174,8 @@ def test_the_targets_own_texts_are_copied_under_scope_session(tiny_pair, monkeyp
 def test_the_built_in_target_ships_its_own_texts():
     """SpecDeck ships the built-in target's own texts, where a suffix drafter for it finds them."""
     from specdeck.engine.drafting.past_sessions import target_texts_file
-    from specdeck.engine.loading.models import DEFAULT_TARGET, load_tokenizer
+    from specdeck.engine.loading.models import load_tokenizer
+    from specdeck.engine.loading.registry import DEFAULT_TARGET
     from specdeck.engine.resources import resource_path
 
     tokenizer = load_tokenizer(DEFAULT_TARGET)

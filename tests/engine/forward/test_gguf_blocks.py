@@ -313,7 +313,7 @@ def test_a_gguf_targets_feature_head_drafts_on_blocks_of_its_own_weights(monkeyp
     SPECDECK_GGUF_BLOCKS=float32, or beside a target from elsewhere, it keeps float32 products."""
     from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
     from specdeck.engine.drafting.heads import load_feature_head
-    from specdeck.engine.loading.models import DEFAULT_HEAD
+    from specdeck.engine.loading.registry import DEFAULT_HEAD
 
     monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
     target = load_model("smollm2-135m-instruct", ON_CPU)
@@ -387,7 +387,7 @@ def test_the_tensor_index_maps_what_gguf_reads_and_heals_when_damaged(tmp_path, 
     from gguf import GGUFReader
 
     from specdeck.engine.forward import gguf_index
-    from specdeck.engine.loading.models import BUILTIN_MODELS
+    from specdeck.engine.loading.registry import BUILTIN_MODELS
 
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
     path = BUILTIN_MODELS["smollm2-135m-instruct"].path()

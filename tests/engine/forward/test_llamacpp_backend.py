@@ -19,15 +19,8 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent
 from specdeck.engine.forward import llamacpp_backend as llama_backend
 from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel, library, model_params
-from specdeck.engine.loading.models import (
-    BUILTIN_MODELS,
-    DEFAULT_DRAFT,
-    DEFAULT_HEAD,
-    DEFAULT_TARGET,
-    LoadedModel,
-    LoadOptions,
-    load_model,
-)
+from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 from specdeck.engine.loop.rounds import Schedule
 from specdeck.engine.planner.autotune import Shape
 from specdeck.engine.sampling import logits_to_probs

@@ -7,9 +7,13 @@ import torch
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.llamacpp_backend import library
 from specdeck.engine.loading import backends
-from specdeck.engine.loading.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
 
 CPU = torch.device("cpu")
+
+
+def not_loaded(name, progress):  # what the loader passes; these tests time torch without loading
+    raise AssertionError("loaded the model to time torch")
 
 
 @pytest.fixture
@@ -32,7 +36,7 @@ def test_without_llama_cpp_gguf_runs_on_torch_and_says_so_once(not_installed):
     process; asking for llama.cpp says how to install it."""
     said = []
     for _ in range(2):
-        assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", said.append) == "torch"
+        assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", said.append, not_loaded) == "torch"
     assert len(said) == 1 and "GGUF files run on torch" in said[0]
     with pytest.raises(SpecDeckError, match="pip install llama-cpp-python"):
         backends.choose_backend(DEFAULT_TARGET, "llama.cpp", CPU, "auto")
@@ -59,9 +63,9 @@ def test_auto_picks_the_faster_backend_once_measured(monkeypatch, tmp_path, llam
     )  # a machine the kernel does not build for
     measured = []
     monkeypatch.setattr(backends, "_llama_cpp_step_ms", lambda path: measured.append("llama.cpp") or llama_ms)
-    monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress: measured.append("torch") or torch_ms)
+    monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress, load: measured.append("torch") or torch_ms)
     for _ in range(2):
-        assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto") == expected
+        assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", None, not_loaded) == expected
     assert measured == ["llama.cpp", "torch"]
 
 
@@ -72,11 +76,11 @@ def test_a_llama_cpp_that_crashes_leaves_specdeck_running_on_torch(monkeypatch, 
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
     monkeypatch.setattr(backends, "blocks_on_row_kernel", lambda path, progress=None: False)
     monkeypatch.setattr(backends, "_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
-    monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress: 30.0)
+    monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress, load: 30.0)
     said: list[str] = []
-    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", said.append) == "torch"
+    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", said.append, not_loaded) == "torch"
     monkeypatch.setattr(backends, "_CHILD", "raise SystemExit('timed again')")
-    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", said.append) == "torch"
+    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", said.append, not_loaded) == "torch"
     crashes = [line for line in said if "llama.cpp crashed on this machine" in line]
     assert len(crashes) == 2 and "signal 11" in crashes[0] and "runs on torch" in crashes[0]
 
@@ -103,8 +107,8 @@ def test_where_the_row_kernel_reads_the_files_blocks_auto_takes_torch_untimed(mo
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
     timed = []
     monkeypatch.setattr(backends, "_llama_cpp_step_ms", lambda path: timed.append("llama.cpp") or 1.0)
-    monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress: timed.append("torch") or 2.0)
-    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto") == "torch" and timed == []
+    monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress, load: timed.append("torch") or 2.0)
+    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", None, not_loaded) == "torch" and timed == []
     monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "off")
-    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto") == "llama.cpp"
+    assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", None, not_loaded) == "llama.cpp"
     assert timed == ["llama.cpp", "torch"]

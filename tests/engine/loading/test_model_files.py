@@ -8,7 +8,8 @@ from tiny import ON_CPU, build_pair
 
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.loading.gguf_conversion import WEIGHTS_RECORD_FILE, convert_gguf
-from specdeck.engine.loading.models import BUILTIN_MODELS, DEFAULT_TARGET, load_model
+from specdeck.engine.loading.models import load_model
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
 
 
 class RunsAShellCommand:

