@@ -37,8 +37,10 @@ def conversion_folder(path: Path) -> Path:
     return gguf_cache() / f"{path.stem}-{digest}"
 
 
-def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
-    """Dequantize a GGUF file once into a Hugging Face folder in the cache; return the folder."""
+def convert_gguf(path: Path, progress: Progress | None = None, beside_load: bool = False) -> Path:
+    """Dequantize a GGUF file once into a Hugging Face folder in the cache; return the folder.
+    A folder converted before is checked against its record: at once, or with `beside_load` (a
+    caller that loads the weights and then calls `pending_damage`) on a thread meanwhile."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -46,9 +48,10 @@ def convert_gguf(path: Path, progress: Progress | None = None) -> Path:
     target = conversion_folder(path)
     heal(progress)
     if (target / "model.safetensors").exists():
-        damage = cache_damage(target, checksum=False)
+        damage = cache_damage(target, checksum=not beside_load)
         if damage is None:
-            _check_beside_the_load(target)
+            if beside_load:
+                _check_beside_the_load(target)
             return target
         if progress:
             progress(f"The cached conversion of {path.name} in {target} is damaged ({damage}): converting it again")

@@ -157,16 +157,17 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.endswith(".gguf") or os.sep in name and Path(name).exists()
 
 
-def locate(name: str, progress: Progress | None = None) -> str:
-    """A folder or Hugging Face id that `from_pretrained` can read for `name`."""
+def locate(name: str, progress: Progress | None = None, beside_load: bool = False) -> str:
+    """A folder or Hugging Face id that `from_pretrained` can read for `name` (`beside_load`: see
+    `convert_gguf`)."""
     if name in BUILTIN_MODELS:
         path = BUILTIN_MODELS[name].path()
-        return str(convert_gguf(path, progress) if path.suffix == ".gguf" else path)
+        return str(convert_gguf(path, progress, beside_load) if path.suffix == ".gguf" else path)
     path = Path(name).expanduser()
     if path.exists():
         if path.is_file():
             if path.suffix == ".gguf":
-                return str(convert_gguf(path, progress))
+                return str(convert_gguf(path, progress, beside_load))
             raise SpecDeckError(f"{path} is a file but not a .gguf model: pass a .gguf file or a model folder.")
         if not (path / "config.json").exists():
             raise SpecDeckError(f"{path} has no config.json: it is not a Hugging Face model folder.")
@@ -187,7 +188,7 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     if choose_backend(name.strip(), options.backend, device, options.dtype, progress, on_torch) == "llama.cpp":
         return _load_on_llama_cpp(name.strip(), progress)
     dtype = resolve_dtype(options.dtype, device)
-    source = locate(name.strip(), progress)
+    source = locate(name.strip(), progress, beside_load=True)  # its checksum: `pending_damage` below
     if is_head_folder(Path(source)):
         raise SpecDeckError(
             f"{name} is a feature head, not a model: it drafts for its target with the "
