@@ -230,7 +230,11 @@ def test_a_cached_curve_is_measured_again_where_the_machine_s_pace_moved(tiny_ll
 
 
 def _forcing_drafts(monkeypatch, curve: CostCurve = FLAT, draft_ms: float = 0.1) -> None:
-    """Costs under which drafting pays, whatever the tiny test models really cost."""
+    """Costs under which drafting pays, whatever the tiny test models really cost. Every reading of
+    the round clock moves it on by 1 ms, so that what the rounds measure (drafting, verifying any
+    number of tokens, the rest of a round: 1 ms each) does not depend on what else runs."""
+    ticks = itertools.count()
+    monkeypatch.setattr(Clock, "read", staticmethod(lambda: next(ticks) * 1e-3))
     monkeypatch.setattr("specdeck.engine.loop.decoding.cost_curve", lambda model, cache_dir=None: curve)
     monkeypatch.setattr("specdeck.engine.loop.decoding.draft_cost", lambda drafter, *args, **kwargs: draft_ms)
     # the tiny models' drafts are all unlikely (their top probabilities are a few percent): verify them anyway
@@ -272,12 +276,9 @@ class _Wrong(Drafter):
 
 
 def test_auto_schedule_stops_drafting_a_useless_drafter(tiny_llama, monkeypatch):
-    """With drafts that are never accepted most rounds become plain steps, and the text is plain's.
-    Every reading of the round clock moves it on by 1 ms, so drafting, verifying any number of
-    tokens and the rest of a round each cost 1 ms whatever else runs on the machine."""
+    """With drafts that are never accepted most rounds become plain steps, and the text is plain's,
+    drafting, verifying any number of tokens and the rest of a round costing 1 ms each."""
     _forcing_drafts(monkeypatch, draft_ms=1.0)
-    ticks = itertools.count()
-    monkeypatch.setattr(Clock, "read", staticmethod(lambda: next(ticks) * 1e-3))
     target, _ = tiny_llama
     ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
     plain = _kept(generate(target, ids, DecodeConfig(max_new_tokens=48)))
