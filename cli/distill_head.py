@@ -60,6 +60,11 @@ def add_distill_head_command(commands) -> None:
     parser.add_argument(
         "--checkpoint-minutes", type=float, default=defaults.checkpoint_minutes, help="longest time between checkpoints"
     )
+    parser.add_argument(
+        "--text-only",
+        action="store_true",
+        help="make the text (plan.pt, own answers, second turns) and stop: a later run trains on it, e.g. on a GPU",
+    )
     _add_loop_arguments(parser, head)
     parser.set_defaults(handler=run_distill_head)
 
@@ -73,7 +78,7 @@ def run_distill_head(args) -> int:
         raise SpecDeckError(
             "--batch, --unroll, --eval-every, --eval-sequences, --answer-batch and --own-repeat must be at least 1."
         )
-    if args.steps < 0 or (args.steps == 0 and not args.minutes):
+    if args.steps < 0 or (args.steps == 0 and not args.minutes and not args.text_only):
         raise SpecDeckError("--steps must be at least 1, or 0 with --minutes to size the run to that time.")
     if min(args.answers, args.second_turns, args.output_vocab, args.minutes, args.checkpoint_minutes) < 0:
         raise SpecDeckError(
@@ -94,6 +99,7 @@ def run_distill_head(args) -> int:
         own_repeat=args.own_repeat,
         minutes=args.minutes,
         checkpoint_minutes=args.checkpoint_minutes,
+        text_only=args.text_only,
     )
     out = training_folder(args)
     folder = train_streaming(
@@ -104,7 +110,7 @@ def run_distill_head(args) -> int:
         progress=report,
         until=args.until,
     )
-    print(f"feature head saved in {folder}")
+    print(f"text for training in {folder}" if args.text_only else f"feature head saved in {folder}")
     return 0
 
 

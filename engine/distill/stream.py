@@ -65,6 +65,7 @@ class StreamConfig:
     max_length: int = 1024  # tokens of a given-text sequence, prompt included
     minutes: float = 0.0  # stop after this long (saved, resumable); 0: run to head.steps
     checkpoint_minutes: float = 5.0
+    text_only: bool = False  # make the text (the plan, own answers, second turns) and stop before training
 
 
 @dataclass
@@ -221,7 +222,7 @@ def train_streaming(
     until: int | None = None,
 ) -> Path:
     """Train into `out`; return the exported head's folder (`out/head`), the checkpoint that agreed
-    most with the target on held-out own answers."""
+    most with the target on held-out own answers (`config.text_only`: make the text, return `out`)."""
     head_config = config.head
     if head_config.threads:
         pin_threads(head_config.threads)
@@ -232,6 +233,10 @@ def train_streaming(
     if any(not 1 <= n < depth for n in layers):
         raise SpecDeckError(f"--feature-layers must lie between 1 and {depth - 1}, the target's layers but its last.")
     text = stream_text(target, out, config, progress)
+    if config.text_only:
+        own = text.rows(False, True) + text.rows(True, True)
+        progress(f"text made: {len(text.ids) - len(own)} given sequences, {len(own)} own answers; no training asked")
+        return out
     training = text.rows(held_out=False, own=False) + text.rows(held_out=False, own=True) * config.own_repeat
     half = head_config.eval_sequences // 2
     held_out = {"own answers": text.rows(True, True)[:half], "given text": text.rows(True, False)[:half]}

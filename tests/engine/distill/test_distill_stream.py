@@ -77,6 +77,23 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(text, straigh
     assert [point for point in resumed if point["step"] != 4] == json.loads((straight / "curve.json").read_text())
 
 
+def test_text_made_apart_trains_the_same_head(text, straight, few_passages, tmp_path):
+    """`--text-only` makes the plan and the own answers and trains nothing; a run on that folder
+    makes no answer again and ends with the weights of a run that made its text itself."""
+    _, target = text
+    out = tmp_path / "apart"
+    assert distill(target, out, "--text-only", "--steps", "0") == 0
+    assert (out / "plan.pt").exists() and (out / "answers.pt").exists()
+    assert not (out / "checkpoint.pt").exists() and not (out / "head").exists()
+    answers = (out / "answers.pt").stat().st_mtime_ns
+    assert distill(target, out, "--steps", "7") == 0
+    assert (out / "answers.pt").stat().st_mtime_ns == answers
+    a = torch.load(straight / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
 def test_learning_curve_counts_positions_and_measures_both_kinds(straight):
     curve = json.loads((straight / "curve.json").read_text())
     assert [point["step"] for point in curve] == [3, 6, 7]
