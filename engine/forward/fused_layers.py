@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from specdeck.engine.forward import row_kernel
+from specdeck.engine.forward import kernel_build, row_kernel
 from specdeck.engine.forward.row_kernel import KernelLinear, QuantizedLinear
 
 LIMIT = 64  # rows a call takes at most (the kernel's bound)
@@ -31,7 +31,7 @@ class FusedLayers:
     def __init__(self, forward) -> None:
         s, w = forward.shape, forward.weights
         self.shape, self.norm = s, w.norm
-        library = row_kernel.library()
+        library = kernel_build.library()
         assert not isinstance(library, str), library  # `unavailable` said it runs
         self._library = library
         layers = w.layers

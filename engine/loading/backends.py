@@ -121,16 +121,16 @@ def blocks_on_row_kernel(path: Path, progress: Progress | None = None) -> bool:
     of a first load): the kernel builds (or, while it is being built, can be), the blocks are on,
     and the file dequantized (about 8 times its size) takes at most a sixteenth of the memory
     available."""
-    from specdeck.engine.forward import row_kernel
+    from specdeck.engine.forward import kernel_build
     from specdeck.engine.forward.gguf_blocks import blocks_off
     from specdeck.engine.loading.preflight import available_memory
 
     if blocks_off():
         return False
-    if row_kernel.building():  # not waited for here: the load goes on beside the build
-        if row_kernel.buildable() is not None:
+    if kernel_build.building():  # not waited for here: the load goes on beside the build
+        if kernel_build.buildable() is not None:
             return False
-    elif isinstance(row_kernel.library(progress), str):
+    elif isinstance(kernel_build.library(progress), str):
         return False
     memory = available_memory()
     return memory is not None and 8 * path.stat().st_size * 16 <= memory

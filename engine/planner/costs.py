@@ -24,7 +24,7 @@ import torch
 from specdeck.engine.atomic import recorded_damage, write_with
 from specdeck.engine.cache import machine_name
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.forward import gguf_blocks, linear, llama_forward, row_attention, row_kernel
+from specdeck.engine.forward import gguf_blocks, kernel_build, linear, llama_forward, row_attention, row_kernel
 from specdeck.engine.forward.hf_parts import input_embedding
 from specdeck.engine.forward.kvcache import CachedModel, synchronize
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
@@ -95,28 +95,43 @@ def measure_curve(
 ) -> CostCurve:
     """Time the model's forward over each number of new tokens after `context` cached ones, on its
     own KV cache: every size once per pass (after a warm-up pass), the best of the passes kept, so
-    a burst of other work on the machine spoils one pass, not one size. The curve records how far the
-    passes disagreed (the largest relative spread of any size): a noisy machine at the time."""
+    a burst of other work on the machine spoils one pass, not one size. Two passes that agree are
+    enough (a session's first token waits for them); up to `passes` run where they do not. The
+    curve records how far the passes disagreed (the largest relative spread of any size): a noisy
+    machine at the time."""
     lm, ids = _primed(model, context, max(*tokens, SETTLE + STEPS))
-    runs: list[list[float]] = [[] for _ in tokens]
-    for pass_no in range(passes + 1):
-        for i, n in enumerate(tokens):
+
+    def one_pass(warm_up: bool) -> list[float]:
+        times = []
+        for n in tokens:
             # one token: the last STEPS of SETTLE + STEPS steps in a row, as plain decoding runs them
-            # (the steps right after a larger forward run slow); more: the last of three alike
-            starts = range(SETTLE + STEPS) if n == 1 else (0, 0, 0)
-            for turn, j in enumerate(starts):
+            # (the steps right after a larger forward run slow); more: the second of two alike
+            starts = range(1 if warm_up else SETTLE + STEPS) if n == 1 else range(1 if warm_up else 2)
+            measured = []
+            for j in starts:
                 lm.crop(context + j)
-                ms = forward_ms(lm, ids[context + j : context + j + n])
-                timed = turn >= SETTLE if n == 1 else turn == len(starts) - 1
-                if pass_no and timed:  # pass 0 warms every shape up
-                    runs[i].append(ms)
-    best = [min(r) for r in runs]
-    spread = max(sorted(r)[len(r) // 2] / b - 1.0 for r, b in zip(runs, best))
+                measured.append(forward_ms(lm, ids[context + j : context + j + n]))
+            times.append(min(measured[SETTLE:]) if n == 1 and not warm_up else measured[-1])
+        return times
+
+    one_pass(warm_up=True)  # every shape once: first runs allocate and fault pages in
+    runs = [one_pass(warm_up=False), one_pass(warm_up=False)]
+    while len(runs) < passes and _spread(runs) > NOISY / 2:
+        runs.append(one_pass(warm_up=False))
+    best = [min(r[i] for r in runs) for i in range(len(tokens))]
     device = lm.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else machine_name()
     return CostCurve(
-        tuple(tokens), tuple(round(b, 3) for b in best), f"{name}, {torch.get_num_threads()} threads", round(spread, 3)
+        tuple(tokens),
+        tuple(round(b, 3) for b in best),
+        f"{name}, {torch.get_num_threads()} threads",
+        round(_spread(runs), 3),
     )
+
+
+def _spread(runs: list[list[float]]) -> float:
+    """How far passes disagree: the largest, over sizes, of a size's median pass over its best."""
+    return max(sorted(r[i] for r in runs)[len(runs) // 2] / min(r[i] for r in runs) - 1.0 for i in range(len(runs[0])))
 
 
 def pace_of(model: PreTrainedModel | LlamaCppModel, curve: CostCurve, context: int = CURVE_CONTEXT) -> float:
@@ -202,7 +217,7 @@ def measurement_key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
                 path += " on the row kernel"
             if path.startswith("kernel"):  # on blocks: the module's, or a part's (a feature head's layer)
                 path += next((key for part in module.modules() if (key := gguf_blocks.blocks_key(part))), "")
-                path += f", {row_kernel.identity()}"
+                path += f", {kernel_build.identity()}"
             if path.startswith("kernel") and os.environ.get("SPECDECK_FUSED_LAYERS", "1").strip() != "0":
                 path += ", layers fused"  # `engine.fused_layers`, where the model allows
     config = getattr(module, "config", None)

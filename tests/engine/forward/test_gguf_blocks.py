@@ -10,7 +10,7 @@ import torch
 from tiny import ON_CPU, PACKED_PATHS, head_session_keeps_plain_text
 
 from specdeck.engine import DecodeConfig, encode_prompt, generate
-from specdeck.engine.forward import gguf_blocks, row_kernel
+from specdeck.engine.forward import gguf_blocks, kernel_build, row_kernel
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.forward.lean_weights import weights_of
 from specdeck.engine.forward.llama_forward import LlamaForward
@@ -51,9 +51,9 @@ BUILDS = {
 def _built(build: str):
     """The kernel's library in `build` (`BUILDS`); the test is skipped where this CPU cannot run it."""
     arch, flags = BUILDS[build]
-    if arch is not None and not flags <= set(row_kernel.cpu_flags().split()):
+    if arch is not None and not flags <= set(kernel_build.cpu_flags().split()):
         pytest.skip(f"this CPU has no {build}")
-    built = row_kernel.library() if arch is None else row_kernel.build(arch)
+    built = kernel_build.library() if arch is None else kernel_build.build(arch)
     assert not isinstance(built, str), built
     return built
 

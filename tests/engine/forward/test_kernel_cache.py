@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 
 from specdeck.engine.atomic import record_path
-from specdeck.engine.forward import row_kernel
+from specdeck.engine.forward import kernel_build
 
 # in a child process, so that a damaged library loaded by mistake fails the test, not pytest
 CHILD = textwrap.dedent("""
     import shutil, sys
-    from specdeck.engine.forward import row_kernel
+    from specdeck.engine.forward import kernel_build
 
     def copy_the_good_one(compiler, path, arch):
         shutil.copyfile(sys.argv[1], path)
 
-    row_kernel._compile = copy_the_good_one  # a build without the compiler's 15 s
-    built = row_kernel.build()
+    kernel_build._compile = copy_the_good_one  # a build without the compiler's 15 s
+    built = kernel_build.build()
     assert not isinstance(built, str), built
     print("block", built.row_kernel_block())
 """)
@@ -32,7 +32,7 @@ CHILD = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def good_kernel() -> Path:
-    built = row_kernel.library()
+    built = kernel_build.library()
     if isinstance(built, str):
         pytest.skip(built)
     return Path(built._name)
@@ -88,9 +88,9 @@ def test_a_build_that_crashes_when_loaded_is_refused(good_kernel, tmp_path, monk
     """A new library that kills the process loading it is tried in a child, refused, and not kept."""
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
     monkeypatch.setattr(
-        row_kernel, "_compile", lambda compiler, path, arch: path.write_bytes(good_kernel.read_bytes()[:20000])
+        kernel_build, "_compile", lambda compiler, path, arch: path.write_bytes(good_kernel.read_bytes()[:20000])
     )
-    reason = row_kernel.build()
+    reason = kernel_build.build()
     assert isinstance(reason, str) and "the library built does not load" in reason
     assert os.listdir(tmp_path / "kernels") == []
 
@@ -108,23 +108,33 @@ def test_a_build_started_in_the_background_is_waited_for_not_repeated(monkeypatc
         finish.wait(10)
         return "built once"
 
-    monkeypatch.setattr(row_kernel, "_LIBRARY", [])
-    monkeypatch.setattr(row_kernel, "build", slow_build)
-    thread = row_kernel.build_in_background()
+    monkeypatch.setattr(kernel_build, "_LIBRARY", [])
+    monkeypatch.setattr(kernel_build, "build", slow_build)
+    thread = kernel_build.build_in_background()
     assert thread is not None and started.wait(10)
     heard = []
     threading.Timer(0.2, finish.set).start()
-    assert row_kernel.library(heard.append) == "built once"
+    assert kernel_build.library(heard.append) == "built once"
     thread.join(10)
     assert calls == [None] and heard and "Waiting" in heard[0]
-    assert row_kernel.build_in_background() is None  # loaded: nothing more to start
+    assert kernel_build.build_in_background() is None  # loaded: nothing more to start
+
+
+def test_a_first_build_starts_before_torch_imports():
+    """What builds the kernel imports neither torch nor numpy, so that the `specdeck` command starts
+    the compiler before they import (about as long as the compiler runs) rather than after."""
+    code = (
+        "import sys; import specdeck.engine.forward.kernel_build; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_the_command_starts_the_kernel_only_for_commands_that_load_a_model(monkeypatch):
     from specdeck.cli import launch, main
 
     started = []
-    monkeypatch.setattr(row_kernel, "build_in_background", lambda: started.append(1))
+    monkeypatch.setattr(kernel_build, "build_in_background", lambda: started.append(1))
     monkeypatch.setattr(main, "main", lambda: 0)
     for argv, expected in ((["specdeck", "cache"], []), (["specdeck", "run"], [1]), (["specdeck"], [1, 1])):
         monkeypatch.setattr(sys, "argv", argv)
@@ -143,9 +153,9 @@ def test_the_backend_choice_goes_on_beside_a_build_under_way(monkeypatch):
 
     path = gguf_file("smollm2-135m-instruct")
     monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
-    monkeypatch.setattr(row_kernel, "building", lambda: True)
-    monkeypatch.setattr(row_kernel, "library", waited)
-    monkeypatch.setattr(row_kernel, "buildable", lambda: None)
+    monkeypatch.setattr(kernel_build, "building", lambda: True)
+    monkeypatch.setattr(kernel_build, "library", waited)
+    monkeypatch.setattr(kernel_build, "buildable", lambda: None)
     assert backends.blocks_on_row_kernel(path)
-    monkeypatch.setattr(row_kernel, "buildable", lambda: "no C compiler (cc) to build the row kernel with")
+    monkeypatch.setattr(kernel_build, "buildable", lambda: "no C compiler (cc) to build the row kernel with")
     assert not backends.blocks_on_row_kernel(path)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from tiny import ON_CPU, PACKED_PATHS, build_pair
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
-from specdeck.engine.forward import linear, row_attention, row_kernel
+from specdeck.engine.forward import kernel_build, linear, row_attention, row_kernel
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.forward.linear import PackedLinear, layout_for, packed_available
 from specdeck.engine.forward.row_kernel import KernelLinear
@@ -35,9 +35,9 @@ def _avx2_build():
     build takes AVX-512): the path an AVX2-only CPU runs."""
     if "kernel" not in PACKED_PATHS:
         pytest.skip("the row kernel does not build here")
-    if not {"avx2", "fma"} <= set(row_kernel.cpu_flags().split()):
+    if not {"avx2", "fma"} <= set(kernel_build.cpu_flags().split()):
         pytest.skip("this CPU has no AVX2 with FMA")
-    built = row_kernel.build("haswell")
+    built = kernel_build.build("haswell")
     assert not isinstance(built, str), built
     assert built.row_kernel_block() == 16  # the AVX2 blocks, not AVX-512's
     return built
@@ -51,7 +51,7 @@ def test_the_row_kernel_gives_each_row_the_same_bits(shape, build):
     rows, blocks of columns split between threads, a last block narrower than the rest, rows
     padded to whole vectors), it is the matrix product to float32 rounding, and its packed
     weight gives back the matrix bit for bit; in this CPU's build and in the AVX2 one."""
-    built = row_kernel.library() if build == "this CPU's" else _avx2_build()
+    built = kernel_build.library() if build == "this CPU's" else _avx2_build()
     generator = torch.Generator().manual_seed(1)
     weight, bias = torch.randn(*shape, generator=generator), torch.randn(shape[0], generator=generator)
     linear = KernelLinear(weight, bias, built)
@@ -76,10 +76,10 @@ def _assert_within_float32_rounding(out, x, weight, bias) -> None:
 def test_without_the_row_kernel_the_products_choose_another_path(monkeypatch, tmp_path):
     """Where the row kernel cannot be built (here its source is missing, as from a bundle that left
     it out), `build` says why, and products and attention run on PyTorch's paths."""
-    monkeypatch.setattr(row_kernel, "SOURCE", tmp_path / "row_kernel.c")
-    reason = row_kernel.build()
+    monkeypatch.setattr(kernel_build, "SOURCE", tmp_path / "row_kernel.c")
+    reason = kernel_build.build()
     assert isinstance(reason, str) and "not installed" in reason
-    monkeypatch.setattr(row_kernel, "_LIBRARY", [reason])
+    monkeypatch.setattr(kernel_build, "_LIBRARY", [reason])
     monkeypatch.setattr(linear, "_MEASURED", {})
     choice = linear.choose_path([torch.randn(64, 32)])
     assert choice.path != "kernel" and "row kernel" not in choice.reason
@@ -197,7 +197,7 @@ def test_the_row_kernel_attention_is_attention(heads, kv_heads, head_dim, build)
     head's slice of a wider row), and a query gets the same bits alone as beside others (the heads of
     a group then share a pass over their slots in other numbers); spans of slots that end inside a
     block of scores summed together, in this CPU's build and in the AVX2 one."""
-    built = row_kernel.library() if build == "this CPU's" else _avx2_build()
+    built = kernel_build.library() if build == "this CPU's" else _avx2_build()
     generator = torch.Generator().manual_seed(3)
     qk = torch.randn(1, 6, heads + kv_heads, head_dim, generator=generator)
     q = qk[:, :, :heads].transpose(1, 2)  # (1, heads, 6, head_dim), as the forward passes it

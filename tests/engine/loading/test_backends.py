@@ -100,9 +100,9 @@ def test_llama_cpp_is_timed_in_a_child_process(tmp_path):
 def test_where_the_row_kernel_reads_the_files_blocks_auto_takes_torch_untimed(monkeypatch, tmp_path):
     """Where the row kernel builds and a small GGUF file's blocks run on it, auto takes torch at once,
     timing neither backend (a first load would wait seconds); with the blocks off it times them."""
-    from specdeck.engine.forward import row_kernel
+    from specdeck.engine.forward import kernel_build
 
-    if isinstance(row_kernel.library(), str):
+    if isinstance(kernel_build.library(), str):
         pytest.skip("the row kernel does not build here")
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
     timed = []

@@ -10,7 +10,7 @@ import torch
 from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, encode_prompt, generate
 from specdeck.engine.drafting.drafters import Drafter, Proposal
 from specdeck.engine.drafting.suffix_drafting import HybridDrafter, SuffixDrafter
-from specdeck.engine.forward import llama_forward, row_kernel
+from specdeck.engine.forward import kernel_build, llama_forward
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.loop.rounds import Clock
 from specdeck.engine.planner import autotune, costs
@@ -180,11 +180,11 @@ def test_a_curve_is_measured_again_for_another_build_of_the_row_kernel(tiny_llam
     """Where the products run on the row kernel, a curve measured on one build of it (its source,
     compiler and CPU) is not read back for another: a changed kernel changes what a forward costs."""
     target, _ = tiny_llama
-    if not row_kernel.identity():
+    if not kernel_build.identity():
         pytest.skip("the row kernel does not build here")
     monkeypatch.setenv("SPECDECK_LINEAR", "kernel")
     for build, curve in (("a.so", CostCurve((1, 16), (4.0, 5.0))), ("b.so", CostCurve((1, 16), (9.0, 30.0)))):
-        monkeypatch.setattr(row_kernel, "identity", lambda build=build: build)
+        monkeypatch.setattr(kernel_build, "identity", lambda build=build: build)
         costs._CURVES.pop(target.model, None)
         monkeypatch.setattr(costs, "measure_curve", lambda model, curve=curve: curve)
         assert costs.cost_curve(target.model, tmp_path) == curve
