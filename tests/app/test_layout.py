@@ -23,7 +23,7 @@ def test_window_fits_a_1024_by_700_screen_before_and_after_a_compare(qtbot, wind
 def test_charts_reflow_and_keep_their_size_on_a_small_screen(qtbot, window):
     """At 1024x700 the charts take fewer columns (the rest scrolls) and none is narrower or lower
     than it needs for its axes; wide, three columns with the figures beside them."""
-    from specdeck.app.charts import CHART_HEIGHT, CHART_WIDTH
+    from specdeck.app.chart_plot import CHART_HEIGHT, CHART_WIDTH
 
     window.resize(*SMALL_SCREEN)
     qtbot.waitUntil(lambda: window.charts._place is not None and window.charts._place[0] < 3, timeout=2000)
