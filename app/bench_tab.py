@@ -5,18 +5,16 @@ target to time beside its own, baselines, lengths), a progress
 bar, the summary table (summary.csv's columns) and the plots the harness draws. It never runs the
 harness itself: the window sends it to the model thread and hands the tab progress and the
 outcome. Export writes the files the harness wrote (CSVs, report.md, plots) into a chosen folder.
+The table and the plots are drawn by `app.bench_results`; what Run benchmark will do is said by
+`app.bench_plan`.
 """
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
-from types import SimpleNamespace
 
-from PySide6.QtCore import QRect, QSettings, QSize, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPixmap
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QCheckBox,
     QFileDialog,
     QFormLayout,
@@ -27,22 +25,20 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QScrollArea,
-    QSizePolicy,
     QSplitter,
-    QTableWidget,
-    QTableWidgetItem,
     QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from specdeck.app import dialogs
+from specdeck.app.bench_plan import bench_command_line, describe_plan
+from specdeck.app.bench_results import PlotImage, SummaryTable
 from specdeck.app.panels import double_spin_box, spin_box
 from specdeck.app.session_model import Activity, SessionModel
 from specdeck.app.worker import BenchOutcome
 from specdeck.engine.atomic import write_bytes
 from specdeck.engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
-from specdeck.engine.bench.report import SUMMARY_COLUMNS
 from specdeck.engine.bench.runner import BASELINES, BenchSettings
 from specdeck.engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
 from specdeck.engine.config import DecodeConfig
@@ -51,45 +47,6 @@ from specdeck.engine.pair import DrafterKind, PairSpec
 
 SAMPLE_LABEL = "bundled Spec-Bench sample"
 SPEEDUP_PLOT = "speedup_by_category.png"  # shown first: the figure the benchmark is for
-IDENTICAL_COLOURS = {"true": "#1b8a2f", "false": "#c62828"}
-
-
-def readable_header(column: str) -> str:
-    """A summary.csv column as a table header: words, in two lines when long."""
-    words = column.replace("_", " ")
-    if len(words) <= 10 or " " not in words:
-        return words
-    middle = len(words) // 2
-    cut = min((i for i, c in enumerate(words) if c == " "), key=lambda i: abs(i - middle))
-    return words[:cut] + "\n" + words[cut + 1 :]
-
-
-class PlotImage(QWidget):
-    """A PNG drawn as large as the widget allows, keeping its proportions (the plots are wider than tall)."""
-
-    def __init__(self, name: str, data: bytes, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.name = name
-        self.pixmap = QPixmap()
-        self.pixmap.loadFromData(data, "PNG")
-        self.setToolTip(name)
-        self.setMinimumSize(160, 80)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
-
-    def sizeHint(self) -> QSize:
-        return self.pixmap.size()
-
-    def paintEvent(self, event) -> None:
-        if self.pixmap.isNull():
-            return
-        size = self.pixmap.size().scaled(self.size(), Qt.AspectRatioMode.KeepAspectRatio)
-        area = QRect(
-            (self.width() - size.width()) // 2, (self.height() - size.height()) // 2, size.width(), size.height()
-        )
-        painter = QPainter(self)
-        painter.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform)
-        painter.drawPixmap(area, self.pixmap)
-        painter.end()
 
 
 class BenchmarkTab(QWidget):
@@ -161,13 +118,7 @@ class BenchmarkTab(QWidget):
         scope.setWordWrap(True)
         scope.setStyleSheet("color: #555;")
         self.scope_note = scope
-        self.table = QTableWidget(0, len(SUMMARY_COLUMNS))
-        for column, name in enumerate(SUMMARY_COLUMNS):
-            header = QTableWidgetItem(readable_header(name))
-            header.setToolTip(f"{name} in summary.csv")
-            self.table.setHorizontalHeaderItem(column, header)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().hide()
+        self.table = SummaryTable()
         self.plots = QTabWidget()  # one page per plot, each as wide as the tab
         self.plot_images: list[PlotImage] = []
         self._build_layout()
@@ -273,43 +224,7 @@ class BenchmarkTab(QWidget):
         raises SpecDeckError for settings or prompts that cannot run."""
         settings, prompts = self.settings(), self.prompts()
         specs = [models.resolved(), *(spec.resolved() for spec in self.other_drafters(models))]
-        stand_ins = [
-            SimpleNamespace(
-                drafter_kind=spec.drafter,
-                drafter_description=spec.drafter.describe(spec.draft),
-                hugging_face_runs=spec.drafter.hugging_face_runs and not spec.remote,
-                copies_text=spec.drafter.copies_text,
-                reads_history=spec.drafter.reads_history,
-                remote=spec.remote,
-            )
-            for spec in specs
-        ]  # what `BenchSettings.methods` reads of a loaded pair (before its vocabularies are known)
-        methods = settings.methods(stand_ins)
-        turns = sum(len(p.turns) for p in prompts)  # a later turn is a run of its own, as the harness counts
-        runs = turns * settings.repeats * len(methods)
-        asked = f"{len(prompts)} prompts" + (f" ({turns} turns)" if turns != len(prompts) else "")
-        lines = [
-            f"{runs} timed runs: {asked} x {settings.repeats} repeats x {len(methods)} methods, "
-            f"up to {settings.decode.max_new_tokens} new tokens each"
-        ]
-        if tokens_per_s:
-            minutes = runs * settings.decode.max_new_tokens / tokens_per_s / 60
-            lines.append(
-                f"about {minutes:.0f} min at the {tokens_per_s:.0f} tokens/s this pair's last session "
-                "measured (warm-up and loading not counted)"
-                if minutes >= 1
-                else "under a minute"
-            )
-        if "hf-assisted" in settings.baselines and not any(m.name == "hf-assisted" for m in methods):
-            why = (
-                "it needs a fixed K (auto chooses K per round)"
-                if any(spec.drafter.hugging_face_runs for spec in specs)
-                else "Hugging Face has no "
-                + " or ".join(dict.fromkeys(spec.drafter.label for spec in specs))
-                + " drafter"
-            )
-            lines.append(f"<b>hf-assisted is skipped</b>: {why}")
-        return "<br>".join(lines)
+        return describe_plan(settings, prompts, specs, tokens_per_s)
 
     def show_plan(self, models: PairSpec, tokens_per_s: float | None = None) -> None:
         try:
@@ -320,40 +235,8 @@ class BenchmarkTab(QWidget):
     def command_line(self, models: PairSpec) -> str:
         """The `specdeck bench` command that runs the same benchmark from a terminal."""
         others = self.other_drafters(models)
-        if others:
-            parts = [
-                "specdeck",
-                "bench",
-                *models.model_arguments(),
-                "--drafters",
-                ",".join(spec.drafter_entry for spec in (models, *others)),
-            ]
-        else:
-            parts = ["specdeck", "bench", *models.arguments()]
-        if self.prompts_path:
-            parts += ["--prompts", str(self.prompts_path)]
-        if self.categories.text().strip():
-            parts += ["--categories", ",".join(c.strip() for c in self.categories.text().split(",") if c.strip())]
-        if self.limit.value():
-            parts += ["--limit", str(self.limit.value())]
-        settings = self.settings()
-        parts += [
-            "--k",
-            format_ks(settings.ks),
-            "--lookup",
-            format_lookups(settings.lookups),
-            "--temperature",
-            f"{settings.decode.temperature:g}",
-            "--max-new-tokens",
-            str(settings.decode.max_new_tokens),
-            "--repeats",
-            str(settings.repeats),
-            "--baselines",
-            ",".join(settings.baselines),
-            "--out",
-            ".",
-        ]
-        return " ".join(shlex.quote(part) for part in parts)
+        categories = [c.strip() for c in self.categories.text().split(",") if c.strip()]
+        return bench_command_line(models, others, self.prompts_path, categories, self.limit.value(), self.settings())
 
     # progress and results ---------------------------------------------------------------------------
 
@@ -374,18 +257,7 @@ class BenchmarkTab(QWidget):
         self.outcome = outcome
         self.export_button.setEnabled(True)
         self.stage.setText(f"Done: {len(outcome.summary)} summary rows. Export… writes the CSVs, report and plots.")
-        self.table.setRowCount(len(outcome.summary))
-        bold = QFont()
-        bold.setBold(True)
-        for row, values in enumerate(outcome.summary):
-            for column, name in enumerate(SUMMARY_COLUMNS):
-                item = QTableWidgetItem(str(values[name]))
-                if name == "identical_to_plain" and values[name] in IDENTICAL_COLOURS:
-                    item.setForeground(QBrush(QColor(IDENTICAL_COLOURS[values[name]])))
-                if values["category"] == "all":
-                    item.setFont(bold)
-                self.table.setItem(row, column, item)
-        self.table.resizeColumnsToContents()
+        self.table.show_rows(outcome.summary)
         plots = sorted((name for name in outcome.files if name.endswith(".png")), key=lambda n: n != SPEEDUP_PLOT)
         self._show_plots({name: outcome.files[name] for name in plots})
 
