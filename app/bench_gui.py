@@ -33,7 +33,8 @@ from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtWidgets import QApplication
 
 from specdeck.app.main_window import MainWindow
-from specdeck.app.worker import ModelHost, freeze_long_lived_objects
+from specdeck.app.model_host import ModelHost
+from specdeck.app.worker import freeze_long_lived_objects
 from specdeck.engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState
 from specdeck.engine.stats import SessionStats
 

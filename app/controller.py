@@ -1,6 +1,6 @@
 """Load, run, compare and benchmark, written as coroutines on qasync's loop.
 
-Each awaits the model thread's futures (`app.worker.ModelHost`), so the GUI thread never runs
+Each awaits the model thread's futures (`app.model_host.ModelHost`), so the GUI thread never runs
 model code and never blocks, and records what happened in the `SessionModel`, which the views
 follow. The coroutines take plain values (a `PairSpec`, a `DecodeConfig`, a prompt) and raise
 `SpecDeckError`; `spawn` runs one and hands its error to a callback (the window's dialog).
@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 
+from specdeck.app.model_host import ModelHost
 from specdeck.app.session_model import SessionModel
-from specdeck.app.worker import BenchCancelled, BenchOutcome, LoadCancelled, ModelHost, PairInfo, error_message
+from specdeck.app.worker import BenchCancelled, BenchOutcome, LoadCancelled, PairInfo, error_message
 from specdeck.engine.bench.prompts import BenchPrompt
 from specdeck.engine.bench.runner import BenchSettings
 from specdeck.engine.config import DecodeConfig

@@ -2,16 +2,16 @@
 charts) and a Benchmark tab (the `specdeck bench` harness on the loaded pair).
 
 The window lays out the views, reads the panels when a button is pressed and hands the values to
-the `SessionController`; the views follow the `SessionModel`. It keeps the menus, shortcuts,
-dialogs and settings.
+the `SessionController`; the views follow the `SessionModel`. It opens the dialogs; its menus and
+shortcuts are `WindowMenus` (`window_menus`), what it remembers between launches `WindowSettings`
+(`window_settings`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, QRect, QSettings, Qt
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
@@ -31,11 +31,15 @@ from specdeck.app.bench_tab import BenchmarkTab
 from specdeck.app.charts import SessionCharts
 from specdeck.app.controller import SessionController
 from specdeck.app.cost_series import curve_of, why_off
-from specdeck.app.panels import DecodingPanel, ModelPanel
+from specdeck.app.model_host import ModelHost
+from specdeck.app.model_panel import ModelPanel
+from specdeck.app.panels import DecodingPanel
 from specdeck.app.replay import ReplayDialog
 from specdeck.app.session_model import Activity, SessionModel
 from specdeck.app.token_view import Legend, TokenView
-from specdeck.app.worker import ModelHost, PairInfo
+from specdeck.app.window_menus import WindowMenus
+from specdeck.app.window_settings import WindowSettings
+from specdeck.app.worker import PairInfo
 from specdeck.engine.atomic import write_with
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.export import SessionRecord
@@ -56,7 +60,7 @@ def save_picture(widget: QWidget, path: str | Path) -> None:
     write_with(path, save)
 
 
-class MainWindow(QMainWindow):
+class MainWindow(WindowMenus, WindowSettings, QMainWindow):
     def __init__(self, settings: QSettings | None = None, host: ModelHost | None = None) -> None:
         super().__init__()
         self.setWindowTitle("SpecDeck")
@@ -173,75 +177,6 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.main_splitter)
         self.statusBar().showMessage("Load a model pair, then Run or Compare.")
 
-    def _build_menus(self) -> None:
-        def action(name: str, slot, *keys: str, checkable: bool = False) -> QAction:
-            """A menu action; its shortcuts work wherever the focus is in the window."""
-            made = QAction(name, self, checkable=checkable)
-            made.setShortcuts([QKeySequence(key) for key in keys])
-            made.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-            (made.toggled if checkable else made.triggered).connect(slot)
-            self.addAction(made)
-            return made
-
-        session = self.menuBar().addMenu("&Session")
-        self.run_action = action("&Run", self._on_run_clicked, "Ctrl+Return", "Ctrl+Enter")
-        self.compare_action = action("&Compare", self._on_compare_clicked, "Ctrl+Shift+Return", "Ctrl+Shift+Enter")
-        self.stop_action = action("&Stop", self._on_stop_clicked, "Esc")
-        self.replay_action = action("Re&play the compare run", self._on_replay_clicked, "Ctrl+R")
-        focus = action("&Focus the prompt", self._on_focus_prompt, "Ctrl+L")
-        session.addActions([self.run_action, self.compare_action, self.stop_action, self.replay_action, focus])
-
-        file_menu = self.menuBar().addMenu("&File")
-        self.export_action = action("&Export CSV…", self._on_export_clicked, "Ctrl+E")
-        self.per_token_rows = QAction("Include per-token rows", self, checkable=True)
-        charts = action("Save charts as &PNG…", self._on_save_charts_clicked)
-        quit_action = action("&Quit", self.close, QKeySequence(QKeySequence.StandardKey.Quit).toString())
-        file_menu.addActions([self.export_action, self.per_token_rows, charts])
-        file_menu.addSeparator()
-        file_menu.addAction(quit_action)
-
-        view = self.menuBar().addMenu("&View")
-        self.settings_action = action("&Settings panel", self._on_settings_toggled, "Ctrl+B", checkable=True)
-        self.settings_action.setChecked(True)
-        self.colour_blind_action = action("Colour-&blind safe palette", self._on_palette_toggled, checkable=True)
-        view.addActions([self.settings_action, self.colour_blind_action])
-
-        help_menu = self.menuBar().addMenu("&Help")
-        shortcuts = action("&Keyboard shortcuts", lambda: dialogs.show_shortcuts(self, self.shortcut_list()), "F1")
-        about = action(
-            "&About SpecDeck", lambda: dialogs.show_about(self, self.host.pair.device if self.host.pair else None)
-        )
-        help_menu.addActions([shortcuts, about])
-        self._window_keys = {key for made in self.actions() for key in made.shortcuts()}
-        QApplication.instance().installEventFilter(self)
-
-    def shortcut_list(self) -> list[tuple[str, str]]:
-        """(keys, what they do) for every action with a shortcut, and for the prompt's Tab keys."""
-        rows = [
-            (
-                ", ".join(key.toString(QKeySequence.SequenceFormat.NativeText) for key in made.shortcuts()),
-                made.text().replace("&", "").rstrip("…"),
-            )
-            for made in self.actions()
-            if made.shortcuts()
-        ]
-        return rows + [
-            ("Tab, Shift+Tab", "Move the focus (also out of the prompt)"),
-            ("Ctrl+Tab", "Insert a tab character in the prompt"),
-        ]
-
-    def eventFilter(self, watched, event) -> bool:
-        """The window's shortcuts win over a focused field's own use of the keys (a line edit takes
-        Ctrl+E to mean end of line): a field is not offered a key the window has a shortcut for."""
-        if (
-            event.type() == QEvent.Type.ShortcutOverride
-            and isinstance(watched, QWidget)
-            and watched.window() is self
-            and QKeySequence(event.keyCombination()) in self._window_keys
-        ):
-            return True
-        return super().eventFilter(watched, event)
-
     # what the buttons start -------------------------------------------------------------------------
 
     async def load_models(self) -> PairInfo:
@@ -330,20 +265,6 @@ class MainWindow(QMainWindow):
     def _on_stop_clicked(self) -> None:
         if self.session_model.activity.running:
             self.controller.stop()
-
-    def _on_focus_prompt(self) -> None:
-        self.settings_action.setChecked(True)
-        self._on_settings_toggled(True)
-        self.decoding_panel.prompt.setFocus(Qt.FocusReason.ShortcutFocusReason)
-
-    def _on_settings_toggled(self, shown: bool) -> None:
-        self.settings_panel.setVisible(shown)
-
-    def _on_palette_toggled(self, safe: bool) -> None:
-        palette = "colour-blind safe" if safe else "standard"
-        self.legend.refresh(palette)
-        for view in (self.speculative_view, self.plain_view):
-            view.set_palette(palette)
 
     def replayable_records(self) -> tuple[SessionRecord, SessionRecord] | None:
         """The last Compare's speculative and plain records, once both ended; None otherwise."""
@@ -449,59 +370,7 @@ class MainWindow(QMainWindow):
         except SpecDeckError as error:
             dialogs.show_error(self, "Saving the charts failed", str(error))
 
-    # settings and closing ---------------------------------------------------------------------------
-
-    def _remembered_choices(self) -> tuple[tuple[str, QAction], ...]:
-        return (
-            ("export/per_token_rows", self.per_token_rows),
-            ("view/settings_panel", self.settings_action),
-            ("view/colour_blind_safe", self.colour_blind_action),
-        )
-
-    def fit_into(self, area: QRect) -> None:
-        """Shrink and move the window inside `area` (its screen's free part), so Run and Compare are
-        on screen also where the default size or a geometry saved on a larger screen is too big."""
-        frame = self.frameGeometry().size() - self.geometry().size()  # the window manager's frame
-        width = max(min(self.width(), area.width() - frame.width()), self.minimumSizeHint().width())
-        height = max(min(self.height(), area.height() - frame.height()), self.minimumSizeHint().height())
-        self.resize(width, height)
-        x = min(max(self.x(), area.left()), max(area.left(), area.right() + 1 - width - frame.width()))
-        y = min(max(self.y(), area.top()), max(area.top(), area.bottom() + 1 - height - frame.height()))
-        self.move(x, y)
-
-    def _restore_settings(self, settings: QSettings) -> None:
-        self.model_panel.restore(settings)
-        self.decoding_panel.restore(settings)
-        self.bench_tab.restore(settings)
-        self.tabs.setCurrentIndex(int(settings.value("window/tab", 0)))
-        for key, action in self._remembered_choices():
-            action.setChecked(str(settings.value(key, action.isChecked())).lower() == "true")
-        self.speculative_view.show_rejected.setChecked(
-            str(settings.value("view/show_rejected", "true")).lower() == "true"
-        )
-        for key, widget in (
-            ("window/geometry", self),
-            ("window/main_splitter", self.main_splitter),
-            ("window/right_splitter", self.right),
-        ):
-            state = settings.value(key)
-            if isinstance(state, QByteArray):
-                (widget.restoreGeometry if widget is self else widget.restoreState)(state)
-
-    def save_settings(self) -> None:
-        if self.settings is None:
-            return
-        self.model_panel.save(self.settings)
-        self.decoding_panel.save(self.settings)
-        self.bench_tab.save(self.settings)
-        self.settings.setValue("window/tab", self.tabs.currentIndex())
-        for key, action in self._remembered_choices():
-            self.settings.setValue(key, action.isChecked())
-        self.settings.setValue("view/show_rejected", self.speculative_view.show_rejected.isChecked())
-        self.settings.setValue("window/geometry", self.saveGeometry())
-        self.settings.setValue("window/main_splitter", self.main_splitter.saveState())
-        self.settings.setValue("window/right_splitter", self.right.saveState())
-        self.settings.sync()
+    # closing ----------------------------------------------------------------------------------------
 
     def closeEvent(self, event) -> None:
         """Stop any session, end the model thread and wait for it, so nothing outlives the window."""

@@ -1,18 +1,5 @@
-"""The live token view: every token of a session drawn as its fate.
-
-Each state has a look that survives without colour (a second cue beside the colour), and the
-colours come in two palettes, the second safe for colour-blind eyes (Okabe and Ito):
-
-- accepted drafts: a tinted background;
-- rejected drafts: struck through on a tinted background, where they were proposed (before the
-  target's replacement);
-- discarded drafts (after a rejected one in the same round, or a sampled tree's alternatives left
-  untried; never judged): grey, italic, struck through;
-- resampled tokens (the target's replacement): a wavy underline;
-- bonus tokens (every draft passed): bold;
-- plain tokens: as they are;
-- drafts that prompt lookup copied from earlier text: dotted underneath, so the drafter's own
-  guesses stay apart from the copies.
+"""The live token view: every token of a session drawn as its fate, in the looks of
+`token_formats` (a second cue beside each colour, two palettes).
 
 The legend is drawn with the very formats the view uses. The view keeps every `TokenEvent` so
 that hiding or showing refused drafts re-renders it, and so that hovering a token can show its
@@ -25,34 +12,16 @@ from __future__ import annotations
 import bisect
 
 from PySide6.QtCore import QEvent, Qt, QTimer
-from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextDocument
+from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QToolTip, QVBoxLayout, QWidget
 
 from specdeck.app.session_model import SessionModel
+from specdeck.app.token_formats import REFUSED, document_formats, state_of, token_format
 from specdeck.engine.events import SummaryEvent, TokenEvent, TokenState
 from specdeck.engine.export import SessionRecord
 
 RENDER_INTERVAL_MS = 50
-REFUSED = (TokenState.REJECTED, TokenState.DISCARDED)
 LEGEND_SEPARATOR = " · "
-
-PALETTES = {
-    "standard": {
-        TokenState.ACCEPTED: "#1b8a2f",
-        TokenState.REJECTED: "#c62828",
-        TokenState.DISCARDED: "#8a8a8a",
-        TokenState.RESAMPLED: "#e07000",
-        TokenState.BONUS: "#1f5fd1",
-    },
-    # Okabe and Ito's palette: told apart under protanopia, deuteranopia and tritanopia
-    "colour-blind safe": {
-        TokenState.ACCEPTED: "#0072b2",
-        TokenState.REJECTED: "#d55e00",
-        TokenState.DISCARDED: "#8a8a8a",
-        TokenState.RESAMPLED: "#cc79a7",
-        TokenState.BONUS: "#009e73",
-    },
-}
 
 LEGEND = (  # (state, copied, label, what it means)
     (TokenState.ACCEPTED, False, "accepted", "A draft the target accepted: kept"),
@@ -77,31 +46,6 @@ LEGEND = (  # (state, copied, label, what it means)
 )
 
 
-def token_format(state: TokenState, copied: bool = False, palette: str = "standard") -> QTextCharFormat:
-    """The look of a token: its state's colour and its state's second cue (see the module's
-    docstring); a copy by prompt lookup dotted underneath."""
-    fmt = QTextCharFormat()
-    colours = PALETTES[palette]
-    if state in colours:
-        fmt.setForeground(QColor(colours[state]))
-    if state in (TokenState.ACCEPTED, TokenState.REJECTED):
-        background = QColor(colours[state])
-        background.setAlpha(40 if state is TokenState.ACCEPTED else 28)
-        fmt.setBackground(background)
-    if state in REFUSED:
-        fmt.setFontStrikeOut(True)
-    if state is TokenState.DISCARDED:
-        fmt.setFontItalic(True)
-    if state is TokenState.RESAMPLED:
-        fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.WaveUnderline)
-        fmt.setUnderlineColor(QColor(colours[state]))
-    if state is TokenState.BONUS:
-        fmt.setFontWeight(QFont.Weight.Bold)
-    if copied:
-        fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DotLine)
-    return fmt
-
-
 _FORMATS: dict[tuple[TokenState, bool, str], QTextCharFormat] = {}  # made once each
 
 
@@ -109,35 +53,6 @@ def _format(state: TokenState, copied: bool = False, palette: str = "standard") 
     if (state, copied, palette) not in _FORMATS:
         _FORMATS[state, copied, palette] = token_format(state, copied, palette)
     return _FORMATS[state, copied, palette]
-
-
-def state_of(fmt: QTextCharFormat) -> TokenState | None:
-    """The state a character format draws, read from its cues other than colour (None: plain text)."""
-    if fmt.fontStrikeOut():
-        return TokenState.DISCARDED if fmt.fontItalic() else TokenState.REJECTED
-    if fmt.underlineStyle() == QTextCharFormat.UnderlineStyle.WaveUnderline:
-        return TokenState.RESAMPLED
-    if fmt.fontWeight() >= QFont.Weight.Bold:
-        return TokenState.BONUS
-    if fmt.hasProperty(QTextCharFormat.Property.BackgroundBrush):
-        return TokenState.ACCEPTED
-    return None
-
-
-def document_formats(document: QTextDocument) -> list[tuple[str, QTextCharFormat]]:
-    """(text, format) for each run of characters of one format, as drawn; "\n" between blocks."""
-    runs: list[tuple[str, QTextCharFormat]] = []
-    block = document.begin()
-    while block.isValid():
-        it = block.begin()
-        while not it.atEnd():
-            fragment = it.fragment()
-            runs.append((fragment.text(), fragment.charFormat()))
-            it += 1
-        block = block.next()
-        if block.isValid():
-            runs.append(("\n", QTextCharFormat()))
-    return runs
 
 
 SOURCES = {
@@ -357,7 +272,7 @@ class TokenView(QWidget):
         self._write(cursor, text, state)
 
     def set_palette(self, palette: str) -> None:
-        """Draw with another palette (`PALETTES`): the whole session again."""
+        """Draw with another palette (`token_formats.PALETTES`): the whole session again."""
         self.palette_name = palette
         self._on_show_rejected_toggled(self.show_rejected.isChecked())
 

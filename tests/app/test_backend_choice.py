@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specdeck.app.panels import ModelPanel
+from specdeck.app.model_panel import ModelPanel
 from specdeck.cli.main import build_parser
 from specdeck.cli.options import pair_spec
 from specdeck.engine.forward.llamacpp_backend import library

@@ -2,7 +2,8 @@
 the same pair, decode with the same settings and benchmark the same way."""
 
 from specdeck.app.bench_tab import BenchmarkTab
-from specdeck.app.panels import DecodingPanel, ModelPanel
+from specdeck.app.model_panel import ModelPanel
+from specdeck.app.panels import DecodingPanel
 from specdeck.cli.bench import bench_settings, bench_specs
 from specdeck.cli.main import build_parser
 from specdeck.cli.options import decode_config, pair_spec

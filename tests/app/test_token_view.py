@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdeck.app.token_view import LEGEND, PALETTES, Legend, TokenView, describe_token, state_of, token_format
+from specdeck.app.token_formats import PALETTES, state_of, token_format
+from specdeck.app.token_view import LEGEND, Legend, TokenView, describe_token
 from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent, TokenState
 
 A, R, S, B, P = TokenState.ACCEPTED, TokenState.REJECTED, TokenState.RESAMPLED, TokenState.BONUS, TokenState.PLAIN

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from specdeck.app.worker import ModelHost, error_message
+from specdeck.app.model_host import ModelHost
+from specdeck.app.worker import error_message
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState
