@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from specdeck.engine.events import TokenEvent, TokenState
 
@@ -61,8 +62,22 @@ def test_compare_fills_both_views_and_marks_greedy_runs_identical(qtbot, window,
     assert window.charts.plain.size == plain.summary.rounds
 
 
-def test_stop_mid_run_keeps_the_text(qtbot, window):
-    """Stop ends the session within a round; what was generated stays in the view."""
+def test_stop_mid_run_keeps_the_text(qtbot, window, monkeypatch):
+    """Stop ends the session within a round; what was generated stays in the view. After its first
+    ten tokens the session is slowed down until Stop, so that a test process beside a busy machine
+    still clicks Stop before the tiny target reaches the end of its context."""
+    from specdeck.engine import session
+
+    def slowed_after_ten_tokens(target, prompt_ids, config, drafter=None, cancel=None):
+        tokens = 0
+        for event in real_generate(target, prompt_ids, config, drafter, cancel):
+            yield event
+            tokens += isinstance(event, TokenEvent)
+            if tokens > 10 and cancel is not None and not cancel.is_set():
+                time.sleep(0.02)
+
+    real_generate = session.generate
+    monkeypatch.setattr(session, "generate", slowed_after_ten_tokens)
     window.decoding_panel.max_new_tokens.setValue(4000)
     window.run_button.click()
     qtbot.waitUntil(lambda: len(window.speculative_view.tokens) > 10, timeout=TIMEOUT_MS)
