@@ -232,7 +232,7 @@ def existing_exchanges(seed: int = 0) -> list[Exchange]:
 def reading_requests(exchanges: list[Exchange], seed: int = 0) -> list[str]:
     """Requests for the target to answer itself: summarise, extract from or question documentation
     passages (long explanations only), the way summaries and retrieval-augmented answers read."""
-    from specdeck.engine.distill.corpus import PASSAGE_TASKS
+    from specdeck.engine.distill.stdlib_text import PASSAGE_TASKS
 
     rng = random.Random(seed + 5)
     passages = [e.answer for e in exchanges if e.source == "python-docs" and len(e.answer) > 400]

@@ -27,16 +27,10 @@ import torch
 
 from specdeck.engine.atomic import building_folder
 from specdeck.engine.cores import pin_threads
-from specdeck.engine.distill.corpus import (
-    SOURCES,
-    article_instructions,
-    code_prefixes,
-    instructions,
-    passage_instructions,
-    reading_instruction,
-    stdlib_documents,
-)
+from specdeck.engine.distill.articles import article_instructions, reading_instruction
+from specdeck.engine.distill.corpus import SOURCES, instructions
 from specdeck.engine.distill.loop import HeldOut, batches, split_rows, train_loop
+from specdeck.engine.distill.stdlib_text import code_prefixes, passage_instructions, stdlib_documents
 from specdeck.engine.distill.student import DraftShape, build_draft
 from specdeck.engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
 from specdeck.engine.forward.hf_parts import decode, input_embedding, output_projection
