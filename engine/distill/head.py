@@ -34,8 +34,9 @@ from specdeck.engine.distill.corpus import SOURCES
 from specdeck.engine.distill.forcing import Store, load_store
 from specdeck.engine.distill.loop import HeldOut, split_rows, train_loop
 from specdeck.engine.distill.teacher import Shard, load_shards
+from specdeck.engine.distill.teacher_shards import build_teacher_data
 from specdeck.engine.distill.texts import TEXT_SOURCES
-from specdeck.engine.distill.train import TrainConfig, build_teacher_data
+from specdeck.engine.distill.train import TrainConfig
 from specdeck.engine.drafting.heads import FeatureHead, fingerprint, head_config, save_head
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.hf_parts import input_embedding, output_projection

@@ -2,10 +2,10 @@
 different tokenizers to try offline, which `engine.cross_vocab` drafts with through the text.
 
 Three stages, each resumable from what it left in the output folder:
-1. text: the target writes its own answers (the teacher shards of `engine.distill.train`, reused
-   when given), which are read back as the bytes the drafter will see (`TokenText`, chat markup
-   and all), plus passages of freely licensed existing text (`engine.distill.texts`) framed by the
-   target's chat template; saved in `texts.json`;
+1. text: the target writes its own answers (the teacher shards of `engine.distill.teacher_shards`,
+   reused when given), which are read back as the bytes the drafter will see (`TokenText`, chat
+   markup and all), plus passages of freely licensed existing text (`engine.distill.texts`) framed
+   by the target's chat template; saved in `texts.json`;
 2. tokenizer: a byte-level BPE (Sennrich et al. 2016; GPT-2's byte alphabet, so any text is
    spelled) of a few thousand tokens trained on that text with the `tokenizers` library, the
    target's control tokens kept whole so that they have twins in its vocabulary;
@@ -34,8 +34,9 @@ from specdeck.engine.distill.corpus import SOURCES
 from specdeck.engine.distill.loop import HeldOut, batches, split_rows, train_loop
 from specdeck.engine.distill.student import DraftShape
 from specdeck.engine.distill.teacher import chat_ids, load_shards
+from specdeck.engine.distill.teacher_shards import build_teacher_data
 from specdeck.engine.distill.texts import TEXT_SOURCES, existing_exchanges
-from specdeck.engine.distill.train import TrainConfig, build_teacher_data
+from specdeck.engine.distill.train import TrainConfig
 from specdeck.engine.drafting.vocabulary import TokenText
 from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
 

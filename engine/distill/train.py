@@ -2,7 +2,7 @@
 
 Two stages, both resumable from what they left in the output folder:
 1. teacher: the target scores chat-formatted text (teacher forcing) and its top-k next-token
-   log-probabilities are stored in shards (`engine.distill.teacher`);
+   log-probabilities are stored in shards (`engine.distill.teacher_shards`, `engine.distill.teacher`);
 2. student: the draft minimises the cross-entropy to the target's distribution at temperature 1,
    -sum_i p_i log q_i over the stored top-k tokens (p renormalised over them), which is the
    forward KL(p || q) up to a constant. Greedy speculative decoding accepts a draft token when
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
-import random
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,17 +25,15 @@ import torch
 
 from specdeck.engine.atomic import building_folder
 from specdeck.engine.cores import pin_threads
-from specdeck.engine.distill.articles import article_instructions, reading_instruction
-from specdeck.engine.distill.corpus import SOURCES, instructions
+from specdeck.engine.distill.corpus import SOURCES
 from specdeck.engine.distill.loop import HeldOut, batches, split_rows, train_loop
-from specdeck.engine.distill.stdlib_text import code_prefixes, passage_instructions, stdlib_documents
 from specdeck.engine.distill.student import DraftShape, build_draft
-from specdeck.engine.distill.teacher import Shard, chat_ids, generate_scored, load_shards, save_shard, score
-from specdeck.engine.forward.hf_parts import decode, input_embedding, output_projection
+from specdeck.engine.distill.teacher import Shard
+from specdeck.engine.distill.teacher_shards import build_teacher_data
+from specdeck.engine.forward.hf_parts import input_embedding, output_projection
 from specdeck.engine.loading.models import (
     OUTPUT_TOKENS_FILE,
     TOKENIZER_REFERENCE_FILE,
-    LoadedModel,
     LoadOptions,
     load_model,
     locate,
@@ -81,125 +77,6 @@ class TrainConfig:
     train_embedding: bool = False
     eval_every: int = 25
     threads: int = 0  # 0: torch's default
-
-
-def _generation_jobs(target: LoadedModel, config: TrainConfig) -> list[list[list[int]]]:
-    """Every prompt the target continues, as token ids, in batches of similar length (less padding)
-    whose order mixes all kinds, so that any prefix of the jobs is a fair sample."""
-    prompts = [chat_ids(target, text) for text in instructions(config.seed)[: config.answers]]
-    prompts += [chat_ids(target, text) for text in passage_instructions(config.passages, config.seed)]
-    prompts += [
-        target.tokenizer(text, add_special_tokens=False)["input_ids"]
-        for text in code_prefixes(config.code, config.seed)
-    ]
-    prompts = [p[-config.max_length :] for p in prompts]
-    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(config.seed)).tolist()
-    batch, window = config.generation_batch, 4 * config.generation_batch
-    jobs = []
-    for start in range(0, len(order), window):
-        chunk = sorted(order[start : start + window], key=lambda i: len(prompts[i]))
-        jobs += [[prompts[i] for i in chunk[j : j + batch]] for j in range(0, len(chunk), batch)]
-    return jobs
-
-
-def build_teacher_data(target: LoadedModel, folder: Path, config: TrainConfig, progress: Progress) -> Shard:
-    """Generate and score the training text with the target, one shard per batch; skip shards
-    already written."""
-    folder.mkdir(parents=True, exist_ok=True)
-    jobs: list[tuple[str, list]] = [("answers", job) for job in _generation_jobs(target, config)]
-    documents = [
-        chat_ids(target, question, text)[: config.max_length]
-        for question, text in stdlib_documents(config.documents, config.seed)
-    ]
-    jobs += [
-        ("documents", documents[i : i + config.batch_sequences])
-        for i in range(0, len(documents), config.batch_sequences)
-    ]
-    started, made = time.perf_counter(), 0
-    if config.teacher_shards:
-        jobs = jobs[: config.teacher_shards]
-    missing = [i for i in range(len(jobs)) if not (folder / f"shard-{i:05d}.pt").exists()]
-    progress(f"teacher: the target writes {len(missing)} of {len(jobs)} shards")
-    for index, (kind, items) in enumerate(jobs):
-        path = folder / f"shard-{index:05d}.pt"
-        if path.exists():
-            continue
-        if kind == "answers":
-            shard = generate_scored(
-                target,
-                items,
-                config.answer_tokens,
-                greedy=index % config.sampled_every != 0,
-                seed=config.seed + index,
-                top_k=config.top_k,
-            )
-        else:
-            shard = score(target, items, config.top_k)
-        save_shard(shard, path)
-        made += sum(len(t) for t in shard.top_ids)
-        elapsed = time.perf_counter() - started
-        done = missing.index(index) + 1
-        progress(
-            f"teacher {index + 1}/{len(jobs)} shards ({kind}), {made} target tokens, "
-            f"{made / elapsed:.0f} tokens/s, {elapsed:.0f} s, "
-            f"about {elapsed / done * (len(missing) - done) / 60:.0f} min left"
-        )
-    _article_shards(target, folder, config, progress)
-    return load_shards(folder)
-
-
-def _article_shards(target: LoadedModel, folder: Path, config: TrainConfig, progress: Progress) -> None:
-    """Articles in two steps per batch: the target writes them (sampled, for variety), then answers a
-    request to summarise, extract from or question each one (`reading_instruction`). Their shards
-    are named after the others (`shard-articles-NNNNN-1-write.pt`, `...-2-read.pt`), so they sort
-    after them and a later batch sorts after an earlier one."""
-    requests = article_instructions(config.articles, config.seed)
-    batch = config.generation_batch
-    started = time.perf_counter()
-    for number, start in enumerate(range(0, len(requests), batch)):
-        chunk = requests[start : start + batch]
-        write = folder / f"shard-articles-{number:05d}-1-write.pt"
-        read = folder / f"shard-articles-{number:05d}-2-read.pt"
-        if read.exists():
-            continue
-        requests_ids = [chat_ids(target, text) for _, text in chunk]
-        if write.exists():
-            written = Shard(**torch.load(write, weights_only=True))
-        else:
-            written = generate_scored(
-                target,
-                requests_ids,
-                config.answer_tokens,
-                greedy=False,
-                seed=config.seed + 7919 * (number + 1),
-                top_k=config.top_k,
-            )
-            save_shard(written, write)
-        topics = {tuple(ids): topic for ids, (topic, _) in zip(requests_ids, chunk)}
-        rng = random.Random(config.seed * 1009 + number)
-        prompts = []
-        for ids, first in zip(written.ids, written.first):
-            # at most max_length tokens of article, so a long one cannot push the request out of the prompt
-            article = decode(target.tokenizer, ids[first + 1 :][: config.max_length].tolist(), skip_special_tokens=True)
-            if len(article) >= config.min_article_chars:
-                topic = topics.get(tuple(ids[: first + 1].tolist()), "it")
-                prompts.append(chat_ids(target, reading_instruction(topic, article, rng)))
-        if prompts:
-            save_shard(
-                generate_scored(
-                    target,
-                    prompts,
-                    config.answer_tokens,
-                    greedy=number % config.sampled_every != 0,
-                    seed=config.seed + 7919 * (number + 1) + 1,
-                    top_k=config.top_k,
-                ),
-                read,
-            )
-        progress(
-            f"articles {min(start + batch, len(requests))}/{len(requests)} written and read, "
-            f"{time.perf_counter() - started:.0f} s"
-        )
 
 
 def _collate(data: Shard, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

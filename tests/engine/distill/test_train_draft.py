@@ -9,7 +9,8 @@ from tiny import build_pair
 from specdeck.cli.main import main
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.distill.teacher import load_shards
-from specdeck.engine.distill.train import TrainConfig, build_teacher_data
+from specdeck.engine.distill.teacher_shards import build_teacher_data
+from specdeck.engine.distill.train import TrainConfig
 from specdeck.engine.events import SummaryEvent, TokenEvent, TokenState
 from specdeck.engine.loading.models import LoadOptions, load_model
 from specdeck.engine.pair import PairSpec
