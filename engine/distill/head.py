@@ -18,10 +18,9 @@ Three stages, each resumable from what it left in the output folder:
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,8 @@ from specdeck.engine.atomic import write_with
 from specdeck.engine.cores import pin_threads
 from specdeck.engine.distill.corpus import SOURCES
 from specdeck.engine.distill.forcing import Store, load_store
+from specdeck.engine.distill.head_card import model_card
+from specdeck.engine.distill.head_objective import collate_pairs, evaluate, head_loss
 from specdeck.engine.distill.loop import HeldOut, split_rows, train_loop
 from specdeck.engine.distill.teacher import Shard, load_shards
 from specdeck.engine.distill.teacher_shards import build_teacher_data
@@ -164,196 +165,6 @@ def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
         head.fc.weight.mul_(0.5)
         head.fc.weight[:, :width] += torch.eye(width)  # start by passing the state through
     return head
-
-
-def collate_pairs(
-    data: Shard,
-    features: list[torch.Tensor],
-    rows: list[int],
-    embedding: torch.Tensor,
-    columns: list[int] | int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded states (B, W, h), next-token embeddings for pairs (B, W-1, h), and the mask of the
-    pairs that count: those in the answer. Pair i predicts the state after token i+1, which decides
-    token i+2; the head drafts from the token after the target's first answer token on, so pairs
-    before `first` (the prompt, which the head only reads) are left out of the loss. Features of
-    several layers (L, m, h) give states (B, W, m, h); `columns` picks some of them (an int: one,
-    as (B, W, h))."""
-    width = max(len(data.ids[r]) for r in rows)
-    hidden = embedding.shape[1]
-    picked = [features[r] if columns is None else features[r][:, columns] for r in rows]
-    states = torch.zeros(len(rows), width, *picked[0].shape[1:-1], hidden)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width - 1, dtype=torch.bool)
-    for j, r in enumerate(rows):
-        n = len(data.ids[r])
-        states[j, :n] = picked[j].float()
-        ids[j, :n] = data.ids[r].long()
-        mask[j, data.first[r] : n - 1] = True
-    return states, embedding[ids[:, 1:]], mask
-
-
-def _pass_mask(width: int, s: int) -> torch.Tensor:
-    """Which keys query j of pass s (0-based) attends to, over the keys of passes 0..s side by side:
-    the real pairs up to j - s, then pass r's pair at j - s + r for r = 1..s (the drafts a depth-(s+1)
-    draft follows in the cache)."""
-    blocks = [torch.ones(width, width, dtype=torch.bool).tril(-s)]
-    blocks += [torch.ones(width, width, dtype=torch.bool).tril(r - s).triu(r - s) for r in range(1, s + 1)]
-    return torch.cat(blocks, dim=1)
-
-
-def unrolled(head: FeatureHead, inputs: torch.Tensor, embeds: torch.Tensor, passes: int) -> list[torch.Tensor]:
-    """Predicted states (B, W, h) of each pass: pass 0 reads the real input states `inputs`, pass s
-    the states pass s-1 predicted one pair earlier, each attending as `_pass_mask` says."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    body: Any = head.body  # a Hugging Face LlamaModel, read by its submodules' names
-    layer, config = body.layers[0], head.config
-    attention = layer.self_attn
-    batch, width, _ = inputs.shape
-    dim = config.head_dim or config.hidden_size // config.num_attention_heads
-    keys, values, outputs = [], [], []
-    states = inputs
-    cos = sin = None
-    for s in range(passes):
-        x = head.mix(states, embeds)
-        if cos is None:
-            cos, sin = body.rotary_emb(x, torch.arange(width, device=x.device)[None])
-        h = layer.input_layernorm(x)
-        q = attention.q_proj(h).view(batch, width, -1, dim).transpose(1, 2)
-        k = attention.k_proj(h).view(batch, width, -1, dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys.append(k)
-        values.append(attention.v_proj(h).view(batch, width, -1, dim).transpose(1, 2))
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q,
-            torch.cat(keys, dim=2),
-            torch.cat(values, dim=2),
-            attn_mask=_pass_mask(width, s).to(x.device),
-            scale=dim**-0.5,
-            enable_gqa=True,
-        )
-        x = x + attention.o_proj(out.transpose(1, 2).reshape(batch, width, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-        predicted = body.norm(x)
-        outputs.append(predicted)
-        # the next pass reads, at pair j, the state this pass predicted at pair j-1
-        states = torch.cat([inputs[:, :1], predicted[:, :-1].to(inputs.dtype)], dim=1)
-    return outputs
-
-
-def head_loss(
-    head: FeatureHead, states, embeds, mask, weight: torch.Tensor, config: HeadConfig, noise_seed: int | None = None
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The loss over every pass, and per pass whether the head's argmax equals the target's at each
-    pair that pass can draft. `states` are the target's, (B, W, h) or (B, W, m, h) with the final
-    state last. With `noise_seed` (training) the input states get noise drawn from that seed."""
-    final = states[..., -1, :] if states.dim() == 4 else states
-    truth = final[:, 1:]
-    device = states.device
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bfloat16):
-        inputs = head.fuse(states[:, :-1])
-    inputs = inputs.float()
-    if noise_seed is not None and config.noise:
-        generator = torch.Generator(device).manual_seed(noise_seed)
-        noise = torch.randn(inputs.shape, generator=generator, device=device)
-        inputs = inputs + noise * config.noise * inputs.pow(2).mean().sqrt()
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bfloat16):
-        predictions = unrolled(head, inputs, embeds, config.unroll)
-    total, agreements = torch.zeros((), device=device), []
-    for step, predicted in enumerate(predictions):
-        reach = mask.clone()
-        reach[:, :step] = False  # pair j's depth-(step+1) draft follows the real pairs up to j - step
-        with torch.no_grad():
-            p = torch.softmax(torch.nn.functional.linear(truth[reach], weight), dim=-1)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bfloat16):
-            logits = torch.nn.functional.linear(predicted[reach], weight)
-        logq = torch.log_softmax(logits.float(), dim=-1)
-        loss = -(p * logq).sum(-1).mean()
-        if config.feature_weight:
-            loss = loss + config.feature_weight * torch.nn.functional.smooth_l1_loss(
-                predicted[reach].float(), truth[reach]
-            )
-        total = total + loss / (step + 1)
-        agreements.append((logits.argmax(-1) == p.argmax(-1)).float().detach())
-    return total, agreements
-
-
-def model_card(
-    target_name: str,
-    config: HeadConfig,
-    head: FeatureHead,
-    positions: int,
-    sequences: int,
-    step: int,
-    agree: list[float],
-    output_ids: torch.Tensor | None,
-    sources: dict[str, str],
-    states: str = "computed once",
-) -> str:
-    listed = "\n".join(f"- {name}: {text}" for name, text in sources.items())
-    params = sum(p.numel() for n, p in head.named_parameters() if not n.startswith("body.embed_tokens"))
-    vocab = f"{len(output_ids)} tokens (`output_tokens.json`)" if output_ids is not None else "the whole vocabulary"
-    shape = head.config
-    layers = " and ".join(map(str, head.feature_layers))
-    fused = (
-        f"the residual streams after the target's first {layers} layers (each scaled to unit RMS) and its last "
-        "hidden state, mixed by one linear map, "
-        if head.feature_layers
-        else "the target's last hidden state "
-    )
-    grown = (
-        f"\nIt started from the weights of `{config.init_from}` (its own card lists what it learnt from), the "
-        "fusion weights on lower layers from zero.\n"
-        if config.init_from
-        else ""
-    )
-    return f"""# Feature head for {target_name}
-
-An EAGLE-style drafter (Li et al. 2024, 2025) for {target_name} in speculative decoding: from
-{fused}and the next token's embedding it predicts the target's next hidden state, and the target's
-own output layer turns that into draft tokens. It uses the target's embedding and output layer, so
-it only works with {target_name}.
-
-## Architecture
-{f"A linear map from {len(head.feature_layers) + 1} x {shape.hidden_size} to {shape.hidden_size} (the fusion), then a" if head.feature_layers else "A"} linear map from 2 x {shape.hidden_size} to {shape.hidden_size}, one Llama decoder layer ({shape.num_attention_heads}
-heads, {shape.num_key_value_heads} key/value heads, MLP {shape.intermediate_size}) with its own KV cache,
-and a final RMSNorm; {params / 1e6:.1f}M parameters. It proposes only from {vocab}, the target's most
-frequent tokens in the training text; q = 0 elsewhere keeps rejection sampling exact.
-
-## Training
-{sequences} sequences, {positions} positions seen, from the sources below, with the target's hidden
-states {states}. Loss per pair: cross-entropy to the target's next-token distribution over
-the output tokens{f" plus {config.feature_weight} x smooth-L1 to its next hidden state" if config.feature_weight else ""},
-over {config.unroll} passes run as drafting runs them (each later pass reads the states the
-previous one predicted and attends as a deeper draft would). {step} steps of {config.batch_sequences}
-sequences, AdamW, lr {config.lr}, seed {config.seed}. Top-1 agreement with the target at the answer
-positions of held-out sequences (every 20th, never trained on), by draft depth: {", ".join(f"{a:.3f}" for a in agree)}.
-{grown}
-Settings: `{json.dumps(asdict(config))}`
-
-## Data
-{listed}
-No benchmark prompts were used.
-"""
-
-
-@torch.no_grad()
-def evaluate(head, data, features, rows, embedding, weight, config, columns=None) -> list[float]:
-    """Top-1 agreement with the target over `rows`, by draft depth (one figure per pass)."""
-    head.eval()
-    totals: list[list[torch.Tensor]] = [[] for _ in range(config.unroll)]
-    for i in range(0, len(rows), config.batch_sequences):
-        _, agreements = head_loss(
-            head,
-            *collate_pairs(data, features, rows[i : i + config.batch_sequences], embedding, columns),
-            weight,
-            config,
-        )
-        for pass_no, agree in enumerate(agreements):
-            totals[pass_no].append(agree)
-    head.train()
-    return [torch.cat(t).mean().item() for t in totals]
 
 
 def grouped_batches(lengths: list[int], batch: int, seed: int, epoch: int) -> list[list[int]]:

@@ -3,8 +3,8 @@
 `engine.distill.forcing` stores the target's states (3.5 kB a position) to train on them later; at
 ten million positions that is 35 GB. Here each step runs the target over its batch first (one
 forward without gradients: the residual streams after `feature_layers` layers and the final state),
-then trains the head on those states (`engine.distill.head.head_loss`), so what a run keeps is
-small: the tokenised text, the head, the optimiser and the step.
+then trains the head on those states (`engine.distill.head_objective.head_loss`), so what a run
+keeps is small: the tokenised text, the head, the optimiser and the step.
 
 The text, made once per output folder and resumable:
 - `plan.pt`: given text (`engine.distill.texts`, each passage framed as a chat answer) and the
@@ -37,7 +37,9 @@ import torch
 from specdeck.engine.atomic import write_with
 from specdeck.engine.cores import pin_threads
 from specdeck.engine.distill.forcing import HELD_OUT_EVERY, ForcingConfig, plan_text
-from specdeck.engine.distill.head import HeadConfig, build_head, frequent_tokens, grouped_batches, head_loss, model_card
+from specdeck.engine.distill.head import HeadConfig, build_head, frequent_tokens, grouped_batches
+from specdeck.engine.distill.head_card import model_card
+from specdeck.engine.distill.head_objective import head_loss
 from specdeck.engine.distill.loop import HeldOut, train_loop
 from specdeck.engine.distill.teacher import Shard, generate_scored
 from specdeck.engine.distill.texts import TEXT_SOURCES

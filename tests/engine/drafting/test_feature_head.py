@@ -10,7 +10,8 @@ from tiny import ON_CPU, build_pair
 
 from specdeck.cli.main import main
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.distill.head import HeadConfig, build_head, collate_pairs, extract_features, unrolled
+from specdeck.engine.distill.head import HeadConfig, build_head, extract_features
+from specdeck.engine.distill.head_objective import collate_pairs, unrolled
 from specdeck.engine.distill.teacher import Shard, load_shards
 from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
 from specdeck.engine.drafting.heads import FeatureHead, head_config, load_head
