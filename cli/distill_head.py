@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from specdeck.cli.distill import _add_loop_arguments, head_settings, report, training_folder
+from specdeck.cli.distill import _add_loop_arguments, report, training_folder
+from specdeck.cli.feature_head import head_settings
 from specdeck.engine.errors import SpecDeckError
 
 

@@ -12,15 +12,11 @@ import os
 import sys
 
 from specdeck.cli.bench import add_bench_command
-from specdeck.cli.distill import (
-    add_head_data_command,
-    add_suffix_texts_command,
-    add_train_cross_draft_command,
-    add_train_draft_command,
-    add_train_head_command,
-)
+from specdeck.cli.distill import add_train_cross_draft_command, add_train_draft_command
 from specdeck.cli.distill_head import add_distill_head_command
+from specdeck.cli.feature_head import add_head_data_command, add_train_head_command
 from specdeck.cli.run import add_run_command
+from specdeck.cli.suffix_texts import add_suffix_texts_command
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.quiet import silence_libraries
 
