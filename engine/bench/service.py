@@ -19,17 +19,16 @@ from specdeck.engine.atomic import check_writable_folder, filling_folder, remove
 from specdeck.engine.bench import plots as plotting
 from specdeck.engine.bench.methods import HF_METHODS
 from specdeck.engine.bench.prompts import BenchPrompt
-from specdeck.engine.bench.report import (
+from specdeck.engine.bench.report import write_csv, write_report
+from specdeck.engine.bench.runner import BenchSettings, Progress, run_bench
+from specdeck.engine.bench.tables import (
     PER_PROMPT_COLUMNS,
     SUMMARY_COLUMNS,
     SWEEP_COLUMNS,
     per_prompt_rows,
     summary_rows,
     sweep_rows,
-    write_csv,
-    write_report,
 )
-from specdeck.engine.bench.runner import BenchSettings, Progress, run_bench
 from specdeck.engine.cache import costs_cache
 from specdeck.engine.forward.kvcache import products_path
 from specdeck.engine.pair import ModelPair

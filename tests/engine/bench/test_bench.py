@@ -12,10 +12,10 @@ from transformers import LlamaForCausalLM
 
 from specdeck.cli.main import main
 from specdeck.engine.bench.prompts import read_prompts, sample_prompts
-from specdeck.engine.bench.report import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
 from specdeck.engine.bench.runner import AUTO_K, BenchSettings
 from specdeck.engine.bench.service import run_and_write
 from specdeck.engine.bench.sweep import parse_drafters, parse_lookups
+from specdeck.engine.bench.tables import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.drafting.heads import FeatureHead, fingerprint, head_config, save_head
 from specdeck.engine.errors import SpecDeckError

@@ -3,8 +3,8 @@ the bundled refine workload by name, and the repeat scenario kept apart from the
 
 from specdeck.engine import DecodeConfig
 from specdeck.engine.bench.prompts import BenchPrompt, read_prompts
-from specdeck.engine.bench.report import summary_rows
 from specdeck.engine.bench.runner import BenchSettings, Method, run_bench
+from specdeck.engine.bench.tables import summary_rows
 from specdeck.engine.loading.models import encode_conversation, encode_prompt
 from specdeck.engine.pair import DrafterKind, ModelPair
 
