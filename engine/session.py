@@ -14,7 +14,7 @@ from specdeck.engine.drafting.vocabulary import match_vocabularies
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event
 from specdeck.engine.forward.lean_weights import weights_of
-from specdeck.engine.forward.llama_forward import supports
+from specdeck.engine.forward.llama_families import supports
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer

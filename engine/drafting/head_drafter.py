@@ -16,7 +16,8 @@ from specdeck.engine.forward.hf_parts import input_embedding
 from specdeck.engine.forward.kvcache import backend_for
 from specdeck.engine.forward.lean_weights import output_weight
 from specdeck.engine.forward.linear import Linear, PathChoice, bfloat16_pays, make_linear
-from specdeck.engine.forward.llama_forward import LlamaForward, output_layer, supports
+from specdeck.engine.forward.llama_families import supports
+from specdeck.engine.forward.llama_forward import LlamaForward, output_layer
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel, matrices_of
 from specdeck.engine.forward.row_kernel import QuantizedLinear
 from specdeck.engine.sampling import logits_to_probs

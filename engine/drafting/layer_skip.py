@@ -32,7 +32,7 @@ from specdeck.engine.drafting.drafters import DraftModelDrafter
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.forward.lean_weights import share_first_layers
-from specdeck.engine.forward.llama_forward import supports
+from specdeck.engine.forward.llama_families import supports
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 from specdeck.engine.loading.models import LoadedModel, Progress
 from specdeck.engine.planner.costs import cached_measurement, forward_ms, measurement_key

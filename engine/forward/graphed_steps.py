@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import weakref
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,14 @@ ROWS = 16  # rows of every fixed-shape forward: the longest chunk one replay tak
 # Slots a cache run by fixed-shape steps holds at least: each growth means capturing again (about
 # 50 ms for SmolLM2 on an H100), and attending over empty slots costs next to nothing on a GPU.
 MIN_CAPACITY = 2048
+# Devices whose steps run at one fixed shape, unless SPECDECK_CUDA_GRAPHS=0
+FIXED_SHAPE_DEVICES = frozenset({"cuda"})
+
+
+def fixed_shape_on(device: torch.device) -> bool:
+    """Whether the lean forward runs its steps at one fixed shape on `device` by default (as CUDA
+    graphs on a GPU): on `FIXED_SHAPE_DEVICES`, unless SPECDECK_CUDA_GRAPHS=0."""
+    return device.type in FIXED_SHAPE_DEVICES and os.environ.get("SPECDECK_CUDA_GRAPHS", "1") != "0"
 
 
 class FixedShapeSteps:

@@ -20,9 +20,10 @@ import torch
 from transformers import DynamicCache
 
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.forward import graphed_steps, llama_forward, row_attention, row_kernel
+from specdeck.engine.forward import graphed_steps, llama_families, llama_forward, row_attention, row_kernel
 from specdeck.engine.forward.hf_parts import input_embedding, output_projection
 from specdeck.engine.forward.lean_weights import weights_of
+from specdeck.engine.forward.llama_cache import LlamaShape
 from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel
 
 if TYPE_CHECKING:
@@ -94,20 +95,20 @@ def backend_for(model: PreTrainedModel | LlamaCppModel) -> llama_forward.LlamaFo
     Hugging Face's."""
     if isinstance(model, LlamaCppModel):
         return LlamaCppForward(model)
-    return llama_forward.LlamaForward(model) if llama_forward.supports(model) else HFForward(model)
+    return llama_forward.LlamaForward(model) if llama_families.supports(model) else HFForward(model)
 
 
 def products_path(model: PreTrainedModel | LlamaCppModel) -> str | None:
     """How the lean Llama forward runs `model`'s matrix products on this machine, in words, with
     why (`engine.linear.choose_path`); None where another forward runs it."""
-    if isinstance(model, LlamaCppModel) or not llama_forward.supports(model):
+    if isinstance(model, LlamaCppModel) or not llama_families.supports(model):
         return None
     weights = weights_of(model)
     products = weights.products.describe()
     device = weights.embed.device
-    if llama_forward.fixed_shape_on(device):
+    if graphed_steps.fixed_shape_on(device):
         return products + f"; every step and verify replayed as a CUDA graph of {graphed_steps.ROWS} rows"
-    s = llama_forward.LlamaShape.of(model.config)
+    s = LlamaShape.of(model.config)
     if row_kernel.attention_unavailable(weights.embed.dtype, device, s.head_dim) is None:
         return products + "; a verify's queries attend in one call of the row kernel, each over its own slots"
     together = row_attention.rows_invariant(s.heads, s.kv_heads, s.head_dim, weights.embed.dtype, device)

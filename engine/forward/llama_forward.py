@@ -16,12 +16,12 @@ on weights packed once into its blocked layout, which keeps a verify over 8 toke
 a one-token step and gives each row the same bits however many rows share the forward. The fused
 and packed weights are read once per model, replacing its own copy (`engine.lean_weights`).
 On a GPU steps and verifies run at one fixed shape, replayed as CUDA graphs (`engine.graphed_steps`).
+Which models it runs is `engine.llama_families`; its cache is `engine.llama_cache`; a token tree's
+paths and the masks of its fused attention call are `engine.attention_masks`.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,70 +29,17 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdeck.engine.forward import row_attention, row_kernel
+from specdeck.engine.forward.attention_masks import chunk_mask, tree_paths
 from specdeck.engine.forward.fused_layers import LIMIT as FUSED_LIMIT
 from specdeck.engine.forward.fused_layers import FusedLayers
-from specdeck.engine.forward.graphed_steps import FixedShapeSteps
+from specdeck.engine.forward.graphed_steps import FixedShapeSteps, fixed_shape_on
 from specdeck.engine.forward.hf_parts import output_projection
 from specdeck.engine.forward.lean_weights import weights_of
 from specdeck.engine.forward.linear import Linear, make_linear
+from specdeck.engine.forward.llama_cache import KVCache, LlamaShape
+from specdeck.engine.forward.llama_families import attention_windows, supports
 
-FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})  # Hugging Face `model_type`s this forward reproduces
-# Rotary variants whose frequencies are fixed when the model loads ("dynamic" and "longrope"
-# change them with the sequence length, which this forward does not follow).
-STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
-# Devices whose steps run at one fixed shape (`engine.graphed_steps`), unless SPECDECK_CUDA_GRAPHS=0
-FIXED_SHAPE_DEVICES = frozenset({"cuda"})
 ROW_BY_ROW_LIMIT = 16  # chunks after cached positions up to this many tokens attend row by row (`engine.row_attention`)
-
-
-def supports(model: PreTrainedModel) -> bool:
-    """Whether `LlamaForward` reproduces this model's forward (a decoder of `FAMILIES`, with or
-    without its output layer)."""
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) not in FAMILIES:
-        return False
-    base: Any = getattr(model, "base_model", None)  # a Hugging Face decoder, read by its submodules' names
-    if not all(hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
-        return False
-    if base is not model:
-        head = output_projection(model)
-        if head is None or getattr(head, "bias", None) is not None:
-            return False
-    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
-    device = next(model.parameters()).device
-    return (
-        rope_type in STATIC_ROPE_TYPES
-        and config.hidden_act == "silu"
-        and attention_windows(config) is not None
-        and all(_biases_alike(layer) for layer in base.layers)
-        and device.type in ("cpu", "cuda")
-    )
-
-
-def _biases_alike(layer: Any) -> bool:
-    """Whether the products fused together either all have a bias or none has."""
-    attn, mlp = layer.self_attn, layer.mlp
-    return all(
-        len({m.bias is None for m in group}) == 1
-        for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj])
-    )
-
-
-def attention_windows(config) -> list[int | None] | None:
-    """Each layer's sliding window (None: it attends to every position), or None where a layer's
-    attention is of a kind this forward does not reproduce."""
-    layers = config.num_hidden_layers
-    window = getattr(config, "sliding_window", None)
-    if config.model_type == "llama":
-        return [None] * layers
-    if config.model_type == "mistral":  # Mistral's forward gives every layer the same window
-        return [window] * layers
-    kinds = getattr(config, "layer_types", None) or ["full_attention"] * layers
-    if any(kind not in ("full_attention", "sliding_attention") for kind in kinds) or (
-        "sliding_attention" in kinds and not window
-    ):
-        return None
-    return [window if kind == "sliding_attention" else None for kind in kinds]
 
 
 def output_layer(model: PreTrainedModel) -> Linear:
@@ -101,68 +48,6 @@ def output_layer(model: PreTrainedModel) -> Linear:
     if supports(model):
         return weights_of(model).output
     return make_linear(output_projection(model).weight.detach())
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rms_eps: float
-
-    @classmethod
-    def of(cls, config) -> LlamaShape:
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(
-            config.num_hidden_layers,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            head_dim,
-            config.rms_norm_eps,
-        )
-
-
-class KVCache:
-    """Every layer's keys and values in two tensors (layers, 1, kv_heads, capacity, head_dim).
-
-    Positions [0, length) are valid. Cropping only lowers `length` (the stale rows beyond it are
-    overwritten by the next forward); running out of room doubles the capacity.
-    """
-
-    def __init__(self, shape: LlamaShape, dtype: torch.dtype, device: torch.device, capacity: int = 256) -> None:
-        self.shape, self.dtype, self.device = shape, dtype, device
-        self.keys = self._empty(capacity)
-        self.values = self._empty(capacity)
-        self.length = 0
-
-    def _empty(self, capacity: int) -> torch.Tensor:
-        s = self.shape
-        # zeroed: the fixed-shape forward attends over every slot, masked ones times zero (not NaN)
-        return torch.zeros(s.layers, 1, s.kv_heads, capacity, s.head_dim, dtype=self.dtype, device=self.device)
-
-    def reserve(self, length: int) -> None:
-        """Room for `length` positions: the capacity doubled as often as that takes."""
-        capacity = self.keys.shape[3]
-        if length <= capacity:
-            return
-        while capacity < length:
-            capacity *= 2
-        self.resize(capacity)
-
-    def resize(self, capacity: int) -> None:
-        """New tensors of `capacity` positions holding the cached ones (at most `capacity`)."""
-        self.length = min(self.length, capacity)
-        keys, values = self._empty(capacity), self._empty(capacity)
-        keys[:, :, :, : self.length] = self.keys[:, :, :, : self.length]
-        values[:, :, :, : self.length] = self.values[:, :, :, : self.length]
-        self.keys, self.values = keys, values
-
-
-def fixed_shape_on(device: torch.device) -> bool:
-    """Whether the lean forward runs its steps at one fixed shape on `device` by default (as CUDA
-    graphs on a GPU; `engine.graphed_steps`): on `FIXED_SHAPE_DEVICES`, unless SPECDECK_CUDA_GRAPHS=0."""
-    return device.type in FIXED_SHAPE_DEVICES and os.environ.get("SPECDECK_CUDA_GRAPHS", "1") != "0"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -264,7 +149,7 @@ class LlamaForward:
             return self.steps.hidden(inputs)
         cache.reserve(start + n)
         x = inputs.unsqueeze(0)  # (1, n, hidden)
-        paths = _paths(parents) if parents is not None else None
+        paths = tree_paths(parents) if parents is not None else None
         depths = [len(path) - 1 for path in paths] if paths else list(range(n))
         cos, sin = self._rotary_rows(start, depths if paths else None, n, x.dtype)
         # After cached positions, up to ROW_BY_ROW_LIMIT queries attend row by row (`engine.row_attention`),
@@ -283,7 +168,7 @@ class LlamaForward:
             masks = {}
         else:
             calls = {}
-            masks = {window: _mask(start, depths, paths, window, inputs.device) for window in set(self.windows)}
+            masks = {window: chunk_mask(start, depths, paths, window, inputs.device) for window in set(self.windows)}
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             window = self.windows[i]
@@ -461,35 +346,3 @@ class LlamaForward:
                     keys[:, :, start + slot].copy_(saved_k[:, :, slot])
                     values[:, :, start + slot].copy_(saved_v[:, :, slot])
         return out
-
-
-def _mask(
-    start: int, depths: list[int], paths: list[list[int]] | None, window: int | None, device: torch.device
-) -> torch.Tensor | None:
-    """Which of the start + n positions each of a chunk's n queries attends to (n, start + n), for
-    the one fused call of a first or a long chunk; None where the call needs no mask: one query, or
-    a first chunk that fits the window (causal)."""
-    n = len(depths)
-    if paths is None and (n == 1 or start == 0 and (window is None or n <= window)):
-        return None
-    if paths is not None:  # query i sees the cache and its own ancestors
-        mask = torch.zeros(n, start + n, dtype=torch.bool, device=device)
-        mask[:, :start] = True
-        for i, path in enumerate(paths):
-            mask[i, [start + j for j in path]] = True
-    else:  # a chain: query j sees positions up to start + j
-        mask = torch.ones(n, start + n, dtype=torch.bool, device=device).tril(start)
-    if window is not None:  # and of those only the `window` latest, itself included
-        positions = torch.tensor(list(range(start)) + [start + d for d in depths], device=device)
-        mask &= positions[start:, None] - positions[None, :] < window
-    return mask
-
-
-def _paths(parents: list[int]) -> list[list[int]]:
-    """Each node's chunk indices from the tree's root to itself (parents come before children)."""
-    paths: list[list[int]] = []
-    for i, parent in enumerate(parents):
-        if parent >= i:
-            raise ValueError(f"node {i}'s parent {parent} must come before it")
-        paths.append((paths[parent] if parent >= 0 else []) + [i])
-    return paths

@@ -24,7 +24,7 @@ import torch
 from specdeck.engine.atomic import recorded_damage, write_with
 from specdeck.engine.cache import machine_name
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.forward import gguf_blocks, kernel_build, linear, llama_forward, row_attention, row_kernel
+from specdeck.engine.forward import gguf_blocks, graphed_steps, kernel_build, linear, row_attention, row_kernel
 from specdeck.engine.forward.hf_parts import input_embedding
 from specdeck.engine.forward.kvcache import CachedModel, synchronize
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
@@ -209,7 +209,7 @@ def measurement_key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
         runs_on = [str(weights[0].dtype), str(weights[0].device)]
         matrices = [w for w in weights if w.dim() == 2]
         path = gguf_blocks.prefer_kernel(module, lambda: linear.choose_path(matrices)).path
-        if llama_forward.fixed_shape_on(weights[0].device):  # CUDA graphs: another cost entirely
+        if graphed_steps.fixed_shape_on(weights[0].device):  # CUDA graphs: another cost entirely
             path += " fixed-shape"
         else:  # curves measured before verifies attended in one call per span (`engine.row_attention`) are left
             path += f" row attention {row_attention.SPAN}"

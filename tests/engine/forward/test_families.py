@@ -16,7 +16,8 @@ from transformers import (
 )
 
 from specdeck.engine.forward.kvcache import CachedModel
-from specdeck.engine.forward.llama_forward import LlamaForward, supports
+from specdeck.engine.forward.llama_families import supports
+from specdeck.engine.forward.llama_forward import LlamaForward
 
 SIZES = dict(
     vocab_size=64,

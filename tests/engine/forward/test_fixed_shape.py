@@ -13,7 +13,7 @@ from test_shape_invariance import _kept, _near_ties
 from tiny import build_pair
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, encode_prompt, generate
-from specdeck.engine.forward import graphed_steps, kvcache, llama_forward
+from specdeck.engine.forward import graphed_steps, kvcache
 from specdeck.engine.forward.graphed_steps import ROWS
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.forward.llama_forward import LlamaForward
@@ -27,7 +27,7 @@ def where(request, monkeypatch) -> torch.device:
         device = request.getfixturevalue("cuda")
     else:
         device = torch.device("cpu")
-        monkeypatch.setattr(llama_forward, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
+        monkeypatch.setattr(graphed_steps, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
     monkeypatch.delenv("SPECDECK_CUDA_GRAPHS", raising=False)
     return device
 
@@ -117,7 +117,7 @@ def test_where_graphs_cannot_be_captured_the_steps_run_uncaptured(monkeypatch, c
     """A torch, driver or GPU that cannot capture a graph (here: a build without CUDA asked to
     capture) leaves the steps running at the same fixed shape, kernel by kernel, with the same
     logits, and says so once."""
-    monkeypatch.setattr(llama_forward, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(graphed_steps, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
     monkeypatch.setattr(torch.cuda, "Stream", lambda *args: (_ for _ in ()).throw(RuntimeError("no capture")))
     model = build("llama-biased")
     wanting, uncaptured = LlamaForward(model), LlamaForward(model)

@@ -267,7 +267,8 @@ def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama, parents, atte
     path had been fed. Where the layers run on the row kernel, whose steps round their small
     operations otherwise than a side branch's eager layers, the forward takes no trees."""
     _attention(attention, monkeypatch, packed_llama.model)
-    from specdeck.engine.forward.llama_forward import LlamaForward, _paths
+    from specdeck.engine.forward.attention_masks import tree_paths
+    from specdeck.engine.forward.llama_forward import LlamaForward
 
     forward = LlamaForward(packed_llama.model)
     _layers_as_asked(forward, attention)
@@ -279,11 +280,11 @@ def test_tree_nodes_get_the_logits_of_their_own_path(packed_llama, parents, atte
     start = len(forward)
     ids = list(range(40, 40 + len(parents)))
     tree = forward.output_layer(forward.hidden_tree(torch.tensor(ids), parents))
-    for path in _paths(parents):
+    for path in tree_paths(parents):
         forward.crop(start)
         steps = torch.cat([forward.hidden(torch.tensor([ids[i]])) for i in path])
         assert torch.equal(forward.output_layer(steps), tree[path]), path
-    branch = _paths(parents)[-1]
+    branch = tree_paths(parents)[-1]
     forward.crop(start)
     forward.hidden_tree(torch.tensor(ids), parents)
     forward.compact(branch)

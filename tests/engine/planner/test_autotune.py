@@ -10,7 +10,7 @@ import torch
 from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, encode_prompt, generate
 from specdeck.engine.drafting.drafters import Drafter, Proposal
 from specdeck.engine.drafting.suffix_drafting import HybridDrafter, SuffixDrafter
-from specdeck.engine.forward import kernel_build, llama_forward
+from specdeck.engine.forward import graphed_steps, kernel_build
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.loop.rounds import Clock
 from specdeck.engine.planner import autotune, costs
@@ -167,7 +167,7 @@ def test_curves_with_and_without_cuda_graphs_are_cached_apart(tiny_llama, tmp_pa
     """A curve measured with the fixed-shape steps (CUDA graphs) is not read back for the forward
     without them (SPECDECK_CUDA_GRAPHS=0), nor the other way round: their costs differ entirely."""
     target, _ = tiny_llama
-    monkeypatch.setattr(llama_forward, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(graphed_steps, "FIXED_SHAPE_DEVICES", frozenset({"cpu", "cuda"}))
     for graphs, curve in (("1", CostCurve((1, 16), (4.0, 4.0))), ("0", CostCurve((1, 16), (20.0, 30.0)))):
         monkeypatch.setenv("SPECDECK_CUDA_GRAPHS", graphs)
         costs._CURVES.pop(target.model, None)
