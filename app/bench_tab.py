@@ -41,7 +41,6 @@ from specdeck.engine.atomic import write_bytes
 from specdeck.engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
 from specdeck.engine.bench.runner import BASELINES, BenchSettings
 from specdeck.engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
-from specdeck.engine.bench.tables import SUMMARY_COLUMNS
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.pair import DrafterKind, PairSpec
