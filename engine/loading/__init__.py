@@ -1,3 +1,3 @@
 """Models from disk or the hub: the registry and loader (`models`), which backend runs a model
-(`backends`), a GGUF file converted once (`gguf_conversion`) and the memory check before a load
-(`preflight`)."""
+(`backends`), on which device and dtype (`devices`), a GGUF file converted once (`gguf_conversion`),
+a Hugging Face id found or explained (`hub`) and the memory check before a load (`preflight`)."""

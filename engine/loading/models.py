@@ -1,6 +1,6 @@
 """Finding and loading causal language models: built-in aliases, Hugging Face ids, local folders
-and `.gguf` files, on the device and dtype the user asked for (or the best one here), and on the
-backend it asked for (`engine.backends`): torch, or llama.cpp for a `.gguf` file.
+and `.gguf` files, on the device and dtype the user asked for (or the best one here: `devices`), and
+on the backend it asked for (`engine.backends`): torch, or llama.cpp for a `.gguf` file.
 
 Model files are untrusted input: remote code runs only when the user passes `trust_remote_code`,
 and weights come from safetensors or GGUF (transformers loads a pickled `.bin` with
@@ -17,9 +17,6 @@ import os
 import pickle
 import re
 import shutil
-import socket
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +31,9 @@ from specdeck.engine.forward import gguf_blocks
 from specdeck.engine.forward.hf_parts import output_projection
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 from specdeck.engine.loading.backends import choose_backend, gguf_file
+from specdeck.engine.loading.devices import resolve_device, resolve_dtype
 from specdeck.engine.loading.gguf_conversion import conversion_folder, convert_gguf, converted_weights, pending_damage
+from specdeck.engine.loading.hub import hub_message, hub_source
 from specdeck.engine.loading.preflight import check_model_folder
 from specdeck.engine.loading.registry import (
     BUILTIN_MODELS,
@@ -99,60 +98,6 @@ class LoadedModel:
         return frozenset(ids)
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        raise SpecDeckError(f"Unknown device {name!r}: use auto, cpu, cuda or mps.") from error
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SpecDeckError("CUDA was asked for, but this torch build sees no CUDA GPU: use --device cpu or auto.")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        count = torch.cuda.device_count()
-        raise SpecDeckError(
-            f"{name} was asked for, but this machine has {count} CUDA GPU{'s' if count > 1 else ''} "
-            f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}): pick one of those."
-        )
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise SpecDeckError("MPS was asked for, but it is not available here: use --device cpu or auto.")
-    return device
-
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def native_bfloat16(device: torch.device) -> bool:
-    """Whether `device` computes bfloat16 in hardware: a CUDA GPU of compute capability 8.0 or later
-    (Ampere on), asked of that GPU, not of the current one (older GPUs only emulate it, slowly)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bfloat16 on GPUs that compute it natively (`native_bfloat16`), float16 on other GPUs,
-    float32 on the CPU. In a half dtype a verify over several tokens and a one-token step round
-    differently, so near-tied tokens can differ between speculative and plain text; float32 is the
-    exact setting (`specdeck bench` names the near-tie where two texts part).
-
-    On the CPU float32 is chosen by measurement: bfloat16 helped only long verifies, slowed plain
-    decoding, and its rounding makes greedy ties between batched verify and one-token decoding far
-    more common, so speculative text would stop matching plain text.
-    """
-    if name == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if native_bfloat16(device) else torch.float16
-        if device.type == "mps":
-            return torch.float16
-        return torch.float32
-    if name not in _DTYPES:
-        raise SpecDeckError(f"Unknown dtype {name!r}: use auto, {', '.join(_DTYPES)}.")
-    return _DTYPES[name]
-
-
 def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.endswith(".gguf") or os.sep in name and Path(name).exists()
 
@@ -174,7 +119,7 @@ def locate(name: str, progress: Progress | None = None, beside_load: bool = Fals
         return str(path)
     if _looks_like_path(name):
         raise SpecDeckError(f"No model at {path}: the file or folder does not exist.")
-    return _hub_source(name)
+    return hub_source(name)
 
 
 def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progress | None = None) -> LoadedModel:
@@ -220,7 +165,7 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
             "or choose a smaller model or dtype (--dtype bfloat16)."
         ) from error
     except OSError as error:
-        raise SpecDeckError(_hub_message(name, error)) from error
+        raise SpecDeckError(hub_message(name, error)) from error
     except pickle.UnpicklingError as error:
         raise SpecDeckError(_pickle_message(name, error)) from error
     except ValueError as error:
@@ -243,7 +188,7 @@ def load_tokenizer(name: str, progress: Progress | None = None):
     try:
         return _load_tokenizer(name, tokenizer_source(locate(name.strip(), progress), progress), False)
     except OSError as error:
-        raise SpecDeckError(_hub_message(name, error)) from error
+        raise SpecDeckError(hub_message(name, error)) from error
 
 
 def _load_on_llama_cpp(name: str, progress: Progress | None) -> LoadedModel:
@@ -337,75 +282,6 @@ def read_output_tokens(folder: Path, vocab_width: int) -> torch.Tensor | None:
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SpecDeckError(f"{path} is not a valid output-token list ({error}): fix or delete it.") from error
     return torch.tensor(sorted(set(ids)), dtype=torch.long)
-
-
-def _hub_source(name: str) -> str:
-    """`name` itself when the Hub answers; else the folder of its cached copy, or a clear error.
-
-    With no network huggingface_hub retries each file for most of a minute before giving up, so a
-    short connection probe decides first: offline, a model downloaded before still loads from the
-    Hugging Face cache and one that never was fails at once.
-    """
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    if not constants.is_offline_mode() and _hub_answers(constants.ENDPOINT):
-        return name
-    try:
-        return snapshot_download(name, local_files_only=True)
-    except LocalEntryNotFoundError as error:
-        raise SpecDeckError(_unreachable_message(name)) from error
-    except ValueError as error:  # not of the form owner/name
-        raise SpecDeckError(
-            f"{name!r} is not a built-in model, a folder, a .gguf file or a Hugging Face id (owner/name)."
-        ) from error
-
-
-def _hub_answers(endpoint: str, timeout: float = 3.0) -> bool:
-    """Whether a TCP connection to the Hub opens; behind a proxy, leave it to huggingface_hub."""
-    if urllib.request.getproxies():
-        return True
-    url = urllib.parse.urlsplit(endpoint)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
-
-
-def _unreachable_message(name: str) -> str:
-    return (
-        f"Could not download {name!r}: the Hugging Face Hub could not be reached. "
-        "Download the model on a machine with network access (`hf download "
-        f"{name} --local-dir DIR`) and pass that local folder instead, or use a built-in model "
-        f"({', '.join(BUILTIN_MODELS)})."
-    )
-
-
-def _hub_message(name: str, error: OSError) -> str:
-    """Why `from_pretrained` failed, read from the exceptions huggingface_hub chained under it."""
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    causes = []
-    cause: BaseException | None = error
-    while cause is not None and cause not in causes:
-        causes.append(cause)
-        cause = cause.__cause__ or cause.__context__
-    if any(isinstance(c, GatedRepoError) for c in causes):
-        return (
-            f"{name!r} is gated on the Hugging Face Hub: accept its terms on its page, "
-            "then log in with `hf auth login`."
-        )
-    if any(isinstance(c, RepositoryNotFoundError) for c in causes):
-        return (
-            f"There is no model {name!r} on the Hugging Face Hub: check the spelling "
-            "(a private model needs `hf auth login`)."
-        )
-    if any(isinstance(c, (LocalEntryNotFoundError, ConnectionError, TimeoutError)) for c in causes):
-        return _unreachable_message(name)
-    text = str(error)
-    return f"Could not load {name!r}: {text.splitlines()[0] if text else type(error).__name__}"
 
 
 def _pickle_message(name: str, error: pickle.UnpicklingError) -> str:

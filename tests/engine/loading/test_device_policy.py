@@ -11,7 +11,7 @@ from tiny import ON_CPU
 from specdeck.engine import DecodeConfig, generate, load_model
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.kvcache import CachedModel
-from specdeck.engine.loading.models import resolve_device, resolve_dtype
+from specdeck.engine.loading.devices import resolve_device, resolve_dtype
 
 
 @pytest.fixture
