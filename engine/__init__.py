@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specdeck.engine.config import DecodeConfig
-    from specdeck.engine.drafting.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, Proposal
+    from specdeck.engine.drafting.draft_model import DraftModelDrafter
+    from specdeck.engine.drafting.drafters import Drafter, PromptLookupDrafter
     from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+    from specdeck.engine.drafting.proposals import Proposal
     from specdeck.engine.drafting.suffix_drafting import HybridDrafter, SuffixDrafter
     from specdeck.engine.errors import SpecDeckError
     from specdeck.engine.events import (
@@ -35,7 +37,7 @@ _HOMES = {  # each name's module, imported at first use (importing the engine's 
     "BUILTIN_MODELS": "specdeck.engine.loading.registry",
     "DEFAULT_TARGET": "specdeck.engine.loading.registry",
     "DecodeConfig": "specdeck.engine.config",
-    "DraftModelDrafter": "specdeck.engine.drafting.drafters",
+    "DraftModelDrafter": "specdeck.engine.drafting.draft_model",
     "Drafter": "specdeck.engine.drafting.drafters",
     "DrafterKind": "specdeck.engine.pair",
     "Event": "specdeck.engine.events",
@@ -46,7 +48,7 @@ _HOMES = {  # each name's module, imported at first use (importing the engine's 
     "ModelPair": "specdeck.engine.pair",
     "PairSpec": "specdeck.engine.pair",
     "PromptLookupDrafter": "specdeck.engine.drafting.drafters",
-    "Proposal": "specdeck.engine.drafting.drafters",
+    "Proposal": "specdeck.engine.drafting.proposals",
     "RoundEvent": "specdeck.engine.events",
     "SessionStarted": "specdeck.engine.events",
     "SessionStats": "specdeck.engine.stats",

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from specdeck.engine.drafting.cross_vocab import CrossVocabularyDrafter
-from specdeck.engine.drafting.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
+from specdeck.engine.drafting.draft_model import DraftModelDrafter
+from specdeck.engine.drafting.drafters import Drafter, PromptLookupDrafter
 from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
 from specdeck.engine.drafting.heads import LoadedHead, names_head
 from specdeck.engine.drafting.layer_skip import LayerChoice, LayerSkipDrafter, refusal, refuse_backend

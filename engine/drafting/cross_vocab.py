@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdeck.engine.context import context_length
-from specdeck.engine.drafting.drafters import Drafter, DraftPiece, Proposal
+from specdeck.engine.drafting.drafters import Drafter
+from specdeck.engine.drafting.proposals import DraftPiece, Proposal
 from specdeck.engine.drafting.vocabulary import TokenText, VocabularyMatch
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.sampling import logits_to_probs, sample

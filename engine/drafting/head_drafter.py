@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdeck.engine.drafting.drafters import DraftChain, Drafter, Proposal
+from specdeck.engine.drafting.drafters import Drafter
+from specdeck.engine.drafting.proposals import DraftChain, Proposal
 from specdeck.engine.forward import gguf_blocks
 from specdeck.engine.forward.hf_parts import input_embedding
 from specdeck.engine.forward.kvcache import backend_for

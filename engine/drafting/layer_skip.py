@@ -28,7 +28,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdeck.engine.cache import costs_cache
-from specdeck.engine.drafting.drafters import DraftModelDrafter
+from specdeck.engine.drafting.draft_model import DraftModelDrafter
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.forward.lean_weights import share_first_layers

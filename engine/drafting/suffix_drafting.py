@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from specdeck.engine.drafting.drafters import Drafter, Proposal, one_hot
+from specdeck.engine.drafting.drafters import Drafter
 from specdeck.engine.drafting.past_sessions import PastSessions
+from specdeck.engine.drafting.proposals import Proposal, one_hot
 from specdeck.engine.drafting.suffix import ROOT, Match, SuffixIndex
 
 HYBRID_MIN_SCORE = 2.0  # a copy the text's frequencies expect to keep at least two tokens of

@@ -42,7 +42,8 @@ from specdeck.engine.cache import costs_cache
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.context import context_length, fit_prompt, shortest
 from specdeck.engine.cores import fit_threads
-from specdeck.engine.drafting.drafters import Drafter, Proposal
+from specdeck.engine.drafting.drafters import Drafter
+from specdeck.engine.drafting.proposals import Proposal
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event, SessionStarted
 from specdeck.engine.loading.models import LoadedModel

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.drafting.drafters import Drafter, Proposal
+from specdeck.engine.drafting.drafters import Drafter
+from specdeck.engine.drafting.proposals import Proposal
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.kvcache import CachedModel, synchronize
 from specdeck.engine.loading.models import LoadedModel

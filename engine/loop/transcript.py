@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.drafting.drafters import DraftPiece
+from specdeck.engine.drafting.proposals import DraftPiece
 from specdeck.engine.events import Event, RoundEvent, SessionStarted, SummaryEvent, TokenEvent, TokenState
 from specdeck.engine.loading.models import LoadedModel
 from specdeck.engine.loop.detok import Detokenizer

@@ -13,7 +13,8 @@ from specdeck.engine import (
     encode_prompt,
     generate,
 )
-from specdeck.engine.drafting.drafters import PromptLookupDrafter, Proposal, one_hot
+from specdeck.engine.drafting.drafters import PromptLookupDrafter
+from specdeck.engine.drafting.proposals import Proposal, one_hot
 from specdeck.engine.loop.detok import Detokenizer
 
 

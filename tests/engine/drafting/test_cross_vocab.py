@@ -11,7 +11,7 @@ from tiny import write_two_prompts
 from specdeck.cli.main import main
 from specdeck.engine import DecodeConfig, RoundEvent, TokenEvent, encode_prompt, generate
 from specdeck.engine.drafting.cross_vocab import CrossVocabularyDrafter
-from specdeck.engine.drafting.drafters import Proposal
+from specdeck.engine.drafting.proposals import Proposal
 from specdeck.engine.drafting.vocabulary import TokenText, match_vocabularies
 
 PROMPTS = [

@@ -10,7 +10,8 @@ import torch
 from sampling_checks import chi_square, chi_square_quantile, exact_two_token_distribution
 
 from specdeck.engine import DecodeConfig, RoundEvent, TokenEvent, encode_prompt, generate
-from specdeck.engine.drafting.drafters import Drafter, Proposal
+from specdeck.engine.drafting.drafters import Drafter
+from specdeck.engine.drafting.proposals import Proposal
 from specdeck.engine.events import TokenState, event_to_dict
 from specdeck.engine.export import SessionRecord
 from specdeck.engine.loop.decoding import verify

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, encode_prompt, generate
-from specdeck.engine.drafting.drafters import Drafter, Proposal
+from specdeck.engine.drafting.drafters import Drafter
+from specdeck.engine.drafting.proposals import Proposal
 from specdeck.engine.drafting.suffix_drafting import HybridDrafter, SuffixDrafter
 from specdeck.engine.forward import graphed_steps, kernel_build
 from specdeck.engine.forward.kvcache import CachedModel
