@@ -27,7 +27,9 @@ from specdeck.engine.drafting.proposals import Proposal
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.kvcache import CachedModel, synchronize
 from specdeck.engine.loading.models import LoadedModel
-from specdeck.engine.planner.autotune import RoundPlanner, Shape, round_label
+from specdeck.engine.planner.autotune import RoundPlanner
+from specdeck.engine.planner.description import describe_planner
+from specdeck.engine.planner.round_shape import Shape, round_label
 from specdeck.engine.remote.remote_scoring import ServerTime
 from specdeck.engine.remote.remote_target import RemoteTarget
 
@@ -175,7 +177,7 @@ class Schedule:
             self.fixed = Shape(self.fixed.copy, k)
 
     def describe(self) -> str:
-        return self.planner.describe() if self.planner else ""
+        return describe_planner(self.planner) if self.planner else ""
 
 
 class TargetForward:

@@ -19,10 +19,10 @@ and the acceptances are measured as the session runs, with older rounds weighing
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from specdeck.engine.planner.acceptance import DECAY, PRIOR, CopyAcceptance, DepthAcceptance
 from specdeck.engine.planner.costs import SETTLE, CostCurve
+from specdeck.engine.planner.round_shape import Shape, round_label
 
 PROBE_EVERY = 8  # rounds at least between one-token drafts while the planner has chosen not to draft
 # the share of plain rounds' time that probes may lose, at most (expected): a probe also slows the
@@ -40,27 +40,6 @@ AFTERMATH = 3  # plain steps after a round that verified drafts charged to it (`
 # collector, a graph capture, another process): it moves an estimate as if it took this many times,
 # and a step that slow is no drafts' aftermath, or one outlier could stop drafting for good
 HELD_UP = 2.0
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One round's plan: copy up to `copy` tokens where the text repeats, else draft `k` (0: none),
-    with `width` candidates for the first token (a tree: the chain under the first)."""
-
-    copy: int
-    k: int
-    width: int = 1
-    floors: tuple[float, ...] = ()  # a model drafter's chain stops before depth d + 1 below floors[d] (`_Chain`)
-
-
-def round_label(drafted: int, copied: bool, alternatives: int = 0) -> str:
-    """A round's shape as events and plans name it: "K=2", "K=2 w3" (a tree: three candidates for
-    the first token, the chain under the first), "copy 3" or "none"."""
-    if not drafted:
-        return "none"
-    if copied:
-        return f"copy {drafted}"
-    return f"K={drafted}" + (f" w{alternatives + 1}" if alternatives else "")
 
 
 class RoundPlanner:
@@ -380,40 +359,3 @@ class RoundPlanner:
         self.aftermath, self.clean_ms = dict(earlier.aftermath), earlier.clean_ms  # the machine's, as measured
         if theirs.tried:  # their verified drafts stand for this session's first (`EXPLORE`)
             self.explored = EXPLORE
-
-    def describe(self) -> str:
-        """What was chosen and why, in one paragraph for the terminal and the window."""
-        shapes = ", ".join(
-            f"{label} x{count}" for label, count in sorted(self.chosen.items(), key=lambda item: -item[1])
-        )
-        depth = len(self.drafts.tried) or 1
-        drafts = "/".join(f"{a:.2f}" for a in self.drafts.rates(depth))
-        lines = [
-            f"chosen per round: {shapes or 'nothing yet'}",
-            "target forward for 1/2/4/8 tokens: "
-            + "/".join(f"{self.verify_ms(n):.1f}" for n in (1, 2, 4, 8))
-            + f" ms (the machine's cost curve at this session's pace, x{self.scale:.2f}, corrected by"
-            + " what each size measured"
-            + (f"; {self.curve.noisy_note}" if self.curve.noisy_note else "")
-            + ")",
-            f"drafter acceptance by depth: {drafts}",
-        ]
-        lines.append(f"draft cost {self.draft_ms_per_token:.1f} ms per token")
-        lines.append(f"a plain step weighed at {self.plain_ms():.1f} ms")
-        if self.aftermath:
-            lines.append(
-                "cost to the plain steps after: "
-                + ", ".join(f"{kind} {self.aftermath_ms(kind):.1f} ms" for kind in sorted(self.aftermath))
-            )
-        if self.planned_drafts:
-            lines.append(f"first drafts under their floor (not verified): {self.refusal_share():.2f}")
-        if self.ranked and self.max_width > 1:
-            shares = "/".join(f"{sum(self.ranks[:w]) / self.ranked:.2f}" for w in range(1, self.max_width + 1))
-            lines.append(f"target's first token among the drafter's top 1..{self.max_width}: {shares}")
-            lines.append(f"a tree's verify {self.tree_scale:.2f}x a chain's of as many tokens")
-        if self.copies.describe():
-            lines.append(
-                "first drafts copied from this request's text, not doubted, accepted by match length: "
-                f"{self.copies.describe()}"
-            )
-        return "; ".join(lines)

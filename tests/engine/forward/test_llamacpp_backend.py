@@ -22,7 +22,7 @@ from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppMo
 from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 from specdeck.engine.loop.rounds import Schedule
-from specdeck.engine.planner.autotune import Shape
+from specdeck.engine.planner.round_shape import Shape
 from specdeck.engine.sampling import logits_to_probs
 
 pytestmark = pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")

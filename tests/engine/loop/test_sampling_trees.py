@@ -16,8 +16,8 @@ from specdeck.engine.events import TokenState, event_to_dict
 from specdeck.engine.export import SessionRecord
 from specdeck.engine.loop.decoding import verify
 from specdeck.engine.loop.rounds import Schedule
-from specdeck.engine.planner.autotune import Shape
 from specdeck.engine.planner.costs import CostCurve
+from specdeck.engine.planner.round_shape import Shape
 from specdeck.engine.sampling import logits_to_probs, sample
 
 SAMPLED = DecodeConfig(temperature=0.8, top_k=40, top_p=0.9, lookup=0, schedule="constant")

@@ -18,6 +18,8 @@ from specdeck.engine.planner import autotune, costs
 from specdeck.engine.planner.acceptance import CopyAcceptance, DepthAcceptance
 from specdeck.engine.planner.autotune import RoundPlanner
 from specdeck.engine.planner.costs import CostCurve
+from specdeck.engine.planner.description import describe_planner
+from specdeck.engine.planner.round_shape import Shape
 
 FLAT = CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0))
 STEEP = CostCurve((1, 2, 4, 8, 16), (10.0, 20.0, 40.0, 80.0, 160.0))
@@ -32,7 +34,7 @@ def _plan_after(curve: CostCurve, accepted_share: float, draft_ms: float = 0.5, 
     for i in range(rounds):
         k = planner.plan().k or 1
         full = (i * accepted_share) % 1.0 + accepted_share >= 1.0  # accepted_share of the rounds pass whole
-        planner.record(autotune.Shape(0, k), False, k, k if full else 0, draft_ms * k, curve.ms(k + 1), 0.0)
+        planner.record(Shape(0, k), False, k, k if full else 0, draft_ms * k, curve.ms(k + 1), 0.0)
     return planner
 
 
@@ -76,7 +78,7 @@ def test_no_draft_where_first_drafts_are_mostly_refused(refused):
         planner.record(shape, False, 0 if no else 1, 0 if no else 1, 2.0, 10.0 if no else 12.0, 0.0)
     if refused:
         assert late <= 6
-        share = re.search(r"first drafts under their floor \(not verified\): ([0-9.]+)", planner.describe())
+        share = re.search(r"first drafts under their floor \(not verified\): ([0-9.]+)", describe_planner(planner))
         assert share and float(share[1]) == pytest.approx(planner.refusal_share(), abs=0.01)
         assert planner.refusal_share() > 0.5
     else:
@@ -339,7 +341,7 @@ def test_a_curve_measured_on_a_busy_machine_says_so_in_the_plan():
     machine was busy and how to measure it again."""
     busy = CostCurve(FLAT.tokens, FLAT.forward_ms, spread=0.6)
     assert FLAT.noisy_note == "" and "busy" in busy.noisy_note
-    assert "the next session measures it again" in RoundPlanner(busy, 1.0, max_k=4, max_copy=0).describe()
+    assert "the next session measures it again" in describe_planner(RoundPlanner(busy, 1.0, max_k=4, max_copy=0))
 
 
 @pytest.mark.parametrize("tree_cost", [1.0, 2.0])
@@ -353,7 +355,7 @@ def test_a_tree_is_planned_at_what_trees_cost(tree_cost):
         verify = FLAT.ms(1 + width) * (tree_cost if width > 1 else 1.0)
         rank = 1 if i % 4 < 2 else 0  # half the rounds the target took the drafter's second choice
         accepted = 1 if rank == 0 else 0
-        planner.record(autotune.Shape(0, 1, width), False, 1, accepted, 0.5, verify, verify + 0.5, rank, width - 1)
+        planner.record(Shape(0, 1, width), False, 1, accepted, 0.5, verify, verify + 0.5, rank, width - 1)
     assert planner.verify_ms(4) == pytest.approx(FLAT.ms(4), rel=0.05)
     assert planner.verify_ms(4, tree=True) == pytest.approx(FLAT.ms(4) * tree_cost, rel=0.1)
     assert (planner.plan().width > 1) == (tree_cost == 1.0)
@@ -433,10 +435,10 @@ def test_copies_that_fail_at_a_match_length_stop_there_only():
     planner = _copy_planner(LLAMA_CPU)
     before = planner.copy_length(own=True, match=3, available=6)
     for _ in range(8):
-        planner.record(autotune.Shape(15, 0), True, 4, 0, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3, ()))
+        planner.record(Shape(15, 0), True, 4, 0, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3, ()))
     assert before > 0 and planner.copy_length(own=True, match=3, available=6) == 0
     assert planner.copy_length(own=True, match=24, available=15) >= 4
-    assert "by match length: 3: 0.00" in planner.describe()
+    assert "by match length: 3: 0.00" in describe_planner(planner)
 
 
 def test_short_matches_that_fail_make_a_source_s_longer_matches_doubtful():
@@ -461,10 +463,10 @@ def test_failed_copies_from_earlier_texts_are_not_forgotten_over_the_request_s_o
     passed): an estimate forgets by its own drafts, not by other copies' rounds."""
     planner = _copy_planner(LLAMA_CPU)
     for _ in range(20):
-        planner.record(autotune.Shape(15, 0), True, 1, 0, 0.0, LLAMA_CPU.ms(2), 0.0, copy=(False, 4, ()))
+        planner.record(Shape(15, 0), True, 1, 0, 0.0, LLAMA_CPU.ms(2), 0.0, copy=(False, 4, ()))
     assert planner.copy_length(own=False, match=4, available=4) == 0
     for _ in range(100):
-        planner.record(autotune.Shape(15, 0), True, 8, 8, 0.0, LLAMA_CPU.ms(9), 0.0, copy=(True, 20, ()))
+        planner.record(Shape(15, 0), True, 8, 8, 0.0, LLAMA_CPU.ms(9), 0.0, copy=(True, 20, ()))
     assert planner.copies.rate(False, 4) < 0.1
     assert planner.copy_length(own=False, match=4, available=4) == 0
     assert planner.copy_length(own=True, match=20, available=8) == 8
@@ -488,8 +490,8 @@ def test_a_copy_s_first_draft_is_judged_apart_from_later_drafts_at_its_length():
     occurrence) do not stop a copy found afresh after a 5-token match, whose first drafts passed."""
     planner = _copy_planner(LLAMA_CPU)
     for _ in range(10):
-        planner.record(autotune.Shape(15, 0), True, 4, 2, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3, ()))
-        planner.record(autotune.Shape(15, 0), True, 3, 3, 0.0, LLAMA_CPU.ms(4), 0.0, copy=(True, 5, ()))
+        planner.record(Shape(15, 0), True, 4, 2, 0.0, LLAMA_CPU.ms(5), 0.0, copy=(True, 3, ()))
+        planner.record(Shape(15, 0), True, 3, 3, 0.0, LLAMA_CPU.ms(4), 0.0, copy=(True, 5, ()))
     assert planner.copies.rate(True, 5, fresh=False) < 0.3
     assert planner.copies.rate(True, 5) > 0.8
     assert planner.copy_length(own=True, match=5, available=3) >= 1
@@ -501,8 +503,8 @@ def test_doubted_copies_are_judged_apart():
     keep their own estimate, and are verified while they pass."""
     planner = _copy_planner(LLAMA_CPU)
     for _ in range(10):
-        planner.record(autotune.Shape(15, 0), True, 1, 0, 0.0, LLAMA_CPU.ms(2), 0.0, copy=(True, 2, (True,)))
-        planner.record(autotune.Shape(15, 0), True, 2, 2, 0.0, LLAMA_CPU.ms(3), 0.0, copy=(True, 2, (False, False)))
+        planner.record(Shape(15, 0), True, 1, 0, 0.0, LLAMA_CPU.ms(2), 0.0, copy=(True, 2, (True,)))
+        planner.record(Shape(15, 0), True, 2, 2, 0.0, LLAMA_CPU.ms(3), 0.0, copy=(True, 2, (False, False)))
     assert planner.copies.rate(True, 2, doubted=True) < 0.2
     assert planner.copies.rate(True, 2) > 0.8
     assert planner.copy_length(own=True, match=2, available=2, doubted=(True, False)) == 0
@@ -521,16 +523,16 @@ def test_drafts_that_slow_the_steps_after_them_are_charged_for_it(slowed):
     after = [3.0, 2.0, 1.0] if slowed else [0.0, 0.0, 0.0]
     for cycle in range(30):
         passed = cycle % 5 < 3
-        planner.record(autotune.Shape(0, 1), False, 1, int(passed), 2.0, 12.0, 14.0)
+        planner.record(Shape(0, 1), False, 1, int(passed), 2.0, 12.0, 14.0)
         for step in range(6):  # three steps in its aftermath, then three after steps
             ms = 10.0 + (after[step] if step < 3 else 0.0)
-            planner.record(autotune.Shape(0, 0), False, 0, 0, 0.0, ms, ms)
+            planner.record(Shape(0, 0), False, 0, 0, 0.0, ms, ms)
     assert planner.aftermath_ms("model") == pytest.approx(sum(after), abs=0.3)
     assert planner.clean_ms == pytest.approx(10.0, abs=0.1)
     (k, _), _ = planner.best_k()
     assert k == (0 if slowed else 1)
     if slowed:
-        assert "cost to the plain steps after: model 6.0 ms" in planner.describe()
+        assert "cost to the plain steps after: model 6.0 ms" in describe_planner(planner)
 
 
 @pytest.mark.parametrize("where", ["aftermath", "verify", "draft"])
@@ -548,16 +550,16 @@ def test_one_round_held_up_by_something_else_does_not_stop_drafting_that_pays(wh
         slow = cycle == 10
         verify = 100.0 if slow and where == "verify" else 12.0
         draft = 100.0 if slow and where == "draft" else 2.0
-        planner.record(autotune.Shape(0, 1), False, 1, int(passed), draft, verify, draft + verify)
+        planner.record(Shape(0, 1), False, 1, int(passed), draft, verify, draft + verify)
         for step in range(6):
             ms = 100.0 if slow and where == "aftermath" and step == 0 else 10.0
-            planner.record(autotune.Shape(0, 0), False, 0, 0, 0.0, ms, ms)
+            planner.record(Shape(0, 0), False, 0, 0, 0.0, ms, ms)
     assert planner.aftermath_ms("model") < 0.5
     assert planner.clean_ms == pytest.approx(10.0, abs=0.1)
     assert planner.draft_ms_per_token < 2.5
     assert planner.verify_ms(2) < 13.5
     (k, _), _ = planner.best_k()
-    assert k == 1, planner.describe()
+    assert k == 1, describe_planner(planner)
 
 
 def test_the_slow_steps_after_a_prefill_teach_the_costs_nothing():
@@ -568,7 +570,7 @@ def test_the_slow_steps_after_a_prefill_teach_the_costs_nothing():
     curve = CostCurve((1, 2, 4, 8, 16), (2.6, 2.6, 3.1, 5.8, 11.0))
     planner = RoundPlanner(curve, 0.7, max_k=1, max_copy=0, adapt=True)
     for ms in (4.6, 4.3, 3.6, 3.1, 2.8) + (2.6,) * 5:
-        planner.record(autotune.Shape(0, 0), False, 0, 0, 0.0, ms, ms)
+        planner.record(Shape(0, 0), False, 0, 0, 0.0, ms, ms)
     assert planner.plain_ms() == pytest.approx(2.6, abs=0.02)
     assert planner.verify_ms(1) == pytest.approx(2.6, abs=0.02)
 
@@ -579,7 +581,7 @@ def test_a_draft_cost_measured_as_none_at_load_is_learned_in_the_loop():
     curve = CostCurve((1, 2, 4, 8, 16), (10.0, 12.0, 16.0, 24.0, 40.0))
     planner = RoundPlanner(curve, 0.0, max_k=1, max_copy=0, adapt=True)
     for _ in range(30):
-        planner.record(autotune.Shape(0, 1), False, 1, 1, 2.0, 12.0, 14.0)
+        planner.record(Shape(0, 1), False, 1, 1, 2.0, 12.0, 14.0)
     assert planner.draft_ms_per_token == pytest.approx(2.0, abs=0.1)
 
 
@@ -591,13 +593,13 @@ def test_drafts_are_weighed_against_the_plain_steps_of_the_loop_not_the_curve_at
     curve = CostCurve((1, 2, 4, 8, 16), (5.0, 5.0, 5.0, 5.0, 5.0))
     planner = RoundPlanner(curve, 1.0, max_k=1, max_copy=0, adapt=True)
     for _ in range(10):
-        planner.record(autotune.Shape(0, 0), False, 0, 0, 0.0, 6.0, 6.0)
+        planner.record(Shape(0, 0), False, 0, 0, 0.0, 6.0, 6.0)
     for i in range(40):
-        planner.record(autotune.Shape(0, 1), False, 1, int(i % 4 == 0), 1.0, 6.0, 7.0)
+        planner.record(Shape(0, 1), False, 1, int(i % 4 == 0), 1.0, 6.0, 7.0)
     assert planner.plain_ms() == pytest.approx(6.0, abs=0.05)
-    assert "a plain step weighed at 6.0 ms" in planner.describe()
+    assert "a plain step weighed at 6.0 ms" in describe_planner(planner)
     (k, _), _ = planner.best_k()
-    assert k == 1, planner.describe()
+    assert k == 1, describe_planner(planner)
 
 
 @pytest.mark.parametrize("pace", [0.5, 1.0])
@@ -611,14 +613,14 @@ def test_a_plain_step_is_priced_at_the_machine_s_pace_while_every_round_drafts(p
     curve = CostCurve((1, 2, 4, 8, 16), (10.0, 12.0, 16.0, 24.0, 40.0))
     for share, pays in ((0.3, False), (0.6, True)):
         planner = RoundPlanner(curve, 2.0, max_k=1, max_copy=0, adapt=True)
-        planner.record(autotune.Shape(0, 0), False, 0, 0, 0.0, 10.0, 10.0)
+        planner.record(Shape(0, 0), False, 0, 0, 0.0, 10.0, 10.0)
         for i in range(40):
             passed = (i * share) % 1.0 + share >= 1.0
             verify = 12.0 * pace
-            planner.record(autotune.Shape(0, 1), False, 1, int(passed), 2.0 * pace, verify, verify + 2.0 * pace)
+            planner.record(Shape(0, 1), False, 1, int(passed), 2.0 * pace, verify, verify + 2.0 * pace)
         assert planner.verify_ms(1) == pytest.approx(10.0 * pace, rel=0.1)
         (k, _), _ = planner.best_k()
-        assert k == (1 if pays else 0), (share, planner.describe())
+        assert k == (1 if pays else 0), (share, describe_planner(planner))
 
 
 def test_a_session_start_carries_the_costs_the_schedule_plans_with(tiny_pair, monkeypatch):

@@ -1,0 +1,29 @@
+"""What a round plans (`Shape`): copy from the text or draft, how many tokens, how many candidates
+for the first token, and where a model drafter's chain stops. The planner makes one each round and
+the decoding loop carries it out, naming it by `round_label` in its events and plans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One round's plan: copy up to `copy` tokens where the text repeats, else draft `k` (0: none),
+    with `width` candidates for the first token (a tree: the chain under the first)."""
+
+    copy: int
+    k: int
+    width: int = 1
+    floors: tuple[float, ...] = ()  # a model drafter's chain stops before depth d + 1 below floors[d] (`_Chain`)
+
+
+def round_label(drafted: int, copied: bool, alternatives: int = 0) -> str:
+    """A round's shape as events and plans name it: "K=2", "K=2 w3" (a tree: three candidates for
+    the first token, the chain under the first), "copy 3" or "none"."""
+    if not drafted:
+        return "none"
+    if copied:
+        return f"copy {drafted}"
+    return f"K={drafted}" + (f" w{alternatives + 1}" if alternatives else "")
