@@ -145,7 +145,7 @@ def test_the_command_starts_the_kernel_only_for_commands_that_load_a_model(monke
 def test_the_backend_choice_goes_on_beside_a_build_under_way(monkeypatch):
     """While the kernel builds on its own thread, auto's choice for a GGUF file does not wait for
     it: it goes by whether the kernel can build here (a compiler, an x86-64 CPU)."""
-    from specdeck.engine.loading import backends
+    from specdeck.engine.loading import backends, preflight
     from specdeck.engine.loading.backends import gguf_file
 
     def waited(progress=None):
@@ -153,6 +153,7 @@ def test_the_backend_choice_goes_on_beside_a_build_under_way(monkeypatch):
 
     path = gguf_file("smollm2-135m-instruct")
     monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
+    monkeypatch.setattr(preflight, "available_memory", lambda: 64 << 30)  # whatever else runs beside the test
     monkeypatch.setattr(kernel_build, "building", lambda: True)
     monkeypatch.setattr(kernel_build, "library", waited)
     monkeypatch.setattr(kernel_build, "buildable", lambda: None)

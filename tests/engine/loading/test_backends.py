@@ -6,7 +6,7 @@ import torch
 
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.llamacpp_backend import library
-from specdeck.engine.loading import backends
+from specdeck.engine.loading import backends, preflight
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
 
 CPU = torch.device("cpu")
@@ -105,6 +105,7 @@ def test_where_the_row_kernel_reads_the_files_blocks_auto_takes_torch_untimed(mo
     if isinstance(kernel_build.library(), str):
         pytest.skip("the row kernel does not build here")
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    monkeypatch.setattr(preflight, "available_memory", lambda: 64 << 30)  # whatever else runs beside the test
     timed = []
     monkeypatch.setattr(backends, "_llama_cpp_step_ms", lambda path: timed.append("llama.cpp") or 1.0)
     monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress, load: timed.append("torch") or 2.0)
