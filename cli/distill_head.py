@@ -24,7 +24,16 @@ def add_distill_head_command(commands) -> None:
     parser.add_argument("--dtype", default=defaults.dtype, help="the target's dtype: auto, float32, bfloat16")
     parser.add_argument("--answers", type=int, default=defaults.answers, help="own answers the target writes first")
     parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens, help="longest own answer")
-    parser.add_argument("--answer-batch", type=int, default=defaults.answer_batch, help="requests answered at once")
+    parser.add_argument(
+        "--answer-batch", type=int, default=defaults.answer_batch, help="requests answered per batch, saved together"
+    )
+    parser.add_argument(
+        "--answer-group",
+        type=int,
+        default=defaults.answer_group,
+        help="requests generated at once within a batch, alike in length (0: the whole batch; on a CPU, 64 wastes "
+        "less on padding)",
+    )
     parser.add_argument(
         "--second-turns",
         type=int,
@@ -85,8 +94,8 @@ def run_distill_head(args) -> int:
         raise SpecDeckError(
             "--answers, --second-turns, --output-vocab, --minutes and --checkpoint-minutes cannot be negative."
         )
-    if args.answer_minutes < 0:
-        raise SpecDeckError("--answer-minutes cannot be negative.")
+    if args.answer_minutes < 0 or args.answer_group < 0:
+        raise SpecDeckError("--answer-minutes and --answer-group cannot be negative.")
     head = head_settings(args, eval_sequences=args.eval_sequences)
     config = StreamConfig(
         head=head,
@@ -96,6 +105,7 @@ def run_distill_head(args) -> int:
         second_turns=args.second_turns,
         answer_tokens=args.answer_tokens,
         answer_batch=args.answer_batch,
+        answer_group=args.answer_group,
         answer_minutes=args.answer_minutes,
         own_repeat=args.own_repeat,
         minutes=args.minutes,

@@ -219,3 +219,22 @@ def test_the_chat_templates_second_turn_is_a_user_turn_then_the_assistants():
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     suffix = second_turn_suffix(tokenizer, "Make it shorter.", eos)
     assert tokenizer.decode(suffix) == "\n<|im_start|>user\nMake it shorter.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_answers_in_groups_alike_in_length_answer_every_request(text):
+    """Requests generated a few at a time, grouped by length: each answer follows its own request,
+    every request that got an answer is among those asked, and the groups do not depend on the
+    order the requests came in."""
+    from specdeck.engine.distill.stream import StreamConfig, answer_in_groups
+
+    _, path = text
+    target = load_model(str(path), ON_CPU)
+    prompts = [[5 + i] * (3 + 4 * i) for i in range(5)]
+    config = StreamConfig(answer_group=2, answer_tokens=6)
+    shard = answer_in_groups(target, prompts, config, greedy=True, seed=0)
+    assert 0 < len(shard.ids) <= len(prompts)
+    asked = {tuple(p) for p in prompts}
+    for ids, first in zip(shard.ids, shard.first):
+        assert tuple(ids[: first + 1].tolist()) in asked and first + 1 < len(ids)
+    again = answer_in_groups(target, prompts[::-1], config, greedy=True, seed=0)
+    assert [ids.tolist() for ids in again.ids] == [ids.tolist() for ids in shard.ids]
