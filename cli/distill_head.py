@@ -47,6 +47,13 @@ def add_distill_head_command(commands) -> None:
         "--own-repeat", type=int, default=defaults.own_repeat, help="times each own answer trains per epoch"
     )
     parser.add_argument(
+        "--copy-weight",
+        type=float,
+        default=defaults.copy_weight,
+        help="the loss's weight on tokens prompt lookup could copy, beside 1 on the others (below 1: "
+        "train for what the head drafts beside lookup)",
+    )
+    parser.add_argument(
         "--feature-layers",
         default=",".join(map(str, head.feature_layers)),
         help="also read the residual streams after these many target layers (comma-separated; empty: the last state only)",
@@ -96,6 +103,8 @@ def run_distill_head(args) -> int:
         )
     if args.answer_minutes < 0 or args.answer_group < 0:
         raise SpecDeckError("--answer-minutes and --answer-group cannot be negative.")
+    if not 0 <= args.copy_weight <= 1:
+        raise SpecDeckError(f"--copy-weight is a weight from 0 to 1 (got {args.copy_weight:g}).")
     head = head_settings(args, eval_sequences=args.eval_sequences)
     config = StreamConfig(
         head=head,
@@ -108,6 +117,7 @@ def run_distill_head(args) -> int:
         answer_group=args.answer_group,
         answer_minutes=args.answer_minutes,
         own_repeat=args.own_repeat,
+        copy_weight=args.copy_weight,
         minutes=args.minutes,
         checkpoint_minutes=args.checkpoint_minutes,
         text_only=args.text_only,

@@ -15,6 +15,7 @@ from specdeck.cli.bench import add_bench_command
 from specdeck.cli.distill import add_train_cross_draft_command, add_train_draft_command
 from specdeck.cli.distill_head import add_distill_head_command
 from specdeck.cli.feature_head import add_head_data_command, add_train_head_command
+from specdeck.cli.head_agreement import add_head_agreement_command
 from specdeck.cli.run import add_run_command
 from specdeck.cli.suffix_texts import add_suffix_texts_command
 from specdeck.engine.errors import SpecDeckError
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_head_command(commands)
     add_head_data_command(commands)
     add_distill_head_command(commands)
+    add_head_agreement_command(commands)
     add_suffix_texts_command(commands)
     return parser
 

@@ -92,12 +92,44 @@ def unrolled(head: FeatureHead, inputs: torch.Tensor, embeds: torch.Tensor, pass
     return outputs
 
 
+def copyable_pairs(ids: torch.Tensor) -> torch.Tensor:
+    """(B, W-1): whether prompt lookup could copy pair j's token, the one after ids[j + 1], because
+    the two tokens ending there, ids[j] and ids[j + 1], already stand together earlier in the row.
+    Beside prompt lookup a head drafts the other pairs, so they are what its training weighs."""
+    width = ids.shape[1]
+    if width < 2:
+        return torch.zeros(ids.shape[0], max(width - 1, 0), dtype=torch.bool, device=ids.device)
+    codes = ids[:, :-1].long() * (int(ids.max()) + 1) + ids[:, 1:].long()  # the pair ending at t + 1
+    order = torch.sort(codes, dim=1, stable=True).indices  # stable: a code's first place comes first
+    ordered = codes.gather(1, order)
+    repeat = torch.zeros_like(ordered, dtype=torch.bool)
+    repeat[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
+    return torch.zeros_like(repeat).scatter(1, order, repeat)
+
+
+def reach(mask: torch.Tensor, step: int) -> torch.Tensor:
+    """The pairs pass `step` (0-based) drafts: pair j's depth-(step+1) draft follows the real pairs
+    up to j - step, so the first `step` pairs of a row have none."""
+    reached = mask.clone()
+    reached[:, :step] = False
+    return reached
+
+
 def head_loss(
-    head: FeatureHead, states, embeds, mask, weight: torch.Tensor, config: HeadConfig, noise_seed: int | None = None
+    head: FeatureHead,
+    states,
+    embeds,
+    mask,
+    weight: torch.Tensor,
+    config: HeadConfig,
+    noise_seed: int | None = None,
+    copyable: torch.Tensor | None = None,
+    copy_weight: float = 1.0,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The loss over every pass, and per pass whether the head's argmax equals the target's at each
-    pair that pass can draft. `states` are the target's, (B, W, h) or (B, W, m, h) with the final
-    state last. With `noise_seed` (training) the input states get noise drawn from that seed."""
+    pair that pass can draft (`reach`). `states` are the target's, (B, W, h) or (B, W, m, h) with the
+    final state last. With `noise_seed` (training) the input states get noise drawn from that seed.
+    Pairs marked `copyable` (`copyable_pairs`) weigh `copy_weight` in the loss, the others 1."""
     final = states[..., -1, :] if states.dim() == 4 else states
     truth = final[:, 1:]
     device = states.device
@@ -112,17 +144,21 @@ def head_loss(
         predictions = unrolled(head, inputs, embeds, config.unroll)
     total, agreements = torch.zeros((), device=device), []
     for step, predicted in enumerate(predictions):
-        reach = mask.clone()
-        reach[:, :step] = False  # pair j's depth-(step+1) draft follows the real pairs up to j - step
+        reached = reach(mask, step)
         with torch.no_grad():
-            p = torch.softmax(torch.nn.functional.linear(truth[reach], weight), dim=-1)
+            p = torch.softmax(torch.nn.functional.linear(truth[reached], weight), dim=-1)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bfloat16):
-            logits = torch.nn.functional.linear(predicted[reach], weight)
+            logits = torch.nn.functional.linear(predicted[reached], weight)
         logq = torch.log_softmax(logits.float(), dim=-1)
-        loss = -(p * logq).sum(-1).mean()
+        cross = -(p * logq).sum(-1)
+        if copyable is not None and copy_weight != 1.0:
+            weights = torch.where(copyable[reached], copy_weight, 1.0)
+            loss = (cross * weights).sum() / weights.sum().clamp_min(1e-6)
+        else:
+            loss = cross.mean()
         if config.feature_weight:
             loss = loss + config.feature_weight * torch.nn.functional.smooth_l1_loss(
-                predicted[reach].float(), truth[reach]
+                predicted[reached].float(), truth[reached]
             )
         total = total + loss / (step + 1)
         agreements.append((logits.argmax(-1) == p.argmax(-1)).float().detach())

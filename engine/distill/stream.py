@@ -39,7 +39,7 @@ from specdeck.engine.cores import pin_threads
 from specdeck.engine.distill.forcing import HELD_OUT_EVERY, ForcingConfig, plan_text
 from specdeck.engine.distill.head import HeadConfig, build_head, frequent_tokens, grouped_batches
 from specdeck.engine.distill.head_card import model_card
-from specdeck.engine.distill.head_objective import head_loss
+from specdeck.engine.distill.head_objective import copyable_pairs, head_loss, reach
 from specdeck.engine.distill.loop import HeldOut, train_loop
 from specdeck.engine.distill.teacher import Shard, generate_scored
 from specdeck.engine.distill.texts import TEXT_SOURCES
@@ -65,6 +65,7 @@ class StreamConfig:
     answer_minutes: float = 0.0  # stop making answers after this long (the rest on a later run); 0: no limit
     second_turns: int = 0  # then this many second turns: a follow-up on an own answer, answered too
     own_repeat: int = 2  # times each own answer appears per epoch
+    copy_weight: float = 1.0  # the loss's weight on pairs prompt lookup could copy (the others: 1)
     max_length: int = 1024  # tokens of a given-text sequence, prompt included
     minutes: float = 0.0  # stop after this long (saved, resumable); 0: run to head.steps
     checkpoint_minutes: float = 5.0
@@ -238,7 +239,8 @@ def train_streaming(
     until: int | None = None,
 ) -> Path:
     """Train into `out`; return the exported head's folder (`out/head`), the checkpoint that agreed
-    most with the target on held-out own answers (`config.text_only`: make the text, return `out`)."""
+    most with the target on held-out own answers, their pairs weighed as the loss weighs them
+    (`config.text_only`: make the text, return `out`)."""
     head_config = config.head
     if head_config.threads:
         pin_threads(head_config.threads)
@@ -295,16 +297,27 @@ def train_streaming(
             epoch += 1
         return total
 
-    def pairs(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def pairs(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch's states, next-token embeddings, the pairs in answers, and which of them prompt
+        lookup could copy."""
         states, ids = batch_states(target, [text.ids[r] for r in rows], layers)
         mask = torch.zeros(len(rows), ids.shape[1] - 1, dtype=torch.bool)
         for j, r in enumerate(rows):
             mask[j, text.first[r] : len(text.ids[r]) - 1] = True
-        return states, embedding[ids[:, 1:]], mask.to(device)
+        return states, embedding[ids[:, 1:]], mask.to(device), copyable_pairs(ids)
 
     def loss_of(module: FeatureHead, rows: list[int], step: int) -> tuple[torch.Tensor, str]:
+        states, embeds, mask, copyable = pairs(rows)
         loss, agreements = head_loss(
-            module, *pairs(rows), weight, head_config, noise_seed=head_config.seed * 1_000_003 + step
+            module,
+            states,
+            embeds,
+            mask,
+            weight,
+            head_config,
+            noise_seed=head_config.seed * 1_000_003 + step,
+            copyable=copyable,
+            copy_weight=config.copy_weight,
         )
         return loss, "by depth " + " / ".join(f"{a.mean().item():.3f}" for a in agreements)
 
@@ -315,23 +328,37 @@ def train_streaming(
     def measure(step: int) -> HeldOut:
         head.eval()
         figures: dict[str, list[float]] = {}
+        chosen_by: float | None = None
         for kind, rows in held_out.items():
             totals: list[list[torch.Tensor]] = [[] for _ in range(head_config.unroll)]
+            uncopied: list[list[torch.Tensor]] = [[] for _ in range(head_config.unroll)]
             for i in range(0, len(rows), head_config.batch_sequences):
-                _, agreements = head_loss(head, *pairs(rows[i : i + head_config.batch_sequences]), weight, head_config)
+                states, embeds, mask, copyable = pairs(rows[i : i + head_config.batch_sequences])
+                _, agreements = head_loss(head, states, embeds, mask, weight, head_config)
                 for depth_no, agree in enumerate(agreements):
                     totals[depth_no].append(agree)
+                    uncopied[depth_no].append(agree[~copyable[reach(mask, depth_no)]])
             figures[kind] = [torch.cat(t).mean().item() for t in totals]
+            # what the head adds beside prompt lookup: the pairs lookup could not copy
+            figures[f"{kind}, not copyable"] = [torch.cat(t).mean().item() for t in uncopied]
+            if chosen_by is None:  # the first kind's first depth, weighed as the loss weighs its pairs
+                agree, other = torch.cat(totals[0]), torch.cat(uncopied[0])
+                copied_sum, copied_count = agree.sum() - other.sum(), len(agree) - len(other)
+                weighed = other.sum() + config.copy_weight * copied_sum
+                chosen_by = (weighed / max(len(other) + config.copy_weight * copied_count, 1e-6)).item()
             progress(
                 f"held-out top-1 agreement by depth at step {step}, {kind}: "
                 + " / ".join(f"{a:.3f}" for a in figures[kind])
+                + " (where lookup could not copy: "
+                + " / ".join(f"{a:.3f}" for a in figures[f"{kind}, not copyable"])
+                + ")"
             )
         head.train()
         curve[:] = [point for point in curve if point["step"] < step]
         curve.append({"step": step, "positions": positions_seen(step), **figures})
         write_with(curve_path, lambda temporary: Path(temporary).write_text(json.dumps(curve, indent=1)))
-        first = next(iter(figures.values()))
-        return HeldOut(first[0], tuple(first))
+        # the exported head is the one that agrees most where its training weighed most
+        return HeldOut(chosen_by or 0.0, tuple(next(iter(figures.values()))))
 
     sources = {name: TEXT_SOURCES[name] for name in sorted(set(text.sources))}
 

@@ -100,8 +100,9 @@ def test_learning_curve_counts_positions_and_measures_both_kinds(straight):
     positions = [point["positions"] for point in curve]
     assert positions == sorted(positions) and positions[-1] > 0
     for point in curve:
-        assert len(point["own answers"]) == 2 and len(point["given text"]) == 2  # one figure per depth
-        assert all(0.0 <= a <= 1.0 for a in point["own answers"] + point["given text"])
+        kinds = ("own answers", "given text", "own answers, not copyable", "given text, not copyable")
+        assert all(len(point[kind]) == 2 for kind in kinds)  # one figure per depth
+        assert all(0.0 <= a <= 1.0 for kind in kinds for a in point[kind])
     assert json.loads((straight / "head" / "curve.json").read_text())[-1]["step"] <= 7
 
 
@@ -169,6 +170,8 @@ def test_bad_settings_are_refused_with_what_to_do(text, few_passages, tmp_path, 
     assert "at least 1" in capsys.readouterr().err
     assert distill(target, tmp_path / "d", "--steps", "0") == 2
     assert "--minutes" in capsys.readouterr().err
+    assert distill(target, tmp_path / "e", "--copy-weight", "2") == 2
+    assert "--copy-weight" in capsys.readouterr().err
     assert distill(target, tmp_path / "c", "--steps", "2") == 0
     assert distill(target, tmp_path / "c", "--steps", "2") == 2
     assert "pass --resume" in capsys.readouterr().err
