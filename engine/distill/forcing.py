@@ -30,6 +30,7 @@ from specdeck.engine.atomic import write_with
 from specdeck.engine.cache import cache_root
 from specdeck.engine.cores import pin_threads
 from specdeck.engine.distill.corpus import instructions
+from specdeck.engine.distill.stdlib_text import code_prefixes
 from specdeck.engine.distill.teacher import chat_ids, generate_scored
 from specdeck.engine.distill.texts import TEXT_SOURCES, existing_exchanges, reading_requests
 from specdeck.engine.distill.turns import one_turn_requests
@@ -51,6 +52,7 @@ class ForcingConfig:
     answer_every: int = 3  # every n-th shard holds the target's own answers (0: none)
     answer_batch: int = 64  # prompts the target answers at once
     answer_tokens: int = 320
+    code_prefixes: int = 1500  # function beginnings the target continues as raw code, beside the chat requests
     reserve_gb: float = 8.0  # stop while this much disk is still free
     dtype: str = "bfloat16"
     threads: int = 0
@@ -96,7 +98,13 @@ def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress
     exchanges = existing_exchanges(config.seed)
     requests = instructions(config.seed) + reading_requests(exchanges, config.seed)
     requests += one_turn_requests(exchanges, config.seed)
-    random.Random(config.seed + 11).shuffle(requests)
+    prompts = [chat_ids(target, r) for r in requests]
+    # code completion is asked without a chat template: the beginning of a function to continue
+    prompts += [
+        target.tokenizer(text, add_special_tokens=False)["input_ids"]
+        for text in code_prefixes(config.code_prefixes, config.seed)
+    ]
+    random.Random(config.seed + 11).shuffle(prompts)
     plan = {
         "sources": [e.source for e in exchanges],
         "sequences": [
@@ -104,7 +112,7 @@ def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress
             for e in exchanges
         ],
         "firsts": [len(chat_ids(target, e.instruction)) - 1 for e in exchanges],
-        "requests": [torch.tensor(chat_ids(target, r), dtype=torch.int32) for r in requests],
+        "requests": [torch.tensor(ids, dtype=torch.int32) for ids in prompts],
     }
     write_with(path, lambda temporary: torch.save(plan, temporary))
     return plan

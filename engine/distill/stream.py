@@ -41,7 +41,7 @@ from specdeck.engine.distill.head import HeadConfig, build_head, frequent_tokens
 from specdeck.engine.distill.head_card import model_card
 from specdeck.engine.distill.head_objective import copyable_pairs, head_loss, reach
 from specdeck.engine.distill.loop import HeldOut, train_loop
-from specdeck.engine.distill.teacher import Shard, generate_scored
+from specdeck.engine.distill.teacher import Shard, chat_ids, generate_scored
 from specdeck.engine.distill.texts import TEXT_SOURCES
 from specdeck.engine.distill.turns import FOLLOW_UPS, second_turn_suffix
 from specdeck.engine.drafting.heads import FeatureHead, fingerprint, save_head
@@ -143,7 +143,8 @@ def second_turns(
     target's reply to it, which is what the head learns from (the first answer is learnt on its
     own)."""
     done = made.setdefault("second", {"ids": [], "first": [], "batches": 0})
-    ended = [ids.tolist() for ids in made["ids"] if int(ids[-1]) in target.eos_ids]
+    opening = chat_ids(target, "?")[0]  # a conversation's first token; raw code completions have none
+    ended = [ids.tolist() for ids in made["ids"] if int(ids[-1]) in target.eos_ids and int(ids[0]) == opening]
     batches = -(-min(config.second_turns, len(ended)) // config.answer_batch)
     if done["batches"] >= batches:
         return

@@ -180,8 +180,9 @@ def test_bad_settings_are_refused_with_what_to_do(text, few_passages, tmp_path, 
 def test_second_turns_follow_the_targets_own_finished_answers(text, tmp_path):
     """A second turn is an own answer that ended, the chat template's next user turn asking a
     follow-up, and the target's reply, which is where its training starts; answers cut off by the
-    length limit get none, every batch is kept, and a rerun makes no more."""
+    length limit and raw code completions get none, every batch is kept, and a rerun makes no more."""
     from specdeck.engine.distill.stream import StreamConfig, second_turns
+    from specdeck.engine.distill.teacher import chat_ids
     from specdeck.engine.distill.turns import FOLLOW_UPS, second_turn_suffix
 
     _, path = text
@@ -192,8 +193,11 @@ def test_second_turns_follow_the_targets_own_finished_answers(text, tmp_path):
         "{% if add_generation_prompt %}[assistant] {% endif %}"
     )
     assert second_turn_suffix(target.tokenizer, FOLLOW_UPS[0], eos) is not None
-    finished = [torch.tensor([5, 6, 7, 8 + i, eos], dtype=torch.int32) for i in range(5)]
-    made = {"ids": [*finished, torch.tensor([5, 6, 9], dtype=torch.int32)], "first": [2] * 6, "batches": 2}
+    asked_first = chat_ids(target, "Name a fruit.")
+    finished = [torch.tensor(asked_first + [8 + i, eos], dtype=torch.int32) for i in range(5)]
+    cut_off = torch.tensor(asked_first + [9], dtype=torch.int32)
+    raw_code = torch.tensor([5, 6, 7, eos], dtype=torch.int32)  # a code completion: no conversation to go on
+    made = {"ids": [*finished, cut_off, raw_code], "first": [len(asked_first) - 1] * 6 + [1], "batches": 2}
     saved: list[int] = []
     config = StreamConfig(second_turns=10, answer_batch=2, answer_tokens=6)
 
@@ -241,3 +245,18 @@ def test_answers_in_groups_alike_in_length_answer_every_request(text):
         assert tuple(ids[: first + 1].tolist()) in asked and first + 1 < len(ids)
     again = answer_in_groups(target, prompts[::-1], config, greedy=True, seed=0)
     assert [ids.tolist() for ids in again.ids] == [ids.tolist() for ids in shard.ids]
+
+
+def test_the_plan_asks_for_code_completions_without_a_chat_template(text, straight):
+    """Beside the chat requests the target continues beginnings of standard-library functions as
+    raw code, as code completion is asked."""
+    from specdeck.engine.distill.stdlib_text import code_prefixes
+
+    _, path = text
+    tokenizer = load_model(str(path), ON_CPU).tokenizer
+    asked = {tuple(ids.tolist()) for ids in torch.load(straight / "plan.pt", weights_only=True)["requests"]}
+    code = [
+        tokenizer(t, add_special_tokens=False)["input_ids"]
+        for t in code_prefixes(forcing.ForcingConfig().code_prefixes)
+    ]
+    assert len(code) > 100 and all(tuple(ids) in asked for ids in code)
