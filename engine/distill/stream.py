@@ -143,19 +143,30 @@ def second_turns(
     target's reply to it, which is what the head learns from (the first answer is learnt on its
     own)."""
     done = made.setdefault("second", {"ids": [], "first": [], "batches": 0})
+    if not config.second_turns:
+        return
+    # the follow-up after each end token that closes an assistant turn (some tokenizers also count
+    # their turn opening as an end token, which closes none)
+    suffixes = {}
+    for eos in sorted(target.eos_ids):
+        asked = [second_turn_suffix(target.tokenizer, f, eos) for f in FOLLOW_UPS]
+        if all(a is not None for a in asked):
+            suffixes[eos] = asked
+    if not suffixes:
+        progress("second turns: the target's chat template does not continue a conversation here; none made")
+        return
     opening = chat_ids(target, "?")[0]  # a conversation's first token; raw code completions have none
-    ended = [ids.tolist() for ids in made["ids"] if int(ids[-1]) in target.eos_ids and int(ids[0]) == opening]
+    ended = [ids.tolist() for ids in made["ids"] if int(ids[-1]) in suffixes and int(ids[0]) == opening]
     batches = -(-min(config.second_turns, len(ended)) // config.answer_batch)
     if done["batches"] >= batches:
         return
     random.Random(config.head.seed + 29).shuffle(ended)
-    suffixes = [second_turn_suffix(target.tokenizer, f, sorted(target.eos_ids)[0]) for f in FOLLOW_UPS]
-    if any(s is None for s in suffixes):
-        progress("second turns: the target's chat template does not continue a conversation here; none made")
-        return
     for g in range(done["batches"], batches):
         first_turns = ended[g * config.answer_batch : (g + 1) * config.answer_batch]
-        chunk = [ids + suffixes[(g * config.answer_batch + j) % len(suffixes)] for j, ids in enumerate(first_turns)]
+        chunk = [
+            ids + suffixes[ids[-1]][(g * config.answer_batch + j) % len(FOLLOW_UPS)]
+            for j, ids in enumerate(first_turns)
+        ]
         shard = answer_in_groups(target, chunk, config, greedy=g % 4 != 3, seed=config.head.seed + 7927 * g)
         done["ids"] += shard.ids
         done["first"] += shard.first

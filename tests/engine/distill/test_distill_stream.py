@@ -218,6 +218,31 @@ def test_second_turns_follow_the_targets_own_finished_answers(text, tmp_path):
     assert saved == [1, 2, 3], "a rerun made more"
 
 
+def test_second_turns_follow_the_end_token_that_closes_the_turn(text):
+    """Where the target counts several end tokens (a GGUF tokenizer may count its turn opening too),
+    a finished answer's follow-up comes after the one that closes the assistant's turn."""
+    from specdeck.engine.distill.stream import StreamConfig, second_turns
+    from specdeck.engine.distill.teacher import chat_ids
+
+    _, path = text
+    target = load_model(str(path), ON_CPU)
+    closer = target.tokenizer.convert_tokens_to_ids("|")
+    target.tokenizer.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}|\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
+    target.model.generation_config.eos_token_id = [target.tokenizer.eos_token_id, closer]
+    assert min(target.eos_ids) != closer, "the closing token should not be the first end token"
+    asked = chat_ids(target, "Name a fruit.")
+    made = {
+        "ids": [torch.tensor(asked + [8 + i, closer], dtype=torch.int32) for i in range(3)],
+        "first": [len(asked) - 1] * 3,
+        "batches": 1,
+    }
+    second_turns(target, made, StreamConfig(second_turns=3, answer_batch=4, answer_tokens=4), 0.0, print, list)
+    assert len(made["second"]["ids"]) == 3
+
+
 def test_the_chat_templates_second_turn_is_a_user_turn_then_the_assistants():
     from specdeck.engine.distill.turns import second_turn_suffix
     from specdeck.engine.loading.models import load_tokenizer
