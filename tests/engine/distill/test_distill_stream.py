@@ -239,7 +239,7 @@ def test_second_turns_follow_the_end_token_that_closes_the_turn(text):
         "first": [len(asked) - 1] * 3,
         "batches": 1,
     }
-    second_turns(target, made, StreamConfig(second_turns=3, answer_batch=4, answer_tokens=4), 0.0, print, list)
+    second_turns(target, made, StreamConfig(second_turns=3, answer_batch=4, answer_tokens=4), 0.0, print, lambda: None)
     assert len(made["second"]["ids"]) == 3
 
 
