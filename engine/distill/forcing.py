@@ -30,6 +30,7 @@ from specdeck.engine.atomic import write_with
 from specdeck.engine.cache import cache_root
 from specdeck.engine.cores import pin_threads
 from specdeck.engine.distill.corpus import instructions
+from specdeck.engine.distill.lexicon import lexicon_requests
 from specdeck.engine.distill.stdlib_text import code_prefixes
 from specdeck.engine.distill.teacher import chat_ids, generate_scored
 from specdeck.engine.distill.texts import TEXT_SOURCES, existing_exchanges, reading_requests
@@ -53,6 +54,7 @@ class ForcingConfig:
     answer_batch: int = 64  # prompts the target answers at once
     answer_tokens: int = 320
     code_prefixes: int = 1500  # function beginnings the target continues as raw code, beside the chat requests
+    lexicon_requests: int = 40_000  # requests composed from WordNet's everyday nouns (`engine.distill.lexicon`)
     reserve_gb: float = 8.0  # stop while this much disk is still free
     dtype: str = "bfloat16"
     threads: int = 0
@@ -90,11 +92,30 @@ def target_states(
 
 
 def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress: Progress) -> dict:
-    """The tokenised existing text and the requests the target answers, made once per folder."""
+    """The tokenised existing text and the requests the target answers, made once per folder.
+
+    The requests composed from WordNet (`engine.distill.lexicon`) come after all the others, so a
+    plan made before them is extended in place: the answers already made follow the same requests."""
     path = folder / "plan.pt"
     if path.exists():
-        return torch.load(path, weights_only=True)
-    progress("reading and tokenising the existing text (once per folder)")
+        plan = torch.load(path, weights_only=True)
+        if "lexicon_requests" in plan:
+            return plan
+        progress("adding the requests composed from WordNet to the plan (once per folder)")
+    else:
+        progress("reading and tokenising the existing text (once per folder)")
+        plan = _first_plan(target, config)
+    composed = lexicon_requests(config.lexicon_requests, config.seed)
+    if not composed:
+        progress("WordNet (Debian's wordnet-base) is not installed: the plan has no requests composed from it")
+    plan["requests"] = list(plan["requests"]) + [torch.tensor(chat_ids(target, r), dtype=torch.int32) for r in composed]
+    plan["lexicon_requests"] = len(composed)
+    write_with(path, lambda temporary: torch.save(plan, temporary))
+    return plan
+
+
+def _first_plan(target: LoadedModel, config: ForcingConfig) -> dict:
+    """The existing text and the requests composed from the topic lists and the documentation."""
     exchanges = existing_exchanges(config.seed)
     requests = instructions(config.seed) + reading_requests(exchanges, config.seed)
     requests += one_turn_requests(exchanges, config.seed)
@@ -105,7 +126,7 @@ def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress
         for text in code_prefixes(config.code_prefixes, config.seed)
     ]
     random.Random(config.seed + 11).shuffle(prompts)
-    plan = {
+    return {
         "sources": [e.source for e in exchanges],
         "sequences": [
             torch.tensor(chat_ids(target, e.instruction, e.answer)[: config.max_length], dtype=torch.int32)
@@ -114,8 +135,6 @@ def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress
         "firsts": [len(chat_ids(target, e.instruction)) - 1 for e in exchanges],
         "requests": [torch.tensor(ids, dtype=torch.int32) for ids in prompts],
     }
-    write_with(path, lambda temporary: torch.save(plan, temporary))
-    return plan
 
 
 def _shard_text(plan: dict, number: int, config: ForcingConfig, target: LoadedModel):

@@ -40,9 +40,17 @@ def text(tmp_path_factory):
     return root, target
 
 
+COMPOSED = [f"Tell me about thing {i}." for i in range(5)]
+
+
+def few_composed(limit: int, seed: int) -> list[str]:
+    return COMPOSED  # tens of thousands from WordNet: a few stand in
+
+
 @pytest.fixture
 def few_passages(monkeypatch):
     monkeypatch.setattr(forcing, "existing_exchanges", lambda seed: EXCHANGES)  # the free text on disk is large
+    monkeypatch.setattr(forcing, "lexicon_requests", few_composed)
 
 
 def distill(target, out, *extra: str) -> int:
@@ -55,6 +63,7 @@ def straight(text):
     out = root / "straight"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(forcing, "existing_exchanges", lambda seed: EXCHANGES)
+        patch.setattr(forcing, "lexicon_requests", few_composed)
         assert distill(target, out, "--steps", "7") == 0
     return out
 
@@ -285,3 +294,23 @@ def test_the_plan_asks_for_code_completions_without_a_chat_template(text, straig
         for t in code_prefixes(forcing.ForcingConfig().code_prefixes)
     ]
     assert len(code) > 100 and all(tuple(ids) in asked for ids in code)
+
+
+def test_a_plan_made_before_the_composed_requests_keeps_its_requests_first(text, straight, few_passages, tmp_path):
+    """A plan made before the requests composed from WordNet gains them after its own, so the answers
+    already made to it still follow its first requests, and the next ones follow the composed."""
+    from specdeck.engine.distill.teacher import chat_ids
+
+    _, path = text
+    target = load_model(str(path), ON_CPU)
+    plan = torch.load(straight / "plan.pt", weights_only=True)
+    composed = [chat_ids(target, r) for r in COMPOSED]
+    assert [ids.tolist() for ids in plan["requests"][-len(COMPOSED) :]] == composed
+    older = {key: value for key, value in plan.items() if key != "lexicon_requests"}
+    older["requests"] = plan["requests"][: -len(COMPOSED)]
+    torch.save(older, tmp_path / "plan.pt")
+    told: list[str] = []
+    extended = forcing.plan_text(target, tmp_path, forcing.ForcingConfig(), told.append)
+    assert [ids.tolist() for ids in extended["requests"]] == [ids.tolist() for ids in plan["requests"]]
+    assert extended["lexicon_requests"] == len(COMPOSED) and any("WordNet" in line for line in told)
+    assert torch.load(tmp_path / "plan.pt", weights_only=True)["lexicon_requests"] == len(COMPOSED)

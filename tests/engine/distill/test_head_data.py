@@ -46,6 +46,7 @@ def grown(tmp_path_factory):
     out = root / "data"
     with pytest.MonkeyPatch.context() as patch:  # the free text on disk is large: a few passages stand in
         patch.setattr(forcing, "existing_exchanges", lambda seed: EXCHANGES)
+        patch.setattr(forcing, "lexicon_requests", lambda limit, seed: ["Tell me about a thing."])
         assert main(["head-data", "--target", str(target), "--out", str(out), "--positions", "1", *SMALL]) == 0
         first = {path.name: path.stat().st_mtime_ns for path in out.glob("shard-*.pt")}
         assert main(["head-data", "--target", str(target), "--out", str(out), "--positions", "100000", *SMALL]) == 0
