@@ -91,11 +91,12 @@ def target_states(
     return states  # type: ignore[return-value]
 
 
-def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress: Progress) -> dict:
+def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress: Progress, answered: int = 0) -> dict:
     """The tokenised existing text and the requests the target answers, made once per folder.
 
-    The requests composed from WordNet (`engine.distill.lexicon`) come after all the others, so a
-    plan made before them is extended in place: the answers already made follow the same requests."""
+    The requests composed from WordNet (`engine.distill.lexicon`) are shuffled in with the others. A
+    plan made before them gains them after its first `answered` requests, the ones its answers
+    follow, and before the rest: a head learns the older kinds far sooner than other requests."""
     path = folder / "plan.pt"
     if path.exists():
         plan = torch.load(path, weights_only=True)
@@ -108,8 +109,14 @@ def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress
     composed = lexicon_requests(config.lexicon_requests, config.seed)
     if not composed:
         progress("WordNet (Debian's wordnet-base) is not installed: the plan has no requests composed from it")
-    plan["requests"] = list(plan["requests"]) + [torch.tensor(chat_ids(target, r), dtype=torch.int32) for r in composed]
-    plan["lexicon_requests"] = len(composed)
+    asked = [torch.tensor(chat_ids(target, r), dtype=torch.int32) for r in composed]
+    requests = list(plan["requests"])
+    if path.exists():
+        plan["requests"] = requests[:answered] + asked + requests[answered:]
+    else:
+        plan["requests"] = requests + asked
+        random.Random(config.seed + 13).shuffle(plan["requests"])
+    plan["lexicon_requests"] = len(asked)
     write_with(path, lambda temporary: torch.save(plan, temporary))
     return plan
 

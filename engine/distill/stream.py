@@ -180,7 +180,9 @@ def second_turns(
 
 def stream_text(target: LoadedModel, folder: Path, config: StreamConfig, progress: Progress) -> Text:
     forcing = ForcingConfig(seed=config.head.seed, max_length=config.max_length)
-    plan = plan_text(target, folder, forcing, progress)
+    made = folder / "answers.pt"
+    answered = torch.load(made, weights_only=True)["batches"] * config.answer_batch if made.exists() else 0
+    plan = plan_text(target, folder, forcing, progress, answered)
     answers = own_answers(target, folder, plan, config, progress) if config.answers else Shard([], [], [], [])
     return Text(
         list(plan["sequences"]) + answers.ids,

@@ -296,21 +296,28 @@ def test_the_plan_asks_for_code_completions_without_a_chat_template(text, straig
     assert len(code) > 100 and all(tuple(ids) in asked for ids in code)
 
 
-def test_a_plan_made_before_the_composed_requests_keeps_its_requests_first(text, straight, few_passages, tmp_path):
-    """A plan made before the requests composed from WordNet gains them after its own, so the answers
-    already made to it still follow its first requests, and the next ones follow the composed."""
+def test_a_plan_made_before_the_composed_requests_gains_them_after_its_answered_ones(
+    text, straight, few_passages, tmp_path
+):
+    """A new plan mixes the requests composed from WordNet in with the others; a plan made before
+    them gains them right after the requests its answers follow, so those answers keep following
+    theirs and the next answers follow the composed requests."""
+    import shutil
+
     from specdeck.engine.distill.teacher import chat_ids
 
     _, path = text
     target = load_model(str(path), ON_CPU)
     plan = torch.load(straight / "plan.pt", weights_only=True)
     composed = [chat_ids(target, r) for r in COMPOSED]
-    assert [ids.tolist() for ids in plan["requests"][-len(COMPOSED) :]] == composed
-    older = {key: value for key, value in plan.items() if key != "lexicon_requests"}
-    older["requests"] = plan["requests"][: -len(COMPOSED)]
-    torch.save(older, tmp_path / "plan.pt")
-    told: list[str] = []
-    extended = forcing.plan_text(target, tmp_path, forcing.ForcingConfig(), told.append)
-    assert [ids.tolist() for ids in extended["requests"]] == [ids.tolist() for ids in plan["requests"]]
-    assert extended["lexicon_requests"] == len(COMPOSED) and any("WordNet" in line for line in told)
-    assert torch.load(tmp_path / "plan.pt", weights_only=True)["lexicon_requests"] == len(COMPOSED)
+    requests = [ids.tolist() for ids in plan["requests"]]
+    assert all(ids in requests for ids in composed) and plan["lexicon_requests"] == len(COMPOSED)
+    assert requests[-len(COMPOSED) :] != composed, "a new plan mixes them in"
+    older = [ids for ids in requests if ids not in composed]
+    before = {key: value for key, value in plan.items() if key != "lexicon_requests"}
+    torch.save(before | {"requests": [torch.tensor(ids, dtype=torch.int32) for ids in older]}, tmp_path / "plan.pt")
+    shutil.copy(straight / "answers.pt", tmp_path / "answers.pt")  # two batches of 3 answered
+    assert distill(path, tmp_path, "--text-only") == 0
+    extended = torch.load(tmp_path / "plan.pt", weights_only=True)
+    assert [ids.tolist() for ids in extended["requests"]] == older[:6] + composed + older[6:]
+    assert extended["lexicon_requests"] == len(COMPOSED)
