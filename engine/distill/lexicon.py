@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdeck.engine.distill.texts import WORDNET
+from specdeck.engine.distill.texts import WORDNET, wordnet_synsets
 from specdeck.engine.distill.turns import LANGUAGES
 
 # WordNet's lexicographer files (data.noun's second field) by the kind of request they suit
@@ -61,30 +61,22 @@ def read_lexicon(folder: Path | None = None) -> Lexicon | None:
     lexicon = Lexicon(nouns=defaultdict(list))
     name_of: dict[str, str] = {}
     kinds: dict[str, list[str]] = defaultdict(list)
-    for part in ("noun", "verb", "adj", "adv"):
-        path = folder / f"data.{part}"
-        if not path.exists():
+    for part, words, gloss in wordnet_synsets(folder):
+        lexicon.sentences += [s.strip().strip('"') for s in gloss.split(";") if s.strip().startswith('"')]
+        lex, count = int(words[1]), int(words[3], 16)
+        if part != "noun" or lex not in group_of:
             continue
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith(" ") or " | " not in line:
-                continue
-            fields, gloss = line.split(" | ", 1)
-            lexicon.sentences += [s.strip().strip('"') for s in gloss.split(";") if s.strip().startswith('"')]
-            words = fields.split()
-            lex, count = int(words[1]), int(words[3], 16)
-            if part != "noun" or lex not in group_of:
-                continue
-            pointers = words[4 + 2 * count :]  # their count, then (symbol, offset, part, source/target) each
-            parents = [pointers[2 + 4 * i] for i in range(int(pointers[0])) if pointers[1 + 4 * i] == "@"]
-            for i in range(count):
-                lemma = words[4 + 2 * i]
-                if f"{lemma.lower()}%1:{lex:02d}:{int(words[5 + 2 * i], 16):02d}::" in first_senses:
-                    noun = lemma.replace("_", " ")
-                    lexicon.nouns[group_of[lex]].append(noun)
-                    name_of[words[0]] = noun
-                    for parent in parents:
-                        kinds[parent].append(noun)
-                    break
+        pointers = words[4 + 2 * count :]  # their count, then (symbol, offset, part, source/target) each
+        parents = [pointers[2 + 4 * i] for i in range(int(pointers[0])) if pointers[1 + 4 * i] == "@"]
+        for i in range(count):
+            lemma = words[4 + 2 * i]
+            if f"{lemma.lower()}%1:{lex:02d}:{int(words[5 + 2 * i], 16):02d}::" in first_senses:
+                noun = lemma.replace("_", " ")
+                lexicon.nouns[group_of[lex]].append(noun)
+                name_of[words[0]] = noun
+                for parent in parents:
+                    kinds[parent].append(noun)
+                break
     for parent, children in kinds.items():
         if parent in name_of and len(children) > 1:
             lexicon.pairs += [(a, b, name_of[parent]) for a, b in zip(children, children[1:])]

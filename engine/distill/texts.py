@@ -190,27 +190,34 @@ def python_stdlib(rng: random.Random, max_chars: int = 2400) -> list[Exchange]:
     return exchanges
 
 
-def wordnet(rng: random.Random, per_answer: int = 8) -> list[Exchange]:
-    """Every WordNet sense as a short dictionary entry, `per_answer` random senses per answer."""
-    entries = []
-    for part, name in (("noun", "noun"), ("verb", "verb"), ("adj", "adjective"), ("adv", "adverb")):
-        path = WORDNET / f"data.{part}"
+def wordnet_synsets(folder: Path | None = None) -> Iterator[tuple[str, list[str], str]]:
+    """(part of speech, fields, gloss) of every synset in WordNet's data files in `folder` (default
+    `WORDNET`), those present: fields are the line before its gloss, split (offset, lexicographer
+    file, type, word count in hex, each word and its lex id, pointer count, pointers)."""
+    for part in ("noun", "verb", "adj", "adv"):
+        path = (folder or WORDNET) / f"data.{part}"
         if not path.exists():
             continue
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith(" ") or " | " not in line:
-                continue
-            fields, gloss = line.split(" | ", 1)
-            words = fields.split()
-            lemmas = [words[4 + 2 * i].replace("_", " ") for i in range(int(words[3], 16))]
-            definition, *examples = [g.strip() for g in gloss.split(";")]
-            text = f"**{lemmas[0]}** ({name}): {definition}."
-            if len(lemmas) > 1:
-                text += f" Also: {', '.join(lemmas[1:4])}."
-            quoted = [e.strip('"') for e in examples if e.startswith('"')]
-            if quoted:
-                text += f' Example: "{quoted[0]}"'
-            entries.append((lemmas[0], text))
+            if not line.startswith(" ") and " | " in line:  # the license's lines start with spaces
+                fields, gloss = line.split(" | ", 1)
+                yield part, fields.split(), gloss
+
+
+def wordnet(rng: random.Random, per_answer: int = 8) -> list[Exchange]:
+    """Every WordNet sense as a short dictionary entry, `per_answer` random senses per answer."""
+    entries = []
+    part_names = {"noun": "noun", "verb": "verb", "adj": "adjective", "adv": "adverb"}
+    for part, words, gloss in wordnet_synsets():
+        lemmas = [words[4 + 2 * i].replace("_", " ") for i in range(int(words[3], 16))]
+        definition, *examples = [g.strip() for g in gloss.split(";")]
+        text = f"**{lemmas[0]}** ({part_names[part]}): {definition}."
+        if len(lemmas) > 1:
+            text += f" Also: {', '.join(lemmas[1:4])}."
+        quoted = [e.strip('"') for e in examples if e.startswith('"')]
+        if quoted:
+            text += f' Example: "{quoted[0]}"'
+        entries.append((lemmas[0], text))
     rng.shuffle(entries)
     exchanges = []
     for start in range(0, len(entries) - per_answer + 1, per_answer):
