@@ -91,12 +91,11 @@ def target_states(
     return states  # type: ignore[return-value]
 
 
-def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress: Progress, answered: int = 0) -> dict:
-    """The tokenised existing text and the requests the target answers, made once per folder.
-
-    The requests composed from WordNet (`engine.distill.lexicon`) are shuffled in with the others. A
-    plan made before them gains them after its first `answered` requests, the ones its answers
-    follow, and before the rest: a head learns the older kinds far sooner than other requests."""
+def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress: Progress) -> dict:
+    """The tokenised existing text and the requests the target answers, made once per folder: the
+    requests composed from WordNet (`engine.distill.lexicon`) shuffled in with the others, so any
+    prefix asks every kind. A plan made before them gains them, shuffled in likewise (the answers
+    already made are told apart by their requests, not by their places: `stream.own_answers`)."""
     path = folder / "plan.pt"
     if path.exists():
         plan = torch.load(path, weights_only=True)
@@ -109,14 +108,9 @@ def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress
     composed = lexicon_requests(config.lexicon_requests, config.seed)
     if not composed:
         progress("WordNet (Debian's wordnet-base) is not installed: the plan has no requests composed from it")
-    asked = [torch.tensor(chat_ids(target, r), dtype=torch.int32) for r in composed]
-    requests = list(plan["requests"])
-    if path.exists():
-        plan["requests"] = requests[:answered] + asked + requests[answered:]
-    else:
-        plan["requests"] = requests + asked
-        random.Random(config.seed + 13).shuffle(plan["requests"])
-    plan["lexicon_requests"] = len(asked)
+    plan["requests"] = list(plan["requests"]) + [torch.tensor(chat_ids(target, r), dtype=torch.int32) for r in composed]
+    random.Random(config.seed + 13).shuffle(plan["requests"])
+    plan["lexicon_requests"] = len(composed)
     write_with(path, lambda temporary: torch.save(plan, temporary))
     return plan
 

@@ -26,6 +26,7 @@ import copy
 import json
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -89,16 +90,21 @@ class Text:
 def own_answers(target: LoadedModel, folder: Path, plan: dict, config: StreamConfig, progress: Progress) -> Shard:
     """The target's answers to the plan's requests, `config.answers` of them (or those made within
     `config.answer_minutes`), kept in `answers.pt` after every batch; a rerun makes only the batches
-    still missing."""
+    still missing. Each batch asks the requests answered least often so far: each once before any twice."""
     path = folder / "answers.pt"
     made: dict[str, Any] = (
         torch.load(path, weights_only=True) if path.exists() else {"ids": [], "first": [], "batches": 0}
     )
-    requests = plan["requests"]
+    requests = [tuple(ids.tolist()) for ids in plan["requests"]]
+    # an answer begins with its request: those already answered are told by their text, whatever the
+    # plan's order was when they were made
+    times = Counter(tuple(ids[: first + 1].tolist()) for ids, first in zip(made["ids"], made["first"]))
     batches = -(-config.answers // config.answer_batch)
     started, first_batch = time.perf_counter(), made["batches"]
     for g in range(made["batches"], batches):
-        chunk = [requests[(g * config.answer_batch + j) % len(requests)].tolist() for j in range(config.answer_batch)]
+        # the requests answered least often so far, in the plan's order (a sorted list keeps it for ties)
+        chunk = [list(r) for r in sorted(requests, key=times.__getitem__)[: config.answer_batch]]
+        times.update(tuple(r) for r in chunk)
         shard = answer_in_groups(target, chunk, config, greedy=g % 4 != 3, seed=config.head.seed + 7919 * g)
         made["ids"] += shard.ids
         made["first"] += shard.first
@@ -180,9 +186,7 @@ def second_turns(
 
 def stream_text(target: LoadedModel, folder: Path, config: StreamConfig, progress: Progress) -> Text:
     forcing = ForcingConfig(seed=config.head.seed, max_length=config.max_length)
-    made = folder / "answers.pt"
-    answered = torch.load(made, weights_only=True)["batches"] * config.answer_batch if made.exists() else 0
-    plan = plan_text(target, folder, forcing, progress, answered)
+    plan = plan_text(target, folder, forcing, progress)
     answers = own_answers(target, folder, plan, config, progress) if config.answers else Shard([], [], [], [])
     return Text(
         list(plan["sequences"]) + answers.ids,

@@ -296,14 +296,9 @@ def test_the_plan_asks_for_code_completions_without_a_chat_template(text, straig
     assert len(code) > 100 and all(tuple(ids) in asked for ids in code)
 
 
-def test_a_plan_made_before_the_composed_requests_gains_them_after_its_answered_ones(
-    text, straight, few_passages, tmp_path
-):
-    """A new plan mixes the requests composed from WordNet in with the others; a plan made before
-    them gains them right after the requests its answers follow, so those answers keep following
-    theirs and the next answers follow the composed requests."""
-    import shutil
-
+def test_a_plan_made_before_the_composed_requests_gains_them_mixed_in(text, straight, few_passages, tmp_path):
+    """The requests composed from WordNet are shuffled in with the others, in a new plan and in one
+    made before them."""
     from specdeck.engine.distill.teacher import chat_ids
 
     _, path = text
@@ -316,8 +311,26 @@ def test_a_plan_made_before_the_composed_requests_gains_them_after_its_answered_
     older = [ids for ids in requests if ids not in composed]
     before = {key: value for key, value in plan.items() if key != "lexicon_requests"}
     torch.save(before | {"requests": [torch.tensor(ids, dtype=torch.int32) for ids in older]}, tmp_path / "plan.pt")
-    shutil.copy(straight / "answers.pt", tmp_path / "answers.pt")  # two batches of 3 answered
     assert distill(path, tmp_path, "--text-only") == 0
-    extended = torch.load(tmp_path / "plan.pt", weights_only=True)
-    assert [ids.tolist() for ids in extended["requests"]] == older[:6] + composed + older[6:]
-    assert extended["lexicon_requests"] == len(COMPOSED)
+    extended = [ids.tolist() for ids in torch.load(tmp_path / "plan.pt", weights_only=True)["requests"]]
+    assert sorted(extended) == sorted(older + composed) and extended[-len(COMPOSED) :] != composed
+
+
+def test_new_answers_ask_requests_no_answer_has_asked(text, straight, few_passages, tmp_path):
+    """The next answers ask requests not answered yet, whatever the places of those answered in the
+    plan: answers made under another order keep counting."""
+    import shutil
+
+    _, path = text
+    plan = torch.load(straight / "plan.pt", weights_only=True)
+    kept = torch.load(straight / "answers.pt", weights_only=True)
+    answered = [ids[: first + 1].tolist() for ids, first in zip(kept["ids"], kept["first"])]
+    rest = [ids.tolist() for ids in plan["requests"] if ids.tolist() not in answered]
+    moved = rest[:6] + answered + rest[6:]  # where the next two batches of 3 would ask by place
+    torch.save(plan | {"requests": [torch.tensor(ids, dtype=torch.int32) for ids in moved]}, tmp_path / "plan.pt")
+    shutil.copy(straight / "answers.pt", tmp_path / "answers.pt")  # two batches of 3
+    assert distill(path, tmp_path, "--text-only", "--answers", "12") == 0  # two batches more
+    made = torch.load(tmp_path / "answers.pt", weights_only=True)
+    asked = [tuple(ids[: first + 1].tolist()) for ids, first in zip(made["ids"], made["first"])]
+    assert [ids.tolist() for ids in made["ids"][:6]] == [ids.tolist() for ids in kept["ids"]]
+    assert len(asked) == len(set(asked)) == 12
