@@ -103,8 +103,9 @@ def own_answers(target: LoadedModel, folder: Path, plan: dict, config: StreamCon
     started, first_batch = time.perf_counter(), made["batches"]
     for g in range(made["batches"], batches):
         # the requests answered least often so far, in the plan's order (a sorted list keeps it for ties)
-        chunk = [list(r) for r in sorted(requests, key=times.__getitem__)[: config.answer_batch]]
-        times.update(tuple(r) for r in chunk)
+        asked = sorted(requests, key=times.__getitem__)[: config.answer_batch]
+        times.update(asked)
+        chunk = [list(r) for r in asked]
         shard = answer_in_groups(target, chunk, config, greedy=g % 4 != 3, seed=config.head.seed + 7919 * g)
         made["ids"] += shard.ids
         made["first"] += shard.first
