@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdeck.cli.distill import _add_loop_arguments, report, training_folder
-from specdeck.cli.feature_head import head_settings
+from specdeck.cli.feature_head import add_head_layers_argument, head_settings
 from specdeck.engine.errors import SpecDeckError
 
 
@@ -59,6 +59,7 @@ def add_distill_head_command(commands) -> None:
         help="also read the residual streams after these many target layers (comma-separated; empty: the last state only)",
     )
     parser.add_argument("--unroll", type=int, default=head.unroll, help="passes per step, as drafting runs them")
+    add_head_layers_argument(parser, head)
     parser.add_argument(
         "--feature-weight", type=float, default=head.feature_weight, help="pull towards the target's states"
     )

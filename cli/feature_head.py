@@ -62,7 +62,17 @@ def add_train_head_command(commands) -> None:
         help="passes per step; each later one reads the states the previous one predicted",
     )
     parser.add_argument("--batch", type=int, default=defaults.batch_sequences, help="sequences per step")
+    add_head_layers_argument(parser, defaults)
     parser.set_defaults(handler=run_train_head)
+
+
+def add_head_layers_argument(parser, defaults) -> None:
+    parser.add_argument(
+        "--head-layers",
+        type=int,
+        default=defaults.layers,
+        help="the head's decoder layers (with --init-from a head of fewer, the new ones start adding nothing)",
+    )
 
 
 def head_settings(args, **more) -> HeadConfig:
@@ -88,6 +98,7 @@ def head_settings(args, **more) -> HeadConfig:
         feature_layers=layers,
         feature_weight=args.feature_weight,
         init_from=args.init_from,
+        layers=args.head_layers,
         **more,
     )
 
@@ -209,4 +220,4 @@ def run_head_data(args) -> int:
     return 0
 
 
-__all__ = ["add_head_data_command", "add_train_head_command", "head_settings"]
+__all__ = ["add_head_data_command", "add_head_layers_argument", "add_train_head_command", "head_settings"]

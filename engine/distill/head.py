@@ -53,6 +53,7 @@ class HeadConfig:
     feature_batch_tokens: int = 8192
     output_vocab: int = 8192  # tokens the head may propose: the most frequent under the target
     intermediate: int = 0  # the head's MLP width (0: the target's)
+    layers: int = 1  # the head's decoder layers
     init_from_target: bool = True  # start the decoder layer as a copy of the target's last layer
     feature_layers: tuple[int, ...] = ()  # fuse the residual streams after these many target layers (--data only)
     init_from: str = ""  # start from this head's weights (a folder or a built-in name); new fusion weights start at 0
@@ -140,12 +141,16 @@ def frequent_tokens(data: Shard, rows: list[int], size: int, vocab: int, always:
 
 
 def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
-    """A new head: its decoder layer a copy of the target's last (`init_from_target`), its input map
-    passing the target's state through; or, with `init_from`, another head's weights. The weights
-    on lower layers of a fusing head start at zero, so it starts as the head it grew from."""
+    """A new head: its decoder layers copies of the target's last (`init_from_target`), its input
+    map passing the target's state through; or, with `init_from`, another head's weights. What the
+    head it grows from lacks starts as a pass-through: the weights on lower layers of a fusing head
+    at zero, and a further decoder layer with its output maps at zero (it adds nothing to the
+    residual stream), so the grown head starts as the head it grew from."""
+    if config.layers < 1:
+        raise SpecDeckError("--head-layers must be at least 1.")
     torch.manual_seed(config.seed)
     source = target.model.config
-    head = FeatureHead(head_config(source, config.intermediate or None, config.feature_layers)).float()
+    head = FeatureHead(head_config(source, config.intermediate or None, config.feature_layers, config.layers)).float()
     width = source.hidden_size
     with torch.no_grad():
         if config.feature_layers:
@@ -155,12 +160,18 @@ def build_head(target: LoadedModel, config: HeadConfig) -> FeatureHead:
             from specdeck.engine.drafting.heads import load_feature_head_weights
 
             missing = load_feature_head_weights(head, config.init_from)
-            if any(not name.startswith("fuse_fc") for name in missing):
+            grown = {int(name.split(".")[2]) for name in missing if name.startswith("body.layers.")}
+            if any(not name.startswith(("fuse_fc", "body.layers.")) for name in missing) or (grown and min(grown) == 0):
                 raise SpecDeckError(f"{config.init_from} is a head of another shape (it lacks {missing[:3]}).")
+            for number in grown:
+                layer: Any = head.body.layers[number]
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
             return head
         body: Any = target.torch_model.base_model
         if config.init_from_target and not config.intermediate:
-            head.body.layers[0].load_state_dict(body.layers[-1].state_dict())
+            for mine, theirs in zip(head.body.layers, body.layers[-config.layers :]):
+                mine.load_state_dict(theirs.state_dict())
         head.body.norm.weight.copy_(body.norm.weight)
         head.fc.weight.mul_(0.5)
         head.fc.weight[:, :width] += torch.eye(width)  # start by passing the state through

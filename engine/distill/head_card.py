@@ -41,7 +41,7 @@ def model_card(
     )
     grown = (
         f"\nIt started from the weights of `{config.init_from}` (its own card lists what it learnt from), the "
-        "fusion weights on lower layers from zero.\n"
+        "fusion weights on lower layers and the output maps of decoder layers it lacked from zero.\n"
         if config.init_from
         else ""
     )
@@ -53,7 +53,7 @@ own output layer turns that into draft tokens. It uses the target's embedding an
 it only works with {target_name}.
 
 ## Architecture
-{f"A linear map from {len(head.feature_layers) + 1} x {shape.hidden_size} to {shape.hidden_size} (the fusion), then a" if head.feature_layers else "A"} linear map from 2 x {shape.hidden_size} to {shape.hidden_size}, one Llama decoder layer ({shape.num_attention_heads}
+{f"A linear map from {len(head.feature_layers) + 1} x {shape.hidden_size} to {shape.hidden_size} (the fusion), then a" if head.feature_layers else "A"} linear map from 2 x {shape.hidden_size} to {shape.hidden_size}, {"one Llama decoder layer" if shape.num_hidden_layers == 1 else f"{shape.num_hidden_layers} Llama decoder layers"} ({shape.num_attention_heads}
 heads, {shape.num_key_value_heads} key/value heads, MLP {shape.intermediate_size}) with its own KV cache,
 and a final RMSNorm; {params / 1e6:.1f}M parameters. It proposes only from {vocab}, the target's most
 frequent tokens in the training text; q = 0 elsewhere keeps rejection sampling exact.

@@ -58,33 +58,37 @@ def unrolled(head: FeatureHead, inputs: torch.Tensor, embeds: torch.Tensor, pass
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     body: Any = head.body  # a Hugging Face LlamaModel, read by its submodules' names
-    layer, config = body.layers[0], head.config
-    attention = layer.self_attn
+    config = head.config
     batch, width, _ = inputs.shape
     dim = config.head_dim or config.hidden_size // config.num_attention_heads
-    keys, values, outputs = [], [], []
+    keys: list[list[torch.Tensor]] = [[] for _ in body.layers]  # per layer, each pass's
+    values: list[list[torch.Tensor]] = [[] for _ in body.layers]
+    outputs = []
     states = inputs
     cos = sin = None
     for s in range(passes):
         x = head.mix(states, embeds)
         if cos is None:
             cos, sin = body.rotary_emb(x, torch.arange(width, device=x.device)[None])
-        h = layer.input_layernorm(x)
-        q = attention.q_proj(h).view(batch, width, -1, dim).transpose(1, 2)
-        k = attention.k_proj(h).view(batch, width, -1, dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys.append(k)
-        values.append(attention.v_proj(h).view(batch, width, -1, dim).transpose(1, 2))
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q,
-            torch.cat(keys, dim=2),
-            torch.cat(values, dim=2),
-            attn_mask=_pass_mask(width, s).to(x.device),
-            scale=dim**-0.5,
-            enable_gqa=True,
-        )
-        x = x + attention.o_proj(out.transpose(1, 2).reshape(batch, width, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        mask = _pass_mask(width, s).to(x.device)
+        for number, layer in enumerate(body.layers):
+            attention = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attention.q_proj(h).view(batch, width, -1, dim).transpose(1, 2)
+            k = attention.k_proj(h).view(batch, width, -1, dim).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            keys[number].append(k)
+            values[number].append(attention.v_proj(h).view(batch, width, -1, dim).transpose(1, 2))
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q,
+                torch.cat(keys[number], dim=2),
+                torch.cat(values[number], dim=2),
+                attn_mask=mask,
+                scale=dim**-0.5,
+                enable_gqa=True,
+            )
+            x = x + attention.o_proj(out.transpose(1, 2).reshape(batch, width, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
         predicted = body.norm(x)
         outputs.append(predicted)
         # the next pass reads, at pair j, the state this pass predicted at pair j-1

@@ -67,7 +67,15 @@ def resume_checkpoint(checkpoint: Path, model, optimizer, progress: Progress, se
     agreement starts over if the teacher text has changed size since (`sequences`): it was measured
     on another held-out set, so no agreement on this one can be compared with it."""
     state = torch.load(checkpoint, weights_only=True, map_location="cpu")  # a GPU's checkpoint resumes anywhere
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:  # weights of another shape: a checkpoint of other settings
+        theirs, ours = set(state["model"]), set(model.state_dict())
+        differ = sorted(theirs ^ ours)[:2] or ["weights of other sizes"]
+        raise SpecDeckError(
+            f"The checkpoint {checkpoint} is of a model of another shape than these settings make "
+            f"({', '.join(differ)}): resume with the settings it was made with, or train into a new --out."
+        ) from error
     optimizer.load_state_dict(state["optimizer"])
     best = state["best_agreement"]
     if state.get("sequences") != sequences:

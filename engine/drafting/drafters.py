@@ -5,8 +5,9 @@ drawn from. The decoding loop needs nothing else, so new drafters (a trained hea
 slot in by implementing `Drafter` (what they hand the loop: `engine.drafting.proposals`).
 - `engine.drafting.draft_model.DraftModelDrafter`: a smaller model of the same vocabulary, with
   its own KV cache.
-- `engine.head_drafter.FeatureHeadDrafter`: a one-layer head on the target's own last hidden state
-  (EAGLE, `engine.heads`); the decoding loop hands it the target's states for every kept token.
+- `engine.head_drafter.FeatureHeadDrafter`: a head of a decoder layer or two on the target's own
+  last hidden state (EAGLE, `engine.heads`); the decoding loop hands it the target's states for
+  every kept token.
 - `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
 - `SuffixDrafter` and `HybridDrafter` (`engine.suffix_drafting`): the most frequent continuation

@@ -1,5 +1,5 @@
-"""A feature head: a one-layer drafter that reads the target's own last hidden state (EAGLE, Li et
-al. 2024).
+"""A feature head: a drafter of one decoder layer (or a few) that reads the target's own last hidden
+state (EAGLE, Li et al. 2024).
 
 The target's last (normalised) hidden state f_i at position i already decides its next token
 through the output layer. The head takes the pair (f_i, embedding of token i+1) and predicts
@@ -7,14 +7,15 @@ f_{i+1}, the state the target will have one token later; the target's own output
 prediction into the draft distribution. Drafting K tokens feeds each predicted state back in.
 Everything vocabulary-sized (the embedding and the output layer) is the target's, so the head
 itself is small (one decoder layer): for a target with a 49k vocabulary it is a few MB and far
-cheaper per token than a separate draft model.
+cheaper per token than a separate draft model. A deeper head (`layers` in `head_config`) pays only
+where its drafts pass more often by more than its extra layers cost a round.
 
 A head may also read lower layers of the target (EAGLE-3, Li et al. 2025): with `feature_layers`
 in its config, the target hands over, per token, the residual stream after each of those many
 decoder layers beside the final state, and `fuse` (each normalised, then one linear map) turns
 them into the head's input state. The states it predicts itself are fed back as they are.
 
-On disk a head is a folder: `config.json` (a one-layer `LlamaConfig`, with `feature_layers` if it
+On disk a head is a folder: `config.json` (a `LlamaConfig` of its layers, with `feature_layers` if it
 fuses, plus `specdeck_head`, the target's hidden size and vocabulary width), `model.safetensors`,
 and optionally `output_tokens.json`, the tokens the head may propose.
 """
@@ -47,7 +48,7 @@ from specdeck.engine.loading.registry import BUILTIN_MODELS, BundledModel
 
 
 class FeatureHead(torch.nn.Module):
-    """fc(f_i ++ e_{i+1}) -> one Llama decoder layer (own KV cache) -> final norm -> predicted f_{i+1}."""
+    """fc(f_i ++ e_{i+1}) -> Llama decoder layers (own KV cache) -> final norm -> predicted f_{i+1}."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -84,15 +85,17 @@ class FeatureHead(torch.nn.Module):
         return self.body(inputs_embeds=self.mix(features, embeddings), use_cache=False).last_hidden_state
 
 
-def head_config(target_config, intermediate: int | None = None, feature_layers: tuple[int, ...] = ()) -> LlamaConfig:
-    """A one-layer Llama shaped like the target's layers (same width, heads, RoPE), reading the
-    residual streams after `feature_layers` decoder layers of the target beside its final state."""
+def head_config(
+    target_config, intermediate: int | None = None, feature_layers: tuple[int, ...] = (), layers: int = 1
+) -> LlamaConfig:
+    """A Llama of `layers` decoder layers shaped like the target's (same width, heads, RoPE), reading
+    the residual streams after `feature_layers` decoder layers of the target beside its final state."""
     heads = target_config.num_attention_heads
     config = LlamaConfig(
         vocab_size=1,
         hidden_size=target_config.hidden_size,
         intermediate_size=intermediate or target_config.intermediate_size,
-        num_hidden_layers=1,
+        num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=getattr(target_config, "num_key_value_heads", heads),
         head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // heads,

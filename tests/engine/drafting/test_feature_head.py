@@ -14,7 +14,7 @@ from specdeck.engine.distill.head import HeadConfig, build_head, extract_feature
 from specdeck.engine.distill.head_objective import collate_pairs, unrolled
 from specdeck.engine.distill.teacher import Shard, load_shards
 from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
-from specdeck.engine.drafting.heads import FeatureHead, head_config, load_head
+from specdeck.engine.drafting.heads import FeatureHead, fingerprint, head_config, load_head, save_head
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SummaryEvent, TokenEvent, TokenState
 from specdeck.engine.loading.models import encode_prompt, load_model
@@ -114,8 +114,9 @@ def test_hidden_states_of_grown_teacher_text_are_computed_once(tiny_head, tmp_pa
         extract_features(target, other, tmp_path / "grown", 64, lambda _: None)
 
 
-def test_training_resumes_where_it_stopped(tiny_head, tmp_path):
-    """Stopping after 3 steps and resuming to 6 gives the weights of 6 steps in one go."""
+def test_training_resumes_where_it_stopped(tiny_head, tmp_path, capsys):
+    """Stopping after 3 steps and resuming to 6 gives the weights of 6 steps in one go; resuming
+    with settings that make another shape of head is a clear error."""
     target, straight = tiny_head
     out = tmp_path / "resumed"
     args = [
@@ -131,6 +132,8 @@ def test_training_resumes_where_it_stopped(tiny_head, tmp_path):
         *TRAIN,
     ]
     assert main([*args, "--until", "3"]) == 0
+    assert main([*args, "--resume", "--head-layers", "2"]) == 2
+    assert "of another shape than these settings make" in capsys.readouterr().err
     assert main([*args, "--resume"]) == 0
     a = torch.load(straight / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
@@ -229,13 +232,15 @@ def test_real_target_loads_through_the_same_model_path(tiny_head):
         load_model(str(out / "head"), ON_CPU)
 
 
-def test_drafts_step_by_step_equal_the_head_over_the_whole_sequence(tiny_llama):
+@pytest.mark.parametrize("layers", [1, 2])
+def test_drafts_step_by_step_equal_the_head_over_the_whole_sequence(tiny_llama, layers):
     """Drafting runs the head token by token over its own KV cache, feeding back predicted states,
     and forgets those once the target's real states arrive: each draft's distribution equals the
-    head's prediction computed over the whole sequence at once, as in training."""
+    head's prediction computed over the whole sequence at once, as in training, for a head of one
+    decoder layer or two."""
     target, _ = tiny_llama
     torch.manual_seed(0)
-    head = FeatureHead(head_config(target.model.config)).eval()
+    head = FeatureHead(head_config(target.model.config, layers=layers)).eval()
     drafter = FeatureHeadDrafter(head, target.model)
     weight = target.model.get_output_embeddings().weight
     embed = target.model.get_input_embeddings()
@@ -265,13 +270,14 @@ def test_drafts_step_by_step_equal_the_head_over_the_whole_sequence(tiny_llama):
     torch.testing.assert_close(second.q, expected_q(kept, second.tokens), rtol=1e-4, atol=1e-6)
 
 
-def test_training_passes_attend_as_drafting_does(tiny_llama):
+@pytest.mark.parametrize("layers", [1, 2])
+def test_training_passes_attend_as_drafting_does(tiny_llama, layers):
     """Training runs the head's passes side by side; pass s at pair j must compute exactly what a
     depth-(s+1) draft computes: the head over the real pairs up to j - s, then its own earlier
-    predictions one by one."""
+    predictions one by one (in every decoder layer of a deeper head)."""
     target, _ = tiny_llama
     torch.manual_seed(0)
-    head = FeatureHead(head_config(target.model.config)).eval()
+    head = FeatureHead(head_config(target.model.config, layers=layers)).eval()
     width = target.model.config.hidden_size
     inputs, embeds = torch.randn(1, 9, width), torch.randn(1, 9, width)
     with torch.no_grad():
@@ -325,6 +331,33 @@ def test_fused_head_grown_from_a_head_starts_as_that_head(tiny_head):
         torch.testing.assert_close(
             grown(grown.fuse(observed), embeds), original(observed[:, :, -1], embeds), rtol=1e-4, atol=1e-4
         )
+
+
+def test_head_grown_a_layer_deeper_starts_as_that_head_and_keeps_greedy_exact(tiny_head):
+    """`--init-from` a trained head with `--head-layers 2`: the new layer starts adding nothing, so
+    before any step the deeper head predicts what the original predicts; once its new layer is
+    trained (here: random), drafting with it stays exact. A head cannot grow from a deeper one."""
+    target_folder, out = tiny_head
+    target = load_model(str(target_folder))
+    grown = build_head(target, HeadConfig(layers=2, init_from=str(out / "head"))).eval()
+    original, _ = load_head(out / "head", target.model, "tiny")
+    assert len(grown.body.layers) == 2
+    width = target.model.config.hidden_size
+    states, embeds = torch.randn(1, 6, width), torch.randn(1, 6, width)
+    with torch.no_grad():
+        torch.testing.assert_close(grown(states, embeds), original(states, embeds), rtol=1e-4, atol=1e-4)
+        for weight in grown.body.layers[1].parameters():
+            weight.normal_(0, 0.05)
+        assert not torch.allclose(grown(states, embeds), original(states, embeds), atol=1e-3)
+    ids = encode_prompt(target.tokenizer, "Once upon a time", chat=False)
+    greedy = DecodeConfig(k=3, schedule="constant", max_new_tokens=30)
+    assert _kept(generate(target, ids, greedy, FeatureHeadDrafter(grown, target.model))) == _kept(
+        generate(target, ids, DecodeConfig(max_new_tokens=30))
+    )
+    deeper = tiny_head[1].parent / "deeper"
+    save_head(grown, deeper, target.vocab_width, "tiny", fingerprint(target.model.get_output_embeddings().weight))
+    with pytest.raises(SpecDeckError, match="another shape"):
+        build_head(target, HeadConfig(init_from=str(deeper)))
 
 
 def test_states_of_several_plain_steps_reach_the_head_in_one_forward(tiny_llama, monkeypatch):
