@@ -54,7 +54,7 @@ class HeadConfig:
     output_vocab: int = 8192  # tokens the head may propose: the most frequent under the target
     intermediate: int = 0  # the head's MLP width (0: the target's)
     layers: int = 1  # the head's decoder layers
-    init_from_target: bool = True  # start the decoder layer as a copy of the target's last layer
+    init_from_target: bool = True  # start the decoder layers as copies of the target's last ones
     feature_layers: tuple[int, ...] = ()  # fuse the residual streams after these many target layers (--data only)
     init_from: str = ""  # start from this head's weights (a folder or a built-in name); new fusion weights start at 0
     unroll: int = 2  # passes per step; pass n > 1 reads the states pass n-1 predicted
