@@ -333,7 +333,7 @@ def test_fused_head_grown_from_a_head_starts_as_that_head(tiny_head):
         )
 
 
-def test_head_grown_a_layer_deeper_starts_as_that_head_and_keeps_greedy_exact(tiny_head):
+def test_head_grown_a_layer_deeper_starts_as_that_head_and_keeps_greedy_exact(tiny_head, tmp_path):
     """`--init-from` a trained head with `--head-layers 2`: the new layer starts adding nothing, so
     before any step the deeper head predicts what the original predicts; once its new layer is
     trained (here: random), drafting with it stays exact. A head cannot grow from a deeper one."""
@@ -354,7 +354,7 @@ def test_head_grown_a_layer_deeper_starts_as_that_head_and_keeps_greedy_exact(ti
     assert _kept(generate(target, ids, greedy, FeatureHeadDrafter(grown, target.model))) == _kept(
         generate(target, ids, DecodeConfig(max_new_tokens=30))
     )
-    deeper = tiny_head[1].parent / "deeper"
+    deeper = tmp_path / "deeper"
     save_head(grown, deeper, target.vocab_width, "tiny", fingerprint(target.model.get_output_embeddings().weight))
     with pytest.raises(SpecDeckError, match="another shape"):
         build_head(target, HeadConfig(init_from=str(deeper)))
