@@ -216,6 +216,15 @@ def batch_states(
     return torch.stack([hidden[t] for t in layers] + [hidden[-1]], dim=2).float(), ids
 
 
+def steps_to_fill(minutes: float, seconds: list[float], tokens: list[int], epoch_tokens: list[int]) -> int:
+    """Steps of an epoch's batches (`epoch_tokens`, padded tokens each) that fill 90% of `minutes`,
+    from timed batches of `tokens`: the time a token costs, not a timed batch's, since batches are
+    grouped by length and a few of them say little of the epoch's mean."""
+    per_token = sum(seconds) / max(sum(tokens), 1)
+    per_step = per_token * sum(epoch_tokens) / max(len(epoch_tokens), 1)
+    return max(1, int(minutes * 60 * 0.9 / per_step))
+
+
 def _steps_for(
     config: StreamConfig,
     checkpoint: Path,
@@ -223,6 +232,7 @@ def _steps_for(
     head: FeatureHead,
     batches: list[list[int]],
     training: list[int],
+    padded: Callable[[list[int]], int],
     loss_of: Callable[[FeatureHead, list[int], int], tuple[torch.Tensor, str]],
     progress: Progress,
 ) -> int:
@@ -243,9 +253,10 @@ def _steps_for(
         optimizer.step()
         loss.item()
         timed.append(time.perf_counter() - started)
-    per_step = sorted(timed[2:] or timed)[len(timed[2:] or timed) // 2]
-    steps = max(1, int(config.minutes * 60 * 0.9 / per_step))
-    progress(f"{per_step * 1000:.0f} ms a step: {steps} steps fill {config.minutes:g} minutes")
+    skip = 2 if len(timed) > 2 else 0  # the first steps warm up
+    tokens = [padded(batch) for batch in batches]
+    steps = steps_to_fill(config.minutes, timed[skip:], tokens[skip : len(timed)], tokens)
+    progress(f"{config.minutes * 60 * 0.9 / steps:.1f} s a step: {steps} steps fill {config.minutes:g} minutes")
     return steps
 
 
@@ -405,7 +416,17 @@ def train_streaming(
 
     checkpoint = out / "checkpoint.pt"
     if not head_config.steps:
-        steps = _steps_for(config, checkpoint, resume, head, epoch_batches(0), training, loss_of, progress)
+        steps = _steps_for(
+            config,
+            checkpoint,
+            resume,
+            head,
+            epoch_batches(0),
+            training,
+            lambda batch: len(batch) * max(lengths[i] for i in batch),
+            loss_of,
+            progress,
+        )
         head_config = replace(head_config, steps=steps)
     progress(
         f"training on {len(text.ids)} sequences ({sum(len(i) for i in text.ids):,} tokens; "

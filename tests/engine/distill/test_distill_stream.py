@@ -13,7 +13,7 @@ from tiny import ON_CPU, build_pair
 from specdeck.cli.main import main
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.distill import forcing, loop
-from specdeck.engine.distill.stream import batch_states
+from specdeck.engine.distill.stream import batch_states, steps_to_fill
 from specdeck.engine.distill.texts import Exchange
 from specdeck.engine.events import TokenEvent
 from specdeck.engine.loading.models import load_model
@@ -334,3 +334,26 @@ def test_new_answers_ask_requests_no_answer_has_asked(text, straight, few_passag
     asked = [tuple(ids[: first + 1].tolist()) for ids, first in zip(made["ids"], made["first"])]
     assert [ids.tolist() for ids in made["ids"][:6]] == [ids.tolist() for ids in kept["ids"]]
     assert len(asked) == len(set(asked)) == 12
+
+
+def test_minutes_are_filled_by_the_epoch_s_batches_not_the_timed_ones():
+    # batches grouped by length: the few timed ones short, the epoch's mean four times longer
+    epoch = [1000] * 6 + [5000] * 18
+    timed = epoch[:6]
+    seconds_a_token = 0.002
+    steps = steps_to_fill(10, [t * seconds_a_token for t in timed], timed, epoch)
+    mean_step = seconds_a_token * sum(epoch) / len(epoch)
+    assert steps * mean_step == pytest.approx(0.9 * 600, rel=0.01)
+    assert steps < steps_to_fill(10, [t * seconds_a_token for t in timed], timed, timed) / 3
+
+
+def test_a_run_sized_by_minutes_keeps_its_steps_when_resumed(text, few_passages, tmp_path, capsys):
+    _, target = text
+    out = tmp_path / "timed"
+    assert distill(target, out, "--steps", "0", "--minutes", "0.05", "--until", "2") == 0
+    said = capsys.readouterr().err
+    assert "steps fill 0.05 minutes" in said
+    steps = int(said.split(" steps fill")[0].split()[-1])
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["config"]["steps"] == steps
+    assert distill(target, out, "--steps", "0", "--minutes", "0.05", "--resume", "--until", "3") == 0
+    assert "steps fill" not in capsys.readouterr().err
