@@ -83,6 +83,13 @@ def add_distill_head_command(commands) -> None:
         action="store_true",
         help="make the text (plan.pt, own answers, second turns) and stop: a later run trains on it, e.g. on a GPU",
     )
+    parser.add_argument(
+        "--text-from",
+        type=int,
+        default=0,
+        help="start at this batch of the text's order: with --init-from a head that trained on the same text "
+        "(same --seed, --batch and answers) for N steps, N goes on with the text it has not seen",
+    )
     _add_loop_arguments(parser, head)
     parser.set_defaults(handler=run_distill_head)
 
@@ -102,8 +109,8 @@ def run_distill_head(args) -> int:
         raise SpecDeckError(
             "--answers, --second-turns, --output-vocab, --minutes and --checkpoint-minutes cannot be negative."
         )
-    if args.answer_minutes < 0 or args.answer_group < 0:
-        raise SpecDeckError("--answer-minutes and --answer-group cannot be negative.")
+    if args.answer_minutes < 0 or args.answer_group < 0 or args.text_from < 0:
+        raise SpecDeckError("--answer-minutes, --answer-group and --text-from cannot be negative.")
     if not 0 <= args.copy_weight <= 1:
         raise SpecDeckError(f"--copy-weight is a weight from 0 to 1 (got {args.copy_weight:g}).")
     head = head_settings(args, eval_sequences=args.eval_sequences)
@@ -122,6 +129,7 @@ def run_distill_head(args) -> int:
         minutes=args.minutes,
         checkpoint_minutes=args.checkpoint_minutes,
         text_only=args.text_only,
+        text_from=args.text_from,
     )
     out = training_folder(args)
     folder = train_streaming(

@@ -128,6 +128,7 @@ def train_loop(
     evaluate_first: bool = False,
     seconds: float = 0.0,
     checkpoint_seconds: float = 0.0,
+    text_from: int = 0,
 ) -> None:
     """Train `model` on the `training` rows of `sequences` from `checkpoint` (with `resume`) to
     config.steps, or to step `until` for now (the learning-rate schedule always spans config.steps).
@@ -140,7 +141,9 @@ def train_loop(
     `evaluate_first` a run that starts at step 0 is measured before it trains (a model grown from
     another: where it starts). With `seconds` the run stops after the first step past that many
     seconds, measured and saved as at an evaluation; `checkpoint_seconds` adds a checkpoint at least
-    that often between evaluations, so that a killed run loses little."""
+    that often between evaluations, so that a killed run loses little. Step s trains on batch
+    s + `text_from` of the batch order: a run from a model that trained on the first batches of the
+    same order goes on with the text it has not seen."""
     step, best = 0, -1.0
     if resume and checkpoint.exists():
         step, best = resume_checkpoint(checkpoint, model, optimizer, progress, sequences)
@@ -155,7 +158,7 @@ def train_loop(
     stop = min(config.steps, until or config.steps)
     model.train()
     while step < stop:
-        epoch, index = divmod(step, per_epoch)
+        epoch, index = divmod(step + text_from, per_epoch)
         rows = [training[r] for r in epoch_batches(epoch)[index]]
         set_learning_rate(optimizer, config.lr, step, config.warmup, config.steps, floor)
         loss, agreement = batch_loss(rows, step)

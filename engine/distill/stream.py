@@ -71,6 +71,7 @@ class StreamConfig:
     minutes: float = 0.0  # stop after this long (saved, resumable); 0: run to head.steps
     checkpoint_minutes: float = 5.0
     text_only: bool = False  # make the text (the plan, own answers, second turns) and stop before training
+    text_from: int = 0  # the batch of the text's order that step 0 trains on (a head's earlier run took those before)
 
 
 @dataclass
@@ -316,7 +317,10 @@ def train_streaming(
     epoch_positions: dict[int, list[int]] = {0: per_epoch}
 
     def positions_seen(step: int) -> int:
-        """Positions the head has trained on by `step` (the batch order is known ahead)."""
+        """Positions this run has trained on by `step` (the batch order is known ahead)."""
+        return batches_positions(step + config.text_from) - batches_positions(config.text_from)
+
+    def batches_positions(step: int) -> int:
         total, epoch = 0, 0
         while step > 0:
             if epoch not in epoch_positions:
@@ -450,6 +454,7 @@ def train_streaming(
         evaluate_first=bool(head_config.init_from),
         seconds=config.minutes * 60,
         checkpoint_seconds=config.checkpoint_minutes * 60,
+        text_from=config.text_from,
     )
     return out / "head"
 

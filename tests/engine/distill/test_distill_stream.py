@@ -12,7 +12,7 @@ from tiny import ON_CPU, build_pair
 
 from specdeck.cli.main import main
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.distill import forcing, loop
+from specdeck.engine.distill import forcing, loop, stream
 from specdeck.engine.distill.stream import batch_states, steps_to_fill
 from specdeck.engine.distill.texts import Exchange
 from specdeck.engine.events import TokenEvent
@@ -101,6 +101,31 @@ def test_text_made_apart_trains_the_same_head(text, straight, few_passages, tmp_
     b = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_a_run_from_a_later_batch_trains_on_the_text_the_first_steps_left(text, few_passages, tmp_path, monkeypatch):
+    """`--text-from 3`: its steps take the batches a run from the start takes after its third, and
+    its curve counts only the positions it trained on."""
+    _, target = text
+    trained: dict[str, list[list[list[int]]]] = {}
+    states = stream.batch_states
+
+    def recording(run: str):
+        def batch_states(target, sequences, layers):
+            if torch.is_grad_enabled():  # a training step's batch, not a held-out one
+                trained.setdefault(run, []).append([s.tolist() for s in sequences])
+            return states(target, sequences, layers)
+
+        return batch_states
+
+    monkeypatch.setattr(stream, "batch_states", recording("whole"))
+    assert distill(target, tmp_path / "whole", "--steps", "7") == 0
+    monkeypatch.setattr(stream, "batch_states", recording("later"))
+    assert distill(target, tmp_path / "later", "--steps", "4", "--text-from", "3") == 0
+    assert len(trained["whole"]) == 7 and trained["later"] == trained["whole"][3:]
+    whole = {p["step"]: p["positions"] for p in json.loads((tmp_path / "whole" / "curve.json").read_text())}
+    later = json.loads((tmp_path / "later" / "curve.json").read_text())
+    assert later[-1]["step"] == 4 and later[-1]["positions"] == whole[7] - whole[3] > 0
 
 
 def test_learning_curve_counts_positions_and_measures_both_kinds(straight):
