@@ -12,7 +12,8 @@ The text, made once per output folder and resumable:
 - `answers.pt`: the target's own answers to those requests, generated in batches (three of four
   greedy, the fourth sampled), each batch saved as it lands.
 Own answers are what the head drafts on, so each appears `own_repeat` times per epoch beside the
-given text. Every 20th sequence is held out, by kind (own answers, given text).
+given text. One sequence in 20 is held out, by kind: given text by its content, which survives a
+plan made on a machine with other text; own answers by their place in `answers.pt` (see `Text`).
 
 The batch order is a function of (seed, step), so the position in the text is the step: a
 checkpoint (model, optimiser, step) resumes to the weights of an uninterrupted run. A checkpoint
@@ -26,6 +27,7 @@ import copy
 import json
 import random
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -74,6 +76,16 @@ class StreamConfig:
     text_from: int = 0  # the batch of the text's order that step 0 trains on (a head's earlier run took those before)
 
 
+# The place among the own answers of the first one held out: the place the earlier runs held out
+# (27,568 given sequences came before the answers then), so no answer trained on is measured.
+OWN_HELD_OUT_PLACE = 12
+
+
+def held_out_text(ids: torch.Tensor) -> bool:
+    """Whether a given-text sequence is held out: by a checksum of its tokens, one in 20."""
+    return zlib.crc32(ids.to(torch.int32).numpy().tobytes()) % HELD_OUT_EVERY == 0
+
+
 @dataclass
 class Text:
     """Sequences (given text first, then own answers), where each answer starts, and each source."""
@@ -81,11 +93,10 @@ class Text:
     ids: list[torch.Tensor]
     first: list[int]
     sources: list[str]
+    held: list[bool]  # held out, never trained on
 
     def rows(self, held_out: bool, own: bool) -> list[int]:
-        return [
-            r for r in range(len(self.ids)) if (r % HELD_OUT_EVERY == 0) == held_out and (self.sources[r] == OWN) == own
-        ]
+        return [r for r in range(len(self.ids)) if self.held[r] == held_out and (self.sources[r] == OWN) == own]
 
 
 def own_answers(target: LoadedModel, folder: Path, plan: dict, config: StreamConfig, progress: Progress) -> Shard:
@@ -194,6 +205,8 @@ def stream_text(target: LoadedModel, folder: Path, config: StreamConfig, progres
         list(plan["sequences"]) + answers.ids,
         [min(f, len(s) - 2) for f, s in zip(plan["firsts"], plan["sequences"])] + answers.first,
         list(plan["sources"]) + [OWN] * len(answers.ids),
+        [held_out_text(ids) for ids in plan["sequences"]]
+        + [k % HELD_OUT_EVERY == OWN_HELD_OUT_PLACE for k in range(len(answers.ids))],
     )
 
 

@@ -5,6 +5,7 @@ learning curve, and drafts that keep decoding exact."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from tiny import ON_CPU, build_pair
 from specdeck.cli.main import main
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.distill import forcing, loop, stream
-from specdeck.engine.distill.stream import batch_states, steps_to_fill
+from specdeck.engine.distill.stream import StreamConfig, batch_states, steps_to_fill
 from specdeck.engine.distill.texts import Exchange
 from specdeck.engine.events import TokenEvent
 from specdeck.engine.loading.models import load_model
@@ -27,7 +28,7 @@ EXCHANGES = [
     for i in range(40)
 ]
 SMALL = [
-    "--device", "cpu", "--dtype", "float32", "--feature-layers", "1", "--answers", "6", "--answer-batch", "3",
+    "--device", "cpu", "--dtype", "float32", "--feature-layers", "1", "--answers", "14", "--answer-batch", "7",
     "--answer-tokens", "12", "--output-vocab", "150", "--batch", "4", "--eval-every", "3", "--unroll", "2",
     "--threads", "1",
 ]  # fmt: skip
@@ -126,6 +127,32 @@ def test_a_run_from_a_later_batch_trains_on_the_text_the_first_steps_left(text, 
     whole = {p["step"]: p["positions"] for p in json.loads((tmp_path / "whole" / "curve.json").read_text())}
     later = json.loads((tmp_path / "later" / "curve.json").read_text())
     assert later[-1]["step"] == 4 and later[-1]["positions"] == whole[7] - whole[3] > 0
+
+
+def test_a_plan_with_a_passage_fewer_holds_out_the_same_other_sequences(text, tmp_path, monkeypatch):
+    """Given text made on a machine that lacks one passage: every other sequence is held out or
+    trained on as before, and so is every own answer (no held-out sequence of one machine's run
+    trains on another's)."""
+    _, target_path = text
+    target = load_model(str(target_path))
+    monkeypatch.setattr(forcing, "lexicon_requests", few_composed)
+    config = StreamConfig(answers=14, answer_batch=7, answer_tokens=12)
+
+    def held_out(exchanges, folder):
+        monkeypatch.setattr(forcing, "existing_exchanges", lambda seed: exchanges)
+        made = stream.stream_text(target, folder, config, lambda said: None)
+        rows = made.rows(True, False) + made.rows(True, True)
+        return {tuple(made.ids[r].tolist()) for r in rows}, made
+
+    many = [Exchange("wordnet", f"Define word {i}.", f"Word {i} means a thing of kind {i % 7}.") for i in range(400)]
+    (tmp_path / "all").mkdir()
+    (tmp_path / "fewer").mkdir()
+    everything, made = held_out(many, tmp_path / "all")
+    shutil.copy(tmp_path / "all" / "answers.pt", tmp_path / "fewer" / "answers.pt")
+    fewer, _ = held_out(many[1:], tmp_path / "fewer")
+    dropped = tuple(made.ids[0].tolist())
+    assert fewer == everything - {dropped}
+    assert len(made.rows(True, False)) >= 10 and len(made.rows(True, True)) == 1  # 400 passages, 14 answers
 
 
 def test_learning_curve_counts_positions_and_measures_both_kinds(straight):
@@ -344,21 +371,19 @@ def test_a_plan_made_before_the_composed_requests_gains_them_mixed_in(text, stra
 def test_new_answers_ask_requests_no_answer_has_asked(text, straight, few_passages, tmp_path):
     """The next answers ask requests not answered yet, whatever the places of those answered in the
     plan: answers made under another order keep counting."""
-    import shutil
-
     _, path = text
     plan = torch.load(straight / "plan.pt", weights_only=True)
     kept = torch.load(straight / "answers.pt", weights_only=True)
     answered = [ids[: first + 1].tolist() for ids, first in zip(kept["ids"], kept["first"])]
     rest = [ids.tolist() for ids in plan["requests"] if ids.tolist() not in answered]
-    moved = rest[:6] + answered + rest[6:]  # where the next two batches of 3 would ask by place
+    moved = rest[:14] + answered + rest[14:]  # where the next two batches of 7 would ask by place
     torch.save(plan | {"requests": [torch.tensor(ids, dtype=torch.int32) for ids in moved]}, tmp_path / "plan.pt")
-    shutil.copy(straight / "answers.pt", tmp_path / "answers.pt")  # two batches of 3
-    assert distill(path, tmp_path, "--text-only", "--answers", "12") == 0  # two batches more
+    shutil.copy(straight / "answers.pt", tmp_path / "answers.pt")  # two batches of 7
+    assert distill(path, tmp_path, "--text-only", "--answers", "28") == 0  # two batches more
     made = torch.load(tmp_path / "answers.pt", weights_only=True)
     asked = [tuple(ids[: first + 1].tolist()) for ids, first in zip(made["ids"], made["first"])]
-    assert [ids.tolist() for ids in made["ids"][:6]] == [ids.tolist() for ids in kept["ids"]]
-    assert len(asked) == len(set(asked)) == 12
+    assert [ids.tolist() for ids in made["ids"][:14]] == [ids.tolist() for ids in kept["ids"]]
+    assert len(asked) == len(set(asked)) == 28
 
 
 def test_minutes_are_filled_by_the_epoch_s_batches_not_the_timed_ones():
