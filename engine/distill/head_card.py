@@ -65,7 +65,7 @@ the output tokens{f" plus {config.feature_weight} x smooth-L1 to its next hidden
 over {config.unroll} passes run as drafting runs them (each later pass reads the states the
 previous one predicted and attends as a deeper draft would). {step} steps of {config.batch_sequences}
 sequences, AdamW, lr {config.lr}, seed {config.seed}. Top-1 agreement with the target at the answer
-positions of held-out sequences (every 20th, never trained on), by draft depth: {", ".join(f"{a:.3f}" for a in agree)}.
+positions of held-out sequences (one in 20, never trained on), by draft depth: {", ".join(f"{a:.3f}" for a in agree)}.
 {grown}
 Settings: `{json.dumps(asdict(config))}`
 

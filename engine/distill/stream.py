@@ -13,7 +13,7 @@ The text, made once per output folder and resumable:
   greedy, the fourth sampled), each batch saved as it lands.
 Own answers are what the head drafts on, so each appears `own_repeat` times per epoch beside the
 given text. One sequence in 20 is held out, by kind: given text by its content, which survives a
-plan made on a machine with other text; own answers by their place in `answers.pt` (see `Text`).
+plan made on a machine with other text; own answers by their place in `answers.pt` (`OWN_HELD_OUT_PLACE`).
 
 The batch order is a function of (seed, step), so the position in the text is the step: a
 checkpoint (model, optimiser, step) resumes to the weights of an uninterrupted run. A checkpoint
@@ -76,8 +76,8 @@ class StreamConfig:
     text_from: int = 0  # the batch of the text's order that step 0 trains on (a head's earlier run took those before)
 
 
-# The place among the own answers of the first one held out: the place the earlier runs held out
-# (27,568 given sequences came before the answers then), so no answer trained on is measured.
+# Own answer k is held out when k % 20 == 12: the answers the first runs held out as rows (27,568
+# given sequences came before them then), so that no answer those runs trained on is measured.
 OWN_HELD_OUT_PLACE = 12
 
 
