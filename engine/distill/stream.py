@@ -12,8 +12,9 @@ The text, made once per output folder and resumable:
 - `answers.pt`: the target's own answers to those requests, generated in batches (three of four
   greedy, the fourth sampled), each batch saved as it lands.
 Own answers are what the head drafts on, so each appears `own_repeat` times per epoch beside the
-given text. One sequence in 20 is held out, by kind: given text by its content, which survives a
-plan made on a machine with other text; own answers by their place in `answers.pt` (`OWN_HELD_OUT_PLACE`).
+given text. One sequence in 20 is held out, by kind: own answers by their place in `answers.pt`
+(`held_out_own`), the rest by its content, which survives a plan made on a machine with other text
+and answers added before the second turns.
 
 The batch order is a function of (seed, step), so the position in the text is the step: a
 checkpoint (model, optimiser, step) resumes to the weights of an uninterrupted run. A checkpoint
@@ -81,9 +82,17 @@ class StreamConfig:
 OWN_HELD_OUT_PLACE = 12
 
 
-def held_out_text(ids: torch.Tensor) -> bool:
-    """Whether a given-text sequence is held out: by a checksum of its tokens, one in 20."""
+def held_out_by_content(ids: torch.Tensor) -> bool:
+    """Whether a sequence is held out by a checksum of its tokens, one in 20."""
     return zlib.crc32(ids.to(torch.int32).numpy().tobytes()) % HELD_OUT_EVERY == 0
+
+
+def held_out_own(answers: int, second_turns: list[torch.Tensor]) -> list[bool]:
+    """Which own sequences are held out: the answers by their place, the second turns after them
+    by their content (their places move as answers are added)."""
+    return [k % HELD_OUT_EVERY == OWN_HELD_OUT_PLACE for k in range(answers)] + [
+        held_out_by_content(ids) for ids in second_turns
+    ]
 
 
 @dataclass
@@ -99,10 +108,13 @@ class Text:
         return [r for r in range(len(self.ids)) if self.held[r] == held_out and (self.sources[r] == OWN) == own]
 
 
-def own_answers(target: LoadedModel, folder: Path, plan: dict, config: StreamConfig, progress: Progress) -> Shard:
+def own_answers(
+    target: LoadedModel, folder: Path, plan: dict, config: StreamConfig, progress: Progress
+) -> tuple[Shard, list[bool]]:
     """The target's answers to the plan's requests, `config.answers` of them (or those made within
     `config.answer_minutes`), kept in `answers.pt` after every batch; a rerun makes only the batches
-    still missing. Each batch asks the requests answered least often so far: each once before any twice."""
+    still missing. Each batch asks the requests answered least often so far: each once before any twice.
+    Returned with the second turns after them, and which of all are held out."""
     path = folder / "answers.pt"
     made: dict[str, Any] = (
         torch.load(path, weights_only=True) if path.exists() else {"ids": [], "first": [], "batches": 0}
@@ -134,7 +146,8 @@ def own_answers(target: LoadedModel, folder: Path, plan: dict, config: StreamCon
     else:
         second_turns(target, made, config, started, progress, save=partial(write_with, path, partial(torch.save, made)))
     second = made.get("second", {"ids": [], "first": []})
-    return Shard(made["ids"] + second["ids"], [], [], made["first"] + second["first"])
+    shard = Shard(made["ids"] + second["ids"], [], [], made["first"] + second["first"])
+    return shard, held_out_own(len(made["ids"]), second["ids"])
 
 
 def answer_in_groups(
@@ -200,13 +213,14 @@ def second_turns(
 def stream_text(target: LoadedModel, folder: Path, config: StreamConfig, progress: Progress) -> Text:
     forcing = ForcingConfig(seed=config.head.seed, max_length=config.max_length)
     plan = plan_text(target, folder, forcing, progress)
-    answers = own_answers(target, folder, plan, config, progress) if config.answers else Shard([], [], [], [])
+    answers, held = (
+        own_answers(target, folder, plan, config, progress) if config.answers else (Shard([], [], [], []), [])
+    )
     return Text(
         list(plan["sequences"]) + answers.ids,
         [min(f, len(s) - 2) for f, s in zip(plan["firsts"], plan["sequences"])] + answers.first,
         list(plan["sources"]) + [OWN] * len(answers.ids),
-        [held_out_text(ids) for ids in plan["sequences"]]
-        + [k % HELD_OUT_EVERY == OWN_HELD_OUT_PLACE for k in range(len(answers.ids))],
+        [held_out_by_content(ids) for ids in plan["sequences"]] + held,
     )
 
 

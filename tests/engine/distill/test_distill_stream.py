@@ -14,7 +14,7 @@ from tiny import ON_CPU, build_pair
 from specdeck.cli.main import main
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.distill import forcing, loop, stream
-from specdeck.engine.distill.stream import StreamConfig, batch_states, steps_to_fill
+from specdeck.engine.distill.stream import StreamConfig, batch_states, held_out_own, steps_to_fill
 from specdeck.engine.distill.texts import Exchange
 from specdeck.engine.events import TokenEvent
 from specdeck.engine.loading.models import load_model
@@ -153,6 +153,15 @@ def test_a_plan_with_a_passage_fewer_holds_out_the_same_other_sequences(text, tm
     dropped = tuple(made.ids[0].tolist())
     assert fewer == everything - {dropped}
     assert len(made.rows(True, False)) >= 10 and len(made.rows(True, True)) == 1  # 400 passages, 14 answers
+
+
+def test_answers_added_before_the_second_turns_move_none_of_them_in_or_out():
+    """Second turns follow all the answers in the text, so answers made later move their places:
+    the held-out ones stay held out (and the answers made before keep theirs)."""
+    turns = [torch.arange(i, i + 30, dtype=torch.int32) for i in range(200)]
+    before, after = held_out_own(100, turns), held_out_own(612, turns)
+    assert before[100:] == after[612:] and before[:100] == after[:100]
+    assert 0 < sum(before[100:]) < 30 and sum(before[:100]) == 5
 
 
 def test_learning_curve_counts_positions_and_measures_both_kinds(straight):
