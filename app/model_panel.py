@@ -39,7 +39,10 @@ DEFAULT_DRAFTER_TIP = (
     "Left as it opens, the built-in target's drafter follows what runs it: its feature head on torch, "
     "the suffix drafter on llama.cpp, where a verify costs about a step per token and only long copies pay"
 )
-BUILTIN_DRAFTS = {kind.builtin_model(DEFAULT_TARGET) for kind in DrafterKind} - {None}
+BUILTIN_DRAFTS = {
+    kind.builtin_model(DEFAULT_TARGET, backend) for kind in DrafterKind for backend in ("torch", "llama.cpp")
+}
+BUILTIN_DRAFTS -= {None}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RECENT_LIMIT = 10

@@ -24,7 +24,7 @@ from specdeck.engine.drafting.suffix_drafting import HYBRID_MIN_SCORE, HybridDra
 from specdeck.engine.drafting.vocabulary import VocabularyMatch
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.loading.models import LoadedModel, LoadOptions
-from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LAST_STATE_HEAD
 from specdeck.engine.remote.remote_http import DEFAULT_TIMEOUT_S, is_url
 from specdeck.engine.remote.remote_target import RemoteSettings, RemoteTarget
 
@@ -75,6 +75,11 @@ class DrafterKind(str, Enum):
         return self in (DrafterKind.DRAFT_MODEL, DrafterKind.FEATURE_HEAD, DrafterKind.HYBRID)
 
     @property
+    def reads_head(self) -> bool:
+        """Whether the kind drafts with a feature head when its draft names one."""
+        return self in (DrafterKind.FEATURE_HEAD, DrafterKind.HYBRID)
+
+    @property
     def reads_history(self) -> bool:
         """Whether the kind drafts from earlier texts (`DecodeConfig.suffix_scope`)."""
         return self in (DrafterKind.SUFFIX, DrafterKind.HYBRID)
@@ -91,14 +96,17 @@ class DrafterKind(str, Enum):
         hidden state, nor a suffix one."""
         return self in (DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP, DrafterKind.LAYER_SKIP)
 
-    def builtin_model(self, target: str) -> str | None:
-        """The bundled draft or head of this kind for `target`, if SpecDeck ships one."""
+    def builtin_model(self, target: str, backend: str | None = None) -> str | None:
+        """The bundled draft or head of this kind for `target`, if SpecDeck ships one. Where `backend`
+        (what runs the loaded target) is llama.cpp, the head is the one on the last state alone: the
+        default head also reads lower layers, which llama.cpp does not hand out."""
         if target != DEFAULT_TARGET:
             return None
+        head = LAST_STATE_HEAD if backend == "llama.cpp" else DEFAULT_HEAD
         return {
             DrafterKind.DRAFT_MODEL: DEFAULT_DRAFT,
-            DrafterKind.FEATURE_HEAD: DEFAULT_HEAD,
-            DrafterKind.HYBRID: DEFAULT_HEAD,
+            DrafterKind.FEATURE_HEAD: head,
+            DrafterKind.HYBRID: head,
         }.get(self)
 
     def describe(self, model: str | None) -> str:
@@ -233,7 +241,8 @@ class PairSpec:
         With nothing chosen the target gets `default_drafter` (for the built-in target, its feature
         head, or the suffix drafter where `backend`, what runs the loaded target, is llama.cpp; its
         distilled draft with the draft-model drafter); a draft that names a feature head (an alias or
-        a folder) picks the feature-head drafter by itself."""
+        a folder) picks the feature-head drafter by itself. On llama.cpp the built-in head, chosen or
+        named, is the one on the last state alone (`DrafterKind.builtin_model`)."""
         drafter, draft = self.drafter, self.draft
         if drafter is DrafterKind.LAYER_SKIP:
             if self.remote or backend == "llama.cpp":
@@ -252,7 +261,9 @@ class PairSpec:
             drafter = DrafterKind.FEATURE_HEAD if names_head(draft) else DrafterKind.DRAFT_MODEL
         elif drafter is None:
             drafter = default_drafter(self.target, backend)
-        draft = draft or drafter.builtin_model(self.target)
+        if draft == DEFAULT_HEAD and backend == "llama.cpp" and drafter.reads_head:
+            draft = None  # the default head reads lower layers, which llama.cpp does not hand out
+        draft = draft or drafter.builtin_model(self.target, backend)
         if drafter.needs_model and not draft:
             raise SpecDeckError(
                 f"The {drafter} drafter needs a model: pass --draft (in bench --drafters: {drafter}:MODEL)."

@@ -257,8 +257,8 @@ class LlamaCppForward:
         """Lower layers' states (`LlamaForward.taps`) are torch's alone."""
         if layers:
             raise SpecDeckError(
-                "This feature head reads lower layers of its target, which SpecDeck takes from "
-                "torch only: run the target with --backend torch."
+                "This feature head reads lower layers of its target, which SpecDeck takes from torch "
+                "only: run the target with --backend torch, or choose a head on its last state alone."
             )
 
     def reset(self) -> None:

@@ -11,7 +11,9 @@ from specdeck.engine.errors import SpecDeckError
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "smollm2-135m-draft"  # distilled for DEFAULT_TARGET by `specdeck train-draft`
-DEFAULT_HEAD = "smollm2-135m-head"  # a feature head for DEFAULT_TARGET, by `specdeck train-head`
+DEFAULT_HEAD = "smollm2-135m-head"  # a feature head for DEFAULT_TARGET, by `specdeck distill-head`
+# DEFAULT_TARGET's head on its last state alone, for where lower layers' states are not handed out (llama.cpp)
+LAST_STATE_HEAD = "smollm2-135m-head-last-state"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,11 @@ BUILTIN_MODELS: dict[str, BuiltinModel | BundledModel] = {
         "smollm2-135m-draft", "SpecDeck's draft for SmolLM2-135M-Instruct (4 layers, 256 wide)"
     ),
     DEFAULT_HEAD: BundledModel(
-        "smollm2-135m-head", "SpecDeck's feature head for SmolLM2-135M-Instruct (1 layer on its hidden state)"
+        "smollm2-135m-head",
+        "SpecDeck's feature head for SmolLM2-135M-Instruct (1 layer on its last state and layers 3 and 15)",
+    ),
+    LAST_STATE_HEAD: BundledModel(
+        "smollm2-135m-head-last-state",
+        "SpecDeck's earlier feature head for SmolLM2-135M-Instruct (1 layer on its last state; runs on llama.cpp)",
     ),
 }

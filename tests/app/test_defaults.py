@@ -9,6 +9,7 @@ from specdeck.cli.main import build_parser
 from specdeck.cli.options import decode_config, pair_spec
 from specdeck.engine.bench.runner import BenchSettings
 from specdeck.engine.config import DecodeConfig
+from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, LAST_STATE_HEAD
 from specdeck.engine.pair import DrafterKind, PairSpec
 
 
@@ -42,6 +43,17 @@ def test_a_drafter_the_user_picks_is_kept_whatever_runs_the_target(qtbot):
     picked = models.spec()
     assert picked.drafter is DrafterKind.FEATURE_HEAD
     assert picked.resolved("llama.cpp").drafter is DrafterKind.FEATURE_HEAD
+
+
+def test_the_built_in_head_on_llama_cpp_is_the_one_on_the_last_state():
+    """The default head reads lower layers, which llama.cpp does not hand out: there the built-in
+    head, chosen by the kind or named, is the one on the last state alone; on torch, the default; a
+    head of one's own is kept on both, and a draft model is never swapped for a head."""
+    for spec in (PairSpec(drafter="feature-head"), PairSpec(draft=DEFAULT_HEAD), PairSpec(drafter="hybrid")):
+        assert spec.resolved("llama.cpp").draft == LAST_STATE_HEAD
+        assert spec.resolved("torch").draft == spec.resolved().draft == DEFAULT_HEAD
+    assert PairSpec(draft="my-heads/head", drafter="feature-head").resolved("llama.cpp").draft == "my-heads/head"
+    assert PairSpec(drafter="draft-model").resolved("llama.cpp").draft == DEFAULT_DRAFT
 
 
 def test_benchmark_tab_writes_the_command_that_rebuilds_its_pair_and_settings(qtbot):

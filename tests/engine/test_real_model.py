@@ -117,11 +117,11 @@ def test_default_pair_copies_from_an_article_and_stays_exact(smollm2):
 def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
     """With nothing chosen the built-in target comes with its feature head on torch (the faster of
     its two drafters, README "Feature heads") and with the suffix drafter on llama.cpp, where only
-    long copies pay (a head asked for is kept there); with its distilled draft when that drafter is
+    long copies pay (a head asked for there is the one on the last state alone); with its distilled draft when that drafter is
     asked for; the head by itself when named; prompt lookup when asked for it; a target of one's own
     without a draft gets prompt lookup."""
     from specdeck.engine.forward.llamacpp_backend import library
-    from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+    from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LAST_STATE_HEAD
     from specdeck.engine.pair import PairSpec
     from specdeck.engine.session import load_pair
 
@@ -129,7 +129,7 @@ def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
     assert (pair.target.name, pair.drafter_kind, pair.head.name) == (DEFAULT_TARGET, "feature-head", DEFAULT_HEAD)
     if library() is not None:
         assert load_pair(PairSpec(backend="llama.cpp")).drafter_kind == "suffix"
-        assert load_pair(PairSpec(backend="llama.cpp", drafter="feature-head")).head.name == DEFAULT_HEAD
+        assert load_pair(PairSpec(backend="llama.cpp", drafter="feature-head")).head.name == LAST_STATE_HEAD
     assert load_pair(PairSpec(drafter="draft-model", device="cpu")).draft.name == DEFAULT_DRAFT
     assert load_pair(PairSpec(draft=DEFAULT_HEAD, device="cpu")).drafter_kind == "feature-head"
     assert load_pair(PairSpec(drafter="prompt-lookup", device="cpu")).draft is None

@@ -20,7 +20,7 @@ from specdeck.engine.events import RoundEvent
 from specdeck.engine.forward import llamacpp_backend as llama_backend
 from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel, library, model_params
 from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
-from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, LAST_STATE_HEAD
 from specdeck.engine.loop.rounds import Schedule
 from specdeck.engine.planner.round_shape import Shape
 from specdeck.engine.sampling import logits_to_probs
@@ -129,7 +129,7 @@ def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, sc
     draft on either backend and prompt lookup, under the auto schedule and at a fixed K; the drafts
     are both accepted and rejected."""
     if drafter == "feature-head":
-        head = load_feature_head(DEFAULT_HEAD, target)
+        head = load_feature_head(LAST_STATE_HEAD, target)
         make = lambda: FeatureHeadDrafter(head.head, target.model, output_ids=head.output_ids)  # noqa: E731
     elif drafter == "draft-on-torch":
         draft = load_model(DEFAULT_DRAFT)
@@ -158,7 +158,7 @@ def test_plain_steps_without_states_keep_greedy_text_and_the_head_drafts_after_t
     and the head's drafts after the gaps are still accepted."""
     shapes = itertools.cycle([Shape(0, 2), Shape(0, 0), Shape(0, 0)])
     monkeypatch.setattr(Schedule, "plan", lambda self: next(shapes))
-    head = load_feature_head(DEFAULT_HEAD, target)
+    head = load_feature_head(LAST_STATE_HEAD, target)
     ids = encode_prompt(target.tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
     config = DecodeConfig(max_new_tokens=48, k=2, schedule="constant", lookup=0)
     plain = _kept(generate(target, ids, config))
@@ -176,7 +176,7 @@ def test_head_fills_a_gap_from_its_own_predictions(target):
     still the target's next token at least a third as often as where it saw every state, and so
     after 12 (the older 8 left out). Measured on 25 positions: 10 to 12 hits after a gap against 22
     with every state (10 positions had made the two look alike)."""
-    head = load_feature_head(DEFAULT_HEAD, target)
+    head = load_feature_head(LAST_STATE_HEAD, target)
     config = DecodeConfig(max_new_tokens=80, k=1, schedule="constant", lookup=0)
     ids = encode_prompt(target.tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
     text = ids + _kept(generate(target, ids, config))
@@ -203,7 +203,7 @@ def test_feature_head_drafts_as_well_from_llama_cpp_states_as_from_torch(target)
     config = DecodeConfig(max_new_tokens=48, k=1, schedule="constant", lookup=0)
     rates = []
     for loaded in (target, on_torch):
-        head = load_feature_head(DEFAULT_HEAD, loaded)
+        head = load_feature_head(LAST_STATE_HEAD, loaded)
         ids = encode_prompt(loaded.tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
         drafter = FeatureHeadDrafter(head.head, loaded.model, output_ids=head.output_ids)
         rates.append(list(generate(loaded, ids, config, drafter))[-1].acceptance_rate)
