@@ -93,6 +93,9 @@ class RoundPlanner:
         # after as many plain steps; charged to the kind's rounds (`aftermath_ms`).
         self.aftermath: dict[str, float] = {}
         self.clean_ms: float | None = None
+        # the kind of the last round that verified drafts and how many of its AFTERMATH plain steps
+        # are still to come: what they pay is owed whatever the next round does (`charged_aftermath_ms`)
+        self.owed: tuple[str, int] = ("", 0)
         self._since_drafts = AFTERMATH
         self._last_kind = ""
         self._excess = 0.0
@@ -111,6 +114,15 @@ class RoundPlanner:
     def aftermath_ms(self, kind: str) -> float:
         """What a round of this kind ("model", "copy") costs the plain steps after it (0 until measured)."""
         return max(0.0, self.aftermath.get(kind, 0.0))
+
+    def charged_aftermath_ms(self, kind: str) -> float:
+        """What a round of this kind is charged for the plain steps after it: its aftermath, less the
+        part of the last drafting round's still owed. The first plain steps after a run of drafting
+        rounds pay one aftermath whenever the run ends, so a round that goes on with the run adds
+        none of its own beyond what its kind adds over the owed one's."""
+        owed_kind, steps = self.owed
+        owed = self.aftermath_ms(owed_kind) * steps / AFTERMATH if owed_kind else 0.0
+        return max(0.0, self.aftermath_ms(kind) - owed)
 
     def _note_aftermath(self, drafted: int, copied: bool, verify_ms: float) -> None:
         """Follow the plain steps after each round that verified drafts (see `aftermath`)."""
@@ -157,7 +169,7 @@ class RoundPlanner:
         first: an alternative the target takes keeps one token more than a rejection does. A round
         whose first draft is refused (`refusal_share`) keeps one token for a draft and a plain step."""
         gained = acceptance.expected_tokens(k) + self.alternative_share(width)
-        spent = k * draft_ms_per_token + self.verify_ms(k + width, width > 1) + self.aftermath_ms("model")
+        spent = k * draft_ms_per_token + self.verify_ms(k + width, width > 1) + self.charged_aftermath_ms("model")
         return self.refused(self.refusal_terms(draft_ms_per_token), gained, spent)
 
     def refusal_share(self) -> float:
@@ -195,7 +207,7 @@ class RoundPlanner:
         best, best_rate = (0, 1), expected[0] / (self.overhead_ms + self.plain_ms())
         terms = self.refusal_terms(self.draft_ms_per_token)
         for k in range(1, self.max_k + 1):
-            spent = k * self.draft_ms_per_token + self.aftermath_ms("model")
+            spent = k * self.draft_ms_per_token + self.charged_aftermath_ms("model")
             for w in widths:
                 gained, cost = expected[k] + shares[w], spent + (tree[k + w] if w > 1 else chain[k + 1])
                 rate = self.refused(terms, gained, cost)
@@ -221,7 +233,7 @@ class RoundPlanner:
         best, best_rate = 0, self.planned_rate if beside_plan else 1.0 / (self.overhead_ms + self.plain_ms())
         longest = min(available, self.max_copy)
         expected = self.copies.expected(own, match, longest, doubted)
-        after = self.aftermath_ms("copy")
+        after = self.charged_aftermath_ms("copy")
         for n in range(1, longest + 1):
             rate = expected[n] / (self.drafted_overhead_ms + self.verify_ms(n + 1) + after)
             if rate > best_rate:
@@ -316,6 +328,10 @@ class RoundPlanner:
         if shape.k and not copied:  # the drafter was asked: did its first draft pass its floor?
             self.planned_drafts = self.planned_drafts * DECAY + 1.0
             self.refusals = self.refusals * DECAY + (drafted == 0)
+        if drafted + alternatives:
+            self.owed = ("copy" if copied else "model", AFTERMATH)
+        elif self.owed[1]:
+            self.owed = (self.owed[0], self.owed[1] - 1)
         if not self.adapt or sum(self.chosen.values()) <= SETTLE:  # rounds recorded: the first teach no costs
             return
         self._note_aftermath(drafted + alternatives, copied, verify_ms)

@@ -535,6 +535,28 @@ def test_drafts_that_slow_the_steps_after_them_are_charged_for_it(slowed):
         assert "cost to the plain steps after: model 6.0 ms" in describe_planner(planner)
 
 
+def test_a_run_of_drafting_rounds_is_charged_one_aftermath():
+    """The drafter above whose rounds slow the plain steps after them (6 ms in all, so a round that
+    starts drafting loses) pays again once it drafts: the steps after the round before are slow
+    whatever the next round does, so a round that goes on drafting is charged none of them, and
+    the run of rounds pays one aftermath when it ends. Three plain steps after, it is charged again."""
+    curve = CostCurve((1, 2, 4, 8, 16), (10.0, 12.0, 16.0, 24.0, 40.0))
+    planner = RoundPlanner(curve, 2.0, max_k=1, max_copy=0, adapt=True)
+    for cycle in range(30):
+        planner.record(Shape(0, 1), False, 1, int(cycle % 5 < 3), 2.0, 12.0, 14.0)
+        for step in range(6):
+            ms = 10.0 + ([3.0, 2.0, 1.0][step] if step < 3 else 0.0)
+            planner.record(Shape(0, 0), False, 0, 0, 0.0, ms, ms)
+    assert planner.best_k()[0][0] == 0
+    planner.record(Shape(0, 1), False, 1, 1, 2.0, 12.0, 14.0)  # a probe, say
+    assert planner.charged_aftermath_ms("model") == 0.0
+    assert planner.best_k()[0][0] == 1
+    for ms in (13.0, 12.0, 11.0):
+        planner.record(Shape(0, 0), False, 0, 0, 0.0, ms, ms)
+    assert planner.charged_aftermath_ms("model") == pytest.approx(6.0, abs=0.3)
+    assert planner.best_k()[0][0] == 0
+
+
 @pytest.mark.parametrize("where", ["aftermath", "verify", "draft"])
 def test_one_round_held_up_by_something_else_does_not_stop_drafting_that_pays(where):
     """The paying drafter above (60% at K=1: 1.6 tokens for 14 ms against a 10 ms step), with one
