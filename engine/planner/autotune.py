@@ -96,6 +96,10 @@ class RoundPlanner:
         # the kind of the last round that verified drafts and how many of its AFTERMATH plain steps
         # are still to come: what they pay is owed whatever the next round does (`charged_aftermath_ms`)
         self.owed: tuple[str, int] = ("", 0)
+        # rounds in a row that verified drafts: the current run's, and the runs' decayed mean (prior:
+        # one), over which a run's one aftermath is spread when it starts (`charged_aftermath_ms`)
+        self.run_rounds = 0
+        self.run_length = 1.0
         self._since_drafts = AFTERMATH
         self._last_kind = ""
         self._excess = 0.0
@@ -116,13 +120,13 @@ class RoundPlanner:
         return max(0.0, self.aftermath.get(kind, 0.0))
 
     def charged_aftermath_ms(self, kind: str) -> float:
-        """What a round of this kind is charged for the plain steps after it: its aftermath, less the
-        part of the last drafting round's still owed. The first plain steps after a run of drafting
-        rounds pay one aftermath whenever the run ends, so a round that goes on with the run adds
-        none of its own beyond what its kind adds over the owed one's."""
+        """What a round of this kind is charged for the plain steps after it. The first plain steps
+        after a run of drafting rounds pay one aftermath whenever the run ends: a round that goes on
+        with the run is charged only what its kind adds over the part the last round still owes,
+        and a round that starts a run its aftermath spread over the rounds runs have lasted."""
         owed_kind, steps = self.owed
         owed = self.aftermath_ms(owed_kind) * steps / AFTERMATH if owed_kind else 0.0
-        return max(0.0, self.aftermath_ms(kind) - owed)
+        return max(0.0, self.aftermath_ms(kind) - owed) / max(1.0, self.run_length)
 
     def _note_aftermath(self, drafted: int, copied: bool, verify_ms: float) -> None:
         """Follow the plain steps after each round that verified drafts (see `aftermath`)."""
@@ -330,8 +334,13 @@ class RoundPlanner:
             self.refusals = self.refusals * DECAY + (drafted == 0)
         if drafted + alternatives:
             self.owed = ("copy" if copied else "model", AFTERMATH)
-        elif self.owed[1]:
-            self.owed = (self.owed[0], self.owed[1] - 1)
+            self.run_rounds += 1
+        else:
+            if self.owed[1]:
+                self.owed = (self.owed[0], self.owed[1] - 1)
+            if self.run_rounds:
+                self.run_length = 0.8 * self.run_length + 0.2 * self.run_rounds
+            self.run_rounds = 0
         if not self.adapt or sum(self.chosen.values()) <= SETTLE:  # rounds recorded: the first teach no costs
             return
         self._note_aftermath(drafted + alternatives, copied, verify_ms)
@@ -373,5 +382,6 @@ class RoundPlanner:
         scale = min(1.0, CARRIED / earlier.planned_drafts) if earlier.planned_drafts else 0.0
         self.planned_drafts, self.refusals = earlier.planned_drafts * scale, earlier.refusals * scale
         self.aftermath, self.clean_ms = dict(earlier.aftermath), earlier.clean_ms  # the machine's, as measured
+        self.run_length = earlier.run_length
         if theirs.tried:  # their verified drafts stand for this session's first (`EXPLORE`)
             self.explored = EXPLORE

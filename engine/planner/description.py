@@ -34,6 +34,7 @@ def describe_planner(planner: RoundPlanner) -> str:
         lines.append(
             "cost to the plain steps after: "
             + ", ".join(f"{kind} {planner.aftermath_ms(kind):.1f} ms" for kind in sorted(planner.aftermath))
+            + f", paid once a run of drafting rounds (runs lasted {planner.run_length:.1f} rounds)"
         )
     if planner.planned_drafts:
         lines.append(f"first drafts under their floor (not verified): {planner.refusal_share():.2f}")

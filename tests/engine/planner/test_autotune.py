@@ -557,6 +557,26 @@ def test_a_run_of_drafting_rounds_is_charged_one_aftermath():
     assert planner.best_k()[0][0] == 0
 
 
+@pytest.mark.parametrize("run", [1, 5])
+def test_a_run_of_drafts_starts_where_runs_last_long_enough_to_pay_its_aftermath(run):
+    """The drafter above (6 ms of aftermath; 1.6 tokens for 14 ms against a 10 ms step), its rounds
+    in runs of `run` drafting rounds between plain steps: starting a run after plain steps, it is
+    charged its aftermath spread over the rounds runs have lasted. Runs of five pay it (1.6 tokens
+    for 15.2 ms), so a run starts; rounds one at a time do not (1.6 for 20 ms)."""
+    curve = CostCurve((1, 2, 4, 8, 16), (10.0, 12.0, 16.0, 24.0, 40.0))
+    planner = RoundPlanner(curve, 2.0, max_k=1, max_copy=0, adapt=True)
+    rounds = itertools.count()
+    for _ in range(30):
+        for _ in range(run):
+            planner.record(Shape(0, 1), False, 1, int(next(rounds) % 5 < 3), 2.0, 12.0, 14.0)
+        for step in range(6):
+            ms = 10.0 + ([3.0, 2.0, 1.0][step] if step < 3 else 0.0)
+            planner.record(Shape(0, 0), False, 0, 0, 0.0, ms, ms)
+    assert planner.aftermath_ms("model") == pytest.approx(6.0, abs=0.3)
+    assert planner.run_length == pytest.approx(run, abs=0.01)
+    assert planner.best_k()[0][0] == (1 if run == 5 else 0)
+
+
 @pytest.mark.parametrize("where", ["aftermath", "verify", "draft"])
 def test_one_round_held_up_by_something_else_does_not_stop_drafting_that_pays(where):
     """The paying drafter above (60% at K=1: 1.6 tokens for 14 ms against a 10 ms step), with one
