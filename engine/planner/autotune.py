@@ -90,7 +90,7 @@ class RoundPlanner:
         # What a round that verified drafts costs the plain steps after it, by kind ("model" drafts,
         # "copy"): a draft's weights and a wider verify push the target's out of the caches. Measured
         # as the excess of the AFTERMATH plain steps that follow it over `clean_ms`, the plain steps
-        # after as many plain steps; charged to the kind's rounds (`aftermath_ms`).
+        # after as many plain steps; charged to the kind's rounds, once a run (`charged_aftermath_ms`).
         self.aftermath: dict[str, float] = {}
         self.clean_ms: float | None = None
         # the kind of the last round that verified drafts and how many of its AFTERMATH plain steps
