@@ -255,9 +255,9 @@ def test_about_lists_the_versions(qtbot, window):
 
 def test_fresh_window_offers_the_default_pair(qtbot, loop, settings):
     """A first launch proposes the built-in target with its feature head; choosing the draft-model
-    drafter swaps in the built-in draft, and back."""
+    drafter swaps in the built-in draft, and back; either built-in head gives way to the draft."""
     from specdeck.app.main_window import MainWindow
-    from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
+    from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LAST_STATE_HEAD
 
     fresh = MainWindow(settings=settings)
     qtbot.addWidget(fresh)
@@ -271,6 +271,9 @@ def test_fresh_window_offers_the_default_pair(qtbot, loop, settings):
     assert panel.draft.value == DEFAULT_DRAFT
     panel.drafter.setCurrentText("feature head")
     assert panel.draft.value == DEFAULT_HEAD
+    panel.draft.set_value(LAST_STATE_HEAD)  # the head on the last state alone is built in too
+    panel.drafter.setCurrentText("draft model")
+    assert panel.draft.value == DEFAULT_DRAFT
     fresh.close()
 
 
