@@ -2,8 +2,6 @@
 rows, the bits of the float32 product of the dequantized matrices; with rows in 8 bits (as llama.cpp
 multiplies), the exact integer scheme; either way a row's bits do not depend on the rows beside it."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -19,7 +17,6 @@ from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.models import load_model
 
 gguf = pytest.importorskip("gguf")
-ROOT = Path(__file__).resolve().parents[3]
 needs_kernel = pytest.mark.skipif("kernel" not in PACKED_PATHS, reason="the row kernel does not build here")
 
 
@@ -307,17 +304,18 @@ def test_a_gguf_target_takes_the_row_kernel_where_float32_would_take_another_pat
 
 @needs_int8
 def test_a_gguf_targets_feature_head_drafts_on_blocks_of_its_own_weights(monkeypatch):
-    """Beside the built-in GGUF target the feature head's layer multiplies on Q8_0 blocks of its own
-    weights with 8-bit rows (the report says so), its drafts are still accepted, its float32 weights
-    stay as trained, bit for bit, and greedy speculative text equals plain; with
-    SPECDECK_GGUF_BLOCKS=float32, or beside a target from elsewhere, it keeps float32 products."""
+    """Beside the built-in GGUF target a feature head's layer (here the one on the last state alone)
+    multiplies on Q8_0 blocks of its own weights with 8-bit rows (the report says so), its drafts
+    are still accepted, its float32 weights stay as trained, bit for bit, and greedy speculative
+    text equals plain; with SPECDECK_GGUF_BLOCKS=float32, or beside a target from elsewhere, it
+    keeps float32 products."""
     from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
     from specdeck.engine.drafting.heads import load_feature_head
-    from specdeck.engine.loading.registry import DEFAULT_HEAD
+    from specdeck.engine.loading.registry import LAST_STATE_HEAD
 
     monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
     target = load_model("smollm2-135m-instruct", ON_CPU)
-    head = load_feature_head(DEFAULT_HEAD, target)
+    head = load_feature_head(LAST_STATE_HEAD, target)
     trained = {name: p.detach().clone() for name, p in head.head.named_parameters()}
     ids = encode_prompt(target.tokenizer, "Explain in simple terms why the sky is blue.")
     config = DecodeConfig(k=1, schedule="constant", lookup=0, max_new_tokens=48)
@@ -327,23 +325,24 @@ def test_a_gguf_targets_feature_head_drafts_on_blocks_of_its_own_weights(monkeyp
     assert all(torch.equal(p, trained[name]) for name, p in head.head.named_parameters())
 
     monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "float32")
-    kept = load_feature_head(DEFAULT_HEAD, target)
+    kept = load_feature_head(LAST_STATE_HEAD, target)
     FeatureHeadDrafter(kept.head, target.model, name=kept.name, output_ids=kept.output_ids)
     assert "own weights" not in weights_of(kept.head.body).products.reason
 
 
 @needs_int8
 def test_a_head_that_fuses_lower_layers_drafts_on_its_own_blocks_too(monkeypatch):
-    """The distilled head of training/ reads the target's layers 3 and 15: beside the GGUF target
-    its fusion multiplies on Q8_0 blocks of its own weights as its layer does, its drafts are
+    """The bundled head reads the target's layers 3 and 15 beside its last state: beside the GGUF
+    target its fusion multiplies on Q8_0 blocks of its own weights as its layer does, its drafts are
     accepted, and greedy speculative text equals plain for K = 1 and 3 (deeper drafts pass more
     rarely: at least one)."""
     from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
     from specdeck.engine.drafting.heads import load_feature_head
+    from specdeck.engine.loading.registry import DEFAULT_HEAD
 
     monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
     target = load_model("smollm2-135m-instruct", ON_CPU)
-    head = load_feature_head(str(ROOT / "training" / "smollm2-135m-head" / "head"), target)
+    head = load_feature_head(DEFAULT_HEAD, target)
     assert head.head.feature_layers == (3, 15)
     drafter = FeatureHeadDrafter(head.head, target.model, name=head.name, output_ids=head.output_ids)
     assert isinstance(drafter._fuse_fc, QuantizedLinear)
