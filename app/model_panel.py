@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from specdeck.app.session_model import SessionModel
 from specdeck.engine.loading.backends import BACKENDS
-from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET, LAST_STATE_HEAD
 from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.remote.remote_http import API_KEY_VARIABLE
 
@@ -39,10 +39,7 @@ DEFAULT_DRAFTER_TIP = (
     "Left as it opens, the built-in target's drafter follows what runs it: its feature head on torch, "
     "the suffix drafter on llama.cpp, where a verify costs about a step per token and only long copies pay"
 )
-BUILTIN_DRAFTS = {
-    kind.builtin_model(DEFAULT_TARGET, backend) for kind in DrafterKind for backend in ("torch", "llama.cpp")
-}
-BUILTIN_DRAFTS -= {None}
+BUILTIN_DRAFTS = {kind.builtin_model(DEFAULT_TARGET) for kind in DrafterKind} - {None} | {LAST_STATE_HEAD}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RECENT_LIMIT = 10

@@ -96,17 +96,14 @@ class DrafterKind(str, Enum):
         hidden state, nor a suffix one."""
         return self in (DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP, DrafterKind.LAYER_SKIP)
 
-    def builtin_model(self, target: str, backend: str | None = None) -> str | None:
-        """The bundled draft or head of this kind for `target`, if SpecDeck ships one. Where `backend`
-        (what runs the loaded target) is llama.cpp, the head is the one on the last state alone: the
-        default head also reads lower layers, which llama.cpp does not hand out."""
+    def builtin_model(self, target: str) -> str | None:
+        """The bundled draft or head of this kind for `target`, if SpecDeck ships one."""
         if target != DEFAULT_TARGET:
             return None
-        head = LAST_STATE_HEAD if backend == "llama.cpp" else DEFAULT_HEAD
         return {
             DrafterKind.DRAFT_MODEL: DEFAULT_DRAFT,
-            DrafterKind.FEATURE_HEAD: head,
-            DrafterKind.HYBRID: head,
+            DrafterKind.FEATURE_HEAD: DEFAULT_HEAD,
+            DrafterKind.HYBRID: DEFAULT_HEAD,
         }.get(self)
 
     def describe(self, model: str | None) -> str:
@@ -242,7 +239,8 @@ class PairSpec:
         head, or the suffix drafter where `backend`, what runs the loaded target, is llama.cpp; its
         distilled draft with the draft-model drafter); a draft that names a feature head (an alias or
         a folder) picks the feature-head drafter by itself. On llama.cpp the built-in head, chosen or
-        named, is the one on the last state alone (`DrafterKind.builtin_model`)."""
+        named, is the one on the last state alone: the default head also reads lower layers, which
+        llama.cpp does not hand out."""
         drafter, draft = self.drafter, self.draft
         if drafter is DrafterKind.LAYER_SKIP:
             if self.remote or backend == "llama.cpp":
@@ -261,9 +259,9 @@ class PairSpec:
             drafter = DrafterKind.FEATURE_HEAD if names_head(draft) else DrafterKind.DRAFT_MODEL
         elif drafter is None:
             drafter = default_drafter(self.target, backend)
+        draft = draft or drafter.builtin_model(self.target)
         if draft == DEFAULT_HEAD and backend == "llama.cpp" and drafter.reads_head:
-            draft = None  # the default head reads lower layers, which llama.cpp does not hand out
-        draft = draft or drafter.builtin_model(self.target, backend)
+            draft = LAST_STATE_HEAD
         if drafter.needs_model and not draft:
             raise SpecDeckError(
                 f"The {drafter} drafter needs a model: pass --draft (in bench --drafters: {drafter}:MODEL)."
