@@ -10,7 +10,9 @@ as their word's first sense (`cntlist.rev`): about ten thousand, grouped by Word
 kind of chat use: writing in many forms and for many readers, explaining, comparing two kinds of
 the same thing (WordNet co-hyponyms), role play, advice, brainstorming, word problems of several
 steps, logic puzzles, code in several languages, and rewriting or translating WordNet's example
-sentences. No benchmark text is read; a machine without WordNet composes none.
+sentences. Technical questions draw their terms from the nouns WordNet files under a science or
+engineering (its topic domains: physics, statistics, genetics, computer science...), everyday or
+not. No benchmark text is read; a machine without WordNet composes none.
 """
 
 from __future__ import annotations
@@ -33,14 +35,18 @@ GROUPS = {
     "person": (18,),
     "group": (14, 21, 28),  # groups, possessions, times
 }
+# the disciplines whose topic domains give technical terms: these and the fields below them
+DISCIPLINES = ("science", "engineering")
+COGNITION = 9  # the lexicographer file the disciplines are in (not "engineering" the act)
 
 
 @dataclass
 class Lexicon:
-    """Everyday nouns by group, pairs of kinds of one thing, and example sentences."""
+    """Everyday nouns by group, pairs of kinds of one thing, technical terms and example sentences."""
 
     nouns: dict[str, list[str]] = field(default_factory=dict)
     pairs: list[tuple[str, str, str]] = field(default_factory=list)  # (kind a, kind b, what both are)
+    terms: list[tuple[str, str]] = field(default_factory=list)  # (term, its field: "physics"...)
     sentences: list[str] = field(default_factory=list)
 
     def pick(self, rng: random.Random, *groups: str) -> str:
@@ -61,13 +67,25 @@ def read_lexicon(folder: Path | None = None) -> Lexicon | None:
     lexicon = Lexicon(nouns=defaultdict(list))
     name_of: dict[str, str] = {}
     kinds: dict[str, list[str]] = defaultdict(list)
+    first_lemma: dict[str, str] = {}
+    broader: dict[str, list[str]] = {}  # each noun synset's hypernyms, instances' classes too
+    in_domain: list[tuple[str, str]] = []  # (term, its topic domain's synset)
+    disciplines = set()
     for part, words, gloss in wordnet_synsets(folder):
         lexicon.sentences += [s.strip().strip('"') for s in gloss.split(";") if s.strip().startswith('"')]
         lex, count = int(words[1]), int(words[3], 16)
-        if part != "noun" or lex not in group_of:
+        if part != "noun":
             continue
         pointers = words[4 + 2 * count :]  # their count, then (symbol, offset, part, source/target) each
-        parents = [pointers[2 + 4 * i] for i in range(int(pointers[0])) if pointers[1 + 4 * i] == "@"]
+        linked = [(pointers[1 + 4 * i], pointers[2 + 4 * i]) for i in range(int(pointers[0]))]
+        first_lemma[words[0]] = words[4]
+        broader[words[0]] = [offset for symbol, offset in linked if symbol in ("@", "@i")]
+        in_domain += [(words[4].replace("_", " "), offset) for symbol, offset in linked if symbol == ";c"]
+        if lex == COGNITION and words[4] in DISCIPLINES:
+            disciplines.add(words[0])
+        if lex not in group_of:
+            continue
+        parents = [offset for symbol, offset in linked if symbol == "@"]
         for i in range(count):
             lemma = words[4 + 2 * i]
             if f"{lemma.lower()}%1:{lex:02d}:{int(words[5 + 2 * i], 16):02d}::" in first_senses:
@@ -80,9 +98,24 @@ def read_lexicon(folder: Path | None = None) -> Lexicon | None:
     for parent, children in kinds.items():
         if parent in name_of and len(children) > 1:
             lexicon.pairs += [(a, b, name_of[parent]) for a, b in zip(children, children[1:])]
+    fields = {domain for _, domain in in_domain if _within(domain, disciplines, broader)}
+    lexicon.terms = [(term, first_lemma[domain].replace("_", " ")) for term, domain in in_domain if domain in fields]
     # sentences a request can quote as they are: whole ones of a few words to a few dozen
     lexicon.sentences = [s for s in lexicon.sentences if 4 <= len(s.split()) <= 30 and '"' not in s]
     return lexicon
+
+
+def _within(synset: str, roots: set[str], broader: dict[str, list[str]]) -> bool:
+    """Whether `synset` is one of `roots` or below one of them (through hypernyms)."""
+    seen, todo = set(), [synset]
+    while todo:
+        current = todo.pop()
+        if current in roots:
+            return True
+        if current not in seen:
+            seen.add(current)
+            todo += broader.get(current, [])
+    return False
 
 
 # fmt: off
@@ -137,6 +170,14 @@ REWRITE = [
     "Fix any grammar or spelling problems and explain the changes: {s}", "Turn this into a question: {s}",
     "Continue this into a short paragraph: {s}", "Explain what this sentence means: {s}",
     "Identify the nouns and verbs in this sentence: {s}", "Make this sentence more vivid: {s}",
+]
+SCIENCE = [
+    "In {f}, what is {x}?", "Explain {x}{r}, as a {f} teacher would.",
+    "What role does {x} play in {f}? Give an example.",
+    "Write an exam question on {x} in {f}, then answer it step by step.",
+    "Tell the history of {x} in {f} briefly.", "What should a student of {f} know about {x}? Answer in five bullet points.",
+    "What is a common misconception about {x} in {f}, and what is true instead?",
+    "How is {x} used in practice? Explain it to someone starting to study {f}.",
 ]
 TRANSLATE = ["Translate into {lang}: {s}", 'How do you say "{s}" in {lang}?', "Translate this to {lang} and explain the grammar: {s}"]
 MORE_LANGUAGES = LANGUAGES + ("Chinese", "Japanese", "Russian", "Korean", "Arabic", "Hindi")
@@ -237,6 +278,13 @@ def _role_play(lex: Lexicon, rng: random.Random) -> str:
     return rng.choice(ROLE).format(p=_a(lex.pick(rng, "person")), x=lex.pick(rng, "thing", "activity", "idea"))
 
 
+def _science(lex: Lexicon, rng: random.Random) -> str:
+    if not lex.terms:  # a WordNet without topic domains
+        return _explaining(lex, rng)
+    term, subject = rng.choice(lex.terms)
+    return rng.choice(SCIENCE).format(x=term, f=subject, r=rng.choice(READERS))
+
+
 def _advice(lex: Lexicon, rng: random.Random) -> str:
     return rng.choice(ADVICE).format(x=lex.pick(rng, "activity", "idea"))
 
@@ -271,6 +319,7 @@ def _translating(lex: Lexicon, rng: random.Random) -> str:
 KINDS: list[tuple[float, Callable[[Lexicon, random.Random], str]]] = [
     (4, _writing),
     (3, _explaining),
+    (2, _science),
     (2, _comparing),
     (1.5, _role_play),
     (1.5, _advice),

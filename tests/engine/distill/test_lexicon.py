@@ -27,6 +27,13 @@ DATA_NOUN = """\
 00000080 09 n 01 memory 0 000 | the power of retaining and recalling past experience
 00000090 15 n 01 harbor 0 000 | a sheltered port where ships can take on cargo
 00000100 14 n 01 orchestra 0 000 | a musical organization of many players
+00000110 09 n 01 science 0 000 | a particular branch of scientific knowledge
+00000120 09 n 01 natural_science 0 001 @ 00000110 n 0000 | the sciences of the physical world
+00000130 09 n 01 physics 0 001 @ 00000120 n 0000 | the science of matter and energy
+00000140 19 n 01 inertia 0 001 ;c 00000130 n 0000 | the tendency of a body to keep its state of motion
+00000150 07 n 01 wave_number 0 001 ;c 00000130 n 0000 | the reciprocal of a wavelength
+00000160 04 n 01 baseball 0 000 | a ball game played by two teams of nine players
+00000170 04 n 01 bunt 0 001 ;c 00000160 n 0000 | a ball tapped lightly within the infield
 """
 CNTLIST = """\
 animal%1:05:00:: 1 20
@@ -58,6 +65,16 @@ def test_everyday_first_senses_are_kept_by_kind_and_kinds_of_one_thing_paired(wo
     assert {(a, b) for a, b, kind in lex.pairs} == {("dog", "cat"), ("cat", "horse")}
     assert {kind for *_, kind in lex.pairs} == {"animal"}
     assert "the dog barked all night long" in lex.sentences
+
+
+def test_technical_terms_are_those_of_a_science_with_their_field(wordnet):
+    """A noun in the topic domain of a science (or of a field below one) is a technical term of that
+    field, counted by the tagged corpus or not; one in a game's domain is not."""
+    lex = read_lexicon(wordnet)
+    assert sorted(lex.terms) == [("inertia", "physics"), ("wave number", "physics")]
+    asked = lexicon_requests(300, seed=1, lexicon=lex)
+    assert any("inertia" in r and "physics" in r for r in asked)
+    assert not any("bunt" in r for r in asked)
 
 
 def test_requests_are_distinct_repeatable_and_of_every_kind_in_its_share(wordnet, monkeypatch):
