@@ -39,17 +39,20 @@ class FeatureHeadDrafter(Drafter):
 
     Kept tokens whose states the target did not compute (`skip`: rounds that drafted nothing from
     the head) are a gap: the head pairs the latest GAP_FILL of them with its own predicted states,
-    as when drafting, and leaves older ones out of its cache; so does a run of real states longer
-    than CATCH_UP (a long prompt, a long stretch of plain steps): its latest CATCH_UP are paired.
-    Its drafts then rest on less, which changes how many pass, never the text.
+    as when drafting, and leaves older ones out of its cache; so does a run of real states after
+    the prompt longer than CATCH_UP (a long stretch of plain steps or copied tokens): its latest
+    CATCH_UP are paired. Its drafts then rest on less, which changes how many pass, never the
+    text. The prompt's states are all paired, at prefill, in forwards of PAIR_CHUNK: the head reads
+    the whole prompt, as it trained on whole conversations.
     """
 
     needs_states = True
     GAP_FILL = 4  # gap tokens paired with predicted states: each costs a step of the head's layer
-    # real states paired at once, at most: the latest of a longer run (a long prompt, many plain
-    # steps since the head last drafted): pairing a long prompt's every state makes one draft cost
-    # many steps, for a few more drafts passed
+    # real states after the prompt paired at once, at most: the latest of a longer run, paid in the
+    # round that drafts, where pairing every copied token costs more than its drafts gain
     CATCH_UP = 32
+    # the prompt's states paired in one forward, at most: bounds a long prompt's attention scores
+    PAIR_CHUNK = 512
 
     def __init__(
         self,
@@ -107,11 +110,19 @@ class FeatureHeadDrafter(Drafter):
         self._cached = 0  # pairs in the head's cache, real or filled (no draft's)
         self._next: torch.Tensor | None = None  # the state the head predicts after its latest pair
         self._pending: list[torch.Tensor | int] = []  # real states not paired yet, or a gap's length
+        self._prompt: list[int] | None = list(prompt_ids)  # until its states are paired
 
+    @torch.inference_mode()
     def observe(self, states: torch.Tensor) -> None:
         self._pending.append(states)
+        # the prompt's states, handed over at prefill, are paired then: reading the prompt is the
+        # head's prefill, as a draft model's forward over it in `begin` is its own
+        if self._prompt is not None and self._seen == 0 and len(states) == len(self._prompt) - 1:
+            self._catch_up(self._prompt, whole=True)
+        self._prompt = None
 
     def skip(self, count: int) -> None:
+        self._prompt = None
         if count:
             self._pending.append(count)
 
@@ -119,8 +130,9 @@ class FeatureHeadDrafter(Drafter):
         """The head's predicted next states for pairs (state, following token) after its cache."""
         return self._body.hidden_from_inputs(self.head.mix(states, self._embedding(following).to(self.dtype), self._fc))
 
-    def _catch_up(self, ids: list[int]) -> None:
-        """Pair every kept token but the newest: real states in one step, a gap from predictions."""
+    def _catch_up(self, ids: list[int], whole: bool = False) -> None:
+        """Pair every kept token but the newest: real states in one step (the latest CATCH_UP of a
+        run, all of them where `whole`), a gap from predictions."""
         self._body.crop(self._cached)  # forget the states predicted last round
         for part in _runs(self._pending):
             if isinstance(part, int):
@@ -133,13 +145,14 @@ class FeatureHeadDrafter(Drafter):
                     self._next = self._pair(previous[None], torch.tensor([ids[i + 1]], device=self.device))[-1]
                     self._cached += 1
             else:
-                left_out = max(0, len(part) - self.CATCH_UP)  # the oldest of a long run stay out
+                left_out = 0 if whole else max(0, len(part) - self.CATCH_UP)  # the oldest stay out
                 part, self._seen = part[left_out:], self._seen + left_out
-                n = len(part)
-                following = torch.tensor(ids[self._seen + 1 : self._seen + n + 1], device=self.device)
-                self._next = self._pair(self.head.fuse(part.to(self.dtype), self._fuse_fc), following)[-1]
-                self._seen += n
-                self._cached += n
+                for chunk in part.split(self.PAIR_CHUNK):
+                    n = len(chunk)
+                    following = torch.tensor(ids[self._seen + 1 : self._seen + n + 1], device=self.device)
+                    self._next = self._pair(self.head.fuse(chunk.to(self.dtype), self._fuse_fc), following)[-1]
+                    self._seen += n
+                    self._cached += n
         self._pending = []
         if self._seen != len(ids) - 1:
             raise RuntimeError(

@@ -363,7 +363,8 @@ def test_head_grown_a_layer_deeper_starts_as_that_head_and_keeps_greedy_exact(ti
 def test_states_of_several_plain_steps_reach_the_head_in_one_forward(tiny_llama, monkeypatch):
     """After rounds that drafted nothing (plain steps, each handing the head one token's states),
     the next proposal pairs them in one forward of the head's layer, not one per step, and drafts
-    what the head drafts when the same states arrive at once."""
+    what the head drafts when the same states arrive at once. The prompt's states were paired
+    when they came, at prefill."""
     target, _ = tiny_llama
     torch.manual_seed(0)
     head = FeatureHead(head_config(target.model.config)).eval()
@@ -375,48 +376,82 @@ def test_states_of_several_plain_steps_reach_the_head_in_one_forward(tiny_llama,
     def propose(parts: list[torch.Tensor]) -> tuple[list[int], int]:
         drafter = FeatureHeadDrafter(head, target.model)
         drafter.begin(ids[:4], config, target.vocab_width, None)
+        drafter.observe(parts[0])
         forwards = []
         original = drafter._body.hidden_from_inputs
         monkeypatch.setattr(drafter._body, "hidden_from_inputs", lambda x: forwards.append(len(x)) or original(x))
-        for part in parts:
+        for part in parts[1:]:
             drafter.observe(part)
         proposal = drafter.propose(ids, 1)
         return proposal.tokens, len(forwards)
 
-    at_once, one_forward = propose([states[: len(ids) - 1]])
+    at_once, one_forward = propose([states[:3], states[3 : len(ids) - 1]])
     step_by_step, forwards = propose([states[:3]] + [states[i : i + 1] for i in range(3, len(ids) - 1)])
     assert forwards == one_forward == 1
     assert step_by_step == at_once
 
 
-def test_a_long_run_of_states_reaches_the_head_as_its_latest_few(tiny_llama, monkeypatch):
-    """A prompt (or a stretch of plain steps) longer than CATCH_UP: the head's first proposal pairs
-    only the latest CATCH_UP states, in one forward, and drafts what a head handed only those
-    states drafts; greedy text stays the target's."""
+def test_a_long_prompt_reaches_the_head_whole_at_prefill(tiny_llama, monkeypatch):
+    """A prompt longer than CATCH_UP and PAIR_CHUNK: the head pairs every one of its states when
+    they come, at prefill (as a draft model reads the prompt there), in forwards of PAIR_CHUNK rows,
+    and drafts what one forward over them all drafts: it reads the whole prompt, as it trained.
+    Greedy text stays the target's."""
     target, _ = tiny_llama
-    monkeypatch.setattr(FeatureHeadDrafter, "CATCH_UP", 4)
     torch.manual_seed(0)
     head = FeatureHead(head_config(target.model.config)).eval()
     ids = encode_prompt(target.tokenizer, "Once upon a time there was a king who had three daughters", chat=False)
-    assert len(ids) > 8
+    assert len(ids) > 9
     with torch.inference_mode():
         states = target.model.model(torch.tensor([ids])).last_hidden_state[0]
     config = DecodeConfig(k=3, schedule="constant")
 
-    def propose(first: int) -> tuple[list[int], list[int]]:
+    monkeypatch.setattr(FeatureHeadDrafter, "CATCH_UP", 2)
+
+    def propose(chunk: int) -> tuple[list[int], list[int]]:
+        monkeypatch.setattr(FeatureHeadDrafter, "PAIR_CHUNK", chunk)
         drafter = FeatureHeadDrafter(head, target.model)
         drafter.begin(ids, config, target.vocab_width, None)
         forwards: list[int] = []
         original = drafter._body.hidden_from_inputs
         monkeypatch.setattr(drafter._body, "hidden_from_inputs", lambda x: forwards.append(len(x)) or original(x))
-        drafter.skip(first)  # a gap of one token, which the head leaves out having no state to fill it from
-        drafter.observe(states[first : len(ids) - 1])
-        return drafter.propose(ids, 1).tokens, forwards
+        drafter.observe(states[: len(ids) - 1])  # the prompt's: paired now, at prefill
+        paired_at_prefill = list(forwards)
+        proposal = drafter.propose(ids, 3)
+        assert forwards[len(paired_at_prefill) :] == [1] * (len(forwards) - len(paired_at_prefill))  # drafting
+        return proposal.tokens, paired_at_prefill
 
-    whole, forwards = propose(0)
-    latest, _ = propose(len(ids) - 1 - 4)
-    assert forwards == [4]
-    assert whole == latest
+    chunked, forwards = propose(4)
+    whole, one_forward = propose(1024)
+    pairs = len(ids) - 1
+    catch_up = [4] * (pairs // 4) + ([pairs % 4] if pairs % 4 else [])
+    assert forwards == catch_up
+    assert one_forward == [pairs]
+    assert chunked == whole
     plain = _kept(generate(target, ids, DecodeConfig(max_new_tokens=24, k=3, schedule="constant")))
     drafter = FeatureHeadDrafter(head, target.model)
     assert _kept(generate(target, ids, DecodeConfig(max_new_tokens=24, k=3, schedule="constant"), drafter)) == plain
+
+
+def test_a_long_run_after_the_prompt_reaches_the_head_as_its_latest_few(tiny_llama, monkeypatch):
+    """A stretch of plain steps or copied tokens after the prompt longer than CATCH_UP: the head's
+    next proposal pairs only the latest CATCH_UP states, in one forward; the older ones stay out
+    of its cache, beside the prompt's, and it still drafts."""
+    target, _ = tiny_llama
+    monkeypatch.setattr(FeatureHeadDrafter, "CATCH_UP", 4)
+    torch.manual_seed(0)
+    head = FeatureHead(head_config(target.model.config)).eval()
+    ids = encode_prompt(target.tokenizer, "Once upon a time there was a king who had three daughters", chat=False)
+    assert len(ids) > 10
+    with torch.inference_mode():
+        states = target.model.model(torch.tensor([ids])).last_hidden_state[0]
+    drafter = FeatureHeadDrafter(head, target.model)
+    drafter.begin(ids[:3], DecodeConfig(k=3, schedule="constant"), target.vocab_width, None)
+    drafter.observe(states[:2])  # the prompt's, paired at prefill
+    forwards: list[int] = []
+    original = drafter._body.hidden_from_inputs
+    monkeypatch.setattr(drafter._body, "hidden_from_inputs", lambda x: forwards.append(len(x)) or original(x))
+    for i in range(2, len(ids) - 1):  # plain steps, one token's states each
+        drafter.observe(states[i : i + 1])
+    tokens = drafter.propose(ids, 1).tokens
+    assert forwards == [4]
+    assert drafter._cached == 2 + 4 and len(tokens) == 1
