@@ -174,8 +174,8 @@ def test_plain_steps_without_states_keep_greedy_text_and_the_head_drafts_after_t
 def test_head_fills_a_gap_from_its_own_predictions(target):
     """After 4 tokens kept without states (filled from its own predictions) the head's first draft is
     still the target's next token at least a third as often as where it saw every state, and so
-    after 12 (the older 8 left out). Measured on 25 positions: 10 to 12 hits after a gap against 22
-    with every state (10 positions had made the two look alike)."""
+    after 12 (the older 8 left out). Measured on 25 positions of an answer, the prompt's states
+    read at prefill in each (10 positions had made the two look alike)."""
     head = load_feature_head(LAST_STATE_HEAD, target)
     config = DecodeConfig(max_new_tokens=80, k=1, schedule="constant", lookup=0)
     ids = encode_prompt(target.tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
@@ -186,9 +186,10 @@ def test_head_fills_a_gap_from_its_own_predictions(target):
     for end in range(len(text) - 60, len(text) - 10, 2):  # drafts after text[:end], checked against text[end]
         for gap in hits:
             drafter = FeatureHeadDrafter(head.head, target.model, output_ids=head.output_ids)
-            drafter.begin(text[:end], config, target.vocab_width, None)
+            drafter.begin(ids, config, target.vocab_width, None)
+            drafter.observe(states[: len(ids) - 1])  # at prefill
             cut = end - 1 - gap
-            drafter.observe(states[:cut])
+            drafter.observe(states[len(ids) - 1 : cut])
             drafter.skip(end - 1 - cut)
             proposal = drafter.propose(text[:end], 1)
             assert len(proposal.tokens) == 1
