@@ -360,17 +360,23 @@ def test_head_grown_a_layer_deeper_starts_as_that_head_and_keeps_greedy_exact(ti
         build_head(target, HeadConfig(init_from=str(deeper)))
 
 
+def _random_head_on(target, text: str) -> tuple[FeatureHead, list[int], torch.Tensor]:
+    """A seeded untrained head for `target`, `text`'s ids and the target's last state at each."""
+    torch.manual_seed(0)
+    head = FeatureHead(head_config(target.model.config)).eval()
+    ids = encode_prompt(target.tokenizer, text, chat=False)
+    with torch.inference_mode():
+        states = target.model.model(torch.tensor([ids])).last_hidden_state[0]
+    return head, ids, states
+
+
 def test_states_of_several_plain_steps_reach_the_head_in_one_forward(tiny_llama, monkeypatch):
     """After rounds that drafted nothing (plain steps, each handing the head one token's states),
     the next proposal pairs them in one forward of the head's layer, not one per step, and drafts
     what the head drafts when the same states arrive at once. The prompt's states were paired
     when they came, at prefill."""
     target, _ = tiny_llama
-    torch.manual_seed(0)
-    head = FeatureHead(head_config(target.model.config)).eval()
-    ids = encode_prompt(target.tokenizer, "Once upon a time there was", chat=False)
-    with torch.inference_mode():
-        states = target.model.model(torch.tensor([ids])).last_hidden_state[0]
+    head, ids, states = _random_head_on(target, "Once upon a time there was")
     config = DecodeConfig(k=3, schedule="constant")
 
     def propose(parts: list[torch.Tensor]) -> tuple[list[int], int]:
@@ -397,14 +403,9 @@ def test_a_long_prompt_reaches_the_head_whole_at_prefill(tiny_llama, monkeypatch
     and drafts what one forward over them all drafts: it reads the whole prompt, as it trained.
     Greedy text stays the target's."""
     target, _ = tiny_llama
-    torch.manual_seed(0)
-    head = FeatureHead(head_config(target.model.config)).eval()
-    ids = encode_prompt(target.tokenizer, "Once upon a time there was a king who had three daughters", chat=False)
+    head, ids, states = _random_head_on(target, "Once upon a time there was a king who had three daughters")
     assert len(ids) > 9
-    with torch.inference_mode():
-        states = target.model.model(torch.tensor([ids])).last_hidden_state[0]
     config = DecodeConfig(k=3, schedule="constant")
-
     monkeypatch.setattr(FeatureHeadDrafter, "CATCH_UP", 2)
 
     def propose(chunk: int) -> tuple[list[int], list[int]]:
@@ -438,12 +439,8 @@ def test_a_long_run_after_the_prompt_reaches_the_head_as_its_latest_few(tiny_lla
     of its cache, beside the prompt's, and it still drafts."""
     target, _ = tiny_llama
     monkeypatch.setattr(FeatureHeadDrafter, "CATCH_UP", 4)
-    torch.manual_seed(0)
-    head = FeatureHead(head_config(target.model.config)).eval()
-    ids = encode_prompt(target.tokenizer, "Once upon a time there was a king who had three daughters", chat=False)
+    head, ids, states = _random_head_on(target, "Once upon a time there was a king who had three daughters")
     assert len(ids) > 10
-    with torch.inference_mode():
-        states = target.model.model(torch.tensor([ids])).last_hidden_state[0]
     drafter = FeatureHeadDrafter(head, target.model)
     drafter.begin(ids[:3], DecodeConfig(k=3, schedule="constant"), target.vocab_width, None)
     drafter.observe(states[:2])  # the prompt's, paired at prefill
