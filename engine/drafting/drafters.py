@@ -60,7 +60,8 @@ class Drafter(ABC):
         """The target's last hidden states (n, hidden) for the next n kept tokens, in order, each
         computed with every earlier kept token in context (only when `needs_states`); with
         `feature_layers`, (n, len(feature_layers) + 1, hidden): those layers' residual streams, then
-        the last hidden state."""
+        the last hidden state. The first call after `begin`, at prefill, hands the prompt's: every
+        prompt token's but the last's."""
 
     def skip(self, count: int) -> None:  # noqa: B027 (a hook: most drafters need no states)
         """The next `count` kept tokens come without the target's states: their forward computed

@@ -117,7 +117,7 @@ class FeatureHeadDrafter(Drafter):
         self._pending.append(states)
         # the prompt's states, handed over at prefill, are paired then: reading the prompt is the
         # head's prefill, as a draft model's forward over it in `begin` is its own
-        if self._prompt is not None and self._seen == 0 and len(states) == len(self._prompt) - 1:
+        if self._prompt is not None and len(states) == len(self._prompt) - 1:
             self._catch_up(self._prompt, whole=True)
         self._prompt = None
 
