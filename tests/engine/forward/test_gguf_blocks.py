@@ -62,6 +62,18 @@ def _matrix(kind: str, shape: tuple[int, int]) -> tuple[np.ndarray, torch.Tensor
 
 
 @needs_kernel
+def test_rows_the_kernel_cannot_read_are_refused_not_multiplied():
+    """Rows of another width or another dtype raise before the kernel runs, which would read and
+    write past the ends of the buffers."""
+    blocks, decoded, bias = _matrix("Q8_0", (64, 96))
+    for linear in (QuantizedLinear(blocks, "Q8_0", 96, lambda: decoded, bias), KernelLinear(decoded, bias)):
+        assert linear(torch.ones(2, 96)).shape == (2, 64)
+        for wrong in (torch.ones(2, 128), torch.ones(2, 96, dtype=torch.bfloat16), torch.ones(2, 96).double()):
+            with pytest.raises(ValueError, match="float32 rows of 96 values"):
+                linear(wrong)
+
+
+@needs_kernel
 @pytest.mark.parametrize("build", ["this CPU's", "AVX2"])
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (100, 64), (8, 32)])
