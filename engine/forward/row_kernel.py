@@ -72,8 +72,8 @@ class KernelLinear:
 def _rows_through(linear: KernelLinear | QuantizedLinear, x: torch.Tensor, product) -> torch.Tensor:
     """x's rows (..., in) times `linear`'s packed weight, through `product` (one of the library's
     product functions, its leading arguments bound), plus the bias: rows in x's order. Rows of
-    another width or dtype (CPU rows: the products are packed for the CPU alone) are refused: the
-    kernel reads and writes by pointer, past the ends of buffers that do not hold what it expects."""
+    another width or dtype are refused: the kernel reads and writes by pointer, past the ends of
+    buffers that do not hold what it expects."""
     if x.shape[-1] != linear.in_features or x.dtype is not torch.float32:
         raise ValueError(
             f"the row kernel multiplies float32 rows of {linear.in_features} values, "
