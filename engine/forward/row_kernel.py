@@ -94,8 +94,18 @@ def _rows_through(linear: KernelLinear | QuantizedLinear, x: torch.Tensor, produ
     return out
 
 
-QUANTIZED = {"Q4_1": (0, 20), "Q8_0": (1, 34)}  # GGUF block types: the kernel's kind, bytes per 32 weights
-_GROUP = 32  # weights along the inner dimension a quantized block holds
+# GGUF block types the kernel reads, by its kind number (`row_kernel.c`, `any_part`): with float32
+# rows (`QUANTIZED`, every type the kernel reads) and with rows in 8 bits (`INT8_KINDS`; a type
+# missing there takes float32 rows).
+QUANTIZED = {"Q4_1": 0, "Q8_0": 1}
+INT8_KINDS = {"Q4_1": 2, "Q8_0": 3}
+
+
+def block_shape(kind: str) -> tuple[int, int]:
+    """A GGUF block type's weights along the inner dimension and bytes, a block (gguf-py's table)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
 ACTIVATIONS = ("float32", "int8")  # how a product on GGUF blocks takes its rows (`QuantizedLinear`)
 INT8_MISSING = "the row kernel has no 8-bit products for AVX-512 without VNNI"
 
@@ -142,19 +152,21 @@ class QuantizedLinear:
             raise ValueError(f"activations are one of {', '.join(ACTIVATIONS)}, not {activations!r}")
         if activations == "int8" and not built.row_kernel_int8():
             raise RuntimeError(INT8_MISSING)
+        if kind not in INT8_KINDS:
+            activations = "float32"  # this type's blocks have no 8-bit-row products yet
         self._built, self._source, self.activations, self.exact = built, source, activations, exact
         self._cuts: dict[bytes, QuantizedLinear] = {}  # `rows` made before, by their ids
         self._product = built.row_kernel_quantized
-        self._kind, size = QUANTIZED[kind]
+        self._kind = INT8_KINDS[kind] if activations == "int8" else QUANTIZED[kind]
+        weights, size = block_shape(kind)
         self.kind, self._dense, self.bias = kind, dense, bias
         block, lanes = built.row_kernel_block(), built.row_kernel_lanes()
         self.out_features, self.in_features = blocks.shape[0], in_features
         self._width = -(-self.out_features // lanes) * lanes
-        groups = in_features // _GROUP
+        groups = in_features // weights
         cut = np.zeros((self._width, groups, size), np.uint8)  # padded rows: d = m = q = 0, w = 0
         cut[: self.out_features] = blocks.reshape(self.out_features, groups, size)
         if activations == "int8":
-            self._kind += 2
             self._packed = torch.from_numpy(_pack_int8(cut.reshape(-1, lanes, groups, size), kind))
             return
         whole = self._width // block * block
