@@ -146,6 +146,8 @@ def packed_available(weight: torch.Tensor) -> str | None:
         return f"oneDNN's packed product takes float32 or bfloat16, not {weight.dtype}"
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return "this build of torch has no oneDNN packed linear"
+    if weight.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "oneDNN has no bfloat16 product on this CPU (it needs AVX-512 or AVX-NE-CONVERT)"
     return None
 
 
