@@ -145,7 +145,7 @@ def builtin_difference(target: str) -> str | None:
         return None
     path = gguf_file(target)
     if path is None:
-        return "they are matched to GGUF files only"
+        return "that model is recognized in GGUF files only"
     mine, theirs = gguf_identity(path), gguf_identity(BUILTIN_MODELS[DEFAULT_TARGET].path())
     if isinstance(theirs, str):
         return f"the built-in file cannot be compared: {theirs}"
