@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
 
@@ -146,7 +147,11 @@ def builtin_difference(target: str) -> str | None:
     path = gguf_file(target)
     if path is None:
         return "that model is recognized in GGUF files only"
-    mine, theirs = gguf_identity(path), gguf_identity(BUILTIN_MODELS[DEFAULT_TARGET].path())
+    try:
+        builtin = BUILTIN_MODELS[DEFAULT_TARGET].path()
+    except SpecDeckError as error:  # its package is not installed: nothing to compare with
+        return f"the built-in file cannot be compared: {error}"
+    mine, theirs = gguf_identity(path), gguf_identity(builtin)
     if isinstance(theirs, str):
         return f"the built-in file cannot be compared: {theirs}"
     if isinstance(mine, str):

@@ -136,3 +136,15 @@ def test_a_target_of_its_own_gets_prompt_lookup_and_the_load_says_why(tmp_path):
     pair = load_pair(PairSpec(str(target_dir), device="cpu", dtype="float32"), progress=lines.append)
     assert pair.drafter_kind is DrafterKind.PROMPT_LOOKUP
     assert pair.note.startswith(f"{target_dir} gets prompt lookup") and pair.note in lines
+
+
+def test_a_file_whose_header_does_not_read_gets_prompt_lookup_and_says_so(tmp_path):
+    """A cut-off file and an empty one are no file of the built-in model: prompt lookup, and the
+    note says the file cannot be compared, with no traceback."""
+    cut, empty = tmp_path / "cut.gguf", tmp_path / "empty.gguf"
+    cut.write_bytes(BUILTIN.read_bytes()[:4096])
+    empty.write_bytes(b"")
+    for path in (cut, empty):
+        spec = PairSpec(str(path))
+        assert spec.resolved().drafter is DrafterKind.PROMPT_LOOKUP
+        assert "this file cannot be compared" in spec.default_note()
