@@ -73,31 +73,37 @@ def gguf_identity(path: Path) -> ModelIdentity | str:
 
 
 class _Header:
-    """A cursor over a GGUF file's bytes (little-endian, version 2 or 3)."""
+    """A cursor over a GGUF file's bytes (little-endian, version 2 or 3). A length that runs past
+    the file's end is refused: a damaged header must not send the walk through gigabytes."""
 
     def __init__(self, data: mmap.mmap) -> None:
         self.data, self.at = data, 0
 
+    def advance(self, size: int) -> None:
+        if size > len(self.data) - self.at:
+            raise ValueError(f"a field at byte {self.at} runs past the file's end")
+        self.at += size
+
     def take(self, layout: str):
         (value,) = struct.unpack_from(layout, self.data, self.at)
-        self.at += struct.calcsize(layout)
+        self.advance(struct.calcsize(layout))
         return value
 
     def string(self) -> str:
         size = self.take("<Q")
-        self.at += size
+        self.advance(size)
         return bytes(self.data[self.at - size : self.at]).decode("utf-8", "replace")
 
     def skip(self, kind: int, count: int = 1) -> None:
         if kind == _STRING:
             for _ in range(count):
-                self.at += 8 + struct.unpack_from("<Q", self.data, self.at)[0]
+                self.advance(self.take("<Q"))
         elif kind == _ARRAY:
             for _ in range(count):
                 inner, length = self.take("<I"), self.take("<Q")
                 self.skip(inner, length)
         elif kind in _SIZES:
-            self.at += _SIZES[kind] * count
+            self.advance(_SIZES[kind] * count)
         else:
             raise ValueError(f"value type {kind} at byte {self.at}")
 

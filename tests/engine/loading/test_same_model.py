@@ -139,12 +139,13 @@ def test_a_target_of_its_own_gets_prompt_lookup_and_the_load_says_why(tmp_path):
 
 
 def test_a_file_whose_header_does_not_read_gets_prompt_lookup_and_says_so(tmp_path):
-    """A cut-off file and an empty one are no file of the built-in model: prompt lookup, and the
-    note says the file cannot be compared, with no traceback."""
-    cut, empty = tmp_path / "cut.gguf", tmp_path / "empty.gguf"
+    """A cut-off file, one whose lengths run past its end and an empty one are no file of the
+    built-in model: prompt lookup, and the note says the file cannot be compared, with no traceback."""
+    cut, wild, empty = tmp_path / "cut.gguf", tmp_path / "wild.gguf", tmp_path / "empty.gguf"
     cut.write_bytes(BUILTIN.read_bytes()[:4096])
+    wild.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
     empty.write_bytes(b"")
-    for path in (cut, empty):
+    for path in (cut, wild, empty):
         spec = PairSpec(str(path))
         assert spec.resolved().drafter is DrafterKind.PROMPT_LOOKUP
         assert "this file cannot be compared" in spec.default_note()
