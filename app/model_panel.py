@@ -36,8 +36,9 @@ from specdeck.engine.remote.remote_http import API_KEY_VARIABLE
 
 DRAFTER_KINDS = tuple(DrafterKind)  # in the drafter combo's order
 DEFAULT_DRAFTER_TIP = (
-    "Left as it opens, the built-in target's drafter follows what runs it: its feature head on torch, "
-    "the suffix drafter on llama.cpp, where a verify costs about a step per token and only long copies pay"
+    "Left as it opens, the built-in target's drafter (also for its model in a file of your own) follows "
+    "what runs it: its feature head on torch, the suffix drafter on llama.cpp, where a verify costs "
+    "about a step per token and only long copies pay; another target gets prompt lookup"
 )
 BUILTIN_DRAFTS = {kind.builtin_model(DEFAULT_TARGET) for kind in DrafterKind} - {None} | {LAST_STATE_HEAD}
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -199,7 +200,8 @@ class ModelPanel(QGroupBox):
             self.loaded.setStyleSheet("")
         else:
             self.remember(model.spec.target, model.spec.draft)
-            self.loaded.setText(f"Loaded: {escape(model.pair.description)}")
+            note = f"<br>{escape(model.pair.note)}" if model.pair.note else ""
+            self.loaded.setText(f"Loaded: {escape(model.pair.description)}{note}")
             self.loaded.setStyleSheet("color: #555;")
             # how the loaded draft's vocabulary relates to the target's, where the drafter is chosen
             # or which of the target's layers draft, and what each count measured
@@ -229,17 +231,18 @@ class ModelPanel(QGroupBox):
         self._drafter_picked = True
 
     def spec(self) -> PairSpec:
-        """The pair the panel names. Where the target's default drafter depends on what runs it
-        (`engine.pair.default_drafter`), that default left as it opened is no choice: the pair
-        names no drafter, and the loaded target's backend picks it."""
+        """The pair the panel names. A drafter the user did not pick is no choice where it is the
+        target's default and that depends on what runs it (`engine.pair.default_drafter`), or where
+        it is the built-in target's pair the panel opens with and the target is another model: the
+        pair names no drafter, and the loaded target picks it (and says why, `ModelPair.note`)."""
         kind: DrafterKind | None = self.drafter_kind
         draft = (self.draft.value or None) if self.drafter_kind.needs_model else None
-        default = PairSpec(self.target.value)
-        varies = default.resolved() != default.resolved("llama.cpp")
-        if (
-            varies
-            and not self._drafter_picked
-            and (kind, draft) == (default.resolved().drafter, default.resolved().draft)
+        default, opened = PairSpec(self.target.value).resolved(), PairSpec().resolved()
+        varies = default != PairSpec(self.target.value).resolved("llama.cpp")
+        shown = (kind, draft)
+        if not self._drafter_picked and (
+            (varies and shown == (default.drafter, default.draft))
+            or (default.drafter != opened.drafter and shown == (opened.drafter, opened.draft))
         ):
             kind, draft = None, None
         return PairSpec(

@@ -97,6 +97,7 @@ class PairInfo:
     vocabulary: str = ""  # a draft model's vocabulary case against the target's, in words
     backend: str = "torch"  # what runs the target (`LoadedModel.backend`)
     layers: str = ""  # the layer-skip drafter's layers and what each count measured, in words
+    note: str = ""  # why the drafter left to its default is not SpecDeck's own (`ModelPair.note`)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ def describe(pair: ModelPair) -> PairInfo:
         pair.vocabulary.describe() if pair.vocabulary is not None else "",
         pair.target.backend,
         _layers(pair.layer_choice),
+        pair.note,
     )
 
 

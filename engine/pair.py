@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from pathlib import Path
 
 from specdeck.engine.drafting.cross_vocab import CrossVocabularyDrafter
 from specdeck.engine.drafting.draft_model import DraftModelDrafter
@@ -23,6 +24,8 @@ from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.drafting.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
 from specdeck.engine.drafting.vocabulary import VocabularyMatch
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.loading.backends import gguf_file
+from specdeck.engine.loading.identity import builtin_difference
 from specdeck.engine.loading.models import LoadedModel, LoadOptions
 from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LAST_STATE_HEAD
 from specdeck.engine.remote.remote_http import DEFAULT_TIMEOUT_S, is_url
@@ -97,14 +100,14 @@ class DrafterKind(str, Enum):
         return self in (DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP, DrafterKind.LAYER_SKIP)
 
     def builtin_model(self, target: str) -> str | None:
-        """The bundled draft or head of this kind for `target`, if SpecDeck ships one."""
-        if target != DEFAULT_TARGET:
-            return None
-        return {
+        """The bundled draft or head of this kind for `target`, if SpecDeck ships one: for the
+        built-in target, or a file of the same model (`engine.loading.identity`)."""
+        builtin = {
             DrafterKind.DRAFT_MODEL: DEFAULT_DRAFT,
             DrafterKind.FEATURE_HEAD: DEFAULT_HEAD,
             DrafterKind.HYBRID: DEFAULT_HEAD,
         }.get(self)
+        return builtin if builtin and builtin_difference(target) is None else None
 
     def describe(self, model: str | None) -> str:
         """The drafter as reports name it: 'draft NAME', 'feature head NAME', 'prompt lookup'."""
@@ -161,7 +164,8 @@ DEFAULT_DRAFTER = DrafterKind.PROMPT_LOOKUP  # for targets without a built-in dr
 
 
 def default_drafter(target: str, backend: str | None = None) -> DrafterKind:
-    """The drafter a pair gets when none is chosen. The built-in target's is its feature head, except
+    """The drafter a pair gets when none is chosen. The built-in target's (and that of a file of the
+    same model, `DrafterKind.builtin_model`) is its feature head, except
     on llama.cpp: there a verify of n tokens costs about n one-token steps on a CPU (each row is its
     own quantized product), so a model's short drafts lose time and only long copies pay; the
     suffix drafter copies them at no model cost and otherwise steps plainly. Another target gets
@@ -263,10 +267,29 @@ class PairSpec:
         if draft == DEFAULT_HEAD and backend == "llama.cpp" and drafter.reads_head:
             draft = LAST_STATE_HEAD
         if drafter.needs_model and not draft:
+            why = (
+                ""
+                if self.remote
+                else f" (SpecDeck's own are for {DEFAULT_TARGET}, and {builtin_difference(self.target)})"
+            )
             raise SpecDeckError(
-                f"The {drafter} drafter needs a model: pass --draft (in bench --drafters: {drafter}:MODEL)."
+                f"The {drafter} drafter needs a model{why}: pass --draft (in bench --drafters: {drafter}:MODEL)."
             )
         return replace(self, drafter=drafter, draft=draft)
+
+    def default_note(self, backend: str | None = None) -> str | None:
+        """Where no drafter is chosen and SpecDeck's own drafters do not attach to the target, the
+        line that says which drafter it gets and why (`engine.loading.identity`); else None."""
+        if self.drafter is not None or self.draft or self.remote:
+            return None
+        why = builtin_difference(self.target)
+        if why is None:
+            return None
+        name = Path(self.target).name if gguf_file(self.target) else self.target
+        return (
+            f"{name} gets {default_drafter(self.target, backend).label}: SpecDeck's feature head and "
+            f"draft are for {DEFAULT_TARGET}, and {why}"
+        )
 
     @property
     def drafter_entry(self) -> str:
@@ -320,6 +343,7 @@ class ModelPair:
     vocabulary: VocabularyMatch | None = None  # how a draft model's vocabulary relates to the target's
     past: PastSessions | None = None  # past sessions' texts (suffix scope `all`); the target's tokenizer's by default
     layer_choice: LayerChoice | None = None  # the layer-skip drafter's layers (`engine.layer_skip`)
+    note: str = ""  # why the drafter, left to its default, is not SpecDeck's own (`PairSpec.default_note`)
 
     def __post_init__(self) -> None:
         if self.past is None:

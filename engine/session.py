@@ -33,12 +33,19 @@ DEFAULT_PROMPT = (
 def load_pair(spec: PairSpec, plain: bool = False, progress: Progress | None = None) -> ModelPair:
     """Load the target and, unless `plain`, the drafter `spec.resolved()` chooses (a hybrid's model:
     the feature head or draft model its draft names), and compare a draft model's vocabulary with the
-    target's (`ModelPair.vocabulary`): one with a tokenizer of its own drafts across them."""
+    target's (`ModelPair.vocabulary`): one with a tokenizer of its own drafts across them. Where the
+    drafter is left to its default and SpecDeck's own do not attach to the target, `progress` and
+    the pair's `note` say why in one line."""
     chosen = spec.resolved()  # checked before anything loads
     target_model = _load_target(chosen, progress)
     if plain:
         return _attach_drafter(target_model, chosen.with_drafter(None, None), progress)
-    return _attach_drafter(target_model, spec.resolved(_backend(target_model)), progress)
+    backend = _backend(target_model)
+    pair = _attach_drafter(target_model, spec.resolved(backend), progress)
+    pair.note = spec.default_note(backend) or ""
+    if progress and pair.note:
+        progress(pair.note)
+    return pair
 
 
 def load_pairs(specs: Sequence[PairSpec], progress: Progress | None = None) -> list[ModelPair]:

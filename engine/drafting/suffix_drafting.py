@@ -175,8 +175,11 @@ class HybridDrafter(Drafter):
     def __init__(self, model: Drafter, suffix: SuffixDrafter) -> None:
         self.model = model
         self.suffix = suffix
+        # what the loop and the planner ask of a drafter's model is the model's: the states it reads
+        # (a head on lower layers takes their residual streams too, shaped by `feature_layers`)
         self.name = model.name
         self.needs_states = model.needs_states
+        self.feature_layers = model.feature_layers
         self.module = model.module
         self.context_length = model.context_length
 

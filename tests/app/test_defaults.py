@@ -92,3 +92,16 @@ def test_model_panel_names_a_served_target_as_the_command_line_does(qtbot):
     spec = models.spec()
     assert spec == pair_spec(run) and spec.remote
     assert build_parser().parse_args(["run", *spec.arguments()]) == run
+
+
+def test_another_target_left_with_the_opening_pair_gets_its_own_default(qtbot, tmp_path):
+    """The panel opens on the built-in target's pair: with another model as the target and the
+    drafter not picked, the pair names no drafter and that target's default (prompt lookup) loads;
+    the feature head the user picks is kept."""
+    models = ModelPanel()
+    qtbot.addWidget(models)
+    models.target.set_value(str(tmp_path / "my-model"))
+    assert models.spec().drafter is None
+    assert models.spec().resolved().drafter is DrafterKind.PROMPT_LOOKUP
+    models.drafter.activated.emit(models.drafter.currentIndex())
+    assert models.spec().drafter is DrafterKind.FEATURE_HEAD

@@ -156,6 +156,20 @@ def test_feature_head_session_runs_in_the_window(qtbot, window, errors, tiny_pai
     assert "feature head" in window.model_panel.loaded.text()
 
 
+def test_another_target_with_the_opening_pair_loads_prompt_lookup_and_says_why(qtbot, window, errors):
+    """The tiny target with the drafter left at the built-in pair the panel opens with loads prompt
+    lookup, and the panel says why in a line of its own."""
+    from specdeck.engine.loading.registry import DEFAULT_HEAD
+
+    window.model_panel.drafter.setCurrentText("feature head")
+    window.model_panel.draft.set_value(DEFAULT_HEAD)
+    _run(qtbot, window, window.model_panel.load_button)
+    assert errors == []
+    assert window.session_model.pair.drafter == "prompt-lookup"
+    shown = window.model_panel.loaded.text()
+    assert "<br>" in shown and "gets prompt lookup" in shown and "feature head and draft are for" in shown
+
+
 def test_suffix_session_drafts_from_the_earlier_answer(qtbot, window, errors):
     """With the suffix drafter the same prompt run twice writes the same text and accepts more
     drafts the second time: the loaded pair keeps the first answer."""
