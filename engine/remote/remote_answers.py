@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
@@ -51,7 +51,7 @@ class Expect:
 
 
 def _expect(info: ValidationInfo) -> Expect:
-    return Expect(**info.context) if info.context else Expect()
+    return info.context["expect"] if info.context else Expect()
 
 
 def _log_probability(value: float) -> float:
@@ -275,9 +275,11 @@ class SglangGenerate(Timed):
                 "input_token_logprobs name other tokens than were sent: the entries are not at their positions"
             )
         for i, entry in enumerate([*meta.input_top_logprobs, meta.output_top_logprobs[0]]):
-            if entry is None and expect.start + i > 0:  # nothing predicts the input's first token
-                raise ValueError(f"input_top_logprobs[{i}] is empty")
-            _listed({token: lp for lp, token, _ in entry or [(0.0, 0, None)]}, info, f"input_top_logprobs[{i}]")
+            if entry is None:
+                if expect.start + i > 0:  # only the input's first token has nothing that predicted it
+                    raise ValueError(f"input_top_logprobs[{i}] is empty")
+                continue
+            _listed({token: lp for lp, token, _ in entry}, info, f"input_top_logprobs[{i}]")
         return self
 
     def rows(self, kept: int, start: int) -> list[Row]:
@@ -343,4 +345,5 @@ def problems(error: ValidationError, limit: int = 3) -> str:
 
 
 def context_of(expect: Expect | None) -> dict | None:
-    return asdict(expect) if expect is not None else None
+    """The validation context that carries what a request sent to its answer's validators."""
+    return {"expect": expect} if expect is not None else None
