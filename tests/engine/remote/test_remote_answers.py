@@ -35,7 +35,7 @@ PROFILE = settings(
     deadline=None,
     derandomize=not LONG,
     database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 
