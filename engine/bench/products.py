@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import row_kernel
 from specdeck.engine.forward.row_kernel import QUANTIZED, QuantizedLinear
 from specdeck.engine.loading.backends import gguf_file
+from specdeck.engine.loading.gguf_checks import check_gguf
 from specdeck.engine.loading.registry import DEFAULT_TARGET
 
 
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     path = Path(args.model) if args.model.endswith(".gguf") else gguf_file(args.model)
     if path is None or not path.is_file():
         parser.error(f"{args.model} is not a GGUF file or a built-in model with one")
+    try:
+        check_gguf(path)  # its metadata must imply exactly its tensors before they are read
+    except SpecDeckError as error:
+        parser.error(str(error))
     missing = row_kernel.int8_available()
     if missing is not None:
         parser.error(missing)

@@ -22,6 +22,7 @@ from pathlib import Path
 from specdeck.engine.atomic import building_folder
 from specdeck.engine.cache import gguf_cache, heal
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.loading.gguf_checks import check_gguf
 
 Progress = Callable[[str], None]
 
@@ -45,6 +46,7 @@ def convert_gguf(path: Path, progress: Progress | None = None, beside_load: bool
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_gguf(path)  # its metadata must imply exactly its tensors, before any of it is converted
     target = conversion_folder(path)
     heal(progress)
     if (target / "model.safetensors").exists():

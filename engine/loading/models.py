@@ -32,6 +32,7 @@ from specdeck.engine.forward.hf_parts import output_projection
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 from specdeck.engine.loading.backends import choose_backend, gguf_file
 from specdeck.engine.loading.devices import resolve_device, resolve_dtype
+from specdeck.engine.loading.gguf_checks import check_gguf
 from specdeck.engine.loading.gguf_conversion import conversion_folder, convert_gguf, converted_weights, pending_damage
 from specdeck.engine.loading.hub import hub_message, hub_source
 from specdeck.engine.loading.preflight import check_model_folder
@@ -129,6 +130,8 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     if not name.strip():
         raise SpecDeckError("No model given: name a built-in model, a Hugging Face id, a folder or a .gguf file.")
     device = resolve_device(options.device)
+    if (given := gguf_file(name.strip())) is not None:
+        check_gguf(given)  # before either backend, or timing them, reads it: a damaged file is named as such
     on_torch = lambda name, progress: load_model(name, LoadOptions(device="cpu", backend="torch"), progress)  # noqa: E731
     if choose_backend(name.strip(), options.backend, device, options.dtype, progress, on_torch) == "llama.cpp":
         return _load_on_llama_cpp(name.strip(), progress)

@@ -22,11 +22,17 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import TypeVar
+
+from pydantic import ValidationError
 
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.remote.remote_answers import Answer, ErrorBody, Expect, context_of, problems
 
 API_KEY_VARIABLE = "SPECDECK_API_KEY"
 DEFAULT_TIMEOUT_S = 60.0
+
+A = TypeVar("A", bound=Answer)
 
 
 class ServerFault(SpecDeckError):
@@ -55,15 +61,22 @@ class Endpoint:
         self.timeout_s = timeout_s
         self.key = os.environ.get(API_KEY_VARIABLE, "")
 
-    def get(self, path: str, root: bool = False) -> dict:
-        return self.request(path, None, root)[0]
+    def get(self, path: str, schema: type[A], root: bool = False) -> A:
+        return self.request(path, None, schema, None, root)[0]
 
-    def post(self, path: str, body: dict, root: bool = False) -> tuple[dict, float]:
-        """The server's JSON answer to `body` at `path`, and the milliseconds from sending to the
-        whole answer read (the round trip, the server's own time included)."""
-        return self.request(path, body, root)
+    def post(
+        self, path: str, body: dict, schema: type[A], expect: Expect | None = None, root: bool = False
+    ) -> tuple[A, float]:
+        """The server's answer to `body` at `path`, validated against `schema` and what was sent
+        (`expect`), and the milliseconds from sending to the whole answer read (the round trip,
+        the server's own time included)."""
+        return self.request(path, body, schema, expect, root)
 
-    def request(self, path: str, body: dict | None, root: bool) -> tuple[dict, float]:
+    def request(
+        self, path: str, body: dict | None, schema: type[A], expect: Expect | None, root: bool
+    ) -> tuple[A, float]:
+        """Every answer comes through here, and through its schema: nothing of one is read before
+        it has been checked against what was sent (`remote_answers`)."""
         url = (self.root if root else self.base) + path
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -104,7 +117,13 @@ class Endpoint:
                 f"The server at {self.base} answered {path} with {type(answer).__name__}, not an "
                 "object: check that --target names an OpenAI-compatible API."
             )
-        return answer, elapsed_ms
+        try:
+            return schema.model_validate(answer, context=context_of(expect)), elapsed_ms
+        except ValidationError as error:
+            raise ServerFault(
+                f"The server at {self.base} ({schema.api} API) answered {path} with what SpecDeck cannot "
+                f"trust, so no draft was judged by it: {problems(error)}. {schema.advice}"
+            ) from None
 
     def _status_message(self, status: int, text: str, path: str) -> str:
         said = f" ({text})" if text else ""
@@ -243,12 +262,6 @@ def _error_text(error: urllib.error.HTTPError) -> str:
     except (OSError, http.client.HTTPException):
         return ""
     try:
-        body = json.loads(raw)
-    except ValueError:
+        return ErrorBody.model_validate_json(raw).said()[:200]
+    except ValidationError:  # not JSON, or not an error body of a known shape: shown as it came
         return raw.decode("utf-8", "replace").strip()[:200]
-    if isinstance(body, dict):
-        detail = body.get("error", body.get("detail", body.get("message", body)))
-        if isinstance(detail, dict):
-            detail = detail.get("message", detail)
-        return str(detail)[:200]
-    return str(body)[:200]

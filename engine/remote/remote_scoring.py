@@ -21,9 +21,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.remote.remote_http import Endpoint, ServerFault
-
-Row = dict[int, float]  # token id -> log-probability
+from specdeck.engine.remote.remote_answers import (
+    EchoCompletion,
+    Expect,
+    Row,
+    SglangGenerate,
+    Timed,
+    Tokenized,
+    VllmCompletion,
+)
+from specdeck.engine.remote.remote_http import Endpoint
 
 
 @dataclass(frozen=True)
@@ -46,20 +53,23 @@ class ServerTime:
         return None if self.cached_tokens is None else self.cached_tokens > 0
 
     @classmethod
-    def of(cls, answer: dict, round_trip_ms: float) -> ServerTime:
+    def of(cls, answer: Timed, round_trip_ms: float) -> ServerTime:
         """The times an answer reports: llama.cpp's `timings`, OpenAI's `usage.prompt_tokens_details`,
         SGLang's `meta_info`."""
-        timings = answer.get("timings") or {}
-        usage = answer.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        meta = answer.get("meta_info") or {}
+        timings, usage, meta = answer.timings, answer.usage, answer.meta_info
+        details = usage.prompt_tokens_details if usage else None
         server_ms = None
-        if "prompt_ms" in timings:
-            server_ms = float(timings.get("prompt_ms", 0.0)) + float(timings.get("predicted_ms", 0.0))
-        elif "e2e_latency" in meta:
-            server_ms = float(meta["e2e_latency"]) * 1e3
-        cached = timings.get("cache_n", details.get("cached_tokens", meta.get("cached_tokens")))
-        return cls(round_trip_ms, server_ms, int(cached) if cached is not None else None)
+        if timings and timings.prompt_ms is not None:
+            server_ms = timings.prompt_ms + (timings.predicted_ms or 0.0)
+        elif meta and meta.e2e_latency is not None:
+            server_ms = meta.e2e_latency * 1e3
+        counts = (
+            timings.cache_n if timings else None,
+            details.cached_tokens if details else None,
+            meta.cached_tokens if meta else None,
+        )
+        cached = next((n for n in counts if n is not None), None)
+        return cls(round_trip_ms, server_ms, cached)
 
 
 class Scoring(Protocol):
@@ -70,18 +80,12 @@ class Scoring(Protocol):
     ) -> tuple[list[Row], ServerTime]: ...
 
 
-def _shape_fault(endpoint: Endpoint, what: str) -> ServerFault:
-    return ServerFault(
-        f"The server at {endpoint.base} answered without {what}: it does not offer the "
-        "log-probabilities a remote target needs (docs/remote.md lists the flags servers need)."
-    )
-
-
 class VllmScoring:
     """vLLM's `/v1/completions`: token ids in, `prompt_logprobs` out."""
 
-    def __init__(self, top: int) -> None:
+    def __init__(self, top: int, vocab: int) -> None:
         self.top = top
+        self.vocab = vocab
 
     def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
         return drafts
@@ -96,26 +100,17 @@ class VllmScoring:
             "prompt_logprobs": self.top,
             "return_tokens_as_token_ids": True,
         }
-        answer, ms = endpoint.post("/completions", body)
-        try:
-            choice = answer["choices"][0]
-            prompt = choice["prompt_logprobs"]
-            rows = [
-                {int(t): float(v["logprob"]) for t, v in prompt[j].items()}
-                for j in range(len(ids), len(ids) + len(drafts))
-            ]
-            last = choice["logprobs"]["top_logprobs"][0]
-            rows.append({int(t.removeprefix("token_id:")): float(v) for t, v in last.items()})
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-            raise _shape_fault(endpoint, "prompt_logprobs") from None
-        return rows, ServerTime.of(answer, ms)
+        expect = Expect(prompt=ids + drafts, top=self.top, vocab=self.vocab)
+        answer, ms = endpoint.post("/completions", body, VllmCompletion, expect)
+        return answer.rows(len(ids)), ServerTime.of(answer, ms)
 
 
 class SglangScoring:
     """SGLang's native `/generate`: `input_ids` in, top log-probabilities from the first draft on out."""
 
-    def __init__(self, top: int) -> None:
+    def __init__(self, top: int, vocab: int) -> None:
         self.top = top
+        self.vocab = vocab
 
     def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
         return drafts
@@ -130,15 +125,9 @@ class SglangScoring:
             "logprob_start_len": start,
             "top_logprobs_num": self.top,
         }
-        answer, ms = endpoint.post("/generate", body, root=True)
-        try:
-            meta = answer["meta_info"]
-            given = meta["input_top_logprobs"]
-            rows = [{int(t): float(lp) for lp, t, *_ in given[j - start]} for j in range(len(ids), len(full))]
-            rows.append({int(t): float(lp) for lp, t, *_ in meta["output_top_logprobs"][0]})
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise _shape_fault(endpoint, "input_top_logprobs") from None
-        return rows, ServerTime.of(answer, ms)
+        expect = Expect(prompt=full, top=self.top, vocab=self.vocab, start=start)
+        answer, ms = endpoint.post("/generate", body, SglangGenerate, expect, root=True)
+        return answer.rows(len(ids), start), ServerTime.of(answer, ms)
 
 
 class EchoScoring:
@@ -164,10 +153,9 @@ class EchoScoring:
             drafts = drafts[: drafts.index(self.bos)]
         for attempt in range(3):
             full = ids + drafts
-            read, _ = endpoint.post("/extras/tokenize", {"input": self.text(full)}, root=True)
-            tokens = read.get("tokens")
-            if not isinstance(tokens, list):
-                raise _shape_fault(endpoint, "tokens from /extras/tokenize")
+            vocab = Expect(vocab=len(self.tokenizer))
+            read, _ = endpoint.post("/extras/tokenize", {"input": self.text(full)}, Tokenized, vocab, root=True)
+            tokens = read.tokens
             if tokens == full:
                 return drafts
             differ = next((i for i, (a, b) in enumerate(zip(tokens, full)) if a != b), min(len(tokens), len(full)))
@@ -194,22 +182,14 @@ class EchoScoring:
             "logprobs": self.top,
             "repeat_penalty": 1.0,
         }  # its default penalty (1.1) would move the argmax
-        answer, ms = endpoint.post("/completions", body)
-        try:
-            given = answer["choices"][0]["logprobs"]["top_logprobs"]
-        except (KeyError, IndexError, TypeError):
-            raise _shape_fault(endpoint, "logprobs for the prompt (echo)") from None
         lead = 1 if full[0] == self.bos else 0
         # the entries' tokens: what is left of the prompt, then the generated one, as far as the server
         # has outputs for (one per prompt token: without a leading BOS, the generated one goes unlisted)
         labels = (full[lead:] + [-1])[: len(full)]
         entry = [i for i, token in enumerate(labels) if token != self.bos]  # the entries the answer holds
-        if lead and len(given) == len(entry) - 1 and not (answer.get("usage") or {}).get("completion_tokens"):
-            # the generated token was an end-of-text one, which the server leaves out with its entry:
-            # the argmax after the whole prompt is that token, its log-probability not given (shown as 0)
-            given = [*given, {"": 0.0}]
-        if len(given) != len(entry):
-            raise _shape_fault(endpoint, f"one log-probability entry per token ({len(given)} for {len(entry)})")
+        expect = Expect(prompt=full, top=self.top, vocab=len(self.tokenizer), entries=len(entry), lead=bool(lead))
+        answer, ms = endpoint.post("/completions", body, EchoCompletion, expect)
+        given = answer.entries(len(entry))
         rows = []
         for r in range(len(ids) - 1, len(full)):  # entry r holds the output after token r of the full prompt
             if labels[r] == self.bos or given[entry.index(r)] is None:
@@ -218,7 +198,7 @@ class EchoScoring:
                     "cannot verify a BOS token: use a longer prompt."
                 )
             draft = full[r + 1] if r + 1 < len(full) else None
-            rows.append({self._token(text, draft): float(lp) for text, lp in given[entry.index(r)].items()})
+            rows.append({self._token(text, draft): lp for text, lp in (given[entry.index(r)] or {}).items()})
         return rows, ServerTime.of(answer, ms)
 
     def _shown(self, tokens: list[int]) -> str:

@@ -33,6 +33,7 @@ import torch
 
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.remote.remote_answers import ModelList
 from specdeck.engine.remote.remote_http import Endpoint, ServerFault
 from specdeck.engine.remote.remote_scoring import EchoScoring, Scoring, ServerTime, SglangScoring, VllmScoring
 
@@ -151,17 +152,16 @@ def connect(settings: RemoteSettings, tokenizer) -> RemoteTarget:
             "(the server lists its models at /v1/models)."
         )
     endpoint = Endpoint(settings.url, settings.timeout_s)
-    listing = endpoint.get("/models")
-    models = [m for m in listing.get("data", []) if isinstance(m, dict)]
-    names = [str(m.get("id")) for m in models]
+    models = endpoint.get("/models", ModelList).data
+    names = [m.id for m in models]
     if settings.model not in names:
         raise SpecDeckError(
             f"The server at {settings.url} serves {', '.join(names) or 'no model'}, not "
             f"{settings.model!r}: pass one of those as --target-model."
         )
-    owner = str(models[names.index(settings.model)].get("owned_by", "")).lower()
+    owner = (models[names.index(settings.model)].owned_by or "").lower()
     if owner == "vllm":
-        return RemoteTarget(settings, tokenizer, endpoint, VllmScoring(TOP_LOGPROBS), "vllm")
+        return RemoteTarget(settings, tokenizer, endpoint, VllmScoring(TOP_LOGPROBS, len(tokenizer)), "vllm")
     if owner == "sglang":
-        return RemoteTarget(settings, tokenizer, endpoint, SglangScoring(TOP_LOGPROBS), "sglang")
+        return RemoteTarget(settings, tokenizer, endpoint, SglangScoring(TOP_LOGPROBS, len(tokenizer)), "sglang")
     return RemoteTarget(settings, tokenizer, endpoint, EchoScoring(tokenizer, TOP_LOGPROBS), "llama-cpp-python")

@@ -21,6 +21,7 @@ from specdeck.engine.loading.models import encode_prompt, load_tokenizer
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.remote.remote_answers import Timed
 from specdeck.engine.remote.remote_http import API_KEY_VARIABLE, Endpoint
 from specdeck.engine.remote.remote_scoring import ServerTime
 from specdeck.engine.remote.remote_target import RemoteSettings, RemoteTarget, connect
@@ -365,11 +366,13 @@ def test_latency_model_pays_more_the_longer_the_round_trip():
 
 def test_server_time_reads_what_servers_report():
     """The round's split: llama.cpp's timings and OpenAI's cached-token count; nothing invented where absent."""
-    timed = ServerTime.of({"timings": {"prompt_ms": 30.0, "predicted_ms": 10.0, "cache_n": 0}}, 100.0)
+    timed = ServerTime.of(
+        Timed.model_validate({"timings": {"prompt_ms": 30.0, "predicted_ms": 10.0, "cache_n": 0}}), 100.0
+    )
     assert (timed.server_ms, timed.network_ms, timed.cache_hit) == (40.0, 60.0, False)
-    cached = ServerTime.of({"usage": {"prompt_tokens_details": {"cached_tokens": 96}}}, 50.0)
+    cached = ServerTime.of(Timed.model_validate({"usage": {"prompt_tokens_details": {"cached_tokens": 96}}}), 50.0)
     assert (cached.server_ms, cached.network_ms, cached.cache_hit) == (None, 50.0, True)
-    assert ServerTime.of({}, 25.0).cache_hit is None
+    assert ServerTime.of(Timed.model_validate({}), 25.0).cache_hit is None
 
 
 class _Rows:
