@@ -24,7 +24,7 @@ def _blocks(kind: str, rows: int, width: int, seed: int) -> np.ndarray:
     """Random GGUF blocks of `kind` for a (rows, width) matrix, with scales (and minimums) of a
     trained model's size, as the file stores them: (rows, width / 32 * bytes a block)."""
     rng = np.random.default_rng(seed)
-    size = row_kernel.QUANTIZED[kind][1]
+    size = row_kernel.block_shape(kind)[1]
     blocks = rng.integers(0, 256, (rows, width // 32, size), dtype=np.uint8)
     scales = [0, 2] if kind == "Q4_1" else [0]
     for start, spread in zip(scales, (0.01, 0.05)):
