@@ -107,3 +107,42 @@ def test_the_packed_weight_stays_near_the_files_bytes(kind):
     blocks = _random_blocks(kind, 96, width, seed=5)
     quantized, _ = _products(kind, blocks, width, _built("this CPU's"))
     assert quantized._packed.numel() * quantized._packed.element_size() <= 1.5 * blocks.nbytes
+
+
+@pytest.fixture(scope="module")
+def requantized(tmp_path_factory) -> list:
+    """The built-in SmolLM2-135M file requantized by llama.cpp's own quantizer to Q4_K_M and Q5_K_M
+    (which hold Q4_K, Q5_K and Q6_K blocks, and Q5_0 and Q5_1 where rows are not whole super-blocks),
+    read by gguf-py; skipped without llama-cpp-python."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from specdeck.engine.loading.backends import gguf_file
+
+    source, folder = gguf_file("smollm2-135m-instruct"), tmp_path_factory.mktemp("requantized")
+    assert source is not None
+    readers = []
+    for ftype in ("Q4_K_M", "Q5_K_M"):
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.allow_requantize = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"), True
+        target = folder / f"{ftype}.gguf"
+        assert llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) == 0
+        readers.append(gguf.GGUFReader(str(target)))
+    return readers
+
+
+def test_a_requantized_files_blocks_have_the_bits_of_the_float32_product(requantized):
+    """On a real file's blocks of every new type (the first matrix of each), the product of 1, 4 and
+    9 rows equals the float32 row kernel's product of gguf-py's dequantization, bit for bit."""
+    seen = set()
+    for reader in requantized:
+        for tensor in reader.tensors:
+            kind = tensor.tensor_type.name
+            if kind not in FORMATS or kind in seen or len(tensor.shape) != 2:
+                continue
+            seen.add(kind)
+            width = int(tensor.shape[0])  # gguf lists dimensions innermost first
+            blocks = np.asarray(tensor.data).reshape(int(tensor.shape[1]), -1)
+            quantized, plain = _products(kind, blocks, width, _built("this CPU's"))
+            x = torch.randn(9, width, generator=torch.Generator().manual_seed(6))
+            for n in (1, 4, 9):
+                assert torch.equal(quantized(x[:n]), plain(x[:n])), (tensor.name, n)
+    assert seen == {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"}
