@@ -384,6 +384,7 @@ static inline long code_group_bytes(int group, int high, int offset, int vectors
 }
 
 #if defined(__AVX512F__)
+#define RC RQ /* rows a kernel call takes */
 #define CLOAD(p) _mm512_loadu_si512((const void *)(p))
 #define CSET(i) _mm512_set1_epi32(i)
 #define CSHR(v, n) _mm512_srli_epi32(v, n)
@@ -391,6 +392,7 @@ static inline long code_group_bytes(int group, int high, int offset, int vectors
 #define CAND(a, b) _mm512_and_si512(a, b)
 #define COR(a, b) _mm512_or_si512(a, b)
 #else
+#define RC 4 /* 8 accumulators beside the decoding's registers: 6 rows spilled them to the stack */
 #define CLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define CSET(i) _mm256_set1_epi32(i)
 #define CSHR(v, n) _mm256_srli_epi32(v, n)
@@ -406,7 +408,7 @@ static inline long code_group_bytes(int group, int high, int offset, int vectors
  * registers. */
 static inline __attribute__((always_inline)) void codes(int R, int V, int G, int H, const float *x, long k,
                                                         const uint8_t *wb, float *y, long n, long j0, int offset) {
-    vec acc[RQ][C];
+    vec acc[RC][C];
     float mins[C * LANES];
     long size = code_group_bytes(G, H, offset, V);
     ACC_ZERO(R, V);
@@ -443,14 +445,12 @@ static inline __attribute__((always_inline)) void codes(int R, int V, int G, int
         codes(R, V, (H) == 2 ? 16 : 32, H, x, k, wb, y, n, j0, offset);                                \
     }
 #define CODE_ROW(H, V)                                                                                 \
-    CODE_KERNEL(H, 1, V) CODE_KERNEL(H, 2, V) CODE_KERNEL(H, 3, V) CODE_KERNEL(H, 4, V) CODE_KERNEL(H, 5, V) \
-    CODE_KERNEL(H, 6, V) CODE_MORE(H, V)
+    CODE_KERNEL(H, 1, V) CODE_KERNEL(H, 2, V) CODE_KERNEL(H, 3, V) CODE_KERNEL(H, 4, V) CODE_MORE(H, V)
 #define CODE_NAMES(H, V)                                                                               \
-    {0, code_##H##_1_##V, code_##H##_2_##V, code_##H##_3_##V, code_##H##_4_##V, code_##H##_5_##V,       \
-     code_##H##_6_##V CODE_MORE_NAMES(H, V)}
-#if RQ > 6
-#define CODE_MORE(H, V) CODE_KERNEL(H, 7, V) CODE_KERNEL(H, 8, V)
-#define CODE_MORE_NAMES(H, V) , code_##H##_7_##V, code_##H##_8_##V
+    {0, code_##H##_1_##V, code_##H##_2_##V, code_##H##_3_##V, code_##H##_4_##V CODE_MORE_NAMES(H, V)}
+#if RC > 4
+#define CODE_MORE(H, V) CODE_KERNEL(H, 5, V) CODE_KERNEL(H, 6, V) CODE_KERNEL(H, 7, V) CODE_KERNEL(H, 8, V)
+#define CODE_MORE_NAMES(H, V) , code_##H##_5_##V, code_##H##_6_##V, code_##H##_7_##V, code_##H##_8_##V
 #else
 #define CODE_MORE(H, V)
 #define CODE_MORE_NAMES(H, V)
@@ -466,7 +466,7 @@ typedef void (*code_fn)(const float *, long, const uint8_t *, float *, long, lon
 CODE_KERNELS_OF(0)
 CODE_KERNELS_OF(1)
 CODE_KERNELS_OF(2)
-static const code_fn CODE_KERNELS[3][C + 1][RQ + 1] = {CODE_TABLE_OF(0), CODE_TABLE_OF(1), CODE_TABLE_OF(2)};
+static const code_fn CODE_KERNELS[3][C + 1][RC + 1] = {CODE_TABLE_OF(0), CODE_TABLE_OF(1), CODE_TABLE_OF(2)};
 
 /* y (m, n) = x (m, k) w^T for w packed as above (`kind` 4 to 9); k a multiple of the type's group,
  * n of LANES; blocks split between threads as in `row_kernel_product`. */
@@ -477,8 +477,8 @@ static void codes_part(int t, int nt, int kind, const float *x, long m, long k, 
     for (long b = first; b < last; b++) {
         int vectors = b < full ? C : (int)((n - full * NB) / LANES);
         const uint8_t *wb = w + b * groups * code_group_bytes(type->group, type->high, type->offset, C);
-        for (long r = 0; r < m; r += RQ) {
-            int rows = m - r < RQ ? (int)(m - r) : RQ;
+        for (long r = 0; r < m; r += RC) {
+            int rows = m - r < RC ? (int)(m - r) : RC;
             CODE_KERNELS[type->high][vectors][rows](x + r * k, k, wb, y + r * n, n, b * NB, type->offset);
         }
     }
