@@ -6,8 +6,8 @@ Each type here dequantizes, in gguf-py (`gguf/quants.py`), to w = s q + mn per g
 s is exact in float32 (a float16 times an integer of at most 8 bits), and so is s q, so the kernel's
 fma(q, s, mn) rounds once, where gguf-py's s q + mn does, to the same value (`row_kernel.c`, kinds 4
 to 9). `pack` lays every type out in that one layout: s (and mn, where it is not a fixed multiple of
-s) as float32, q's low 4 bits as nibbles and its higher bits as a plane of 32 bits a group, about
-1.1 to 1.3 times the file's bytes.
+s) as float32, q's low 4 bits as nibbles and its higher bits as a plane of 32 bits a group, 1.1 to
+1.33 times the file's bytes.
 """
 
 from __future__ import annotations

@@ -358,10 +358,10 @@ static void quantized_part(int t, int nt, int kind, const float *x, long m, long
  *
  * Packed per block of columns (V vectors of LANES columns), group by group of G k-steps:
  *   s (V LANES float32); mn (V LANES float32) where the type has minimums (an offset of 0 below;
- *   else mn = -offset s, computed here: the file's bytes are not stored twice); where q has more
- *   than 4 bits, its high bits (V LANES uint32: k-step i's at bits H i .. H i + H - 1); then for each
- *   pair p < G / 2 of k-steps and each vector c, LANES bytes: q's low 4 bits at k = 2p in the low
- *   nibble, at 2p + 1 in the high (Q4_1's order). */
+ *   else mn = -offset s is computed here, a float a column and group fewer to stream); where q has
+ *   more than 4 bits, its high bits (V LANES uint32: k-step i's at bits H i .. H i + H - 1); then for
+ *   each pair p < G / 2 of k-steps and each vector c, LANES bytes: q's low 4 bits at k = 2p in the
+ *   low nibble, at 2p + 1 in the high (Q4_1's order). */
 struct code_type {
     int group;  /* k-steps sharing a scale: G */
     int high;   /* bits of q above the low 4: H */
