@@ -343,6 +343,148 @@ static void quantized_part(int t, int nt, int kind, const float *x, long m, long
     }
 }
 
+/* ---- Float32 rows on the other GGUF block types: kinds 4 to 9 ----
+ *
+ * Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K each decode, in gguf-py's dequantization, to w = s q + mn:
+ * q a small unsigned integer, s a scale and mn an offset per group of 32 k-steps (Q6_K: 16),
+ *   Q4_0: s = d, mn = -8 d;      Q5_0: s = d, mn = -16 d;      Q5_1: s = d, mn = m;
+ *   Q4_K, Q5_K: s = d sc, mn = -dmin mc (sc, mc: the sub-block's 6-bit scale and minimum);
+ *   Q6_K: s = d sc, mn = -32 s (sc: the sub-block's 8-bit signed scale).
+ * s is exact in float32 (an 11-bit float16 times an integer of at most 8 bits), and so is s q (at
+ * most 24 bits), so fma(q, s, mn) rounds once, where gguf-py's s q + mn does, to the same value; where
+ * mn is -2^j s the value s (q - 2^j) is itself a float32 and nothing rounds. So one layout and one
+ * kernel serve every type (`engine/forward/block_codes.py` packs them), and each output is again one
+ * fused multiply-add a term in k order, as `row_kernel_product` sums the dequantized matrix.
+ *
+ * Packed per block of columns (V vectors of LANES columns), group by group of G k-steps:
+ *   s (V LANES float32); mn (V LANES float32) where the type has minimums (an offset of 0 below;
+ *   else mn = -offset s is computed here, a float a column and group fewer to stream); where q has
+ *   more than 4 bits, its high bits (V LANES uint32: k-step i's at bits H i .. H i + H - 1); then for
+ *   each pair p < G / 2 of k-steps and each vector c, LANES bytes: q's low 4 bits at k = 2p in the
+ *   low nibble, at 2p + 1 in the high (Q4_1's order). */
+struct code_type {
+    int group;  /* k-steps sharing a scale: G */
+    int high;   /* bits of q above the low 4: H */
+    int offset; /* mn = -offset s; 0: mn stored */
+};
+#define CODE_KINDS 4 /* the kind number of the first entry */
+static const struct code_type CODE_TYPES[] = {
+    {32, 0, 8},  /* 4: Q4_0 */
+    {32, 1, 16}, /* 5: Q5_0 */
+    {32, 1, 0},  /* 6: Q5_1 */
+    {32, 0, 0},  /* 7: Q4_K */
+    {32, 1, 0},  /* 8: Q5_K */
+    {16, 2, 32}, /* 9: Q6_K */
+};
+#define CODE_LAST (CODE_KINDS + (int)(sizeof CODE_TYPES / sizeof CODE_TYPES[0]) - 1)
+
+/* Bytes of one group of a packed block of `vectors` vectors of columns. */
+static inline long code_group_bytes(int group, int high, int offset, int vectors) {
+    return (long)vectors * LANES * (4 + (offset ? 0 : 4) + (high ? 4 : 0) + group / 2);
+}
+
+#if defined(__AVX512F__)
+#define RC RQ /* rows a kernel call takes */
+#define CLOAD(p) _mm512_loadu_si512((const void *)(p))
+#define CSET(i) _mm512_set1_epi32(i)
+#define CSHR(v, n) _mm512_srli_epi32(v, n)
+#define CSHL(v, n) _mm512_slli_epi32(v, n)
+#define CAND(a, b) _mm512_and_si512(a, b)
+#define COR(a, b) _mm512_or_si512(a, b)
+#else
+#define RC 4 /* 8 accumulators beside the decoding's registers: 6 rows spilled them to the stack */
+#define CLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define CSET(i) _mm256_set1_epi32(i)
+#define CSHR(v, n) _mm256_srli_epi32(v, n)
+#define CSHL(v, n) _mm256_slli_epi32(v, n)
+#define CAND(a, b) _mm256_and_si256(a, b)
+#define COR(a, b) _mm256_or_si256(a, b)
+#endif
+
+/* y[r][j0 + i] for r < R rows, i < V LANES columns of a block packed as above, G k-steps a group and
+ * H high bits. Each vector of columns is decoded once a pair of k-steps, q = low | high << 4 in
+ * integers and w = fma(q, s, mn), and multiplied into all R rows' accumulators. Inlined where R, V,
+ * G and H are constants (`CODE_KERNEL`), so the compiler unrolls it and keeps the accumulators in
+ * registers. */
+static inline __attribute__((always_inline)) void codes(int R, int V, int G, int H, const float *x, long k,
+                                                        const uint8_t *wb, float *y, long n, long j0, int offset) {
+    vec acc[RC][C];
+    float mins[C * LANES];
+    long size = code_group_bytes(G, H, offset, V);
+    ACC_ZERO(R, V);
+    for (long g = 0; g < k / G; g++, wb += size) {
+        const float *s = (const float *)wb, *mn = offset ? mins : s + V * LANES;
+        const uint8_t *hs = wb + V * LANES * (offset ? 4 : 8), *qs = hs + (H ? V * LANES * 4 : 0);
+        PREFETCH_GROUP(wb + 128 / G * size, size);
+        if (offset)
+            for (int c = 0; c < V; c++) VSTORE(mins + c * LANES, VMUL(VLOAD(s + c * LANES), VSET((float)-offset)));
+        for (int p = 0; p < G / 2; p++) {
+            const float *xi = x + g * G + 2 * p;
+            for (int c = 0; c < V; c++) {
+                ivec q = QU8(qs + (p * V + c) * LANES), low = QLOW(q), high = QHIGH(q);
+                if (H) {
+                    ivec h = CSHR(CLOAD(hs + c * LANES * 4), 2 * H * p), top = CSET(((1 << H) - 1) << 4);
+                    low = COR(low, CAND(CSHL(h, 4), top));
+                    high = COR(high, CAND(CSHL(h, 4 - H), top));
+                }
+                vec sc = VLOAD(s + c * LANES), mc = VLOAD(mn + c * LANES);
+                vec w = VFMA(QFLOAT(low), sc, mc);
+                for (int r = 0; r < R; r++) acc[r][c] = VFMA(VBCAST(xi + r * k), w, acc[r][c]);
+                w = VFMA(QFLOAT(high), sc, mc);
+                for (int r = 0; r < R; r++) acc[r][c] = VFMA(VBCAST(xi + r * k + 1), w, acc[r][c]);
+            }
+        }
+    }
+    ACC_STORE(R, V);
+}
+
+/* The kernels by H (which fixes G: 32, 32, 16), vectors of columns and rows. */
+#define CODE_KERNEL(H, R, V)                                                                           \
+    static void code_##H##_##R##_##V(const float *x, long k, const uint8_t *wb, float *y, long n, long j0,  \
+                                     int offset) {                                                     \
+        codes(R, V, (H) == 2 ? 16 : 32, H, x, k, wb, y, n, j0, offset);                                \
+    }
+#define CODE_ROW(H, V)                                                                                 \
+    CODE_KERNEL(H, 1, V) CODE_KERNEL(H, 2, V) CODE_KERNEL(H, 3, V) CODE_KERNEL(H, 4, V) CODE_MORE(H, V)
+#define CODE_NAMES(H, V)                                                                               \
+    {0, code_##H##_1_##V, code_##H##_2_##V, code_##H##_3_##V, code_##H##_4_##V CODE_MORE_NAMES(H, V)}
+#if RC > 4
+#define CODE_MORE(H, V) CODE_KERNEL(H, 5, V) CODE_KERNEL(H, 6, V) CODE_KERNEL(H, 7, V) CODE_KERNEL(H, 8, V)
+#define CODE_MORE_NAMES(H, V) , code_##H##_5_##V, code_##H##_6_##V, code_##H##_7_##V, code_##H##_8_##V
+#else
+#define CODE_MORE(H, V)
+#define CODE_MORE_NAMES(H, V)
+#endif
+#if C > 2
+#define CODE_KERNELS_OF(H) CODE_ROW(H, 1) CODE_ROW(H, 2) CODE_ROW(H, 3)
+#define CODE_TABLE_OF(H) {{0}, CODE_NAMES(H, 1), CODE_NAMES(H, 2), CODE_NAMES(H, 3)}
+#else
+#define CODE_KERNELS_OF(H) CODE_ROW(H, 1) CODE_ROW(H, 2)
+#define CODE_TABLE_OF(H) {{0}, CODE_NAMES(H, 1), CODE_NAMES(H, 2)}
+#endif
+typedef void (*code_fn)(const float *, long, const uint8_t *, float *, long, long, int);
+CODE_KERNELS_OF(0)
+CODE_KERNELS_OF(1)
+CODE_KERNELS_OF(2)
+static const code_fn CODE_KERNELS[3][C + 1][RC + 1] = {CODE_TABLE_OF(0), CODE_TABLE_OF(1), CODE_TABLE_OF(2)};
+
+/* y (m, n) = x (m, k) w^T for w packed as above (`kind` 4 to 9); k a multiple of the type's group,
+ * n of LANES; blocks split between threads as in `row_kernel_product`. */
+static void codes_part(int t, int nt, int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y) {
+    const struct code_type *type = &CODE_TYPES[kind - CODE_KINDS];
+    long full = n / NB, blocks = (n + NB - 1) / NB, groups = k / type->group;
+    long first = blocks * t / nt, last = blocks * (t + 1) / nt;
+    for (long b = first; b < last; b++) {
+        int vectors = b < full ? C : (int)((n - full * NB) / LANES);
+        const uint8_t *wb = w + b * groups * code_group_bytes(type->group, type->high, type->offset, C);
+        for (long r = 0; r < m; r += RC) {
+            int rows = m - r < RC ? (int)(m - r) : RC;
+            CODE_KERNELS[type->high][vectors][rows](x + r * k, k, wb, y + r * n, n, b * NB, type->offset);
+        }
+    }
+}
+/* ---- end of the float32 rows on kinds 4 to 9 ---- */
+
 
 /* Products on the same blocks with the activations in 8 bits, as llama.cpp multiplies them: each
  * row's group of 32 values x becomes a float scale s = max |x| / 127 and 32 integers a = round(x / s)
@@ -729,20 +871,26 @@ void row_kernel_attention(const float *q, long q_row, long q_head, const float *
                    heads, kv_heads, d, window, scale, out);
 }
 
-/* A product inside a team of threads: kind -1 float32 blocks, 0 Q4_1, 1 Q8_0, 2 Q4_1 and 3 Q8_0 with
- * 8-bit activations (the layouts above). */
+/* Whether products of `kind` take their rows in 8 bits: kinds 2 and 3, and 12 on. */
+static inline int int8_kind(int64_t kind) { return kind == 2 || kind == 3 || kind >= 12; }
+
+/* A product inside a team of threads: kind -1 float32 blocks, 0 Q4_1, 1 Q8_0, 4 to 9 the other block
+ * types (`CODE_TYPES`), all with float32 rows; the kinds of `int8_kind` with 8-bit activations (the
+ * layouts above). */
 static void any_part(int t, int nt, int64_t kind, const void *w, const float *x, long m, long k, long n, float *y) {
     if (kind < 0)
         product_part(t, nt, x, m, k, (const float *)w, n, y);
     else if (kind < 2)
         quantized_part(t, nt, (int)kind, x, m, k, (const uint8_t *)w, n, y);
+    else if (kind >= CODE_KINDS && kind <= CODE_LAST)
+        codes_part(t, nt, (int)kind, x, m, k, (const uint8_t *)w, n, y);
 #if INT8_ACTIVATIONS
     else
         int8_part(t, nt, (int)kind, x, m, k, (const uint8_t *)w, n, y);
 #endif
 }
 
-/* y (m, n) = x (m, k) w^T on a GGUF weight packed as above (`kind` 0 to 3, `any_part`). */
+/* y (m, n) = x (m, k) w^T on a GGUF weight packed as above (`kind` as in `any_part`). */
 void row_kernel_quantized(int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y, int threads) {
 #pragma omp parallel num_threads(threads)
     any_part(omp_get_thread_num(), omp_get_num_threads(), kind, w, x, m, k, n, y);
@@ -850,7 +998,7 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
                 rms_rows(xp + r * hidden, 1, hidden, norms[2 * layer], eps, h + r * hidden);
             /* queries, keys and values; the rotary; keys and values into the cache (`place`) */
 #if INT8_ACTIVATIONS
-            if (kind[0] >= 2) { /* each thread its own heads, turned and cached as soon as computed */
+            if (int8_kind(kind[0])) { /* each thread its own heads, turned and cached as soon as computed */
                 own_rows(h, m, hidden);
                 for (long u = units * t / nt; u < units * (t + 1) / nt; u++) {
                     int8_vectors((int)kind[0], m, hidden, (const uint8_t *)w[0], n_qkv, qkv, u * per, (u + 1) * per);
@@ -876,7 +1024,7 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
                 rms_rows(xp + r * hidden, 1, hidden, norms[2 * layer + 1], eps, h + r * hidden);
             }
 #if INT8_ACTIVATIONS
-            if (kind[2] >= 2 && inter % LANES == 0) { /* each thread the gate and up of its own columns */
+            if (int8_kind(kind[2]) && inter % LANES == 0) { /* each thread the gate and up of its own columns */
                 long vectors = inter / LANES, first = vectors * t / nt, last = vectors * (t + 1) / nt;
                 own_rows(h, m, hidden);
                 int8_vectors((int)kind[2], m, hidden, (const uint8_t *)w[2], n_gu, gu, first, last);

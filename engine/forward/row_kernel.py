@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from specdeck.engine.forward import block_codes
 from specdeck.engine.forward.kernel_build import library
 
 
@@ -95,9 +96,9 @@ def _rows_through(linear: KernelLinear | QuantizedLinear, x: torch.Tensor, produ
 
 
 # GGUF block types the kernel reads, by its kind number (`row_kernel.c`, `any_part`): with float32
-# rows (`QUANTIZED`, every type the kernel reads) and with rows in 8 bits (`INT8_KINDS`; a type
-# missing there takes float32 rows).
-QUANTIZED = {"Q4_1": 0, "Q8_0": 1}
+# rows (`QUANTIZED`, every type the kernel reads; 4 on, `block_codes`' one layout) and with rows in
+# 8 bits (`INT8_KINDS`; a type missing there takes float32 rows).
+QUANTIZED = {"Q4_1": 0, "Q8_0": 1, "Q4_0": 4, "Q5_0": 5, "Q5_1": 6, "Q4_K": 7, "Q5_K": 8, "Q6_K": 9}
 INT8_KINDS = {"Q4_1": 2, "Q8_0": 3}
 
 
@@ -106,6 +107,8 @@ def block_shape(kind: str) -> tuple[int, int]:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     return GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+
+
 ACTIVATIONS = ("float32", "int8")  # how a product on GGUF blocks takes its rows (`QuantizedLinear`)
 INT8_MISSING = "the row kernel has no 8-bit products for AVX-512 without VNNI"
 
@@ -119,12 +122,12 @@ def int8_available() -> str | None:
 
 
 class QuantizedLinear:
-    """y = x W^T + b through the row kernel on a weight kept in a GGUF file's blocks (Q4_1, Q8_0).
+    """y = x W^T + b through the row kernel on a weight kept in a GGUF file's blocks (`QUANTIZED`).
 
-    `blocks` (out, in / 32 * bytes per block), uint8: the rows' blocks as the file stores them. The
-    kernel decodes each weight as gguf-py does and sums it as `KernelLinear` sums the decoded
-    matrix, so the product has the bits of `KernelLinear(dequantized)` at any row count, on 4.5
-    (Q4_1) or 8.5 (Q8_0) bits a weight instead of 32. `dense` makes the decoded matrix (the file's
+    `blocks` (out, in / weights a block * bytes a block), uint8: the rows' blocks as the file stores
+    them. The kernel decodes each weight as gguf-py does and sums it as `KernelLinear` sums the
+    decoded matrix, so the product has the bits of `KernelLinear(dequantized)` at any row count, on
+    4.5 (Q4_1) to 8.5 (Q8_0) bits a weight instead of 32. `dense` makes the decoded matrix (the file's
     own dequantization), for the rare reader that needs it; `source`, where given, the blocks again
     (from the file: nothing kept twice), for `rows`."""
 
@@ -204,7 +207,10 @@ class QuantizedLinear:
 def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:
     """Column blocks (count, columns, groups, bytes) of GGUF blocks in the kernel's layout
     (`row_kernel.c`): per column block, per group of 32, the scales (and minimums) of its columns,
-    then the columns' quants k-step by k-step (Q4_1: two k-steps a byte)."""
+    then the columns' quants k-step by k-step (Q4_1: two k-steps a byte); the other types in
+    `block_codes`' layout."""
+    if kind in block_codes.FORMATS:
+        return block_codes.pack(blocks, kind)
     count, columns, groups, _ = blocks.shape
     fields = blocks.transpose(0, 2, 1, 3)  # (count, groups, columns, bytes)
     scales = [fields[..., 0:2], fields[..., 2:4]] if kind == "Q4_1" else [fields[..., 0:2]]
