@@ -16,62 +16,22 @@ ones, and a `block_count` of 10^9 loops for ever. So before anything reads the f
   are exactly those the metadata implies, each of the shape it implies.
 A refusal blames the file, which is what is wrong: SpecDeck's cache is untouched by then.
 
-The header is read here with `struct` rather than gguf-py's reader, which parses every string of
-a tokenizer (seconds for the built-in model); arrays are stepped over, their lengths kept. A
-file's verdict is kept for the process, keyed by its path, size and time of change.
+The header is read by `gguf_header`, the reader the file's identity also uses. A file's verdict is
+kept for the process, keyed by its path, size and time of change.
 """
 
 from __future__ import annotations
 
-import math
-import mmap
 import re
-import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.loading.gguf_header import BOUNDS, Header, UnreadableHeader, read_gguf
 
-MAGIC = b"GGUF"
-STRING, ARRAY = 8, 9  # gguf's value types of a string and an array
-SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # whose tensors the metadata implies exactly, here
 # architectures transformers reads that gguf-py does not name, and whose tensors they have
 # (llama.cpp writes Mistral models as llama; transformers also reads them named mistral)
 TENSORS_AS = {"mistral": "llama"}
-KEPT_ARRAY = 4096  # items of a numeric array kept (per-layer head counts); longer ones only counted
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """Sizes beyond any published model (the largest have ~130 layers, 16k-wide embeddings,
-    256k-token vocabularies): a file claiming more is damaged, and reading on would take for ever."""
-
-    layers: int = 1024
-    width: int = 1 << 17  # embedding_length, key and value widths
-    feed_forward: int = 1 << 20
-    heads: int = 1 << 12
-    vocabulary: int = 1 << 22
-    context: int = 1 << 24
-    dimensions: int = 4  # of one tensor
-    entries: int = 1 << 20  # metadata keys, tensors
-
-
-BOUNDS = Bounds()
-
-
-@dataclass
-class Header:
-    """What the file says: its metadata (numeric arrays of up to `KEPT_ARRAY` items as lists, others
-    as their lengths in `lengths`) and each tensor's shape (innermost dimension first) and type."""
-
-    fields: dict[str, object] = field(default_factory=dict)
-    lengths: dict[str, int] = field(default_factory=dict)
-    tensors: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
-
-
-class _Damaged(Exception):
-    """The file ends or contradicts itself where its header should go on."""
 
 
 class _Refused(Exception):
@@ -86,10 +46,8 @@ def check_gguf(path: Path) -> None:
     if key in _PASSED:
         return
     try:
-        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            header = _read_header(data)
-    except (_Damaged, struct.error, UnicodeDecodeError, ValueError, OSError) as error:
-        reason = "it ends inside its header" if isinstance(error, struct.error) else str(error)
+        header = read_gguf(path)
+    except UnreadableHeader as reason:
         raise SpecDeckError(
             f"{path} is not a readable GGUF model ({reason}). Check that the download finished, or pick another file."
         ) from None
@@ -103,83 +61,6 @@ def check_gguf(path: Path) -> None:
 
 
 _PASSED: set[tuple[str, int, int]] = set()  # files that passed, by path, size and time of change
-
-
-def _read_header(data) -> Header:
-    if data[:4] != MAGIC:
-        raise _Damaged("it does not begin with GGUF")
-    version, tensors, entries = struct.unpack_from("<IQQ", data, 4)
-    if version not in (2, 3):
-        raise _Damaged(f"GGUF version {version}, where 2 and 3 are known")
-    if max(tensors, entries) > min(BOUNDS.entries, len(data)):
-        raise _Damaged(f"it claims {entries} metadata entries and {tensors} tensors")
-    header, at = Header(), 24
-    offsets: dict[str, int] = {}
-
-    def string(at: int) -> tuple[str, int]:
-        (length,) = struct.unpack_from("<Q", data, at)
-        if at + 8 + length > len(data):
-            raise _Damaged(f"a string of {length} bytes runs past the end of the file")
-        return bytes(data[at + 8 : at + 8 + length]).decode("utf-8"), at + 8 + length
-
-    def value(kind: int, at: int, key: str) -> tuple[object, int]:
-        if kind == STRING:
-            return string(at)
-        if kind in SCALARS:
-            form = SCALARS[kind]
-            return struct.unpack_from(form, data, at)[0], at + struct.calcsize(form)
-        if kind != ARRAY:
-            raise _Damaged(f"{key} has value type {kind}, which GGUF does not define")
-        item, count = struct.unpack_from("<IQ", data, at)
-        at += 12
-        if count > len(data) - at or item == STRING and 8 * count > len(data) - at:
-            raise _Damaged(f"{key} claims {count} items, more than the file holds")
-        header.lengths[key] = count
-        if item == STRING:
-            for _ in range(count):  # stepped over, not decoded: a tokenizer's vocabulary is most of a header
-                at += 8 + struct.unpack_from("<Q", data, at)[0]
-            return None, at
-        if item not in SCALARS:
-            raise _Damaged(f"{key} is an array of value type {item}")
-        size = struct.calcsize(SCALARS[item])
-        kept = list(struct.unpack_from(f"<{count}{SCALARS[item][1]}", data, at)) if count <= KEPT_ARRAY else None
-        return kept, at + count * size
-
-    for _ in range(entries):
-        key, at = string(at)
-        (kind,) = struct.unpack_from("<I", data, at)
-        header.fields[key], at = value(kind, at + 4, key)
-    for _ in range(tensors):
-        name, at = string(at)
-        (dimensions,) = struct.unpack_from("<I", data, at)
-        if not 1 <= dimensions <= BOUNDS.dimensions:
-            raise _Damaged(f"tensor {name} claims {dimensions} dimensions")
-        shape = struct.unpack_from(f"<{dimensions}Q", data, at + 4)
-        kind, offset = struct.unpack_from("<IQ", data, at + 4 + 8 * dimensions)
-        at += 4 + 8 * dimensions + 12
-        if name in header.tensors:
-            raise _Damaged(f"tensor {name} is listed twice")
-        header.tensors[name] = (tuple(shape), kind)
-        offsets[name] = offset
-    alignment = header.fields.get("general.alignment", 32)
-    start = -(-at // alignment) * alignment if isinstance(alignment, int) and alignment > 0 else at
-    for name, (shape, kind) in header.tensors.items():
-        end = start + offsets[name] + _bytes(name, shape, kind)
-        if end > len(data):
-            raise _Damaged(f"tensor {name} ends {end - len(data)} bytes past the end of the file (cut short?)")
-    return header
-
-
-def _bytes(name: str, shape: tuple[int, ...], kind: int) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-    except (ValueError, KeyError):
-        raise _Damaged(f"tensor {name} has type {kind}, which this gguf library does not know") from None
-    if shape[0] % block:
-        raise _Damaged(f"tensor {name} has rows of {shape[0]} values, not a whole number of {block}-value blocks")
-    return math.prod(shape) // block * size
 
 
 def _check_metadata(header: Header) -> None:

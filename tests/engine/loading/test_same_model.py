@@ -139,13 +139,16 @@ def test_a_target_of_its_own_gets_prompt_lookup_and_the_load_says_why(tmp_path):
 
 
 def test_a_file_whose_header_does_not_read_gets_prompt_lookup_and_says_so(tmp_path):
-    """A cut-off file, one whose lengths run past its end and an empty one are no file of the
-    built-in model: prompt lookup, and the note says the file cannot be compared, with no traceback."""
-    cut, wild, empty = tmp_path / "cut.gguf", tmp_path / "wild.gguf", tmp_path / "empty.gguf"
+    """A file cut off in its header or in its weights, one whose lengths run past its end and an
+    empty one are no file of the built-in model: prompt lookup, and the note says the file cannot
+    be compared, with no traceback."""
+    cut, short = tmp_path / "cut.gguf", tmp_path / "short.gguf"
+    wild, empty = tmp_path / "wild.gguf", tmp_path / "empty.gguf"
     cut.write_bytes(BUILTIN.read_bytes()[:4096])
+    short.write_bytes(BUILTIN.read_bytes()[:-1000])  # a download that stopped in its last tensor
     wild.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
     empty.write_bytes(b"")
-    for path in (cut, wild, empty):
+    for path in (cut, short, wild, empty):
         spec = PairSpec(str(path))
         assert spec.resolved().drafter is DrafterKind.PROMPT_LOOKUP
         assert "this file cannot be compared" in spec.default_note()
