@@ -95,7 +95,7 @@ class PairInfo:
     device: str
     dtype: str
     vocabulary: str = ""  # a draft model's vocabulary case against the target's, in words
-    backend: str = "torch"  # what runs the target (`LoadedModel.backend`)
+    backend: str = "float32"  # what runs the target, in words (`LoadedModel.runs`)
     layers: str = ""  # the layer-skip drafter's layers and what each count measured, in words
     note: str = ""  # why the drafter left to its default is not SpecDeck's own (`ModelPair.note`)
 
@@ -136,7 +136,7 @@ def describe(pair: ModelPair) -> PairInfo:
         str(pair.target.device),
         str(pair.target.dtype).removeprefix("torch."),
         pair.vocabulary.describe() if pair.vocabulary is not None else "",
-        pair.target.backend,
+        pair.target.runs,
         _layers(pair.layer_choice),
         pair.note,
     )

@@ -82,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 summary = event
     if summary is not None and not args.jsonl:
         print("\n")
-        print(format_summary(summary, pair.description, pair.target.backend))
+        print(format_summary(summary, pair.description, pair.target.runs))
     return 130 if cancel.is_set() else 0
 
 
@@ -91,10 +91,11 @@ def jsonl_line(value: dict) -> str:
     return json.dumps(value, ensure_ascii=False).translate(_LINE_BREAKS)
 
 
-def format_summary(s, description: str, backend: str = "torch") -> str:
+def format_summary(s, description: str, runs: str = "float32") -> str:
+    """The session's summary for the terminal; `runs`: what ran the target (`LoadedModel.runs`)."""
     lines = [
         f"pair                  {description}",
-        f"backend               {backend}",
+        f"runs on               {runs}",
         f"new tokens            {s.new_tokens} in {s.rounds} rounds ({s.stop_reason})",
         f"tokens/s              {s.tokens_per_s:.1f} (prefill {s.prefill_ms:.0f} ms excluded)",
         f"acceptance rate       {s.acceptance_rate:.3f} ({s.accepted}/{s.drafted} drafts)",

@@ -50,6 +50,7 @@ class SessionStarted:
     curve_tokens: tuple[int, ...] = ()
     curve_ms: tuple[float, ...] = ()
     draft_ms: float = 0.0
+    runs: str = ""  # what runs the target, in words (`LoadedModel.runs`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,7 +104,8 @@ class RunInfo:
     prompt: str
     extra_versions: dict[str, str] = field(default_factory=dict)
     vocabulary: str = ""  # the pair's vocabulary case (`engine.vocabulary.VocabularyMatch.describe`)
-    backend: str = "torch"  # what ran the target: "torch", or "llama.cpp (Q4_1)" (`LoadedModel.backend`)
+    # what ran the target, in words: "Q4_1 blocks on the row kernel (8-bit rows)", "float32", "llama.cpp Q4_1"
+    backend: str = "float32"  # (`LoadedModel.runs`)
 
 
 def library_versions() -> dict[str, str]:

@@ -404,9 +404,7 @@ class ModelPair:
         tail = self.drafter_description if self.drafter_kind else "plain"
         if isinstance(self.target, RemoteTarget):
             return f"target {self.target.describe()} + {tail} (greedy only)"
-        where = f"on {self.target.device.type} ({str(self.target.dtype).removeprefix('torch.')})"
-        if self.target.backend != "torch":
-            where = f"on {self.target.device.type}, {self.target.backend}"
+        where = f"on {self.target.device.type}, {self.target.runs}"
         case = f"; {self.vocabulary.describe()}" if self.vocabulary is not None and not self.vocabulary.same else ""
         return f"target {self.target.name} + {tail} {where}{case}"
 

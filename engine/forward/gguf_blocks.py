@@ -13,6 +13,12 @@ gguf-py's dequantization of the named tensor equals the loaded float32 matrix bi
 row (the converter reorders the rows of the query and key projections for the rotary, so rows
 are matched by value). Anything else (another file, another block type, a tensor missing) keeps
 its float32 product, and the products' report says how many run on the file's blocks.
+
+A model read in place (`engine.loading.gguf_in_place`) has no float32 matrices to compare: its
+loader knows which of the file's rows is which (the converter's order, undone as transformers
+undoes it) and hands that order over (`remember`'s `rows`); its products are always the file's.
+Matrices of different block types fused into one product (a Q4_K_M file's query and value
+projections, say) run as one product of parts, each on its own blocks.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from specdeck.engine.atomic import write_text
 from specdeck.engine.forward import row_kernel
 from specdeck.engine.forward.gguf_index import matches_path, tensors_of
 from specdeck.engine.forward.linear import PathChoice
-from specdeck.engine.forward.row_kernel import QUANTIZED, QuantizedLinear
+from specdeck.engine.forward.row_kernel import QUANTIZED, QuantizedLinear, QuantizedParts
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +51,49 @@ _SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> th
 _WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weights' digest, their folder)
 ROW_MATCHES_FILE = "row_matches.json"  # in a converted folder: `FileMatrices`' verdicts on its weights
 _OWN: weakref.WeakSet = weakref.WeakSet()  # drafters' models whose products take Q8_0 blocks of their own weights
+_IN_PLACE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {tensor: the file's rows in its order}
 
 
-def remember(model: torch.nn.Module, path: Path, weights: tuple[str, Path] | None = None) -> None:
+def remember(
+    model: torch.nn.Module,
+    path: Path,
+    weights: tuple[str, Path] | None = None,
+    rows: dict[str, np.ndarray] | None = None,
+) -> None:
     """Note that `model`'s weights are the dequantized weights of the GGUF file `path`. `weights`:
     their recorded digest, checked when they loaded, and the folder they were converted into: the
     verdicts on which rows match are kept there under that digest (`FileMatrices`), so they last
-    as long as the weights they judge, and a load need not checksum each matrix to find them."""
+    as long as the weights they judge, and a load need not checksum each matrix to find them.
+    `rows`: a model read in place, whose matrices are the file's tensors named, each row the file's
+    row given (its placeholders hold no values to compare)."""
     _SOURCES[model] = path
     if weights is not None:
         _WEIGHTS[model] = weights
+    if rows is not None:
+        _IN_PLACE[model] = rows
+
+
+def read_in_place(model: torch.nn.Module) -> bool:
+    """Whether `model`'s matrices exist only as its GGUF file's blocks (`engine.gguf_in_place`)."""
+    return model in _IN_PLACE
+
+
+def matrix_kinds(path: Path) -> dict[str, str]:
+    """The block type of each large matrix of the GGUF file `path` (a decoder layer's products and
+    the output layer, where untied), by tensor name."""
+    tensors = tensors_of(path)
+    layer = {f"{name}.weight" for group in LAYER_TENSORS for name in group}
+    return {
+        name: t.tensor_type.name
+        for name, t in tensors.items()
+        if name == "output.weight" or name.startswith("blk.") and name.split(".", 2)[2] in layer
+    }
+
+
+def unread_kinds(kinds: dict[str, str]) -> dict[str, int]:
+    """Of `matrix_kinds`, the block types the row kernel does not read, with how many matrices hold each."""
+    unread = [kind for kind in kinds.values() if kind not in QUANTIZED]
+    return {kind: unread.count(kind) for kind in sorted(set(unread))}
 
 
 OFF = ("off", "0", "no")  # SPECDECK_GGUF_BLOCKS values that keep every product on float32 weights
@@ -72,7 +111,7 @@ def blocks_off() -> bool:
 def source_of(model: torch.nn.Module) -> Path | None:
     """The GGUF file whose blocks `model`'s products on the row kernel take, or None: a model from
     elsewhere, or `SPECDECK_GGUF_BLOCKS=off` (float32 products, for measuring one against the other)."""
-    if _setting() in OFF:
+    if _setting() in OFF and model not in _IN_PLACE:  # read in place: the file's blocks are all it has
         return None
     return _SOURCES.get(model)
 
@@ -112,13 +151,13 @@ def blocks_key(model: torch.nn.Module) -> str:
 def blocks_of(model: torch.nn.Module) -> FileMatrices | OwnMatrices | None:
     """The quantized matrices of the GGUF file `model` was read from (`source_of`), or of its own
     weights (`own_blocks`); None for neither, also where the file no longer reads."""
-    if own_blocks(model):
+    if own_blocks(model) and model not in _IN_PLACE:  # in place: its own float32 matrices do not exist
         return OwnMatrices()
     path = source_of(model)
     if path is None:
         return None
     try:
-        return FileMatrices(path, weights=_WEIGHTS.get(model))
+        return FileMatrices(path, weights=_WEIGHTS.get(model), known=_IN_PLACE.get(model))
     except Exception as error:  # gguf's reader raises many types on a changed file
         log.info("the matrices of %s stay float32: the file does not read (%s)", path, error)
         return None
@@ -140,10 +179,18 @@ def prefer_kernel(model: torch.nn.Module, choose: Callable[[], PathChoice]) -> P
 class FileMatrices:
     """A GGUF file's tensors, memory-mapped, by name."""
 
-    def __init__(self, path: Path, rows: str | None = None, weights: tuple[str, Path] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        rows: str | None = None,
+        weights: tuple[str, Path] | None = None,
+        known: dict[str, np.ndarray] | None = None,
+    ) -> None:
         """`rows`: how its products take their rows (`activations()` by default); `weights`: the
-        digest and folder of the weights compared with the file (`remember`)."""
+        digest and folder of the weights compared with the file (`remember`); `known`: each
+        tensor's rows in the model's order, for a model read in place (nothing compared)."""
         self.path = path
+        self._known = known
         self._tensors = tensors_of(path)
         self.used: list[str] = []  # the block types of the products made, one a product
         self.activations = rows or activations()
@@ -156,7 +203,9 @@ class FileMatrices:
         """`_matching_rows`, decided once per file and weights: a verdict is kept under the tensor's
         name and the weights' shape and digest (of all the weights, where `remember` was given it,
         else of this matrix), so that a later load of the same weights skips decoding the file's
-        blocks to compare them."""
+        blocks to compare them. A model read in place gives the rows (`known`)."""
+        if self._known is not None:
+            return self._known.get(name, np.arange(weight.shape[0]))
         digest = self._digest or f"{zlib.crc32(np.ascontiguousarray(weight).data):08x}"
         key = f"{name}|{weight.shape}|{digest}"
         if key in self._matches:
@@ -189,14 +238,15 @@ class FileMatrices:
 
     def product(
         self, names: Sequence[str], params: Sequence[torch.Tensor], bias: torch.Tensor | None
-    ) -> QuantizedLinear | None:
+    ) -> QuantizedLinear | QuantizedParts | None:
         """The product of `params` (stacked by rows) on the file's blocks of the tensors `names`, or
-        None where the file does not hold exactly these matrices in one block type the kernel takes."""
+        None where the file does not hold exactly these matrices in block types the kernel takes.
+        Matrices of one type make one product; of several, one product of parts, one a type run."""
         tensors = [self._tensors[name] for name in names if name in self._tensors]
         if not names or len(tensors) != len(names) or len(tensors) != len(params):
             return None
-        kinds = {t.tensor_type.name for t in tensors}
-        if len(kinds) != 1 or not kinds <= QUANTIZED.keys():
+        kinds = [t.tensor_type.name for t in tensors]
+        if not set(kinds) <= QUANTIZED.keys():
             return None
         if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params):
             return None
@@ -206,18 +256,30 @@ class FileMatrices:
             if rows is None:
                 return None
             pieces.append((tensor, rows))
-        (kind,) = kinds
+        width = params[0].shape[1]
+        runs = [[pieces[0]]]  # neighbours of one type share a product
+        for previous, piece in zip(pieces, pieces[1:]):
+            if piece[0].tensor_type == previous[0].tensor_type:
+                runs[-1].append(piece)
+            else:
+                runs.append([piece])
+        self.used.append("+".join(dict.fromkeys(kinds)))
+        if len(runs) == 1:
+            return self._product(runs[0], width, bias)
+        parts = [self._product(run, width, None) for run in runs]
+        return QuantizedParts(parts, bias)
+
+    def _product(self, pieces: list, width: int, bias: torch.Tensor | None) -> QuantizedLinear:
+        """One product on the blocks of `pieces` ((tensor, its rows in order), all of one type)."""
 
         def blocks(pieces=pieces) -> np.ndarray:
             return np.concatenate([np.asarray(t.data)[rows] for t, rows in pieces])
 
-        def dense(pieces=pieces, width=params[0].shape[1]) -> torch.Tensor:
+        def dense(pieces=pieces, width=width) -> torch.Tensor:
             return torch.cat([torch.from_numpy(_dequantized(t, width)[rows]) for t, rows in pieces])
 
-        self.used.append(kind)
-        return QuantizedLinear(
-            blocks(), kind, params[0].shape[1], dense, bias, source=blocks, activations=self.activations
-        )
+        kind = pieces[0][0].tensor_type.name
+        return QuantizedLinear(blocks(), kind, width, dense, bias, source=blocks, activations=self.activations)
 
     def summary(self, total: int) -> str:
         """For the products' report: how many run on the file's blocks, in which types."""

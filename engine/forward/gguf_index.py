@@ -27,7 +27,7 @@ from specdeck.engine.cache import tensor_index_cache
 
 log = logging.getLogger(__name__)
 
-VERSION = 1  # of the index's layout: another one is read again from the file
+VERSION = 2  # of the index's layout: another one is read again from the file (2: the file type)
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,24 @@ class IndexedTensor:
 
 def tensors_of(path: Path) -> dict[str, IndexedTensor]:
     """The file's tensors by name, from the cached index where it matches the file."""
+    return _mapped(path, _index(path))
+
+
+def file_type(path: Path) -> str:
+    """The file's weight type as llama.cpp names it ("Q4_1", "Q4_K_M": `general.file_type`), or
+    "unknown" where the file does not say."""
+    from gguf import LlamaFileType
+
+    number = _index(path).get("file_type")
+    if number is None:
+        return "unknown"
+    try:
+        return LlamaFileType(number).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except ValueError:
+        return "unknown"
+
+
+def _index(path: Path) -> dict:
     index = _cached(path)
     if index is None:
         index = _read(path)
@@ -52,13 +70,19 @@ def tensors_of(path: Path) -> dict[str, IndexedTensor]:
             write_text(_index_path(path), json.dumps(index))
         except Exception as error:  # a read-only or full cache only costs the next load the read
             log.info("the tensor index of %s was not kept: %s", path, error)
-    return _mapped(path, index)
+    return index
 
 
 def matches_path(path: Path) -> Path:
     """Where the verdicts of `engine.gguf_blocks` on the file's tensors are kept (which rows of each
     match a model's weights bit for bit), beside its index and under the same key."""
     return _index_path(path).with_suffix(".rows.json")
+
+
+def config_path(path: Path) -> Path:
+    """Where the file's model config, as transformers reads it from the file's metadata, is kept
+    (`engine.gguf_in_place`): beside its index and under the same key."""
+    return _index_path(path).with_suffix(".config.json")
 
 
 def _index_path(path: Path) -> Path:
@@ -109,6 +133,9 @@ def _tensors_only_reader():
 
 
 def _read(path: Path) -> dict:
+    reader = _tensors_only_reader()(str(path), "r")
+    field = reader.fields.get("general.file_type")
+    kind = int(field.parts[field.data[0]][0]) if field is not None and field.data else None
     tensors = [
         {
             "name": t.name,
@@ -119,9 +146,9 @@ def _read(path: Path) -> dict:
             "dtype": t.data.dtype.str,
             "layout": list(t.data.shape),
         }
-        for t in _tensors_only_reader()(str(path), "r").tensors
+        for t in reader.tensors
     ]
-    return {"version": VERSION, "tensors": tensors}
+    return {"version": VERSION, "tensors": tensors, "file_type": kind}
 
 
 def _mapped(path: Path, index: dict) -> dict[str, IndexedTensor]:

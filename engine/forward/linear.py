@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from specdeck.engine.forward import row_kernel
-from specdeck.engine.forward.row_kernel import KernelLinear, QuantizedLinear
+from specdeck.engine.forward.row_kernel import KernelLinear, QuantizedLinear, QuantizedParts
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class PackedLinear:
         return torch.cat([packed.to_dense() for packed in self._packed], dim=1)
 
 
-Linear = DenseLinear | PackedLinear | KernelLinear | QuantizedLinear
+Linear = DenseLinear | PackedLinear | KernelLinear | QuantizedLinear | QuantizedParts
 
 
 @dataclass(frozen=True)

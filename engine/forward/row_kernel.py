@@ -204,6 +204,32 @@ class QuantizedLinear:
         return self._cuts[key]
 
 
+class QuantizedParts:
+    """y = x W^T + b where W's rows are parts of different GGUF block types (a Q4_K_M file's query,
+    key and value projections, say), each part its own `QuantizedLinear`: the parts' outputs side
+    by side, then the bias. Each output is its part's sum, so the bits are those of the parts."""
+
+    path = "kernel"
+    exact = True
+
+    def __init__(self, parts: list[QuantizedLinear], bias: torch.Tensor | None = None) -> None:
+        self.parts, self.bias = parts, bias
+        self.kind = "+".join(dict.fromkeys(part.kind for part in parts))
+        self.activations = "int8" if any(part.activations == "int8" for part in parts) else "float32"
+        self.out_features = sum(part.out_features for part in parts)
+        self.in_features = parts[0].in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.cat([part(x) for part in self.parts], dim=-1)
+        if self.bias is not None:
+            out.add_(self.bias)  # after the sums: element-wise, so each row's bits stay its own
+        return out
+
+    def dense(self) -> torch.Tensor:
+        """The decoded weight matrix (out, in), float32: a new tensor."""
+        return torch.cat([part.dense() for part in self.parts])
+
+
 def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:
     """Column blocks (count, columns, groups, bytes) of GGUF blocks in the kernel's layout
     (`row_kernel.c`): per column block, per group of 32, the scales (and minimums) of its columns,

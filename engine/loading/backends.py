@@ -1,15 +1,18 @@
 """Which backend runs a model: torch (every model) or llama.cpp (`.gguf` files, where
 llama-cpp-python is installed; `engine.llamacpp_backend`).
 
-`auto` runs a small GGUF file on torch where SpecDeck's row kernel builds (its products read the
-file's own blocks, and its step beats llama.cpp's), and elsewhere picks llama.cpp for a GGUF file
-when it measures faster on this machine: one-token forwards
-(a plain decoding step) after a short context on both backends, with the threads torch uses. The
-verdict is saved with the measured costs (`specdeck cache --clear` forgets it), so the measurement
-runs once per file, machine and thread count. A model that would not fit in memory dequantized
-for torch goes to llama.cpp unmeasured. llama.cpp is timed in a child process: a build that crashes
-on this CPU (a native fault, which no Python code survives) ends the child alone, and the file runs
-on torch, with the reason said and saved.
+`auto` goes by what would run the file on torch. Where the row kernel builds and reads the block
+types of all of the file's large matrices (`row_kernel.QUANTIZED`), torch reads the file in place
+(`engine.gguf_in_place`) and its step beats llama.cpp's: auto takes torch unmeasured, if the file
+fits in memory about three times over (the mapping, the products' packed blocks, the rest). Else
+torch would run float32 weights, or some of them, and auto picks llama.cpp for a GGUF file when it
+measures faster on this machine: one-token forwards (a plain decoding step) after a short context
+on both backends, with the threads torch uses. The verdict is saved with the measured costs
+(`specdeck cache --clear` forgets it), so the measurement runs once per file, machine and thread
+count. A model that would not fit in memory dequantized for torch goes to llama.cpp unmeasured.
+llama.cpp is timed in a child process: a build that crashes on this CPU (a native fault, which no
+Python code survives) ends the child alone, and the file runs on torch, with the reason said and
+saved. Whichever it takes, auto says why in one line.
 """
 
 from __future__ import annotations
@@ -108,32 +111,67 @@ def choose_backend(
                 "or use --backend torch."
             )
         return "llama.cpp"
-    if path is None or device.type != "cpu" or dtype not in ("auto", "float32") or not llama_cpp_installed(progress):
+    if path is None or device.type != "cpu" or dtype not in ("auto", "float32"):
         return "torch"
-    if blocks_on_row_kernel(path, progress):
+    say = progress or log.info
+    why = kernel_refusal(path, progress)
+    if why is None:
+        say(f"Backend auto: torch, where every large matrix of {path.name} runs as its own blocks on the row kernel")
         return "torch"
-    return "llama.cpp" if llama_cpp_faster(name, path, progress, load_on_torch) else "torch"
+    if not llama_cpp_installed(progress):
+        say(f"Backend auto: torch (float32), since {why} and llama.cpp is not installed")
+        return "torch"
+    verdict = step_verdict(name, path, progress, load_on_torch)
+    if verdict is None:
+        say(f"Backend auto: torch (float32), since {why}")
+        return "torch"
+    chosen = "llama.cpp" if verdict["llama.cpp"] < verdict["torch"] else "torch"
+    steps = " and ".join(
+        f"{ms:.1f} ms on {backend}" if ms < float("inf") else f"none on {backend}" for backend, ms in verdict.items()
+    )
+    say(f"Backend auto: {chosen}, since {why}, and a step measured {steps}")
+    return chosen
 
 
 def blocks_on_row_kernel(path: Path, progress: Progress | None = None) -> bool:
-    """Whether torch runs `path`'s own blocks on SpecDeck's row kernel here, whose plain step beats
-    llama.cpp's on the same file where the kernel builds, so auto need not time llama.cpp (seconds
-    of a first load): the kernel builds (or, while it is being built, can be), the blocks are on,
-    and the file dequantized (about 8 times its size) takes at most a sixteenth of the memory
-    available."""
+    """Whether torch runs every large matrix of `path` as its own blocks on SpecDeck's row kernel
+    here (`kernel_refusal`)."""
+    return kernel_refusal(path, progress) is None
+
+
+def kernel_refusal(path: Path, progress: Progress | None = None) -> str | None:
+    """None where torch reads `path` in place, every large matrix its own blocks on SpecDeck's row
+    kernel, whose plain step beats llama.cpp's on the same file, so that auto need not time
+    llama.cpp (seconds of a first load); else why not, in words: the blocks are off, the kernel
+    does not build (a build under way is not waited for: it goes by whether it can), it does not
+    read some of the file's block types (how many matrices it does read, said), or the file does
+    not fit about three times in the memory available."""
     from specdeck.engine.forward import kernel_build
-    from specdeck.engine.forward.gguf_blocks import blocks_off
+    from specdeck.engine.forward.gguf_blocks import blocks_off, matrix_kinds, unread_kinds
     from specdeck.engine.loading.preflight import available_memory
 
     if blocks_off():
-        return False
+        return "SPECDECK_GGUF_BLOCKS=off keeps torch's products on float32 weights"
     if kernel_build.building():  # not waited for here: the load goes on beside the build
-        if kernel_build.buildable() is not None:
-            return False
-    elif isinstance(kernel_build.library(progress), str):
-        return False
+        if (reason := kernel_build.buildable()) is not None:
+            return f"the row kernel does not build here ({reason})"
+    elif isinstance(built := kernel_build.library(progress), str):
+        return f"the row kernel does not build here ({built})"
+    try:
+        kinds = matrix_kinds(path)
+    except Exception as error:  # gguf's reader raises many types on a damaged file
+        return f"the tensors of {path.name} do not read ({type(error).__name__})"
+    unread = unread_kinds(kinds)
+    if unread or not kinds:
+        types = ", ".join(f"{count} {kind}" for kind, count in unread.items())
+        read = len(kinds) - sum(unread.values())
+        return f"the row kernel reads {read} of the {len(kinds)} large matrices of {path.name} (not {types or 'any'})"
     memory = available_memory()
-    return memory is not None and 8 * path.stat().st_size * 16 <= memory
+    size = path.stat().st_size
+    if memory is None or 3 * size > memory:
+        free = "an unknown amount" if memory is None else f"{memory / 1e9:.1f} GB"
+        return f"{path.name} read in place takes about {3 * size / 1e9:.1f} GB, and {free} is free"
+    return None
 
 
 def llama_cpp_faster(
@@ -142,9 +180,20 @@ def llama_cpp_faster(
     progress: Progress | None = None,
     load_on_torch: Callable[[str, Progress | None], object] | None = None,
 ) -> bool:
-    """Whether a plain step of `path` is faster on llama.cpp than on torch here (measured once, then
-    saved); torch's step is timed on the model `load_on_torch` loads (none given: llama.cpp is not
-    chosen)."""
+    """Whether a plain step of `path` is faster on llama.cpp than on torch here (`step_verdict`)."""
+    verdict = step_verdict(name, path, progress, load_on_torch)
+    return verdict is not None and verdict["llama.cpp"] < verdict["torch"]
+
+
+def step_verdict(
+    name: str,
+    path: Path,
+    progress: Progress | None = None,
+    load_on_torch: Callable[[str, Progress | None], object] | None = None,
+) -> dict[str, float] | None:
+    """The milliseconds of a plain step of `path` on llama.cpp and on torch here, by backend
+    (measured once, then saved); torch's step is timed on the model `load_on_torch` loads. None
+    where none is given and none was saved, or llama.cpp cannot read the file."""
     from specdeck.engine.atomic import write_text
     from specdeck.engine.cache import costs_cache, machine_name
     from specdeck.engine.forward.gguf_blocks import activations
@@ -170,11 +219,11 @@ def llama_cpp_faster(
         verdict = json.loads(saved.read_text(encoding="utf-8"))
         if "crash" in verdict:
             (progress or log.warning)(verdict["crash"])
-        return verdict["llama.cpp"] < verdict["torch"]
+        return {backend: float(verdict[backend]) for backend in ("llama.cpp", "torch")}
     except (OSError, ValueError, KeyError, TypeError):
         pass
     if load_on_torch is None:  # nothing to time torch's step on: stay on torch, decide nothing
-        return False
+        return None
     if progress:
         progress(f"Timing {name} on llama.cpp and on torch (once on this machine)")
     try:
@@ -183,14 +232,14 @@ def llama_cpp_faster(
         (progress or log.warning)(str(crash))
         verdict = {"llama.cpp": float("inf"), "crash": str(crash)}
     except SpecDeckError:  # a file llama.cpp cannot read: torch's loader says what is wrong with it
-        return False
+        return None
     verdict["torch"] = _torch_step_ms(name, progress, load_on_torch)
     try:
         saved.parent.mkdir(parents=True, exist_ok=True)
         write_text(saved, json.dumps(verdict))
     except (OSError, SpecDeckError) as error:
         log.warning("could not save the backend timing to %s (%s)", saved, error)
-    return verdict["llama.cpp"] < verdict["torch"]
+    return {backend: verdict[backend] for backend in ("llama.cpp", "torch")}
 
 
 class LlamaCppCrashed(SpecDeckError):

@@ -4,15 +4,18 @@ on the backend it asked for (`engine.backends`): torch, or llama.cpp for a `.ggu
 
 Model files are untrusted input: remote code runs only when the user passes `trust_remote_code`,
 and weights come from safetensors or GGUF (transformers loads a pickled `.bin` with
-`weights_only=True`). A GGUF file is dequantized once into a safetensors cache, since converting
-it takes far longer than loading the result; the cache records the weights' size and SHA-256, and
-a cache that no longer matches them (a disk filled up, a copy cut short) is converted again. On
-llama.cpp a GGUF file runs as it is; only its tokenizer is cached (building it takes seconds).
+`weights_only=True`). A GGUF file whose matrices the row kernel reads is read in place, its
+products on the file's blocks (`engine.gguf_in_place`); any other is dequantized once into a
+safetensors cache, since converting it takes far longer than loading the result; the cache records
+the weights' size and SHA-256, and a cache that no longer matches them (a disk filled up, a copy
+cut short) is converted again. On llama.cpp a GGUF file runs as it is; only its tokenizer is
+cached (building it takes seconds), as it is for a file read in place.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import re
@@ -30,6 +33,8 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks
 from specdeck.engine.forward.hf_parts import output_projection
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
+from specdeck.engine.forward.row_kernel import QuantizedLinear, QuantizedParts
+from specdeck.engine.loading import gguf_in_place
 from specdeck.engine.loading.backends import choose_backend, gguf_file
 from specdeck.engine.loading.devices import resolve_device, resolve_dtype
 from specdeck.engine.loading.gguf_checks import check_gguf
@@ -44,6 +49,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,9 @@ class LoadOptions:
     dtype: str = "auto"  # auto, float32, bfloat16, float16
     trust_remote_code: bool = False
     backend: str = "torch"  # auto, torch, llama.cpp (`engine.backends.choose_backend`)
+    # a GGUF file's matrices read in place where the row kernel reads their blocks (`engine.gguf_in_place`);
+    # False converts the file to float32 first, as where it cannot (for comparing the two)
+    read_in_place: bool = True
 
 
 @dataclass
@@ -83,6 +92,34 @@ class LoadedModel:
         if isinstance(self.model, LlamaCppModel):
             return f"llama.cpp ({self.model.file_type})"
         return "torch"
+
+    @property
+    def runs(self) -> str:
+        """What runs the model, in words, for every label (the window's, the terminal's, `--jsonl`'s
+        and the export's): "llama.cpp Q4_K_M", "Q4_1 blocks on the row kernel (8-bit rows)", some
+        products on blocks and the rest float32, or the dtype ("float32", "bfloat16"). A GGUF
+        model's products are read here where the first session would read them (`weights_of`)."""
+        if isinstance(self.model, LlamaCppModel):
+            return f"llama.cpp {self.model.file_type}"
+        from specdeck.engine.forward.gguf_index import file_type
+        from specdeck.engine.forward.lean_weights import weights_of
+        from specdeck.engine.forward.llama_families import supports
+
+        dtype = str(self.dtype).removeprefix("torch.")
+        path = gguf_blocks.source_of(self.model)
+        if path is None or self.device.type != "cpu" or not supports(self.model):
+            return dtype
+        lean = weights_of(self.model)
+        products = [p for layer in lean.layers for p in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+        products += [lean.head] if lean.head is not None else []
+        on_blocks = [p for p in products if isinstance(p, QuantizedLinear | QuantizedParts)]
+        if not on_blocks:
+            return dtype
+        rows = "8-bit rows" if any(p.activations == "int8" for p in on_blocks) else "float32 rows"
+        label = f"{file_type(path)} blocks on the row kernel ({rows})"
+        if len(on_blocks) < len(products):
+            label += f" for {len(on_blocks)} of {len(products)} products, the rest {dtype}"
+        return label
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -136,6 +173,14 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     if choose_backend(name.strip(), options.backend, device, options.dtype, progress, on_torch) == "llama.cpp":
         return _load_on_llama_cpp(name.strip(), progress)
     dtype = resolve_dtype(options.dtype, device)
+    if (file := gguf_file(name.strip())) is not None and options.read_in_place:
+        why = gguf_in_place.refusal(file, device, options.dtype, progress)
+        if why is None:
+            try:
+                return _load_in_place(name.strip(), file, progress)
+            except gguf_in_place.InPlaceRefused as refused:
+                why = str(refused)
+        log.info("%s is converted to float32: %s", file.name, why)
     source = locate(name.strip(), progress, beside_load=True)  # its checksum: `pending_damage` below
     if is_head_folder(Path(source)):
         raise SpecDeckError(
@@ -186,9 +231,22 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
 
 
+def _load_in_place(name: str, path: Path, progress: Progress | None) -> LoadedModel:
+    """The GGUF file `name` on torch, its matrices its own blocks (`engine.gguf_in_place`)."""
+    try:
+        model = gguf_in_place.load_in_place(path, progress)
+    except MemoryError as error:
+        raise SpecDeckError(
+            f"{name} does not fit in the memory this machine has free: close other programs, or choose a smaller model."
+        ) from error
+    return LoadedModel(name, model, gguf_tokenizer(path, progress), torch.device("cpu"), torch.float32)
+
+
 def load_tokenizer(name: str, progress: Progress | None = None):
     """The tokenizer of model `name` alone (a remote target's, `engine.remote_target`)."""
     try:
+        if (file := gguf_file(name.strip())) is not None:  # its tokenizer alone: no conversion
+            return gguf_tokenizer(file, progress)
         return _load_tokenizer(name, tokenizer_source(locate(name.strip(), progress), progress), False)
     except OSError as error:
         raise SpecDeckError(hub_message(name, error)) from error
@@ -209,6 +267,13 @@ def gguf_tokenizer(path: Path, progress: Progress | None = None):
     """The tokenizer of a GGUF file, built from it once and then read from the cache."""
     from transformers import AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(str(gguf_tokenizer_folder(path, progress)))
+
+
+def gguf_tokenizer_folder(path: Path, progress: Progress | None = None) -> Path:
+    """The cache's folder of a GGUF file's tokenizer, built from the file the first time."""
+    from transformers import AutoTokenizer
+
     folder = conversion_folder(path).with_name(conversion_folder(path).name + TOKENIZER_SUFFIX)
     if not (folder / "tokenizer_config.json").is_file():
         if progress:
@@ -222,7 +287,7 @@ def gguf_tokenizer(path: Path, progress: Progress | None = None):
             ) from error
         with building_folder(folder) as staging:
             tokenizer.save_pretrained(staging)
-    return AutoTokenizer.from_pretrained(str(folder))
+    return folder
 
 
 def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
@@ -269,6 +334,8 @@ def tokenizer_source(source: str, progress: Progress | None = None) -> str:
             f"{path} is not a valid tokenizer reference ({error}): it must hold "
             '{"model": "<alias, folder or Hugging Face id>"}.'
         ) from error
+    if (file := gguf_file(name.strip())) is not None:  # a GGUF model's tokenizer needs no conversion
+        return str(gguf_tokenizer_folder(file, progress))
     return locate(name, progress)
 
 

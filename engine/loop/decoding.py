@@ -152,6 +152,7 @@ def generate(
             curve_tokens=planner.curve.tokens if planner else (),
             curve_ms=planner.curve.forward_ms if planner else (),
             draft_ms=planner.draft_ms_per_token if planner else 0.0,
+            runs=target.runs,
         )
     )
     ids = list(prompt)

@@ -60,6 +60,7 @@ class RemoteTarget:
     device = torch.device("cpu")
     dtype = torch.float32
     backend = "a server"  # what runs the target (a local one's `LoadedModel.backend`)
+    runs = "a server"  # what runs the target, in words (a local one's `LoadedModel.runs`)
 
     def __init__(self, settings: RemoteSettings, tokenizer, endpoint: Endpoint, scoring: Scoring, server: str) -> None:
         self.settings = settings

@@ -54,7 +54,7 @@ def test_llama_cpp_for_a_model_folder_outlines_the_backend(qtbot, window, errors
     panel.backend.setCurrentText("auto")
     _run(qtbot, window, window.run_button)
     assert len(errors) == 1 and not panel.backend.styleSheet()
-    assert window.charts.figures["backend"].text() == "torch"
+    assert window.charts.figures["backend"].text() == "float32"
 
 
 @pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")
@@ -72,8 +72,8 @@ def test_built_in_pair_on_llama_cpp_compares_and_names_its_backend(qtbot, window
     assert errors == []
     speculative, plain = window.session_model.records
     assert speculative.summary.text == plain.summary.text
-    assert window.charts.figures["backend"].text() == "llama.cpp (Q4_1)"
+    assert window.charts.figures["backend"].text() == "llama.cpp Q4_1"
     note = window.plain_view.note.text()
-    assert "llama.cpp (Q4_1)" in note and f"{plain.summary.tokens_per_s:.1f}" in note and "identical" in note
+    assert "llama.cpp Q4_1" in note and f"{plain.summary.tokens_per_s:.1f}" in note and "identical" in note
     meta = json.loads(window.export_csv(tmp_path / "session.csv")[1].read_text(encoding="utf-8"))
-    assert meta["backend"] == "llama.cpp (Q4_1)" and meta["versions"]["llama-cpp-python"]
+    assert meta["backend"] == "llama.cpp Q4_1" and meta["versions"]["llama-cpp-python"]

@@ -45,6 +45,7 @@ class _FakePair:
         device = "cpu"
         dtype = "torch.float32"
         backend = "torch"
+        runs = "float32"
 
 
 def test_superseded_session_events_are_ignored(qtbot, loop):

@@ -141,6 +141,7 @@ def test_jsonl_stream(tiny_dirs):
     events = [json.loads(line) for line in out]
     tokens = [e for e in events if e["type"] == "token"]
     rounds = [e for e in events if e["type"] == "round"]
+    assert events[0]["type"] == "start" and events[0]["runs"] == "float32"  # what runs the tiny target
     assert {"state", "token_id", "text", "pos", "round", "p", "q"} <= tokens[0].keys()
     assert {"round", "drafted", "accepted", "draft_ms", "verify_ms"} <= rounds[0].keys()
     summary = events[-1]

@@ -31,13 +31,16 @@ def test_models_that_are_no_gguf_file_run_on_torch():
         backends.choose_backend(DEFAULT_DRAFT, "llama.cpp", CPU, "auto")
 
 
-def test_without_llama_cpp_gguf_runs_on_torch_and_says_so_once(not_installed):
-    """Where llama-cpp-python is missing, auto runs the built-in GGUF on torch and says why once per
-    process; asking for llama.cpp says how to install it."""
+def test_without_llama_cpp_gguf_runs_on_torch_and_says_so_once(not_installed, monkeypatch):
+    """Where llama-cpp-python is missing and the row kernel would not read the file, auto runs the
+    built-in GGUF on torch, each choice saying why and the missing library named once per process;
+    asking for llama.cpp says how to install it."""
+    monkeypatch.setattr(backends, "kernel_refusal", lambda path, progress=None: "the row kernel is away")
     said = []
     for _ in range(2):
         assert backends.choose_backend(DEFAULT_TARGET, "auto", CPU, "auto", said.append, not_loaded) == "torch"
-    assert len(said) == 1 and "GGUF files run on torch" in said[0]
+    assert len([line for line in said if "GGUF files run on torch" in line]) == 1
+    assert said[-1] == "Backend auto: torch (float32), since the row kernel is away and llama.cpp is not installed"
     with pytest.raises(SpecDeckError, match="pip install llama-cpp-python"):
         backends.choose_backend(DEFAULT_TARGET, "llama.cpp", CPU, "auto")
 
@@ -59,7 +62,7 @@ def test_auto_picks_the_faster_backend_once_measured(monkeypatch, tmp_path, llam
     verdict instead of measuring again."""
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
     monkeypatch.setattr(
-        backends, "blocks_on_row_kernel", lambda path, progress=None: False
+        backends, "kernel_refusal", lambda path, progress=None: "no row kernel"
     )  # a machine the kernel does not build for
     measured = []
     monkeypatch.setattr(backends, "_llama_cpp_step_ms", lambda path: measured.append("llama.cpp") or llama_ms)
@@ -74,7 +77,7 @@ def test_a_llama_cpp_that_crashes_leaves_specdeck_running_on_torch(monkeypatch, 
     """Where llama.cpp dies of a native fault while it is timed (as a build for another CPU can), auto
     runs the file on torch and says why, then and on later loads, without timing llama.cpp again."""
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
-    monkeypatch.setattr(backends, "blocks_on_row_kernel", lambda path, progress=None: False)
+    monkeypatch.setattr(backends, "kernel_refusal", lambda path, progress=None: "no row kernel")
     monkeypatch.setattr(backends, "_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     monkeypatch.setattr(backends, "_torch_step_ms", lambda name, progress, load: 30.0)
     said: list[str] = []

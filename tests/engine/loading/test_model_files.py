@@ -1,6 +1,7 @@
 """Model files that are damaged or unsafe get a message saying what is wrong and what to do."""
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.loading.gguf_conversion import WEIGHTS_RECORD_FILE, convert_gguf
 from specdeck.engine.loading.models import load_model
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
+
+CONVERTED = replace(ON_CPU, read_in_place=False)  # the built-in file through its float32 conversion
 
 
 class RunsAShellCommand:
@@ -43,7 +46,7 @@ def test_damaged_gguf_cache_is_detected_and_rebuilt(tmp_path, monkeypatch):
     with weights.open("r+b") as file:
         file.truncate(size // 2)
     notices: list[str] = []
-    assert load_model(DEFAULT_TARGET, ON_CPU, progress=notices.append).vocab_width > 0
+    assert load_model(DEFAULT_TARGET, CONVERTED, progress=notices.append).vocab_width > 0
     assert any("is damaged" in n and f"{size // 2} bytes, {size} were written" in n for n in notices)
     assert weights.stat().st_size == size
 
@@ -54,7 +57,7 @@ def test_a_changed_byte_in_the_cached_weights_is_caught_while_they_load(tmp_path
     with the file's own weights."""
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
     gguf = BUILTIN_MODELS[DEFAULT_TARGET].path()
-    whole = load_model(DEFAULT_TARGET, ON_CPU).model.get_input_embeddings().weight.detach().clone()
+    whole = load_model(DEFAULT_TARGET, CONVERTED).model.get_input_embeddings().weight.detach().clone()
     weights = convert_gguf(gguf) / "model.safetensors"
     with weights.open("r+b") as file:  # a byte of the last tensor's data, far from the header
         file.seek(-5, 2)
@@ -62,7 +65,7 @@ def test_a_changed_byte_in_the_cached_weights_is_caught_while_they_load(tmp_path
         file.seek(-5, 2)
         file.write(bytes([byte[0] ^ 0x40]))
     notices: list[str] = []
-    loaded = load_model(DEFAULT_TARGET, ON_CPU, progress=notices.append)
+    loaded = load_model(DEFAULT_TARGET, CONVERTED, progress=notices.append)
     assert any("is damaged" in n and "checksum" in n for n in notices), notices
     assert torch.equal(loaded.model.get_input_embeddings().weight, whole)
 
@@ -123,13 +126,13 @@ def test_a_conversion_without_room_is_refused_and_leaves_nothing(tmp_path, monke
     with monkeypatch.context() as small:
         small.setattr(gguf_conversion.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 10 << 20))
         with pytest.raises(SpecDeckError, match=r"needs about 5\d\d MB in .* which has 10 MB free"):
-            load_model(DEFAULT_TARGET, ON_CPU)
+            load_model(DEFAULT_TARGET, CONVERTED)
 
     def full_disk(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     with pytest.raises(SpecDeckError, match="Cannot write the converted weights .* No space left"):
-        load_model(DEFAULT_TARGET, ON_CPU)
+        load_model(DEFAULT_TARGET, CONVERTED)
     folder = gguf_conversion.conversion_folder(gguf)
     assert not folder.exists() and not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
