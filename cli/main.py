@@ -18,6 +18,7 @@ from specdeck.cli.feature_head import add_head_data_command, add_train_head_comm
 from specdeck.cli.head_agreement import add_head_agreement_command
 from specdeck.cli.run import add_run_command
 from specdeck.cli.suffix_texts import add_suffix_texts_command
+from specdeck.engine.cache import cache_root
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.quiet import silence_libraries
 
@@ -30,6 +31,7 @@ def _cmd_cache(args) -> int:
     if not args.clear:
         print(cache.describe(cache.entries()))
         return 0
+    cache.check_clearable()
     removed, kept = cache.clear()
     print(
         f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
@@ -143,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if stdout is not None and not isinstance(stdout, _Output):
         sys.stdout = _Output(stdout)  # type: ignore[assignment]
     try:
+        cache_root()  # an unusable cache folder is said at once, not after a model has loaded
         return args.handler(args)
     except SpecDeckError as error:
         print(f"specdeck: error: {error}", file=sys.stderr)

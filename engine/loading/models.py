@@ -217,7 +217,7 @@ def gguf_tokenizer(path: Path, progress: Progress | None = None):
                 f"The tokenizer in {path} cannot be read ({type(error).__name__}: {error}). "
                 "Check that the download finished, or pick another file."
             ) from error
-        with building_folder(folder) as staging:
+        with building_folder(folder, replace_unmarked=True) as staging:  # an entry of the cache's own
             tokenizer.save_pretrained(staging)
     return AutoTokenizer.from_pretrained(str(folder))
 
