@@ -42,7 +42,7 @@ def cache_root() -> Path:
     if os.environ.get("XDG_CACHE_HOME"):
         return _checked_root(os.path.join(os.environ["XDG_CACHE_HOME"], "specdeck"), "XDG_CACHE_HOME")
     home = os.environ.get("HOME")
-    if home is not None and not Path(home).is_dir():
+    if home is not None and (not Path(home).is_absolute() or not Path(home).is_dir()):  # "" would be "/"
         raise SpecDeckError(
             f"HOME ({home!r}) is not a folder, so SpecDeck has no cache folder: set HOME to your home "
             "folder, or SPECDECK_CACHE to a folder for SpecDeck's cache."

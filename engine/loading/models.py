@@ -310,6 +310,30 @@ def check_prompt(text: str) -> str:
     return text
 
 
+MAX_TEMPLATE_CHARS = 256 * 1024  # a chat format takes a few kB; the longest known, tens
+
+
+def render_chat_template(tokenizer, messages: list[dict[str, str]]) -> str:
+    """The text `tokenizer`'s chat template makes of `messages`, the turn to answer opened; a
+    template too long to be a chat format, or one that fails (malformed, raising, an unknown
+    filter: it is the model's code), is a SpecDeckError saying so."""
+    template = tokenizer.chat_template
+    size = sum(map(len, template.values())) if isinstance(template, dict) else len(str(template))
+    if size > MAX_TEMPLATE_CHARS:  # checked before rendering: a huge one would run for minutes
+        raise SpecDeckError(
+            f"This model's chat template is {size:,} characters long, more than a chat format takes "
+            f"(at most {MAX_TEMPLATE_CHARS:,}): use raw completion (--no-chat), or fix the template."
+        )
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as error:  # jinja2 and the template's own code raise many types
+        said = " ".join(str(error).split())[:200] or type(error).__name__
+        raise SpecDeckError(
+            f"This model's chat template fails ({type(error).__name__}: {said}): use raw completion "
+            "(--no-chat), or fix the chat_template in its tokenizer_config.json."
+        ) from error
+
+
 def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
     """Token ids of a prompt, through the chat template when the tokenizer has one and `chat`.
 
@@ -329,7 +353,7 @@ def encode_conversation(tokenizer, turns: list[str], answers: list[str], chat: b
         return tokenizer("\n\n".join(texts), split_special_tokens=True)["input_ids"]
     marks = [f"{_CONTENT_MARK}{i}{_CONTENT_MARK}" for i in range(len(texts))]
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": mark} for i, mark in enumerate(marks)]
-    rest = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    rest = render_chat_template(tokenizer, messages)
     template = lambda part: tokenizer(part, add_special_tokens=False)["input_ids"]  # noqa: E731
     ids: list[int] = []
     for mark, text in zip(marks, texts):
