@@ -12,7 +12,6 @@ llama.cpp a GGUF file runs as it is; only its tokenizer is cached (building it t
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdeck.engine.atomic import building_folder
+from specdeck.engine.bounded import read_json
 from specdeck.engine.cache import TOKENIZER_SUFFIX
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks
@@ -246,8 +246,8 @@ HEAD_KEY = "specdeck_head"  # in a feature head's config.json (`engine.heads`)
 
 def is_head_folder(path: Path) -> bool:
     try:
-        return HEAD_KEY in json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+        return HEAD_KEY in read_json(path / "config.json", "The config")
+    except (SpecDeckError, ValueError, TypeError):
         return False
 
 
@@ -258,10 +258,10 @@ def tokenizer_source(source: str, progress: Progress | None = None) -> str:
     if not path.is_file():
         return source
     try:
-        name = json.loads(path.read_text(encoding="utf-8"))["model"]
+        name = read_json(path, "The tokenizer reference")["model"]
         if not isinstance(name, str) or not name.strip():
             raise ValueError("no model named")
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (SpecDeckError, ValueError, KeyError, TypeError) as error:
         raise SpecDeckError(
             f"{path} is not a valid tokenizer reference ({error}): it must hold "
             '{"model": "<alias, folder or Hugging Face id>"}.'
@@ -276,10 +276,10 @@ def read_output_tokens(folder: Path, vocab_width: int) -> torch.Tensor | None:
     if not path.is_file():
         return None
     try:
-        ids = json.loads(path.read_text(encoding="utf-8"))["token_ids"]
+        ids = read_json(path, "The output-token list")["token_ids"]
         if not ids or not all(isinstance(i, int) and 0 <= i < vocab_width for i in ids):
             raise ValueError(f"token ids must be integers from 0 to {vocab_width - 1}")
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (SpecDeckError, ValueError, KeyError, TypeError) as error:
         raise SpecDeckError(f"{path} is not a valid output-token list ({error}): fix or delete it.") from error
     return torch.tensor(sorted(set(ids)), dtype=torch.long)
 

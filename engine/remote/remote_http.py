@@ -27,10 +27,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from specdeck.engine.bounded import TooLarge, read_at_most
 from specdeck.engine.errors import SpecDeckError
 
 API_KEY_VARIABLE = "SPECDECK_API_KEY"
 DEFAULT_TIMEOUT_S = 60.0
+MOST_BODY_BYTES = 256 * 2**20  # an answer read whole: a round's log-probabilities take kB to a few MB
+MOST_ERROR_BYTES = 64 * 2**10  # an error's body: only its first words are shown
 
 
 def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
@@ -110,7 +113,7 @@ class Endpoint:
         with _Deadline(self.timeout_s) as deadline:
             try:
                 with _opener(deadline).open(request, timeout=self.timeout_s) as response:
-                    raw = response.read()
+                    raw = read_at_most(response, MOST_BODY_BYTES)
                 if deadline.expired:  # the answer was cut short at the deadline
                     raise TimeoutError
             except _CrossOriginRedirect as error:
@@ -118,6 +121,11 @@ class Endpoint:
                     f"The server at {self.base} redirected {path} to {error.location}, another address: "
                     "SpecDeck sends the request (and the API key) only to the address given. Give that "
                     "address as --target if it is the server's."
+                ) from error
+            except TooLarge as error:
+                raise ServerFault(
+                    f"The server at {self.base} sent more than {MOST_BODY_BYTES / 2**20:g} MiB for {path}, more "
+                    "than any answer SpecDeck asks for: check that --target names an OpenAI-compatible API."
                 ) from error
             except urllib.error.HTTPError as error:
                 text = _error_text(error)
@@ -304,7 +312,7 @@ def _error_text(error: urllib.error.HTTPError) -> str:
     """The message a server gave with an error status (OpenAI's {"error": {"message": ...}}, FastAPI's
     {"detail": ...}), cut short; empty when it gave none."""
     try:
-        raw = error.read()
+        raw = error.read(MOST_ERROR_BYTES)
     except (OSError, http.client.HTTPException):
         return ""
     try:
