@@ -15,7 +15,9 @@ from specdeck.cli.main import main
 from specdeck.engine.atomic import building_folder, filling_folder
 from specdeck.engine.bench.service import RESULT_FILES
 from specdeck.engine.cache import CLEARED, MARKER, TRAINING
+from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.export import TOKEN_COLUMNS, RunInfo, SessionRecord, export_paths, export_sessions
 
 EXAMPLES = settings(max_examples=25, deadline=None, database=None)
 
@@ -149,3 +151,25 @@ def test_bench_into_a_users_folder_is_refused_unless_overwrite(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "SpecDeck did not write (summary.csv)" in err and "--overwrite" in err
     assert (tmp_path / "summary.csv").read_text() == "mine"
+
+
+@EXAMPLES
+@given(mine=st.binary(max_size=80), per_token=st.booleans())
+def test_a_session_export_never_replaces_a_users_file_beside_the_chosen_one(mine, per_token):
+    """Exporting to run.csv (the name the user chose) writes run.meta.json and run.tokens.csv
+    beside it: a file of the user's under those names is refused and left as it was; SpecDeck's
+    own earlier export there is replaced."""
+    info = RunInfo("target", None, None, "cpu", "float32", DecodeConfig(), False, "hi")
+    records = [SessionRecord(1, "plain")]
+    with tempfile.TemporaryDirectory() as folder:
+        chosen = Path(folder) / "run.csv"
+        _, meta, tokens = export_paths(chosen)
+        theirs = tokens if per_token else meta
+        export_sessions(chosen, info, records, per_token=per_token)
+        export_sessions(chosen, info, records, per_token=per_token)  # over its own earlier files
+        theirs.write_bytes(mine)
+        if mine.startswith(b'{\n  "models": ') or mine.startswith(",".join(TOKEN_COLUMNS).encode()):
+            return  # as SpecDeck's own export begins
+        with pytest.raises(SpecDeckError, match="no export of SpecDeck's"):
+            export_sessions(chosen, info, records, per_token=per_token)
+        assert theirs.read_bytes() == mine
