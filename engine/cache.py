@@ -6,7 +6,12 @@ A GGUF file is dequantized once into a safetensors folder under `cache_root()/gg
 id (`engine.atomic`); one whose process is gone was interrupted, and `heal` removes it. A GGUF file
 run by llama.cpp keeps only its tokenizer here, in a folder named `TOKENIZER_SUFFIX`. The row
 kernel (`engine.row_kernel`) is compiled into `kernels_cache()`, each library beside the record of
-its size and digest. `heal` and `clear` also take what killed writes left anywhere in the cache.
+its size and digest. `heal` and `clear` also take what killed writes left anywhere in the cache's
+own and training folders.
+
+The cache deletes only what it wrote: its root is checked at the first use (`cache_root`), and
+`clear` empties only the folders SpecDeck names (`CLEARED`, `TRAINING`), in a root SpecDeck made
+(`MARKER`) or that holds nothing else (`check_clearable`).
 """
 
 from __future__ import annotations
