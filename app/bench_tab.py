@@ -37,7 +37,7 @@ from specdeck.app.bench_results import PlotImage, SummaryTable
 from specdeck.app.panels import double_spin_box, spin_box
 from specdeck.app.session_model import Activity, SessionModel
 from specdeck.app.worker import BenchOutcome
-from specdeck.engine.atomic import write_bytes
+from specdeck.engine.atomic import filling_folder
 from specdeck.engine.bench.prompts import BenchPrompt, read_prompts, sample_prompts
 from specdeck.engine.bench.runner import BASELINES, BenchSettings
 from specdeck.engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
@@ -280,11 +280,10 @@ class BenchmarkTab(QWidget):
         folder = Path(folder)
         if not folder.is_dir():
             raise SpecDeckError(f"Cannot write into {folder}: it is not a folder.")
-        written = []
-        for name, data in self.outcome.files.items():
-            write_bytes(folder / name, data)
-            written.append(folder / name)
-        return written
+        with filling_folder(folder, replaces=self.outcome.files) as staging:  # refuses a folder of others' files
+            for name, data in self.outcome.files.items():
+                (staging / name).write_bytes(data)
+        return [folder / name for name in self.outcome.files]
 
     # slots ------------------------------------------------------------------------------------------
 

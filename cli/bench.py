@@ -11,7 +11,6 @@ import os
 import shlex
 import sys
 import time
-from pathlib import Path
 
 from specdeck.cli.options import add_model_arguments, pair_spec
 from specdeck.engine.bench.runner import BASELINES, OTHER_BASELINES, BenchSettings
@@ -89,6 +88,11 @@ def add_bench_command(commands) -> None:
     )
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--out", required=True, help="folder for summary.csv, per_prompt.csv, report.md and plots")
+    bench.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into --out even where it holds files SpecDeck did not write (those of the same names are replaced)",
+    )
     bench.set_defaults(handler=cmd_bench)
 
 
@@ -137,7 +141,7 @@ class ProgressBar:
 def cmd_bench(args: argparse.Namespace) -> int:
     import transformers
 
-    from specdeck.engine.atomic import write_text
+    from specdeck.engine.atomic import filling_folder, output_path
     from specdeck.engine.bench.busy import quiet_and_busy, spinning
     from specdeck.engine.bench.prompts import prompts_path as prompts_path_named
     from specdeck.engine.bench.prompts import read_prompts, sample_prompts
@@ -159,7 +163,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"--busy must be from 0 to {(os.cpu_count() or 1) - 1}, fewer than this machine's cores (got {args.busy})."
         )
     notice = lambda line: print(f"[{line}]", file=sys.stderr, flush=True)  # noqa: E731
-    out = check_results_folder(Path(args.out), notice)
+    out = check_results_folder(output_path(args.out), notice, args.overwrite)
     transformers.logging.set_verbosity_error()  # its assisted-generation notices would break the progress bar
     pairs = load_pairs(specs, progress=notice)
     command = (
@@ -170,7 +174,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     context = report_context(pairs, prompts_path, command)
     with cancel_on_signals(to_stderr) as cancel:  # Ctrl-C keeps the prompts that finished
         written = run_and_write(
-            pairs, prompts, settings, out, context, plots=not args.no_plots, progress=ProgressBar(), cancel=cancel
+            pairs,
+            prompts,
+            settings,
+            out,
+            context,
+            plots=not args.no_plots,
+            progress=ProgressBar(),
+            cancel=cancel,
+            overwrite=args.overwrite,
         )
     summary = written.summary
     if not summary:
@@ -185,7 +197,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ).summary
         if busy_summary:
             table = quiet_and_busy(summary, busy_summary, args.busy)
-            write_text(out / "quiet-and-busy.md", table)
+            with filling_folder(out, overwrite=args.overwrite) as staging:
+                (staging / "quiet-and-busy.md").write_text(table, encoding="utf-8")
             print(f"{table}\nWrote {busy_out}/ and {out / 'quiet-and-busy.md'}.\n")
         if cancel.is_set():
             print(f"Cancelled during the run beside busy cores: {busy_out} covers what finished.", file=sys.stderr)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specdeck.engine.atomic import check_writable_folder
+from specdeck.engine.atomic import check_writable_folder, output_path
 from specdeck.engine.errors import SpecDeckError
 
 
@@ -107,7 +107,7 @@ def report(line: str) -> None:
 def training_folder(args) -> Path:
     """The run's --out folder, made and proven writable before any work; refused where it holds a
     checkpoint and --resume was not passed."""
-    return output_folder(Path(args.out).expanduser(), args.resume)
+    return output_folder(output_path(args.out), args.resume)
 
 
 def output_folder(out: Path, resume: bool) -> Path:

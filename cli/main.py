@@ -18,6 +18,8 @@ from specdeck.cli.feature_head import add_head_data_command, add_train_head_comm
 from specdeck.cli.head_agreement import add_head_agreement_command
 from specdeck.cli.run import add_run_command
 from specdeck.cli.suffix_texts import add_suffix_texts_command
+from specdeck.engine.cache import cache_root
+from specdeck.engine.environment import check_environment
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.quiet import silence_libraries
 
@@ -30,6 +32,7 @@ def _cmd_cache(args) -> int:
     if not args.clear:
         print(cache.describe(cache.entries()))
         return 0
+    cache.check_clearable()
     removed, kept = cache.clear()
     print(
         f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
@@ -143,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     if stdout is not None and not isinstance(stdout, _Output):
         sys.stdout = _Output(stdout)  # type: ignore[assignment]
     try:
+        for notice in check_environment():
+            print(f"specdeck: {notice}", file=sys.stderr)
+        cache_root()  # an unusable cache folder is said at once, not after a model has loaded
         return args.handler(args)
     except SpecDeckError as error:
         print(f"specdeck: error: {error}", file=sys.stderr)
@@ -179,14 +185,27 @@ class _OutputFailed(Exception):
 
 class _Output:
     """Standard output whose failures (a full disk, a device error) are told apart from any other
-    OSError, so that `main` reports them in a line; a reader that left stays a BrokenPipeError."""
+    OSError, so that `main` reports them in a line; a reader that left stays a BrokenPipeError.
+    Where it takes an encoding that cannot write a character (PYTHONIOENCODING=latin-1, an ASCII
+    locale), that character is written as ? and one line on stderr says how to get every one."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
+        self._told = False
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
+        except UnicodeEncodeError:
+            encoding = self._stream.encoding or "ascii"
+            if not self._told:
+                self._told = True
+                print(
+                    f"specdeck: standard output takes {encoding}, which cannot write every character of "
+                    "the text: those are shown as ?. Set PYTHONIOENCODING=utf-8 (or a UTF-8 locale) for them.",
+                    file=sys.stderr,
+                )
+            return self.write(text.encode(encoding, "replace").decode(encoding))
         except BrokenPipeError:
             raise
         except OSError as error:

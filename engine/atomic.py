@@ -9,6 +9,10 @@ a mixture, and a killed process leaves only hidden `.NAME.partial-PID-...` entri
 Those names carry the writer's process id: `remove_abandoned` deletes the ones whose process is
 gone (a later run of any SpecDeck command heals what a killed one left).
 
+A folder SpecDeck writes results into holds `MANIFEST`, the names it wrote there: SpecDeck
+overwrites or deletes only those, and refuses a folder holding other files unless told to
+(`check_own_folder`); a folder it builds whole replaces only one that it built.
+
 A file written with `record=True` gets its size and SHA-256 beside it (`PATH.sha256`), so that a
 reader can tell a damaged copy (`recorded_damage`) before trusting it, as before loading a library.
 """
@@ -27,6 +31,57 @@ from pathlib import Path
 from specdeck.engine.errors import SpecDeckError
 
 _LEFTOVER = re.compile(r"^\..+\.(partial|old)-(\d+)-")
+MANIFEST = ".specdeck-files"  # in a folder SpecDeck wrote into: one name a line of what it wrote there
+_MANIFEST_LIMIT = 1 << 20  # bytes read of a manifest; SpecDeck's own are a few hundred
+
+
+def output_path(text: str, option: str = "--out") -> Path:
+    """The folder or file a user named for SpecDeck's output; an empty name (which would be the
+    current folder) raises SpecDeckError."""
+    if not text.strip():
+        raise SpecDeckError(f"{option} is empty: name a folder for the results (use {option} . for this one).")
+    return Path(text).expanduser()
+
+
+def written_here(folder: Path) -> set[str]:
+    """The names SpecDeck's manifest in `folder` lists as written by it (none without one)."""
+    try:
+        with (folder / MANIFEST).open("rb") as handle:
+            text = handle.read(_MANIFEST_LIMIT).decode("utf-8", errors="replace")
+    except OSError:
+        return set()
+    return {line for line in text.splitlines() if line and "/" not in line}
+
+
+def _note_written(folder: Path, names: Iterable[str]) -> None:
+    """Add `names` to the manifest of `folder`, dropping those no longer there."""
+    listed = {name for name in written_here(folder) | set(names) if (folder / name).exists()}
+    write_text(folder / MANIFEST, "".join(f"{name}\n" for name in sorted(listed)))
+
+
+def foreign_files(folder: Path) -> list[str]:
+    """The names in `folder` SpecDeck did not write: neither in its manifest, nor hidden (its
+    manifest, writes under way), nor a folder with a manifest of its own."""
+    if not folder.is_dir():
+        return []
+    ours = written_here(folder)
+    return sorted(
+        path.name
+        for path in folder.iterdir()
+        if path.name not in ours and not path.name.startswith(".") and not (path / MANIFEST).is_file()
+    )
+
+
+def check_own_folder(folder: Path, overwrite: bool = False, flag: str = "--overwrite") -> None:
+    """Refuse (SpecDeckError) to write results into a folder that holds files SpecDeck did not
+    write, unless `overwrite`: a typo in --out must never cost a user's files."""
+    others = foreign_files(folder)
+    if others and not overwrite:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise SpecDeckError(
+            f"{folder} holds files SpecDeck did not write ({shown}): choose a new or empty folder, "
+            f"or pass {flag} to write there anyway (files of the same names are replaced)."
+        )
 
 
 def _prefix(target: Path, kind: str = "partial") -> str:
@@ -136,15 +191,26 @@ def _fsync_tree(folder: Path) -> None:
 
 
 @contextmanager
-def building_folder(target: str | os.PathLike) -> Iterator[Path]:
+def building_folder(target: str | os.PathLike, replace_unmarked: bool = False) -> Iterator[Path]:
     """Yield a hidden empty folder beside `target`; when the block ends normally, it replaces
     `target` whole. If the block raises (Ctrl-C included), the new folder is removed and `target`
-    stays as it was.
+    stays as it was. The new folder gets a manifest; an existing `target` without one (a folder
+    SpecDeck did not build, unless `replace_unmarked`, for the cache's own entries) is refused first.
 
     A folder cannot be renamed over a non-empty one, so the swap is two renames: the old folder
     steps aside under a hidden name, the new one takes its place, then the old one is deleted. At
     every moment one complete folder exists."""
     target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise SpecDeckError(
+            f"Cannot write the folder {target}: a file of that name is there. Move it, or choose another place."
+        )
+    unmarked = target.is_dir() and not (target / MANIFEST).is_file() and any(target.iterdir())
+    if unmarked and not replace_unmarked:
+        raise SpecDeckError(
+            f"Cannot write {target}: it is a folder SpecDeck did not build, which would be replaced. "
+            "Move it, or choose another --out."
+        )
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=_prefix(target)))
@@ -153,6 +219,7 @@ def building_folder(target: str | os.PathLike) -> Iterator[Path]:
         raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error
     try:
         yield staging
+        _note_written(staging, [path.name for path in staging.iterdir()])
         _fsync_tree(staging)
         old = None
         if target.exists():
@@ -170,15 +237,17 @@ def building_folder(target: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextmanager
-def filling_folder(target: str | os.PathLike, replaces: Iterable[str] = ()) -> Iterator[Path]:
+def filling_folder(target: str | os.PathLike, replaces: Iterable[str] = (), overwrite: bool = False) -> Iterator[Path]:
     """Yield a hidden empty folder inside `target` (made if missing); when the block ends normally,
     each file written there moves into `target` under its own name, and the files named in
-    `replaces` that were not written this time are deleted. If the block raises (Ctrl-C included),
-    the hidden folder is removed and `target` stays as it was.
+    `replaces` that SpecDeck wrote there before but not this time are deleted. If the block raises
+    (Ctrl-C included), the hidden folder is removed and `target` stays as it was. A `target` that
+    holds files SpecDeck did not write is refused first (`check_own_folder`) unless `overwrite`.
 
     `target` itself is never renamed, so it may be a mount point; every file is complete before
     the renames start, so old and new files mix only for the moments between them."""
     target = Path(target)
+    check_own_folder(target, overwrite)
     try:
         target.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target, prefix=_prefix(target)))
@@ -190,8 +259,9 @@ def filling_folder(target: str | os.PathLike, replaces: Iterable[str] = ()) -> I
         written = sorted(path.name for path in staging.iterdir())
         for name in written:
             os.replace(staging / name, target / name)
-        for name in set(replaces) - set(written):
+        for name in (set(replaces) & written_here(target)) - set(written):
             (target / name).unlink(missing_ok=True)
+        _note_written(target, written)
         _fsync_folder(target)
     except OSError as error:
         raise SpecDeckError(f"Cannot write {target}: {error.strerror or error}.") from error

@@ -6,13 +6,20 @@ A GGUF file is dequantized once into a safetensors folder under `cache_root()/gg
 id (`engine.atomic`); one whose process is gone was interrupted, and `heal` removes it. A GGUF file
 run by llama.cpp keeps only its tokenizer here, in a folder named `TOKENIZER_SUFFIX`. The row
 kernel (`engine.row_kernel`) is compiled into `kernels_cache()`, each library beside the record of
-its size and digest. `heal` and `clear` also take what killed writes left anywhere in the cache.
+its size and digest. `heal` and `clear` also take what killed writes left anywhere in the cache's
+own and training folders.
+
+The cache deletes only what it wrote: its root is checked at the first use (`cache_root`), and
+`clear` empties only the folders SpecDeck names (`CLEARED`, `TRAINING`), in a root SpecDeck made
+(`MARKER`) or that holds nothing else (`check_clearable`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +32,7 @@ from specdeck.engine.atomic import (
     remove_abandoned,
     remove_path,
 )
+from specdeck.engine.errors import SpecDeckError
 
 Notice = Callable[[str], None]
 TOKENIZER_SUFFIX = "-tokenizer"
@@ -32,11 +40,83 @@ TOKENIZER_SUFFIX = "-tokenizer"
 
 def cache_root() -> Path:
     """Where SpecDeck keeps what it converts and measures: $SPECDECK_CACHE, else
-    $XDG_CACHE_HOME/specdeck, else ~/.cache/specdeck."""
+    $XDG_CACHE_HOME/specdeck, else ~/.cache/specdeck; made (with its marker) and proven writable
+    once per process, else SpecDeckError saying which setting to change."""
     if "SPECDECK_CACHE" in os.environ:
-        return Path(os.environ["SPECDECK_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specdeck"
+        return _checked_root(os.environ["SPECDECK_CACHE"], "SPECDECK_CACHE")
+    if os.environ.get("XDG_CACHE_HOME"):
+        return _checked_root(os.path.join(os.environ["XDG_CACHE_HOME"], "specdeck"), "XDG_CACHE_HOME")
+    home = os.environ.get("HOME")
+    if home is not None and (not Path(home).is_absolute() or not Path(home).is_dir()):  # "" would be "/"
+        raise SpecDeckError(
+            f"HOME ({home!r}) is not a folder, so SpecDeck has no cache folder: set HOME to your home "
+            "folder, or SPECDECK_CACHE to a folder for SpecDeck's cache."
+        )
+    try:
+        base = Path.home()
+    except RuntimeError as error:  # no HOME and no entry in the password database
+        raise SpecDeckError(
+            "No home folder is known (HOME is unset), so SpecDeck has no cache folder: set HOME, "
+            "or SPECDECK_CACHE to a folder for SpecDeck's cache."
+        ) from error
+    return _checked_root(str(base / ".cache" / "specdeck"), "HOME")
+
+
+MARKER = ".specdeck-cache"  # in the cache's root, written when SpecDeck makes it: --clear empties only such a root
+CLEARED = ("gguf", "gguf-tensors", "costs", "kernels", "suffix")  # the cache's own folders
+TRAINING = ("teacher-head", "cross-draft", "target-texts")  # the training commands' folders, where no --out is given
+
+
+@functools.cache
+def _checked_root(value: str, setting: str) -> Path:
+    """The cache folder `value` (from `setting`), made if missing and proven writable, at the first
+    use: a read-only or file-shaped path fails here at once, not after a model has loaded."""
+    what = f"the cache folder {value!r} (from {setting})"
+    if not value.strip():
+        raise SpecDeckError(f"{setting} is empty: set it to a folder for SpecDeck's cache, or unset it.")
+    root = Path(value).expanduser()
+    if not root.is_absolute():  # it would follow the current folder, and --clear with it
+        raise SpecDeckError(
+            f"{setting} is a relative path ({value!r}): give an absolute path, such as {root.absolute()}."
+        )
+    blocker = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise SpecDeckError(f"Cannot use {what}: {blocker} is a file. Set SPECDECK_CACHE to a folder.")
+    try:
+        fresh = not root.exists() or not any(root.iterdir())
+        root.mkdir(parents=True, exist_ok=True)
+        if fresh or (root.name == "specdeck" and setting != "SPECDECK_CACHE"):  # a folder SpecDeck made or names
+            (root / MARKER).touch()
+        descriptor, probe = tempfile.mkstemp(dir=root, prefix=".probe-", suffix=".tmp")
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as error:
+        raise SpecDeckError(
+            f"Cannot use {what}: {error.strerror or error}. Set SPECDECK_CACHE to a folder you can write."
+        ) from error
+    return root
+
+
+def foreign_entries(root: Path) -> list[str]:
+    """The names in the cache's root that are not SpecDeck's (its own and training folders, its
+    marker, writes under way)."""
+    ours = {*CLEARED, *TRAINING, MARKER}
+    return sorted(p.name for p in root.iterdir() if p.name not in ours and leftover_writer(p) is None)
+
+
+def check_clearable() -> Path:
+    """The cache's root, where `clear` may empty SpecDeck's folders: one it made (its marker) or that
+    holds nothing else; else SpecDeckError, before anything is removed."""
+    root = cache_root()
+    others = foreign_entries(root)
+    if not (root / MARKER).is_file() and others:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise SpecDeckError(
+            f"{root} is not a folder SpecDeck made (no {MARKER} in it) and holds other things ({shown}): "
+            "nothing was removed. Point SPECDECK_CACHE at a folder of SpecDeck's own, or delete its "
+            f"folders ({', '.join(CLEARED)}) yourself."
+        )
+    return root
 
 
 def cpu_info(*fields: str) -> str:
@@ -98,21 +178,12 @@ def clear_costs() -> int:
     return removed
 
 
-CLEARED = ("gguf", "gguf-tensors", "costs", "kernels", "suffix")  # the cache's own folders; others hold training data
-
-
 def training_folders() -> list[CacheEntry]:
-    """The cache's other folders: the training commands' data and drafters, written there where no
-    --out was given (`specdeck cache` lists them; --clear removes them unless a live process is
-    writing in one)."""
+    """The training commands' data and drafters, written in the cache where no --out was given
+    (`specdeck cache` lists them; --clear removes them unless a live process is writing in one);
+    only the folders those commands name, never another folder that happens to be there."""
     root = cache_root()
-    if not root.is_dir():
-        return []
-    return [
-        CacheEntry(path, _size(path))
-        for path in sorted(root.iterdir())
-        if path.is_dir() and path.name not in CLEARED and leftover_writer(path) is None
-    ]
+    return [CacheEntry(root / name, _size(root / name)) for name in TRAINING if (root / name).is_dir()]
 
 
 def in_use(folder: Path) -> int | None:
@@ -171,11 +242,14 @@ def entries() -> list[CacheEntry]:
 
 
 def _folders() -> list[Path]:
-    """The cache's folders, its root included, but not those inside a write's temporary entry."""
-    found = []
-    for folder, subfolders, _ in os.walk(cache_root()):
-        subfolders[:] = sorted(name for name in subfolders if leftover_writer(Path(name)) is None)
-        found.append(Path(folder))
+    """The cache's folders: its root and the trees of its own and training folders (never another
+    folder in the root), but not those inside a write's temporary entry."""
+    root = cache_root()
+    found = [root]
+    for name in (*CLEARED, *TRAINING):
+        for folder, subfolders, _ in os.walk(root / name):
+            subfolders[:] = sorted(name for name in subfolders if leftover_writer(Path(name)) is None)
+            found.append(Path(folder))
     return found
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from specdeck.engine.atomic import write_text
 from specdeck.engine.config import DecodeConfig
+from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent, event_to_dict
 
 ROUND_COLUMNS = (
@@ -233,11 +234,27 @@ def export_paths(csv_path: str | os.PathLike) -> tuple[Path, Path, Path]:
     return path, stem.with_name(stem.name + ".meta.json"), stem.with_name(stem.name + ".tokens.csv")
 
 
+def _written_by_an_export(path: Path, beginning: str) -> bool:
+    """Whether the file at `path` begins as SpecDeck's export of its kind does (`beginning`)."""
+    try:
+        with path.open("rb") as file:
+            return file.read(len(beginning.encode())).decode("utf-8", "replace") == beginning
+    except OSError:
+        return False
+
+
 def export_sessions(
     csv_path: str | os.PathLike, info: RunInfo, records: list[SessionRecord], per_token: bool = False
 ) -> list[Path]:
-    """Write the round CSV and its metadata (and the token CSV when asked); return the paths written."""
+    """Write the round CSV and its metadata (and the token CSV when asked); return the paths written.
+    The files beside the one chosen replace only earlier exports (the choice confirmed the CSV alone)."""
     rounds_path, meta_path, tokens_path = export_paths(csv_path)
+    beside = [(meta_path, '{\n  "models": ')] + ([(tokens_path, ",".join(TOKEN_COLUMNS))] if per_token else [])
+    for path, beginning in beside:
+        if path.exists() and not _written_by_an_export(path, beginning):
+            raise SpecDeckError(
+                f"{path} exists and is no export of SpecDeck's: it would be replaced. Choose another name, or move it."
+            )
     write_text(rounds_path, rounds_csv(records))
     write_text(meta_path, metadata_json(info, records))
     written = [rounds_path, meta_path]

@@ -20,6 +20,7 @@ from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
+from specdeck.engine.remote.remote_http import redact_url
 from specdeck.engine.remote.remote_target import RemoteTarget, connect
 
 DEFAULT_PROMPT = (
@@ -70,7 +71,7 @@ def _load_target(spec: PairSpec, progress: Progress | None) -> LoadedModel | Rem
         _lay_out_weights(target, progress)
         return target
     if progress:
-        progress(f"Connecting to {spec.target}")
+        progress(f"Connecting to {redact_url(spec.target)}")
     return connect(spec.remote_settings, load_tokenizer(spec.remote_tokenizer, progress))
 
 

@@ -31,9 +31,10 @@ from specdeck.engine.config import DecodeConfig
 from specdeck.engine.drafting.drafters import PromptLookupDrafter
 from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.events import RoundEvent, SummaryEvent, TokenEvent
-from specdeck.engine.forward.hf_parts import decode, generate_of
+from specdeck.engine.forward.hf_parts import generate_of
 from specdeck.engine.forward.kvcache import synchronize
 from specdeck.engine.loop.decoding import generate
+from specdeck.engine.loop.detok import whole_text
 from specdeck.engine.pair import DrafterKind, ModelPair
 from specdeck.engine.stats import RemoteTotals, RoundTotals
 
@@ -231,7 +232,7 @@ def run_hf(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, method:
         # the first forward scores the prompt and its drafts, every later one the newest kept token and its drafts
         drafted = counter.lengths[0] - len(prompt_ids) + sum(n - 1 for n in counter.lengths[1:])
     accepted = max(0, len(token_ids) - rounds) if drafted else 0
-    text = decode(pair.target.tokenizer, token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    text = whole_text(pair.target.tokenizer, token_ids)  # as a session's final text is made
     return Run(
         method,
         config.k if method == "hf-assisted" else 0,

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeck.engine.bounded import read_file
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.resources import resource_path
 
@@ -97,7 +98,7 @@ MOST_PROMPT_BYTES = 64 * 2**20  # a prompt file is read whole: a larger one is a
 def read_prompt_text(path: Path) -> str:
     """A prompt file's text: UTF-8, with or without a byte-order mark (as Windows editors write), or
     a `SpecDeckError` that names the file and what is wrong: unreadable, too large to be prompts
-    (`MOST_PROMPT_BYTES`, checked before reading), or where its text stops being UTF-8."""
+    (`MOST_PROMPT_BYTES`, checked before reading and while reading), or where its text stops being UTF-8."""
     try:
         size = path.stat().st_size
         if size > MOST_PROMPT_BYTES:
@@ -105,7 +106,7 @@ def read_prompt_text(path: Path) -> str:
                 f"The prompt file {path} is {size / 2**20:.0f} MiB: SpecDeck reads prompt files of up to "
                 f"{MOST_PROMPT_BYTES // 2**20} MiB whole. Pick the file you meant, or split it."
             )
-        return path.read_bytes().decode("utf-8-sig")
+        return read_file(path, MOST_PROMPT_BYTES, "The prompt file").decode("utf-8-sig")
     except OSError as error:
         raise SpecDeckError(f"Cannot read the prompt file {path}: {error.strerror}.") from error
     except UnicodeDecodeError as error:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specdeck.engine.atomic import check_writable_folder, filling_folder, remove_abandoned
+from specdeck.engine.atomic import check_own_folder, check_writable_folder, filling_folder, remove_abandoned
 from specdeck.engine.bench import plots as plotting
 from specdeck.engine.bench.methods import HF_METHODS
 from specdeck.engine.bench.prompts import BenchPrompt
@@ -45,9 +45,11 @@ RESULT_FILES = (
 )
 
 
-def check_results_folder(out: Path, notice: Callable[[str], None]) -> Path:
-    """Refuse an `--out` in which files cannot be made, before any model loads; `notice` hears of
-    the remains of an earlier, interrupted benchmark being removed."""
+def check_results_folder(out: Path, notice: Callable[[str], None], overwrite: bool = False) -> Path:
+    """Refuse an `--out` in which files cannot be made, or which holds files SpecDeck did not write
+    (unless `overwrite`), before any model loads; `notice` hears of the remains of an earlier,
+    interrupted benchmark being removed."""
+    check_own_folder(out, overwrite)
     check_writable_folder(out)
     remove_abandoned(out, notice)
     try:
@@ -110,10 +112,11 @@ def run_and_write(
     plots: bool = True,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
+    overwrite: bool = False,
 ) -> Written:
     """Run the benchmark of `pairs` (one per drafter, sharing one target) and write every output file
     into `out`, each file whole, the earlier results' files replaced only once all new ones are
-    complete. Cancelled (`cancel` set), the files cover the prompts that finished and report.md
+    complete; `overwrite`: even where `out` holds files SpecDeck did not write. Cancelled (`cancel` set), the files cover the prompts that finished and report.md
     says so, in a new folder inside `out` where `out` holds earlier results; with none finished
     nothing is written and no rows are returned."""
     hf = [b for b in settings.baselines if b in HF_METHODS]
@@ -150,7 +153,7 @@ def run_and_write(
     methods = settings.methods(pairs)
     summary = summary_rows(results, settings, methods)
     sweep = sweep_rows(results, methods)
-    with filling_folder(folder, replaces=RESULT_FILES) as staging:
+    with filling_folder(folder, replaces=RESULT_FILES, overwrite=overwrite) as staging:
         write_csv(staging / "summary.csv", SUMMARY_COLUMNS, summary)
         write_csv(staging / "per_prompt.csv", PER_PROMPT_COLUMNS, per_prompt_rows(results, settings, methods))
         write_csv(staging / "k_sweep.csv", SWEEP_COLUMNS, sweep)

@@ -31,6 +31,7 @@ import torch
 from transformers import LlamaConfig, LlamaModel, PreTrainedModel
 
 from specdeck.engine.atomic import building_folder, record_path, recorded_damage, write_with
+from specdeck.engine.bounded import read_json
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.hf_parts import output_projection
 from specdeck.engine.forward.lean_weights import output_weight
@@ -162,10 +163,10 @@ def load_head(
 
     path = folder / "config.json"
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_json(path, "The feature head's config")
         meta = raw.pop(HEAD_KEY)
         config = LlamaConfig(**raw)
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (SpecDeckError, ValueError, KeyError, TypeError) as error:
         raise SpecDeckError(
             f"{folder} is not a feature head ({error}): it needs a config.json written by `specdeck train-head`."
         ) from error

@@ -109,7 +109,10 @@ def build(arch: str = "native", progress: Callable[[str], None] | None = None) -
     except (OSError, subprocess.SubprocessError) as error:
         return f"the C compiler {compiler} does not run ({error})"
     key = hashlib.sha256("\n".join([SOURCE.read_text(), version, cpu_flags(), version_of("torch"), arch]).encode())
-    target = kernels_cache() / f"row_kernel-{key.hexdigest()[:16]}.so"
+    try:
+        target = kernels_cache() / f"row_kernel-{key.hexdigest()[:16]}.so"
+    except SpecDeckError as error:  # an unusable cache folder: the command itself says so in its line
+        return str(error)
     remove_abandoned(target.parent)  # what builds killed half-way left
     if target.is_file() and (damage := recorded_damage(target)):
         log.warning("The row kernel %s in the cache is damaged (%s): building it again.", target.name, damage)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import row_kernel
 from specdeck.engine.forward.row_kernel import KernelLinear, QuantizedLinear, QuantizedParts
 
@@ -224,7 +225,9 @@ def choose_path(weights: Sequence[torch.Tensor]) -> PathChoice:
     shape."""
     forced = os.environ.get("SPECDECK_LINEAR", "").strip().lower()
     if forced and forced not in PATHS:
-        raise ValueError(f"SPECDECK_LINEAR must be one of {', '.join(PATHS)} (got {forced!r})")
+        raise SpecDeckError(
+            f"SPECDECK_LINEAR must be one of {', '.join(PATHS)} (got {forced!r}): set it to one, or unset it."
+        )
     if forced == "dense":
         return PathChoice("dense", "SPECDECK_LINEAR=dense")
     largest = max(weights, key=lambda w: w.numel())
@@ -328,7 +331,9 @@ def bfloat16_pays(weights: Sequence[torch.Tensor]) -> PathChoice:
     `SPECDECK_DRAFT_DTYPE=float32` or `=bfloat16` overrides the choice."""
     forced = os.environ.get("SPECDECK_DRAFT_DTYPE", "").strip().lower()
     if forced and forced not in ("float32", "bfloat16"):
-        raise ValueError(f"SPECDECK_DRAFT_DTYPE must be float32 or bfloat16 (got {forced!r})")
+        raise SpecDeckError(
+            f"SPECDECK_DRAFT_DTYPE must be float32 or bfloat16 (got {forced!r}): set it to one, or unset it."
+        )
     if forced:
         return PathChoice(forced, f"SPECDECK_DRAFT_DTYPE={forced}")
     if any(w.dtype != torch.float32 for w in weights):

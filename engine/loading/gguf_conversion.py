@@ -78,7 +78,7 @@ def convert_gguf(path: Path, progress: Progress | None = None, beside_load: bool
         state.pop("lm_head.weight", None)
     tensors = {name: tensor.contiguous() for name, tensor in state.items()}
     try:  # any failure, Ctrl-C included, removes what it began; a killed process's entry is healed later
-        with building_folder(target) as staging:
+        with building_folder(target, replace_unmarked=True) as staging:  # an entry of the cache's own
             model.config.save_pretrained(staging)
             model.generation_config.save_pretrained(staging)
             try:

@@ -14,7 +14,6 @@ cached (building it takes seconds), as it is for a file read in place.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdeck.engine.atomic import building_folder
+from specdeck.engine.bounded import read_json
 from specdeck.engine.cache import TOKENIZER_SUFFIX
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks
@@ -285,7 +285,7 @@ def gguf_tokenizer_folder(path: Path, progress: Progress | None = None) -> Path:
                 f"The tokenizer in {path} cannot be read ({type(error).__name__}: {error}). "
                 "Check that the download finished, or pick another file."
             ) from error
-        with building_folder(folder) as staging:
+        with building_folder(folder, replace_unmarked=True) as staging:  # an entry of the cache's own
             tokenizer.save_pretrained(staging)
     return folder
 
@@ -314,8 +314,8 @@ HEAD_KEY = "specdeck_head"  # in a feature head's config.json (`engine.heads`)
 
 def is_head_folder(path: Path) -> bool:
     try:
-        return HEAD_KEY in json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+        return HEAD_KEY in read_json(path / "config.json", "The config")
+    except (SpecDeckError, ValueError, TypeError):
         return False
 
 
@@ -326,10 +326,10 @@ def tokenizer_source(source: str, progress: Progress | None = None) -> str:
     if not path.is_file():
         return source
     try:
-        name = json.loads(path.read_text(encoding="utf-8"))["model"]
+        name = read_json(path, "The tokenizer reference")["model"]
         if not isinstance(name, str) or not name.strip():
             raise ValueError("no model named")
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (SpecDeckError, ValueError, KeyError, TypeError) as error:
         raise SpecDeckError(
             f"{path} is not a valid tokenizer reference ({error}): it must hold "
             '{"model": "<alias, folder or Hugging Face id>"}.'
@@ -346,10 +346,10 @@ def read_output_tokens(folder: Path, vocab_width: int) -> torch.Tensor | None:
     if not path.is_file():
         return None
     try:
-        ids = json.loads(path.read_text(encoding="utf-8"))["token_ids"]
+        ids = read_json(path, "The output-token list")["token_ids"]
         if not ids or not all(isinstance(i, int) and 0 <= i < vocab_width for i in ids):
             raise ValueError(f"token ids must be integers from 0 to {vocab_width - 1}")
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (SpecDeckError, ValueError, KeyError, TypeError) as error:
         raise SpecDeckError(f"{path} is not a valid output-token list ({error}): fix or delete it.") from error
     return torch.tensor(sorted(set(ids)), dtype=torch.long)
 
@@ -380,6 +380,30 @@ def check_prompt(text: str) -> str:
     return text
 
 
+MAX_TEMPLATE_CHARS = 256 * 1024  # a chat format takes a few kB; the longest known, tens
+
+
+def render_chat_template(tokenizer, messages: list[dict[str, str]]) -> str:
+    """The text `tokenizer`'s chat template makes of `messages`, the turn to answer opened; a
+    template too long to be a chat format, or one that fails (malformed, raising, an unknown
+    filter: it is the model's code), is a SpecDeckError saying so."""
+    template = tokenizer.chat_template
+    size = sum(map(len, template.values())) if isinstance(template, dict) else len(str(template))
+    if size > MAX_TEMPLATE_CHARS:  # checked before rendering: a huge one would run for minutes
+        raise SpecDeckError(
+            f"This model's chat template is {size:,} characters long, more than a chat format takes "
+            f"(at most {MAX_TEMPLATE_CHARS:,}): use raw completion (--no-chat), or fix the template."
+        )
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as error:  # jinja2 and the template's own code raise many types
+        said = " ".join(str(error).split())[:200] or type(error).__name__
+        raise SpecDeckError(
+            f"This model's chat template fails ({type(error).__name__}: {said}): use raw completion "
+            "(--no-chat), or fix the chat_template in its tokenizer_config.json."
+        ) from error
+
+
 def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
     """Token ids of a prompt, through the chat template when the tokenizer has one and `chat`.
 
@@ -399,7 +423,7 @@ def encode_conversation(tokenizer, turns: list[str], answers: list[str], chat: b
         return tokenizer("\n\n".join(texts), split_special_tokens=True)["input_ids"]
     marks = [f"{_CONTENT_MARK}{i}{_CONTENT_MARK}" for i in range(len(texts))]
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": mark} for i, mark in enumerate(marks)]
-    rest = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    rest = render_chat_template(tokenizer, messages)
     template = lambda part: tokenizer(part, add_special_tokens=False)["input_ids"]  # noqa: E731
     ids: list[int] = []
     for mark, text in zip(marks, texts):

@@ -4,12 +4,12 @@ and what to do, instead of a traceback from deep inside torch (or the machine sw
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import torch
 
+from specdeck.engine.bounded import read_json
 from specdeck.engine.errors import SpecDeckError
 
 # config fields that must be positive whole numbers where a config has them (Llama / GPT-2 names)
@@ -92,8 +92,8 @@ def _check_layers(config_path: Path, config: dict, shapes: dict[str, list[int]])
 
 def _read_config(path: Path) -> dict:
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+        config = read_json(path, "The model config")
+    except (SpecDeckError, ValueError) as error:  # UnicodeDecodeError is a ValueError
         raise SpecDeckError(f"{path} cannot be read as a model config ({error}): the file is damaged.") from error
     if not isinstance(config, dict):
         raise SpecDeckError(f"{path} is not a model config (it holds a {type(config).__name__}, not a JSON object).")

@@ -8,7 +8,10 @@ deadline a timer shuts the request's sockets down, which ends whatever read wait
 
 Only the standard library's `urllib` is used. The API key, where the server wants one, comes from
 the environment variable `SPECDECK_API_KEY` alone: never from a flag (it would show in the
-process list and the shell's history) nor from the settings file.
+process list and the shell's history) nor from the settings file, nor from the address (a user
+name or password in it is refused). It goes only to the address given: every request goes
+through one opener (`_opener`) that refuses a redirect to another scheme, host or port. Every
+message that shows server text or an address passes through `redact` first.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -26,18 +30,42 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
+from specdeck.engine.bounded import TooLarge, read_at_most
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.remote.remote_answers import Answer, ErrorBody, Expect, context_of, problems
 
 API_KEY_VARIABLE = "SPECDECK_API_KEY"
 DEFAULT_TIMEOUT_S = 60.0
+MOST_BODY_BYTES = 256 * 2**20  # an answer read whole: a round's log-probabilities take kB to a few MB
+MOST_ERROR_BYTES = 64 * 2**10  # an error's body: only its first words are shown
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """`text` with each of `secrets` (and the API key of the environment) and the user name and
+    password of any address in it replaced by ***: a server's message may echo what it was sent."""
+    key = os.environ.get(API_KEY_VARIABLE, "")
+    for secret in sorted({*secrets, key, urllib.parse.quote(key, safe="")} - {""}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return _USERINFO.sub(r"\1***@", text)
+
+
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]*@")
+
+
+def redact_url(url: str) -> str:
+    """An address as SpecDeck may show it: with no user name or password."""
+    return redact(url)
 
 A = TypeVar("A", bound=Answer)
 
 
 class ServerFault(SpecDeckError):
     """A request to the target's server that failed: the server is down, slow, refused it or
-    dropped the connection. A session stops at it and keeps the text it had."""
+    dropped the connection. A session stops at it and keeps the text it had. Its message is
+    redacted (`redact`): it may quote the server."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact(message))
 
 
 def is_url(name: str) -> bool:
@@ -50,9 +78,20 @@ class Endpoint:
     outside the base (llama-cpp-python's `/extras`, SGLang's `/generate`) are taken from its root."""
 
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        parts = urllib.parse.urlsplit(url.strip())
+        try:
+            parts = urllib.parse.urlsplit(url.strip())
+            parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
+        except ValueError as error:
+            raise SpecDeckError(
+                f"{redact_url(url)!r} is not a server address ({error}): give one like http://127.0.0.1:8000/v1."
+            ) from error
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SpecDeckError(f"{url!r} is not a server address: give one like http://127.0.0.1:8000/v1.")
+            raise SpecDeckError(f"{redact_url(url)!r} is not a server address: give one like http://127.0.0.1:8000/v1.")
+        if "@" in parts.netloc:  # it would be shown, remembered and written into reports
+            raise SpecDeckError(
+                f"The address {redact_url(url)} carries a user name or password: remove it, and give the "
+                f"server's key in the environment variable {API_KEY_VARIABLE}, which SpecDeck never shows."
+            )
         if timeout_s <= 0:
             raise SpecDeckError(f"The timeout must be a positive number of seconds (got {timeout_s}).")
         self.base = url.strip().rstrip("/")
@@ -86,11 +125,21 @@ class Endpoint:
         started = time.perf_counter()
         with _Deadline(self.timeout_s) as deadline:
             try:
-                opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline))
-                with opener.open(request, timeout=self.timeout_s) as response:
-                    raw = response.read()
+                with _opener(deadline).open(request, timeout=self.timeout_s) as response:
+                    raw = read_at_most(response, MOST_BODY_BYTES)
                 if deadline.expired:  # the answer was cut short at the deadline
                     raise TimeoutError
+            except _CrossOriginRedirect as error:
+                raise ServerFault(
+                    f"The server at {self.base} redirected {path} to {error.location}, another address: "
+                    "SpecDeck sends the request (and the API key) only to the address given. Give that "
+                    "address as --target if it is the server's."
+                ) from error
+            except TooLarge as error:
+                raise ServerFault(
+                    f"The server at {self.base} sent more than {MOST_BODY_BYTES / 2**20:g} MiB for {path}, more "
+                    "than any answer SpecDeck asks for: check that --target names an OpenAI-compatible API."
+                ) from error
             except urllib.error.HTTPError as error:
                 text = _error_text(error)
                 if deadline.expired:
@@ -250,6 +299,30 @@ class _HTTPHandler(_Watching, urllib.request.HTTPHandler):
     pass
 
 
+class _CrossOriginRedirect(urllib.error.URLError):
+    def __init__(self, location: str) -> None:
+        super().__init__("redirected to another address")
+        self.location = location
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect on the same scheme, host and port; refuses one elsewhere, which urllib
+    would follow carrying every header, the key's included."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        if (old.scheme, old.hostname, old.port) != (new.scheme, new.hostname, new.port):
+            fp.close()  # the redirect's own answer: nothing more is read from it
+            raise _CrossOriginRedirect(newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """The one opener every request to a server goes through: connections the deadline can end,
+    redirects only to the same address."""
+    return urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline), _SameOriginRedirects())
+
+
 class _HTTPSHandler(_Watching, urllib.request.HTTPSHandler):
     pass
 
@@ -258,7 +331,7 @@ def _error_text(error: urllib.error.HTTPError) -> str:
     """The message a server gave with an error status (OpenAI's {"error": {"message": ...}}, FastAPI's
     {"detail": ...}), cut short; empty when it gave none."""
     try:
-        raw = error.read()
+        raw = error.read(MOST_ERROR_BYTES)
     except (OSError, http.client.HTTPException):
         return ""
     try:

@@ -43,28 +43,28 @@ def test_folder_swapped_in_whole_or_not_at_all(tmp_path):
     with pytest.raises(KeyboardInterrupt), building_folder(out) as staging:
         (staging / "b.csv").write_text("2", encoding="utf-8")
         raise KeyboardInterrupt
-    assert os.listdir(tmp_path) == ["out"] and os.listdir(out) == ["a.csv"]
+    assert os.listdir(tmp_path) == ["out"] and _visible(out) == ["a.csv"]
     with building_folder(out) as staging:
         (staging / "c.csv").write_text("3", encoding="utf-8")
-    assert os.listdir(tmp_path) == ["out"] and os.listdir(out) == ["c.csv"]
+    assert os.listdir(tmp_path) == ["out"] and _visible(out) == ["c.csv"]
 
 
 def test_folder_filled_in_place_keeps_the_earlier_files_until_complete(tmp_path):
     """Filling a folder (a mount point cannot be swapped): a failed fill leaves it as it was, a
-    finished one replaces the files it names, drops their stale ones and keeps the user's."""
+    finished one replaces the files it names, drops its own stale ones and keeps the user's."""
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "a.csv").write_text("old", encoding="utf-8")
-    (out / "a.png").write_text("old plot", encoding="utf-8")
+    with filling_folder(out, replaces=("a.csv", "a.png")) as staging:
+        (staging / "a.csv").write_text("old", encoding="utf-8")
+        (staging / "a.png").write_text("old plot", encoding="utf-8")
     (out / "notes.txt").write_text("mine", encoding="utf-8")
-    with pytest.raises(KeyboardInterrupt), filling_folder(out, replaces=("a.csv", "a.png")) as staging:
+    with pytest.raises(KeyboardInterrupt), filling_folder(out, ("a.csv", "a.png"), overwrite=True) as staging:
         (staging / "a.csv").write_text("new", encoding="utf-8")
         raise KeyboardInterrupt
-    assert sorted(os.listdir(out)) == ["a.csv", "a.png", "notes.txt"]
+    assert _visible(out) == ["a.csv", "a.png", "notes.txt"]
     assert (out / "a.csv").read_text(encoding="utf-8") == "old"
-    with filling_folder(out, replaces=("a.csv", "a.png")) as staging:
+    with filling_folder(out, replaces=("a.csv", "a.png"), overwrite=True) as staging:
         (staging / "a.csv").write_text("new", encoding="utf-8")
-    assert sorted(os.listdir(out)) == ["a.csv", "notes.txt"] and (out / "a.csv").read_text(encoding="utf-8") == "new"
+    assert _visible(out) == ["a.csv", "notes.txt"] and (out / "a.csv").read_text(encoding="utf-8") == "new"
 
 
 def test_unwritable_target_is_a_clear_error(tmp_path):

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from tiny import build_pair
 
+from specdeck.engine.atomic import filling_folder
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -122,9 +124,9 @@ def test_ctrl_c_in_bench_keeps_the_prompts_that_finished(models, tmp_path, earli
     target, _ = models
     out = tmp_path / "out"
     if earlier:
-        out.mkdir()
-        for name in ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md"):
-            (out / name).write_text(f"earlier {name}", encoding="utf-8")
+        with filling_folder(out) as staging:  # as an earlier benchmark writes them
+            for name in ("summary.csv", "per_prompt.csv", "k_sweep.csv", "report.md"):
+                (staging / name).write_text(f"earlier {name}", encoding="utf-8")
     argv = [
         "bench",
         "--target",

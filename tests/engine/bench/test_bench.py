@@ -376,12 +376,14 @@ def test_unwritable_out_is_refused_before_models_load(two_prompts, tmp_path, cap
 
 
 def test_out_holding_other_files_keeps_them(bench_models, two_prompts, tmp_path, capsys):
-    """Results go into --out beside the user's own files, which stay as they were."""
+    """Results go into --out beside the user's own files with --overwrite (refused without), and
+    those files stay as they were."""
     target, _ = bench_models
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("keep me", encoding="utf-8")
-    assert main(_bench_argv(target, two_prompts, out)) == 0
+    assert main(_bench_argv(target, two_prompts, out)) == 2
+    assert main(_bench_argv(target, two_prompts, out, "--overwrite")) == 0
     assert (out / "notes.txt").read_text(encoding="utf-8") == "keep me" and (out / "summary.csv").is_file()
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from tiny import build_pair, write_two_prompts
 
+from specdeck.engine.atomic import MANIFEST
 from specdeck.engine.bench.prompts import read_prompts
 from specdeck.engine.bench.runner import BenchSettings
 from specdeck.engine.bench.service import check_results_folder, run_and_write
@@ -34,7 +35,7 @@ def pairs(target):
     return load_pairs([PairSpec(str(target), None, "prompt-lookup", device="cpu")])
 
 
-def _bench(pairs, prompts: Path, out: Path, cancel_after: int | None = None):
+def _bench(pairs, prompts: Path, out: Path, cancel_after: int | None = None, overwrite: bool = False):
     settings = BenchSettings(ks=(1,), baselines=("plain",), repeats=1, decode=DecodeConfig(k=1, max_new_tokens=8))
     cancel = threading.Event()
 
@@ -43,7 +44,15 @@ def _bench(pairs, prompts: Path, out: Path, cancel_after: int | None = None):
             cancel.set()
 
     return run_and_write(
-        pairs, read_prompts(prompts), settings, out, CONTEXT, plots=False, progress=progress, cancel=cancel
+        pairs,
+        read_prompts(prompts),
+        settings,
+        out,
+        CONTEXT,
+        plots=False,
+        progress=progress,
+        cancel=cancel,
+        overwrite=overwrite,
     )
 
 
@@ -53,15 +62,15 @@ def _contents(folder: Path) -> dict[str, bytes]:
 
 def test_results_go_into_the_folder_and_keep_what_else_it_holds(pairs, tmp_path):
     """The --out folder itself stays (same folder, as a mount point must), a file of the user's in it
-    is kept, and the results are in it, with no temporary file left."""
+    (written there with --overwrite) is kept, and the results are in it, with no temporary file left."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine", encoding="utf-8")
     inode = out.stat().st_ino
-    check_results_folder(out, print)
-    written = _bench(pairs, write_two_prompts(tmp_path / "p.jsonl"), out)
+    check_results_folder(out, print, overwrite=True)
+    written = _bench(pairs, write_two_prompts(tmp_path / "p.jsonl"), out, overwrite=True)
     assert written.folder == out and out.stat().st_ino == inode
-    assert sorted(os.listdir(out)) == sorted(["notes.txt", *written.files])
+    assert sorted(os.listdir(out)) == sorted(["notes.txt", MANIFEST, *written.files])
     assert (out / "notes.txt").read_text(encoding="utf-8") == "mine" and "summary.csv" in written.files
 
 
@@ -112,6 +121,6 @@ def test_bench_out_on_a_mount_point(target, tmp_path):
     )
     writable, _, read_only = done.stdout.partition("READ-ONLY NOW")
     assert f"Wrote {mount}/" in writable and "specdeck exited" not in writable, done.stdout + done.stderr
-    assert sorted(os.listdir(source)) == ["k_sweep.csv", "per_prompt.csv", "report.md", "summary.csv"]
+    assert sorted(os.listdir(source)) == [MANIFEST, "k_sweep.csv", "per_prompt.csv", "report.md", "summary.csv"]
     assert f"Cannot write results to {mount}: Read-only file system" in read_only
     assert "specdeck exited 2" in read_only and "Loading" not in read_only
