@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from specdeck.engine.forward import block_groups
 from specdeck.engine.forward.kernel_build import library
 
 
@@ -98,7 +99,7 @@ def _rows_through(linear: KernelLinear | QuantizedLinear, x: torch.Tensor, produ
 # rows (`QUANTIZED`, every type the kernel reads) and with rows in 8 bits (`INT8_KINDS`; a type
 # missing there takes float32 rows).
 QUANTIZED = {"Q4_1": 0, "Q8_0": 1}
-INT8_KINDS = {"Q4_1": 2, "Q8_0": 3}
+INT8_KINDS = {"Q4_1": 2, "Q8_0": 3, "Q4_0": 12, "Q5_0": 13, "Q5_1": 14, "Q4_K": 15, "Q5_K": 16, "Q6_K": 17}
 
 
 def block_shape(kind: str) -> tuple[int, int]:
@@ -106,6 +107,8 @@ def block_shape(kind: str) -> tuple[int, int]:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     return GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+
+
 ACTIVATIONS = ("float32", "int8")  # how a product on GGUF blocks takes its rows (`QuantizedLinear`)
 INT8_MISSING = "the row kernel has no 8-bit products for AVX-512 without VNNI"
 
@@ -119,7 +122,7 @@ def int8_available() -> str | None:
 
 
 class QuantizedLinear:
-    """y = x W^T + b through the row kernel on a weight kept in a GGUF file's blocks (Q4_1, Q8_0).
+    """y = x W^T + b through the row kernel on a weight kept in a GGUF file's blocks (`INT8_KINDS`).
 
     `blocks` (out, in / 32 * bytes per block), uint8: the rows' blocks as the file stores them. The
     kernel decodes each weight as gguf-py does and sums it as `KernelLinear` sums the decoded
@@ -223,7 +226,10 @@ def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:
 def _pack_int8(vectors: np.ndarray, kind: str) -> np.ndarray:
     """Vectors of columns (count, lanes, groups, bytes) of GGUF blocks in the layout of the kernel's
     8-bit-activation products (`row_kernel.c`): per vector, per group of 32, the columns' scales
-    (and minimums), then runs of 4 quant bytes a column (Q8_0's offset by 128, unsigned)."""
+    (and minimums), then runs of 4 quant bytes a column (Q8_0's offset by 128, unsigned); the
+    other types as `block_groups.layout` lays them out."""
+    if kind in block_groups.TYPES:
+        return block_groups.layout(vectors, kind)
     count, lanes, groups, _ = vectors.shape
     fields = vectors.transpose(0, 2, 1, 3)  # (count, groups, lanes, bytes)
     scales = [fields[..., 0:2], fields[..., 2:4]] if kind == "Q4_1" else [fields[..., 0:2]]
