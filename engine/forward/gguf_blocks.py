@@ -32,7 +32,7 @@ from specdeck.engine.atomic import write_text
 from specdeck.engine.forward import row_kernel
 from specdeck.engine.forward.gguf_index import matches_path, tensors_of
 from specdeck.engine.forward.linear import PathChoice
-from specdeck.engine.forward.row_kernel import QUANTIZED, QuantizedLinear
+from specdeck.engine.forward.row_kernel import INT8_KINDS, QUANTIZED, QuantizedLinear
 
 log = logging.getLogger(__name__)
 
@@ -191,12 +191,14 @@ class FileMatrices:
         self, names: Sequence[str], params: Sequence[torch.Tensor], bias: torch.Tensor | None
     ) -> QuantizedLinear | None:
         """The product of `params` (stacked by rows) on the file's blocks of the tensors `names`, or
-        None where the file does not hold exactly these matrices in one block type the kernel takes."""
+        None where the file does not hold exactly these matrices in one block type the kernel takes
+        with this file's rows (`QUANTIZED` with float32 rows; with rows in 8 bits `INT8_KINDS` too)."""
         tensors = [self._tensors[name] for name in names if name in self._tensors]
         if not names or len(tensors) != len(names) or len(tensors) != len(params):
             return None
         kinds = {t.tensor_type.name for t in tensors}
-        if len(kinds) != 1 or not kinds <= QUANTIZED.keys():
+        readable = QUANTIZED.keys() | (INT8_KINDS.keys() if self.activations == "int8" else set())
+        if len(kinds) != 1 or not kinds <= readable:
             return None
         if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params):
             return None
