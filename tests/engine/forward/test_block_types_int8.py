@@ -31,9 +31,18 @@ BUILDS = {
     "AVX2": ("haswell", {"avx2", "fma", "f16c"}),
     "AVX2 with AVX-VNNI": ("alderlake", {"avx2", "fma", "f16c", "avx_vnni"}),
 }
-# where a block's quants (and the K-quants' 6-bit scales) lie, and its float16 scales with a
-# trained model's spread (gguf-py quantizes Q4_0, Q5_0 and Q5_1, not the K-quants)
-QUANTS = {"Q4_0": (2, 18), "Q5_0": (2, 22), "Q5_1": (4, 24), "Q4_K": (4, 144), "Q5_K": (4, 176), "Q6_K": (0, 208)}
+# where a block's quants (and the K-quants' 6-bit scales) lie, and the K-quants' float16 scales with
+# a trained model's spread (gguf-py quantizes the other types, not these)
+QUANTS = {
+    "Q4_1": (4, 20),
+    "Q8_0": (2, 34),
+    "Q4_0": (2, 18),
+    "Q5_0": (2, 22),
+    "Q5_1": (4, 24),
+    "Q4_K": (4, 144),
+    "Q5_K": (4, 176),
+    "Q6_K": (0, 208),
+}
 HALVES = {"Q4_K": ((0, 0.001), (2, 0.002)), "Q5_K": ((0, 0.001), (2, 0.002)), "Q6_K": ((208, 0.0005),)}
 
 
@@ -134,6 +143,36 @@ def test_packed_blocks_take_about_the_files_bytes(kind):
     product = QuantizedLinear(blocks, kind, 1024, lambda: None, activations="int8")
     assert product._kind == row_kernel.INT8_KINDS[kind]
     assert blocks.nbytes <= product._packed.numel() <= 1.4 * blocks.nbytes
+
+
+# The AVX-VNNI build with its one VNNI instruction done exactly by AVX2 ones, so that its code runs
+# on any AVX2 CPU: per 32-bit lane, the 4 products of unsigned by signed bytes, summed.
+VNNI_ON_AVX2 = """#include <immintrin.h>
+static inline __m256i dpbusd_on_avx2(__m256i acc, __m256i u, __m256i s) {
+    __m256i u_even = _mm256_and_si256(u, _mm256_set1_epi16(0xFF)), u_odd = _mm256_srli_epi16(u, 8);
+    __m256i s_even = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8), s_odd = _mm256_srai_epi16(s, 8);
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(u_even, s_even), _mm256_madd_epi16(u_odd, s_odd)));
+}
+#define _mm256_dpbusd_avx_epi32 dpbusd_on_avx2
+#define __AVXVNNI__ 1
+"""
+
+
+@pytest.mark.parametrize("kind", [*block_groups.TYPES, "Q4_1", "Q8_0"])
+def test_the_vnni_build_gives_the_avx2_builds_bits(kind, tmp_path, monkeypatch):
+    """The AVX-VNNI build's products (run here with its dpbusd done by AVX2 instructions) are the
+    AVX2 build's bit for bit, for every type with 8-bit rows: the same integers, scaled in the same
+    order, so a CPU with VNNI gives the text one without it gives."""
+    avx2 = _built("AVX2")
+    shim = tmp_path / "row_kernel.c"
+    shim.write_text(VNNI_ON_AVX2 + kernel_build.SOURCE.read_text())  # the source itself: built again when it changes
+    monkeypatch.setattr(kernel_build, "SOURCE", shim)
+    vnni = kernel_build.build("haswell")
+    assert not isinstance(vnni, str), vnni
+    blocks = _blocks(kind, 96, 768)
+    x = _rows(9, 768)
+    products = [QuantizedLinear(blocks, kind, 768, None, built=b, activations="int8")(x) for b in (vnni, avx2)]
+    assert torch.equal(*products)
 
 
 @pytest.fixture(scope="module")
