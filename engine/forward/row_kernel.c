@@ -441,7 +441,8 @@ static void quantize_rows(const float *x, long m, long k, int8_t *a, float *s, f
             for (int i = LANES; i < QK; i += LANES) top = VMAX(top, VABS(VLOAD(xg + i)));
             float most = vmax(top), inverse = most > 0.0f ? 127.0f / most : 0.0f;
             int32_t half[2] = {0, 0};
-            for (int i = 0; i < QK; i += LANES) half[i / 16] += ROUND_TO_BYTES(VMUL(VLOAD(xg + i), VSET(inverse)), ag + i);
+            for (int i = 0; i < QK; i += LANES)
+                half[i / 16] += ROUND_TO_BYTES(VMUL(VLOAD(xg + i), VSET(inverse)), ag + i);
             int32_t sum = half[0] + half[1];
             long at = r * (k / QK) + g;
             s[at] = most / 127.0f;
@@ -586,8 +587,8 @@ static const int X_BYTES[X_TYPES] = {18, 22, 24, 24, 28, 34}; /* a column's byte
  * With VNNI, dpbusd sums 4 byte products into 32 bits; Q6_K's halves are summed apart and scaled by
  * their sc (lo, hi: (sc, sc) int16 pairs). Without it, maddubs sums pairs of products into 16 bits,
  * and `span` runs add up there while they cannot pass 2^15 (|a| <= 127: 8 runs of 4-bit quants, 4 of
- * 5-bit, 2 of 6-bit), before madd widens them, times Q6_K's sc where it multiplies the pairs by sc
- * instead of 1. The same integers either way. */
+ * 5-bit, 2 of 6-bit) before madd widens them, multiplying the pairs by 1 or by Q6_K's sc. The same
+ * integers either way. */
 static inline __attribute__((always_inline)) ivec x_dot(const int type, const ivec *q, const int8_t *a, ivec lo,
                                                         ivec hi) {
     ivec t = IZERO();
@@ -603,7 +604,8 @@ static inline __attribute__((always_inline)) ivec x_dot(const int type, const iv
     const int span = type == X_Q6_K ? 2 : type == X_Q4_0 || type == X_Q4_K ? 8 : 4;
     for (int i = 0; i < 8; i += span) {
         ivec pairs = _mm256_maddubs_epi16(q[i], XBCAST(a + 4 * i));
-        for (int j = i + 1; j < i + span; j++) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(q[j], XBCAST(a + 4 * j)));
+        for (int j = i + 1; j < i + span; j++)
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(q[j], XBCAST(a + 4 * j)));
         t = XADD(t, XMADD(pairs, type != X_Q6_K ? _mm256_set1_epi16(1) : i < 4 ? lo : hi));
     }
 #endif
@@ -619,7 +621,8 @@ static inline __attribute__((always_inline)) void x_kernel(const int type, const
                                                            float *y, long n, long j0) {
     const long groups = k / QK, size = (long)X_BYTES[type] * LANES;
     const int halved = type == X_Q4_0 || type == X_Q5_0 || type == X_Q5_1 || type == X_Q6_K; /* d in float16 */
-    const int fifth = type == X_Q5_0 || type == X_Q5_1 || type == X_Q5_K, minimum = type == X_Q5_1 || type == X_Q4_K || type == X_Q5_K;
+    const int fifth = type == X_Q5_0 || type == X_Q5_1 || type == X_Q5_K;
+    const int minimum = type == X_Q5_1 || type == X_Q4_K || type == X_Q5_K;
     vec acc[RI];
     for (int r = 0; r < R; r++) acc[r] = VZERO();
     for (long g = 0; g < groups; g++, wb += size) {
