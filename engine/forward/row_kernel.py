@@ -96,8 +96,8 @@ def _rows_through(linear: KernelLinear | QuantizedLinear, x: torch.Tensor, produ
 
 
 # GGUF block types the kernel reads, by its kind number (`row_kernel.c`, `any_part`): with float32
-# rows (`QUANTIZED`, every type the kernel reads) and with rows in 8 bits (`INT8_KINDS`; a type
-# missing there takes float32 rows).
+# rows (`QUANTIZED`) and with rows in 8 bits (`INT8_KINDS`; a type missing there takes float32 rows,
+# one missing from `QUANTIZED` is refused with float32 rows).
 QUANTIZED = {"Q4_1": 0, "Q8_0": 1}
 INT8_KINDS = {"Q4_1": 2, "Q8_0": 3, "Q4_0": 12, "Q5_0": 13, "Q5_1": 14, "Q4_K": 15, "Q5_K": 16, "Q6_K": 17}
 
@@ -157,6 +157,8 @@ class QuantizedLinear:
             raise RuntimeError(INT8_MISSING)
         if kind not in INT8_KINDS:
             activations = "float32"  # this type's blocks have no 8-bit-row products yet
+        if activations == "float32" and kind not in QUANTIZED:
+            raise ValueError(f"the row kernel reads {kind} blocks only with rows in 8 bits (activations='int8')")
         self._built, self._source, self.activations, self.exact = built, source, activations, exact
         self._cuts: dict[bytes, QuantizedLinear] = {}  # `rows` made before, by their ids
         self._product = built.row_kernel_quantized
