@@ -650,6 +650,7 @@ static inline __attribute__((always_inline)) void x_kernel(const int type, const
         }
         vec d = halved ? VHALF(wb) : VLOAD((const float *)wb), mins = VZERO();
         if (minimum) mins = halved ? VHALF(wb + LANES * 2) : VLOAD((const float *)(wb + LANES * 4));
+        _Pragma("GCC unroll 8") /* every row's accumulator kept in a register */
         for (int r = 0; r < R; r++) {
             long at = r * groups + g;
             ivec t = x_dot(type, q, a + r * k + g * QK, lo, hi);
