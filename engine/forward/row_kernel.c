@@ -569,10 +569,12 @@ static inline int32_t ROUND_TO_BYTES(__m256 v, int8_t *out) {
 int row_kernel_int8(void) { return INT8_ACTIVATIONS; }
 
 #if INT8_ACTIVATIONS
-/* Each row's groups of 32 as 8-bit integers a (m, k), their scales s and s sum(a) (m, k / 32) and
- * sum(a) (m, k / 32): the reciprocal 127 / max |x| rounded once, each a = x times it rounded to
- * nearest (even on ties), lane by lane; a row's numbers depend on its own values only. */
-static void quantize_rows(const float *x, long m, long k, int8_t *a, float *s, float *sm, int32_t *sums) {
+/* Each row's groups of 32 as 8-bit integers a (m, k), their scales s and s sum(a) (m, k / 32),
+ * sum(a) and the sums of the two halves of 16 (m, k / 32; the first half's in the low 16 bits of
+ * `halves`, the second's in the high): the reciprocal 127 / max |x| rounded once, each a = x times
+ * it rounded to nearest (even on ties), lane by lane; a row's numbers depend on its own values only. */
+static void quantize_rows(const float *x, long m, long k, int8_t *a, float *s, float *sm, int32_t *sums,
+                          int32_t *halves) {
     for (long r = 0; r < m; r++)
         for (long g = 0; g < k / QK; g++) {
             const float *xg = x + r * k + g * QK;
@@ -580,11 +582,14 @@ static void quantize_rows(const float *x, long m, long k, int8_t *a, float *s, f
             vec top = VABS(VLOAD(xg));
             for (int i = LANES; i < QK; i += LANES) top = VMAX(top, VABS(VLOAD(xg + i)));
             float most = vmax(top), inverse = most > 0.0f ? 127.0f / most : 0.0f;
-            int32_t sum = 0;
-            for (int i = 0; i < QK; i += LANES) sum += ROUND_TO_BYTES(VMUL(VLOAD(xg + i), VSET(inverse)), ag + i);
+            int32_t half[2] = {0, 0};
+            for (int i = 0; i < QK; i += LANES)
+                half[i / 16] += ROUND_TO_BYTES(VMUL(VLOAD(xg + i), VSET(inverse)), ag + i);
+            int32_t sum = half[0] + half[1];
             long at = r * (k / QK) + g;
             s[at] = most / 127.0f;
             sums[at] = sum;
+            halves[at] = (int32_t)(((uint32_t)half[1] << 16) | ((uint32_t)half[0] & 0xFFFFu));
             sm[at] = s[at] * (float)sum;
         }
 }
@@ -655,11 +660,178 @@ static const ikernel_fn I_KERNELS[2][RI + 1] = {{0, i4_1, i4_2, i4_3, i4_4, i4_5
 static const ikernel_fn I_KERNELS[2][RI + 1] = {{0, i4_1, i4_2, i4_3, i4_4}, {0, i8_1, i8_2, i8_3, i8_4}};
 #endif
 
+/* ---- 8-bit-row products for Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (kinds 12 to 17) ----
+ *
+ * Every type is read as groups of 32 k-steps of unsigned quants q (4, 5 or 6 bits) and the group's
+ * scales, and multiplies rows in 8 bits quantized per 32 values as above, the K-quants too: a scale
+ * per 32 activations is finer than llama.cpp's per 256 (Q8_K), and one quantization of a row then
+ * serves every kind of a layer. A group's dot product with a column is one exact integer T, then
+ * y += (d s) T (+ m (s sum(a)) where the type has a minimum), in k order group by group, so a row's
+ * bits do not depend on the rows beside it:
+ *   Q4_0  w = d (q - 8)                T = sum(q a) - 8 sum(a)
+ *   Q5_0  w = d (q - 16)               T = sum(q a) - 16 sum(a)
+ *   Q5_1  w = d q + m                  T = sum(q a)
+ *   Q4_K, Q5_K  w = (d sc) q - dmin mn T = sum(q a); d sc and -dmin mn per group as float32 (each
+ *                                      the exact product of a float16 and a 6-bit integer)
+ *   Q6_K  w = d sc_h (q - 32)          T = sum over the halves h of 16: sc_h (sum_h(q a) - 32 sum_h(a)),
+ *                                      sc_h the half's signed 8-bit scale: integers to the end.
+ *
+ * Packed per vector of LANES columns, group by group of 32 k-steps, each field LANES columns wide:
+ *   Q4_0: d (float16)                  Q4_K: d sc, -dmin mn (float32)
+ *   Q5_0: d (float16), H               Q5_K: d sc, -dmin mn (float32), H
+ *   Q5_1: d, m (float16), H            Q6_K: d (float16), sc_lo, sc_hi (twice each, int16), H0, H1
+ * then the quants' low 4 bits in four runs as Q4_1's above (run u: k = 4u + b in the low nibbles of a
+ * column's 4 bytes, 16 + 4u + b in the high). H, a column's 4 bytes: bit u of byte b is q's 5th bit
+ * at k = 4u + b, bit 4 + u at k = 16 + 4u + b. H0 and H1: bits 2u and 2u + 1 of byte b are q's 5th
+ * and 6th bits at k = 4u + b (H0) and at k = 16 + 4u + b (H1). Q4_0, Q5_0 and Q5_1 keep the file's
+ * bytes; Q4_K, Q5_K and Q6_K take about 1.3 times theirs. */
+enum { X_Q4_0, X_Q5_0, X_Q5_1, X_Q4_K, X_Q5_K, X_Q6_K, X_TYPES };
+#define X_FIRST 12 /* the kind number of X_Q4_0 */
+static const int X_BYTES[X_TYPES] = {18, 22, 24, 24, 28, 34}; /* a column's bytes a group of 32 */
+
+#if LANES == 16
+#define X_VNNI 1
+#define XBCAST(p) _mm512_set1_epi32(*(const int32_t *)(p))
+#define XSET(v) _mm512_set1_epi32(v)
+#define XAND(a, b) _mm512_and_si512(a, b)
+#define XOR(a, b) _mm512_or_si512(a, b)
+#define XADD(a, b) _mm512_add_epi32(a, b)
+#define XSUB(a, b) _mm512_sub_epi32(a, b)
+#define XSLLI(v, n) _mm512_slli_epi32(v, n)
+#define XSRLI(v, n) _mm512_srli_epi32(v, n)
+#define XMADD(a, b) _mm512_madd_epi16(a, b)
+#define XMUL(a, b) _mm512_mullo_epi32(a, b)
+#define XSCALE(pair) _mm512_srai_epi32(pair, 16) /* a lane's (sc, sc) int16 pair as one int32 sc */
+#define XPAIRS(lo, hi) _mm512_mask_blend_epi16(0xAAAAAAAAu, lo, hi) /* lanes (sc_lo, sc_hi) */
+#define XDOT(acc, q, p) _mm512_dpbusd_epi32(acc, q, XBCAST(p))
+#else
+#define XBCAST(p) _mm256_set1_epi32(*(const int32_t *)(p))
+#define XSET(v) _mm256_set1_epi32(v)
+#define XAND(a, b) _mm256_and_si256(a, b)
+#define XOR(a, b) _mm256_or_si256(a, b)
+#define XADD(a, b) _mm256_add_epi32(a, b)
+#define XSUB(a, b) _mm256_sub_epi32(a, b)
+#define XSLLI(v, n) _mm256_slli_epi32(v, n)
+#define XSRLI(v, n) _mm256_srli_epi32(v, n)
+#define XMADD(a, b) _mm256_madd_epi16(a, b)
+#define XMUL(a, b) _mm256_mullo_epi32(a, b)
+#define XSCALE(pair) _mm256_srai_epi32(pair, 16)
+#define XPAIRS(lo, hi) _mm256_blend_epi16(lo, hi, 0xAA)
+#if defined(__AVXVNNI__)
+#define X_VNNI 1
+#define XDOT(acc, q, p) _mm256_dpbusd_avx_epi32(acc, q, XBCAST(p))
+#else
+#define X_VNNI 0
+#endif
+#endif
+
+/* T before its offset: q (8 runs of 4 k-steps, k = 4i .. 4i + 3 in q[i]) times a row's group a.
+ * With VNNI, dpbusd sums 4 byte products into 32 bits; Q6_K's halves are summed apart and scaled by
+ * their sc (lo, hi: (sc, sc) int16 pairs). Without it, maddubs sums pairs of products into 16 bits,
+ * and `span` runs add up there while they cannot pass 2^15 (|a| <= 127: 8 runs of 4-bit quants, 4 of
+ * 5-bit, 2 of 6-bit) before madd widens them, multiplying the pairs by 1 or by Q6_K's sc. The same
+ * integers either way. */
+static inline __attribute__((always_inline)) ivec x_dot(const int type, const ivec *q, const int8_t *a, ivec lo,
+                                                        ivec hi) {
+    ivec t = IZERO();
+#if X_VNNI
+    if (type == X_Q6_K) {
+        ivec first = IZERO(), second = IZERO();
+        for (int i = 0; i < 4; i++) first = XDOT(first, q[i], a + 4 * i);
+        for (int i = 4; i < 8; i++) second = XDOT(second, q[i], a + 4 * i);
+        return XADD(XMUL(first, XSCALE(lo)), XMUL(second, XSCALE(hi)));
+    }
+    for (int i = 0; i < 8; i++) t = XDOT(t, q[i], a + 4 * i);
+#else
+    const int span = type == X_Q6_K ? 2 : type == X_Q4_0 || type == X_Q4_K ? 8 : 4;
+    for (int i = 0; i < 8; i += span) {
+        ivec pairs = _mm256_maddubs_epi16(q[i], XBCAST(a + 4 * i));
+        for (int j = i + 1; j < i + span; j++)
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(q[j], XBCAST(a + 4 * j)));
+        t = XADD(t, XMADD(pairs, type != X_Q6_K ? _mm256_set1_epi16(1) : i < 4 ? lo : hi));
+    }
+#endif
+    return t;
+}
+
+/* y[r][j0 ..] for R rows and one vector of columns packed as above: each group's quants decoded once
+ * into 8 runs of bytes and multiplied into all R rows. The type and R are constants where it is
+ * inlined (`X_KERNEL`), so the branches on them compile away. */
+static inline __attribute__((always_inline)) void x_kernel(const int type, const int R, const int8_t *a,
+                                                           const float *s, const float *sm, const int32_t *sums,
+                                                           const int32_t *halves, long k, const uint8_t *wb,
+                                                           float *y, long n, long j0) {
+    const long groups = k / QK, size = (long)X_BYTES[type] * LANES;
+    const int halved = type == X_Q4_0 || type == X_Q5_0 || type == X_Q5_1 || type == X_Q6_K; /* d in float16 */
+    const int fifth = type == X_Q5_0 || type == X_Q5_1 || type == X_Q5_K;
+    const int minimum = type == X_Q5_1 || type == X_Q4_K || type == X_Q5_K;
+    vec acc[RI];
+    for (int r = 0; r < R; r++) acc[r] = VZERO();
+    for (long g = 0; g < groups; g++, wb += size) {
+        PREFETCH_GROUP(wb + IAHEAD * size, size);
+        const uint8_t *low = wb + size - 16 * LANES;
+        ivec q[8], lo = IZERO(), hi = IZERO();
+        for (int u = 0; u < 4; u++) {
+            ivec v = ILOAD(low + u * LANES * 4);
+            q[u] = INIBBLE(v, 0), q[u + 4] = INIBBLE(v, 4);
+        }
+        if (fifth) { /* bit u of byte b to bit 4 of q[u]'s byte b, bit 4 + u to q[u + 4]'s */
+            ivec h = ILOAD(low - LANES * 4), bit = XSET(0x10101010);
+            for (int u = 0; u < 4; u++) {
+                q[u] = XOR(q[u], XAND(XSLLI(h, 4 - u), bit));
+                q[u + 4] = XOR(q[u + 4], XAND(XSRLI(h, u), bit));
+            }
+        }
+        if (type == X_Q6_K) { /* bits 2u, 2u + 1 of byte b to bits 4, 5 of q[u]'s (H0) and q[u + 4]'s (H1) */
+            ivec h0 = ILOAD(wb + LANES * 10), h1 = ILOAD(wb + LANES * 14), bits = XSET(0x30303030);
+            for (int u = 0; u < 4; u++) {
+                q[u] = XOR(q[u], XAND(u < 3 ? XSLLI(h0, 4 - 2 * u) : XSRLI(h0, 2), bits));
+                q[u + 4] = XOR(q[u + 4], XAND(u < 3 ? XSLLI(h1, 4 - 2 * u) : XSRLI(h1, 2), bits));
+            }
+            lo = ILOAD(wb + LANES * 2), hi = ILOAD(wb + LANES * 6);
+        }
+        vec d = halved ? VHALF(wb) : VLOAD((const float *)wb), mins = VZERO();
+        if (minimum) mins = halved ? VHALF(wb + LANES * 2) : VLOAD((const float *)(wb + LANES * 4));
+        _Pragma("GCC unroll 8") /* every row's accumulator kept in a register */
+        for (int r = 0; r < R; r++) {
+            long at = r * groups + g;
+            ivec t = x_dot(type, q, a + r * k + g * QK, lo, hi);
+            if (type == X_Q4_0 || type == X_Q5_0) t = XSUB(t, XSET((type == X_Q4_0 ? 8 : 16) * sums[at]));
+            if (type == X_Q6_K) t = XSUB(t, XSLLI(XMADD(XPAIRS(lo, hi), XSET(halves[at])), 5));
+            acc[r] = VFMA(QFLOAT(t), VMUL(d, VSET(s[at])), acc[r]);
+            if (minimum) acc[r] = VFMA(mins, VSET(sm[at]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) VSTORE(y + r * n + j0, acc[r]);
+}
+
+typedef void (*xkernel_fn)(const int8_t *, const float *, const float *, const int32_t *, const int32_t *, long,
+                           const uint8_t *, float *, long, long);
+#define X_KERNEL(TYPE, R)                                                                              \
+    static void x_##TYPE##_##R(const int8_t *a, const float *s, const float *sm, const int32_t *sums,  \
+                               const int32_t *halves, long k, const uint8_t *wb, float *y, long n, long j0) { \
+        x_kernel(TYPE, R, a, s, sm, sums, halves, k, wb, y, n, j0);                                    \
+    }
+#if RI > 4
+#define X_KERNELS(TYPE)                                                                                \
+    X_KERNEL(TYPE, 1) X_KERNEL(TYPE, 2) X_KERNEL(TYPE, 3) X_KERNEL(TYPE, 4) X_KERNEL(TYPE, 5) X_KERNEL(TYPE, 6) \
+    X_KERNEL(TYPE, 7) X_KERNEL(TYPE, 8)
+#define X_NAMES(TYPE)                                                                                  \
+    {0, x_##TYPE##_1, x_##TYPE##_2, x_##TYPE##_3, x_##TYPE##_4, x_##TYPE##_5, x_##TYPE##_6, x_##TYPE##_7, x_##TYPE##_8}
+#else
+#define X_KERNELS(TYPE) X_KERNEL(TYPE, 1) X_KERNEL(TYPE, 2) X_KERNEL(TYPE, 3) X_KERNEL(TYPE, 4)
+#define X_NAMES(TYPE) {0, x_##TYPE##_1, x_##TYPE##_2, x_##TYPE##_3, x_##TYPE##_4}
+#endif
+X_KERNELS(X_Q4_0) X_KERNELS(X_Q5_0) X_KERNELS(X_Q5_1) X_KERNELS(X_Q4_K) X_KERNELS(X_Q5_K) X_KERNELS(X_Q6_K)
+static const xkernel_fn X_KERNEL_TABLE[X_TYPES][RI + 1] = {X_NAMES(X_Q4_0), X_NAMES(X_Q5_0), X_NAMES(X_Q5_1),
+                                                          X_NAMES(X_Q4_K), X_NAMES(X_Q5_K), X_NAMES(X_Q6_K)};
+/* ---- end of the 8-bit-row products for Q4_0 .. Q6_K ---- */
+
 /* A thread's own copy of the rows in 8 bits (every thread quantizes all rows: a few thousand
  * numbers, cheaper than a barrier), grown as needed and kept for the thread's next call. */
 static _Thread_local int8_t *own_a;
 static _Thread_local float *own_s;
-static _Thread_local int32_t *own_sums;
+static _Thread_local int32_t *own_sums; /* the sums (m, k / 32), then the halves' (`quantize_rows`) */
 static _Thread_local long own_room;
 
 /* This thread's rows x (m, k) in 8 bits, in its own copy (`own_a`, `own_s`, `own_sums`). */
@@ -668,21 +840,26 @@ static void own_rows(const float *x, long m, long k) {
     if (own_room < m * k) {
         free(own_a), free(own_s), free(own_sums);
         own_a = malloc(m * k), own_s = malloc(sizeof(float) * 2 * m * groups);
-        own_sums = malloc(sizeof(int32_t) * m * groups), own_room = m * k;
+        own_sums = malloc(sizeof(int32_t) * 2 * m * groups), own_room = m * k;
     }
-    quantize_rows(x, m, k, own_a, own_s, own_s + m * groups, own_sums);
+    quantize_rows(x, m, k, own_a, own_s, own_s + m * groups, own_sums, own_sums + m * groups);
 }
 
 /* Vectors of columns [first, last) of y (m, n) = x (m, k) w^T for w packed as above (kind 2: Q4_1,
- * 3: Q8_0), from this thread's rows in 8 bits (`own_rows`). */
+ * 3: Q8_0, 12 to 17: Q4_0 to Q6_K), from this thread's rows in 8 bits (`own_rows`). */
 static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, float *y, long first, long last) {
-    long groups = k / QK, size = kind == 2 ? 20 : 34;
+    long groups = k / QK, size = kind == 2 ? 20 : kind == 3 ? 34 : X_BYTES[kind - X_FIRST];
     for (long v = first; v < last; v++) {
         const uint8_t *wb = w + v * groups * LANES * size;
         for (long r = 0; r < m; r += RI) {
             int rows = m - r < RI ? (int)(m - r) : RI;
-            I_KERNELS[kind - 2][rows](own_a + r * k, own_s + r * groups, own_s + m * groups + r * groups,
-                                      own_sums + r * groups, k, wb, y + r * n, n, v * LANES);
+            const int8_t *a = own_a + r * k;
+            const float *s = own_s + r * groups, *sm = own_s + m * groups + r * groups;
+            const int32_t *sums = own_sums + r * groups;
+            if (kind >= X_FIRST)
+                X_KERNEL_TABLE[kind - X_FIRST][rows](a, s, sm, sums, sums + m * groups, k, wb, y + r * n, n, v * LANES);
+            else
+                I_KERNELS[kind - 2][rows](a, s, sm, sums, k, wb, y + r * n, n, v * LANES);
         }
     }
 }
@@ -871,23 +1048,23 @@ void row_kernel_attention(const float *q, long q_row, long q_head, const float *
                    heads, kv_heads, d, window, scale, out);
 }
 
-/* Whether products of `kind` take their rows in 8 bits: kinds 2 and 3, and 12 on. */
-static inline int int8_kind(int64_t kind) { return kind == 2 || kind == 3 || kind >= 12; }
+/* Whether products of `kind` take their rows in 8 bits: 2 Q4_1, 3 Q8_0, 12 to 17 Q4_0 to Q6_K. */
+static inline int int8_kind(int64_t kind) { return kind == 2 || kind == 3 || (kind >= 12 && kind <= 17); }
 
-/* A product inside a team of threads: kind -1 float32 blocks, 0 Q4_1, 1 Q8_0, 4 to 9 the other block
- * types (`CODE_TYPES`), all with float32 rows; the kinds of `int8_kind` with 8-bit activations (the
+/* A product inside a team of threads: kind -1 float32 blocks; 0 Q4_1, 1 Q8_0 and 4 to 9 the other
+ * block types (`CODE_TYPES`) with float32 rows; the kinds of `int8_kind` with 8-bit rows (the
  * layouts above). */
 static void any_part(int t, int nt, int64_t kind, const void *w, const float *x, long m, long k, long n, float *y) {
     if (kind < 0)
         product_part(t, nt, x, m, k, (const float *)w, n, y);
-    else if (kind < 2)
-        quantized_part(t, nt, (int)kind, x, m, k, (const uint8_t *)w, n, y);
     else if (kind >= CODE_KINDS && kind <= CODE_LAST)
         codes_part(t, nt, (int)kind, x, m, k, (const uint8_t *)w, n, y);
 #if INT8_ACTIVATIONS
-    else
+    else if (int8_kind(kind))
         int8_part(t, nt, (int)kind, x, m, k, (const uint8_t *)w, n, y);
 #endif
+    else
+        quantized_part(t, nt, (int)kind, x, m, k, (const uint8_t *)w, n, y);
 }
 
 /* y (m, n) = x (m, k) w^T on a GGUF weight packed as above (`kind` as in `any_part`). */

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from specdeck.engine.forward import block_codes
+from specdeck.engine.forward import block_codes, block_groups
 from specdeck.engine.forward.kernel_build import library
 
 
@@ -97,9 +97,9 @@ def _rows_through(linear: KernelLinear | QuantizedLinear, x: torch.Tensor, produ
 
 # GGUF block types the kernel reads, by its kind number (`row_kernel.c`, `any_part`): with float32
 # rows (`QUANTIZED`, every type the kernel reads; 4 on, `block_codes`' one layout) and with rows in
-# 8 bits (`INT8_KINDS`; a type missing there takes float32 rows).
+# 8 bits (`INT8_KINDS`, 12 on `block_groups`' layout; a type missing there takes float32 rows).
 QUANTIZED = {"Q4_1": 0, "Q8_0": 1, "Q4_0": 4, "Q5_0": 5, "Q5_1": 6, "Q4_K": 7, "Q5_K": 8, "Q6_K": 9}
-INT8_KINDS = {"Q4_1": 2, "Q8_0": 3}
+INT8_KINDS = {"Q4_1": 2, "Q8_0": 3, "Q4_0": 12, "Q5_0": 13, "Q5_1": 14, "Q4_K": 15, "Q5_K": 16, "Q6_K": 17}
 
 
 def block_shape(kind: str) -> tuple[int, int]:
@@ -157,6 +157,8 @@ class QuantizedLinear:
             raise RuntimeError(INT8_MISSING)
         if kind not in INT8_KINDS:
             activations = "float32"  # this type's blocks have no 8-bit-row products yet
+        if activations == "float32" and kind not in QUANTIZED:
+            raise ValueError(f"the row kernel reads {kind} blocks only with rows in 8 bits (activations='int8')")
         self._built, self._source, self.activations, self.exact = built, source, activations, exact
         self._cuts: dict[bytes, QuantizedLinear] = {}  # `rows` made before, by their ids
         self._product = built.row_kernel_quantized
@@ -255,7 +257,10 @@ def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:
 def _pack_int8(vectors: np.ndarray, kind: str) -> np.ndarray:
     """Vectors of columns (count, lanes, groups, bytes) of GGUF blocks in the layout of the kernel's
     8-bit-activation products (`row_kernel.c`): per vector, per group of 32, the columns' scales
-    (and minimums), then runs of 4 quant bytes a column (Q8_0's offset by 128, unsigned)."""
+    (and minimums), then runs of 4 quant bytes a column (Q8_0's offset by 128, unsigned); the
+    other types as `block_groups.layout` lays them out."""
+    if kind in block_groups.TYPES:
+        return block_groups.layout(vectors, kind)
     count, lanes, groups, _ = vectors.shape
     fields = vectors.transpose(0, 2, 1, 3)  # (count, groups, lanes, bytes)
     scales = [fields[..., 0:2], fields[..., 2:4]] if kind == "Q4_1" else [fields[..., 0:2]]
