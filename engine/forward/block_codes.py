@@ -131,3 +131,19 @@ def pack(blocks: np.ndarray, kind: str) -> np.ndarray:
     pairs = low[..., 0::2] | (low[..., 1::2] << np.uint8(4))  # (count, groups, columns, G / 2)
     parts.append(np.ascontiguousarray(pairs.transpose(0, 1, 3, 2)).reshape(count, groups, -1))
     return np.concatenate(parts, axis=-1).reshape(-1)
+
+
+WIDENS_TO_Q8_0 = ("Q4_0", "Q5_0", "Q8_0")  # types whose every block is a Q8_0 block with fewer bits
+
+
+def as_q8_0(blocks: np.ndarray, kind: str) -> np.ndarray:
+    """Rows of `kind` blocks (one of `WIDENS_TO_Q8_0`) as Q8_0 blocks of the same weights: the same
+    float16 scale d, and q - 8 (Q4_0) or q - 16 (Q5_0) as signed bytes, so every weight d (q - c)
+    dequantizes to the same value. A product whose matrices mix these types then runs as one."""
+    if kind == "Q8_0":
+        return blocks
+    rows = blocks.shape[0]
+    cut = blocks.reshape(-1, 18 if kind == "Q4_0" else 22)
+    q, _, _ = _q4_0(cut) if kind == "Q4_0" else _q5_0(cut)
+    signed = (q.astype(np.int16) - (8 if kind == "Q4_0" else 16)).astype(np.int8).view(np.uint8)
+    return np.concatenate([cut[:, :2], signed], axis=1).reshape(rows, -1)

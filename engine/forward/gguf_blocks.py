@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from specdeck.engine.atomic import write_text
-from specdeck.engine.forward import row_kernel
+from specdeck.engine.forward import block_codes, row_kernel
 from specdeck.engine.forward.gguf_index import matches_path, tensors_of
 from specdeck.engine.forward.linear import PathChoice
 from specdeck.engine.forward.row_kernel import QUANTIZED, QuantizedLinear, QuantizedParts
@@ -266,19 +266,28 @@ class FileMatrices:
         self.used.append("+".join(dict.fromkeys(kinds)))
         if len(runs) == 1:
             return self._product(runs[0], width, bias)
+        if set(kinds) <= set(block_codes.WIDENS_TO_Q8_0):  # one product, as the fused layers take it
+            return self._product(pieces, width, bias, "Q8_0")
         parts = [self._product(run, width, None) for run in runs]
         return QuantizedParts(parts, bias)
 
-    def _product(self, pieces: list, width: int, bias: torch.Tensor | None) -> QuantizedLinear:
-        """One product on the blocks of `pieces` ((tensor, its rows in order), all of one type)."""
+    def _product(
+        self, pieces: list, width: int, bias: torch.Tensor | None, widened: str | None = None
+    ) -> QuantizedLinear:
+        """One product on the blocks of `pieces` ((tensor, its rows in order), all of one type, or
+        all `widened` to Q8_0 blocks of the same weights)."""
 
         def blocks(pieces=pieces) -> np.ndarray:
+            if widened:
+                return np.concatenate(
+                    [block_codes.as_q8_0(np.asarray(t.data)[rows], t.tensor_type.name) for t, rows in pieces]
+                )
             return np.concatenate([np.asarray(t.data)[rows] for t, rows in pieces])
 
         def dense(pieces=pieces, width=width) -> torch.Tensor:
             return torch.cat([torch.from_numpy(_dequantized(t, width)[rows]) for t, rows in pieces])
 
-        kind = pieces[0][0].tensor_type.name
+        kind = widened or pieces[0][0].tensor_type.name
         return QuantizedLinear(blocks(), kind, width, dense, bias, source=blocks, activations=self.activations)
 
     def summary(self, total: int) -> str:

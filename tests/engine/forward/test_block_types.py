@@ -146,3 +146,17 @@ def test_a_requantized_files_blocks_have_the_bits_of_the_float32_product(requant
             for n in (1, 4, 9):
                 assert torch.equal(quantized(x[:n]), plain(x[:n])), (tensor.name, n)
     assert seen == {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"}
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_0"])
+def test_blocks_widened_to_q8_0_keep_every_weight(kind):
+    """Q4_0 and Q5_0 blocks taken as Q8_0 blocks (a product whose matrices mix them with Q8_0 runs
+    as one) dequantize to the same weights, bit for bit, random blocks and quantized ones alike."""
+    import gguf
+
+    from specdeck.engine.forward.block_codes import as_q8_0
+
+    for blocks in (_random_blocks(kind, 16, 64, 3), _quantized_blocks(kind, 16, 64, 4)):
+        own = gguf.dequantize(blocks, gguf.GGMLQuantizationType[kind])
+        widened = gguf.dequantize(as_q8_0(blocks, kind), gguf.GGMLQuantizationType.Q8_0)
+        assert np.array_equal(own.view(np.uint32), widened.view(np.uint32))
