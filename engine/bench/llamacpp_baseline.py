@@ -6,7 +6,9 @@ It is timed as SpecDeck's plain run is: the prompt but its last token is evaluat
 prefill, timed apart), then every new token costs one call, the first one fed the last prompt
 token. Its defaults (float16 KV cache, no flash attention) round otherwise than SpecDeck's
 llama.cpp backend (flash attention on an 8-bit KV cache, `engine.llamacpp_backend`), so its greedy
-text may part from SpecDeck's at a near-tie.
+text may part from SpecDeck's at a near-tie. It keeps llama.cpp's extra (repacked) weight buffers;
+ggml's tiled K-quant product, which SpecDeck's process switches off, serves calls of 8 tokens or
+more alone: its prefill, not its one-token steps.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from specdeck.engine.bench.methods import Run
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.hf_parts import decode
-from specdeck.engine.forward.llamacpp_backend import CONTEXT_LIMIT, library, model_params
+from specdeck.engine.forward.llamacpp_backend import CONTEXT_LIMIT, default_params, library
 from specdeck.engine.loading.backends import gguf_file, llama_cpp_installed
 from specdeck.engine.session import ModelPair
 
@@ -56,9 +58,9 @@ def _opened(path: Path):
         _OPENED.clear()
         llama = library()
         # `Llama` has no argument for the weights' buffers: its defaults are read from the low-level
-        # module, so they are swapped for `model_params`'s (no AMX buffers, which crash) while it loads.
+        # module, so they are swapped for `default_params`'s (no AMX buffers, which crash) while it loads.
         defaults = llama.llama_cpp.llama_model_default_params
-        llama.llama_cpp.llama_model_default_params = lambda: model_params(llama)
+        llama.llama_cpp.llama_model_default_params = lambda: default_params(llama)
         try:
             _OPENED[key] = llama.Llama(
                 model_path=str(path), n_ctx=CONTEXT_LIMIT, n_threads=threads, n_threads_batch=threads, verbose=False

@@ -17,6 +17,20 @@ every call shape runs the same kernel, one query row per thread over all cached 
 position gets the same logits bit for bit whatever the call shape, context length or thread count,
 and greedy speculative text equals plain text on this backend (tests/engine/forward/test_llamacpp_backend.py
 checks both). The 8-bit cache is also half the memory of llama.cpp's default float16 one.
+
+The matrix products pick their kernel by call shape too (`ggml_compute_forward_mul_mat`,
+llama-cpp-python 0.3.36, x86). A one-token call takes `vec_dot` on activations quantized a row at a
+time. A call of 2 or more tokens takes llamafile's sgemm for Q4_0/Q5_0/Q8_0/IQ4_NL weights (each
+output the same sum in the same order as `vec_dot`: the same bits), ggml's tiled kernel for
+K-quants (Q2_K to Q6_K, IQ types) from 8 tokens on, and, for weights repacked into llama.cpp's
+extra buffers (Q4_0, Q4_K and IQ4_NL on AVX2), a 4-row kernel for each 4 tokens of the call. The
+last two round otherwise than `vec_dot` (up to 1.3 apart in logits on SmolLM2-135M's Q4_K_M and Q6_K
+files), so a verify could flip a near-tie plain decoding resolves the other way. SpecDeck loads
+weights without the extra buffers (`model_params`) and switches the tiled kernel off
+(`GGML_CPU_TILED_MM=0`, read once by ggml when it first multiplies): every call shape then runs
+`vec_dot` or the sgemm that matches it, for every block type (tests/engine/forward/test_llamacpp_block_types.py
+checks Q4_1, Q8_0, Q6_K and Q4_K_M files). Prompts are read by the same kernels, a little slower
+for K-quants than with the tiled one; steps and verifies of up to 7 tokens ran those kernels before.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import os
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -43,6 +58,9 @@ BATCH = 512  # tokens per llama.cpp call; a longer prefill goes in several
 @functools.cache
 def library():
     """The llama_cpp module, or None where llama-cpp-python is not installed (or its library fails to load)."""
+    # ggml's tiled K-quant product rounds otherwise than a one-token call's (see above): off before
+    # llama.cpp first multiplies, which is when ggml reads the switch
+    os.environ["GGML_CPU_TILED_MM"] = "0"
     try:
         module = importlib.import_module("llama_cpp")
     except (ImportError, OSError):
@@ -52,11 +70,20 @@ def library():
 
 
 def model_params(llama):
-    """llama.cpp's default model parameters, but with the weights kept in its plain CPU buffers where
-    the CPU has AMX. ggml repacks a quantized file's weights for AMX there, and its AMX product
-    crashes the process (SIGSEGV in `ggml_backend_amx_mul_mat`, llama.cpp issue 20824; seen with
-    llama-cpp-python 0.3.36 on SmolLM2's Q4_1 file on a 2-core Xeon) at the first forward. Other
-    CPUs keep the extra buffers (repacked weights for faster products)."""
+    """llama.cpp's default model parameters, but with the weights kept in its plain CPU buffers: ggml
+    repacks some block types there for a product that rounds a 4-token group otherwise than one
+    token (see above), and for AMX, whose product crashes some machines (`default_params`)."""
+    params = llama.llama_model_default_params()
+    params.use_extra_bufts = False
+    return params
+
+
+def default_params(llama):
+    """llama.cpp's default model parameters (what its own tools run), but with the weights kept in
+    its plain CPU buffers where the CPU has AMX. ggml repacks a quantized file's weights for AMX
+    there, and its AMX product crashes the process (SIGSEGV in `ggml_backend_amx_mul_mat`, llama.cpp
+    issue 20824; seen with llama-cpp-python 0.3.36 on SmolLM2's Q4_1 file on a 2-core Xeon) at the
+    first forward. Other CPUs keep the extra buffers (repacked weights for faster products)."""
     params = llama.llama_model_default_params()
     if has_amx(llama):
         params.use_extra_bufts = False

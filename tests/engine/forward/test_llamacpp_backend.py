@@ -18,7 +18,7 @@ from specdeck.engine.drafting.heads import load_feature_head
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent
 from specdeck.engine.forward import llamacpp_backend as llama_backend
-from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel, library, model_params
+from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel, default_params, library
 from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, LAST_STATE_HEAD
 from specdeck.engine.loop.rounds import Schedule
@@ -254,9 +254,9 @@ def test_damaged_gguf_is_named_with_what_to_do(tmp_path, damage, backend):
 
 
 @pytest.mark.parametrize("amx", [True, False])
-def test_weights_stay_out_of_amx_buffers_on_amx_cpus(amx):
-    """ggml's AMX product crashes the process on some AMX machines: there the weights stay in the
-    plain CPU buffers; elsewhere llama.cpp keeps its extra (repacked) buffers."""
+def test_baseline_weights_stay_out_of_amx_buffers_on_amx_cpus(amx):
+    """ggml's AMX product crashes the process on some AMX machines: there the baseline's weights
+    stay in the plain CPU buffers; elsewhere llama.cpp keeps its extra (repacked) buffers."""
 
     class Llama:
         llama_model_default_params = staticmethod(library().llama_model_default_params)
@@ -266,7 +266,7 @@ def test_weights_stay_out_of_amx_buffers_on_amx_cpus(amx):
             return b"CPU : AVX512 = 1 | AVX512_BF16 = 1 | " + (b"AMX_INT8 = 1 | " if amx else b"") + b"REPACK = 1 |"
 
     assert library().llama_model_default_params().use_extra_bufts  # what the change is from
-    assert model_params(Llama).use_extra_bufts is not amx
+    assert default_params(Llama).use_extra_bufts is not amx
 
 
 def test_the_baseline_loads_without_amx_buffers_and_leaves_llama_cpp_as_it_was(target, monkeypatch):
