@@ -56,6 +56,7 @@ def redact_url(url: str) -> str:
     """An address as SpecDeck may show it: with no user name or password."""
     return redact(url)
 
+
 A = TypeVar("A", bound=Answer)
 
 
