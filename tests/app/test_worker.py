@@ -39,6 +39,7 @@ class _FakePair:
     drafter_model = None
     vocabulary = None
     layer_choice = None
+    note = ""
 
     class target:
         name = "fake"

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from specdeck.cli.main import main
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.remote.remote_answers import ModelList
 from specdeck.engine.remote.remote_http import API_KEY_VARIABLE, Endpoint, ServerFault
 
 EXAMPLES = settings(max_examples=30, deadline=None, database=None)
@@ -92,7 +93,7 @@ def test_no_message_shows_the_key_a_server_echoes(servers, key, status, form):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(API_KEY_VARIABLE, key)
         with pytest.raises(ServerFault) as raised:
-            Endpoint(server.url + "/v1", timeout_s=5).get("/models")
+            Endpoint(server.url + "/v1", timeout_s=5).get("/models", ModelList)
     assert key not in str(raised.value) and urllib.parse.quote(key, safe="") not in str(raised.value)
 
 
@@ -112,7 +113,7 @@ def test_a_redirect_elsewhere_never_carries_the_key(servers, key, code, where):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(API_KEY_VARIABLE, key)
         with pytest.raises(ServerFault, match="redirected /models to .*another address") as raised:
-            Endpoint(server.url + "/v1", timeout_s=5).get("/models")
+            Endpoint(server.url + "/v1", timeout_s=5).get("/models", ModelList)
     assert other.seen == [] and key not in str(raised.value)
 
 
@@ -129,7 +130,7 @@ def test_a_redirect_on_the_same_server_is_followed_with_the_key(servers, monkeyp
 
     server.seen.clear()
     server.answer = answer
-    assert Endpoint(server.url + "/v1", timeout_s=5).get("/models") == {"data": []}
+    assert Endpoint(server.url + "/v1", timeout_s=5).get("/models", ModelList).data == []
     assert server.seen == ["Bearer sesame-sesame"] * 2
 
 
