@@ -34,7 +34,7 @@ import torch
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.remote.remote_answers import ModelList
-from specdeck.engine.remote.remote_http import Endpoint, ServerFault
+from specdeck.engine.remote.remote_http import Endpoint, ServerFault, redact
 from specdeck.engine.remote.remote_scoring import EchoScoring, Scoring, ServerTime, SglangScoring, VllmScoring
 
 TOP_LOGPROBS = 5  # log-probabilities asked per position: the argmax and a few to show p by
@@ -156,9 +156,10 @@ def connect(settings: RemoteSettings, tokenizer) -> RemoteTarget:
     models = endpoint.get("/models", ModelList).data
     names = [m.id for m in models]
     if settings.model not in names:
+        served = ", ".join(names) or "no model"  # the server's own words: they may echo the key
         raise SpecDeckError(
-            f"The server at {settings.url} serves {', '.join(names) or 'no model'}, not "
-            f"{settings.model!r}: pass one of those as --target-model."
+            redact(f"The server at {settings.url} serves {served}, not {settings.model!r}: ")
+            + "pass one of those as --target-model."
         )
     owner = (models[names.index(settings.model)].owned_by or "").lower()
     if owner == "vllm":

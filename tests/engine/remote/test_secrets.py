@@ -152,3 +152,19 @@ def test_specdeck_run_with_a_password_in_the_target_shows_it_nowhere(capsys):
     captured = capsys.readouterr()
     assert code == 2 and "hunter2-secret" not in captured.out + captured.err
     assert "carries a user name or password" in captured.err
+
+
+@EXAMPLES
+@given(key=keys)
+def test_a_model_list_that_echoes_the_key_is_shown_without_it(servers, key):
+    """Where the server does not serve the model asked for, the message listing what it serves
+    (the server's own words) never shows the key, even where a model's name quotes it."""
+    from specdeck.engine.remote.remote_target import RemoteSettings, connect
+
+    server, _ = servers
+    server.answer = _reply(200, json.dumps({"data": [{"id": f"echo-{key}"}, {"id": "other"}]}).encode())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(API_KEY_VARIABLE, key)
+        with pytest.raises(SpecDeckError, match="serves .*other.*pass one of those") as raised:
+            connect(RemoteSettings(server.url + "/v1", "wanted", 5), None)
+    assert key not in str(raised.value)
