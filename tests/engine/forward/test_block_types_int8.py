@@ -8,6 +8,7 @@ import ctypes
 import numpy as np
 import pytest
 import torch
+from call_shapes import verify_and_steps
 from tiny import ON_CPU, PACKED_PATHS
 
 from specdeck.engine import encode_prompt
@@ -210,12 +211,7 @@ def test_a_requantized_files_verify_gives_each_token_a_steps_bits(requantized, m
     assert all(kind in report for kind in ("Q4_K", "Q5_0", "Q6_K", "rows in 8 bits")), report
     lm = CachedModel(target.model)
     assert lm.backend.fused is not None
-    ids = encode_prompt(target.tokenizer, "Name three rivers of Europe and say where each one meets the sea.")
-    lm.size_for(len(ids) + 8)
-    lm.forward(ids[:-8], last_only=True)
-    together = lm.forward(ids[-8:])
-    lm.crop(len(ids) - 8)
-    steps = torch.cat([lm.forward([token]) for token in ids[-8:]])
+    together, steps = verify_and_steps(lm, target.tokenizer)
     assert torch.equal(together, steps)
 
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from call_shapes import verify_and_steps
 from tiny import ON_CPU, PACKED_PATHS, head_session_keeps_plain_text
 
 from specdeck.engine import DecodeConfig, encode_prompt, generate
@@ -166,12 +167,7 @@ def test_the_builtin_targets_fused_layers_give_a_verify_the_bits_of_steps(monkey
     target = load_model("smollm2-135m-instruct", ON_CPU)
     lm = CachedModel(target.model)
     assert lm.backend.fused is not None
-    ids = encode_prompt(target.tokenizer, "Name three rivers of Europe and say where each one meets the sea.")
-    lm.size_for(len(ids) + 8)
-    lm.forward(ids[:-8], last_only=True)
-    together = lm.forward(ids[-8:])
-    lm.crop(len(ids) - 8)
-    steps = torch.cat([lm.forward([token]) for token in ids[-8:]])
+    together, steps = verify_and_steps(lm, target.tokenizer)
     assert torch.equal(together, steps)
 
 

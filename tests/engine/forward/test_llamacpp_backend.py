@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from call_shapes import logits_in_calls
 from sampling_checks import chi_square, chi_square_quantile, sample_two_tokens
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
@@ -71,15 +72,6 @@ def noisy_draft(target, tmp_path_factory):
     return LoadedModel("noisy", LlamaCppModel(path), target.tokenizer, target.device, target.dtype)
 
 
-def _logits_in_calls(forward: LlamaCppForward, ids: list[int], sizes: list[int], states: bool) -> torch.Tensor:
-    rows, start = [], 0
-    for size in sizes:
-        chunk = torch.tensor(ids[start : start + size])
-        rows.append(forward.output_layer(forward.hidden(chunk)) if states else forward.logits(chunk, last_only=False))
-        start += size
-    return torch.cat(rows)
-
-
 @pytest.mark.serial
 @pytest.mark.usefixtures("two_threads")
 @pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["short", "long"])
@@ -91,7 +83,7 @@ def test_one_token_and_several_token_calls_give_identical_logits(target, prompt)
     forward = LlamaCppForward(target.model)
     forward.logits(torch.tensor(prompt), last_only=True)
     tokens = list(range(1000, 1070))
-    one_at_a_time = _logits_in_calls(forward, tokens, [1] * 70, states=False)
+    one_at_a_time = logits_in_calls(forward, tokens, [1] * 70, states=False)
     for sizes, states in (
         ([70], False),
         ([4] * 16 + [6], False),
@@ -100,7 +92,7 @@ def test_one_token_and_several_token_calls_give_identical_logits(target, prompt)
         ([1, 69], True),
     ):
         forward.crop(len(prompt))
-        assert torch.equal(_logits_in_calls(forward, tokens, sizes, states), one_at_a_time), (sizes, states)
+        assert torch.equal(logits_in_calls(forward, tokens, sizes, states), one_at_a_time), (sizes, states)
 
 
 def test_crop_forgets_rejected_tokens(target):

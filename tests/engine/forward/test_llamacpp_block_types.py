@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from call_shapes import logits_in_calls
 
 from specdeck.engine import DecodeConfig, PromptLookupDrafter, TokenEvent, encode_prompt, generate
 from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel, library
@@ -50,15 +51,6 @@ def tokenizer():
     return load_model(DEFAULT_TARGET, LoadOptions(backend="llama.cpp")).tokenizer
 
 
-def _logits_in_calls(forward: LlamaCppForward, ids: list[int], sizes: list[int], states: bool) -> torch.Tensor:
-    rows, start = [], 0
-    for size in sizes:
-        chunk = torch.tensor(ids[start : start + size])
-        rows.append(forward.output_layer(forward.hidden(chunk)) if states else forward.logits(chunk, last_only=False))
-        start += size
-    return torch.cat(rows)
-
-
 @pytest.mark.parametrize("context", [12, 300])
 @pytest.mark.parametrize("file_type", FILE_TYPES)
 def test_a_position_gets_the_same_logits_in_every_call_shape(block_type_file, file_type, context):
@@ -68,10 +60,10 @@ def test_a_position_gets_the_same_logits_in_every_call_shape(block_type_file, fi
     forward = LlamaCppForward(LlamaCppModel(block_type_file(file_type)))
     forward.logits(torch.tensor([(7 * i + 3) % 40000 for i in range(context)]), last_only=True)
     tokens = list(range(2000, 2024))
-    one_at_a_time = _logits_in_calls(forward, tokens, [1] * 24, states=False)
+    one_at_a_time = logits_in_calls(forward, tokens, [1] * 24, states=False)
     for sizes, states in (([2, 3, 4, 5, 9, 1], False), ([8, 16], False), ([4, 4, 16], True)):
         forward.crop(context)
-        assert torch.equal(_logits_in_calls(forward, tokens, sizes, states), one_at_a_time), (sizes, states)
+        assert torch.equal(logits_in_calls(forward, tokens, sizes, states), one_at_a_time), (sizes, states)
 
 
 def _kept(events) -> list[int]:
