@@ -10,10 +10,10 @@ app_id=io.github.specdeck.SpecDeck
 
 if [ -x "$here/specdeck" ]; then
     command="\"$here/specdeck\""
-    icons="$here/_internal/resources/icons"
+    icons="$here/_internal/specdeck/resources/icons"
 else
     command=specdeck
-    icons="$here/../resources/icons"
+    icons="$here/../specdeck/resources/icons"
 fi
 
 install -d "$data/applications" "$data/metainfo" "$data/icons/hicolor/scalable/apps"

@@ -1,4 +1,4 @@
-"""Render resources/icons/specdeck.svg to the PNG sizes desktops and window managers ask for.
+"""Render specdeck/resources/icons/specdeck.svg to the PNG sizes desktops and window managers ask for.
 
 Run after editing the SVG: `QT_QPA_PLATFORM=offscreen python packaging/render_icons.py`.
 """
@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication, QImage, QPainter
 from PySide6.QtSvg import QSvgRenderer
 
-ICONS = Path(__file__).resolve().parent.parent / "resources" / "icons"
+ICONS = Path(__file__).resolve().parent.parent / "specdeck" / "resources" / "icons"
 SIZES = (16, 24, 32, 48, 64, 128, 256, 512)
 
 

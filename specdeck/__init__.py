@@ -1,2 +1,5 @@
-"""SpecDeck: speculative decoding, token by token. Its packages are the repository's
-top-level folders `engine`, `app`, `cli` and `resources`, linked here."""
+"""SpecDeck: speculative decoding, token by token.
+
+`specdeck.engine` decodes (Qt-free), `specdeck.app` is the window, `specdeck.cli` the command line,
+`specdeck.resources` the bundled files, `specdeck.bench` and `specdeck.train` measure and train.
+"""

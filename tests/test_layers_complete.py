@@ -19,15 +19,16 @@ def _layered(container: str) -> set[str]:
     return names
 
 
-ROOMS = ["engine/loop", "engine/drafting", "engine/planner", "engine/loading", "engine/forward", "engine/remote"]
+ROOMS = [f"engine/{room}" for room in ("loop", "drafting", "planner", "loading", "forward", "remote")]
+PACKAGE = ROOT / "specdeck"
 
 
 @pytest.mark.parametrize("folder", ["engine", "app", *ROOMS])
 def test_every_module_is_in_a_layer(folder):
     """Each module (and each sub-package, as one) of engine/, its rooms and app/ is named in its
     folder's layers contract."""
-    modules = {p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"}
-    modules |= {p.name for p in (ROOT / folder).iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.stem for p in (PACKAGE / folder).glob("*.py") if p.stem != "__init__"}
+    modules |= {p.name for p in (PACKAGE / folder).iterdir() if (p / "__init__.py").is_file()}
     missing = sorted(modules - _layered("specdeck." + folder.replace("/", ".")))
     assert not missing, f"not in a layer of pyproject.toml's contract for {folder}/: {missing}"
 
@@ -35,7 +36,7 @@ def test_every_module_is_in_a_layer(folder):
 def test_every_room_of_the_engine_has_its_contract():
     """A sub-package of engine/ other than the front ends' (bench, distill) is a room with a
     layers contract of its own, so a new one cannot go unchecked."""
-    rooms = {f"engine/{p.name}" for p in (ROOT / "engine").iterdir() if (p / "__init__.py").is_file()}
+    rooms = {f"engine/{p.name}" for p in (PACKAGE / "engine").iterdir() if (p / "__init__.py").is_file()}
     assert rooms - {"engine/bench", "engine/distill"} == set(ROOMS)
 
 

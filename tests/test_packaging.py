@@ -57,7 +57,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_icon_ships_in_every_usual_size():
     """The application icon exists as SVG and as a square PNG of each size desktops ask for."""
-    icons = ROOT / "resources" / "icons"
+    icons = ROOT / "specdeck" / "resources" / "icons"
     assert (icons / "specdeck.svg").read_text().lstrip().startswith("<?xml")
     for size in ICON_SIZES:
         assert _png_size(icons / f"specdeck-{size}.png") == (size, size)
@@ -87,9 +87,7 @@ def wheel(tmp_path_factory) -> Path:
     source = tmp / "source"
     source.mkdir()
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("specdeck", "cli", "engine", "app", "resources"):
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, ignore=skip)
+    shutil.copytree(ROOT / "specdeck", source / "specdeck", ignore=skip)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     subprocess.run(
@@ -115,8 +113,8 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_carries_every_resource(wheel):
     """Every file under resources/ (presets, icons, shipped models, samples) is in the wheel."""
     expected = {
-        "specdeck/" + path.relative_to(ROOT).as_posix()
-        for path in (ROOT / "resources").rglob("*")
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "specdeck" / "resources").rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
     names = set(zipfile.ZipFile(wheel).namelist())

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_many_emits_do_not_abort_the_interpreter():
     """200,000 emits, far more than True has references at start-up, leave Python running."""
     code = (
-        "import app\n"
+        "import specdeck.app\n"
         "from PySide6.QtCore import QObject, Signal\n"
         "class Source(QObject):\n"
         "    fired = Signal(int, tuple)\n"
