@@ -12,9 +12,9 @@ import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
-from specdeck.engine.bench.prompts import BenchPrompt
-from specdeck.engine.bench.runner import BenchSettings
-from specdeck.engine.bench.sweep import format_ks, format_lookups
+from specdeck.bench.prompts import BenchPrompt
+from specdeck.bench.runner import BenchSettings
+from specdeck.bench.sweep import format_ks, format_lookups
 from specdeck.engine.pair import PairSpec
 
 

@@ -12,7 +12,7 @@ from PySide6.QtCore import QRect, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QSizePolicy, QTableWidget, QTableWidgetItem, QWidget
 
-from specdeck.engine.bench.tables import SUMMARY_COLUMNS
+from specdeck.bench.tables import SUMMARY_COLUMNS
 
 IDENTICAL_COLOURS = {"true": "#1b8a2f", "false": "#c62828"}
 

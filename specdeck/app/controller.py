@@ -14,8 +14,8 @@ from collections.abc import Callable, Coroutine
 from specdeck.app.model_host import ModelHost
 from specdeck.app.session_model import SessionModel
 from specdeck.app.worker import BenchCancelled, BenchOutcome, LoadCancelled, PairInfo, error_message
-from specdeck.engine.bench.prompts import BenchPrompt
-from specdeck.engine.bench.runner import BenchSettings
+from specdeck.bench.prompts import BenchPrompt
+from specdeck.bench.runner import BenchSettings
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SummaryEvent

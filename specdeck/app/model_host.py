@@ -14,8 +14,8 @@ from dataclasses import replace
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from specdeck.app.worker import BenchRequest, LoadRequest, ModelWorker, PairInfo, Request, SessionRequest
-from specdeck.engine.bench.prompts import BenchPrompt
-from specdeck.engine.bench.runner import BenchSettings
+from specdeck.bench.prompts import BenchPrompt
+from specdeck.bench.runner import BenchSettings
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.pair import PairSpec

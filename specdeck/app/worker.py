@@ -3,7 +3,7 @@
 Threads: `ModelWorker` lives in the model thread (moveToThread) and is the only code that touches
 torch. `ModelHost` (`model_host`) lives in the GUI thread; it sends requests to the worker through
 queued signals and re-emits the worker's reports only for the current load or session, so a stopped
-or superseded session's late events never reach the views. A benchmark (`engine.bench`) runs there
+or superseded session's late events never reach the views. A benchmark (`specdeck.bench`) runs there
 too, on the resident pair, like a long session: progress comes back as it goes, its files come back
 at the end.
 
@@ -26,9 +26,9 @@ from typing import ClassVar
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from specdeck.engine.bench.prompts import BenchPrompt
-from specdeck.engine.bench.runner import BenchSettings
-from specdeck.engine.bench.service import report_context, run_and_write
+from specdeck.bench.prompts import BenchPrompt
+from specdeck.bench.runner import BenchSettings
+from specdeck.bench.service import report_context, run_and_write
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.drafting.layer_skip import LayerChoice
 from specdeck.engine.errors import SpecDeckError

@@ -1,5 +1,5 @@
 """`specdeck bench`: its options, a terminal progress bar, and the table it prints; the benchmark
-itself is `engine.bench.service.run_and_write`.
+itself is `specdeck.bench.service.run_and_write`.
 
 `--drafters draft-model,feature-head` times several drafters of one target in one run: the target
 loads once, each drafter's model once, and all of them alternate with the same plain runs."""
@@ -12,9 +12,9 @@ import shlex
 import sys
 import time
 
+from specdeck.bench.runner import BASELINES, OTHER_BASELINES, BenchSettings
+from specdeck.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
 from specdeck.cli.options import add_model_arguments, pair_spec
-from specdeck.engine.bench.runner import BASELINES, OTHER_BASELINES, BenchSettings
-from specdeck.engine.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.pair import DrafterKind, PairSpec
@@ -141,12 +141,12 @@ class ProgressBar:
 def cmd_bench(args: argparse.Namespace) -> int:
     import transformers
 
+    from specdeck.bench.busy import quiet_and_busy, spinning
+    from specdeck.bench.prompts import prompts_path as prompts_path_named
+    from specdeck.bench.prompts import read_prompts, sample_prompts
+    from specdeck.bench.report import markdown_table
+    from specdeck.bench.service import check_results_folder, report_context, run_and_write
     from specdeck.engine.atomic import filling_folder, output_path
-    from specdeck.engine.bench.busy import quiet_and_busy, spinning
-    from specdeck.engine.bench.prompts import prompts_path as prompts_path_named
-    from specdeck.engine.bench.prompts import read_prompts, sample_prompts
-    from specdeck.engine.bench.report import markdown_table
-    from specdeck.engine.bench.service import check_results_folder, report_context, run_and_write
     from specdeck.engine.cores import pin_threads
     from specdeck.engine.interrupt import cancel_on_signals, to_stderr
     from specdeck.engine.session import load_pairs

@@ -12,7 +12,7 @@ from specdeck.engine.errors import SpecDeckError
 
 
 def add_train_draft_command(commands) -> None:
-    from specdeck.engine.distill.train import TrainConfig
+    from specdeck.train.train import TrainConfig
 
     defaults = TrainConfig()
     shape = defaults.shape
@@ -43,9 +43,9 @@ def add_train_draft_command(commands) -> None:
 
 
 def run_train_draft(args) -> int:
-    from specdeck.engine.distill.student import DraftShape
-    from specdeck.engine.distill.train import TrainConfig, train_draft
     from specdeck.engine.loading.registry import DEFAULT_TARGET
+    from specdeck.train.student import DraftShape
+    from specdeck.train.train import TrainConfig, train_draft
 
     if min(args.steps, args.batch, args.layers, args.eval_every) < 1 or args.hidden < 8:
         raise SpecDeckError("--steps, --batch, --layers and --eval-every must be at least 1, --hidden at least 8.")
@@ -175,7 +175,7 @@ def _add_text_arguments(parser, defaults) -> None:
 
 
 def add_train_cross_draft_command(commands) -> None:
-    from specdeck.engine.distill.own_tokenizer import CrossDraftConfig
+    from specdeck.train.own_tokenizer import CrossDraftConfig
 
     defaults = CrossDraftConfig()
     shape = defaults.shape
@@ -212,9 +212,9 @@ def add_train_cross_draft_command(commands) -> None:
 
 
 def run_train_cross_draft(args) -> int:
-    from specdeck.engine.distill.own_tokenizer import CrossDraftConfig, default_folder, train_cross_draft
-    from specdeck.engine.distill.student import DraftShape
     from specdeck.engine.loading.registry import DEFAULT_TARGET
+    from specdeck.train.own_tokenizer import CrossDraftConfig, default_folder, train_cross_draft
+    from specdeck.train.student import DraftShape
 
     if min(args.steps, args.batch, args.layers, args.eval_every, args.max_length) < 1 or args.hidden < 8:
         raise SpecDeckError(

@@ -11,12 +11,12 @@ from specdeck.engine.atomic import check_writable_folder
 from specdeck.engine.errors import SpecDeckError
 
 if TYPE_CHECKING:
-    from specdeck.engine.distill.head import HeadConfig
+    from specdeck.train.head import HeadConfig
 
 
 def add_train_head_command(commands) -> None:
-    from specdeck.engine.distill.head import HeadConfig
-    from specdeck.engine.distill.train import TrainConfig
+    from specdeck.train.head import HeadConfig
+    from specdeck.train.train import TrainConfig
 
     defaults = HeadConfig()
     parser = commands.add_parser("train-head", help="train a feature head (EAGLE-style drafter) for a target")
@@ -77,7 +77,7 @@ def add_head_layers_argument(parser, defaults) -> None:
 
 def head_settings(args, **more) -> HeadConfig:
     """A head's training settings from the options train-head and distill-head share (`more`: others)."""
-    from specdeck.engine.distill.head import HeadConfig
+    from specdeck.train.head import HeadConfig
 
     try:
         layers = tuple(int(n) for n in args.feature_layers.split(",") if n.strip())
@@ -104,9 +104,9 @@ def head_settings(args, **more) -> HeadConfig:
 
 
 def run_train_head(args) -> int:
-    from specdeck.engine.distill.head import train_head
-    from specdeck.engine.distill.train import TrainConfig
     from specdeck.engine.loading.registry import DEFAULT_TARGET
+    from specdeck.train.head import train_head
+    from specdeck.train.train import TrainConfig
 
     if min(args.steps, args.batch, args.unroll, args.eval_every) < 1:
         raise SpecDeckError("--steps, --batch, --unroll and --eval-every must be at least 1.")
@@ -144,7 +144,7 @@ def run_train_head(args) -> int:
 
 
 def add_head_data_command(commands) -> None:
-    from specdeck.engine.distill.forcing import ForcingConfig
+    from specdeck.train.forcing import ForcingConfig
 
     defaults = ForcingConfig()
     parser = commands.add_parser(
@@ -186,8 +186,8 @@ def add_head_data_command(commands) -> None:
 
 
 def run_head_data(args) -> int:
-    from specdeck.engine.distill.forcing import ForcingConfig, default_folder, grow
     from specdeck.engine.loading.registry import DEFAULT_TARGET
+    from specdeck.train.forcing import ForcingConfig, default_folder, grow
 
     try:
         layers = tuple(int(n) for n in args.layers.split(",") if n.strip())

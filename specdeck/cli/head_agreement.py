@@ -28,12 +28,12 @@ def add_head_agreement_command(commands) -> None:
 
 
 def run_head_agreement(args) -> int:
-    from specdeck.engine.bench.prompts import read_prompts
+    from specdeck.bench.prompts import read_prompts
     from specdeck.engine.cores import pin_threads
-    from specdeck.engine.distill.agreement import Tally, greedy_answer, head_tally
     from specdeck.engine.drafting.heads import load_feature_head
     from specdeck.engine.loading.models import LoadOptions, encode_conversation, load_model
     from specdeck.engine.pair import PairSpec
+    from specdeck.train.agreement import Tally, greedy_answer, head_tally
 
     if args.max_new_tokens < 1 or args.threads < 0:
         raise SpecDeckError("--max-new-tokens must be at least 1 and --threads at least 0.")

@@ -11,7 +11,7 @@ from specdeck.engine.errors import SpecDeckError
 
 
 def add_suffix_texts_command(commands) -> None:
-    from specdeck.engine.distill.target_texts import TextsConfig
+    from specdeck.train.target_texts import TextsConfig
 
     defaults = TextsConfig()
     parser = commands.add_parser(
@@ -38,10 +38,10 @@ def add_suffix_texts_command(commands) -> None:
 
 
 def run_suffix_texts(args) -> int:
-    from specdeck.engine.distill.target_texts import TextsConfig, default_folder, grow, write_texts
     from specdeck.engine.drafting.past_sessions import target_texts_folder
     from specdeck.engine.loading.models import load_tokenizer
     from specdeck.engine.loading.registry import DEFAULT_TARGET
+    from specdeck.train.target_texts import TextsConfig, default_folder, grow, write_texts
 
     if min(args.tokens, args.answer_tokens) < 1 or args.threads < 0:
         raise SpecDeckError("--tokens and --answer-tokens must be at least 1, --threads at least 0.")

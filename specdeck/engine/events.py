@@ -67,7 +67,7 @@ class TokenEvent:
     to it); 0 for the target's own tokens. `source`: for a draft copied from text (by prompt
     lookup, a suffix drafter or a hybrid's copier), where that text was: "prompt" (this request's
     prompt and answer so far), "session" (an earlier answer since SpecDeck started), "texts" (the
-    target's own texts, `engine.distill.target_texts`), "past" (a past session's,
+    target's own texts, `specdeck.train.target_texts`), "past" (a past session's,
     `DecodeConfig.suffix_scope`); "" for model drafts and the target's own tokens. `token_id`, `p` and `q` are in the target's
     tokenizer; a draft with a tokenizer of its own (`engine.cross_vocab`) also gives, for each of its
     drafts, the tokens it wrote for it in its own tokenizer (`draft_tokens`, as text) and its q for

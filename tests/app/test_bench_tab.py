@@ -7,7 +7,7 @@ import csv
 import pytest
 from tiny import write_two_prompts
 
-from specdeck.engine.bench.tables import SUMMARY_COLUMNS
+from specdeck.bench.tables import SUMMARY_COLUMNS
 from specdeck.engine.config import DecodeConfig
 
 TIMEOUT_MS = 60_000

@@ -4,10 +4,10 @@ the same pair, decode with the same settings and benchmark the same way."""
 from specdeck.app.bench_tab import BenchmarkTab
 from specdeck.app.model_panel import ModelPanel
 from specdeck.app.panels import DecodingPanel
+from specdeck.bench.runner import BenchSettings
 from specdeck.cli.bench import bench_settings, bench_specs
 from specdeck.cli.main import build_parser
 from specdeck.cli.options import decode_config, pair_spec
-from specdeck.engine.bench.runner import BenchSettings
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, LAST_STATE_HEAD
 from specdeck.engine.pair import DrafterKind, PairSpec

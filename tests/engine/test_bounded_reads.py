@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdeck.engine.bench.prompts import read_prompt_text
+from specdeck.bench.prompts import read_prompt_text
 from specdeck.engine.bounded import TooLarge, read_at_most, read_file, read_json
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.remote import remote_http

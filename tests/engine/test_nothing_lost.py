@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdeck.bench.service import RESULT_FILES
 from specdeck.cli.main import main
 from specdeck.engine.atomic import building_folder, filling_folder
-from specdeck.engine.bench.service import RESULT_FILES
 from specdeck.engine.cache import CLEARED, MARKER, TRAINING
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError

@@ -11,7 +11,7 @@ nothing worse.
 Format: the line `specdeck-suffix 1`, then per text its length (uint32) and its ids (int32), little-endian.
 `specdeck cache --clear` removes these files with the other caches.
 
-A target's own texts (`engine.distill.target_texts`: its answers to requests SpecDeck composes,
+A target's own texts (`specdeck.train.target_texts`: its answers to requests SpecDeck composes,
 made by `specdeck suffix-texts`) are in the same format, in `cache_root()/target-texts/<tokenizer
 key>.tokens`, or else, for the built-in target, in SpecDeck's bundled `resources/texts/`. They are
 read once per process and never written by a session.
@@ -90,7 +90,7 @@ def encode_texts(texts: list[list[int]]) -> bytes:
 
 
 def target_texts_folder() -> Path:
-    """Where `specdeck suffix-texts` writes a target's own texts (`engine.distill.target_texts`)."""
+    """Where `specdeck suffix-texts` writes a target's own texts (`specdeck.train.target_texts`)."""
     return cache_root() / "target-texts"
 
 

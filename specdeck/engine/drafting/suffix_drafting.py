@@ -3,7 +3,7 @@ text already written, and the hybrid that copies them before a model drafter.
 
 - `SuffixDrafter` finds the longest suffix of the kept tokens that occurred earlier, in this
   request's own text (prompt and answer so far) and in the earlier texts its scope allows
-  (`DecodeConfig.suffix_scope`: the target's own texts, `engine.distill.target_texts`, and this
+  (`DecodeConfig.suffix_scope`: the target's own texts, `specdeck.train.target_texts`, and this
   session's answers; past sessions' from the cache folder), and
   drafts what followed it: in the request's own text, its latest occurrence's continuation (as
   prompt lookup copies: text that repeats itself, such as an answer retelling an earlier one, most
@@ -20,7 +20,7 @@ text already written, and the hybrid that copies them before a model drafter.
   reaches `min_score`; the paper's hybrid with EAGLE. The decoding loop tries the copier first
   and asks the model where it has nothing, as it does with prompt lookup before other drafters.
 
-`python -m specdeck.engine.bench.suffix_round` times a round of it with 100,000 tokens of earlier texts.
+`python -m specdeck.bench.suffix_round` times a round of it with 100,000 tokens of earlier texts.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GGUF files requantized by llama.cpp's own quantizer (`llama_model_quantize`), for the files users
 download in other block types than the built-in one: the tests of every block type and the size
-ladder (`engine.bench.size_ladder`) make theirs with it, with no hub at hand.
+ladder (`specdeck.bench.size_ladder`) make theirs with it, with no hub at hand.
 """
 
 from __future__ import annotations

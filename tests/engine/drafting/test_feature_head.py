@@ -10,9 +10,6 @@ from tiny import ON_CPU, build_pair
 
 from specdeck.cli.main import main
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.distill.head import HeadConfig, build_head, extract_features
-from specdeck.engine.distill.head_objective import collate_pairs, unrolled
-from specdeck.engine.distill.teacher import Shard, load_shards
 from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
 from specdeck.engine.drafting.heads import FeatureHead, fingerprint, head_config, load_head, save_head
 from specdeck.engine.errors import SpecDeckError
@@ -21,6 +18,9 @@ from specdeck.engine.loading.models import encode_prompt, load_model
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, run_session
+from specdeck.train.head import HeadConfig, build_head, extract_features
+from specdeck.train.head_objective import collate_pairs, unrolled
+from specdeck.train.teacher import Shard, load_shards
 
 TEXT = ["--answers", "4", "--passages", "1", "--code", "3", "--answer-tokens", "16", "--generation-batch", "4"]
 TRAIN = ["--output-vocab", "150", "--batch", "2", "--eval-every", "3", "--threads", "1"]

@@ -3,9 +3,9 @@ session, and a benchmark that never lets a prompt draft from its own runs."""
 
 import pytest
 
+from specdeck.bench.prompts import BenchPrompt
+from specdeck.bench.runner import BenchSettings, Method, run_bench
 from specdeck.engine import DecodeConfig, SuffixDrafter, TokenEvent, encode_prompt, generate
-from specdeck.engine.bench.prompts import BenchPrompt
-from specdeck.engine.bench.runner import BenchSettings, Method, run_bench
 from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.pair import DrafterKind, ModelPair
 

@@ -143,7 +143,7 @@ def test_the_targets_own_texts_are_copied_under_scope_session(tiny_pair, monkeyp
     the suffix drafter reads them: a later session under scope `session` copies from them (labelled
     "texts") and keeps more drafts than without them, with the same text; scope `prompt` ignores them.
     A rerun resumes after the answers already made."""
-    from specdeck.engine.distill import target_texts
+    from specdeck.train import target_texts
 
     target, _ = tiny_pair
     without = session(ModelPair(target, drafter_kind=DrafterKind.SUFFIX), "session")

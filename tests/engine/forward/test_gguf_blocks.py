@@ -379,9 +379,9 @@ def test_a_head_beside_a_target_from_elsewhere_keeps_float32_products(tiny_llama
 
 @needs_int8
 def test_the_products_benchmark_times_every_matrix_of_the_file_both_ways(capsys):
-    """`python -m specdeck.engine.bench.products` makes a product of every quantized matrix of the
+    """`python -m specdeck.bench.products` makes a product of every quantized matrix of the
     built-in file (30 layers of 7, the embedding) and prints one row of timings per row count."""
-    from specdeck.engine.bench import products
+    from specdeck.bench import products
 
     products.main(["--rows", "1,3", "--repeats", "1"])
     out = capsys.readouterr().out.splitlines()

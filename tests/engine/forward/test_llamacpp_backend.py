@@ -12,8 +12,8 @@ import torch
 from call_shapes import logits_in_calls
 from sampling_checks import chi_square, chi_square_quantile, sample_two_tokens
 
+from specdeck.bench import llamacpp_baseline
 from specdeck.engine import DecodeConfig, DraftModelDrafter, PromptLookupDrafter, TokenEvent, encode_prompt, generate
-from specdeck.engine.bench import llamacpp_baseline
 from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
 from specdeck.engine.drafting.heads import load_feature_head
 from specdeck.engine.errors import SpecDeckError
