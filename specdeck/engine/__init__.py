@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from specdeck.engine.drafting.drafters import Drafter, PromptLookupDrafter
     from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
     from specdeck.engine.drafting.proposals import Proposal
-    from specdeck.engine.drafting.suffix_drafting import HybridDrafter, SuffixDrafter
+    from specdeck.engine.drafting.registry import DrafterKind
+    from specdeck.engine.drafting.suffix_drafting import SuffixDrafter
     from specdeck.engine.errors import SpecDeckError
     from specdeck.engine.events import (
         Event,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from specdeck.engine.loading.models import LoadedModel, LoadOptions, encode_prompt, load_model
     from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
     from specdeck.engine.loop.decoding import generate
-    from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
+    from specdeck.engine.pair import ModelPair, PairSpec
     from specdeck.engine.stats import SessionStats, expected_tokens_per_round, predicted_speedup
 
 _HOMES = {  # each name's module, imported at first use (importing the engine's parts stays cheap)
@@ -39,10 +40,9 @@ _HOMES = {  # each name's module, imported at first use (importing the engine's 
     "DecodeConfig": "specdeck.engine.config",
     "DraftModelDrafter": "specdeck.engine.drafting.draft_model",
     "Drafter": "specdeck.engine.drafting.drafters",
-    "DrafterKind": "specdeck.engine.pair",
+    "DrafterKind": "specdeck.engine.drafting.registry",
     "Event": "specdeck.engine.events",
     "FeatureHeadDrafter": "specdeck.engine.drafting.head_drafter",
-    "HybridDrafter": "specdeck.engine.drafting.suffix_drafting",
     "LoadOptions": "specdeck.engine.loading.models",
     "LoadedModel": "specdeck.engine.loading.models",
     "ModelPair": "specdeck.engine.pair",
@@ -83,7 +83,6 @@ __all__ = [
     "DrafterKind",
     "Event",
     "FeatureHeadDrafter",
-    "HybridDrafter",
     "LoadOptions",
     "LoadedModel",
     "ModelPair",

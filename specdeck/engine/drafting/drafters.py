@@ -10,9 +10,10 @@ slot in by implementing `Drafter` (what they hand the loop: `engine.drafting.pro
   every kept token.
 - `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
-- `SuffixDrafter` and `HybridDrafter` (`engine.suffix_drafting`): the most frequent continuation
-  after the longest earlier match, in this request's text and in earlier ones (SuffixDecoding,
-  Oliaro et al. 2024); no model either, or, in the hybrid, copies before a model drafter.
+- `SuffixDrafter` (`engine.suffix_drafting`): the most frequent continuation after the longest
+  earlier match, in this request's text and in earlier ones (SuffixDecoding, Oliaro et al. 2024);
+  no model either. The hybrid is a model drafter with a suffix drafter as its copier
+  (`Drafter.with_copier`).
 - `engine.cross_vocab.CrossVocabularyDrafter`: a draft model with a tokenizer of its own.
 
 Prompt lookup lives here beside the interface: it is what copies from the text before any
@@ -43,6 +44,7 @@ class Drafter(ABC):
     # where the product of its top probabilities so far falls below floors[d]
     floors: tuple[float, ...] = ()
     width = 1  # this round's candidates for the first token (a tree), which floors[0] weighs together
+    _copier: Drafter | None = None  # what copies before it, given at construction (`with_copier`)
 
     def begin(
         self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int, generator: torch.Generator | None
@@ -72,8 +74,15 @@ class Drafter(ABC):
 
     def copier(self, device: torch.device) -> Drafter:
         """What copies from the text before this drafter, where the text repeats (`DecodeConfig.lookup`):
-        prompt lookup from two repeated tokens on."""
-        return PromptLookupDrafter(device=device, min_ngram=2)
+        the copier it was built `with_copier`, else prompt lookup from two repeated tokens on."""
+        return self._copier or PromptLookupDrafter(device=device, min_ngram=2)
+
+    def with_copier(self, copier: Drafter) -> Drafter:
+        """This drafter, with `copier` in prompt lookup's place (the hybrid: a suffix drafter before a
+        model drafter). The loop drives the two as it drives any drafter and its copier, so what it
+        reads of a drafter (its states, its cost) is the model's own, never a wrapper's copy."""
+        self._copier = copier
+        return self
 
     def _empty(self, device: torch.device) -> Proposal:
         return Proposal.none(self.vocab_width, device)

@@ -11,7 +11,6 @@ from sampling_checks import chi_square, chi_square_quantile, exact_two_token_dis
 from specdeck.engine import (
     DecodeConfig,
     DraftModelDrafter,
-    HybridDrafter,
     SuffixDrafter,
     TokenEvent,
     encode_prompt,
@@ -64,7 +63,7 @@ def test_greedy_hybrid_equals_plain(tiny_llama, kind, schedule, monkeypatch):
         ids = encode_prompt(target.tokenizer, prompt, chat=False)
         config = DecodeConfig(k=3, schedule=schedule, max_new_tokens=32)
         plain = kept_ids(generate(target, ids, config))
-        hybrid = HybridDrafter(model_drafter(kind, target, draft), SuffixDrafter(history, min_score=2.0))
+        hybrid = model_drafter(kind, target, draft).with_copier(SuffixDrafter(history, min_score=2.0))
         events = list(generate(target, ids, config, hybrid))
         assert kept_ids(events) == plain, prompt
         drafts = [e for e in events if isinstance(e, TokenEvent) and e.depth]
@@ -86,7 +85,7 @@ def test_hybrid_sampling_follows_target(tiny_llama):
     history.separate()
 
     def make():
-        return HybridDrafter(DraftModelDrafter(draft.model), SuffixDrafter(history, records=False, min_score=2.0))
+        return DraftModelDrafter(draft.model).with_copier(SuffixDrafter(history, records=False, min_score=2.0))
 
     n = 1000
     counts, rejections = sample_two_tokens(target, ids, base, make, n)

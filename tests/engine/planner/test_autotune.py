@@ -10,7 +10,7 @@ import torch
 from specdeck.engine import DecodeConfig, DraftModelDrafter, RoundEvent, TokenEvent, encode_prompt, generate
 from specdeck.engine.drafting.drafters import Drafter
 from specdeck.engine.drafting.proposals import Proposal
-from specdeck.engine.drafting.suffix_drafting import HybridDrafter, SuffixDrafter
+from specdeck.engine.drafting.suffix_drafting import SuffixDrafter
 from specdeck.engine.forward import graphed_steps, kernel_build
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.loop.rounds import Clock
@@ -364,12 +364,12 @@ def test_a_tree_is_planned_at_what_trees_cost(tree_cost):
 @pytest.mark.parametrize("hybrid", [False, True])
 def test_a_chain_stops_where_its_drafts_are_unlikely_to_pass(tiny_pair, hybrid):
     """A round's floors cut a model drafter's chain where the product of its top probabilities
-    falls below them: no floors, all K drafts; a floor of 1 after the first, one draft. A hybrid
-    hands the round's floors to its model drafter."""
+    falls below them: no floors, all K drafts; a floor of 1 after the first, one draft; also a
+    model drafter with a suffix copier (the hybrid)."""
     target, draft = tiny_pair
     drafter: Drafter = DraftModelDrafter(draft.model)
     if hybrid:
-        drafter = HybridDrafter(drafter, SuffixDrafter(min_score=2.0))
+        drafter = drafter.with_copier(SuffixDrafter(min_score=2.0))
     ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
     lengths = []
     for floors in [(), (0.0, 1.0, 1.0, 1.0)]:
