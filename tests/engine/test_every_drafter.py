@@ -25,8 +25,10 @@ from specdeck.engine.session import load_pair, load_pairs, run_session
 
 # a list to repeat: prompt lookup and the suffix drafter find copies, the model drafters their own drafts
 PROMPT = "Repeat this list exactly, then add one more: apples, pears, plums, cherries, grapes, lemons."
-# a served target rescores the whole prompt at every request: a short text to go on, no chat template
+# a served target rescores the whole text at every request (seconds each on a busy CPU): a short text
+# to go on, no chat template, fewer tokens, the constant schedule alone
 SERVED_PROMPT = "The cat sat on the mat. The cat"
+TOKENS = 12
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class PathCase:
     spec: PairSpec = PairSpec(device=ON_CPU.device, dtype=ON_CPU.dtype, backend="torch")
     prompt: str = PROMPT
     chat: bool = True
+    tokens: int = TOKENS
+    schedules: tuple[str, ...] = ("constant", "auto")
 
 
 PATHS = {
@@ -60,10 +64,11 @@ PATHS = {
         spec=PairSpec("http://127.0.0.1:9/v1", target_model="target"),
         prompt=SERVED_PROMPT,
         chat=False,
+        tokens=8,
+        schedules=("constant",),
     ),
     "gpu": PathCase(TargetPath.GPU, needs="gpu", spec=PairSpec(device="cuda", dtype="float32", backend="torch")),
 }
-TOKENS = 12
 # three layers of thirty: the layer-skip drafter's layers are set, not measured (it takes seconds)
 LAYER_SKIP_LAYERS = 3
 
@@ -101,7 +106,9 @@ def _missing(needs: str | None) -> str | None:
     return None
 
 
-@pytest.fixture(scope="module", params=list(PATHS))
+@pytest.fixture(
+    scope="module", params=[pytest.param(name, marks=pytest.mark.cuda) if name == "gpu" else name for name in PATHS]
+)
 def pairs(request):
     """The built-in target loaded on one path, with a pair for every drafter kind that claims it,
     and plain decoding's kept tokens there."""
@@ -127,12 +134,12 @@ def _load(base: PairSpec, path: PathCase) -> tuple[dict, PathCase, list[int]]:
     target = next(iter(loaded.values())).target
     assert target_path(target) is path.path, f"the target runs {target_path(target).where}, not {path.path.where}"
     first = next(iter(loaded.values()))
-    plain, _ = _kept(run_session(first, path.prompt, _config("constant"), chat=path.chat, plain=True))
+    plain, _ = _kept(run_session(first, path.prompt, _config("constant", path), chat=path.chat, plain=True))
     return loaded, path, plain
 
 
-def _config(schedule: str) -> DecodeConfig:
-    return DecodeConfig(k=2, schedule=schedule, max_new_tokens=TOKENS)
+def _config(schedule: str, path: PathCase) -> DecodeConfig:
+    return DecodeConfig(k=2, schedule=schedule, max_new_tokens=path.tokens)
 
 
 def _kept(events) -> tuple[list[int], SummaryEvent]:
@@ -148,11 +155,13 @@ def test_every_drafter_writes_plain_text_on_every_path_it_claims(pairs, kind, sc
     loaded, path, plain = pairs
     if kind not in loaded:
         pytest.skip(f"the {kind} drafter does not claim this path (its refusal is tested below)")
+    if schedule not in path.schedules:
+        pytest.skip(f"this path runs the {' and '.join(path.schedules)} schedule alone")
     monkeypatch.setattr(
         "specdeck.engine.loop.decoding.cost_curve",
         lambda model, cache_dir=None: CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)),
     )
-    kept, summary = _kept(run_session(loaded[kind], path.prompt, _config(schedule), chat=path.chat))
+    kept, summary = _kept(run_session(loaded[kind], path.prompt, _config(schedule, path), chat=path.chat))
     assert kept == plain
     if schedule == "constant":
         assert summary.drafted > 0
