@@ -43,7 +43,8 @@ def load_pair(spec: PairSpec, plain: bool = False, progress: Progress | None = N
         return _attach_drafter(target_model, chosen.with_drafter(None, None), progress)
     backend = _backend(target_model)
     pair = _attach_drafter(target_model, spec.resolved(backend), progress)
-    pair.note = spec.default_note(backend) or ""
+    notes = (spec.default_note(backend), target_model.note if isinstance(target_model, RemoteTarget) else "")
+    pair.note = " ".join(note for note in notes if note)  # a served target's: how its rounds are verified
     if progress and pair.note:
         progress(pair.note)
     return pair
