@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from specdeck.cli.run import format_summary
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.drafting.drafters import PromptLookupDrafter
 from specdeck.engine.errors import SpecDeckError
@@ -143,7 +144,8 @@ def greedy_text(tokenizer) -> str:
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 def test_a_round_after_a_long_context_computes_its_new_tokens(tokenizer, kind):
     """After a 1,500-token prompt, each round makes the server compute about its new tokens (as
-    the server reports them), not the context again, and the text is the model's greedy text."""
+    the server reports them), not the context again, and the text is the model's greedy text; the
+    terminal's summary shows the mean."""
     with CachingServer(kind, len(tokenizer)) as server:
         target = connect(RemoteSettings(server.url, "target", 10.0), tokenizer)
         events = list(generate(target, CONTEXT, GREEDY, PromptLookupDrafter()))
@@ -152,6 +154,8 @@ def test_a_round_after_a_long_context_computes_its_new_tokens(tokenizer, kind):
     assert rounds[0].recomputed_tokens >= len(CONTEXT) - BLOCK  # the first round computes the prompt
     assert all(r.recomputed_tokens <= BLOCK + GREEDY.k + 1 for r in rounds[1:])
     assert events[-1].recomputed_tokens == pytest.approx(sum(r.recomputed_tokens for r in rounds) / len(rounds))
+    shown = format_summary(events[-1], "a served pair", "a server")  # what the terminal prints
+    assert f"recomputed per round  {events[-1].recomputed_tokens:.1f} prompt tokens" in shown and "round trip" in shown
 
 
 def test_vllm_scoring_drafts_as_prompt_recomputes_the_context_and_is_not_the_default(tokenizer):
