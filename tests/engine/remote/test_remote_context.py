@@ -183,3 +183,68 @@ def test_an_unknown_way_to_verify_is_refused(tokenizer):
     with CachingServer("sglang", len(tokenizer)) as server:
         with pytest.raises(SpecDeckError, match="'auto', 'score' or 'continue'"):
             connect(RemoteSettings(server.url, "target", 10.0, "fast"), tokenizer)
+
+
+class StreamingServer:
+    """A fake llama-cpp-python server: `/extras/tokenize` with the real tokenizer, and a streamed
+    continuation that writes `written` (token ids) and then the end-of-text token, which it leaves
+    out of the stream as llama-cpp-python does; each chunk names tokens by their text."""
+
+    def __init__(self, tokenizer, written: list[int]) -> None:
+        fake = self
+        self.requests: list[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._reply(json.dumps({"object": "list", "data": [{"id": "target"}]}).encode())
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                if self.path == "/extras/tokenize":
+                    return self._reply(json.dumps({"tokens": tokenizer.encode(body["input"])}).encode())
+                fake.requests.append(body)
+                chunks = []
+                for token in written[: body["max_tokens"]]:
+                    text = tokenizer.decode([token])
+                    logprobs = {"tokens": [text], "top_logprobs": [{text: -0.1, " dog": -5.0}]}
+                    chunks.append({"choices": [{"text": text, "logprobs": logprobs, "finish_reason": None}]})
+                finish = "stop" if body["max_tokens"] > len(written) else "length"
+                chunks.append({"choices": [{"text": "", "logprobs": None, "finish_reason": finish}]})
+                events = "".join(f"data: {json.dumps(c)}\r\n\r\n" for c in chunks) + "data: [DONE]\r\n\r\n"
+                return self._reply(events.encode(), "text/event-stream")
+
+            def _reply(self, data: bytes, kind: str = "application/json") -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> StreamingServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def test_a_streamed_continuation_that_ends_the_text_ends_the_session(tokenizer):
+    """A llama-cpp-python continuation that stops at the end of text before K + 1 tokens (the
+    end-of-text token left out of the stream) ends the session there, its text the server's, the
+    drafts it agreed with accepted; the requests send the kept tokens' text only, streamed."""
+    prompt = tokenizer.encode("The cat sat on the mat. The cat sat on the mat. The")
+    with StreamingServer(tokenizer, tokenizer.encode(" cat sat")) as server:
+        target = connect(RemoteSettings(server.url, "target", 10.0), tokenizer)
+        events = list(generate(target, prompt, GREEDY, PromptLookupDrafter()))
+    summary = events[-1]
+    assert summary.text == " cat sat" and summary.accepted == 2 and summary.rounds == 1
+    assert server.requests[0]["stream"] and server.requests[0]["prompt"] == tokenizer.decode(prompt)
