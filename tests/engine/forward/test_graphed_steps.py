@@ -8,7 +8,7 @@ import gc
 
 import pytest
 import torch
-from test_families import FAMILIES, build, feed_and_compare
+from test_llama_families import FAMILIES, build, feed_and_compare
 from test_shape_invariance import _kept, _near_ties
 from tiny import build_pair
 
