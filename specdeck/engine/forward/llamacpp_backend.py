@@ -28,7 +28,7 @@ last two round otherwise than `vec_dot` (up to 1.3 apart in logits on SmolLM2-13
 files), so a verify could flip a near-tie plain decoding resolves the other way. SpecDeck loads
 weights without the extra buffers (`model_params`) and switches the tiled kernel off
 (`GGML_CPU_TILED_MM=0`, read once by ggml when it first multiplies): every call shape then runs
-`vec_dot` or the sgemm that matches it, for every block type (tests/engine/forward/test_llamacpp_block_types.py
+`vec_dot` or the sgemm that matches it, for every block type (tests/engine/forward/test_llamacpp_backend_block_types.py
 checks Q4_1, Q8_0, Q6_K and Q4_K_M files). Prompts are read by the same kernels, a little slower
 for K-quants than with the tiled one; steps and verifies of up to 7 tokens ran those kernels before.
 """

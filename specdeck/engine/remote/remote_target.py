@@ -20,7 +20,7 @@ How each server is asked (`owned_by` in its `/v1/models` answer says which one i
   that position where it is one of them, else to the end-of-text token for the empty text, else to
   the token SpecDeck's tokenizer writes for that text.
 llama-cpp-python's server and vLLM are tested against real servers here
-(tests/engine/remote/test_remote.py, tests/engine/remote/test_remote_vllm.py); the SGLang requests follow its
+(tests/engine/remote/test_remote_target.py, tests/engine/remote/test_remote_target_vllm.py); the SGLang requests follow its
 documented API (docs/remote.md).
 """
 
