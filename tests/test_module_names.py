@@ -2,7 +2,8 @@
 reader who follows a name lands on the file it means.
 
 The rule the names follow: a module is written by its one import name, `specdeck.engine.forward.kvcache`,
-and an attribute after it, `specdeck.engine.forward.kvcache.CachedModel`; a path is relative to the
+and an attribute after it, `specdeck.engine.forward.kvcache.CachedModel`; a class's attribute may go
+by the class alone, `CachedModel.crop`; a path is relative to the
 repository (`tests/engine/`), to `specdeck/` (`engine/loop/decoding.py`) or to `specdeck/engine/`
 (`forward/`), or, starting with `./` or `../`, to the file that names it. docs/journal/ is a dated
 record of its days and keeps the names it had then.
@@ -28,12 +29,17 @@ PACKAGE = ROOT / "specdeck"
 # the folders a path may be relative to, in the order they are tried
 BASES = [ROOT, PACKAGE, PACKAGE / "engine"]
 SUBPACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
-# each module of the package by its own name: `row_kernel` -> ["specdeck.engine.forward.row_kernel"]
+# each module of the package by its own name, `row_kernel` -> ["specdeck.engine.forward.row_kernel"],
+# and each class by its name, `DecodeConfig` -> ["specdeck.engine.config"] (the modules defining it)
 MODULES: dict[str, list[str]] = {}
+CLASSES: dict[str, list[str]] = {}
 for _path in sorted(PACKAGE.rglob("*.py")):
     _parts = _path.relative_to(ROOT).with_suffix("").parts
     _parts = _parts[:-1] if _parts[-1] == "__init__" else _parts
     MODULES.setdefault(_parts[-1], []).append(".".join(_parts))
+    for _node in ast.parse(_path.read_text(encoding="utf-8")).body:
+        if isinstance(_node, ast.ClassDef):
+            CLASSES.setdefault(_node.name, []).append(".".join(_parts))
 PAGES = sorted(
     [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "packaging" / "README.md"]
     + [*PACKAGE.rglob("*.md"), *(ROOT / "training").rglob("*.md")]
@@ -117,7 +123,8 @@ def resolves(name: str) -> bool:
 
 def module_name_problem(span: str, where: Path = ROOT) -> str | None:
     """What is wrong with a backticked dotted name of SpecDeck's, or None (also for names that are
-    not SpecDeck's, such as `torch.float32` or `DecodeConfig.lookup`, and for a file beside `where`)."""
+    not SpecDeck's, such as `torch.float32`, for a class of SpecDeck's with an attribute it has, such
+    as `DecodeConfig.lookup`, and for a file beside `where`)."""
     match = DOTTED.fullmatch(span)
     if not match or (where.parent / span).is_file():
         return None
@@ -134,6 +141,9 @@ def module_name_problem(span: str, where: Path = ROOT) -> str | None:
     full = [module + name[len(first) :] for module in MODULES.get(first, [])]
     if any(resolves(name) for name in full):
         return f"`{name}` is not an import name: write `{' or '.join(full)}`"
+    # a class of SpecDeck's with an attribute (`DecodeConfig.lookup`) reads well as it is, if it has it
+    if first in CLASSES and not any(resolves(f"{module}.{name}") for module in CLASSES[first]):
+        return f"`{name}`: {first} ({', '.join(CLASSES[first])}) has no such attribute"
     return None
 
 
@@ -164,7 +174,7 @@ def path_problem(span: str, where: Path = ROOT) -> str | None:
 def test_every_module_name_imports():
     """Every backticked dotted name that starts with SpecDeck's package, one of its sub-packages or
     one of its modules with an attribute of that module is written in full and imports, attributes
-    included."""
+    included; a class of SpecDeck's followed by an attribute has that attribute."""
     problems = [f"{where}: {problem}" for where, span in SPANS if (problem := module_name_problem(span, ROOT / where))]
     assert not problems, "\n".join(problems)
 
@@ -188,6 +198,8 @@ def test_every_path_exists():
         ("torch.float32", False),
         ("row_kernel.QUANTIZED", True),
         ("config.steps", False),
+        ("DecodeConfig.lookup", False),
+        ("DecodeConfig.no_such_setting", True),
     ],
 )
 def test_the_module_rule_tells_names_apart(span, wrong):
