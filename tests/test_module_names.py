@@ -1,12 +1,13 @@
 """Every module, attribute and path the code's docstrings and comments and the docs name exists, so a
 reader who follows a name lands on the file it means.
 
-The rule the names follow: a module is written by its one import name, `specdeck.engine.forward.kvcache`,
-and an attribute after it, `specdeck.engine.forward.kvcache.CachedModel`; a class's attribute may go
-by the class alone, `CachedModel.crop`; a path is relative to the
-repository (`tests/engine/`), to `specdeck/` (`engine/loop/decoding.py`) or to `specdeck/engine/`
-(`forward/`), or, starting with `./` or `../`, to the file that names it. docs/journal/ is a dated
-record of its days and keeps the names it had then.
+The rule the names follow: a module is written by its one import name,
+`specdeck.engine.forward.kvcache`, and an attribute after it,
+`specdeck.engine.forward.kvcache.CachedModel`; a class's attribute may go by the class alone,
+`CachedModel.crop`; a path is relative to the repository (`tests/engine/`), to `specdeck/`
+(`engine/loop/decoding.py`) or to `specdeck/engine/` (`forward/`), or, starting with `./` or `../`,
+to the file that names it. docs/journal/ is a dated record of its days and keeps the names it had
+then.
 """
 
 from __future__ import annotations
