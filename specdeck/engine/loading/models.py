@@ -1,11 +1,11 @@
 """Finding and loading causal language models: built-in aliases, Hugging Face ids, local folders
 and `.gguf` files, on the device and dtype the user asked for (or the best one here: `devices`), and
-on the backend it asked for (`engine.backends`): torch, or llama.cpp for a `.gguf` file.
+on the backend it asked for (`specdeck.engine.loading.backends`): torch, or llama.cpp for a `.gguf` file.
 
 Model files are untrusted input: remote code runs only when the user passes `trust_remote_code`,
 and weights come from safetensors or GGUF (transformers loads a pickled `.bin` with
 `weights_only=True`). A GGUF file whose matrices the row kernel reads is read in place, its
-products on the file's blocks (`engine.gguf_in_place`); any other is dequantized once into a
+products on the file's blocks (`specdeck.engine.loading.gguf_in_place`); any other is dequantized once into a
 safetensors cache, since converting it takes far longer than loading the result; the cache records
 the weights' size and SHA-256, and a cache that no longer matches them (a disk filled up, a copy
 cut short) is converted again. On llama.cpp a GGUF file runs as it is; only its tokenizer is
@@ -57,9 +57,10 @@ class LoadOptions:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16
     trust_remote_code: bool = False
-    backend: str = "torch"  # auto, torch, llama.cpp (`engine.backends.choose_backend`)
-    # a GGUF file's matrices read in place where the row kernel reads their blocks (`engine.gguf_in_place`);
-    # False converts the file to float32 first, as where it cannot (for comparing the two)
+    backend: str = "torch"  # auto, torch, llama.cpp (`specdeck.engine.loading.backends.choose_backend`)
+    # a GGUF file's matrices read in place where the row kernel reads their blocks
+    # (`specdeck.engine.loading.gguf_in_place`); False converts the file to float32 first, as where it cannot
+    # (for comparing the two)
     read_in_place: bool = True
 
 
@@ -225,14 +226,14 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
         raise SpecDeckError(f"Could not load {name}: {error}") from error
     model.to(device).eval()  # type: ignore[arg-type]  # a decorator in transformers hides to()'s signature
     if (file := gguf_file(name.strip())) is not None:
-        # its products may read the file's own blocks (`engine.gguf_blocks`)
+        # its products may read the file's own blocks (`specdeck.engine.forward.gguf_blocks`)
         gguf_blocks.remember(model, file, converted_weights(Path(source)))
     output_ids = read_output_tokens(Path(source), output_projection(model).weight.shape[0])
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
 
 
 def _load_in_place(name: str, path: Path, progress: Progress | None) -> LoadedModel:
-    """The GGUF file `name` on torch, its matrices its own blocks (`engine.gguf_in_place`)."""
+    """The GGUF file `name` on torch, its matrices its own blocks (`specdeck.engine.loading.gguf_in_place`)."""
     try:
         model = gguf_in_place.load_in_place(path, progress)
     except MemoryError as error:
@@ -243,7 +244,7 @@ def _load_in_place(name: str, path: Path, progress: Progress | None) -> LoadedMo
 
 
 def load_tokenizer(name: str, progress: Progress | None = None):
-    """The tokenizer of model `name` alone (a remote target's, `engine.remote_target`)."""
+    """The tokenizer of model `name` alone (a remote target's, `specdeck.engine.remote.remote_target`)."""
     try:
         if (file := gguf_file(name.strip())) is not None:  # its tokenizer alone: no conversion
             return gguf_tokenizer(file, progress)
@@ -309,7 +310,7 @@ def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
 
 OUTPUT_TOKENS_FILE = "output_tokens.json"
 TOKENIZER_REFERENCE_FILE = "tokenizer_reference.json"
-HEAD_KEY = "specdeck_head"  # in a feature head's config.json (`engine.heads`)
+HEAD_KEY = "specdeck_head"  # in a feature head's config.json (`specdeck.engine.drafting.heads`)
 
 
 def is_head_folder(path: Path) -> bool:
