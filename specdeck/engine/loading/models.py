@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdeck.engine.atomic import building_folder
-from specdeck.engine.bounded import read_json
+from specdeck.engine.bounded import TooSlow, read_json, within_seconds
 from specdeck.engine.cache import TOKENIZER_SUFFIX
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks
@@ -382,12 +382,14 @@ def check_prompt(text: str) -> str:
 
 
 MAX_TEMPLATE_CHARS = 256 * 1024  # a chat format takes a few kB; the longest known, tens
+TEMPLATE_SECONDS = 5.0  # a chat format renders in milliseconds; a template looping for ever is stopped
 
 
 def render_chat_template(tokenizer, messages: list[dict[str, str]]) -> str:
     """The text `tokenizer`'s chat template makes of `messages`, the turn to answer opened; a
-    template too long to be a chat format, or one that fails (malformed, raising, an unknown
-    filter: it is the model's code), is a SpecDeckError saying so."""
+    template too long to be a chat format, one that runs past `TEMPLATE_SECONDS`, or one that
+    fails (malformed, raising, an unknown filter: it is the model's code), is a SpecDeckError
+    saying so."""
     template = tokenizer.chat_template
     size = sum(map(len, template.values())) if isinstance(template, dict) else len(str(template))
     if size > MAX_TEMPLATE_CHARS:  # checked before rendering: a huge one would run for minutes
@@ -396,7 +398,15 @@ def render_chat_template(tokenizer, messages: list[dict[str, str]]) -> str:
             f"(at most {MAX_TEMPLATE_CHARS:,}): use raw completion (--no-chat), or fix the template."
         )
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return within_seconds(
+            TEMPLATE_SECONDS,
+            lambda: tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+        )
+    except TooSlow:
+        raise SpecDeckError(
+            f"This model's chat template ran for more than {TEMPLATE_SECONDS:.0f} s without finishing: use "
+            "raw completion (--no-chat), or fix the chat_template in its tokenizer_config.json."
+        ) from None
     except Exception as error:  # jinja2 and the template's own code raise many types
         said = " ".join(str(error).split())[:200] or type(error).__name__
         raise SpecDeckError(
