@@ -24,8 +24,10 @@ from specdeck.engine.events import RoundEvent
 from specdeck.engine.loading.models import load_tokenizer
 from specdeck.engine.loading.registry import DEFAULT_TARGET
 from specdeck.engine.loop.decoding import generate
+from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.remote.remote_http import ServerFault
 from specdeck.engine.remote.remote_target import RemoteSettings, connect
+from specdeck.engine.session import load_pair
 
 BLOCK = 16  # tokens per cached block of the fake vLLM
 CONTEXT = [300 + (n % 97) * 7 for n in range(1500)]  # a 1,500-token prompt that repeats itself
@@ -168,6 +170,18 @@ def test_vllm_scoring_drafts_as_prompt_recomputes_the_context_and_is_not_the_def
     assert events[-1].text == greedy_text(tokenizer)
     assert all(r.recomputed_tokens >= len(CONTEXT) for r in events if isinstance(r, RoundEvent))
     assert "own greedy continuation" in default.note and "no speed-up" in default.note and not scored.note
+
+
+def test_the_continuation_is_said_before_the_session_and_under_the_target(tokenizer):
+    """Loading a pair on vLLM says, before any session, that rounds follow vLLM's own continuation
+    and promise no speed-up; the pair's note (shown under the target in the window) says it too."""
+    said: list[str] = []
+    with CachingServer("vllm", len(tokenizer)) as server:
+        pair = load_pair(
+            PairSpec(server.url, None, DrafterKind.PROMPT_LOOKUP, target_model="target"), progress=said.append
+        )
+    assert sum("own greedy continuation" in line and "no speed-up" in line for line in said) == 1
+    assert "own greedy continuation" in pair.note
 
 
 def test_a_continuation_with_more_rows_than_asked_is_refused(tokenizer):
