@@ -1,7 +1,7 @@
 """A round verified against the server's own greedy continuation, for servers that can score
 drafted tokens only by recomputing the whole context (`remote_target` chooses where).
 
-vLLM computes `prompt_logprobs` outside its prefix cache (vllm-project/vllm PR 23399), and
+vLLM computes `prompt_logprobs` outside its prefix cache (vllm-project/vllm 23399), and
 llama-cpp-python's `echo` scores every prompt position in Python on every request: on both a
 round of drafts scored as prompt costs the whole context, seconds at 1,500 tokens. Both keep the
 context cached for generation, so a round asks instead for the server's greedy continuation of
@@ -14,8 +14,9 @@ target's distribution after the kept tokens and those drafts, as a scored prompt
 the text is the server's own greedy text. Rows past the first draft that parts from the
 continuation follow the continuation, not the drafts: the loop judges no draft by them (the p
 shown for a draft discarded there is the continuation's). The cost: K + 1 of the server's decode
-steps a round, in sequence, where a scored prompt costs one batched forward, so the acceptance
-is the drafter's own but the round costs K + 1 of the server's decode steps (docs/remote.md).
+steps a round, in sequence, where a scored prompt costs one batched forward; the acceptance is
+the drafter's own, the speed at most (tokens per round) / (K + 1) of the server's own generation
+(docs/remote.md).
 
 A continuation that ends at the end-of-text token before K + 1 tokens gets that token's row as
 probability 1 where the server leaves it out (llama-cpp-python does); the rows after it repeat it.

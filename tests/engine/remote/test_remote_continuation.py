@@ -2,7 +2,7 @@
 
 Fake servers on 127.0.0.1 answer as vLLM and SGLang do, with a prefix cache kept as theirs is and
 reported as theirs report it: vLLM counts cached prompt tokens in whole blocks and reads no cache
-for a request with `prompt_logprobs` (vllm-project/vllm PR 23399); SGLang's radix cache reuses the
+for a request with `prompt_logprobs` (vllm-project/vllm 23399); SGLang's radix cache reuses the
 longest prefix it has seen, `logprob_start_len` included. The served "model" is a function of the
 prefix, so the greedy text is known. The same properties against real servers: test_remote_target.py
 (llama-cpp-python's) and test_remote_target_vllm.py."""
