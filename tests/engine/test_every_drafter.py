@@ -1,4 +1,4 @@
-"""Every registered drafter kind (`engine.drafting.registry`), on every path it claims, writes the
+"""Every registered drafter kind (`specdeck.engine.drafting.registry`), on every path it claims, writes the
 plain greedy text of the same target on that path: the built-in target on each torch path its
 products can take, on llama.cpp, served by llama-cpp-python's server, and on a GPU (skipped where
 one is missing), loaded as the window and `specdeck run` load them (`load_pairs` from

@@ -262,7 +262,7 @@ class DrafterKind(str, Enum):
 
     def builtin_model(self, target: str) -> str | None:
         """The bundled draft or head of this kind for `target`, if SpecDeck ships one: for the
-        built-in target, or a file of the same model (`engine.loading.identity`)."""
+        built-in target, or a file of the same model (`specdeck.engine.loading.identity`)."""
         builtin = self.record.builtin
         return builtin if builtin and builtin_difference(target) is None else None
 

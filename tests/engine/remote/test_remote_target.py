@@ -3,9 +3,11 @@
 many-token forwards give the same logits); its faults against a small stub server."""
 
 import json
+import re
 import socket
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -30,9 +32,15 @@ GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=16)
 
 
 @pytest.fixture(scope="module")
-def server():
+def server_log(tmp_path_factory):
+    """Where the server writes its log, which names the prompt tokens each request computed."""
+    return tmp_path_factory.mktemp("llama-cpp-server") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def server(server_log):
     """The base URL of a llama-cpp-python server on the built-in GGUF, model name "target"."""
-    with llama_cpp_server(BUILTIN_MODELS[DEFAULT_TARGET].path()) as url:
+    with llama_cpp_server(BUILTIN_MODELS[DEFAULT_TARGET].path(), log=server_log) as url:
         yield url
 
 
@@ -78,6 +86,27 @@ def test_remote_chat_prompt_matches_too(server):
     config = DecodeConfig(k=4, schedule="constant", max_new_tokens=6)  # a long prompt: each request scores it all
     summary = list(generate(pair.target, ids, config, pair.make_drafter()))[-1]
     assert summary.text == server_greedy(server, pair.target.tokenizer.decode(ids), 6)
+
+
+LONG_PROMPT = " ".join(f"Item {n}: the parcel for house {n} goes to the blue door." for n in range(1, 21))
+COMPUTED = re.compile(rb"prompt eval time = .* / +(\d+) tokens")  # one a request, in the server's log
+
+
+@needs_server
+def test_a_long_context_costs_the_new_tokens_a_round(server, server_log):
+    """After a prompt of some 300 tokens each round makes the server compute only the tokens kept
+    since the last (as its log reports), not the whole context again, and the text is its own."""
+    pair = load_pair(PairSpec(server, None, DrafterKind.PROMPT_LOOKUP, device="cpu", target_model="target"))
+    ids = encode_prompt(pair.target.tokenizer, LONG_PROMPT, chat=False)
+    config = DecodeConfig(k=4, schedule="constant", max_new_tokens=12)
+    logged = server_log.stat().st_size
+    summary = list(generate(pair.target, ids, config, pair.make_drafter()))[-1]
+    with open(server_log, "rb") as log:
+        log.seek(logged)
+        computed = [int(n) for n in COMPUTED.findall(log.read())]
+    assert len(ids) > 250 and len(computed) == summary.rounds and computed[0] > 250  # the first computes the prompt
+    assert max(computed[1:]) <= config.k + 1  # the kept tokens since the last round, not the context
+    assert summary.text == server_greedy(server, LONG_PROMPT, config.max_new_tokens)
 
 
 @needs_server
@@ -157,13 +186,15 @@ class Stub:
                     return self._answer(404, {"detail": "no upstream"})
                 path = self.path.removeprefix("/v1")
                 target = upstream + path if path.startswith("/completions") else upstream.removesuffix("/v1") + path
-                self._answer(200, post(target, json.loads(body)))
+                request = urllib.request.Request(target, body, {"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=300) as response:  # as it came: JSON or events
+                    self._answer(200, response.read(), response.headers.get("Content-Type", ""))
                 return None
 
-            def _answer(self, code: int, answer: dict) -> None:
-                data = json.dumps(answer).encode()
+            def _answer(self, code: int, answer: dict | bytes, kind: str = "application/json") -> None:
+                data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
