@@ -25,9 +25,6 @@ from specdeck.engine.session import load_pair, load_pairs, run_session
 
 # a list to repeat: prompt lookup and the suffix drafter find copies, the model drafters their own drafts
 PROMPT = "Repeat this list exactly, then add one more: apples, pears, plums, cherries, grapes, lemons."
-# a served target rescores the whole text at every request (seconds each on a busy CPU): a short text
-# to go on, no chat template, fewer tokens, the constant schedule alone
-SERVED_PROMPT = "The cat sat on the mat. The cat"
 TOKENS = 12
 
 
@@ -40,10 +37,6 @@ class PathCase:
     settings: dict[str, str | None] = field(default_factory=dict)
     needs: str | None = None
     spec: PairSpec = PairSpec(device=ON_CPU.device, dtype=ON_CPU.dtype, backend="torch")
-    prompt: str = PROMPT
-    chat: bool = True
-    tokens: int = TOKENS
-    schedules: tuple[str, ...] = ("constant", "auto")
 
 
 PATHS = {
@@ -62,10 +55,6 @@ PATHS = {
         TargetPath.SERVED,
         needs="server",
         spec=PairSpec("http://127.0.0.1:9/v1", target_model="target"),
-        prompt=SERVED_PROMPT,
-        chat=False,
-        tokens=8,
-        schedules=("constant",),
     ),
     "gpu": PathCase(TargetPath.GPU, needs="gpu", spec=PairSpec(device="cuda", dtype="float32", backend="torch")),
 }
@@ -128,18 +117,18 @@ def pairs(request):
             yield _load(path.spec, path)
 
 
-def _load(base: PairSpec, path: PathCase) -> tuple[dict, PathCase, list[int]]:
+def _load(base: PairSpec, path: PathCase) -> tuple[dict, list[int]]:
     kinds = [kind for kind in DrafterKind if _claims(kind, path)]
     loaded = dict(zip(kinds, load_pairs([base.with_drafter(kind, _draft(kind, path)) for kind in kinds])))
     target = next(iter(loaded.values())).target
     assert target_path(target) is path.path, f"the target runs {target_path(target).where}, not {path.path.where}"
     first = next(iter(loaded.values()))
-    plain, _ = _kept(run_session(first, path.prompt, _config("constant", path), chat=path.chat, plain=True))
-    return loaded, path, plain
+    plain, _ = _kept(run_session(first, PROMPT, _config("constant"), plain=True))
+    return loaded, plain
 
 
-def _config(schedule: str, path: PathCase) -> DecodeConfig:
-    return DecodeConfig(k=2, schedule=schedule, max_new_tokens=path.tokens)
+def _config(schedule: str) -> DecodeConfig:
+    return DecodeConfig(k=2, schedule=schedule, max_new_tokens=TOKENS)
 
 
 def _kept(events) -> tuple[list[int], SummaryEvent]:
@@ -152,16 +141,14 @@ def _kept(events) -> tuple[list[int], SummaryEvent]:
 def test_every_drafter_writes_plain_text_on_every_path_it_claims(pairs, kind, schedule, monkeypatch):
     """Greedy, the drafter's text is plain decoding's on the same path; with a fixed K its drafts
     were verified, a model drafter's own among them (not only its copier's)."""
-    loaded, path, plain = pairs
+    loaded, plain = pairs
     if kind not in loaded:
         pytest.skip(f"the {kind} drafter does not claim this path (its refusal is tested below)")
-    if schedule not in path.schedules:
-        pytest.skip(f"this path runs the {' and '.join(path.schedules)} schedule alone")
     monkeypatch.setattr(
         "specdeck.engine.loop.decoding.cost_curve",
         lambda model, cache_dir=None: CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)),
     )
-    kept, summary = _kept(run_session(loaded[kind], path.prompt, _config(schedule, path), chat=path.chat))
+    kept, summary = _kept(run_session(loaded[kind], PROMPT, _config(schedule)))
     assert kept == plain
     if schedule == "constant":
         assert summary.drafted > 0
