@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
     QHBoxLayout,
+    QLabel,
     QMainWindow,
     QProgressDialog,
     QPushButton,
@@ -45,6 +46,8 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.export import SessionRecord
 
 MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
+CLOSE_WAIT_MS = 1000  # the longest a close waits for the model thread: the app ends within 2 s
+PROGRESS_WIDTH = 520  # px of the loading dialog: room for a stage's name in two lines
 
 
 def save_picture(widget: QWidget, path: str | Path) -> None:
@@ -106,6 +109,7 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         self._build_menus()
 
         self._progress: QProgressDialog | None = None
+        self.model_thread_ended = True  # False after a close that left a load's stage running
         self._on_activity_changed(model.activity)
         self.resize(1440, 900)
         if settings is not None:
@@ -308,13 +312,29 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
             self._progress = None
 
     def _open_progress(self) -> None:
-        """A cancellable dialog that names each stage of the load."""
-        self._progress = QProgressDialog("Loading…", "Cancel", 0, 0, self)
-        self._progress.setWindowTitle("Loading models")
-        self._progress.setWindowModality(Qt.WindowModality.WindowModal)
-        self._progress.setMinimumDuration(0)
-        self._progress.canceled.connect(self.controller.cancel_load)
-        self._progress.show()
+        """A cancellable dialog that names each stage of the load, over the middle of the window.
+
+        Not modal: the window's close button and Ctrl+Q must still reach the window during a load
+        (what would start another load is disabled while one runs). Its width is fixed and its
+        label wraps, so a long stage name never resizes it: a dialog the window manager is asked
+        to resize while the model thread holds the interpreter loses its frame and place."""
+        progress = QProgressDialog("Loading…", "Cancel", 0, 0, self)
+        progress.setWindowTitle("Loading models")
+        progress.setWindowModality(Qt.WindowModality.NonModal)
+        progress.setMinimumDuration(0)
+        progress.setAutoClose(False)
+        progress.setAutoReset(False)
+        label = QLabel("Loading…")
+        label.setWordWrap(True)
+        label.setMinimumHeight(3 * label.fontMetrics().lineSpacing())
+        progress.setLabel(label)
+        progress.setFixedWidth(PROGRESS_WIDTH)
+        progress.setFixedHeight(progress.sizeHint().height())
+        progress.canceled.connect(self.controller.cancel_load)
+        centre = self.frameGeometry().center()
+        progress.move(centre.x() - PROGRESS_WIDTH // 2, centre.y() - progress.height() // 2)
+        self._progress = progress
+        progress.show()
 
     def _on_load_progress(self, stage: str) -> None:
         if self._progress is not None:
@@ -373,8 +393,15 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
     # closing ----------------------------------------------------------------------------------------
 
     def closeEvent(self, event) -> None:
-        """Stop any session, end the model thread and wait for it, so nothing outlives the window."""
+        """Save what the window remembers, then stop any load or session and end the model thread,
+        waiting for it at most `CLOSE_WAIT_MS`: the window goes at once, and where the thread is
+        still inside one stage of a load, `model_thread_ended` says so and `specdeck gui` ends the
+        process without it (`app.main`). Nothing is lost: exports and caches are written whole or
+        not at all."""
         QApplication.instance().removeEventFilter(self)
         self.save_settings()
-        self.controller.shutdown()
+        if self._progress is not None:
+            self._progress.close()
+        self.hide()
+        self.model_thread_ended = self.controller.shutdown(CLOSE_WAIT_MS)
         super().closeEvent(event)

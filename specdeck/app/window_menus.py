@@ -41,6 +41,8 @@ class WindowMenus:
         self.per_token_rows = QAction("Include per-token rows", self, checkable=True)
         charts = action("Save charts as &PNG…", self._on_save_charts_clicked)
         quit_action = action("&Quit", self.close, QKeySequence(QKeySequence.StandardKey.Quit).toString())
+        # Ctrl+Q quits from any of SpecDeck's windows, the loading dialog and the replay included
+        quit_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
         file_menu.addActions([self.export_action, self.per_token_rows, charts])
         file_menu.addSeparator()
         file_menu.addAction(quit_action)
