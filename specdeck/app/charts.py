@@ -52,7 +52,7 @@ from specdeck.app.chart_series import (
     thinned,
 )
 from specdeck.app.cost_series import curve_of, speedup_by_k, speedup_readout, verify_cost, verify_readout
-from specdeck.app.session_figures import SessionFigures
+from specdeck.app.session_figures import Headline, SessionFigures
 from specdeck.app.session_model import SessionModel
 from specdeck.engine.events import SummaryEvent
 from specdeck.engine.export import SessionRecord
@@ -149,6 +149,7 @@ class SessionCharts(QWidget):
 
         self._figures = SessionFigures()
         self.figures = self._figures.labels
+        self.headline = Headline()  # the window places it where it stays in view
 
         self._grid = QGridLayout()
         self._layout = QBoxLayout(QBoxLayout.Direction.LeftToRight, self)
@@ -362,6 +363,7 @@ class SessionCharts(QWidget):
 
     def _update_figures(self) -> None:
         info = self._model.run_info if self._model is not None else None
+        self.headline.show_figures(self.speculative, self.plain, self.measured_speedup)
         self._figures.show_figures(
             self.speculative,
             self.plain,

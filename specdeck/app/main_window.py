@@ -92,6 +92,9 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         self.plain_view = TokenView("Plain", model, "plain")
         self.charts = SessionCharts(model)
         self.legend = Legend()
+        self.verdict = QLabel()  # a compare run's verdict, or why a run ended early
+        self.verdict.setTextFormat(Qt.TextFormat.RichText)
+        self.verdict.setWordWrap(True)
         self.replay_button = QPushButton("Replay the race")
         self.replay_button.setToolTip("Both sessions of the last Compare side by side at their measured pace (Ctrl+R)")
         self.replay_button.clicked.connect(self._on_replay_clicked)
@@ -103,6 +106,7 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         self.host.bench_progress.connect(self.bench_tab.show_progress)
         self.bench_tab.options_changed.connect(self._on_bench_options_changed)
         model.activity_changed.connect(self._on_activity_changed)
+        model.run_started.connect(self._on_run_started)
         model.run_ended.connect(self._on_run_ended)
         model.status.connect(self.statusBar().showMessage)
         self._build_layout()
@@ -152,9 +156,15 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         legend_row = QHBoxLayout()
         legend_row.addWidget(self.legend)
         legend_row.addStretch(1)
-        self.plain_view.header.addWidget(self.replay_button)  # beside the compare verdict
         top_layout.addLayout(legend_row)
         top_layout.addWidget(self.views, 1)
+        # below the texts, across both, outside the charts' scrolling: the figures a session is
+        # run for, and a compare run's verdict, in view on any screen
+        figures_row = QHBoxLayout()
+        figures_row.addWidget(self.charts.headline, 1)
+        figures_row.addWidget(self.replay_button)
+        top_layout.addLayout(figures_row)
+        top_layout.addWidget(self.verdict)
         top.setMinimumHeight(MIN_TEXT_HEIGHT)
 
         charts = QScrollArea()  # the charts keep a size that shows their axes whole, and scroll below it
@@ -341,6 +351,9 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
             self._progress.setLabelText(stage)
         self.statusBar().showMessage(stage)
 
+    def _on_run_started(self, compare: bool) -> None:
+        self.verdict.clear()
+
     def _on_run_ended(self) -> None:
         """A compare run's verdict beside the plain text: the measured speedup, and for greedy runs
         whether the two texts are the same."""
@@ -368,7 +381,7 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
             colour = "#1b8a2f" if model.identical else "#c62828"
             mark = "greedy outputs identical ✓" if model.identical else "greedy outputs differ ✗"
             parts.append(f"<b style='color:{colour}'>{mark}</b>")
-        self.plain_view.note.setText(" · ".join(parts))
+        self.verdict.setText(" · ".join(parts))
 
     def _on_export_clicked(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export session statistics", "specdeck-session.csv", "CSV (*.csv)")

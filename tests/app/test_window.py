@@ -58,8 +58,11 @@ def test_compare_fills_both_views_and_marks_greedy_runs_identical(qtbot, window,
     assert window.plain_view.kept_text() == plain.summary.text == speculative.summary.text
     assert window.speculative_view.kept_text() == speculative.summary.text
     assert window.charts.identical is True
-    assert "identical" in window.plain_view.note.text()
+    assert "identical" in window.verdict.text()
     assert window.charts.plain.size == plain.summary.rounds
+    headline = window.charts.headline.labels  # the figures in view above the charts
+    assert headline["tokens/s"].text() == window.charts.figures["tokens/s"].text() != "–"
+    assert headline["speedup"].text() == f"{speculative.summary.tokens_per_s / plain.summary.tokens_per_s:.2f}x"
 
 
 def test_stop_mid_run_keeps_the_text(qtbot, window, monkeypatch):
