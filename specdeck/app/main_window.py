@@ -31,7 +31,6 @@ from specdeck.app import dialogs
 from specdeck.app.bench_tab import BenchmarkTab
 from specdeck.app.charts import SessionCharts
 from specdeck.app.controller import SessionController
-from specdeck.app.cost_series import curve_of, why_off
 from specdeck.app.model_host import ModelHost
 from specdeck.app.model_panel import ModelPanel
 from specdeck.app.panels import DecodingPanel
@@ -355,33 +354,10 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         self.verdict.clear()
 
     def _on_run_ended(self) -> None:
-        """A compare run's verdict beside the plain text: the measured speedup, and for greedy runs
-        whether the two texts are the same."""
-        model = self.session_model
-        parts = []
-        if model.compare and self.charts.measured_speedup is not None:
-            speculative, plain = (
-                series.summary.tokens_per_s for series in (self.charts.speculative, self.charts.plain)
-            )
-            parts.append(
-                f"{speculative:.1f} against {plain:.1f} tokens/s on {model.run_info.backend}: "
-                f"measured speedup <b>{self.charts.measured_speedup:.2f}x</b>"
-            )
-            stats = self.charts.speculative.stats
-            reason = why_off(
-                self.charts.measured_speedup,
-                stats.predicted_speedup,
-                1000.0 / plain if plain > 0 else 0.0,
-                curve_of(self.charts.speculative.start),
-                stats.rounds,
-            )
-            if reason is not None:
-                parts.append(f"predicted {stats.predicted_speedup:.2f}x: {reason}")
-        if model.identical is not None:
-            colour = "#1b8a2f" if model.identical else "#c62828"
-            mark = "greedy outputs identical ✓" if model.identical else "greedy outputs differ ✗"
-            parts.append(f"<b style='color:{colour}'>{mark}</b>")
-        self.verdict.setText(" · ".join(parts))
+        """The run's verdict below the texts: a compare run's measured speedup and, for greedy runs,
+        whether the two texts are the same; a stopped run says so."""
+        verdict = self.session_model.verdict()
+        self.verdict.setText(verdict.html() if verdict is not None else "")
 
     def _on_export_clicked(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export session statistics", "specdeck-session.csv", "CSV (*.csv)")

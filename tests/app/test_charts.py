@@ -182,24 +182,6 @@ def test_cost_charts_show_the_sessions_measured_curve_and_what_it_makes_of_accep
     assert "on a flat verify" in charts.readout(charts.expected_plot, 2)
 
 
-def test_a_measured_speedup_far_from_the_predicted_one_says_why():
-    """Within 20% of the prediction nothing is said; beyond it, plain steps slower than the measured
-    curve name a busy machine, a run of few rounds its warm-up, and otherwise which way the rounds
-    went."""
-    from specdeck.app.cost_series import why_off
-    from specdeck.engine.planner.costs import CostCurve
-
-    curve = CostCurve((1, 2, 4, 8), (4.0, 4.5, 5.5, 8.0))
-    assert why_off(1.25, 1.4, 4.1, curve, 200) is None
-    assert why_off(1.0, None, 4.1, curve, 200) is None
-    busy = why_off(0.5, 1.4, 9.0, curve, 200)
-    assert busy is not None and "busier" in busy and "9.0 ms" in busy
-    short = why_off(0.8, 1.4, 4.2, curve, 10)
-    assert short is not None and "short run" in short
-    assert "copies" in (why_off(2.0, 1.3, 4.0, curve, 200) or "")
-    assert "pace" in (why_off(0.9, 1.3, 4.0, curve, 200) or "")
-
-
 def test_charts_redraw_less_often_while_a_session_decodes(qtbot):
     """Painting a chart takes the main thread a few ms, which on a small machine is a core the
     decoding threads wait for: while a session runs, the charts still follow it, at a slower pace."""

@@ -90,6 +90,7 @@ def test_stop_mid_run_keeps_the_text(qtbot, window, monkeypatch):
     assert summary.stop_reason == "cancelled"
     assert 0 < summary.new_tokens < 4000
     assert window.speculative_view.kept_text() == summary.text
+    assert f"Stopped</b> after {summary.new_tokens} tokens" in window.verdict.text()
 
 
 def test_bad_model_path_gives_a_dialog_and_the_window_still_works(qtbot, window, errors, tmp_path):
