@@ -3,8 +3,8 @@ charts) and a Benchmark tab (the `specdeck bench` harness on the loaded pair).
 
 The window lays out the views, reads the panels when a button is pressed and hands the values to
 the `SessionController`; the views follow the `SessionModel`. It opens the dialogs; its menus and
-shortcuts are `WindowMenus` (`window_menus`), what it remembers between launches `WindowSettings`
-(`window_settings`).
+shortcuts are the `WindowMenus` it owns (`window_menus`, as `menus`), what it remembers between
+launches `WindowSettings` (`window_settings`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import (
-    QApplication,
     QFileDialog,
     QHBoxLayout,
     QLabel,
@@ -62,7 +61,7 @@ def save_picture(widget: QWidget, path: str | Path) -> None:
     write_with(path, save)
 
 
-class MainWindow(WindowMenus, WindowSettings, QMainWindow):
+class MainWindow(WindowSettings, QMainWindow):
     def __init__(self, settings: QSettings | None = None, host: ModelHost | None = None) -> None:
         super().__init__()
         self.setWindowTitle("SpecDeck")
@@ -109,7 +108,7 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         model.run_ended.connect(self._on_run_ended)
         model.status.connect(self.statusBar().showMessage)
         self._build_layout()
-        self._build_menus()
+        self.menus = WindowMenus(self)
 
         self._progress: QProgressDialog | None = None
         self.model_thread_ended = True  # False after a close that left a load's stage running
@@ -227,7 +226,7 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
 
     def export_csv(self, path: str | Path) -> list[Path]:
         """Write the last run's round CSV and metadata (and token rows if chosen); raises SpecDeckError."""
-        return self.session_model.export(path, per_token=self.per_token_rows.isChecked())
+        return self.session_model.export(path, per_token=self.menus.per_token_rows.isChecked())
 
     def save_charts(self, path: str | Path) -> None:
         save_picture(self.charts, path)
@@ -301,16 +300,16 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
             self.run_button,
             self.compare_button,
             self.model_panel.load_button,
-            self.run_action,
-            self.compare_action,
+            self.menus.run_action,
+            self.menus.compare_action,
         ):
             widget.setEnabled(not busy)
         self.stop_button.setEnabled(activity.running)
         exportable = not busy and bool(self.session_model.records)
         self.export_button.setEnabled(exportable)
-        self.export_action.setEnabled(exportable)
+        self.menus.export_action.setEnabled(exportable)
         replayable = self.replayable_records() is not None
-        self.replay_action.setEnabled(replayable)
+        self.menus.replay_action.setEnabled(replayable)
         self.replay_button.setVisible(replayable)
         if activity.loading and self._progress is None:
             self._open_progress()
@@ -387,7 +386,7 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         still inside one stage of a load, `model_thread_ended` says so and `specdeck gui` ends the
         process without it (`app.main`). Nothing is lost: exports and caches are written whole or
         not at all."""
-        QApplication.instance().removeEventFilter(self)
+        self.menus.detach()
         self.save_settings()
         if self._progress is not None:
             self._progress.close()

@@ -21,9 +21,9 @@ class WindowSettings:
 
     def _remembered_choices(self) -> tuple[tuple[str, QAction], ...]:
         return (
-            ("export/per_token_rows", self.per_token_rows),
-            ("view/settings_panel", self.settings_action),
-            ("view/colour_blind_safe", self.colour_blind_action),
+            ("export/per_token_rows", self.menus.per_token_rows),
+            ("view/settings_panel", self.menus.settings_action),
+            ("view/colour_blind_safe", self.menus.colour_blind_action),
         )
 
     def fit_into(self, area: QRect) -> None:

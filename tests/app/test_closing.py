@@ -65,7 +65,7 @@ def test_the_loading_dialog_lets_ctrl_q_close_the_window(qtbot, loop, settings, 
     width = window._progress.width()
     window._on_load_progress("A stage with a long name " * 6)
     assert window._progress.width() == width  # a long stage wraps: the dialog keeps its size
-    quit_action = next(a for a in window.actions() if a.text() == "&Quit")
+    quit_action = window.menus.quit_action
     assert quit_action.isEnabled()
     started = time.perf_counter()
     quit_action.trigger()

@@ -77,11 +77,11 @@ def test_timeline_is_the_rounds_in_order_with_their_tokens():
 
 def test_compare_offers_the_replay(qtbot, window):
     """After a Compare the replay is offered (Ctrl+R) and plays both recorded sessions' texts to the end."""
-    assert not window.replay_action.isEnabled()
+    assert not window.menus.replay_action.isEnabled()
     window.compare_button.click()
     qtbot.waitUntil(lambda: window.idle, timeout=60_000)
-    assert window.replay_action.isEnabled() and window.replay_button.isVisible()
-    window.replay_action.trigger()
+    assert window.menus.replay_action.isEnabled() and window.replay_button.isVisible()
+    window.menus.replay_action.trigger()
     dialog = window.replay
     dialog._timer.stop()
     dialog.advance_to(max(lane.end_s for lane in dialog.lanes))

@@ -19,7 +19,7 @@ def _compare(qtbot, window) -> None:
 def test_csv_has_one_row_per_round_and_totals_match(qtbot, window, tmp_path, errors):
     """Each session's rows add up to its summary; the metadata names the models and parameters."""
     _compare(qtbot, window)
-    window.per_token_rows.setChecked(True)
+    window.menus.per_token_rows.setChecked(True)
     written = window.export_csv(tmp_path / "run.csv")
     assert [p.name for p in written] == ["run.csv", "run.meta.json", "run.tokens.csv"]
     with open(tmp_path / "run.csv", newline="", encoding="utf-8") as handle:
