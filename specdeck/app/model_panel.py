@@ -176,6 +176,8 @@ class ModelPanel(QGroupBox):
         self.show_spec(PairSpec().resolved())
         if model is not None:
             model.pair_changed.connect(self._on_pair_changed)
+        for name, widget in self.field_widgets().items():  # an edit of the field blamed is its fix
+            widget.currentTextChanged.connect(lambda _text, name=name: self._on_field_edited(name))
 
     def field_widgets(self) -> dict[str, QWidget]:
         """The widget of each field a load failure can blame."""
@@ -208,6 +210,13 @@ class ModelPanel(QGroupBox):
             vocabulary = model.pair.vocabulary
             tip = f"Loaded draft: {vocabulary}" if vocabulary else DEFAULT_DRAFTER_TIP
             self.drafter.setToolTip(model.pair.layers or tip)
+
+    def _on_field_edited(self, name: str) -> None:
+        """The outline of a failed load comes off the field it blamed once that field is changed."""
+        widget = self.field_widgets()[name]
+        if widget.styleSheet():
+            widget.setStyleSheet("")
+            widget.setToolTip("")
 
     @property
     def drafter_kind(self) -> DrafterKind:

@@ -45,10 +45,15 @@ class LoadFailure:
 
 
 def blamed_field(spec: PairSpec, message: str) -> str | None:
-    """The field of `spec` that `message` is about: one whose value it quotes, else one it names."""
+    """The field of `spec` that `message` is about: one whose value it quotes as messages quote a
+    name ('name'), else one whose value it holds, else one it names. Quoted first: a message about
+    the target may list the built-in models, the draft's name among them."""
     lowered = message.lower()
     if lowered.startswith("the llama.cpp backend"):  # what it runs, and needs: the choice of backend is to blame
         return "backend"
+    for name, value in (("target", spec.target), ("draft", spec.draft)):
+        if value and repr(value) in message:
+            return name
     if spec.draft and spec.draft in message or "vocabular" in lowered or "feature head" in lowered:
         return "draft"
     if spec.target in message:

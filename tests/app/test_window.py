@@ -103,6 +103,7 @@ def test_bad_model_path_gives_a_dialog_and_the_window_still_works(qtbot, window,
     assert "Load failed" in panel.loaded.text() and "Loaded:" not in panel.loaded.text()
     assert panel.target.combo.styleSheet() and not panel.draft.combo.styleSheet()
     window.model_panel.target.set_value(good)
+    assert not panel.target.combo.styleSheet()  # the fix takes the outline off at once
     _run(qtbot, window, window.run_button)
     assert len(errors) == 1
     assert window.session_model.records[0].summary.new_tokens > 0
