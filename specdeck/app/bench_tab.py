@@ -289,7 +289,7 @@ class BenchmarkTab(QWidget):
 
     def _on_browse_clicked(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
-            self, "Choose benchmark prompts", "", "Prompt files (*.jsonl *.txt);;All files (*)"
+            self, "Choose benchmark prompts", str(dialogs.start_folder()), "Prompt files (*.jsonl *.txt);;All files (*)"
         )
         if path:
             self._set_prompts_path(Path(path))
@@ -319,7 +319,9 @@ class BenchmarkTab(QWidget):
         return True
 
     def _on_export_clicked(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Export the benchmark into a folder")
+        folder = QFileDialog.getExistingDirectory(
+            self, "Export the benchmark into a folder", str(dialogs.start_folder())
+        )
         if not folder:
             return
         try:

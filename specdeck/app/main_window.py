@@ -359,7 +359,9 @@ class MainWindow(WindowSettings, QMainWindow):
         self.verdict.setText(verdict.html() if verdict is not None else "")
 
     def _on_export_clicked(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export session statistics", "specdeck-session.csv", "CSV (*.csv)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export session statistics", str(dialogs.start_folder() / "specdeck-session.csv"), "CSV (*.csv)"
+        )
         if not path:
             return
         try:
@@ -370,7 +372,9 @@ class MainWindow(WindowSettings, QMainWindow):
         self.statusBar().showMessage("Wrote " + ", ".join(p.name for p in written))
 
     def _on_save_charts_clicked(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save charts", "specdeck-charts.png", "PNG (*.png)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save charts", str(dialogs.start_folder() / "specdeck-charts.png"), "PNG (*.png)"
+        )
         if not path:
             return
         try:
