@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QProgressBar,
     QProgressDialog,
     QPushButton,
     QScrollArea,
@@ -45,6 +46,7 @@ from specdeck.engine.export import SessionRecord
 
 MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
 CLOSE_WAIT_MS = 1000  # the longest a close waits for the model thread: the app ends within 2 s
+WAITING_WIDTH = 120  # px of the status bar's busy indicator
 PROGRESS_WIDTH = 520  # px of the loading dialog: room for a stage's name in two lines
 
 
@@ -107,6 +109,15 @@ class MainWindow(WindowSettings, QMainWindow):
         model.run_started.connect(self._on_run_started)
         model.run_ended.connect(self._on_run_ended)
         model.status.connect(self.statusBar().showMessage)
+        # moving while a load or a session's start (prefill, measuring costs) shows nothing else
+        # moving; hidden from the first token on, when the text itself moves
+        self.waiting = QProgressBar()
+        self.waiting.setRange(0, 0)
+        self.waiting.setMaximumWidth(WAITING_WIDTH)
+        self.waiting.setTextVisible(False)
+        self.waiting.hide()
+        self.statusBar().addPermanentWidget(self.waiting)
+        model.events_arrived.connect(self._on_events_arrived)
         self._build_layout()
         self.menus = WindowMenus(self)
 
@@ -294,8 +305,13 @@ class MainWindow(WindowSettings, QMainWindow):
         self.replay = ReplayDialog(*records, parent=self)
         self.replay.show()
 
+    def _on_events_arrived(self, record, batch: tuple) -> None:
+        if self.waiting.isVisible() and record.tokens:
+            self.waiting.hide()
+
     def _on_activity_changed(self, activity: Activity) -> None:
         busy = activity.busy
+        self.waiting.setVisible(activity.loading or activity.running)
         for widget in (
             self.run_button,
             self.compare_button,

@@ -347,3 +347,28 @@ def test_running_out_of_memory_says_what_to_try_and_the_next_run_works(qtbot, wi
     assert "smaller dtype" in errors[0][1] and "Unexpected" not in errors[0][1]
     _run(qtbot, window, window.run_button)
     assert len(errors) == 1 and window.session_model.records[-1].summary is not None
+
+
+def test_a_run_shows_something_moving_until_its_first_token(qtbot, window, monkeypatch):
+    """From Run until the first token (loading, prefill, measuring costs) the status bar has a busy
+    indicator; once tokens arrive the text moves instead, and at the end nothing is left moving."""
+    import threading
+
+    from specdeck.engine import session
+
+    release = threading.Event()
+    real_generate = session.generate
+
+    def slow_start(*args, **kwargs):
+        release.wait(30)  # the session's start: nothing of it reaches the window yet
+        yield from real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(session, "generate", slow_start)
+    window.run_button.click()
+    qtbot.waitUntil(
+        lambda: window.session_model.activity.running and bool(window.session_model.records), timeout=TIMEOUT_MS
+    )
+    assert window.waiting.isVisible() and not window.speculative_view.tokens
+    release.set()
+    qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
+    assert not window.waiting.isVisible() and window.speculative_view.tokens
