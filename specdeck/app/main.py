@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -155,7 +156,10 @@ def run_gui(args) -> int:
             raise SpecDeckError("--screenshot, --export-csv and --preset go with --demo.")
         window = MainWindow(settings=QSettings())
         window.show()
-        freeze_long_lived_objects()
+        # the window's objects live as long as the process: out of later collections, without the
+        # full collection `freeze_long_lived_objects` makes first (seconds on a busy machine, in
+        # which the window would map black and ignore Run; the imports were frozen uncollected too)
+        gc.freeze()
         # Ctrl+C in the terminal closes the window cleanly; the timer lets Python see the signal
         signal.signal(signal.SIGINT, lambda *_: window.close())
         wake = QTimer(interval=250)
