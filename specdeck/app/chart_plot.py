@@ -1,4 +1,4 @@
-"""One chart of a session's charts (`app.session_charts`), as they all look and behave: a pyqtgraph
+"""One chart of a session's charts (`specdeck.app.session_charts`), as they all look and behave: a pyqtgraph
 plot with room for its axes' labels, a colour key for its title, the series' colours and pens,
 ranges that grow in steps, a wheel that scrolls the page, and a readout of the point under the
 mouse that stays while the mouse does. Kept apart from what each chart draws, so that every chart

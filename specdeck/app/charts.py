@@ -1,14 +1,14 @@
-"""The session's charts in a grid (one widget each, `app.session_charts`) and the headline
-figures beside or below them (`app.session_figures`), fed by the window's `SessionModel`.
+"""The session's charts in a grid (one widget each, `specdeck.app.session_charts`) and the headline
+figures beside or below them (`specdeck.app.session_figures`), fed by the window's `SessionModel`.
 
-Events only append to preallocated float64 buffers (`app.chart_series`); a timer redraws one
+Events only append to preallocated float64 buffers (`specdeck.app.chart_series`); a timer redraws one
 chart per tick when something changed, at 8 Hz per chart, 2 Hz while a session decodes (painting
 a chart takes a few ms of the main thread, which on a small machine is a core the decoding
 threads wait for), from at most `MAX_POINTS` points per curve, on axes that grow in steps (so
 their ticks are recomputed a few times per session, not at every redraw): drawing costs the same
 however fast tokens arrive and however long the session runs. A new session redraws every chart
 from empty series, ranges and titles included. The predicted speedup is Leviathan et al. 2023,
-eq. 1 (see `engine.stats`); the measured one is speculative tokens/s over plain tokens/s from a
+eq. 1 (see `specdeck.engine.stats`); the measured one is speculative tokens/s over plain tokens/s from a
 compare run.
 """
 

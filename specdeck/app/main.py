@@ -175,7 +175,7 @@ def end_without_the_model_thread() -> None:
     """End the process now, the window closed and its settings saved, while the model thread is
     still inside one stage of a load: Python would wait for that stage at exit, and Qt aborts a
     process whose thread object is destroyed while the thread runs. Files SpecDeck writes are
-    written whole or not at all (`engine.atomic`), so ending here loses nothing written."""
+    written whole or not at all (`specdeck.engine.atomic`), so ending here loses nothing written."""
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()

@@ -52,7 +52,7 @@ PROGRESS_WIDTH = 520  # px of the loading dialog: room for a stage's name in two
 
 def save_picture(widget: QWidget, path: str | Path) -> None:
     """Save what `widget` shows as an image (format from the suffix, PNG without one), whole or not
-    at all (`engine.atomic`); raises SpecDeckError."""
+    at all (`specdeck.engine.atomic`); raises SpecDeckError."""
     image = widget.grab()
     kind = Path(path).suffix.lstrip(".").upper() or "PNG"
 
@@ -404,7 +404,7 @@ class MainWindow(WindowSettings, QMainWindow):
         """Save what the window remembers, then stop any load or session and end the model thread,
         waiting for it at most `CLOSE_WAIT_MS`: the window goes at once, and where the thread is
         still inside one stage of a load, `model_thread_ended` says so and `specdeck gui` ends the
-        process without it (`app.main`). Nothing is lost: exports and caches are written whole or
+        process without it (`specdeck.app.main`). Nothing is lost: exports and caches are written whole or
         not at all."""
         self.menus.detach()
         self.save_settings()

@@ -2,11 +2,11 @@
 tokens/s over decoding time (speculative and plain), each round's time split into drafting and
 verifying, tokens kept per round, acceptance by draft depth, and why it pays or not: this
 machine's verify cost in plain steps and the speedup it makes of the session's acceptance at each
-K, each beside a flat verify (`app.cost_series`).
+K, each beside a flat verify (`specdeck.app.cost_series`).
 
 Each chart draws a session's series (`draw(speculative, plain)`), sets its own ranges and title
 from them (so nothing of an earlier session stays), and says what its point under the mouse
-shows (`readout`). They look and behave as `app.chart_plot` says; `app.charts` lays them out
+shows (`readout`). They look and behave as `specdeck.app.chart_plot` says; `specdeck.app.charts` lays them out
 and decides when they draw.
 """
 

@@ -3,7 +3,7 @@ failed, and which field was wrong), the sessions of the last run with their even
 running, and what File > Export writes.
 
 Qt-free, as napari's models are: the Qt views subscribe to its `Emitter`s and draw; the
-controller (`app.controller`) changes it. Everything here happens in the GUI thread.
+controller (`specdeck.app.controller`) changes it. Everything here happens in the GUI thread.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class SessionModel:
     """
 
     def __init__(self) -> None:
-        self.pair = None  # `app.worker.PairInfo` of the resident pair
+        self.pair = None  # `specdeck.app.worker.PairInfo` of the resident pair
         self.spec: PairSpec | None = None  # what the resident pair was loaded from
         self.load_failure: LoadFailure | None = None
         self.activity = Activity()
@@ -166,7 +166,7 @@ class SessionModel:
         return next((r.summary for r in self.records if r.mode == mode), None)
 
     def verdict(self) -> Verdict | None:
-        """What the last run came to (`app.verdict`), once its speculative session ended."""
+        """What the last run came to (`specdeck.app.verdict`), once its speculative session ended."""
         speculative = self.summary("speculative")
         if speculative is None or self.run_info is None:
             return None

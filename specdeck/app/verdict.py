@@ -3,7 +3,7 @@ predicted one and, where they differ, why; whether greedy outputs are identical;
 user stopped, said as stopped.
 
 Qt-free and computed from the sessions' own events (`SessionModel.verdict`), never from what the
-charts happen to hold. The predicted speedup is Leviathan et al. 2023, eq. 1 (`engine.stats`);
+charts happen to hold. The predicted speedup is Leviathan et al. 2023, eq. 1 (`specdeck.engine.stats`);
 the measured one is speculative tokens/s over plain tokens/s.
 
 Why the two differ is said in the direction they differ. Both halves of a Compare run on the same
