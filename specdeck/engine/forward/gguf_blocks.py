@@ -36,7 +36,7 @@ import torch
 
 from specdeck.engine.atomic import write_text
 from specdeck.engine.forward import block_codes, row_kernel
-from specdeck.engine.forward.gguf_index import matches_path, tensors_of
+from specdeck.engine.forward.gguf_index import matches_path, release_pages, tensors_of
 from specdeck.engine.forward.linear import PathChoice
 from specdeck.engine.forward.row_kernel import QUANTIZED, QuantizedLinear, QuantizedParts
 
@@ -282,13 +282,19 @@ class FileMatrices:
                 return np.concatenate(
                     [block_codes.as_q8_0(np.asarray(t.data)[rows], t.tensor_type.name) for t, rows in pieces]
                 )
+            (tensor, rows), *others = pieces
+            if not others and np.array_equal(rows, np.arange(len(rows))):
+                return np.asarray(tensor.data)  # the mapped blocks themselves, read where they lie
             return np.concatenate([np.asarray(t.data)[rows] for t, rows in pieces])
 
         def dense(pieces=pieces, width=width) -> torch.Tensor:
             return torch.cat([torch.from_numpy(_dequantized(t, width)[rows]) for t, rows in pieces])
 
         kind = widened or pieces[0][0].tensor_type.name
-        return QuantizedLinear(blocks(), kind, width, dense, bias, source=blocks, activations=self.activations)
+        product = QuantizedLinear(blocks(), kind, width, dense, bias, source=blocks, activations=self.activations)
+        for tensor, _ in pieces:  # laid out for the kernel: the file's pages need not stay resident too
+            release_pages(tensor)
+        return product
 
     def summary(self, total: int) -> str:
         """For the products' report: how many run on the file's blocks, in which types."""

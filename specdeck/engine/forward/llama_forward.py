@@ -119,14 +119,14 @@ class LlamaForward:
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """The final norm's output (n, hidden) for token ids (n,) appended after the cached ones."""
-        return self.hidden_from_inputs(F.embedding(ids, self.weights.embed))
+        return self.hidden_from_inputs(self.weights.embedding(ids))
 
     def hidden_tree(self, ids: torch.Tensor, parents: list[int]) -> torch.Tensor:
         """`hidden` for a token tree: node i's parent is node parents[i] of this chunk, or the last
         cached token where it is -1. Each node sits at the position after its parent's and attends to
         the cached tokens and its own ancestors only; every node's keys and values are cached in
         chunk order (`compact` keeps one path)."""
-        return self.hidden_from_inputs(F.embedding(ids, self.weights.embed), parents)
+        return self.hidden_from_inputs(self.weights.embedding(ids), parents)
 
     def compact(self, path: list[int]) -> None:
         """Keep the nodes `path` (chunk indices, root first) of the last tree forward as the cached

@@ -109,7 +109,10 @@ def block_shape(kind: str) -> tuple[int, int]:
     return GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
 
 
-ACTIVATIONS = ("float32", "int8")  # how a product on GGUF blocks takes its rows (`QuantizedLinear`)
+ACTIVATIONS = ("float32", "int8")
+PACK_WEIGHTS = (
+    1 << 22
+)  # weights laid out for the 8-bit-row products at once, at most  # how a product on GGUF blocks takes its rows (`QuantizedLinear`)
 INT8_MISSING = "the row kernel has no 8-bit products for AVX-512 without VNNI"
 
 
@@ -169,10 +172,22 @@ class QuantizedLinear:
         self.out_features, self.in_features = blocks.shape[0], in_features
         self._width = -(-self.out_features // lanes) * lanes
         groups = in_features // weights
-        cut = np.zeros((self._width, groups, size), np.uint8)  # padded rows: d = m = q = 0, w = 0
-        cut[: self.out_features] = blocks.reshape(self.out_features, groups, size)
+        if self._width == self.out_features:
+            cut = blocks.reshape(self.out_features, groups, size)
+        else:
+            cut = np.zeros((self._width, groups, size), np.uint8)  # padded rows: d = m = q = 0, w = 0
+            cut[: self.out_features] = blocks.reshape(self.out_features, groups, size)
         if activations == "int8":
-            self._packed = torch.from_numpy(_pack_int8(cut.reshape(-1, lanes, groups, size), kind))
+            vectors = cut.reshape(-1, lanes, groups, size)
+            # a few vectors at a time: the layout's scratch (a byte a weight, several times) stays small
+            step = max(1, PACK_WEIGHTS // (lanes * in_features))
+            first = _pack_int8(vectors[:step], kind)
+            per_vector = len(first) // min(step, len(vectors))
+            packed = np.empty(per_vector * len(vectors), np.uint8)
+            for at in range(0, len(vectors), step):
+                laid = first if at == 0 else _pack_int8(vectors[at : at + step], kind)
+                packed[per_vector * at : per_vector * at + len(laid)] = laid
+            self._packed = torch.from_numpy(packed)
             return
         whole = self._width // block * block
         parts = [_pack(cut[:whole].reshape(-1, block, groups, size), kind)]
