@@ -36,7 +36,7 @@ import torch
 
 from specdeck.engine.atomic import write_text
 from specdeck.engine.forward import block_codes, row_kernel
-from specdeck.engine.forward.gguf_index import matches_path, release_pages, tensors_of
+from specdeck.engine.forward.gguf_index import matches_path, tensors_of
 from specdeck.engine.forward.linear import PathChoice
 from specdeck.engine.forward.row_kernel import QUANTIZED, QuantizedLinear, QuantizedParts
 
@@ -293,7 +293,7 @@ class FileMatrices:
         kind = widened or pieces[0][0].tensor_type.name
         product = QuantizedLinear(blocks(), kind, width, dense, bias, source=blocks, activations=self.activations)
         for tensor, _ in pieces:  # laid out for the kernel: the file's pages need not stay resident too
-            release_pages(tensor)
+            row_kernel.release_pages(tensor.data)
         return product
 
     def summary(self, total: int) -> str:

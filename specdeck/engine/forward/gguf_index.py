@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import mmap
 import struct
 import sys
 from dataclasses import dataclass
@@ -45,26 +44,6 @@ class IndexedTensor:
 def tensors_of(path: Path) -> dict[str, IndexedTensor]:
     """The file's tensors by name, from the cached index where it matches the file."""
     return _mapped(path, _index(path))
-
-
-def release_pages(tensor: IndexedTensor) -> None:
-    """Drop the pages of `tensor`'s bytes that this process has read from its mapping: once its blocks
-    are laid out for the products, they would otherwise stay resident beside the copy (a 1.7B file's
-    gigabyte twice). The mapping is of the file, read-only, so nothing is lost: a later read takes
-    the pages again from the page cache or the disk. Pages shared with the neighbouring tensors go
-    too, for the same reason."""
-    root: Any = tensor.data
-    while not isinstance(root, mmap.mmap) and getattr(root, "base", None) is not None:
-        root = root.base
-    if not isinstance(root, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
-        return  # not a mapping of the file (or no madvise here): nothing to drop
-    start = tensor.data.ctypes.data - np.frombuffer(root, dtype=np.uint8).ctypes.data
-    first = start // mmap.PAGESIZE * mmap.PAGESIZE
-    end = min(start + tensor.data.nbytes, len(root))
-    try:
-        root.madvise(mmap.MADV_DONTNEED, first, end - first)
-    except (OSError, ValueError) as error:  # only costs memory
-        log.info("the pages of %s were kept: %s", tensor.name, error)
 
 
 def file_type(path: Path) -> str:

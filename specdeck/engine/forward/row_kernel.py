@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
+import mmap
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from specdeck.engine.forward import block_codes, block_groups
 from specdeck.engine.forward.kernel_build import library
+
+log = logging.getLogger(__name__)
 
 
 def unavailable(weight: torch.Tensor) -> str | None:
@@ -187,6 +192,7 @@ class QuantizedLinear:
             for at in range(0, len(vectors), step):
                 laid = first if at == 0 else _pack_int8(vectors[at : at + step], kind)
                 packed[per_vector * at : per_vector * at + len(laid)] = laid
+                release_pages(vectors[at : at + step])
             self._packed = torch.from_numpy(packed)
             return
         whole = self._width // block * block
@@ -245,6 +251,27 @@ class QuantizedParts:
     def dense(self) -> torch.Tensor:
         """The decoded weight matrix (out, in), float32: a new tensor."""
         return torch.cat([part.dense() for part in self.parts])
+
+
+def release_pages(blocks: np.ndarray) -> None:
+    """Drop the pages of `blocks` that this process has read, where they are a view of a file's
+    mapping (gguf-py's and `engine.gguf_index`'s are): once laid out for the kernel, they would
+    otherwise stay resident beside their copy (a 1.7B file's gigabyte twice). The mapping is of the
+    file, read-only, so nothing is lost: a later read takes the pages again from the page cache or
+    the disk; pages shared with neighbouring bytes go too, for the same reason. Anything else (an
+    array of its own) is left alone."""
+    root: Any = blocks
+    while not isinstance(root, mmap.mmap) and getattr(root, "base", None) is not None:
+        root = root.base
+    if not isinstance(root, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or not blocks.size:
+        return
+    start = blocks.ctypes.data - np.frombuffer(root, dtype=np.uint8).ctypes.data
+    first = start // mmap.PAGESIZE * mmap.PAGESIZE
+    end = min(start + blocks.nbytes, len(root))
+    try:
+        root.madvise(mmap.MADV_DONTNEED, first, end - first)
+    except (OSError, ValueError) as error:  # only costs memory
+        log.info("mapped pages were kept: %s", error)
 
 
 def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:

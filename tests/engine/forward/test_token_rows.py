@@ -1,6 +1,8 @@
 """A GGUF model's token embedding read from the file's blocks on lookup (`engine.token_rows`): the
 rows have the bits of the whole table's dequantization, and a model read in place holds no
-float32 copy of it (nor of any other matrix)."""
+float32 copy of it (nor of any other matrix), nor the file's pages it has laid out."""
+
+import os
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from tiny import PACKED_PATHS
 from specdeck.engine.forward import token_rows
 from specdeck.engine.forward.gguf_index import tensors_of
 from specdeck.engine.forward.lean_weights import output_weight, restore, weights_of
+from specdeck.engine.forward.row_kernel import release_pages
 from specdeck.engine.forward.token_rows import TokenRows
 from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.models import LoadOptions, load_model
@@ -51,3 +54,27 @@ def test_a_model_read_in_place_holds_no_float32_matrix():
     assert torch.equal(model.get_input_embeddings()(ids), table[ids])
     restore(model)
     assert torch.equal(model.get_input_embeddings().weight, table)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="resident memory is read from Linux's /proc")
+def test_pages_of_a_mapped_file_are_dropped_once_read_and_read_again_unchanged(tmp_path):
+    """Blocks read through a file's mapping stop counting in the process's resident memory once
+    released, and read back the same bytes afterwards; an array of its own is left alone."""
+    path = tmp_path / "blocks.bin"
+    values = np.random.default_rng(0).integers(0, 256, 32 << 20, dtype=np.uint8)
+    values.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")[4096:].reshape(-1, 4096)
+    before = int(mapped.sum(dtype=np.int64))  # every page read
+    resident = _resident_file_kb()
+    release_pages(mapped)
+    assert _resident_file_kb() < resident - 16 * 1024
+    assert int(mapped.sum(dtype=np.int64)) == before and np.array_equal(mapped.reshape(-1), values[4096:])
+    own = values.copy()
+    release_pages(own)
+    assert np.array_equal(own, values)
+
+
+def _resident_file_kb() -> int:
+    """This process's resident pages of mapped files, in kB."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssFile:"))
