@@ -9,7 +9,9 @@ The weights are those of gguf-py's dequantization (llama.cpp's `dequantize_row_*
 `layout` lays a matrix's blocks out per vector of columns and group (the C comment above
 `X_BYTES` draws it): the quants' low 4 bits two to a byte, their 5th (and 6th) bits in words
 whose shifts put them in place, and the scales as the file stores them (the K-quants' d and dmin
-once a block of 256, their sc and mn a byte each), so the layout takes the file's bytes.
+once a block of 256, their sc and mn a byte each), so the layout takes the file's bytes. The
+kernel lays blocks out itself (`row_kernel_lay_out`, the same bytes without numpy's scratch of a
+byte a weight); `layout` states the layout, and the tests hold the kernel's to it.
 """
 
 from __future__ import annotations

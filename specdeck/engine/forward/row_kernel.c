@@ -24,6 +24,7 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Sums of a vector's lanes, always in the same order. */
 static inline float hsum4(__m128 s4) {
@@ -845,6 +846,87 @@ typedef void (*xkernel_fn)(const int8_t *, const float *, const float *, const i
 X_KERNELS(X_Q4_0) X_KERNELS(X_Q5_0) X_KERNELS(X_Q5_1) X_KERNELS(X_Q4_K) X_KERNELS(X_Q5_K) X_KERNELS(X_Q6_K)
 static const xkernel_fn X_KERNEL_TABLE[X_TYPES][RI + 1] = {X_NAMES(X_Q4_0), X_NAMES(X_Q5_0), X_NAMES(X_Q5_1),
                                                           X_NAMES(X_Q4_K), X_NAMES(X_Q5_K), X_NAMES(X_Q6_K)};
+/* One column's group g (of 32 weights) of a row of `type` blocks at `row`: its quants q (0 to 63)
+ * and its scale fields (`fields`, 1 or 2 of `field` bytes each: d (and m) float16, or the K-quants'
+ * sc and mn, Q6_K's sc_lo and sc_hi, a byte each), as `block_groups.groups_of` reads them. */
+static void x_group(int type, const uint8_t *row, long g, uint8_t *q, uint8_t fields[2][2]) {
+    static const int size[X_TYPES] = {18, 22, 24, 144, 176, 210};
+    if (type <= X_Q5_1) {
+        const uint8_t *b = row + g * size[type];
+        const uint8_t *qs = b + (type == X_Q4_0 ? 2 : type == X_Q5_0 ? 6 : 8);
+        uint32_t qh = 0;
+        if (type != X_Q4_0) memcpy(&qh, b + (type == X_Q5_0 ? 2 : 4), 4);
+        for (int i = 0; i < 32; i++) q[i] = (uint8_t)(((i < 16 ? qs[i] : qs[i - 16] >> 4) & 15) | ((qh >> i) & 1) << 4);
+        memcpy(fields[0], b, 2);
+        if (type == X_Q5_1) memcpy(fields[1], b + 2, 2);
+        return;
+    }
+    const uint8_t *b = row + g / 8 * size[type];
+    long j = g % 8;
+    if (type == X_Q6_K) {
+        for (int i = 0; i < 32; i++) {
+            long f = j * 32 + i, h = f / 128;
+            uint8_t low = (uint8_t)(b[h * 64 + f % 64] >> (4 * (f % 128 / 64)) & 15);
+            uint8_t high = (uint8_t)(b[128 + h * 32 + f % 32] >> (2 * (f % 128 / 32)) & 3);
+            q[i] = (uint8_t)(low | high << 4);
+        }
+        fields[0][0] = b[192 + 2 * j], fields[1][0] = b[193 + 2 * j];
+        return;
+    }
+    const uint8_t *scales = b + 4, *qs = b + (type == X_Q4_K ? 16 : 48);
+    for (int i = 0; i < 32; i++) {
+        q[i] = (uint8_t)(qs[j / 2 * 32 + i] >> (4 * (j % 2)) & 15);
+        if (type == X_Q5_K) q[i] |= (uint8_t)((b[16 + i] >> j & 1) << 4);
+    }
+    /* llama.cpp's get_scale_min_k4 */
+    fields[0][0] = (uint8_t)(j < 4 ? scales[j] & 63 : (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4);
+    fields[1][0] = (uint8_t)(j < 4 ? scales[j + 4] & 63 : (scales[j + 4] >> 4) | (scales[j] >> 6) << 4);
+}
+
+/* Bytes `row_kernel_lay_out` writes for `vectors` vectors of columns `groups` groups of 32 deep. */
+long row_kernel_laid_bytes(int kind, long vectors, long groups) { return vectors * vector_bytes(kind, groups); }
+
+/* Rows of GGUF blocks of kind 12 to 17 (`vectors` LANES rows each, `groups` groups of 32 deep, each
+ * row `row_bytes` long) into the layout above, at out: `block_groups.layout`'s bytes, without its
+ * scratch of a byte a weight. */
+void row_kernel_lay_out(int kind, const uint8_t *rows, long vectors, long groups, long row_bytes, uint8_t *out) {
+    const int type = kind - X_FIRST, super = type >= X_Q4_K;
+    const int count = type == X_Q5_1 || super ? 2 : 1, width = super ? 1 : 2;
+    const int high = type == X_Q5_0 || type == X_Q5_1 || type == X_Q5_K ? 1 : type == X_Q6_K ? 2 : 0;
+    static const int header[X_TYPES] = {0, 0, 0, 2, 2, 1}; /* float16 fields ahead of a K-quant block */
+    for (long v = 0; v < vectors; v++) {
+        const uint8_t *first = rows + v * LANES * row_bytes;
+        for (long g = 0; g < groups; g++) {
+            if (super && g % 8 == 0)
+                for (int f = 0; f < header[type]; f++)
+                    for (int lane = 0; lane < LANES; lane++, out += 2) {
+                        const uint8_t *b = first + lane * row_bytes + g / 8 * (type == X_Q6_K ? 210 : type == X_Q4_K ? 144 : 176);
+                        memcpy(out, type == X_Q6_K ? b + 208 : b + 2 * f, 2);
+                        if (f == 1) out[1] ^= 0x80; /* -dmin: the sign bit flipped */
+                    }
+            uint8_t q[LANES][32], fields[LANES][2][2];
+            for (int lane = 0; lane < LANES; lane++) x_group(type, first + lane * row_bytes, g, q[lane], fields[lane]);
+            for (int f = 0; f < count; f++)
+                for (int lane = 0; lane < LANES; lane++, out += width) memcpy(out, fields[lane][f], width);
+            for (int word = 0; word < high; word++) /* H (Q5), or H0 then H1 (Q6_K) */
+                for (int lane = 0; lane < LANES; lane++)
+                    for (int byte = 0; byte < 4; byte++, out++) {
+                        uint8_t h = 0;
+                        for (int u = 0; u < 4; u++) {
+                            if (high == 1)
+                                h |= (uint8_t)((q[lane][4 * u + byte] >> 4) << u | (q[lane][16 + 4 * u + byte] >> 4) << (u + 4));
+                            else
+                                h |= (uint8_t)((q[lane][16 * word + 4 * u + byte] >> 4) << (2 * u));
+                        }
+                        *out = h;
+                    }
+            for (int u = 0; u < 4; u++) /* the low 4 bits: run u, each column's bytes 4u .. 4u + 3 */
+                for (int lane = 0; lane < LANES; lane++)
+                    for (int byte = 0; byte < 4; byte++, out++)
+                        *out = (uint8_t)((q[lane][4 * u + byte] & 15) | (q[lane][16 + 4 * u + byte] & 15) << 4);
+        }
+    }
+}
 /* ---- end of the 8-bit-row products for Q4_0 .. Q6_K ---- */
 
 /* A thread's own copy of the rows in 8 bits (every thread quantizes all rows: a few thousand
