@@ -5,7 +5,7 @@ CSV row per token. Shared by the window and the benchmark.
 Counts and token ids are in the target's tokenizer; the `draft_tokens` and `draft_q` columns hold
 what a draft with a tokenizer of its own wrote, in its tokenizer (`TOKENIZERS` says so in the JSON).
 
-Every write goes through `engine.atomic`: a failed or interrupted export never leaves a
+Every write goes through `specdeck.engine.atomic`: a failed or interrupted export never leaves a
 half-written file.
 """
 
@@ -43,9 +43,11 @@ ROUND_COLUMNS = (
     "network_ms",
     "server_ms",
     "server_cache_hit",
+    "recomputed_tokens",
 )
-# network_ms, server_ms, server_cache_hit: a remote target's split of verify_ms (`RoundEvent`); blank
-# for a local target, and server_ms and server_cache_hit also where the server does not report them
+# network_ms, server_ms, server_cache_hit, recomputed_tokens: a remote target's split of verify_ms and
+# the prompt tokens its server computed (`RoundEvent`); blank for a local target, and all but
+# network_ms also where the server does not report them
 # pos: where a kept token stands or a draft was proposed; acceptance_probability: min(1, p/q), only
 # for drafts the rule judged (accepted, rejected), blank for discarded drafts and the target's tokens
 TOKEN_COLUMNS = (
@@ -104,7 +106,7 @@ class RunInfo:
     chat: bool
     prompt: str
     extra_versions: dict[str, str] = field(default_factory=dict)
-    vocabulary: str = ""  # the pair's vocabulary case (`engine.vocabulary.VocabularyMatch.describe`)
+    vocabulary: str = ""  # the pair's vocabulary case (`specdeck.engine.drafting.vocabulary.VocabularyMatch.describe`)
     # what ran the target, in words: "Q4_1 blocks on the row kernel (8-bit rows)", "float32", "llama.cpp Q4_1"
     backend: str = "float32"  # (`LoadedModel.runs`)
 
@@ -160,6 +162,7 @@ def rounds_csv(records: list[SessionRecord]) -> str:
                     _optional_ms(r.network_ms),
                     _optional_ms(r.server_ms),
                     "" if r.server_cache_hit is None else str(r.server_cache_hit).lower(),
+                    "" if r.recomputed_tokens is None else r.recomputed_tokens,
                 )
             )
     return out.getvalue()

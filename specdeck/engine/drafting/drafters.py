@@ -2,18 +2,18 @@
 
 A drafter sees every kept token and proposes up to k more, with the distribution q each was
 drawn from. The decoding loop needs nothing else, so new drafters (a trained head, an early exit)
-slot in by implementing `Drafter` (what they hand the loop: `engine.drafting.proposals`).
-- `engine.drafting.draft_model.DraftModelDrafter`: a smaller model of the same vocabulary, with
+slot in by implementing `Drafter` (what they hand the loop: `specdeck.engine.drafting.proposals`).
+- `specdeck.engine.drafting.draft_model.DraftModelDrafter`: a smaller model of the same vocabulary, with
   its own KV cache.
-- `engine.head_drafter.FeatureHeadDrafter`: a head of a decoder layer or two on the target's own
-  last hidden state (EAGLE, `engine.heads`); the decoding loop hands it the target's states for
+- `specdeck.engine.drafting.head_drafter.FeatureHeadDrafter`: a head of a decoder layer or two on the target's own
+  last hidden state (EAGLE, `specdeck.engine.drafting.heads`); the decoding loop hands it the target's states for
   every kept token.
 - `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
-- `SuffixDrafter` and `HybridDrafter` (`engine.suffix_drafting`): the most frequent continuation
+- `SuffixDrafter` and `HybridDrafter` (`specdeck.engine.drafting.suffix_drafting`): the most frequent continuation
   after the longest earlier match, in this request's text and in earlier ones (SuffixDecoding,
   Oliaro et al. 2024); no model either, or, in the hybrid, copies before a model drafter.
-- `engine.cross_vocab.CrossVocabularyDrafter`: a draft model with a tokenizer of its own.
+- `specdeck.engine.drafting.cross_vocab.CrossVocabularyDrafter`: a draft model with a tokenizer of its own.
 
 Prompt lookup lives here beside the interface: it is what copies from the text before any
 other drafter (`Drafter.copier`).
@@ -37,7 +37,7 @@ class Drafter(ABC):
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
     feature_layers: tuple[int, ...] = ()  # and the residual streams after these many target layers
     module: torch.nn.Module | LlamaCppModel | None = None  # the model that drafts (what its measured cost is cached by)
-    context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
+    context_length: int | None = None  # positions a model drafter was trained on (`specdeck.engine.context`)
     copies_text = False  # True: it drafts by copying from the text, so nothing copies before it
     # this round's reach floors (`Shape.floors`): a model drafter's chain stops before depth d + 1
     # where the product of its top probabilities so far falls below floors[d]

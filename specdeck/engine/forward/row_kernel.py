@@ -3,7 +3,7 @@
 It streams the weights faster than oneDNN's packed product, and eight rows cost little more than
 one: it reads each weight block once, front to back, prefetching ahead, and does up to eight rows'
 arithmetic while the block is in cache. Each output is one sum over the inner dimension in order,
-so a row's bits do not depend on the rows beside it (`engine.linear` checks that too before using
+so a row's bits do not depend on the rows beside it (`specdeck.engine.forward.linear` checks that too before using
 it). Its attention (`attend`) gives a step's and a verify's queries the same property, each query
 reading only its own slots.
 """
@@ -255,7 +255,7 @@ class QuantizedParts:
 
 def release_pages(blocks: np.ndarray) -> None:
     """Drop the pages of `blocks` that this process has read, where they are a view of a file's
-    mapping (gguf-py's and `engine.gguf_index`'s are): once laid out for the kernel, they would
+    mapping (gguf-py's and `specdeck.engine.forward.gguf_index`'s are): once laid out for the kernel, they would
     otherwise stay resident beside their copy (a 1.7B file's gigabyte twice). The mapping is of the
     file, read-only, so nothing is lost: a later read takes the pages again from the page cache or
     the disk; pages shared with neighbouring bytes go too, for the same reason. Anything else (an
@@ -300,9 +300,9 @@ def _pack_int8(vectors: np.ndarray, kind: str, built: ctypes.CDLL) -> np.ndarray
     """Vectors of columns (count, lanes, groups, bytes) of GGUF blocks in the layout of the kernel's
     8-bit-activation products (`row_kernel.c`): per vector, per group of 32, the columns' scales
     (and minimums), then runs of 4 quant bytes a column (Q8_0's offset by 128, unsigned); the
-    other types as `block_groups.layout` lays them out, by the kernel's own `row_kernel_lay_out`
-    (the same bytes in a fraction of the time: numpy's takes a byte of scratch a weight, several
-    times over, and most of a 1.7B model's load)."""
+    other types as `specdeck.engine.forward.block_groups.layout` lays them out, by the kernel's own
+    `row_kernel_lay_out` (the same bytes in a fraction of the time: numpy's takes a byte of scratch
+    a weight, several times over, and most of a 1.7B model's load)."""
     if kind in block_groups.TYPES:
         count, lanes, blocks, size = vectors.shape
         groups = blocks * block_shape(kind)[0] // 32

@@ -1,6 +1,6 @@
 """A token embedding read from a GGUF file's blocks, a few rows at a time.
 
-A model read in place (`engine.loading.gguf_in_place`) keeps its matrices in the file's blocks. Its
+A model read in place (`specdeck.engine.loading.gguf_in_place`) keeps its matrices in the file's blocks. Its
 token embedding is one of the largest: 400 MB in float32 for a 1.7B model, against 83 MB in the
 file's Q6_K blocks. A lookup reads a few rows (a step's token, a verify's few, a prompt's), so the
 table is never dequantized whole: each lookup dequantizes only the rows it reads, with gguf-py's
@@ -11,7 +11,7 @@ microseconds) is a tenth of a small model's step.
 
 `BlockEmbedding` puts such a table where a Hugging Face model keeps its `nn.Embedding`: its weight is
 a placeholder of the table's shape (no memory), its lookups the file's rows, and `dense` gives the
-whole table for a reader that needs it (`engine.lean_weights.restore`).
+whole table for a reader that needs it (`specdeck.engine.forward.lean_weights.restore`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class TokenRows:
     """The rows of a GGUF file's embedding tensor, dequantized on lookup (float32)."""
 
     def __init__(self, tensor, order: np.ndarray | None = None) -> None:
-        """`tensor`: a memory-mapped tensor (`gguf_index.IndexedTensor`); `order`: the file's row of
+        """`tensor`: a memory-mapped tensor (`specdeck.engine.forward.gguf_index.IndexedTensor`); `order`: the file's row of
         each of the model's rows, where a loader reorders them (None: the same order)."""
         self._tensor = tensor
         self.count, self.width = (int(n) for n in reversed(tensor.shape))

@@ -1,20 +1,22 @@
 """A GGUF model built on its file's own blocks: no float32 copy written, none held.
 
-Where the row kernel reads every large matrix of a file (`row_kernel.QUANTIZED`) the products run
-on the file's blocks anyway (`engine.gguf_blocks`), so dequantizing the file into a float32 folder
-first (`engine.gguf_conversion`: 540 MB and about 20 s for the built-in 135M model, 6.8 GB for a
-1.7B one) only costs time and disk. Here the model is built from the file's metadata (transformers
-reads a GGUF file's config), its small tensors (norms, biases) are dequantized as transformers'
-GGUF loader dequantizes them, and each large matrix is left a placeholder of its shape whose
-product the lean forward takes straight from the memory-mapped blocks. The token embedding stays
-in the file's blocks too (`engine.token_rows`): a lookup dequantizes the rows it reads (a float32
-table would be 400 MB for a 1.7B model), and a tied output layer multiplies on those blocks.
+Where the row kernel reads every large matrix of a file
+(`specdeck.engine.forward.row_kernel.QUANTIZED`) the products run on the file's blocks anyway
+(`specdeck.engine.forward.gguf_blocks`), so dequantizing the file into a float32 folder first
+(`specdeck.engine.loading.gguf_conversion`: 540 MB and about 20 s for the built-in 135M model, 6.8
+GB for a 1.7B one) only costs time and disk. Here the model is built from the file's metadata
+(transformers reads a GGUF file's config), its small tensors (norms, biases) are dequantized as
+transformers' GGUF loader dequantizes them, and each large matrix is left a placeholder of its
+shape whose product the lean forward takes straight from the memory-mapped blocks. The token
+embedding stays in the file's blocks too (`specdeck.engine.forward.token_rows`): a lookup
+dequantizes the rows it reads (a float32 table would be 400 MB for a 1.7B model), and a tied output
+layer multiplies on those blocks.
 
 llama.cpp's converter reorders the query and key rows of Llama models for its rotary; transformers'
 loader puts them back (its `TensorProcessor`). The same processor, run on row numbers instead of
 weights, gives the order in which the products take the file's rows: the in-place model's logits
 are the converted model's, bit for bit. Hugging Face's own forward (the benchmark's `generate()`)
-brings the float32 matrices back from the blocks the first time it runs (`engine.lean_weights`).
+brings the float32 matrices back from the blocks the first time it runs (`specdeck.engine.forward.lean_weights`).
 """
 
 from __future__ import annotations

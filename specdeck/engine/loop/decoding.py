@@ -21,13 +21,13 @@ attention). Where d_1 is refused they are tried in turn before the correction (g
 target's token one of them; sampled: each against the residual, `verify`); an accepted one is
 kept and its own row gives the bonus. The round is the same: draft, verify, accept, correct or bonus.
 
-KV cache (`engine.kvcache`): between rounds it holds every kept token but the newest, x_t, which
+KV cache (`specdeck.engine.forward.kvcache`): between rounds it holds every kept token but the newest, x_t, which
 opens the next forward. After a refusal at d_{m+1} it keeps x_t and d_1..d_m, the inputs whose
 rows decided a kept token, and drops the refused drafts and anything after them (in a tree, the
 branches not taken); the correction or bonus is the new newest token, cached by the next round.
 
-What is not the algorithm lives in `engine.rounds` (where drafts come from, the K schedule, the
-target's forwards and a feature head's hidden states, timing) and `engine.transcript` (events).
+What is not the algorithm lives in `specdeck.engine.loop.rounds` (where drafts come from, the K schedule, the
+target's forwards and a feature head's hidden states, timing) and `specdeck.engine.loop.transcript` (events).
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ def generate(
 
     Setting `cancel` stops the session at the next round boundary, keeping what was generated.
     Prompt and answer stay within the context of the target (and of a draft model): a longer
-    prompt is refused or cut (`engine.context.fit_prompt`), an answer stops at its end.
-    A remote target's server failing (`engine.remote_http.ServerFault`, or another `SpecDeckError`
+    prompt is refused or cut (`specdeck.engine.context.fit_prompt`), an answer stops at its end.
+    A remote target's server failing (`specdeck.engine.remote.remote_http.ServerFault`, or another `SpecDeckError`
     from a round's request) ends the session with stop reason "server_error": its summary, with the
     text so far, comes out before the error is raised.
     """

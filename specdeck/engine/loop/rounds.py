@@ -1,13 +1,13 @@
-"""What a decoding round works with, besides the rule that judges its drafts (`engine.decoding`).
+"""What a decoding round works with, besides the rule that judges its drafts (`specdeck.engine.loop.decoding`).
 
 - `Drafts`: where a round's drafts come from: the drafter's copier (prompt lookup, a hybrid's
   suffix drafter) where the text repeats itself, else the drafter; in a tree round, the other
   first tokens it found likely beside its first draft.
 - `Schedule`: how much each round drafts (`DecodeConfig.schedule`; the auto planner is
-  `engine.autotune.RoundPlanner`).
+  `specdeck.engine.planner.autotune.RoundPlanner`).
 - `TargetForward`: the target's forwards over its KV cache, with the cache's invariant kept after
   every round, and the target's hidden states handed to a drafter that reads them (a feature head).
-- `RemoteForward`: the same for a target on a server (`engine.remote_target`): one request a round.
+- `RemoteForward`: the same for a target on a server (`specdeck.engine.remote.remote_target`): one request a round.
 - `Clock`: the round's draft and verify times, read after a device synchronisation.
 """
 
@@ -125,7 +125,7 @@ class Drafts:
 
 
 class Schedule:
-    """Each round's shape. `auto`: the planner's (`engine.autotune`); `constant`: K drafts every
+    """Each round's shape. `auto`: the planner's (`specdeck.engine.planner.autotune`); `constant`: K drafts every
     round; `heuristic`: K + 2 after a round whose drafts all passed, K - 1 after one with a refusal,
     within [1, max_k]. A round that copies from the text (`Drafts`) copies up to `copy_length` tokens."""
 
@@ -156,7 +156,7 @@ class Schedule:
             # where the first kept token stood among the drafter's candidates (0: its first draft).
             # Greedy: the target's argmax. Sampled: after a refused first draft it follows the residual,
             # so it is among the first w candidates exactly as often as a tree of width w would accept
-            # an alternative (`engine.decoding.verify`).
+            # an alternative (`specdeck.engine.loop.decoding.verify`).
             rank = draft.proposal.rank(first) if n and not copied else None
             self.planner.record(
                 shape,
@@ -181,7 +181,7 @@ class Schedule:
 
 
 class TargetForward:
-    """The target over its KV cache (`engine.kvcache`), whose invariant holds between rounds: the
+    """The target over its KV cache (`specdeck.engine.forward.kvcache`), whose invariant holds between rounds: the
     cache holds every kept token but the newest, which opens the next round's forward.
 
     A drafter that drafts from the target's last hidden states (`Drafter.needs_states`, a feature
@@ -245,7 +245,7 @@ class TargetForward:
 
 
 class RemoteForward:
-    """The target's forwards on a server (`engine.remote_target`), with `TargetForward`'s methods:
+    """The target's forwards on a server (`specdeck.engine.remote.remote_target`), with `TargetForward`'s methods:
     `held` plays the KV cache's part (every kept token but the newest), and each round sends it with
     the newest kept token and the drafts in one request. The server's own prefix cache is what keeps
     a round near K + 1 tokens of work there (`ServerTime.cache_hit`)."""
@@ -309,7 +309,7 @@ def target_forward(target: LoadedModel | RemoteTarget, drafter: Drafter | None) 
 
 
 class Clock:
-    """A round's times. A reading that ends device work first synchronises (`engine.kvcache`), so
+    """A round's times. A reading that ends device work first synchronises (`specdeck.engine.forward.kvcache`), so
     that queued kernels count where they ran; a round's start does not need to, since the last
     reading left nothing queued."""
 

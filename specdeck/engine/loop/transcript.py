@@ -1,5 +1,5 @@
-"""A session told as events (`engine.events`): each round's token events in the order a reader
-meets them, its `RoundEvent`, and the summary, with the kept text and the counts (`engine.stats`).
+"""A session told as events (`specdeck.engine.events`): each round's token events in the order a reader
+meets them, its `RoundEvent`, and the summary, with the kept text and the counts (`specdeck.engine.stats`).
 
 Per round: the kept tokens in order (the accepted drafts, then the target's own token: resampled
 after a refusal, a bonus after a round whose drafts all passed, plain without drafts); the refused
@@ -52,7 +52,7 @@ class Verdict:
     of them drafts, the last the target's own, in state `last`), each one's p and q (None where
     nothing drafted it), and the refused drafts, each shown before the kept token at its position or,
     past the kept drafts, before kept token `first_refused`. A draft with a tokenizer of its own
-    (`engine.cross_vocab`) adds what it wrote for each kept draft; a sampled tree's accepted
+    (`specdeck.engine.drafting.cross_vocab`) adds what it wrote for each kept draft; a sampled tree's accepted
     alternative, the chance it had (`Refused.chance`)."""
 
     kept: list[int]
@@ -76,7 +76,7 @@ class Verdict:
         logits: torch.Tensor,
         config: DecodeConfig,
     ) -> Verdict:
-        """The verdict on `draft` whose chain passed its first m drafts (`engine.decoding.verify`,
+        """The verdict on `draft` whose chain passed its first m drafts (`specdeck.engine.loop.decoding.verify`,
         which gave p for the chain's rows), where the round keeps the forward's inputs `path` and
         then `token`."""
         n = len(draft.tokens)
@@ -129,7 +129,7 @@ def _refused_alternatives(
     """A tree's alternatives not kept, all at depth 1 with the first row's p and q, and the chance
     of the kept one where a sampled round kept one. Greedy: the target's argmax decided them all at
     once, rejected (a greedy round shows them where its first draft was refused). Sampled
-    (`engine.decoding.verify`): tried in turn only after the first draft was refused; those tried
+    (`specdeck.engine.loop.decoding.verify`): tried in turn only after the first draft was refused; those tried
     before the kept one, or all if none was kept, rejected, with the chance each had against the
     residual; the rest never judged, discarded."""
     alternatives = draft.alternatives
@@ -271,6 +271,7 @@ class Transcript:
             network_ms=server.network_ms if server else None,
             server_ms=server.server_ms if server else None,
             server_cache_hit=server.cache_hit if server else None,
+            recomputed_tokens=server.recomputed_tokens if server else None,
         )
         out: list[Event] = [*events, round_event]
         for event in out:

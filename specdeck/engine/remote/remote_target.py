@@ -1,7 +1,7 @@
 """A target served over an OpenAI-compatible HTTP API (vLLM, SGLang, llama-cpp-python's server): the
 local drafter proposes, and one request per round asks the server for the target's
 log-probabilities at every drafted position and after the last, which is all that greedy
-verification needs (`engine.decoding.verify`; Leviathan et al. 2023 with temperature 0).
+verification needs (`specdeck.engine.loop.decoding.verify`; Leviathan et al. 2023 with temperature 0).
 
 Round i of a session sends the kept tokens x_1..x_t and the drafts d_1..d_K; the answer gives, for
 rows r = 0..K, the server's top log-probabilities after x_1..x_t, d_1..d_r. Each row becomes a logit
@@ -10,18 +10,24 @@ probability the server did not list, so that p is exact for the listed tokens an
 server's. Sampling would need the whole distribution, which these servers return only as top-k:
 a remote target decodes greedily, and refuses sampling saying so.
 
-How each server is asked (`owned_by` in its `/v1/models` answer says which one it is):
-- vLLM: `/v1/completions` with the prompt as token ids and `prompt_logprobs` (its extension).
-- SGLang: `/generate` with `input_ids`, `return_logprob`, `logprob_start_len`, `top_logprobs_num`.
-- otherwise, llama-cpp-python's server: `/v1/completions` with `echo` and `logprobs`. It takes
-  text only, so the text is first sent to its `/extras/tokenize` to check that the server reads
-  back the very ids SpecDeck holds; drafts it would read otherwise are cut off before the round.
-  Its answer names tokens by their text; a text several tokens share is resolved to the draft at
-  that position where it is one of them, else to the end-of-text token for the empty text, else to
-  the token SpecDeck's tokenizer writes for that text.
+How each server is asked (`owned_by` in its `/v1/models` answer says which one it is), with
+`RemoteSettings.verify` "score" (the drafts scored as prompt) or "continue" (the server's own
+greedy continuation compared with the drafts, `remote_continuation`); "auto" takes the way whose
+round does not recompute the whole context on that server:
+- SGLang (auto: score): `/generate` with `input_ids`, `return_logprob`, `logprob_start_len`,
+  `top_logprobs_num`, which scores the new positions after its radix cache's prefix.
+- vLLM (auto: continue): `/v1/completions` with the prompt as token ids, and `prompt_logprobs`
+  (its extension) to score, which skips its prefix cache.
+- otherwise, llama-cpp-python's server (auto: continue): `/v1/completions`, with `echo` and
+  `logprobs` to score, which turns every prompt position into log-probabilities in Python. It
+  takes text only, so the text is first sent to its `/extras/tokenize` to check that the server
+  reads back the very ids SpecDeck holds; drafts it would read otherwise are cut off before the
+  round. Its answer names tokens by their text; a text several tokens share is resolved to the
+  draft at that position where it is one of them, else to the end-of-text token for the empty
+  text, else to the token SpecDeck's tokenizer writes for that text.
 llama-cpp-python's server and vLLM are tested against real servers here
-(tests/engine/remote/test_remote.py, tests/engine/remote/test_remote_vllm.py); the SGLang requests follow its
-documented API (docs/remote.md).
+(tests/engine/remote/test_remote_target.py, tests/engine/remote/test_remote_target_vllm.py); SGLang
+against a fake server that answers as its documented API does (docs/remote.md).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import torch
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.remote.remote_answers import ModelList
+from specdeck.engine.remote.remote_continuation import EchoContinuing, VllmContinuing
 from specdeck.engine.remote.remote_http import Endpoint, ServerFault, redact
 from specdeck.engine.remote.remote_scoring import EchoScoring, Scoring, ServerTime, SglangScoring, VllmScoring
 
@@ -48,6 +55,7 @@ class RemoteSettings:
     url: str
     model: str
     timeout_s: float
+    verify: str = "auto"  # "score", "continue" or "auto" (module docstring)
 
 
 class RemoteTarget:
@@ -70,6 +78,7 @@ class RemoteTarget:
         self.scoring = scoring
         self.server = server  # which API the requests follow: "vllm", "sglang" or "llama-cpp-python"
         self.vocab_width = len(tokenizer)
+        self.note = getattr(scoring, "note", "")  # what to say before a session: how a round is verified
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -162,8 +171,19 @@ def connect(settings: RemoteSettings, tokenizer) -> RemoteTarget:
             + "pass one of those as --target-model."
         )
     owner = (models[names.index(settings.model)].owned_by or "").lower()
-    if owner == "vllm":
-        return RemoteTarget(settings, tokenizer, endpoint, VllmScoring(TOP_LOGPROBS, len(tokenizer)), "vllm")
-    if owner == "sglang":
-        return RemoteTarget(settings, tokenizer, endpoint, SglangScoring(TOP_LOGPROBS, len(tokenizer)), "sglang")
-    return RemoteTarget(settings, tokenizer, endpoint, EchoScoring(tokenizer, TOP_LOGPROBS), "llama-cpp-python")
+    server = owner if owner in ("vllm", "sglang") else "llama-cpp-python"
+    return RemoteTarget(settings, tokenizer, endpoint, _scoring(server, settings.verify, tokenizer), server)
+
+
+def _scoring(server: str, verify: str, tokenizer) -> Scoring:
+    """How a round is verified on `server` (module docstring)."""
+    if verify not in ("auto", "score", "continue"):
+        raise SpecDeckError(f"A remote round verifies by 'auto', 'score' or 'continue', not {verify!r}.")
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    if server == "sglang":
+        if verify == "continue":
+            raise SpecDeckError("SGLang scores drafts after its cached prefix: verify by 'score' or 'auto' there.")
+        return SglangScoring(TOP_LOGPROBS, vocab)
+    if server == "vllm":
+        return VllmScoring(TOP_LOGPROBS, vocab) if verify == "score" else VllmContinuing(TOP_LOGPROBS, vocab, eos)
+    return EchoScoring(tokenizer, TOP_LOGPROBS) if verify == "score" else EchoContinuing(tokenizer, TOP_LOGPROBS)

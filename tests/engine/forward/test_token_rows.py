@@ -1,6 +1,7 @@
-"""A GGUF model's token embedding read from the file's blocks on lookup (`engine.token_rows`): the
-rows have the bits of the whole table's dequantization, and a model read in place holds no
-float32 copy of it (nor of any other matrix), nor the file's pages it has laid out."""
+"""A GGUF model's token embedding read from the file's blocks on lookup
+(`specdeck.engine.forward.token_rows`): the rows have the bits of the whole table's dequantization,
+and a model read in place holds no float32 copy of it (nor of any other matrix), nor the file's
+pages it has laid out."""
 
 import os
 

@@ -150,8 +150,9 @@ def test_packed_blocks_take_about_the_files_bytes(kind):
 @pytest.mark.parametrize("build", ["this CPU's", "AVX2"])
 @pytest.mark.parametrize("kind", block_groups.TYPES)
 def test_the_kernels_layout_is_the_one_numpy_states(kind, build):
-    """The kernel lays blocks out (`row_kernel_lay_out`) byte for byte as `block_groups.layout`
-    states the layout, padded rows and the quants' extremes included."""
+    """The kernel lays blocks out (`row_kernel_lay_out`) byte for byte as
+    `specdeck.engine.forward.block_groups.layout` states the layout, padded rows and the quants'
+    extremes included."""
     built = _built(build)
     lanes = built.row_kernel_lanes()
     blocks = _blocks(kind, 5 * lanes, 768)
