@@ -26,7 +26,7 @@ from specdeck.engine.loading.registry import DEFAULT_TARGET
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.remote.remote_http import ServerFault
-from specdeck.engine.remote.remote_target import RemoteSettings, connect
+from specdeck.engine.remote.remote_target import SCORE_BELOW, RemoteSettings, connect
 from specdeck.engine.session import load_pair
 
 BLOCK = 16  # tokens per cached block of the fake vLLM
@@ -162,7 +162,8 @@ def test_a_round_after_a_long_context_computes_its_new_tokens(tokenizer, kind):
 
 def test_vllm_scoring_drafts_as_prompt_recomputes_the_context_and_is_not_the_default(tokenizer):
     """On vLLM, scoring the drafts as prompt (`prompt_logprobs`) recomputes the whole context every
-    round; the default asks for vLLM's own continuation instead and says so before the session."""
+    round; the default asks for vLLM's own continuation at such a context instead and says so
+    before the session."""
     with CachingServer("vllm", len(tokenizer)) as server:
         scored = connect(RemoteSettings(server.url, "target", 10.0, "score"), tokenizer)
         events = list(generate(scored, CONTEXT, GREEDY, PromptLookupDrafter()))
@@ -170,6 +171,25 @@ def test_vllm_scoring_drafts_as_prompt_recomputes_the_context_and_is_not_the_def
     assert events[-1].text == greedy_text(tokenizer)
     assert all(r.recomputed_tokens >= len(CONTEXT) for r in events if isinstance(r, RoundEvent))
     assert "own greedy continuation" in default.note and "no speed-up" in default.note and not scored.note
+
+
+def test_the_default_scores_a_short_context_and_continues_a_long_one(tokenizer):
+    """`auto` scores drafts as prompt while the context is under `SCORE_BELOW` tokens (a short
+    context costs less to recompute than K + 1 decode steps) and asks for the continuation from
+    there on: the text is the model's greedy text either way."""
+    short = CONTEXT[: SCORE_BELOW // 2]
+    with CachingServer("vllm", len(tokenizer)) as server:
+        target = connect(RemoteSettings(server.url, "target", 10.0), tokenizer)
+        scored = [e for e in generate(target, short, GREEDY, PromptLookupDrafter()) if isinstance(e, RoundEvent)]
+    assert all(r.recomputed_tokens >= len(short) for r in scored), [
+        r.recomputed_tokens for r in scored
+    ]  # every round scored the whole context
+    with CachingServer("vllm", len(tokenizer)) as server:
+        target = connect(RemoteSettings(server.url, "target", 10.0), tokenizer)
+        events = list(generate(target, CONTEXT, GREEDY, PromptLookupDrafter()))
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
+    assert all(r.recomputed_tokens <= BLOCK + GREEDY.k + 1 for r in rounds[1:])  # after the prompt's
+    assert events[-1].text == greedy_text(tokenizer)
 
 
 def test_the_continuation_is_said_before_the_session_and_under_the_target(tokenizer):
@@ -257,7 +277,7 @@ def test_a_streamed_continuation_that_ends_the_text_ends_the_session(tokenizer):
     drafts it agreed with accepted; the requests send the kept tokens' text only, streamed."""
     prompt = tokenizer.encode("The cat sat on the mat. The cat sat on the mat. The")
     with StreamingServer(tokenizer, tokenizer.encode(" cat sat")) as server:
-        target = connect(RemoteSettings(server.url, "target", 10.0), tokenizer)
+        target = connect(RemoteSettings(server.url, "target", 10.0, "continue"), tokenizer)
         events = list(generate(target, prompt, GREEDY, PromptLookupDrafter()))
     summary = events[-1]
     assert summary.text == " cat sat" and summary.accepted == 2 and summary.rounds == 1
