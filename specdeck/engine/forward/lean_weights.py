@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdeck.engine.forward import gguf_blocks
-from specdeck.engine.forward.hf_parts import output_projection
+from specdeck.engine.forward.hf_parts import input_embedding, output_projection
 from specdeck.engine.forward.linear import PACKED, Linear, PathChoice, choose_path, make_linear
 from specdeck.engine.forward.token_rows import BlockEmbedding, TokenRows
 from specdeck.engine.memory import trim_heap
@@ -296,6 +296,14 @@ def restore(model: PreTrainedModel) -> None:
             param.data = plain[id(linear)][a:b].to(param.device, param.dtype)
     if current and cached is not None:  # the values the products were packed from: the lean weights stay valid
         _WEIGHTS[model] = (_key(model), cached[1])
+
+
+def embedding_weight(model: PreTrainedModel) -> torch.Tensor:
+    """The model's token embedding table (vocab, hidden) with its values: the parameter, or, where
+    the embedding is read from a GGUF file's blocks (its parameter a placeholder), the table
+    dequantized (for the caller to drop)."""
+    embedding = input_embedding(model)
+    return embedding.dense() if isinstance(embedding, BlockEmbedding) else embedding.weight.detach()
 
 
 def output_weight(model: PreTrainedModel) -> torch.Tensor:

@@ -12,7 +12,7 @@ from tiny import PACKED_PATHS
 
 from specdeck.engine.forward import token_rows
 from specdeck.engine.forward.gguf_index import tensors_of
-from specdeck.engine.forward.lean_weights import output_weight, restore, weights_of
+from specdeck.engine.forward.lean_weights import embedding_weight, output_weight, restore, weights_of
 from specdeck.engine.forward.row_kernel import release_pages
 from specdeck.engine.forward.token_rows import TokenRows
 from specdeck.engine.loading.backends import gguf_file
@@ -53,6 +53,7 @@ def test_a_model_read_in_place_holds_no_float32_matrix():
     assert torch.equal(output_weight(model), table)
     ids = torch.tensor([[1, 330, 2]])
     assert torch.equal(model.get_input_embeddings()(ids), table[ids])
+    assert torch.equal(embedding_weight(model), table)  # what training reads of a target
     restore(model)
     assert torch.equal(model.get_input_embeddings().weight, table)
 
