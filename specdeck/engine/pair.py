@@ -21,7 +21,7 @@ from specdeck.engine.drafting.heads import LoadedHead, names_head
 from specdeck.engine.drafting.layer_skip import LayerChoice, LayerSkipDrafter, refusal, refuse_backend
 from specdeck.engine.drafting.past_sessions import PastSessions
 from specdeck.engine.drafting.suffix import SuffixIndex
-from specdeck.engine.drafting.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
+from specdeck.engine.drafting.suffix_drafting import HYBRID_MIN_SCORE, SuffixDrafter
 from specdeck.engine.drafting.vocabulary import VocabularyMatch
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.loading.backends import gguf_file
@@ -157,7 +157,7 @@ class DrafterKind(str, Enum):
             )
         if model is None:
             raise SpecDeckError(f"The {self.label} drafter needs a draft model or a feature head, and none is loaded.")
-        return HybridDrafter(model, suffix) if suffix is not None else model
+        return model.copying_first(suffix) if suffix is not None else model
 
 
 DEFAULT_DRAFTER = DrafterKind.PROMPT_LOOKUP  # for targets without a built-in draft
