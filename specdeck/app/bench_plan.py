@@ -2,7 +2,7 @@
 make, an estimate of their time, each ticked baseline that will not run and why, and the
 `specdeck bench` command that runs the same benchmark from a terminal.
 
-Qt-free: the Benchmark tab (`app.bench_tab`) reads its options and hands them here, so what the
+Qt-free: the Benchmark tab (`specdeck.app.bench_tab`) reads its options and hands them here, so what the
 settings mean is counted from the settings and the pairs alone, as the harness counts them.
 """
 

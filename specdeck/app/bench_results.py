@@ -1,4 +1,4 @@
-"""How the Benchmark tab (`app.bench_tab`) shows a benchmark's results: the summary table, in
+"""How the Benchmark tab (`specdeck.app.bench_tab`) shows a benchmark's results: the summary table, in
 summary.csv's columns with words for headers, and each plot the harness drew as a picture that
 fits its page.
 

@@ -5,8 +5,8 @@ target to time beside its own, baselines, lengths), a progress
 bar, the summary table (summary.csv's columns) and the plots the harness draws. It never runs the
 harness itself: the window sends it to the model thread and hands the tab progress and the
 outcome. Export writes the files the harness wrote (CSVs, report.md, plots) into a chosen folder.
-The table and the plots are drawn by `app.bench_results`; what Run benchmark will do is said by
-`app.bench_plan`.
+The table and the plots are drawn by `specdeck.app.bench_results`; what Run benchmark will do is said by
+`specdeck.app.bench_plan`.
 """
 
 from __future__ import annotations

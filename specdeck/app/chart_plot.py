@@ -1,4 +1,4 @@
-"""One chart of a session's charts (`app.charts`), as they all look: a pyqtgraph plot with room
+"""One chart of a session's charts (`specdeck.app.charts`), as they all look: a pyqtgraph plot with room
 for its axes' labels, a colour key for its title, the series' colours and pens, and ranges that
 grow in steps. Kept apart from the charts' feeding, drawing and layout, so that every chart is
 built and ranged one way.

@@ -1,7 +1,7 @@
 """A session's per-round figures for the charts, in buffers that grow by doubling, and the ways
 the charts thin them: every stride-th point, block means, axis ends that grow in steps.
 
-Qt-free: `app.charts` draws from these.
+Qt-free: `specdeck.app.charts` draws from these.
 """
 
 from __future__ import annotations

@@ -2,18 +2,18 @@
 (speculative and plain on one chart), each round's time split into drafting and verifying (its
 shape, chain length and tree width, on hover), tokens kept per round as a histogram,
 acceptance by draft depth, and why it pays or not: this machine's verify cost in plain steps and
-the speedup it makes of the session's acceptance at each K, each beside a flat verify (`app.cost_series`);
-the headline figures beside or below them (`app.session_figures`). Each chart is built and ranged
-as `app.chart_plot` says.
+the speedup it makes of the session's acceptance at each K, each beside a flat verify (`specdeck.app.cost_series`);
+the headline figures beside or below them (`specdeck.app.session_figures`). Each chart is built and ranged
+as `specdeck.app.chart_plot` says.
 
-Events only append to preallocated float64 buffers (`app.chart_series`); a timer redraws one
+Events only append to preallocated float64 buffers (`specdeck.app.chart_series`); a timer redraws one
 chart per tick when something changed, at 8 Hz per chart, 2 Hz while a session decodes (painting
 a chart takes a few ms of the main thread, which on a small machine is a core the decoding
 threads wait for), from at most `MAX_POINTS` points per
 curve, on axes that grow in steps (so their ticks are recomputed a few times per session, not at
 every redraw): drawing costs the same however fast tokens arrive and however long the session
 runs. Hovering a chart reads out the point under the mouse. The predicted speedup is Leviathan et
-al. 2023, eq. 1 (see `engine.stats`); the measured one is speculative tokens/s over plain tokens/s
+al. 2023, eq. 1 (see `specdeck.engine.stats`); the measured one is speculative tokens/s over plain tokens/s
 from a compare run.
 """
 

@@ -1,6 +1,6 @@
 """Load, run, compare and benchmark, written as coroutines on qasync's loop.
 
-Each awaits the model thread's futures (`app.model_host.ModelHost`), so the GUI thread never runs
+Each awaits the model thread's futures (`specdeck.app.model_host.ModelHost`), so the GUI thread never runs
 model code and never blocks, and records what happened in the `SessionModel`, which the views
 follow. The coroutines take plain values (a `PairSpec`, a `DecodeConfig`, a prompt) and raise
 `SpecDeckError`; `spawn` runs one and hands its error to a callback (the window's dialog).

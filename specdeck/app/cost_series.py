@@ -4,7 +4,7 @@ plain steps) and the speedup it gives each K at the session's acceptance, beside
 
 A round of K drafts keeps (1 - a^(K+1)) / (1 - a) tokens at acceptance a (Leviathan et al. 2023,
 eq. 1) for K draft tokens and one verify of K + 1 tokens, where plain decoding keeps one token a
-step. Qt-free: `app.charts` draws from these.
+step. Qt-free: `specdeck.app.charts` draws from these.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the c
 
 def save_picture(widget: QWidget, path: str | Path) -> None:
     """Save what `widget` shows as an image (format from the suffix, PNG without one), whole or not
-    at all (`engine.atomic`); raises SpecDeckError."""
+    at all (`specdeck.engine.atomic`); raises SpecDeckError."""
     image = widget.grab()
     kind = Path(path).suffix.lstrip(".").upper() or "PNG"
 

@@ -232,7 +232,7 @@ class ModelPanel(QGroupBox):
 
     def spec(self) -> PairSpec:
         """The pair the panel names. A drafter the user did not pick is no choice where it is the
-        target's default and that depends on what runs it (`engine.pair.default_drafter`), or where
+        target's default and that depends on what runs it (`specdeck.engine.pair.default_drafter`), or where
         it is the built-in target's pair the panel opens with and the target is another model: the
         pair names no drafter, and the loaded target picks it (and says why, `ModelPair.note`)."""
         kind: DrafterKind | None = self.drafter_kind

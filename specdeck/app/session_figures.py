@@ -1,11 +1,11 @@
-"""The headline figures of a session beside or below its charts (`app.charts`): acceptance rate,
+"""The headline figures of a session beside or below its charts (`specdeck.app.charts`): acceptance rate,
 copied drafts, mean accepted length, tokens/s (speculative and plain), rounds, draft shapes, draft
 and verify time, the predicted and measured speedups, whether greedy outputs matched, the backend.
 
 Each figure is a bold label of a fixed size beside its name, both with a tooltip that says what it
 counts. A widget of its own, apart from the charts, so that what the figures say and how they are
 laid out reads in one place; the charts hand it their series at each redraw. The predicted speedup
-is Leviathan et al. 2023, eq. 1 (see `engine.stats`).
+is Leviathan et al. 2023, eq. 1 (see `specdeck.engine.stats`).
 """
 
 from __future__ import annotations

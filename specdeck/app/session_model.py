@@ -3,7 +3,7 @@ failed, and which field was wrong), the sessions of the last run with their even
 running, and what File > Export writes.
 
 Qt-free, as napari's models are: the Qt views subscribe to its `Emitter`s and draw; the
-controller (`app.controller`) changes it. Everything here happens in the GUI thread.
+controller (`specdeck.app.controller`) changes it. Everything here happens in the GUI thread.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class SessionModel:
     """
 
     def __init__(self) -> None:
-        self.pair = None  # `app.worker.PairInfo` of the resident pair
+        self.pair = None  # `specdeck.app.worker.PairInfo` of the resident pair
         self.spec: PairSpec | None = None  # what the resident pair was loaded from
         self.load_failure: LoadFailure | None = None
         self.activity = Activity()

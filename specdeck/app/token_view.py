@@ -272,7 +272,7 @@ class TokenView(QWidget):
         self._write(cursor, text, state)
 
     def set_palette(self, palette: str) -> None:
-        """Draw with another palette (`token_formats.PALETTES`): the whole session again."""
+        """Draw with another palette (`specdeck.app.token_formats.PALETTES`): the whole session again."""
         self.palette_name = palette
         self._on_show_rejected_toggled(self.show_rejected.isChecked())
 

@@ -9,7 +9,7 @@ Two figures come of it:
   how often a copy's first draft passes, and how many of its drafts pass on average;
 - the bound: the speedup over plain decoding of a planner that knew in advance how many drafts of
   each copy pass, verified exactly those and stepped plainly where none did, priced with the
-  target's measured cost curve (`engine.costs.cost_curve`). No planner that learns acceptance as
+  target's measured cost curve (`specdeck.engine.planner.costs.cost_curve`). No planner that learns acceptance as
   it goes can beat it; where it is near 1.0x, copying cannot pay on this machine.
 """
 

@@ -5,7 +5,7 @@ torch's thread count, which is what a user who runs the file with llama.cpp gets
 It is timed as SpecDeck's plain run is: the prompt but its last token is evaluated first (the
 prefill, timed apart), then every new token costs one call, the first one fed the last prompt
 token. Its defaults (float16 KV cache, no flash attention) round otherwise than SpecDeck's
-llama.cpp backend (flash attention on an 8-bit KV cache, `engine.llamacpp_backend`), so its greedy
+llama.cpp backend (flash attention on an 8-bit KV cache, `specdeck.engine.forward.llamacpp_backend`), so its greedy
 text may part from SpecDeck's at a near-tie. It keeps llama.cpp's extra (repacked) weight buffers;
 ggml's tiled K-quant product, which SpecDeck's process switches off, serves calls of 8 tokens or
 more alone: its prefill, not its one-token steps.

@@ -1,6 +1,6 @@
 """The timed methods a benchmark compares, each giving one `Run` per prompt.
 
-- `plain`, `speculative`: SpecDeck's own loop (`engine.decoding.generate`); prefill and decoding
+- `plain`, `speculative`: SpecDeck's own loop (`specdeck.engine.loop.decoding.generate`); prefill and decoding
   are timed apart by the loop itself.
 - `hf`: Hugging Face `generate()`, greedy or sampling with the same settings.
 - `hf-assisted`: Hugging Face's own speculative decoding with the same drafter and a fixed K:

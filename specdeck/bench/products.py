@@ -2,11 +2,12 @@
 
     python -m specdeck.bench.products [--model NAME_OR_FILE] [--rows 1,2,4,8,16] [--threads 2]
 
-Every matrix the file holds in a block type the kernel takes (`row_kernel.QUANTIZED`) becomes one
-product on its blocks, once with float32 rows and once with 8-bit rows (`QuantizedLinear`); a pass
-calls each product once on the same rows, as a forward does. For each number of rows the two ways
-alternate and the best of `--repeats` passes is kept. A forward fuses some of these matrices
-(queries, keys and values; gate and up), so it makes fewer, larger calls than this does.
+Every matrix the file holds in a block type the kernel takes
+(`specdeck.engine.forward.row_kernel.QUANTIZED`) becomes one product on its blocks, once with
+float32 rows and once with 8-bit rows (`QuantizedLinear`); a pass calls each product once on the
+same rows, as a forward does. For each number of rows the two ways alternate and the best of
+`--repeats` passes is kept. A forward fuses some of these matrices (queries, keys and values; gate
+and up), so it makes fewer, larger calls than this does.
 """
 
 from __future__ import annotations

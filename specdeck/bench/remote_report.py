@@ -1,6 +1,6 @@
-"""A benchmark of a served target (`engine.remote_target`): where each round's time went (drafting
+"""A benchmark of a served target (`specdeck.engine.remote.remote_target`): where each round's time went (drafting
 here, the network, the server) and a latency model of what the measured acceptance and K give at
-other round-trip times (`engine.stats.remote_tokens_per_s`).
+other round-trip times (`specdeck.engine.stats.remote_tokens_per_s`).
 
 The model: a round of K drafts keeps L tokens (the measured tokens per round, which the measured
 acceptance at that K gives: (1 - a^(K+1)) / (1 - a) where acceptance does not depend on depth) and

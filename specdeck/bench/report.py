@@ -46,8 +46,8 @@ def plan_lines(results: list[PromptResult], methods: list[Method]) -> list[str]:
 
 
 def cost_curve_lines(curve, products: str | None = None) -> list[str]:
-    """The target's measured forward cost by new tokens (`engine.costs.CostCurve`), as report
-    lines, with the path its matrix products took in this run (`engine.linear.PathChoice.describe`)."""
+    """The target's measured forward cost by new tokens (`specdeck.engine.planner.costs.CostCurve`), as report
+    lines, with the path its matrix products took in this run (`specdeck.engine.forward.linear.PathChoice.describe`)."""
     header = "| new tokens | " + " | ".join(map(str, curve.tokens)) + " |"
     ms = "| ms | " + " | ".join(f"{t:.1f}" for t in curve.forward_ms) + " |"
     ratio = "| x one token | " + " | ".join(f"{t / curve.forward_ms[0]:.2f}" for t in curve.forward_ms) + " |"

@@ -98,7 +98,7 @@ class BenchSettings:
 
     def check_remote(self) -> None:
         """Refuse what a served target cannot run: the auto schedule, which plans from the target's
-        costs measured on this machine, and sampling (`engine.remote_target.require_greedy`)."""
+        costs measured on this machine, and sampling (`specdeck.engine.remote.remote_target.require_greedy`)."""
         if AUTO_K in self.ks:
             raise SpecDeckError(
                 "A served target's forward costs are not measured here, so the auto schedule "

@@ -2,7 +2,7 @@
 per_prompt.csv, k_sweep.csv, report.md, the plots) into one folder. `specdeck bench` and the
 window's Benchmark tab both call `run_and_write`.
 
-The files are written into the folder, each whole (`engine.atomic.filling_folder`): the folder may
+The files are written into the folder, each whole (`specdeck.engine.atomic.filling_folder`): the folder may
 be a mount point. A cancelled benchmark never writes over an earlier one's results: its partial
 results go to a new folder inside."""
 

@@ -7,7 +7,7 @@ path and on llama.cpp, side by side on the same random-weight files (`specdeck.b
 For each size and file type, each backend in turn: plain tok/s (`generate` without a drafter, 48
 new tokens after a short prompt, the best of two runs) and the verify cost curve c(n) = (one forward
 of n tokens after 64 cached) / (one one-token step), n = 1, 2, 4, 8, as the auto schedule measures
-it (`engine.planner.costs.measure_curve`: a warm-up pass, the best of the passes). torch runs
+it (`specdeck.engine.planner.costs.measure_curve`: a warm-up pass, the best of the passes). torch runs
 whatever `--backend torch` runs for the file (the row kernel on Q4_1/Q8_0 blocks, float32 products
 otherwise). The table names the CPU (lscpu's model name) and goes to DIR/ladder.md and
 DIR/ladder.csv. The files are built once (a minute or more for 1.7b) and kept in SpecDeck's cache.

@@ -1,7 +1,7 @@
-"""What a suffix drafter's round costs (`engine.suffix_drafting.SuffixDrafter.propose`, q included)
+"""What a suffix drafter's round costs (`specdeck.engine.drafting.suffix_drafting.SuffixDrafter.propose`, q included)
 with a long history of earlier texts: `python -m specdeck.bench.suffix_round` (100,000 tokens by default).
 
-The history is random phrases, three in ten copied from earlier (`engine.suffix.repetitive_text`),
+The history is random phrases, three in ten copied from earlier (`specdeck.engine.drafting.suffix.repetitive_text`),
 in texts of 1,000 tokens; the request's prompt is 64 tokens of it, and each round keeps its drafts
 and one token more, so the matches move through the history as a real answer's would.
 """

@@ -9,7 +9,7 @@ decode time, each prompt taking its median-time repeat. Speedups divide by plain
 rate on the same prompts. Speculative and hf-assisted rows name their drafter (`drafter` column):
 a run may compare several drafters against the same plain runs. The predicted speedup is Leviathan
 et al. (2023)'s, from the measured acceptance rate, drafts per round and draft/target cost ratio
-(`engine.stats`).
+(`specdeck.engine.stats`).
 """
 
 from __future__ import annotations

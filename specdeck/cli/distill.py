@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specdeck.engine.atomic import check_writable_folder, output_path
+from specdeck.engine.atomic import claim_folder, output_path
 from specdeck.engine.errors import SpecDeckError
 
 
@@ -106,22 +106,28 @@ def report(line: str) -> None:
 
 def training_folder(args) -> Path:
     """The run's --out folder, made and proven writable before any work; refused where it holds a
-    checkpoint and --resume was not passed."""
-    return output_folder(output_path(args.out), args.resume)
+    checkpoint and --resume was not passed, or a user's files and --overwrite was not passed."""
+    return output_folder(output_path(args.out), args.resume, args.overwrite)
 
 
-def output_folder(out: Path, resume: bool) -> Path:
+def output_folder(out: Path, resume: bool, overwrite: bool) -> Path:
+    from specdeck.train import RUN_STATE
+
     if (out / "checkpoint.pt").exists() and not resume:
         raise SpecDeckError(f"{out} already holds a checkpoint: pass --resume to continue it, or pick a new --out.")
+    claim_folder(out, RUN_STATE, overwrite)
     if resume and not (out / "checkpoint.pt").exists():
         print(f"{out} holds no checkpoint to resume: starting a new run there", file=sys.stderr)
-    return check_writable_folder(out)
+    return out
 
 
 def _add_loop_arguments(parser, defaults) -> None:
     """How the training loop runs (shared by the three training commands)."""
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="write the run's files into an --out that holds other files"
+    )
     parser.add_argument(
         "--until",
         type=int,
@@ -254,7 +260,9 @@ def run_train_cross_draft(args) -> int:
             "No text to train on: give --answers, --passages, --code, --articles or --exchanges, or --teacher shards."
         )
     name = args.target or DEFAULT_TARGET
-    out = output_folder(Path(args.out).expanduser() if args.out else default_folder(name), args.resume)
+    out = output_folder(
+        output_path(args.out) if args.out is not None else default_folder(name), args.resume, args.overwrite
+    )
     draft = train_cross_draft(
         name,
         out,

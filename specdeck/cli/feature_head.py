@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specdeck.cli.distill import _add_loop_arguments, _add_text_arguments, report, training_folder
-from specdeck.engine.atomic import check_writable_folder
+from specdeck.engine.atomic import claim_folder, output_path
 from specdeck.engine.errors import SpecDeckError
 
 if TYPE_CHECKING:
@@ -157,6 +157,7 @@ def add_head_data_command(commands) -> None:
         default=None,
         help="folder of the shards (default: SpecDeck's cache, teacher-head/<target>); rerun to resume",
     )
+    parser.add_argument("--overwrite", action="store_true", help="grow the shards in an --out that holds other files")
     parser.add_argument(
         "--positions", type=int, default=defaults.positions, help="stop when the shards hold this many target positions"
     )
@@ -214,7 +215,10 @@ def run_head_data(args) -> int:
         reserve_gb=args.reserve_gb,
         threads=args.threads,
     )
-    out = check_writable_folder(Path(args.out).expanduser() if args.out else default_folder(name))
+    from specdeck.train import STORE_STATE
+
+    out = output_path(args.out) if args.out is not None else default_folder(name)
+    claim_folder(out, STORE_STATE, args.overwrite)
     grow(name, out, config, progress=report)
     print(f"head data in {out}")
     return 0

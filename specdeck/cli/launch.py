@@ -1,6 +1,6 @@
 """The `specdeck` command's entry point: it starts what a first run waits longest for, then the command.
 
-A first run builds the row kernel (`engine.forward.kernel_build`: a C compiler, seconds on one core). For the
+A first run builds the row kernel (`specdeck.engine.forward.kernel_build`: a C compiler, seconds on one core). For the
 commands that load a model it starts on a thread of its own before the rest of SpecDeck and its
 libraries are imported, so that the compiler runs while they import and the models load. Other
 commands leave it alone (`specdeck cache --clear` deletes the kernels).

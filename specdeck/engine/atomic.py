@@ -11,7 +11,9 @@ gone (a later run of any SpecDeck command heals what a killed one left).
 
 A folder SpecDeck writes results into holds `MANIFEST`, the names it wrote there: SpecDeck
 overwrites or deletes only those, and refuses a folder holding other files unless told to
-(`check_own_folder`); a folder it builds whole replaces only one that it built.
+(`check_own_folder`); a folder it builds whole replaces only one that it built. A folder a
+training run keeps its state in over many starts holds `RUN_MARK` once the run has claimed it
+(`claim_folder`).
 
 A file written with `record=True` gets its size and SHA-256 beside it (`PATH.sha256`), so that a
 reader can tell a damaged copy (`recorded_damage`) before trusting it, as before loading a library.
@@ -19,6 +21,7 @@ reader can tell a damaged copy (`recorded_damage`) before trusting it, as before
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import re
@@ -33,6 +36,7 @@ from specdeck.engine.errors import SpecDeckError
 _LEFTOVER = re.compile(r"^\..+\.(partial|old)-(\d+)-")
 MANIFEST = ".specdeck-files"  # in a folder SpecDeck wrote into: one name a line of what it wrote there
 _MANIFEST_LIMIT = 1 << 20  # bytes read of a manifest; SpecDeck's own are a few hundred
+RUN_MARK = ".specdeck-run"  # in a folder a training run claimed: its state, written again on every start
 
 
 def output_path(text: str, option: str = "--out") -> Path:
@@ -82,6 +86,31 @@ def check_own_folder(folder: Path, overwrite: bool = False, flag: str = "--overw
             f"{folder} holds files SpecDeck did not write ({shown}): choose a new or empty folder, "
             f"or pass {flag} to write there anyway (files of the same names are replaced)."
         )
+
+
+def claim_folder(
+    folder: str | os.PathLike, state: Iterable[str], overwrite: bool = False, flag: str = "--overwrite"
+) -> Path:
+    """Make `folder` a run's own: a run that writes its state there over many starts (training),
+    under the names matching the glob patterns `state`. A new or empty folder, or one claimed
+    before, is marked and returned; one holding only the run's state (an earlier run's, or a
+    state the user put there to resume) is claimed too; one holding anything else is refused
+    (SpecDeckError) unless `overwrite`, before anything is written: the run would mix its files
+    with a user's. The folder is made and proven writable (`check_writable_folder`)."""
+    folder = Path(folder)
+    patterns = tuple(state)
+    if not (folder / RUN_MARK).is_file():
+        others = [name for name in foreign_files(folder) if not any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+        if others and not overwrite:
+            shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+            raise SpecDeckError(
+                f"{folder} holds files a training run does not write ({shown}): choose a new or empty "
+                f"folder, or pass {flag} to write the run's files there anyway."
+            )
+    check_writable_folder(folder)
+    if not (folder / RUN_MARK).is_file():
+        write_text(folder / RUN_MARK, "")
+    return folder
 
 
 def _prefix(target: Path, kind: str = "partial") -> str:

@@ -1,21 +1,51 @@
 """Every read of what a user or a server gives SpecDeck is bounded while it is read, not only by
 the size a file claims: a FIFO, /dev/zero, a growing log or an endless HTTP body has no size to
-check beforehand, and read whole it would fill the memory.
+check beforehand, and read whole it would fill the memory. Code a model brings (its chat
+template) runs with a time limit (`within_seconds`).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from specdeck.engine.errors import SpecDeckError
 
 MOST_CONFIG_BYTES = 16 * 2**20  # a model's or drafter's JSON file: configs and token lists take kB to a few MB
 
 
+T = TypeVar("T")
+
+
 class TooLarge(Exception):
     """More than the limit was there to read."""
+
+
+class TooSlow(Exception):
+    """The call ran past its time limit and was stopped."""
+
+
+def within_seconds(seconds: float, call: Callable[[], T]) -> T:
+    """`call()`, stopped with TooSlow once it has run `seconds`: a trace function checks the
+    clock on every line of Python it runs (as a Jinja template's compiled code), and raises there.
+    Only this thread is traced, and its earlier trace function (a debugger's) is put back."""
+    deadline = time.monotonic() + seconds
+
+    def check(frame, event, arg):
+        if time.monotonic() > deadline:
+            raise TooSlow
+        return check
+
+    earlier = sys.gettrace()
+    sys.settrace(check)
+    try:
+        return call()
+    finally:
+        sys.settrace(earlier)
 
 
 def read_at_most(stream: BinaryIO, limit: int) -> bytes:

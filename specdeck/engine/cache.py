@@ -2,12 +2,12 @@
 and where the other cached things live (measured costs, past sessions' texts for suffix drafting).
 
 A GGUF file is dequantized once into a safetensors folder under `cache_root()/gguf/` (see
-`engine.gguf_conversion.convert_gguf`). An entry is built under a hidden name carrying the writer's process
-id (`engine.atomic`); one whose process is gone was interrupted, and `heal` removes it. A GGUF file
-run by llama.cpp keeps only its tokenizer here, in a folder named `TOKENIZER_SUFFIX`. The row
-kernel (`engine.row_kernel`) is compiled into `kernels_cache()`, each library beside the record of
-its size and digest. `heal` and `clear` also take what killed writes left anywhere in the cache's
-own and training folders.
+`specdeck.engine.loading.gguf_conversion.convert_gguf`). An entry is built under a hidden name
+carrying the writer's process id (`specdeck.engine.atomic`); one whose process is gone was
+interrupted, and `heal` removes it. A GGUF file run by llama.cpp keeps only its tokenizer here, in a
+folder named `TOKENIZER_SUFFIX`. The row kernel (`specdeck.engine.forward.row_kernel`) is compiled
+into `kernels_cache()`, each library beside the record of its size and digest. `heal` and `clear`
+also take what killed writes left anywhere in the cache's own and training folders.
 
 The cache deletes only what it wrote: its root is checked at the first use (`cache_root`), and
 `clear` empties only the folders SpecDeck names (`CLEARED`, `TRAINING`), in a root SpecDeck made
@@ -141,7 +141,7 @@ def gguf_cache() -> Path:
 
 
 def tensor_index_cache() -> Path:
-    """The folder of GGUF files' tensor indexes (`engine.gguf_index`)."""
+    """The folder of GGUF files' tensor indexes (`specdeck.engine.forward.gguf_index`)."""
     return cache_root() / "gguf-tensors"
 
 
@@ -151,17 +151,17 @@ def clear_tensor_indexes() -> int:
 
 
 def costs_cache() -> Path:
-    """The folder of measured costs (`engine.costs`): target cost curves and drafters' costs."""
+    """The folder of measured costs (`specdeck.engine.planner.costs`): target cost curves and drafters' costs."""
     return cache_root() / "costs"
 
 
 def kernels_cache() -> Path:
-    """The folder of kernels compiled for this machine (`engine.row_kernel`)."""
+    """The folder of kernels compiled for this machine (`specdeck.engine.forward.row_kernel`)."""
     return cache_root() / "kernels"
 
 
 def suffix_cache() -> Path:
-    """The folder of past sessions' texts that suffix drafting reads (`engine.past_sessions`)."""
+    """The folder of past sessions' texts that suffix drafting reads (`specdeck.engine.drafting.past_sessions`)."""
     return cache_root() / "suffix"
 
 

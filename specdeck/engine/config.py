@@ -21,7 +21,7 @@ class DecodeConfig:
     Draft length: `auto` (the default) chooses each round's K in [0, max_k], 0 meaning a plain
     step, and each copy's length in [1, lookup], to maximise expected tokens per second from the
     target's measured cost curve on this machine and the session's measured acceptance by depth
-    (`engine.autotune`); `constant` drafts `k` tokens every round; `heuristic` starts at `k` and
+    (`specdeck.engine.planner.autotune`); `constant` drafts `k` tokens every round; `heuristic` starts at `k` and
     moves to K+2 after a fully accepted round and K-1 otherwise, within [1, max_k]. With
     `confidence_threshold > 0` the drafter also stops early once its top probability falls
     below it.
@@ -37,7 +37,7 @@ class DecodeConfig:
     `prompt`, this request's own text (prompt and answer so far); `session`, also the answers
     written since SpecDeck started and the target's own texts (its answers to requests SpecDeck
     composes, `specdeck suffix-texts`; the built-in target's ship with SpecDeck); `all`, also those
-    of past sessions, which it keeps in the cache folder (`engine.past_sessions`) and adds each new
+    of past sessions, which it keeps in the cache folder (`specdeck.engine.drafting.past_sessions`) and adds each new
     answer to.
     """
 
@@ -53,7 +53,7 @@ class DecodeConfig:
     max_new_tokens: int = 128
     stop_strings: tuple[str, ...] = field(default_factory=tuple)
     truncate_prompt: bool = (
-        False  # a prompt too long for the context: keep its last part, not refuse (`engine.context`)
+        False  # a prompt too long for the context: keep its last part, not refuse (`specdeck.engine.context`)
     )
     suffix_scope: str = "session"
 

@@ -4,7 +4,7 @@ what is allowed, never a traceback half-way through loading a model.
 
 A `SPECDECK_` name that is no setting is said to be ignored (a typo in a name would otherwise be
 silently without effect). The cache's folder (`SPECDECK_CACHE`) is checked where it is used,
-`engine.cache.cache_root`, which knows how to make it.
+`specdeck.engine.cache.cache_root`, which knows how to make it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ SETTINGS: dict[str, Check] = {
     "SPECDECK_FUSED_LAYERS": one_of("1", "0"),
     "SPECDECK_CUDA_GRAPHS": one_of("1", "0"),
 }
-ELSEWHERE = ("SPECDECK_CACHE",)  # checked where it is used (`engine.cache`)
+ELSEWHERE = ("SPECDECK_CACHE",)  # checked where it is used (`specdeck.engine.cache`)
 TESTS_ONLY = ("SPECDECK_HYPOTHESIS", "SPECDECK_TEST_DEVICE", "SPECDECK_VLLM_PYTHON")  # read by the tests
 
 

@@ -69,10 +69,10 @@ class TokenEvent:
     prompt and answer so far), "session" (an earlier answer since SpecDeck started), "texts" (the
     target's own texts, `specdeck.train.target_texts`), "past" (a past session's,
     `DecodeConfig.suffix_scope`); "" for model drafts and the target's own tokens. `token_id`, `p` and `q` are in the target's
-    tokenizer; a draft with a tokenizer of its own (`engine.cross_vocab`) also gives, for each of its
+    tokenizer; a draft with a tokenizer of its own (`specdeck.engine.drafting.cross_vocab`) also gives, for each of its
     drafts, the tokens it wrote for it in its own tokenizer (`draft_tokens`, as text) and its q for
     each (`draft_q`). `chance`: for a sampled tree's alternative that was judged, the chance the rule
-    gave it against the residual (`engine.loop.verification.verify`), which `acceptance_probability`
+    gave it against the residual (`specdeck.engine.loop.verification.verify`), which `acceptance_probability`
     reports.
     """
 
@@ -114,7 +114,7 @@ class RoundEvent:
     `discarded` count the target's tokens; `draft_tokens`, the tokens a draft with a tokenizer of its
     own wrote in the round (None when the drafter speaks the target's vocabulary).
 
-    A remote target's round (`engine.remote_target`) also splits `verify_ms`: `network_ms`, the
+    A remote target's round (`specdeck.engine.remote.remote_target`) also splits `verify_ms`: `network_ms`, the
     request's round trip less `server_ms`, the server's own time where it reports it (None where
     not); `server_cache_hit`, whether the server reported reusing a cached prefix (None: not
     reported). All three are None for a local target."""
@@ -140,7 +140,7 @@ class RoundEvent:
 
 @dataclass(frozen=True, slots=True)
 class SummaryEvent:
-    """The session's end: its text and figures (see `engine.stats`)."""
+    """The session's end: its text and figures (see `specdeck.engine.stats`)."""
 
     text: str
     new_tokens: int
@@ -155,9 +155,8 @@ class SummaryEvent:
     target_forwards_per_token: float
     accepted_by_position: tuple[float, ...]
     predicted_speedup: float | None
-    stop_reason: (
-        str  # "max_new_tokens", "eos", "stop_string", "cancelled", "context" (`engine.context`), "server_error"
-    )
+    # "max_new_tokens", "eos", "stop_string", "cancelled", "context" (`specdeck.engine.context`), "server_error"
+    stop_reason: str
     type: str = "summary"
     copied_drafted: int = 0  # of `drafted`, those prompt lookup copied (`DecodeConfig.lookup`)
     copied_accepted: int = 0  # of `accepted`, those copied

@@ -5,7 +5,7 @@ CSV row per token. Shared by the window and the benchmark.
 Counts and token ids are in the target's tokenizer; the `draft_tokens` and `draft_q` columns hold
 what a draft with a tokenizer of its own wrote, in its tokenizer (`TOKENIZERS` says so in the JSON).
 
-Every write goes through `engine.atomic`: a failed or interrupted export never leaves a
+Every write goes through `specdeck.engine.atomic`: a failed or interrupted export never leaves a
 half-written file.
 """
 
@@ -104,7 +104,7 @@ class RunInfo:
     chat: bool
     prompt: str
     extra_versions: dict[str, str] = field(default_factory=dict)
-    vocabulary: str = ""  # the pair's vocabulary case (`engine.vocabulary.VocabularyMatch.describe`)
+    vocabulary: str = ""  # the pair's vocabulary case (`specdeck.engine.drafting.vocabulary.VocabularyMatch.describe`)
     # what ran the target, in words: "Q4_1 blocks on the row kernel (8-bit rows)", "float32", "llama.cpp Q4_1"
     backend: str = "float32"  # (`LoadedModel.runs`)
 

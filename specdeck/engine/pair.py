@@ -4,7 +4,7 @@ loaded pair (`ModelPair`).
 `PairSpec` is the one description of a pair that the command line, the window's model panel and
 the Benchmark tab all build; its defaults are the defaults of all three. It writes itself as the
 command-line arguments that build it again. A target that is a server's address (`--target
-http://HOST:PORT/v1`) is a remote target (`engine.remote_target`), served as `target_model`.
+http://HOST:PORT/v1`) is a remote target (`specdeck.engine.remote.remote_target`), served as `target_model`.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class DrafterKind(str, Enum):
 
     def builtin_model(self, target: str) -> str | None:
         """The bundled draft or head of this kind for `target`, if SpecDeck ships one: for the
-        built-in target, or a file of the same model (`engine.loading.identity`)."""
+        built-in target, or a file of the same model (`specdeck.engine.loading.identity`)."""
         builtin = {
             DrafterKind.DRAFT_MODEL: DEFAULT_DRAFT,
             DrafterKind.FEATURE_HEAD: DEFAULT_HEAD,
@@ -186,7 +186,7 @@ class PairSpec:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16
     trust_remote_code: bool = False
-    backend: str = "auto"  # what runs a .gguf model: auto, torch, llama.cpp (`engine.backends`)
+    backend: str = "auto"  # what runs a .gguf model: auto, torch, llama.cpp (`specdeck.engine.loading.backends`)
     # a remote target: the model's name on the server, the local tokenizer that is the served model's
     # (default: the draft model's, else the built-in target's), and the longest a request may take
     target_model: str = ""
@@ -279,7 +279,7 @@ class PairSpec:
 
     def default_note(self, backend: str | None = None) -> str | None:
         """Where no drafter is chosen and SpecDeck's own drafters do not attach to the target, the
-        line that says which drafter it gets and why (`engine.loading.identity`); else None."""
+        line that says which drafter it gets and why (`specdeck.engine.loading.identity`); else None."""
         if self.drafter is not None or self.draft or self.remote:
             return None
         why = builtin_difference(self.target)
@@ -342,7 +342,7 @@ class ModelPair:
     history: SuffixIndex = field(default_factory=SuffixIndex)
     vocabulary: VocabularyMatch | None = None  # how a draft model's vocabulary relates to the target's
     past: PastSessions | None = None  # past sessions' texts (suffix scope `all`); the target's tokenizer's by default
-    layer_choice: LayerChoice | None = None  # the layer-skip drafter's layers (`engine.layer_skip`)
+    layer_choice: LayerChoice | None = None  # the layer-skip drafter's layers (`specdeck.engine.drafting.layer_skip`)
     note: str = ""  # why the drafter, left to its default, is not SpecDeck's own (`PairSpec.default_note`)
 
     def __post_init__(self) -> None:
@@ -351,7 +351,7 @@ class ModelPair:
 
     @property
     def remote(self) -> bool:
-        """Whether the target is served (`engine.remote_target`)."""
+        """Whether the target is served (`specdeck.engine.remote.remote_target`)."""
         return isinstance(self.target, RemoteTarget)
 
     @property
@@ -376,7 +376,7 @@ class ModelPair:
 
     @property
     def cross_vocabulary(self) -> bool:
-        """Whether the draft model has a tokenizer of its own (`engine.cross_vocab`)."""
+        """Whether the draft model has a tokenizer of its own (`specdeck.engine.drafting.cross_vocab`)."""
         return self.vocabulary is not None and not self.vocabulary.same
 
     @property

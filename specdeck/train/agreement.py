@@ -3,7 +3,7 @@
 Over the target's own greedy answers, teacher-forced, each answer token is scored as a round of one
 draft with no prompt lookup would score it: the head reads the target's states up to the token
 before and proposes the next one from its output tokens. The tally keeps apart the tokens prompt
-lookup could have copied (`head_objective.copyable_pairs`): beside lookup, a head drafts only the
+lookup could have copied (`specdeck.train.head_objective.copyable_pairs`): beside lookup, a head drafts only the
 others, so a head that agrees more only where lookup copies makes the default pair no faster.
 """
 

@@ -1,4 +1,4 @@
-"""Train a feature head (`engine.heads`) for a target.
+"""Train a feature head (`specdeck.engine.drafting.heads`) for a target.
 
 Three stages, each resumable from what it left in the output folder:
 1. text: the target writes its own answers (the same teacher shards as `train-draft`, which a

@@ -1,5 +1,5 @@
 """A draft with a tokenizer of its own for a target (`specdeck train-cross-draft`): a real pair of
-different tokenizers to try offline, which `engine.cross_vocab` drafts with through the text.
+different tokenizers to try offline, which `specdeck.engine.drafting.cross_vocab` drafts with through the text.
 
 Three stages, each resumable from what it left in the output folder:
 1. text: the target writes its own answers (the teacher shards of `specdeck.train.teacher_shards`,

@@ -10,7 +10,7 @@ greedy decoding, on the backend it runs fastest on, and keeps the answers.
 
 The work is resumable: each answer is appended to `answers.jsonl` in the work folder as it is
 made, and a rerun goes on after the last one. `write_texts` turns the answers into the store
-format of `engine.past_sessions` (`<tokenizer key>.tokens`), which the suffix drafter reads from
+format of `specdeck.engine.drafting.past_sessions` (`<tokenizer key>.tokens`), which the suffix drafter reads from
 SpecDeck's bundled resources (the built-in target's file ships there) or from the cache folder.
 """
 
@@ -49,7 +49,7 @@ class TextsConfig:
 
 def default_folder(target_name: str) -> Path:
     """Where a target's answers are made; `write_texts` puts the texts file one folder up, where
-    the suffix drafter looks (`engine.past_sessions.target_texts_file`)."""
+    the suffix drafter looks (`specdeck.engine.drafting.past_sessions.target_texts_file`)."""
     return target_texts_folder() / "work" / target_name.replace("/", "--")
 
 

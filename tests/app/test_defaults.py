@@ -23,7 +23,7 @@ def test_window_command_line_and_benchmark_share_their_defaults(qtbot):
     for widget in (models, decoding, benchmark):
         qtbot.addWidget(widget)
 
-    pair = models.spec()  # no drafter chosen: the loaded target's default (`engine.pair.default_drafter`)
+    pair = models.spec()  # no drafter chosen: the loaded target's default (`specdeck.engine.pair.default_drafter`)
     assert pair == pair_spec(run) == pair_spec(bench) == PairSpec()
     assert pair.resolved().drafter is DrafterKind.FEATURE_HEAD and pair.resolved().draft
     assert pair.resolved("llama.cpp") == pair.with_drafter(DrafterKind.SUFFIX, None)

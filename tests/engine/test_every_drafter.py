@@ -13,7 +13,7 @@ from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.planner.costs import CostCurve
 from specdeck.engine.session import load_pairs, run_session
 
-# How the target's products run (`engine.forward.linear`, `engine.forward.gguf_blocks`): the
+# How the target's products run (`specdeck.engine.forward.linear`, `specdeck.engine.forward.gguf_blocks`): the
 # settings of SPECDECK_LINEAR and SPECDECK_GGUF_BLOCKS (None: unset), and what the path needs here
 PATHS = {
     "dense": ({"SPECDECK_LINEAR": "dense", "SPECDECK_GGUF_BLOCKS": None}, None),

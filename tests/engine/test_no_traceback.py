@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from specdeck.cli.main import _Output
 from specdeck.engine import cache
 from specdeck.engine.environment import SETTINGS, check_environment
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.loading import models
 from specdeck.engine.loading.models import MAX_TEMPLATE_CHARS, encode_prompt, load_tokenizer
 from specdeck.engine.loading.registry import DEFAULT_TARGET
 
@@ -75,6 +77,31 @@ def test_a_huge_chat_template_is_refused_before_rendering(tokenizer):
             encode_prompt(tokenizer, "hi")
     finally:
         tokenizer.chat_template = kept
+
+
+# templates that run for hours, each in a different way: nested loops, a growing output, 2^40 calls
+ENDLESS_TEMPLATES = [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}",
+    "{% macro f(n) %}{% if n < 40 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}{{ f(0) }}",
+]
+
+
+@pytest.mark.parametrize("template", ENDLESS_TEMPLATES)
+def test_a_chat_template_that_never_ends_is_stopped(tokenizer, template, monkeypatch):
+    """A template that would run for hours is stopped at the time limit with one error that names
+    the template and the way round it."""
+    monkeypatch.setattr(models, "TEMPLATE_SECONDS", 0.5)
+    kept = tokenizer.chat_template
+    tokenizer.chat_template = template
+    started = time.monotonic()
+    try:
+        with pytest.raises(SpecDeckError, match="chat template ran for more than .*--no-chat"):
+            encode_prompt(tokenizer, "hi")
+    finally:
+        tokenizer.chat_template = kept
+    assert time.monotonic() - started < 30
+    assert encode_prompt(tokenizer, "hi")  # the model's own template still renders
 
 
 @EXAMPLES

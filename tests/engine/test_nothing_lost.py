@@ -3,6 +3,9 @@ an empty or relative setting, a results folder holding a user's files."""
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -13,11 +16,12 @@ from hypothesis import strategies as st
 
 from specdeck.bench.service import RESULT_FILES
 from specdeck.cli.main import main
-from specdeck.engine.atomic import building_folder, filling_folder
+from specdeck.engine.atomic import building_folder, claim_folder, filling_folder
 from specdeck.engine.cache import CLEARED, MARKER, TRAINING
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.export import TOKEN_COLUMNS, RunInfo, SessionRecord, export_paths, export_sessions
+from specdeck.train import RUN_STATE, STORE_STATE
 
 EXAMPLES = settings(max_examples=25, deadline=None, database=None)
 
@@ -151,6 +155,53 @@ def test_bench_into_a_users_folder_is_refused_unless_overwrite(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "SpecDeck did not write (summary.csv)" in err and "--overwrite" in err
     assert (tmp_path / "summary.csv").read_text() == "mine"
+
+
+# every command that trains or grows training data, with the flags that make it quick to refuse
+TRAINING_COMMANDS = {
+    "train-draft": [],
+    "train-head": [],
+    "distill-head": [],
+    "train-cross-draft": ["--answers", "1"],
+    "head-data": [],
+}
+
+
+def _state_name(name: str) -> bool:
+    top = name.split("/")[0]
+    return any(fnmatch.fnmatchcase(top, p) for p in (*RUN_STATE, *STORE_STATE))
+
+
+@EXAMPLES
+@given(tree=user_tree.filter(lambda tree: not any(_state_name(name) for name in tree)))
+def test_training_never_writes_into_a_folder_of_a_users_files(tree):
+    """Each training command with --out at a folder of a user's files stops before any model is
+    loaded, names --overwrite, and leaves every file as it was; nothing is added to the folder."""
+    with tempfile.TemporaryDirectory() as folder:
+        planted = _plant(Path(folder), tree)
+        before = sorted(os.listdir(folder))
+        for command, extra in TRAINING_COMMANDS.items():
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                assert main([command, "--out", folder, *extra]) == 2, command
+            assert "--overwrite" in err.getvalue(), err.getvalue()
+            assert _intact(planted) and sorted(os.listdir(folder)) == before, command
+
+
+def test_a_training_folder_holding_only_a_runs_state_is_claimed(tmp_path):
+    """A folder holding only what a run writes (an answers file unpacked there to resume from) is
+    the run's: it is marked, and a user's file added later does not lock the run out."""
+    (tmp_path / "answers.pt").write_bytes(b"state")
+    assert claim_folder(tmp_path, RUN_STATE) == tmp_path
+    (tmp_path / "notes.txt").write_text("mine")
+    assert claim_folder(tmp_path, RUN_STATE) == tmp_path
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "answers.pt").read_bytes() == b"state"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(SpecDeckError, match="notes.txt"):
+        claim_folder(other, RUN_STATE)
+    assert claim_folder(other, RUN_STATE, overwrite=True) == other
 
 
 @EXAMPLES

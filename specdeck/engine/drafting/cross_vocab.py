@@ -19,7 +19,7 @@ and the residual then follows p exactly, as it does for any q the drafts are dra
 Between rounds the kept text goes back to the draft: its token list (and cache) is cut to the
 longest prefix whose text the kept text still starts with, less a look-behind window that is
 read again, and the rest of the kept text is read in the draft's tokens. Its cache keeps the
-invariant of `engine.kvcache`: every token it has read but the newest.
+invariant of `specdeck.engine.forward.kvcache`: every token it has read but the newest.
 """
 
 from __future__ import annotations

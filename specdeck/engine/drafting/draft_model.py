@@ -1,5 +1,5 @@
 """A smaller model drafting for the target (`DraftModelDrafter`), with a KV cache of its own; the
-target's first layers draft through it too (`engine.drafting.layer_skip`).
+target's first layers draft through it too (`specdeck.engine.drafting.layer_skip`).
 
 A draft that proposes only some tokens computes only their rows of its output layer
 (`output_logits`): for a small draft with a large vocabulary that layer is most of its cost.
@@ -37,7 +37,7 @@ def output_logits(hidden: torch.Tensor, layer: Linear, output_ids: torch.Tensor 
 
 
 class DraftModelDrafter(Drafter):
-    """A small causal LM. Its cache follows the same invariant as the target's (`engine.kvcache`).
+    """A small causal LM. Its cache follows the same invariant as the target's (`specdeck.engine.forward.kvcache`).
 
     With `output_ids` the draft only ever proposes those tokens: its output layer is cut down to
     their rows, which for a small draft with a large vocabulary is most of its cost per token.

@@ -3,18 +3,18 @@
 A drafter sees every kept token and proposes up to k more (`propose(ids, shape)`: the round's
 `ProposalShape` carries all it is asked), with the distribution q each was drawn from. The decoding
 loop needs nothing else, so new drafters (a trained head, an early exit) slot in by implementing
-`Drafter` (what they hand the loop: `engine.drafting.proposals`).
-- `engine.drafting.draft_model.DraftModelDrafter`: a smaller model of the same vocabulary, with
+`Drafter` (what they hand the loop: `specdeck.engine.drafting.proposals`).
+- `specdeck.engine.drafting.draft_model.DraftModelDrafter`: a smaller model of the same vocabulary, with
   its own KV cache.
-- `engine.drafting.head_drafter.FeatureHeadDrafter`: a head of a decoder layer or two on the
-  target's own last hidden state (EAGLE, `engine.drafting.heads`); the decoding loop hands it the
+- `specdeck.engine.drafting.head_drafter.FeatureHeadDrafter`: a head of a decoder layer or two on the
+  target's own last hidden state (EAGLE, `specdeck.engine.drafting.heads`); the decoding loop hands it the
   target's states for every kept token.
 - `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
-- `SuffixDrafter` (`engine.drafting.suffix_drafting`): the most frequent continuation after the
+- `SuffixDrafter` (`specdeck.engine.drafting.suffix_drafting`): the most frequent continuation after the
   longest earlier match, in this request's text and in earlier ones (SuffixDecoding, Oliaro et al.
   2024); no model either, or, in the hybrid, copies before a model drafter (`copying_first`).
-- `engine.drafting.cross_vocab.CrossVocabularyDrafter`: a draft model with a tokenizer of its own.
+- `specdeck.engine.drafting.cross_vocab.CrossVocabularyDrafter`: a draft model with a tokenizer of its own.
 
 Prompt lookup lives here beside the interface: it is what copies from the text before any
 other drafter (`Drafter.copier`) unless the drafter was given another (`Drafter.copying_first`).
@@ -39,7 +39,7 @@ class Drafter(ABC):
     needs_states = False  # True: the loop calls `observe` with the target's last hidden states
     feature_layers: tuple[int, ...] = ()  # and the residual streams after these many target layers
     module: torch.nn.Module | LlamaCppModel | None = None  # the model that drafts (what its measured cost is cached by)
-    context_length: int | None = None  # positions a model drafter was trained on (`engine.context`)
+    context_length: int | None = None  # positions a model drafter was trained on (`specdeck.engine.context`)
     copies_text = False  # True: it drafts by copying from the text, so nothing copies before it
     copy_first: Drafter | None = None  # what copies before it in prompt lookup's place (`copying_first`)
 
@@ -78,7 +78,7 @@ class Drafter(ABC):
     def copying_first(self, copier: Drafter) -> Drafter:
         """This drafter, with `copier` copying from the text before it in prompt lookup's place (the
         hybrid: a suffix drafter before a model drafter). The loop runs the copier first
-        (`engine.loop.drafting_step`), as it runs prompt lookup before any other drafter."""
+        (`specdeck.engine.loop.drafting_step`), as it runs prompt lookup before any other drafter."""
         self.copy_first = copier
         return self
 

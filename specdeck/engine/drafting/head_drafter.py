@@ -1,4 +1,4 @@
-"""The feature head as a drafter (`engine.heads.FeatureHead`: EAGLE, Li et al. 2024): it drafts from
+"""The feature head as a drafter (`specdeck.engine.drafting.heads.FeatureHead`: EAGLE, Li et al. 2024): it drafts from
 the target's own states, which the decoding loop hands it for every kept token (`Drafter.observe`),
 on products of the target's output rows it may propose and, beside a GGUF target, on Q8_0 blocks of
 its own weights."""
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 class FeatureHeadDrafter(Drafter):
-    """Drafts from the target's own last hidden state (`engine.heads.FeatureHead`).
+    """Drafts from the target's own last hidden state (`specdeck.engine.drafting.heads.FeatureHead`).
 
     The head's cache holds one pair (state f_i, token i+1) per kept token it has seen: every kept
     token but the newest. A round feeds the pairs that became known since the last one, then drafts
@@ -180,7 +180,7 @@ class FeatureHeadDrafter(Drafter):
 
 def _rows_product(matrices, ids: torch.Tensor, rows: torch.Tensor) -> Linear:
     """A product of the target's output rows `ids` (values `rows`): on the GGUF file's blocks where
-    the target's output layer reads them (`engine.gguf_blocks`; the same bits, a quarter of the
+    the target's output layer reads them (`specdeck.engine.forward.gguf_blocks`; the same bits, a quarter of the
     bytes), else on `rows`."""
     if rows.dtype == torch.float32 and not isinstance(matrices, LlamaCppModel) and supports(matrices):
         whole = output_layer(matrices)

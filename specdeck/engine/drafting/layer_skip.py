@@ -4,7 +4,7 @@ al. 2024), and verifies with all of them.
 
 The partial model (`partial_model`) is the target with its layer list cut to the first L: the same
 parameter objects, and on the lean forward the same fused or packed products
-(`engine.lean_weights.share_first_layers`), so no weight is copied. It drafts as a draft model does
+(`specdeck.engine.forward.lean_weights.share_first_layers`), so no weight is copied. It drafts as a draft model does
 (`DraftModelDrafter`), with a KV cache of its own for its L layers; the full target verifies, so
 greedy text is plain text, and since q is the partial model's own distribution the rejection rule
 keeps sampled text on the target's distribution.

@@ -4,7 +4,7 @@ and a target's own texts, which it reads under scopes `session` and `all`.
 Token ids mean something for one tokenizer only, so each tokenizer has its own file,
 `cache_root()/suffix/<tokenizer key>.tokens`, named by a hash of its vocabulary. The file holds
 whole texts (prompt and answer, as token ids), oldest first; past `max_tokens` the oldest are
-dropped. Every change rewrites the file whole through `engine.atomic`, so a crash leaves the old
+dropped. Every change rewrites the file whole through `specdeck.engine.atomic`, so a crash leaves the old
 file or the new one. Two SpecDeck processes saving at once may each drop the other's newest text;
 nothing worse.
 

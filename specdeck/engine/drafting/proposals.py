@@ -34,7 +34,7 @@ class Proposal:
     tokens: list[int]
     # (len(tokens), vocab_width): the distribution each token was drawn from (`q`); None for drafts
     # copied from text, one-hot on each, which `q` makes when first read (a copy is judged first,
-    # and many are left unverified: `engine.loop.drafting_step`). With `columns`, (len(tokens),
+    # and many are left unverified: `specdeck.engine.loop.drafting_step`). With `columns`, (len(tokens),
     # len(columns)): q over those ids alone, 0 elsewhere
     dists: torch.Tensor | None
     # drafts copied from text: where from ("prompt": this request's text; "session": an earlier

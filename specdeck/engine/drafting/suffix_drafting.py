@@ -19,7 +19,7 @@ text already written, and the hybrid that copies them before a model drafter.
   (`Drafter.copying_first`) is a suffix drafter that drafts only when its path's score (the tokens
   its frequencies expect to be right) reaches `min_score` (`HYBRID_MIN_SCORE`); the paper's hybrid
   with EAGLE. The decoding loop tries the copier first and asks the model where it has nothing, as
-  it does with prompt lookup before other drafters (`engine.loop.drafting_step`).
+  it does with prompt lookup before other drafters (`specdeck.engine.loop.drafting_step`).
 
 `python -m specdeck.bench.suffix_round` times a round of it with 100,000 tokens of earlier texts.
 """

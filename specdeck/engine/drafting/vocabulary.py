@@ -6,7 +6,7 @@ and byte-fallback pieces ("<0xE2>") comparable: " the" is " the" in either. Cont
 (`<|im_end|>`, `</s>`) are twins only of control tokens with the same content, and the end-of-text
 tokens of the two sides are twins of each other whatever they are called. Timor et al. 2025,
 "Accelerating LLM Inference with Lossless Speculative Decoding Algorithms for Heterogeneous
-Vocabularies", sample drafts from the draft's distribution over these twins (`engine.cross_vocab`).
+Vocabularies", sample drafts from the draft's distribution over these twins (`specdeck.engine.drafting.cross_vocab`).
 """
 
 from __future__ import annotations
@@ -311,7 +311,8 @@ def vocabulary_difference(target, draft) -> str | None:
 
 
 def match_vocabularies(target, draft) -> VocabularyMatch:
-    """The pair's case (`VocabularyMatch`) for a loaded target and draft (`engine.models.LoadedModel`)."""
+    """The pair's case (`VocabularyMatch`) for a loaded target and draft
+    (`specdeck.engine.loading.models.LoadedModel`)."""
     difference = vocabulary_difference(target, draft)
     if difference is None:
         return VocabularyMatch("same", len(draft.tokenizer), len(draft.tokenizer))

@@ -1,4 +1,4 @@
-"""A chunk's attention pattern in the lean forward (`engine.llama_forward`): each token tree node's
+"""A chunk's attention pattern in the lean forward (`specdeck.engine.forward.llama_forward`): each token tree node's
 path from the root, and which cached and new positions each query sees in the forward's one fused
 attention call over a first or a long chunk (a chain's causal pattern, a tree's ancestors, a
 sliding window's bound).

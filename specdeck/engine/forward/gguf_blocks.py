@@ -1,10 +1,11 @@
 """A GGUF target's matrices multiplied as the file stores them, on the row kernel.
 
-A `.gguf` model runs on torch dequantized to float32 (`engine.gguf_conversion.convert_gguf`): SmolLM2-135M's
-Q4_1 file becomes 540 MB of weights that every decode step streams from memory. Its matrices are
+A `.gguf` model runs on torch dequantized to float32
+(`specdeck.engine.loading.gguf_conversion.convert_gguf`): SmolLM2-135M's Q4_1 file becomes 540 MB
+of weights that every decode step streams from memory. Its matrices are
 4.5 bits a weight in the file (Q4_1; the output layer Q8_0, 8.5), 90 MB in all. Where the products
 run on SpecDeck's row kernel, each product whose matrices the file holds in a block type the kernel
-decodes (`row_kernel.QUANTIZED`) runs on the file's blocks instead: the kernel decodes every
+decodes (`specdeck.engine.forward.row_kernel.QUANTIZED`) runs on the file's blocks instead: the kernel decodes every
 weight with gguf-py's rounding and sums it as the float32 product sums the dequantized matrix, so
 the logits keep their bits, and with them every text, while a step reads a sixth of the bytes.
 
@@ -14,7 +15,7 @@ row (the converter reorders the rows of the query and key projections for the ro
 are matched by value). Anything else (another file, another block type, a tensor missing) keeps
 its float32 product, and the products' report says how many run on the file's blocks.
 
-A model read in place (`engine.loading.gguf_in_place`) has no float32 matrices to compare: its
+A model read in place (`specdeck.engine.loading.gguf_in_place`) has no float32 matrices to compare: its
 loader knows which of the file's rows is which (the converter's order, undone as transformers
 undoes it) and hands that order over (`remember`'s `rows`); its products are always the file's.
 Matrices of different block types fused into one product (a Q4_K_M file's query and value
@@ -74,7 +75,7 @@ def remember(
 
 
 def read_in_place(model: torch.nn.Module) -> bool:
-    """Whether `model`'s matrices exist only as its GGUF file's blocks (`engine.gguf_in_place`)."""
+    """Whether `model`'s matrices exist only as its GGUF file's blocks (`specdeck.engine.loading.gguf_in_place`)."""
     return model in _IN_PLACE
 
 

@@ -2,7 +2,7 @@
 
 gguf-py's reader parses every metadata field of a file when it opens it, a tokenizer's tens of
 thousands of strings included: seconds for the built-in model at every load, while the products on
-the file's blocks (`engine.gguf_blocks`) need only each tensor's name, type, shape and offset. Those
+the file's blocks (`specdeck.engine.forward.gguf_blocks`) need only each tensor's name, type, shape and offset. Those
 are read with gguf-py once per file (its path, size and time of change), stepping over arrays of
 strings rather than parsing them (`_TensorsOnly`), and written to `gguf-tensors/` in the cache;
 later loads map the tensors from the index alone. An index that does not read back, or names bytes
@@ -74,14 +74,14 @@ def _index(path: Path) -> dict:
 
 
 def matches_path(path: Path) -> Path:
-    """Where the verdicts of `engine.gguf_blocks` on the file's tensors are kept (which rows of each
+    """Where the verdicts of `specdeck.engine.forward.gguf_blocks` on the file's tensors are kept (which rows of each
     match a model's weights bit for bit), beside its index and under the same key."""
     return _index_path(path).with_suffix(".rows.json")
 
 
 def config_path(path: Path) -> Path:
     """Where the file's model config, as transformers reads it from the file's metadata, is kept
-    (`engine.gguf_in_place`): beside its index and under the same key."""
+    (`specdeck.engine.loading.gguf_in_place`): beside its index and under the same key."""
     return _index_path(path).with_suffix(".config.json")
 
 

@@ -24,7 +24,7 @@ def input_embedding(model: PreTrainedModel) -> torch.nn.Embedding:
 
 def output_projection(model: PreTrainedModel) -> torch.nn.Linear:
     """The output layer (vocabulary rows); its weight may be a released stand-in on the packed path:
-    read values through `engine.lean_weights.output_weight`."""
+    read values through `specdeck.engine.forward.lean_weights.output_weight`."""
     return cast(torch.nn.Linear, model.get_output_embeddings())
 
 

@@ -5,8 +5,8 @@ the newest one. The newest kept token is fed first in the next forward, so each 
 forward over [newest kept token, drafted tokens...]; after a rejection the cache is cropped back
 to the kept prefix, so no round ever re-reads the context.
 
-Llama-family models run on `engine.llama_forward` (same logits, far less overhead per step),
-GGUF files opened by llama.cpp on `engine.llamacpp_backend`, every other model on Hugging Face's
+Llama-family models run on `specdeck.engine.forward.llama_forward` (same logits, far less overhead per step),
+GGUF files opened by llama.cpp on `specdeck.engine.forward.llamacpp_backend`, every other model on Hugging Face's
 own forward over a `DynamicCache`.
 """
 
@@ -100,7 +100,7 @@ def backend_for(model: PreTrainedModel | LlamaCppModel) -> llama_forward.LlamaFo
 
 def products_path(model: PreTrainedModel | LlamaCppModel) -> str | None:
     """How the lean Llama forward runs `model`'s matrix products on this machine, in words, with
-    why (`engine.linear.choose_path`); None where another forward runs it."""
+    why (`specdeck.engine.forward.linear.choose_path`); None where another forward runs it."""
     if isinstance(model, LlamaCppModel) or not llama_families.supports(model):
         return None
     weights = weights_of(model)
@@ -150,7 +150,7 @@ class CachedModel:
 
     def inexact_reason(self) -> str | None:
         """Why a verify on this CPU may not give each token a one-token step's bits (the lean
-        forward's products on F.linear, `engine.linear.choose_path`); None where it does, or where
+        forward's products on F.linear, `specdeck.engine.forward.linear.choose_path`); None where it does, or where
         another forward runs the model."""
         backend = self.backend
         if not isinstance(backend, llama_forward.LlamaForward) or backend.row_exact or self.device.type != "cpu":
@@ -169,7 +169,7 @@ class CachedModel:
 
     def size_for(self, tokens: int) -> None:
         """Size the cache for a session of `tokens` positions, on the fixed-shape steps (whose
-        attention spans the whole cache, see `engine.graphed_steps.FixedShapeSteps.size_for`);
+        attention spans the whole cache, see `specdeck.engine.forward.graphed_steps.FixedShapeSteps.size_for`);
         elsewhere the cache grows as it fills."""
         if isinstance(self.backend, llama_forward.LlamaForward) and self.backend.steps is not None:
             self.backend.steps.size_for(tokens)

@@ -1,4 +1,4 @@
-"""A decoder's weights as the lean forward (`engine.llama_forward`) multiplies them, held once.
+"""A decoder's weights as the lean forward (`specdeck.engine.forward.llama_forward`) multiplies them, held once.
 
 The lean forward runs four products per layer: query/key/value fused into one, the output
 projection, gate/up fused into one, and down; then the output layer. A fused matrix concatenated
@@ -9,7 +9,7 @@ beside the model's own would hold those weights twice (1.5x the model's bytes: 2
   parameters are pointed at row slices of the fused matrix (`param.data = fused[a:b]`). They stay
   the same `Parameter` objects, so Hugging Face's forward, optimizers and state dicts see the
   same values in the same places.
-- On a packed path (oneDNN's blocked layout or the row kernel's blocks, `engine.linear`) the
+- On a packed path (oneDNN's blocked layout or the row kernel's blocks, `specdeck.engine.forward.linear`) the
   packed matrices are the copy the forward reads, and the model's plain matrices are released: each parameter keeps its shape,
   dtype and device on a one-element placeholder. They come back, bit for bit (the product's `dense`),
   the first time anything runs one of the released modules (Hugging Face's forward, the
@@ -65,8 +65,8 @@ class LeanWeights:
 
     @property
     def row_exact(self) -> bool:
-        """Whether every product gives each row the same bits alone as in a batch (`engine.linear`):
-        then, with attention that does too (`engine.row_attention`), a verify's logits for a token
+        """Whether every product gives each row the same bits alone as in a batch (`specdeck.engine.forward.linear`):
+        then, with attention that does too (`specdeck.engine.forward.row_attention`), a verify's logits for a token
         equal bit for bit the logits a plain step would give it. Every product takes the one
         path chosen for the whole model."""
         return self.products.path in PACKED
@@ -100,7 +100,7 @@ def weights_of(model: PreTrainedModel) -> LeanWeights:
 
 def share_first_layers(partial: PreTrainedModel, model: PreTrainedModel, layers: int) -> None:
     """Let `partial`, whose parameters are `model`'s embedding, first `layers` layers, final norm and
-    output layer (`engine.layer_skip`), run on `model`'s lean weights: nothing is read, fused or
+    output layer (`specdeck.engine.drafting.layer_skip`), run on `model`'s lean weights: nothing is read, fused or
     packed again, so the partial model costs no memory for weights."""
     full = weights_of(model)
     _WEIGHTS[partial] = (_key(partial), replace(full, layers=full.layers[:layers]))
@@ -108,7 +108,7 @@ def share_first_layers(partial: PreTrainedModel, model: PreTrainedModel, layers:
 
 def rows_in_8_bits(model: object) -> bool:
     """Whether the model's lean forward, as last read, takes its rows in 8 bits on a GGUF file's
-    blocks (`engine.gguf_blocks.activations`): another arithmetic than Hugging Face's forward."""
+    blocks (`specdeck.engine.forward.gguf_blocks.activations`): another arithmetic than Hugging Face's forward."""
     cached = _WEIGHTS.get(model)
     return cached is not None and any(
         getattr(product, "activations", None) == "int8"

@@ -4,11 +4,11 @@ A decode step multiplies one row of activations by every weight matrix; a verify
 rows. Both read the same weights from memory, so a verify over 8 tokens should cost about what one
 step costs. On the CPU, `F.linear` (MKL, weights as stored) does not deliver that: for 2 to 16 rows
 it leaves its fast path and a product costs 2-5x the one-row product on some machines
-(`../shared/research/cpu-forward.md`). oneDNN's inner-product primitive on a weight reordered once
+(`docs/engine.md`, "A verify that costs what a step costs"). oneDNN's inner-product primitive on a weight reordered once
 into its own blocked layout (what PyTorch's inductor does when it freezes a model on the CPU) stays
 close to flat up to 16 rows and gives every row the same bits whether it goes alone or with others,
 which keeps greedy speculative text identical to plain text even where two logits nearly tie.
-SpecDeck's own row kernel (`engine.row_kernel`, float32 on AVX-512 or AVX2, built for the machine)
+SpecDeck's own row kernel (`specdeck.engine.forward.row_kernel`, float32 on AVX-512 or AVX2, built for the machine)
 does the same by construction and streams the weights faster where it builds.
 
 The path is chosen once per process and kind of weight, by measurement on this machine: a packed

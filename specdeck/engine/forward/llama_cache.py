@@ -2,7 +2,7 @@
 
 Every layer's keys and values sit in two preallocated tensors that a forward writes its chunk into
 and a crop only shortens, so no step concatenates a layer's cache as Hugging Face's does. The cache
-starts zeroed because the fixed-shape steps (`engine.graphed_steps`) attend over its whole capacity.
+starts zeroed because the fixed-shape steps (`specdeck.engine.forward.graphed_steps`) attend over its whole capacity.
 """
 
 from __future__ import annotations

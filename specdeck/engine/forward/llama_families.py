@@ -1,4 +1,4 @@
-"""Which Hugging Face models the lean Llama forward (`engine.llama_forward`) reproduces exactly.
+"""Which Hugging Face models the lean Llama forward (`specdeck.engine.forward.llama_forward`) reproduces exactly.
 
 A model runs on the lean forward only where it needs nothing the forward leaves out: a decoder of
 one of `FAMILIES`, a rotary whose frequencies are fixed when the model loads, the SiLU activation,

@@ -11,13 +11,15 @@ building, and a cache that concatenates every layer's keys and values on each st
 here is four matrix products per layer (query/key/value and gate/up fused into one each), a handful
 of element-wise operations, and one attention call.
 
-Every matrix product goes through `engine.linear`: on the CPU, where this machine's oneDNN allows,
+Every matrix product goes through `specdeck.engine.forward.linear`: on the CPU, where this machine's oneDNN allows,
 on weights packed once into its blocked layout, which keeps a verify over 8 tokens near the cost of
 a one-token step and gives each row the same bits however many rows share the forward. The fused
-and packed weights are read once per model, replacing its own copy (`engine.lean_weights`).
-On a GPU steps and verifies run at one fixed shape, replayed as CUDA graphs (`engine.graphed_steps`).
-Which models it runs is `engine.llama_families`; its cache is `engine.llama_cache`; a token tree's
-paths and the masks of its fused attention call are `engine.attention_masks`.
+and packed weights are read once per model, replacing its own copy
+(`specdeck.engine.forward.lean_weights`). On a GPU steps and verifies run at one fixed shape,
+replayed as CUDA graphs (`specdeck.engine.forward.graphed_steps`). Which models it runs is
+`specdeck.engine.forward.llama_families`; its cache is `specdeck.engine.forward.llama_cache`; a
+token tree's paths and the masks of its fused attention call are
+`specdeck.engine.forward.attention_masks`.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from specdeck.engine.forward.linear import Linear, make_linear
 from specdeck.engine.forward.llama_cache import KVCache, LlamaShape
 from specdeck.engine.forward.llama_families import attention_windows, supports
 
-ROW_BY_ROW_LIMIT = 16  # chunks after cached positions up to this many tokens attend row by row (`engine.row_attention`)
+# chunks after cached positions up to this many tokens attend row by row (`specdeck.engine.forward.row_attention`)
+ROW_BY_ROW_LIMIT = 16
 
 
 def output_layer(model: PreTrainedModel) -> Linear:
@@ -58,11 +61,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class LlamaForward:
-    """A Llama-family model's forward plus its KV cache: the interface of `engine.kvcache.CachedModel`'s
-    backends (`logits`, `hidden`, `crop`, `reset`, `len`)."""
+    """A Llama-family model's forward plus its KV cache: the interface of the backends of
+    `specdeck.engine.forward.kvcache.CachedModel` (`logits`, `hidden`, `crop`, `reset`, `len`)."""
 
     def __init__(self, model: PreTrainedModel, capacity: int = 256, fixed_shape: bool | None = None) -> None:
-        """`fixed_shape`: run steps and verifies at one fixed shape (`engine.graphed_steps`), replayed
+        """`fixed_shape`: run steps and verifies at one fixed shape (`specdeck.engine.forward.graphed_steps`), replayed
         as CUDA graphs on a GPU. Default: on `FIXED_SHAPE_DEVICES` (CUDA), unless the environment sets
         SPECDECK_CUDA_GRAPHS=0 (each kernel launched from Python, and a verify's bits may then differ
         from a plain step's)."""
@@ -74,7 +77,7 @@ class LlamaForward:
         self.weights = weights_of(model)
         self.row_exact = self.weights.row_exact
         self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device, capacity)
-        # Feature taps (for heads that fuse lower layers, `engine.heads`): after each forward,
+        # Feature taps (for heads that fuse lower layers, `specdeck.engine.drafting.heads`): after each forward,
         # `tapped` holds (n, len(taps), hidden), the residual stream after each of `taps` layers.
         self.taps: tuple[int, ...] = ()
         self.tapped: torch.Tensor | None = None
@@ -95,7 +98,7 @@ class LlamaForward:
         """Whether token trees keep a verify exact here. The fixed-shape steps would give a side
         branch's nodes their ancestors in slots that are not adjacent, and attention's sums over
         them (with masked slots between) round differently from a plain step's over adjacent ones:
-        on them drafts are chains. So are they on the fused layers (`engine.fused_layers`), whose
+        on them drafts are chains. So are they on the fused layers (`specdeck.engine.forward.fused_layers`), whose
         small operations round otherwise than the eager path a side branch takes."""
         return self.steps is None and self.fused is None
 
@@ -152,10 +155,11 @@ class LlamaForward:
         paths = tree_paths(parents) if parents is not None else None
         depths = [len(path) - 1 for path in paths] if paths else list(range(n))
         cos, sin = self._rotary_rows(start, depths if paths else None, n, x.dtype)
-        # After cached positions, up to ROW_BY_ROW_LIMIT queries attend row by row (`engine.row_attention`),
-        # each query's bits those of a one-token step at its position; a first chunk or a longer one
-        # takes one fused call. On the fused layers, every row is computed alone up to their bound (a
-        # feature head's 32 pairs after a run of plain steps too, faster than eagerly).
+        # After cached positions, up to ROW_BY_ROW_LIMIT queries attend row by row
+        # (`specdeck.engine.forward.row_attention`), each query's bits those of a one-token step at its
+        # position; a first chunk or a longer one takes one fused call. On the fused layers, every row is
+        # computed alone up to their bound (a feature head's 32 pairs after a run of plain steps too, faster
+        # than eagerly).
         rowwise = start > 0 and n <= ROW_BY_ROW_LIMIT
         if (start > 0 or self.fused_first_chunk) and n <= FUSED_LIMIT and paths is None and self.fused is not None:
             cache.reserve(start + n)
@@ -185,7 +189,7 @@ class LlamaForward:
         (final states (n, hidden), the taps' residual streams (n, len(taps), hidden) or None).
         `attend(i, q, k, v)` stores layer i's new keys and values (1, kv_heads, n, head_dim) in the
         cache and returns the attention output for queries q (1, heads, n, head_dim): the one part
-        the eager and the fixed-shape forwards (`engine.graphed_steps`) do differently."""
+        the eager and the fixed-shape forwards (`specdeck.engine.forward.graphed_steps`) do differently."""
         s, w = self.shape, self.weights
         n = x.shape[1]
         tapped = []
@@ -310,7 +314,7 @@ class LlamaForward:
         paths: list[list[int]] | None,
     ) -> torch.Tensor:
         """Attention for a step or a verify, each query the bits a one-token step at its position
-        gets (`engine.row_attention`), over a layer's cache `keys` and `values` (1, kv_heads,
+        gets (`specdeck.engine.forward.row_attention`), over a layer's cache `keys` and `values` (1, kv_heads,
         capacity, head_dim) that already hold the chunk's.
 
         A chain's queries see the cache as it stands. A tree's side branch needs its ancestors in

@@ -1,5 +1,5 @@
 """GGUF models run by llama.cpp (through llama-cpp-python) on their quantized weights, behind the
-interface of the torch backends (`engine.kvcache.CachedModel`), so every drafter, event and figure
+interface of the torch backends (`specdeck.engine.forward.kvcache.CachedModel`), so every drafter, event and figure
 works unchanged.
 
 One llama.cpp call over n new tokens gives the logits of every position and, with embeddings on
@@ -28,7 +28,7 @@ last two round otherwise than `vec_dot` (up to 1.3 apart in logits on SmolLM2-13
 files), so a verify could flip a near-tie plain decoding resolves the other way. SpecDeck loads
 weights without the extra buffers (`model_params`) and switches the tiled kernel off
 (`GGML_CPU_TILED_MM=0`, read once by ggml when it first multiplies): every call shape then runs
-`vec_dot` or the sgemm that matches it, for every block type (tests/engine/forward/test_llamacpp_block_types.py
+`vec_dot` or the sgemm that matches it, for every block type (tests/engine/forward/test_llamacpp_backend_block_types.py
 checks Q4_1, Q8_0, Q6_K and Q4_K_M files). Prompts are read by the same kernels, a little slower
 for K-quants than with the tiled one; steps and verifies of up to 7 tokens ran those kernels before.
 """
@@ -145,7 +145,7 @@ class LlamaCppModel:
                 num_hidden_layers=llama.llama_model_n_layer(handle),
                 max_position_embeddings=min(llama.llama_model_n_ctx_train(handle), CONTEXT_LIMIT),
                 eos_token_id=eos if eos >= 0 else None,
-                # what the measured costs are cached by (`engine.costs`): the file and the library
+                # what the measured costs are cached by (`specdeck.engine.planner.costs`): the file and the library
                 gguf_file=str(path.resolve()),
                 gguf_size=stat.st_size,
                 gguf_mtime_ns=stat.st_mtime_ns,
@@ -188,8 +188,8 @@ class LlamaCppModel:
 
 
 def matrices_of(model: PreTrainedModel | LlamaCppModel) -> PreTrainedModel:
-    """`model` where only its embedding and output matrices are read (`engine.hf_parts`,
-    `engine.lean_weights.output_weight`): a LlamaCppModel has them, as `FileMatrix`es."""
+    """`model` where only its embedding and output matrices are read (`specdeck.engine.forward.hf_parts`,
+    `specdeck.engine.forward.lean_weights.output_weight`): a LlamaCppModel has them, as `FileMatrix`es."""
     return cast("PreTrainedModel", model)
 
 

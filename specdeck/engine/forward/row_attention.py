@@ -2,7 +2,7 @@
 
 A verify gives each drafted token the logits a one-token step would give it only where every part
 of the forward computes a row the same way alone as beside others. The products do where
-`engine.linear` packs them; PyTorch's fused CPU attention (`scaled_dot_product_attention`) does not:
+`specdeck.engine.forward.linear` packs them; PyTorch's fused CPU attention (`scaled_dot_product_attention`) does not:
 a query's output changes in its last bits with the queries beside it, so a verify used to attend
 query by query, one call each, as a step does, and paid for every call.
 
@@ -13,7 +13,7 @@ masked out, so a step at position p and a verify's query at p make calls over th
 slots. Where this machine's products keep a row's reduction order whatever the row count
 (`rows_invariant`, checked once per shape), a verify's queries whose spans agree share one call;
 elsewhere every query, a step's included, gets PyTorch's fused call over its span: as exact, and
-as many calls as before. Where the row kernel builds (`engine.row_kernel`: float32 on the CPU), a
+as many calls as before. Where the row kernel builds (`specdeck.engine.forward.row_kernel`: float32 on the CPU), a
 call runs there instead, each query over its own slots, without a mask (`Call.ends`).
 """
 
@@ -68,7 +68,7 @@ def plan(
 ) -> list[Call]:
     """The calls for a chunk's queries `rows` (ascending), query j attending to the positions before
     ends[j] (and of those only the `window` latest, itself included), `group` query heads to a
-    key/value head. `kernel` (the row kernel's attention runs here, `engine.row_kernel`): one call
+    key/value head. `kernel` (the row kernel's attention runs here, `specdeck.engine.forward.row_kernel`): one call
     for each run of consecutive queries where `share`, each query over its own slots. Else
     `batched` (this machine keeps a row's bits in a spelled-out call, `rows_invariant`):
     spelled-out calls, consecutive queries with the same span sharing one where `share`; else one

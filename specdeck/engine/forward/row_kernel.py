@@ -3,7 +3,7 @@
 It streams the weights faster than oneDNN's packed product, and eight rows cost little more than
 one: it reads each weight block once, front to back, prefetching ahead, and does up to eight rows'
 arithmetic while the block is in cache. Each output is one sum over the inner dimension in order,
-so a row's bits do not depend on the rows beside it (`engine.linear` checks that too before using
+so a row's bits do not depend on the rows beside it (`specdeck.engine.forward.linear` checks that too before using
 it). Its attention (`attend`) gives a step's and a verify's queries the same property, each query
 reading only its own slots.
 """
@@ -258,7 +258,7 @@ def _pack_int8(vectors: np.ndarray, kind: str) -> np.ndarray:
     """Vectors of columns (count, lanes, groups, bytes) of GGUF blocks in the layout of the kernel's
     8-bit-activation products (`row_kernel.c`): per vector, per group of 32, the columns' scales
     (and minimums), then runs of 4 quant bytes a column (Q8_0's offset by 128, unsigned); the
-    other types as `block_groups.layout` lays them out."""
+    other types as `specdeck.engine.forward.block_groups.layout` lays them out."""
     if kind in block_groups.TYPES:
         return block_groups.layout(vectors, kind)
     count, lanes, groups, _ = vectors.shape

@@ -1,18 +1,18 @@
 """Which backend runs a model: torch (every model) or llama.cpp (`.gguf` files, where
-llama-cpp-python is installed; `engine.llamacpp_backend`).
+llama-cpp-python is installed; `specdeck.engine.forward.llamacpp_backend`).
 
 `auto` goes by what would run the file on torch. Where the row kernel builds and reads the block
-types of all of the file's large matrices (`row_kernel.QUANTIZED`), torch reads the file in place
-(`engine.gguf_in_place`) and its step beats llama.cpp's: auto takes torch unmeasured, if the file
-fits in memory about three times over (the mapping, the products' packed blocks, the rest). Else
-torch would run float32 weights, or some of them, and auto picks llama.cpp for a GGUF file when it
-measures faster on this machine: one-token forwards (a plain decoding step) after a short context
-on both backends, with the threads torch uses. The verdict is saved with the measured costs
-(`specdeck cache --clear` forgets it), so the measurement runs once per file, machine and thread
-count. A model that would not fit in memory dequantized for torch goes to llama.cpp unmeasured.
-llama.cpp is timed in a child process: a build that crashes on this CPU (a native fault, which no
-Python code survives) ends the child alone, and the file runs on torch, with the reason said and
-saved. Whichever it takes, auto says why in one line.
+types of all of the file's large matrices (`specdeck.engine.forward.row_kernel.QUANTIZED`), torch
+reads the file in place (`specdeck.engine.loading.gguf_in_place`) and its step beats llama.cpp's:
+auto takes torch unmeasured, if the file fits in memory about three times over (the mapping, the
+products' packed blocks, the rest). Else torch would run float32 weights, or some of them, and auto
+picks llama.cpp for a GGUF file when it measures faster on this machine: one-token forwards (a plain
+decoding step) after a short context on both backends, with the threads torch uses. The verdict is
+saved with the measured costs (`specdeck cache --clear` forgets it), so the measurement runs once
+per file, machine and thread count. A model that would not fit in memory dequantized for torch goes
+to llama.cpp unmeasured. llama.cpp is timed in a child process: a build that crashes on this CPU (a
+native fault, which no Python code survives) ends the child alone, and the file runs on torch, with
+the reason said and saved. Whichever it takes, auto says why in one line.
 """
 
 from __future__ import annotations

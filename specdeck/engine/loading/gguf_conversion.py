@@ -1,5 +1,5 @@
 """A GGUF file dequantized once into a Hugging Face folder in SpecDeck's cache, which torch loads
-(`engine.models.locate`), and the record that tells a damaged folder from a whole one.
+(`specdeck.engine.loading.models.locate`), and the record that tells a damaged folder from a whole one.
 
 The folder is a standard one (a tied output layer saved once under the embedding's name, as
 transformers saves a model), so that other tools, a vLLM server say, load the same weights. Its

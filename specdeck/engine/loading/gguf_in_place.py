@@ -1,21 +1,22 @@
 """A GGUF model built on its file's own blocks: no float32 copy written, none held.
 
-Where the row kernel reads every large matrix of a file (`row_kernel.QUANTIZED`) the products run
-on the file's blocks anyway (`engine.gguf_blocks`), so dequantizing the file into a float32 folder
-first (`engine.gguf_conversion`: 540 MB and about 20 s for the built-in 135M model, 6.8 GB for a
-1.7B one) only costs time and disk. Here the model is built from the file's metadata (transformers
-reads a GGUF file's config), its small tensors (norms, biases) and its token embedding are
-dequantized as transformers' GGUF loader dequantizes them, and each large matrix is left a
+Where the row kernel reads every large matrix of a file
+(`specdeck.engine.forward.row_kernel.QUANTIZED`) the products run on the file's blocks anyway
+(`specdeck.engine.forward.gguf_blocks`), so dequantizing the file into a float32 folder first
+(`specdeck.engine.loading.gguf_conversion`: 540 MB and about 20 s for the built-in 135M model, 6.8
+GB for a 1.7B one) only costs time and disk. Here the model is built from the file's metadata
+(transformers reads a GGUF file's config), its small tensors (norms, biases) and its token embedding
+are dequantized as transformers' GGUF loader dequantizes them, and each large matrix is left a
 placeholder of its shape whose product the lean forward takes straight from the memory-mapped
-blocks. The embedding is converted, not kept in blocks: token lookup (the lean forward's and
-Hugging Face's) reads rows of a float32 table, and it is one matrix of the model's (113 MB for the
-built-in one, whose tied output layer still multiplies on the file's Q8_0 blocks).
+blocks. The embedding is converted, not kept in blocks: token lookup (the lean forward's and Hugging
+Face's) reads rows of a float32 table, and it is one matrix of the model's (113 MB for the built-in
+one, whose tied output layer still multiplies on the file's Q8_0 blocks).
 
 llama.cpp's converter reorders the query and key rows of Llama models for its rotary; transformers'
 loader puts them back (its `TensorProcessor`). The same processor, run on row numbers instead of
 weights, gives the order in which the products take the file's rows: the in-place model's logits
 are the converted model's, bit for bit. Hugging Face's own forward (the benchmark's `generate()`)
-brings the float32 matrices back from the blocks the first time it runs (`engine.lean_weights`).
+brings the float32 matrices back from the blocks the first time it runs (`specdeck.engine.forward.lean_weights`).
 """
 
 from __future__ import annotations

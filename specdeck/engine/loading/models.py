@@ -1,11 +1,11 @@
 """Finding and loading causal language models: built-in aliases, Hugging Face ids, local folders
 and `.gguf` files, on the device and dtype the user asked for (or the best one here: `devices`), and
-on the backend it asked for (`engine.backends`): torch, or llama.cpp for a `.gguf` file.
+on the backend it asked for (`specdeck.engine.loading.backends`): torch, or llama.cpp for a `.gguf` file.
 
 Model files are untrusted input: remote code runs only when the user passes `trust_remote_code`,
 and weights come from safetensors or GGUF (transformers loads a pickled `.bin` with
 `weights_only=True`). A GGUF file whose matrices the row kernel reads is read in place, its
-products on the file's blocks (`engine.gguf_in_place`); any other is dequantized once into a
+products on the file's blocks (`specdeck.engine.loading.gguf_in_place`); any other is dequantized once into a
 safetensors cache, since converting it takes far longer than loading the result; the cache records
 the weights' size and SHA-256, and a cache that no longer matches them (a disk filled up, a copy
 cut short) is converted again. On llama.cpp a GGUF file runs as it is; only its tokenizer is
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdeck.engine.atomic import building_folder
-from specdeck.engine.bounded import read_json
+from specdeck.engine.bounded import TooSlow, read_json, within_seconds
 from specdeck.engine.cache import TOKENIZER_SUFFIX
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks
@@ -57,9 +57,10 @@ class LoadOptions:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16
     trust_remote_code: bool = False
-    backend: str = "torch"  # auto, torch, llama.cpp (`engine.backends.choose_backend`)
-    # a GGUF file's matrices read in place where the row kernel reads their blocks (`engine.gguf_in_place`);
-    # False converts the file to float32 first, as where it cannot (for comparing the two)
+    backend: str = "torch"  # auto, torch, llama.cpp (`specdeck.engine.loading.backends.choose_backend`)
+    # a GGUF file's matrices read in place where the row kernel reads their blocks
+    # (`specdeck.engine.loading.gguf_in_place`); False converts the file to float32 first, as where it cannot
+    # (for comparing the two)
     read_in_place: bool = True
 
 
@@ -225,14 +226,14 @@ def load_model(name: str, options: LoadOptions = LoadOptions(), progress: Progre
         raise SpecDeckError(f"Could not load {name}: {error}") from error
     model.to(device).eval()  # type: ignore[arg-type]  # a decorator in transformers hides to()'s signature
     if (file := gguf_file(name.strip())) is not None:
-        # its products may read the file's own blocks (`engine.gguf_blocks`)
+        # its products may read the file's own blocks (`specdeck.engine.forward.gguf_blocks`)
         gguf_blocks.remember(model, file, converted_weights(Path(source)))
     output_ids = read_output_tokens(Path(source), output_projection(model).weight.shape[0])
     return LoadedModel(name, model, tokenizer, device, dtype, output_ids)
 
 
 def _load_in_place(name: str, path: Path, progress: Progress | None) -> LoadedModel:
-    """The GGUF file `name` on torch, its matrices its own blocks (`engine.gguf_in_place`)."""
+    """The GGUF file `name` on torch, its matrices its own blocks (`specdeck.engine.loading.gguf_in_place`)."""
     try:
         model = gguf_in_place.load_in_place(path, progress)
     except MemoryError as error:
@@ -243,7 +244,7 @@ def _load_in_place(name: str, path: Path, progress: Progress | None) -> LoadedMo
 
 
 def load_tokenizer(name: str, progress: Progress | None = None):
-    """The tokenizer of model `name` alone (a remote target's, `engine.remote_target`)."""
+    """The tokenizer of model `name` alone (a remote target's, `specdeck.engine.remote.remote_target`)."""
     try:
         if (file := gguf_file(name.strip())) is not None:  # its tokenizer alone: no conversion
             return gguf_tokenizer(file, progress)
@@ -309,7 +310,7 @@ def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
 
 OUTPUT_TOKENS_FILE = "output_tokens.json"
 TOKENIZER_REFERENCE_FILE = "tokenizer_reference.json"
-HEAD_KEY = "specdeck_head"  # in a feature head's config.json (`engine.heads`)
+HEAD_KEY = "specdeck_head"  # in a feature head's config.json (`specdeck.engine.drafting.heads`)
 
 
 def is_head_folder(path: Path) -> bool:
@@ -381,12 +382,14 @@ def check_prompt(text: str) -> str:
 
 
 MAX_TEMPLATE_CHARS = 256 * 1024  # a chat format takes a few kB; the longest known, tens
+TEMPLATE_SECONDS = 5.0  # a chat format renders in milliseconds; a template looping for ever is stopped
 
 
 def render_chat_template(tokenizer, messages: list[dict[str, str]]) -> str:
     """The text `tokenizer`'s chat template makes of `messages`, the turn to answer opened; a
-    template too long to be a chat format, or one that fails (malformed, raising, an unknown
-    filter: it is the model's code), is a SpecDeckError saying so."""
+    template too long to be a chat format, one that runs past `TEMPLATE_SECONDS`, or one that
+    fails (malformed, raising, an unknown filter: it is the model's code), is a SpecDeckError
+    saying so."""
     template = tokenizer.chat_template
     size = sum(map(len, template.values())) if isinstance(template, dict) else len(str(template))
     if size > MAX_TEMPLATE_CHARS:  # checked before rendering: a huge one would run for minutes
@@ -395,7 +398,15 @@ def render_chat_template(tokenizer, messages: list[dict[str, str]]) -> str:
             f"(at most {MAX_TEMPLATE_CHARS:,}): use raw completion (--no-chat), or fix the template."
         )
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return within_seconds(
+            TEMPLATE_SECONDS,
+            lambda: tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+        )
+    except TooSlow:
+        raise SpecDeckError(
+            f"This model's chat template ran for more than {TEMPLATE_SECONDS:.0f} s without finishing: use "
+            "raw completion (--no-chat), or fix the chat_template in its tokenizer_config.json."
+        ) from None
     except Exception as error:  # jinja2 and the template's own code raise many types
         said = " ".join(str(error).split())[:200] or type(error).__name__
         raise SpecDeckError(

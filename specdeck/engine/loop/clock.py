@@ -11,7 +11,7 @@ from specdeck.engine.forward.kvcache import synchronize
 
 
 class Clock:
-    """A round's times. A reading that ends device work first synchronises (`engine.forward.kvcache`), so
+    """A round's times. A reading that ends device work first synchronises (`specdeck.engine.forward.kvcache`), so
     that queued kernels count where they ran; a round's start does not need to, since the last
     reading left nothing queued."""
 

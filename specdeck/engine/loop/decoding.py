@@ -21,12 +21,12 @@ attention). Where d_1 is refused they are tried in turn before the correction (g
 target's token one of them; sampled: each against the residual, `verify`); an accepted one is
 kept and its own row gives the bonus. The round is the same: draft, verify, accept, correct or bonus.
 
-KV cache (`engine.forward.kvcache`): between rounds it holds every kept token but the newest, x_t, which
+KV cache (`specdeck.engine.forward.kvcache`): between rounds it holds every kept token but the newest, x_t, which
 opens the next forward. After a refusal at d_{m+1} it keeps x_t and d_1..d_m, the inputs whose
 rows decided a kept token, and drops the refused drafts and anything after them (in a tree, the
 branches not taken); the correction or bonus is the new newest token, cached by the next round.
 
-The round's parts, each in its module of `engine.loop`: `schedule` (each round's shape),
+The round's parts, each in its module of `specdeck.engine.loop`: `schedule` (each round's shape),
 `drafting_step` (copy first, then the drafter), `target_forward` (the forward over the KV cache, or a
 server's), `verification` (the acceptance rule and its verdict), `clock` (the round's times) and
 `transcript` (the events a front end reads).
@@ -66,8 +66,8 @@ def generate(
 
     Setting `cancel` stops the session at the next round boundary, keeping what was generated.
     Prompt and answer stay within the context of the target (and of a draft model): a longer
-    prompt is refused or cut (`engine.context.fit_prompt`), an answer stops at its end.
-    A remote target's server failing (`engine.remote.remote_http.ServerFault`, or another
+    prompt is refused or cut (`specdeck.engine.context.fit_prompt`), an answer stops at its end.
+    A remote target's server failing (`specdeck.engine.remote.remote_http.ServerFault`, or another
     `SpecDeckError` from a round's request) ends the session with stop reason "server_error": its
     summary, with the text so far, comes out before the error is raised.
     """

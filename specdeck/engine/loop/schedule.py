@@ -1,5 +1,5 @@
 """Each round's shape (`Schedule`): how much the round drafts or copies, and how much of a copy it
-verifies. `auto` asks the planner (`engine.planner.autotune.RoundPlanner`: the shape that keeps the
+verifies. `auto` asks the planner (`specdeck.engine.planner.autotune.RoundPlanner`: the shape that keeps the
 most tokens per ms, from the costs measured on this machine and the session's acceptance);
 `constant` drafts K every round; `heuristic` moves K after each round."""
 
@@ -59,7 +59,7 @@ class Schedule:
             # where the first kept token stood among the drafter's candidates (0: its first draft).
             # Greedy: the target's argmax. Sampled: after a refused first draft it follows the residual,
             # so it is among the first w candidates exactly as often as a tree of width w would accept
-            # an alternative (`engine.loop.verification.verify`).
+            # an alternative (`specdeck.engine.loop.verification.verify`).
             rank = draft.proposal.rank(first) if n and not copied else None
             self.planner.record(
                 shape,

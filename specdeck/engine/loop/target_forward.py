@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class TargetForward:
-    """The target over its KV cache (`engine.forward.kvcache`), whose invariant holds between rounds: the
+    """The target over its KV cache (`specdeck.engine.forward.kvcache`), whose invariant holds between rounds: the
     cache holds every kept token but the newest, which opens the next round's forward.
 
     A drafter that drafts from the target's last hidden states (`Drafter.needs_states`, a feature
@@ -91,7 +91,7 @@ class TargetForward:
 
 
 class RemoteForward:
-    """The target's forwards on a server (`engine.remote.remote_target`), with `TargetForward`'s methods:
+    """The target's forwards on a server (`specdeck.engine.remote.remote_target`), with `TargetForward`'s methods:
     `held` plays the KV cache's part (every kept token but the newest), and each round sends it with
     the newest kept token and the drafts in one request. The server's own prefix cache is what keeps
     a round near K + 1 tokens of work there (`ServerTime.cache_hit`)."""

@@ -1,5 +1,5 @@
-"""A session told as events (`engine.events`): each round's token events in the order a reader
-meets them, its `RoundEvent`, and the summary, with the kept text and the counts (`engine.stats`).
+"""A session told as events (`specdeck.engine.events`): each round's token events in the order a reader
+meets them, its `RoundEvent`, and the summary, with the kept text and the counts (`specdeck.engine.stats`).
 
 Per round: the kept tokens in order (the accepted drafts, then the target's own token: resampled
 after a refusal, a bonus after a round whose drafts all passed, plain without drafts); the refused

@@ -45,7 +45,7 @@ class Verdict:
     drafted it), and the refused drafts, each shown before the kept token at its position or, past
     the kept drafts, before kept token `chain_accepted`. `path`: the forward's inputs whose rows
     decided a kept token (the newest kept token's, then the accepted drafts'), which the cache keeps.
-    A draft with a tokenizer of its own (`engine.drafting.cross_vocab`) adds what it wrote for each
+    A draft with a tokenizer of its own (`specdeck.engine.drafting.cross_vocab`) adds what it wrote for each
     kept draft; a sampled tree's accepted alternative, the chance it had (`Refused.chance`)."""
 
     kept: list[int]

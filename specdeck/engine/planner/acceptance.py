@@ -1,4 +1,4 @@
-"""How often drafts are accepted, as the auto schedule (`engine.autotune`) estimates it while a
+"""How often drafts are accepted, as the auto schedule (`specdeck.engine.planner.autotune`) estimates it while a
 session runs: a model drafter's acceptance by draft depth (`DepthAcceptance`), and a copied draft's
 by where it was copied from, how long its match is and whether the text went on otherwise after it
 (`CopyAcceptance`); older rounds weigh less (`DECAY`), and each estimate starts from a prior.

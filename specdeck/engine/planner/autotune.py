@@ -5,7 +5,7 @@ where a_d is the chance the d-th draft is accepted once the ones before it were 
 2023, section 3.1, with acceptance by depth instead of one rate). It costs
 T(K) = overhead + K c + V(K + 1): the drafter's cost per token c, and the target's forward over the
 newest kept token and K drafts, V, which depends on the machine (flat on some CPUs up to 16 tokens,
-steep on others: `engine.linear`). The planner picks the K in [0, max K] that maximises E(K) / T(K),
+steep on others: `specdeck.engine.forward.linear`). The planner picks the K in [0, max K] that maximises E(K) / T(K),
 K = 0 being a plain step. Copies from text (prompt lookup, the suffix drafter) cost no drafting
 and are judged once found (`RoundPlanner.copy_length`): each is verified as far as its expected
 kept tokens per ms beat the planned round, with acceptance estimated by where it was copied from,

@@ -2,7 +2,7 @@
 (one forward over n new tokens, for the n of `CURVE_TOKENS`, after `CURVE_CONTEXT` cached tokens)
 and a drafter's milliseconds per token, cached per model, device, machine and product path in
 SpecDeck's cache (`costs/`), measured again where the machine was busy or its pace has moved. The
-auto schedule (`engine.autotune`) plans every round with them.
+auto schedule (`specdeck.engine.planner.autotune`) plans every round with them.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def measurement_key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
         path = gguf_blocks.prefer_kernel(module, lambda: linear.choose_path(matrices)).path
         if graphed_steps.fixed_shape_on(weights[0].device):  # CUDA graphs: another cost entirely
             path += " fixed-shape"
-        else:  # curves measured before verifies attended in one call per span (`engine.row_attention`) are left
+        else:  # curves measured before verifies attended in one call per span (`row_attention`) are left
             path += f" row attention {row_attention.SPAN}"
             if row_kernel.attention_unavailable(weights[0].dtype, weights[0].device, _head_dim(module)) is None:
                 path += " on the row kernel"
@@ -220,7 +220,7 @@ def measurement_key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
                 path += next((key for part in module.modules() if (key := gguf_blocks.blocks_key(part))), "")
                 path += f", {kernel_build.identity()}"
             if path.startswith("kernel") and os.environ.get("SPECDECK_FUSED_LAYERS", "1").strip() != "0":
-                path += ", layers fused"  # `engine.fused_layers`, where the model allows
+                path += ", layers fused"  # `specdeck.engine.forward.fused_layers`, where the model allows
     config = getattr(module, "config", None)
     parts = [
         what,

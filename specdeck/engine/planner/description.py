@@ -1,6 +1,6 @@
 """The planner's account of a session: what it chose, and the costs and acceptance it chose by, in
 one paragraph for the terminal and the window. It only reads the planner, so it stands apart and the
-planning rules read in one place (`engine.planner.autotune`).
+planning rules read in one place (`specdeck.engine.planner.autotune`).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class ProposalShape:
     """What one drafter is asked for in one round, all of it: up to `k` tokens; `width` candidates
     for the first token (a tree: the drafter's likeliest others beside its first draft); and
     `floors`: a model drafter's chain stops before depth d + 1 where the product of its top
-    probabilities so far falls below floors[d] (`engine.drafting.proposals.DrawnChain`)."""
+    probabilities so far falls below floors[d] (`specdeck.engine.drafting.proposals.DrawnChain`)."""
 
     k: int
     width: int = 1

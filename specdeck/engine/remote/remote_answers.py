@@ -1,5 +1,5 @@
 """Every answer SpecDeck reads from a served target, as a schema the answer must meet before any
-of it is used (`remote_http.Endpoint` validates each one against the schema its caller names).
+of it is used (`specdeck.engine.remote.remote_http.Endpoint` validates each one against the schema its caller names).
 
 A served target is trusted for the target's log-probabilities only as far as its answer lines up
 with what was sent: one entry per prompt token, each at its position and naming its own token, ids

@@ -1,4 +1,4 @@
-"""The HTTP side of a remote target (`engine.remote_target`): JSON requests to an OpenAI-compatible
+"""The HTTP side of a remote target (`specdeck.engine.remote.remote_target`): JSON requests to an OpenAI-compatible
 server, each bounded by the user's timeout, and every way one can fail told as a `ServerFault`
 that says what went wrong and what to do.
 

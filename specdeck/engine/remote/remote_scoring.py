@@ -1,4 +1,4 @@
-"""How each kind of server is asked for a round's log-probabilities (`engine.remote_target`), and
+"""How each kind of server is asked for a round's log-probabilities (`specdeck.engine.remote.remote_target`), and
 where the round's request time went (`ServerTime`).
 
 Each `Scoring.score` sends the kept tokens `ids` and the drafts in one request and returns one

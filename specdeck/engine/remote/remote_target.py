@@ -1,7 +1,7 @@
 """A target served over an OpenAI-compatible HTTP API (vLLM, SGLang, llama-cpp-python's server): the
 local drafter proposes, and one request per round asks the server for the target's
 log-probabilities at every drafted position and after the last, which is all that greedy
-verification needs (`engine.loop.verification.verify`; Leviathan et al. 2023 with temperature 0).
+verification needs (`specdeck.engine.loop.verification.verify`; Leviathan et al. 2023 with temperature 0).
 
 Round i of a session sends the kept tokens x_1..x_t and the drafts d_1..d_K; the answer gives, for
 rows r = 0..K, the server's top log-probabilities after x_1..x_t, d_1..d_r. Each row becomes a logit
@@ -20,7 +20,7 @@ How each server is asked (`owned_by` in its `/v1/models` answer says which one i
   that position where it is one of them, else to the end-of-text token for the empty text, else to
   the token SpecDeck's tokenizer writes for that text.
 llama-cpp-python's server and vLLM are tested against real servers here
-(tests/engine/remote/test_remote.py, tests/engine/remote/test_remote_vllm.py); the SGLang requests follow its
+(tests/engine/remote/test_remote_target.py, tests/engine/remote/test_remote_target_vllm.py); the SGLang requests follow its
 documented API (docs/remote.md).
 """
 

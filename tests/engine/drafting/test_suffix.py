@@ -1,7 +1,7 @@
 """The suffix automaton agrees with a brute-force matcher on random token texts: the longest matched
 suffix, the counts of what follows it, and the most frequent path after it.
 
-Same hypothesis profile as test_properties.py: SPECDECK_HYPOTHESIS=long runs many more examples.
+Same hypothesis profile as test_decoding_properties.py: SPECDECK_HYPOTHESIS=long runs many more examples.
 """
 
 import os

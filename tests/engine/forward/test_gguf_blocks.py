@@ -1,4 +1,4 @@
-"""A GGUF target's products on the file's own quantized blocks (`engine.gguf_blocks`): with float32
+"""A GGUF target's products on the file's own quantized blocks (`specdeck.engine.forward.gguf_blocks`): with float32
 rows, the bits of the float32 product of the dequantized matrices; with rows in 8 bits (as llama.cpp
 multiplies), the exact integer scheme; either way a row's bits do not depend on the rows beside it."""
 

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 from sampling_checks import chi_square, chi_square_quantile, exact_two_token_distribution, sample_two_tokens
-from test_families import FAMILIES, build, feed_and_compare, reference
+from test_llama_families import FAMILIES, build, feed_and_compare, reference
 from tiny import build_model, build_pair, write_two_prompts
 
 from specdeck.cli.main import main

@@ -122,7 +122,7 @@ ATTENTIONS = ["layers on the row kernel", "row kernel", "queries batched", "fuse
 
 def _attention(kind: str, monkeypatch, model) -> None:
     """Layers after cached positions as a machine of this `kind` runs them: each in one call of the
-    row kernel (`engine.fused_layers`) where it builds; or their small operations in PyTorch and
+    row kernel (`specdeck.engine.forward.fused_layers`) where it builds; or their small operations in PyTorch and
     attention on the row kernel (SPECDECK_FUSED_LAYERS=0), else spelled out with a verify's queries
     batched, or each query in a fused call. Queries are batched only where this machine's own check
     finds them exact at the model's shape, as the engine decides: elsewhere it never takes that path."""

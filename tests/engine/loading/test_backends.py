@@ -1,4 +1,4 @@
-"""Choosing the backend (`engine.backends`): what auto picks, what an impossible request says, and
+"""Choosing the backend (`specdeck.engine.loading.backends`): what auto picks, what an impossible request says, and
 what happens where llama-cpp-python is not installed."""
 
 import pytest

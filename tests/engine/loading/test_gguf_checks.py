@@ -1,4 +1,4 @@
-"""A GGUF file's metadata must imply exactly the tensors it holds (`engine.loading.gguf_checks`):
+"""A GGUF file's metadata must imply exactly the tensors it holds (`specdeck.engine.loading.gguf_checks`):
 hypothesis draws small Llama-family files written with gguf-py's GGUFWriter, which pass, and
 edits of them (block_count up, down or huge, a renamed architecture, a tensor missing, extra or
 of another shape, numbers of the wrong type, a file cut short), each refused before any work with

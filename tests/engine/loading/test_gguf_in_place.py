@@ -1,4 +1,4 @@
-"""A GGUF file read in place (`engine.gguf_in_place`): no float32 copy written, the converted
+"""A GGUF file read in place (`specdeck.engine.loading.gguf_in_place`): no float32 copy written, the converted
 model's logits bit for bit, and files the row kernel cannot read converted as before."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Every answer of a served target is checked against what was sent (`engine.remote.remote_answers`):
+"""Every answer of a served target is checked against what was sent (`specdeck.engine.remote.remote_answers`):
 well-formed answers, drawn by hypothesis, are read as they were written, and mutations of them (an
 entry more or less, shifted positions, wrong types, NaN, ids outside the vocabulary, a missing
 field) are refused with a message naming the server and what was wrong. A scripted server on

@@ -27,10 +27,13 @@ def test_compare_on_the_gpu_marks_greedy_runs_identical(qtbot, gpu_window, error
     """Compare on the GPU: the speculative and the plain greedy text are the same, and the window says so."""
     _run(qtbot, gpu_window, gpu_window.compare_button)
     assert errors == []
-    assert gpu_window.host.pair.device.startswith(device.type)
-    speculative, plain = gpu_window.records
+    assert gpu_window.session_model.pair.device.startswith(device.type)
+    speculative, plain = gpu_window.session_model.records
+    assert (speculative.mode, plain.mode) == ("speculative", "plain")
+    assert speculative.summary.new_tokens > 0
     assert speculative.summary.text == plain.summary.text
-    assert "identical" in gpu_window.comparison.text()
+    assert gpu_window.session_model.identical is True
+    assert "greedy outputs identical" in gpu_window.plain_view.note.text()
 
 
 def test_running_out_of_gpu_memory_leaves_the_window_usable(qtbot, gpu_window, errors, cuda, monkeypatch):
@@ -53,4 +56,4 @@ def test_running_out_of_gpu_memory_leaves_the_window_usable(qtbot, gpu_window, e
     assert len(errors) == 1 and errors[0][1].startswith("Out of memory on the GPU.")
     assert torch.cuda.memory_allocated(cuda) == held
     _run(qtbot, gpu_window, gpu_window.run_button)
-    assert len(errors) == 1 and gpu_window.records[-1].summary.new_tokens > 0
+    assert len(errors) == 1 and gpu_window.session_model.records[-1].summary.new_tokens > 0

@@ -1,7 +1,7 @@
 """Each block type a downloaded GGUF file may hold gives a position the same logits on llama.cpp in a
 one-token call (a plain step) as inside a several-token call (a verify), so greedy speculative text
 equals plain text: the built-in Q4_1 file and its requantizations to Q8_0, Q6_K and Q4_K_M (which
-hold Q5_0, Q4_K, Q6_K and Q8_0 matrices between them; `engine.llamacpp_backend` says which kernels
+hold Q5_0, Q4_K, Q6_K and Q8_0 matrices between them; `specdeck.engine.forward.llamacpp_backend` says which kernels
 llama.cpp picks by call shape)."""
 
 from pathlib import Path

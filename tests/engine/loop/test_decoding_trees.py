@@ -1,6 +1,6 @@
 """Sampling with token trees stays exact: where the first draft is refused, its alternatives are
-tried in turn against the residual (`engine.loop.verification.verify`), and the kept tokens follow the
-target's distribution. Chi-square as in `test_sampling_lossless`, with a wrong rule as the control."""
+tried in turn against the residual (`specdeck.engine.loop.verification.verify`), and the kept tokens follow the
+target's distribution. Chi-square as in `test_decoding_sampling`, with a wrong rule as the control."""
 
 import json
 from dataclasses import replace

@@ -3,6 +3,7 @@ which pairs with it as "different tokenizers" and keeps greedy output exact."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 
@@ -18,6 +19,7 @@ from specdeck.engine.loading.models import load_model
 from specdeck.engine.loading.registry import DEFAULT_TARGET
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair
+from specdeck.train import RUN_STATE
 
 # a few seconds: the target writes six short answers, the draft memorises them in part
 SMALL = [
@@ -67,6 +69,13 @@ def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("cross-draft") / "run"
     assert main(["train-cross-draft", "--out", str(out), "--steps", "80", *SMALL]) == 0
     return out
+
+
+def test_a_run_writes_only_the_names_its_folder_guard_knows(built):
+    """Every name a run leaves in --out is one a later run may claim as its state
+    (`specdeck.train.RUN_STATE`), so resuming never meets its own files as a user's."""
+    names = [path.name for path in built.iterdir() if not path.name.startswith(".")]
+    assert names and all(any(fnmatch.fnmatchcase(name, p) for p in RUN_STATE) for name in names), names
 
 
 @pytest.fixture(scope="module")

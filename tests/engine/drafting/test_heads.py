@@ -206,7 +206,7 @@ def test_untrained_head_keeps_sampling_exact_too(tiny_llama, monkeypatch, precis
     """The rejection rule does not depend on the head being any good: with a random head and a
     reduced output vocabulary, drafting in float32 or in bfloat16 (where the machine computes it
     faster), sampled output is reproducible per seed and differs across seeds, and greedy output is
-    exact (the distribution itself is tested in test_sampling_lossless)."""
+    exact (the distribution itself is tested in test_decoding_sampling)."""
     target, _ = tiny_llama
     torch.manual_seed(0)
     head = FeatureHead(head_config(target.model.config)).eval()

@@ -1,5 +1,5 @@
 """The row kernel's float32 rows on the GGUF block types users bring (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K,
-Q6_K; `engine.forward.block_codes`): each product has the bits of the float32 row kernel's product of
+Q6_K; `specdeck.engine.forward.block_codes`): each product has the bits of the float32 row kernel's product of
 gguf-py's dequantization, at any number of rows, so greedy speculative text stays plain text."""
 
 import ctypes

@@ -4,6 +4,7 @@ learning curve, and drafts that keep decoding exact."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 
@@ -17,7 +18,7 @@ from specdeck.engine.events import TokenEvent
 from specdeck.engine.loading.models import load_model
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, run_session
-from specdeck.train import forcing, loop, stream
+from specdeck.train import RUN_STATE, forcing, loop, stream
 from specdeck.train.stream import StreamConfig, batch_states, held_out_own, steps_to_fill
 from specdeck.train.texts import Exchange
 
@@ -67,6 +68,12 @@ def straight(text):
         patch.setattr(forcing, "lexicon_requests", few_composed)
         assert distill(target, out, "--steps", "7") == 0
     return out
+
+
+def test_a_run_writes_only_the_names_its_folder_guard_knows(straight):
+    """Every name `distill-head` leaves in --out is in `specdeck.train.RUN_STATE`."""
+    names = [path.name for path in straight.iterdir() if not path.name.startswith(".")]
+    assert names and all(any(fnmatch.fnmatchcase(name, p) for p in RUN_STATE) for name in names), names
 
 
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(text, straight, few_passages, tmp_path):

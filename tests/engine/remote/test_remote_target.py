@@ -38,7 +38,7 @@ GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=16)
 
 
 # `python -m llama_cpp.server`, with the weights kept out of ggml's AMX buffers where the CPU has AMX
-# (their product crashes the server at its first request there; `engine.llamacpp_backend.model_params`)
+# (their product crashes the server at its first request there; `specdeck.engine.forward.llamacpp_backend.model_params`)
 SERVER_WITHOUT_AMX_BUFFERS = """
 import llama_cpp
 from llama_cpp.server.__main__ import main

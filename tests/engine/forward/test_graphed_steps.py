@@ -1,4 +1,4 @@
-"""The fixed-shape steps (`engine.graphed_steps`): the GPU's forward, replayed as CUDA graphs.
+"""The fixed-shape steps (`specdeck.engine.forward.graphed_steps`): the GPU's forward, replayed as CUDA graphs.
 
 Each test runs on the CPU (the same arithmetic, uncaptured) and, in the GPU set (`pytest -m cuda`),
 on CUDA with the graphs captured: Hugging Face's logits, each verified token with a plain step's
@@ -8,7 +8,7 @@ import gc
 
 import pytest
 import torch
-from test_families import FAMILIES, build, feed_and_compare
+from test_llama_families import FAMILIES, build, feed_and_compare
 from test_shape_invariance import _kept, _near_ties
 from tiny import build_pair
 

@@ -3,6 +3,7 @@ background job grows and resumes, and a head that fuses lower layers trained on 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 
 import pytest
@@ -15,7 +16,7 @@ from specdeck.engine.events import TokenEvent
 from specdeck.engine.loading.models import load_model
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, run_session
-from specdeck.train import forcing
+from specdeck.train import STORE_STATE, forcing
 from specdeck.train.forcing import load_store
 from specdeck.train.texts import TEXT_SOURCES, Exchange
 
@@ -51,6 +52,13 @@ def grown(tmp_path_factory):
         first = {path.name: path.stat().st_mtime_ns for path in out.glob("shard-*.pt")}
         assert main(["head-data", "--target", str(target), "--out", str(out), "--positions", "100000", *SMALL]) == 0
     return target, out, first
+
+
+def test_the_store_holds_only_the_names_its_folder_guard_knows(grown):
+    """Every name `head-data` leaves in its folder is in `specdeck.train.STORE_STATE`, so a rerun
+    that grows the store never meets its own files as a user's."""
+    names = [path.name for path in grown[1].iterdir() if not path.name.startswith(".")]
+    assert names and all(any(fnmatch.fnmatchcase(name, p) for p in STORE_STATE) for name in names), names
 
 
 def test_a_resumed_job_keeps_its_shards_and_adds_the_rest(grown):
