@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 # llama.cpp for GGUF files, with its OpenAI-compatible server (the served target of the remote tests)
 LLAMA_CPP ?= llama-cpp-python[server]==0.3.36
 
-.PHONY: run test test-long test-served gui bench clean package validators figures gpu-check
+.PHONY: run test test-long test-served gui bench clean package validators window-frame-tools figures gpu-check
 
 $(BIN)/specdeck: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -31,8 +31,18 @@ validators:
 	     && apt-get update -qq && apt-get install -y -qq desktop-file-utils appstream >/dev/null; } \
 	|| echo "desktop-file-validate or appstreamcli missing: their tests will be skipped"
 
+# The window's frame test (tests/app/test_frame_fit.py) opens the window on Xvfb with openbox,
+# through Qt's X11 plugin and its libraries; without root or apt-get that test is skipped.
+X11_TEST_PACKAGES := xvfb openbox libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 \
+	libxcb-render-util0 libxkbcommon-x11-0
+window-frame-tools:
+	@command -v Xvfb >/dev/null && command -v openbox >/dev/null \
+	|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	     && apt-get install -y -qq $(X11_TEST_PACKAGES) >/dev/null; } \
+	|| echo "Xvfb or openbox missing: the window's frame test will be skipped"
+
 # Two test processes on one thread each, then the `serial` tests alone (they need both cores).
-test: $(BIN)/specdeck validators
+test: $(BIN)/specdeck validators window-frame-tools
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -n 2 -m "not serial"
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m serial
 	$(BIN)/lint-imports

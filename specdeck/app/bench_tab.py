@@ -104,8 +104,9 @@ class BenchmarkTab(QWidget):
         self.export_button.setToolTip("Write summary.csv, per_prompt.csv, k_sweep.csv, report.md and the plots")
         self.export_button.clicked.connect(self._on_export_clicked)
         self.progress = QProgressBar()
-        self.progress.setFormat("%v/%m runs")
+        self.progress.setRange(0, 1)  # until a benchmark counts its runs: no count of its own to show
         self.progress.setValue(0)
+        self.progress.setFormat("no benchmark run yet")
         self.stage = QLabel("Load a model pair, choose prompts, then Run benchmark.")
         self.stage.setWordWrap(True)
         self.plan_note = QLabel()  # what Run benchmark will do: runs, an estimate, skipped baselines
@@ -142,11 +143,13 @@ class BenchmarkTab(QWidget):
     def _build_layout(self) -> None:
         options = QGroupBox("Benchmark")
         form = QFormLayout(options)
-        source_row = QHBoxLayout()
-        source_row.addWidget(self.source, 1)
-        source_row.addWidget(self.browse_button)
-        source_row.addWidget(self.sample_button)
-        form.addRow("Prompts", source_row)
+        # the file's name on a row of its own, whole; its buttons below it
+        source_buttons = QHBoxLayout()
+        source_buttons.addWidget(self.browse_button)
+        source_buttons.addWidget(self.sample_button)
+        source_buttons.addStretch(1)
+        form.addRow("Prompts", self.source)
+        form.addRow("", source_buttons)
         form.addRow("Categories", self.categories)
         form.addRow("Limit per category", self.limit)
         form.addRow("K", self.ks)
@@ -187,6 +190,7 @@ class BenchmarkTab(QWidget):
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         self.splitter.addWidget(top)
         self.splitter.addWidget(self.plots)
+        self.plots.setVisible(False)  # until a benchmark drew plots
         self.splitter.setSizes([420, 380])
         QVBoxLayout(self).addWidget(self.splitter)
 
@@ -245,6 +249,7 @@ class BenchmarkTab(QWidget):
         self.export_button.setEnabled(False)
         self.table.setRowCount(0)
         self._show_plots({})
+        self.progress.setFormat("%v/%m runs")
         self.progress.setRange(0, 0)  # busy until the harness counts its runs
         self.stage.setText("Starting…")
 
@@ -272,6 +277,8 @@ class BenchmarkTab(QWidget):
         self.plot_images = [PlotImage(name, data) for name, data in images.items()]
         for image in self.plot_images:
             self.plots.addTab(image, image.name.removesuffix(".png").replace("_", " "))
+        # no empty pane before there are plots: the options and the table take its room
+        self.plots.setVisible(bool(self.plot_images))
 
     def export(self, folder: str | Path) -> list[Path]:
         """Write the last benchmark's files into `folder` (each atomically); raises SpecDeckError."""
@@ -289,7 +296,7 @@ class BenchmarkTab(QWidget):
 
     def _on_browse_clicked(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
-            self, "Choose benchmark prompts", "", "Prompt files (*.jsonl *.txt);;All files (*)"
+            self, "Choose benchmark prompts", str(dialogs.start_folder()), "Prompt files (*.jsonl *.txt);;All files (*)"
         )
         if path:
             self._set_prompts_path(Path(path))
@@ -319,7 +326,9 @@ class BenchmarkTab(QWidget):
         return True
 
     def _on_export_clicked(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Export the benchmark into a folder")
+        folder = QFileDialog.getExistingDirectory(
+            self, "Export the benchmark into a folder", str(dialogs.start_folder())
+        )
         if not folder:
             return
         try:

@@ -172,11 +172,12 @@ class SessionController:
     def idle(self) -> bool:
         return not self._tasks
 
-    def shutdown(self) -> None:
-        """Cancel every coroutine and end the model thread (the window closes)."""
+    def shutdown(self, wait_ms: int | None = None) -> bool:
+        """Cancel every coroutine and end the model thread (the window closes), waiting for it at
+        most `wait_ms`; whether it ended (`ModelHost.shutdown`)."""
         for task in list(self._tasks):
             task.cancel()
-        self.host.shutdown()
+        return self.host.shutdown(wait_ms)
 
 
 def describe(summary: SummaryEvent) -> str:

@@ -65,29 +65,3 @@ def speedup_readout(curve: CostCurve | None, acceptance: float, draft_ms: float,
     here = expected_speedup(curve, acceptance, draft_ms, k)
     flat = expected_speedup(curve, acceptance, draft_ms, k, flat=True)
     return f"K={k} at acceptance {acceptance:.2f}: {here:.2f}x on this machine, {flat:.2f}x on a flat verify"
-
-
-OFF_BY = 0.2  # a measured speedup this far from the predicted one, relatively, gets a reason
-SHORT_RUN = 24  # rounds under which a run is too short to judge its speed
-
-
-def why_off(
-    measured: float, predicted: float | None, plain_step_ms: float, curve: CostCurve | None, rounds: int
-) -> str | None:
-    """Why a Compare's measured speedup differs from the predicted one by more than `OFF_BY`, in a
-    few words (None where it does not): the plain steps ran slower than the costs the prediction
-    was made from (the machine busier than when they were measured), or the run was too short for
-    its first rounds' warm-up to average out, or else the rounds themselves cost more or less than
-    predicted (copies, which the formula leaves out, or the machine's pace changing)."""
-    if predicted is None or predicted <= 0 or abs(measured - predicted) <= OFF_BY * predicted:
-        return None
-    if curve is not None and plain_step_ms > (1 + OFF_BY) * curve.ms(1):
-        return (
-            f"plain steps took {plain_step_ms:.1f} ms against the {curve.ms(1):.1f} ms measured for the "
-            "prediction: the machine was busier than when its costs were measured"
-        )
-    if rounds < SHORT_RUN:
-        return f"a short run ({rounds} rounds): its first rounds' warm-up weighs on the measured speed"
-    if measured > predicted:
-        return "copies from the text kept more than the drafter's acceptance, which the prediction counts alone"
-    return "the rounds cost more than the measured curve says: the machine's pace changed during the run"

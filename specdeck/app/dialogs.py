@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 
 from PySide6 import __version__ as pyside_version
-from PySide6.QtCore import qVersion
+from PySide6.QtCore import QStandardPaths, qVersion
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from specdeck.engine.export import library_versions
+
+
+def start_folder() -> Path:
+    """Where a file dialog opens: the user's documents folder, or their home where there is none;
+    never the folder SpecDeck was started from (a source checkout, or /)."""
+    documents = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    if documents and Path(documents).is_dir():
+        return Path(documents)
+    return Path.home()
 
 
 def show_error(parent: QWidget | None, title: str, message: str) -> None:

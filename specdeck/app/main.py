@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -155,11 +156,27 @@ def run_gui(args) -> int:
             raise SpecDeckError("--screenshot, --export-csv and --preset go with --demo.")
         window = MainWindow(settings=QSettings())
         window.show()
-        freeze_long_lived_objects()
+        # the window's objects live as long as the process: out of later collections, without the
+        # full collection `freeze_long_lived_objects` makes first (seconds on a busy machine, in
+        # which the window would map black and ignore Run; the imports were frozen uncollected too)
+        gc.freeze()
         # Ctrl+C in the terminal closes the window cleanly; the timer lets Python see the signal
         signal.signal(signal.SIGINT, lambda *_: window.close())
         wake = QTimer(interval=250)
         wake.timeout.connect(lambda: None)
         wake.start()
         loop.run_forever()
+    if not window.model_thread_ended:
+        end_without_the_model_thread()
     return 0
+
+
+def end_without_the_model_thread() -> None:
+    """End the process now, the window closed and its settings saved, while the model thread is
+    still inside one stage of a load: Python would wait for that stage at exit, and Qt aborts a
+    process whose thread object is destroyed while the thread runs. Files SpecDeck writes are
+    written whole or not at all (`specdeck.engine.atomic`), so ending here loses nothing written."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    os._exit(0)

@@ -3,8 +3,8 @@ charts) and a Benchmark tab (the `specdeck bench` harness on the loaded pair).
 
 The window lays out the views, reads the panels when a button is pressed and hands the values to
 the `SessionController`; the views follow the `SessionModel`. It opens the dialogs; its menus and
-shortcuts are `WindowMenus` (`window_menus`), what it remembers between launches `WindowSettings`
-(`window_settings`).
+shortcuts are the `WindowMenus` it owns (`window_menus`, as `menus`), what it remembers between
+launches `WindowSettings` (`window_settings`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import (
-    QApplication,
     QFileDialog,
     QHBoxLayout,
+    QLabel,
     QMainWindow,
+    QProgressBar,
     QProgressDialog,
     QPushButton,
     QScrollArea,
@@ -30,7 +31,6 @@ from specdeck.app import dialogs
 from specdeck.app.bench_tab import BenchmarkTab
 from specdeck.app.charts import SessionCharts
 from specdeck.app.controller import SessionController
-from specdeck.app.cost_series import curve_of, why_off
 from specdeck.app.model_host import ModelHost
 from specdeck.app.model_panel import ModelPanel
 from specdeck.app.panels import DecodingPanel
@@ -45,6 +45,9 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.export import SessionRecord
 
 MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
+CLOSE_WAIT_MS = 1000  # the longest a close waits for the model thread: the app ends within 2 s
+WAITING_WIDTH = 120  # px of the status bar's busy indicator
+PROGRESS_WIDTH = 520  # px of the loading dialog: room for a stage's name in two lines
 
 
 def save_picture(widget: QWidget, path: str | Path) -> None:
@@ -60,7 +63,7 @@ def save_picture(widget: QWidget, path: str | Path) -> None:
     write_with(path, save)
 
 
-class MainWindow(WindowMenus, WindowSettings, QMainWindow):
+class MainWindow(WindowSettings, QMainWindow):
     def __init__(self, settings: QSettings | None = None, host: ModelHost | None = None) -> None:
         super().__init__()
         self.setWindowTitle("SpecDeck")
@@ -89,6 +92,9 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         self.plain_view = TokenView("Plain", model, "plain")
         self.charts = SessionCharts(model)
         self.legend = Legend()
+        self.verdict = QLabel()  # a compare run's verdict, or why a run ended early
+        self.verdict.setTextFormat(Qt.TextFormat.RichText)
+        self.verdict.setWordWrap(True)
         self.replay_button = QPushButton("Replay the race")
         self.replay_button.setToolTip("Both sessions of the last Compare side by side at their measured pace (Ctrl+R)")
         self.replay_button.clicked.connect(self._on_replay_clicked)
@@ -100,12 +106,23 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         self.host.bench_progress.connect(self.bench_tab.show_progress)
         self.bench_tab.options_changed.connect(self._on_bench_options_changed)
         model.activity_changed.connect(self._on_activity_changed)
+        model.run_started.connect(self._on_run_started)
         model.run_ended.connect(self._on_run_ended)
         model.status.connect(self.statusBar().showMessage)
+        # moving while a load or a session's start (prefill, measuring costs) shows nothing else
+        # moving; hidden from the first token on, when the text itself moves
+        self.waiting = QProgressBar()
+        self.waiting.setRange(0, 0)
+        self.waiting.setMaximumWidth(WAITING_WIDTH)
+        self.waiting.setTextVisible(False)
+        self.waiting.hide()
+        self.statusBar().addPermanentWidget(self.waiting)
+        model.events_arrived.connect(self._on_events_arrived)
         self._build_layout()
-        self._build_menus()
+        self.menus = WindowMenus(self)
 
         self._progress: QProgressDialog | None = None
+        self.model_thread_ended = True  # False after a close that left a load's stage running
         self._on_activity_changed(model.activity)
         self.resize(1440, 900)
         if settings is not None:
@@ -148,9 +165,15 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         legend_row = QHBoxLayout()
         legend_row.addWidget(self.legend)
         legend_row.addStretch(1)
-        self.plain_view.header.addWidget(self.replay_button)  # beside the compare verdict
         top_layout.addLayout(legend_row)
         top_layout.addWidget(self.views, 1)
+        # below the texts, across both, outside the charts' scrolling: the figures a session is
+        # run for, and a compare run's verdict, in view on any screen
+        figures_row = QHBoxLayout()
+        figures_row.addWidget(self.charts.headline, 1)
+        figures_row.addWidget(self.replay_button)
+        top_layout.addLayout(figures_row)
+        top_layout.addWidget(self.verdict)
         top.setMinimumHeight(MIN_TEXT_HEIGHT)
 
         charts = QScrollArea()  # the charts keep a size that shows their axes whole, and scroll below it
@@ -214,7 +237,7 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
 
     def export_csv(self, path: str | Path) -> list[Path]:
         """Write the last run's round CSV and metadata (and token rows if chosen); raises SpecDeckError."""
-        return self.session_model.export(path, per_token=self.per_token_rows.isChecked())
+        return self.session_model.export(path, per_token=self.menus.per_token_rows.isChecked())
 
     def save_charts(self, path: str | Path) -> None:
         save_picture(self.charts, path)
@@ -282,22 +305,27 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         self.replay = ReplayDialog(*records, parent=self)
         self.replay.show()
 
+    def _on_events_arrived(self, record, batch: tuple) -> None:
+        if self.waiting.isVisible() and record.tokens:
+            self.waiting.hide()
+
     def _on_activity_changed(self, activity: Activity) -> None:
         busy = activity.busy
+        self.waiting.setVisible(activity.loading or activity.running)
         for widget in (
             self.run_button,
             self.compare_button,
             self.model_panel.load_button,
-            self.run_action,
-            self.compare_action,
+            self.menus.run_action,
+            self.menus.compare_action,
         ):
             widget.setEnabled(not busy)
         self.stop_button.setEnabled(activity.running)
         exportable = not busy and bool(self.session_model.records)
         self.export_button.setEnabled(exportable)
-        self.export_action.setEnabled(exportable)
+        self.menus.export_action.setEnabled(exportable)
         replayable = self.replayable_records() is not None
-        self.replay_action.setEnabled(replayable)
+        self.menus.replay_action.setEnabled(replayable)
         self.replay_button.setVisible(replayable)
         if activity.loading and self._progress is None:
             self._open_progress()
@@ -308,50 +336,48 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
             self._progress = None
 
     def _open_progress(self) -> None:
-        """A cancellable dialog that names each stage of the load."""
-        self._progress = QProgressDialog("Loading…", "Cancel", 0, 0, self)
-        self._progress.setWindowTitle("Loading models")
-        self._progress.setWindowModality(Qt.WindowModality.WindowModal)
-        self._progress.setMinimumDuration(0)
-        self._progress.canceled.connect(self.controller.cancel_load)
-        self._progress.show()
+        """A cancellable dialog that names each stage of the load, over the middle of the window.
+
+        Not modal: the window's close button and Ctrl+Q must still reach the window during a load
+        (what would start another load is disabled while one runs). Its width is fixed and its
+        label wraps, so a long stage name never resizes it: a dialog the window manager is asked
+        to resize while the model thread holds the interpreter loses its frame and place."""
+        progress = QProgressDialog("Loading…", "Cancel", 0, 0, self)
+        progress.setWindowTitle("Loading models")
+        progress.setWindowModality(Qt.WindowModality.NonModal)
+        progress.setMinimumDuration(0)
+        progress.setAutoClose(False)
+        progress.setAutoReset(False)
+        label = QLabel("Loading…")
+        label.setWordWrap(True)
+        label.setMinimumHeight(3 * label.fontMetrics().lineSpacing())
+        progress.setLabel(label)
+        progress.setFixedWidth(PROGRESS_WIDTH)
+        progress.setFixedHeight(progress.sizeHint().height())
+        progress.canceled.connect(self.controller.cancel_load)
+        centre = self.frameGeometry().center()
+        progress.move(centre.x() - PROGRESS_WIDTH // 2, centre.y() - progress.height() // 2)
+        self._progress = progress
+        progress.show()
 
     def _on_load_progress(self, stage: str) -> None:
         if self._progress is not None:
             self._progress.setLabelText(stage)
         self.statusBar().showMessage(stage)
 
+    def _on_run_started(self, compare: bool) -> None:
+        self.verdict.clear()
+
     def _on_run_ended(self) -> None:
-        """A compare run's verdict beside the plain text: the measured speedup, and for greedy runs
-        whether the two texts are the same."""
-        model = self.session_model
-        parts = []
-        if model.compare and self.charts.measured_speedup is not None:
-            speculative, plain = (
-                series.summary.tokens_per_s for series in (self.charts.speculative, self.charts.plain)
-            )
-            parts.append(
-                f"{speculative:.1f} against {plain:.1f} tokens/s on {model.run_info.backend}: "
-                f"measured speedup <b>{self.charts.measured_speedup:.2f}x</b>"
-            )
-            stats = self.charts.speculative.stats
-            reason = why_off(
-                self.charts.measured_speedup,
-                stats.predicted_speedup,
-                1000.0 / plain if plain > 0 else 0.0,
-                curve_of(self.charts.speculative.start),
-                stats.rounds,
-            )
-            if reason is not None:
-                parts.append(f"predicted {stats.predicted_speedup:.2f}x: {reason}")
-        if model.identical is not None:
-            colour = "#1b8a2f" if model.identical else "#c62828"
-            mark = "greedy outputs identical ✓" if model.identical else "greedy outputs differ ✗"
-            parts.append(f"<b style='color:{colour}'>{mark}</b>")
-        self.plain_view.note.setText(" · ".join(parts))
+        """The run's verdict below the texts: a compare run's measured speedup and, for greedy runs,
+        whether the two texts are the same; a stopped run says so."""
+        verdict = self.session_model.verdict()
+        self.verdict.setText(verdict.html() if verdict is not None else "")
 
     def _on_export_clicked(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export session statistics", "specdeck-session.csv", "CSV (*.csv)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export session statistics", str(dialogs.start_folder() / "specdeck-session.csv"), "CSV (*.csv)"
+        )
         if not path:
             return
         try:
@@ -362,7 +388,9 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
         self.statusBar().showMessage("Wrote " + ", ".join(p.name for p in written))
 
     def _on_save_charts_clicked(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save charts", "specdeck-charts.png", "PNG (*.png)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save charts", str(dialogs.start_folder() / "specdeck-charts.png"), "PNG (*.png)"
+        )
         if not path:
             return
         try:
@@ -373,8 +401,15 @@ class MainWindow(WindowMenus, WindowSettings, QMainWindow):
     # closing ----------------------------------------------------------------------------------------
 
     def closeEvent(self, event) -> None:
-        """Stop any session, end the model thread and wait for it, so nothing outlives the window."""
-        QApplication.instance().removeEventFilter(self)
+        """Save what the window remembers, then stop any load or session and end the model thread,
+        waiting for it at most `CLOSE_WAIT_MS`: the window goes at once, and where the thread is
+        still inside one stage of a load, `model_thread_ended` says so and `specdeck gui` ends the
+        process without it (`specdeck.app.main`). Nothing is lost: exports and caches are written whole or
+        not at all."""
+        self.menus.detach()
         self.save_settings()
-        self.controller.shutdown()
+        if self._progress is not None:
+            self._progress.close()
+        self.hide()
+        self.model_thread_ended = self.controller.shutdown(CLOSE_WAIT_MS)
         super().closeEvent(event)

@@ -97,15 +97,18 @@ class ModelHost(QObject):
         and anything sent to the model thread after this runs once that generation is over."""
         self._cancel(BenchRequest)
 
-    def shutdown(self) -> None:
-        """Stop whatever runs, end the model thread and wait for it (window closing)."""
+    def shutdown(self, wait_ms: int | None = None) -> bool:
+        """Stop whatever runs, end the model thread and wait for it (window closing), at most
+        `wait_ms` (None: as long as it takes); whether the thread ended. A load stops only at its
+        next stage, and one stage (reading a large file, building the row kernel) can take longer
+        than a user waits for a window to close: the caller then ends the process without it."""
         for request, future in self._current.values():
             request.cancel.set()
             if not future.done():
                 future.cancel()
         self._current.clear()
         self._thread.quit()
-        self._thread.wait()
+        return self._thread.wait() if wait_ms is None else self._thread.wait(wait_ms)
 
     @property
     def thread_running(self) -> bool:

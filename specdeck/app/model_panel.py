@@ -176,6 +176,8 @@ class ModelPanel(QGroupBox):
         self.show_spec(PairSpec().resolved())
         if model is not None:
             model.pair_changed.connect(self._on_pair_changed)
+        for name, widget in self.field_widgets().items():  # an edit of the field blamed is its fix
+            widget.currentTextChanged.connect(lambda _text, name=name: self._on_field_edited(name))
 
     def field_widgets(self) -> dict[str, QWidget]:
         """The widget of each field a load failure can blame."""
@@ -200,7 +202,8 @@ class ModelPanel(QGroupBox):
             self.loaded.setStyleSheet("")
         else:
             self.remember(model.spec.target, model.spec.draft)
-            note = f"<br>{escape(model.pair.note)}" if model.pair.note else ""
+            line = model.pair.note or self._swapped_drafter(model.pair)
+            note = f"<br>{escape(line)}" if line else ""
             self.loaded.setText(f"Loaded: {escape(model.pair.description)}{note}")
             self.loaded.setStyleSheet("color: #555;")
             # how the loaded draft's vocabulary relates to the target's, where the drafter is chosen
@@ -208,6 +211,23 @@ class ModelPanel(QGroupBox):
             vocabulary = model.pair.vocabulary
             tip = f"Loaded draft: {vocabulary}" if vocabulary else DEFAULT_DRAFTER_TIP
             self.drafter.setToolTip(model.pair.layers or tip)
+
+    def _swapped_drafter(self, pair) -> str:
+        """Where the drafter that loaded is not the one the panel shows (left to its default, it
+        follows what runs the target), the line that says so; else ""."""
+        if not pair.drafter or pair.drafter == self.drafter_kind.value:
+            return ""
+        return (
+            f"{DrafterKind(pair.drafter).label} drafts, not the {self.drafter_kind.label} shown: left to "
+            f"its default, the drafter follows what runs the target ({pair.backend})."
+        )
+
+    def _on_field_edited(self, name: str) -> None:
+        """The outline of a failed load comes off the field it blamed once that field is changed."""
+        widget = self.field_widgets()[name]
+        if widget.styleSheet():
+            widget.setStyleSheet("")
+            widget.setToolTip("")
 
     @property
     def drafter_kind(self) -> DrafterKind:

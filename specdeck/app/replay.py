@@ -26,7 +26,10 @@ from specdeck.app.token_view import TokenView
 from specdeck.engine.export import SessionRecord
 
 TICK_MS = 30
-SPEEDS = {"1x (measured pace)": 1.0, "0.5x": 0.5, "0.25x": 0.25}
+WATCHABLE_S = 10.0  # the first speed stretches a shorter race to last this long
+STRETCHED = f"slowed to {WATCHABLE_S:.0f} s"
+# the replay's clock against decoding time: both sides at the same pace, so the race keeps its margin
+SPEEDS = {STRETCHED: None, "1x (measured pace)": 1.0, "0.5x": 0.5, "0.25x": 0.25, "0.1x": 0.1, "0.02x": 0.02}
 
 
 def timeline(record: SessionRecord) -> list[tuple[float, tuple]]:
@@ -102,6 +105,10 @@ class ReplayDialog(QDialog):
         note.setWordWrap(True)
         self.speed = QComboBox()
         self.speed.addItems(list(SPEEDS))
+        self.speed.setToolTip(
+            "The replay's pace against the measured decoding time, the same for both sides; the clock "
+            "shows decoding time"
+        )
         self.speed.currentIndexChanged.connect(self.restart)  # a new pace plays from the start
         self.restart_button = QPushButton("Restart")
         self.restart_button.clicked.connect(self.restart)
@@ -141,8 +148,18 @@ class ReplayDialog(QDialog):
         if all(lane.finished for lane in self.lanes):
             self._timer.stop()
 
+    @property
+    def pace(self) -> float:
+        """Decoding seconds per second of replay: the chosen speed, or for `STRETCHED` what makes a
+        race shorter than `WATCHABLE_S` last that long (a longer one plays at its measured pace)."""
+        chosen = SPEEDS[self.speed.currentText()]
+        if chosen is not None:
+            return chosen
+        end = max(lane.end_s for lane in self.lanes)
+        return min(1.0, end / WATCHABLE_S) if end > 0 else 1.0
+
     def _on_tick(self) -> None:
-        self.advance_to(self._clock.elapsed() / 1e3 * SPEEDS[self.speed.currentText()])
+        self.advance_to(self._clock.elapsed() / 1e3 * self.pace)
 
     def closeEvent(self, event) -> None:
         self._timer.stop()

@@ -10,6 +10,7 @@ is Leviathan et al. 2023, eq. 1 (see `specdeck.engine.stats`).
 
 from __future__ import annotations
 
+from PySide6.QtCore import QSize
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QGridLayout, QLabel, QWidget
 
@@ -114,6 +115,76 @@ class SessionFigures(QWidget):
         else:
             f["greedy outputs"].setText("identical ✓" if identical else "differ ✗")
             f["greedy outputs"].setStyleSheet(f"color: {'#1b8a2f' if identical else '#c62828'};")
+
+
+HEADLINE = {  # the figures always in view above the charts: name shown, figure it repeats
+    "tokens/s": "tokens/s",
+    "plain": "plain tokens/s",
+    "acceptance": "acceptance rate",
+    "speedup": "measured speedup",
+    "predicted": "predicted speedup",
+}
+WIDEST_HEADLINE = "00000.0"
+
+
+class Headline(QWidget):
+    """The session's main figures between the token views and the charts, so that they are in
+    view on any screen, however far the charts below scroll: tokens/s, plain tokens/s,
+    acceptance, the measured and the predicted speedup, in one line where the width holds them
+    and in two where it does not. `labels` holds each value by its name (the keys of
+    `HEADLINE`); each has the tooltip of the figure it repeats."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.labels = {name: QLabel("–") for name in HEADLINE}
+        self._names = {name: QLabel(name) for name in HEADLINE}
+        bold = QFont()
+        bold.setBold(True)
+        for name, label in self.labels.items():
+            label.setFont(bold)
+            label.setText(WIDEST_HEADLINE)
+            label.setFixedSize(label.sizeHint())  # a value that changes never relayouts the row
+            label.setText("–")
+            for shown in (self._names[name], label):
+                shown.setToolTip(FIGURE_TIPS[HEADLINE[name]])
+        self._grid = QGridLayout(self)
+        self._grid.setContentsMargins(0, 0, 0, 0)
+        self._grid.setVerticalSpacing(0)
+        self._grid.setSizeConstraint(QGridLayout.SizeConstraint.SetNoConstraint)  # it reflows instead
+        self.item_width = max(n.sizeHint().width() for n in self._names.values()) + self.labels["plain"].width() + 12
+        self._columns = 0
+        self._place(len(HEADLINE))
+
+    def _place(self, columns: int) -> None:
+        if columns == self._columns:
+            return
+        self._columns = columns
+        for i, name in enumerate(self.labels):
+            self._grid.addWidget(self._names[name], i // columns, 2 * (i % columns))
+            self._grid.addWidget(self.labels[name], i // columns, 2 * (i % columns) + 1)
+
+    def minimumSizeHint(self) -> QSize:
+        rows = -(-len(HEADLINE) // 3)
+        return QSize(3 * self.item_width, rows * self.labels["plain"].height())
+
+    def resizeEvent(self, event) -> None:
+        self._place(max(3, min(len(HEADLINE), event.size().width() // self.item_width)))
+        super().resizeEvent(event)
+
+    def show_figures(
+        self, speculative: SessionSeries, plain_series: SessionSeries | None, measured: float | None
+    ) -> None:
+        """The speculative session's rate, acceptance and predicted speedup, the plain session's
+        rate and the measured speedup of a compare run (if any)."""
+        stats = speculative.stats
+        plain = plain_series.stats if plain_series is not None else None
+        f = self.labels
+        f["tokens/s"].setText(_rate(stats.tokens_per_s) if stats.rounds else "–")
+        f["plain"].setText(_rate(plain.tokens_per_s) if plain and plain.rounds else "–")
+        f["acceptance"].setText(f"{stats.acceptance_rate:.2f}" if stats.drafted else "–")
+        f["speedup"].setText(f"{measured:.2f}x" if measured is not None else "–")
+        predicted = stats.predicted_speedup
+        f["predicted"].setText(f"{predicted:.2f}x" if predicted is not None else "–")
 
 
 def _plan_tooltip(plan: str) -> str:

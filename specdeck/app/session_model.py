@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeck.app.verdict import Verdict, verdict_of
 from specdeck.engine.context import prompt_cut_notice
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SessionStarted, SummaryEvent
@@ -44,10 +45,15 @@ class LoadFailure:
 
 
 def blamed_field(spec: PairSpec, message: str) -> str | None:
-    """The field of `spec` that `message` is about: one whose value it quotes, else one it names."""
+    """The field of `spec` that `message` is about: one whose value it quotes as messages quote a
+    name ('name'), else one whose value it holds, else one it names. Quoted first: a message about
+    the target may list the built-in models, the draft's name among them."""
     lowered = message.lower()
     if lowered.startswith("the llama.cpp backend"):  # what it runs, and needs: the choice of backend is to blame
         return "backend"
+    for name, value in (("target", spec.target), ("draft", spec.draft)):
+        if value and repr(value) in message:
+            return name
     if spec.draft and spec.draft in message or "vocabular" in lowered or "feature head" in lowered:
         return "draft"
     if spec.target in message:
@@ -92,6 +98,7 @@ class SessionModel:
         self.compare = False
         self.prompt_notice = ""  # what truncation did to the last run's prompt
         self._by_session: dict[int, SessionRecord] = {}
+        self._starts: dict[str, SessionStarted] = {}  # each session's start, by mode: its measured costs
         self.pair_changed = Emitter()
         self.activity_changed = Emitter()
         self.run_started = Emitter()
@@ -127,6 +134,7 @@ class SessionModel:
         self.run_info, self.compare = info, compare
         self.records = []
         self._by_session.clear()
+        self._starts.clear()
         self.prompt_notice = ""
         self.run_started.emit(compare)
 
@@ -144,8 +152,10 @@ class SessionModel:
             return
         for event in batch:
             record.add(event)
-            if isinstance(event, SessionStarted) and event.prompt_tokens_dropped:
-                self.prompt_notice = prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)
+            if isinstance(event, SessionStarted):
+                self._starts[record.mode] = event
+                if event.prompt_tokens_dropped:
+                    self.prompt_notice = prompt_cut_notice(event.prompt_tokens, event.prompt_tokens_dropped)
         self.events_arrived.emit(record, batch)
 
     def end_run(self) -> None:
@@ -155,13 +165,26 @@ class SessionModel:
         """The last run's summary of the `mode` ("speculative" or "plain") session, if it ended."""
         return next((r.summary for r in self.records if r.mode == mode), None)
 
+    def verdict(self) -> Verdict | None:
+        """What the last run came to (`specdeck.app.verdict`), once its speculative session ended."""
+        speculative = self.summary("speculative")
+        if speculative is None or self.run_info is None:
+            return None
+        return verdict_of(
+            self.run_info.backend,
+            speculative,
+            self.summary("plain"),
+            self._starts.get("speculative"),
+            self.run_info.config.greedy,
+            self.compare,
+        )
+
     @property
     def identical(self) -> bool | None:
-        """Whether a greedy compare run's two texts are equal; None for anything else."""
-        speculative, plain = self.summary("speculative"), self.summary("plain")
-        if speculative is None or plain is None or self.run_info is None or not self.run_info.config.greedy:
-            return None
-        return speculative.text == plain.text
+        """Whether a greedy compare run's two texts are equal; None for anything else (a stopped
+        run's texts end where they were stopped)."""
+        verdict = self.verdict()
+        return verdict.identical if verdict is not None else None
 
     # export -----------------------------------------------------------------------------------------
 

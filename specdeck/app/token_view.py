@@ -166,13 +166,9 @@ class TokenView(QWidget):
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._flush)
-        self.note = QLabel()  # a line beside the title: a compare run's verdict
-        self.note.setTextFormat(Qt.TextFormat.RichText)
-        self.note.setWordWrap(True)
-        self.header = QHBoxLayout()  # the title, the note, the show-rejected box, and what a window adds
-        header = self.header
+        header = QHBoxLayout()  # the title and the show-rejected box: one short line at any width
         header.addWidget(self.title)
-        header.addWidget(self.note, 1)
+        header.addStretch(1)
         header.addWidget(self.show_rejected)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -188,7 +184,6 @@ class TokenView(QWidget):
 
     def _on_run_started(self, compare: bool) -> None:
         self.clear()
-        self.note.clear()
         if self.mode == "plain":
             self.setVisible(compare)
 

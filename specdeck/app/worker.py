@@ -128,15 +128,18 @@ class BenchOutcome:
 
 
 def describe(pair: ModelPair) -> PairInfo:
+    runs = pair.target.runs
+    # on llama.cpp the weights are the file's own blocks: their type is the dtype, not torch's float32
+    dtype = runs.removeprefix("llama.cpp ") if runs.startswith("llama.cpp ") else str(pair.target.dtype)
     return PairInfo(
         pair.description,
         pair.target.name,
         pair.drafter_model,
         pair.drafter_kind and pair.drafter_kind.value,
         str(pair.target.device),
-        str(pair.target.dtype).removeprefix("torch."),
+        dtype.removeprefix("torch."),
         pair.vocabulary.describe() if pair.vocabulary is not None else "",
-        pair.target.runs,
+        runs,
         _layers(pair.layer_choice),
         pair.note,
     )

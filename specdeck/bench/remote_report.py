@@ -17,7 +17,18 @@ from specdeck.bench.runner import Method, PromptResult
 from specdeck.engine.stats import RemoteTotals, remote_tokens_per_s
 
 ADDED_ROUND_TRIPS_MS = (0, 10, 30, 100, 300)  # a LAN, a region, a continent, across the world
-SPLIT_COLUMNS = ("method", "k", "drafter", "rounds", "draft_ms", "network_ms", "server_ms", "no_cache_hit_rounds")
+SPLIT_COLUMNS = (
+    "method",
+    "k",
+    "drafter",
+    "rounds",
+    "draft_ms",
+    "round_trip_ms",
+    "network_ms",
+    "server_ms",
+    "recomputed_tokens",
+    "no_cache_hit_rounds",
+)
 LATENCY_COLUMNS = ("method", "k", "drafter", "added_round_trip_ms", "tokens_per_s", "plain_tokens_per_s", "speedup")
 
 
@@ -30,7 +41,16 @@ def _sums(results: list[PromptResult], method: Method) -> tuple[RemoteTotals, in
     remote, rounds, drafted, kept, draft_ms, verify_ms = RemoteTotals(), 0, 0, 0, 0.0, 0.0
     for result in results:
         run = result.median_run(method)
-        for name in ("rounds", "network_ms", "server_rounds", "server_ms", "reported_cache", "misses"):
+        for name in (
+            "rounds",
+            "network_ms",
+            "server_rounds",
+            "server_ms",
+            "reported_cache",
+            "misses",
+            "recomputed_rounds",
+            "recomputed",
+        ):
             setattr(remote, name, getattr(remote, name) + getattr(run.remote, name))
         rounds, drafted, kept = rounds + run.rounds, drafted + run.drafted, kept + run.new_tokens
         draft_ms, verify_ms = draft_ms + run.draft_ms, verify_ms + run.verify_ms
@@ -38,14 +58,16 @@ def _sums(results: list[PromptResult], method: Method) -> tuple[RemoteTotals, in
 
 
 def split_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]:
-    """Mean milliseconds per round: drafting, the network (the round trip less the server's own
-    time, or all of it where the server reports none), the server; and the rounds whose server
-    reported no prefix-cache hit."""
+    """Mean milliseconds per round: drafting, the request's round trip, of it the network (the round
+    trip less the server's own time, or all of it where the server reports none) and the server;
+    the prompt tokens the server reported computing per round (the whole context where it
+    recomputed the prefill); and the rounds whose server reported no prefix-cache hit."""
     rows = []
     for method in (m for m in methods if m.name in ("plain", "speculative")):
-        remote, rounds, _, _, draft_ms, _ = _sums(results, method)
+        remote, rounds, _, _, draft_ms, verify_ms = _sums(results, method)
         if not rounds:
             continue
+        recomputed = remote.mean_recomputed_tokens
         rows.append(
             {
                 "method": method.name,
@@ -53,8 +75,10 @@ def split_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]
                 "drafter": method.shown_drafter,
                 "rounds": rounds,
                 "draft_ms": _fmt(draft_ms / rounds),
+                "round_trip_ms": _fmt(verify_ms / rounds),
                 "network_ms": _fmt(remote.mean_network_ms),
                 "server_ms": _fmt(remote.mean_server_ms) or "not reported",
+                "recomputed_tokens": _fmt(recomputed, 1) if recomputed is not None else "not reported",
                 "no_cache_hit_rounds": "not reported" if remote.cache_misses is None else remote.cache_misses,
             }
         )

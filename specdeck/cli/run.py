@@ -117,7 +117,10 @@ def format_summary(s, description: str, runs: str = "float32") -> str:
         server = (
             f", server {s.server_ms:.0f} ms" if s.server_ms is not None else " (the server reports no time of its own)"
         )
-        lines.append(f"per round             network {s.network_ms:.0f} ms{server}")
+        round_trip = s.network_ms + (s.server_ms or 0.0)
+        lines.append(f"per round             round trip {round_trip:.0f} ms: network {s.network_ms:.0f} ms{server}")
+        if s.recomputed_tokens is not None:
+            lines.append(f"recomputed per round  {s.recomputed_tokens:.1f} prompt tokens, as the server reported")
         if s.cache_misses:
             lines.append(
                 f"prefix cache          the server reported no cache hit in {s.cache_misses} of {s.rounds} rounds"

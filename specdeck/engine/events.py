@@ -117,7 +117,9 @@ class RoundEvent:
     A remote target's round (`specdeck.engine.remote.remote_target`) also splits `verify_ms`: `network_ms`, the
     request's round trip less `server_ms`, the server's own time where it reports it (None where
     not); `server_cache_hit`, whether the server reported reusing a cached prefix (None: not
-    reported). All three are None for a local target."""
+    reported); `recomputed_tokens`, the prompt tokens the server reported computing for the round
+    (about K + 1 where its prefix cache held the context, the whole context where it recomputed
+    it; None: not reported). All four are None for a local target."""
 
     round: int
     drafted: int
@@ -136,6 +138,7 @@ class RoundEvent:
     network_ms: float | None = None
     server_ms: float | None = None
     server_cache_hit: bool | None = None
+    recomputed_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,7 @@ class SummaryEvent:
     network_ms: float | None = None
     server_ms: float | None = None
     cache_misses: int | None = None
+    recomputed_tokens: float | None = None  # a remote target's mean per reported round (`RoundEvent`)
 
 
 Event = SessionStarted | TokenEvent | RoundEvent | SummaryEvent

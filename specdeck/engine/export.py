@@ -43,9 +43,11 @@ ROUND_COLUMNS = (
     "network_ms",
     "server_ms",
     "server_cache_hit",
+    "recomputed_tokens",
 )
-# network_ms, server_ms, server_cache_hit: a remote target's split of verify_ms (`RoundEvent`); blank
-# for a local target, and server_ms and server_cache_hit also where the server does not report them
+# network_ms, server_ms, server_cache_hit, recomputed_tokens: a remote target's split of verify_ms and
+# the prompt tokens its server computed (`RoundEvent`); blank for a local target, and all but
+# network_ms also where the server does not report them
 # pos: where a kept token stands or a draft was proposed; acceptance_probability: min(1, p/q), only
 # for drafts the rule judged (accepted, rejected), blank for discarded drafts and the target's tokens
 TOKEN_COLUMNS = (
@@ -160,6 +162,7 @@ def rounds_csv(records: list[SessionRecord]) -> str:
                     _optional_ms(r.network_ms),
                     _optional_ms(r.server_ms),
                     "" if r.server_cache_hit is None else str(r.server_cache_hit).lower(),
+                    "" if r.recomputed_tokens is None else r.recomputed_tokens,
                 )
             )
     return out.getvalue()

@@ -36,7 +36,8 @@ def load_pair(spec: PairSpec, plain: bool = False, progress: Progress | None = N
     the feature head or draft model its draft names), and compare a draft model's vocabulary with the
     target's (`ModelPair.vocabulary`): one with a tokenizer of its own drafts across them. Where the
     drafter is left to its default and SpecDeck's own do not attach to the target, `progress` and
-    the pair's `note` say why in one line."""
+    the pair's `note` say why in one line; where a served target's rounds cannot promise a speed-up
+    (`RemoteTarget.note`), they say that too."""
     chosen = spec.resolved()  # checked before anything loads
     target_model = _load_target(chosen, progress)
     if plain:
@@ -46,6 +47,8 @@ def load_pair(spec: PairSpec, plain: bool = False, progress: Progress | None = N
     pair.note = spec.default_note(backend) or ""
     if progress and pair.note:
         progress(pair.note)
+    if isinstance(target_model, RemoteTarget) and target_model.note:  # said as it connected
+        pair.note = " ".join(note for note in (pair.note, target_model.note) if note)
     return pair
 
 
@@ -72,7 +75,10 @@ def _load_target(spec: PairSpec, progress: Progress | None) -> LoadedModel | Rem
         return target
     if progress:
         progress(f"Connecting to {redact_url(spec.target)}")
-    return connect(spec.remote_settings, load_tokenizer(spec.remote_tokenizer, progress))
+    served = connect(spec.remote_settings, load_tokenizer(spec.remote_tokenizer, progress))
+    if progress and served.note:  # how its rounds are verified, where that promises no speed-up
+        progress(served.note)
+    return served
 
 
 def _lay_out_weights(target: LoadedModel, progress: Progress | None) -> None:

@@ -91,6 +91,8 @@ class RemoteTotals:
     server_ms: float = 0.0
     reported_cache: int = 0
     misses: int = 0
+    recomputed_rounds: int = 0
+    recomputed: int = 0
 
     def add(self, event: RoundEvent) -> None:
         if event.network_ms is None:
@@ -103,6 +105,9 @@ class RemoteTotals:
         if event.server_cache_hit is not None:
             self.reported_cache += 1
             self.misses += not event.server_cache_hit
+        if event.recomputed_tokens is not None:
+            self.recomputed_rounds += 1
+            self.recomputed += event.recomputed_tokens
 
     @property
     def mean_network_ms(self) -> float | None:
@@ -111,6 +116,11 @@ class RemoteTotals:
     @property
     def mean_server_ms(self) -> float | None:
         return self.server_ms / self.server_rounds if self.server_rounds else None
+
+    @property
+    def mean_recomputed_tokens(self) -> float | None:
+        """The prompt tokens the server reported computing, per round that reported them."""
+        return self.recomputed / self.recomputed_rounds if self.recomputed_rounds else None
 
     @property
     def cache_misses(self) -> int | None:
@@ -189,4 +199,5 @@ class SessionStats(RoundTotals):
             network_ms=self.remote.mean_network_ms,
             server_ms=self.remote.mean_server_ms,
             cache_misses=self.remote.cache_misses,
+            recomputed_tokens=self.remote.mean_recomputed_tokens,
         )

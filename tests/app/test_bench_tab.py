@@ -191,3 +191,20 @@ def test_table_headers_are_words_and_name_their_column(qtbot):
     headers = [tab.table.horizontalHeaderItem(c) for c in range(tab.table.columnCount())]
     assert all("_" not in h.text() for h in headers)
     assert [h.toolTip().split()[0] for h in headers] == list(SUMMARY_COLUMNS)
+
+
+def test_before_a_run_the_progress_counts_nothing_and_the_prompt_file_shows_whole(qtbot):
+    """A fresh tab's progress bar claims no count of runs (the plan says how many there will be);
+    once the harness reports, it counts its runs; the prompt file's name is not cut."""
+    from specdeck.app.bench_tab import SAMPLE_LABEL, BenchmarkTab
+
+    tab = BenchmarkTab()
+    qtbot.addWidget(tab)
+    tab.resize(900, 700)
+    tab.show()
+    qtbot.waitExposed(tab)
+    assert "/" not in tab.progress.text() and not tab.plots.isVisible()
+    assert tab.source.width() > tab.source.fontMetrics().horizontalAdvance(SAMPLE_LABEL)
+    tab.start()
+    tab.show_progress(3, 567, "prompt 4")
+    assert tab.progress.text() == "3/567 runs"

@@ -42,9 +42,9 @@ def test_long_session_curves_reach_the_last_round(qtbot):
     rounds = 4 * MAX_POINTS + 3
     charts.add_events(_long_session(rounds))
     charts.redraw()
-    x, y = charts._cumulative.getData()
+    x, y = charts.acceptance_plot.cumulative.getData()
     assert 0 < x.size <= MAX_POINTS and x[-1] == rounds and y[-1] == 0.5
-    x, y = charts._spec_speed.getData()
+    x, y = charts.speed_plot.spec_speed.getData()
     assert 0 < x.size <= MAX_POINTS and np.isclose(x[-1], 0.01 * rounds) and np.isclose(y[-1], 300.0)
 
 
@@ -57,11 +57,11 @@ def test_every_curve_and_bar_stays_inside_its_chart(qtbot):
         charts.add_events(_long_session(rounds))
         charts.redraw()
         for plot, items in (
-            (charts.acceptance_plot, (charts._per_round, charts._cumulative)),
-            (charts.speed_plot, (charts._spec_speed,)),
-            (charts.round_time_plot, (charts._draft_bars, charts._verify_bars)),
-            (charts.histogram_plot, (charts._histogram,)),
-            (charts.position_plot, (charts._by_position,)),
+            (charts.acceptance_plot, (charts.acceptance_plot.per_round, charts.acceptance_plot.cumulative)),
+            (charts.speed_plot, (charts.speed_plot.spec_speed,)),
+            (charts.round_time_plot, (charts.round_time_plot.draft_bars, charts.round_time_plot.verify_bars)),
+            (charts.histogram_plot, (charts.histogram_plot.histogram,)),
+            (charts.position_plot, (charts.position_plot.by_position,)),
         ):
             (x0, x1), (y0, y1) = plot.getViewBox().viewRange()
             for item in items:
@@ -164,40 +164,22 @@ def test_cost_charts_show_the_sessions_measured_curve_and_what_it_makes_of_accep
     qtbot.addWidget(charts)
     charts.add_events(_long_session(10))
     charts.redraw()
-    assert charts._verify_cost.getData()[0] is None or charts._verify_cost.getData()[0].size == 0
+    assert charts.verify_cost_plot.here.getData()[0] is None or charts.verify_cost_plot.here.getData()[0].size == 0
     start = SessionStarted(
         "speculative", "head", 10, 5.0, curve_tokens=(1, 2, 4, 8, 16), curve_ms=(4.0, 4.4, 5.0, 8.0, 14.0), draft_ms=0.5
     )
     charts.reset()
     charts.add_events((start, *_long_session(10)))
     charts.redraw()
-    tokens, steps = charts._verify_cost.getData()
+    tokens, steps = charts.verify_cost_plot.here.getData()
     assert tokens[0] == 1 and steps[0] == 1.0 and np.isclose(steps[7], 2.0) and np.isclose(steps[15], 3.5)
-    assert np.all(charts._flat_cost.getData()[1] == 1.0)
-    ks, flat = charts._expected_flat.getData()
+    assert np.all(charts.verify_cost_plot.flat.getData()[1] == 1.0)
+    ks, flat = charts.expected_plot.flat.getData()
     for k, value in zip(ks, flat):
         assert np.isclose(value, predicted_speedup(0.5, k, 0.5 / 4.0)), k
-    _, here = charts._expected_here.getData()
+    _, here = charts.expected_plot.here.getData()
     assert np.isclose(here[0], 1.5 * 4.0 / (0.5 + 4.4))  # K=1 keeps 1.5 tokens for a draft and a 2-token verify
     assert "on a flat verify" in charts.readout(charts.expected_plot, 2)
-
-
-def test_a_measured_speedup_far_from_the_predicted_one_says_why():
-    """Within 20% of the prediction nothing is said; beyond it, plain steps slower than the measured
-    curve name a busy machine, a run of few rounds its warm-up, and otherwise which way the rounds
-    went."""
-    from specdeck.app.cost_series import why_off
-    from specdeck.engine.planner.costs import CostCurve
-
-    curve = CostCurve((1, 2, 4, 8), (4.0, 4.5, 5.5, 8.0))
-    assert why_off(1.25, 1.4, 4.1, curve, 200) is None
-    assert why_off(1.0, None, 4.1, curve, 200) is None
-    busy = why_off(0.5, 1.4, 9.0, curve, 200)
-    assert busy is not None and "busier" in busy and "9.0 ms" in busy
-    short = why_off(0.8, 1.4, 4.2, curve, 10)
-    assert short is not None and "short run" in short
-    assert "copies" in (why_off(2.0, 1.3, 4.0, curve, 200) or "")
-    assert "pace" in (why_off(0.9, 1.3, 4.0, curve, 200) or "")
 
 
 def test_charts_redraw_less_often_while_a_session_decodes(qtbot):
@@ -209,7 +191,8 @@ def test_charts_redraw_less_often_while_a_session_decodes(qtbot):
     charts = SessionCharts(model=model)
     qtbot.addWidget(charts)
     drawn = []
-    charts._parts = tuple((lambda part=part: (drawn.append(part), part())[1]) for part in charts._parts)
+    for chart in charts.plots:
+        chart.draw = lambda *series, chart=chart, draw=chart.draw: (drawn.append(chart), draw(*series))[1]
     events = _long_session(400)
 
     def draws_in_one_second(first_round: int) -> int:
@@ -225,3 +208,114 @@ def test_charts_redraw_less_often_while_a_session_decodes(qtbot):
     model.set_activity(running=False)
     assert decoding >= 4, "the charts stopped following the session"
     assert decoding * 2 < idle, (decoding, idle)
+
+
+def _charts_in_a_page(qtbot):
+    """The charts in a scroll area shorter than they are, as the window shows them."""
+    from PySide6.QtWidgets import QScrollArea
+
+    charts = SessionCharts()
+    page = QScrollArea()
+    page.setWidget(charts)
+    page.setWidgetResizable(True)
+    page.resize(800, 300)
+    qtbot.addWidget(page)
+    page.show()
+    qtbot.waitExposed(page)
+    charts.add_events(_long_session(40))
+    charts.redraw()
+    return page, charts
+
+
+def _wheel(widget, modifiers) -> None:
+    from PySide6.QtCore import QPoint, QPointF, Qt
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QApplication
+
+    centre = QPointF(widget.width() / 2, widget.height() / 2)
+    event = QWheelEvent(
+        centre,
+        QPointF(widget.mapToGlobal(centre.toPoint())),
+        QPoint(0, 0),
+        QPoint(0, -120),
+        Qt.MouseButton.NoButton,
+        modifiers,
+        Qt.ScrollPhase.NoScrollPhase,
+        False,
+    )
+    QApplication.sendEvent(widget, event)
+
+
+def test_the_wheel_over_a_chart_scrolls_the_page_and_zooms_only_with_ctrl(qtbot):
+    """A plain wheel over a chart scrolls the page and leaves the chart's ranges; Ctrl+wheel zooms."""
+    from PySide6.QtCore import Qt
+
+    page, charts = _charts_in_a_page(qtbot)
+    plot = charts.acceptance_plot
+    ranges = plot.getViewBox().viewRange()
+    _wheel(plot.viewport(), Qt.KeyboardModifier.NoModifier)
+    assert page.verticalScrollBar().value() > 0
+    assert plot.getViewBox().viewRange() == ranges
+    _wheel(plot.viewport(), Qt.KeyboardModifier.ControlModifier)
+    assert plot.getViewBox().viewRange() != ranges
+
+
+def test_a_zoomed_chart_shows_the_next_session_whole(qtbot):
+    """A range left by zooming never sticks: the next session's charts show its data whole."""
+    from PySide6.QtCore import Qt
+
+    page, charts = _charts_in_a_page(qtbot)
+    for _ in range(3):
+        for plot in charts.plots:
+            _wheel(plot.viewport(), Qt.KeyboardModifier.ControlModifier)
+    charts.reset()
+    charts.add_events(_long_session(12))
+    charts.redraw()
+    assert (
+        charts.acceptance_plot.getViewBox().viewRange()[1][0]
+        < 0
+        < 1
+        < charts.acceptance_plot.getViewBox().viewRange()[1][1]
+    )
+    (x0, x1), (y0, y1) = charts.position_plot.getViewBox().viewRange()
+    assert x0 < 1 and x1 > 2 and y0 < 0 and y1 > 1
+    (x0, x1), _ = charts.acceptance_plot.getViewBox().viewRange()
+    assert x0 <= 0 and x1 >= 12
+
+
+def test_a_hovered_value_stays_while_the_mouse_does(qtbot):
+    """The readout of the point under the mouse stays shown, also seconds later, until the mouse leaves."""
+    page, charts = _charts_in_a_page(qtbot)
+    plot = charts.acceptance_plot
+    view = plot.getViewBox()
+    plot._on_mouse_moved(view.mapViewToScene(pg_point(3.0, 0.5)))
+    assert plot.hover.isVisible() and plot.hover.text().startswith("round 3: accepted 2/4")
+    qtbot.wait(2000)
+    assert plot.hover.isVisible()
+    plot._on_mouse_moved(view.mapViewToScene(pg_point(-50.0, 0.5)))
+    assert not plot.hover.isVisible()
+
+
+def pg_point(x: float, y: float):
+    from PySide6.QtCore import QPointF
+
+    return QPointF(x, y)
+
+
+def test_the_expected_speedup_title_follows_the_current_session(qtbot):
+    """The Expected-speedup title names the acceptance of the session shown, and none once a
+    session without measured costs (a constant K) follows one with them."""
+    from specdeck.engine.events import SessionStarted
+
+    charts = SessionCharts()
+    qtbot.addWidget(charts)
+    start = SessionStarted(
+        "speculative", "head", 10, 5.0, curve_tokens=(1, 2, 4, 8, 16), curve_ms=(4.0, 4.4, 5.0, 8.0, 14.0), draft_ms=0.5
+    )
+    charts.add_events((start, *_long_session(10)))
+    charts.redraw()
+    assert "a = 0.50" in charts.expected_plot.title
+    charts.reset()
+    charts.add_events(_long_session(10))
+    charts.redraw()
+    assert "a = " not in charts.expected_plot.title

@@ -58,8 +58,11 @@ def test_compare_fills_both_views_and_marks_greedy_runs_identical(qtbot, window,
     assert window.plain_view.kept_text() == plain.summary.text == speculative.summary.text
     assert window.speculative_view.kept_text() == speculative.summary.text
     assert window.charts.identical is True
-    assert "identical" in window.plain_view.note.text()
+    assert "identical" in window.verdict.text()
     assert window.charts.plain.size == plain.summary.rounds
+    headline = window.charts.headline.labels  # the figures in view above the charts
+    assert headline["tokens/s"].text() == window.charts.figures["tokens/s"].text() != "–"
+    assert headline["speedup"].text() == f"{speculative.summary.tokens_per_s / plain.summary.tokens_per_s:.2f}x"
 
 
 def test_stop_mid_run_keeps_the_text(qtbot, window, monkeypatch):
@@ -87,6 +90,7 @@ def test_stop_mid_run_keeps_the_text(qtbot, window, monkeypatch):
     assert summary.stop_reason == "cancelled"
     assert 0 < summary.new_tokens < 4000
     assert window.speculative_view.kept_text() == summary.text
+    assert f"Stopped</b> after {summary.new_tokens} tokens" in window.verdict.text()
 
 
 def test_bad_model_path_gives_a_dialog_and_the_window_still_works(qtbot, window, errors, tmp_path):
@@ -99,6 +103,7 @@ def test_bad_model_path_gives_a_dialog_and_the_window_still_works(qtbot, window,
     assert "Load failed" in panel.loaded.text() and "Loaded:" not in panel.loaded.text()
     assert panel.target.combo.styleSheet() and not panel.draft.combo.styleSheet()
     window.model_panel.target.set_value(good)
+    assert not panel.target.combo.styleSheet()  # the fix takes the outline off at once
     _run(qtbot, window, window.run_button)
     assert len(errors) == 1
     assert window.session_model.records[0].summary.new_tokens > 0
@@ -342,3 +347,28 @@ def test_running_out_of_memory_says_what_to_try_and_the_next_run_works(qtbot, wi
     assert "smaller dtype" in errors[0][1] and "Unexpected" not in errors[0][1]
     _run(qtbot, window, window.run_button)
     assert len(errors) == 1 and window.session_model.records[-1].summary is not None
+
+
+def test_a_run_shows_something_moving_until_its_first_token(qtbot, window, monkeypatch):
+    """From Run until the first token (loading, prefill, measuring costs) the status bar has a busy
+    indicator; once tokens arrive the text moves instead, and at the end nothing is left moving."""
+    import threading
+
+    from specdeck.engine import session
+
+    release = threading.Event()
+    real_generate = session.generate
+
+    def slow_start(*args, **kwargs):
+        release.wait(30)  # the session's start: nothing of it reaches the window yet
+        yield from real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(session, "generate", slow_start)
+    window.run_button.click()
+    qtbot.waitUntil(
+        lambda: window.session_model.activity.running and bool(window.session_model.records), timeout=TIMEOUT_MS
+    )
+    assert window.waiting.isVisible() and not window.speculative_view.tokens
+    release.set()
+    qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
+    assert not window.waiting.isVisible() and window.speculative_view.tokens

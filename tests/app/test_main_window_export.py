@@ -19,7 +19,7 @@ def _compare(qtbot, window) -> None:
 def test_csv_has_one_row_per_round_and_totals_match(qtbot, window, tmp_path, errors):
     """Each session's rows add up to its summary; the metadata names the models and parameters."""
     _compare(qtbot, window)
-    window.per_token_rows.setChecked(True)
+    window.menus.per_token_rows.setChecked(True)
     written = window.export_csv(tmp_path / "run.csv")
     assert [p.name for p in written] == ["run.csv", "run.meta.json", "run.tokens.csv"]
     with open(tmp_path / "run.csv", newline="", encoding="utf-8") as handle:
@@ -74,3 +74,27 @@ def test_charts_that_cannot_be_saved_leave_the_old_picture(qtbot, window, tmp_pa
     with pytest.raises(SpecDeckError, match="charts.nosuchformat"):
         window.save_charts(picture)
     assert picture.read_bytes() == b"earlier" and [p.name for p in tmp_path.iterdir()] == [picture.name]
+
+
+def test_the_export_dialog_opens_in_the_users_documents_not_where_specdeck_started(
+    qtbot, window, tmp_path, monkeypatch, errors
+):
+    """File > Export opens in the documents folder (or home), not in the folder SpecDeck was
+    started from, and the CSV lands where the dialog says."""
+    from PySide6.QtWidgets import QFileDialog
+
+    home = tmp_path / "home"
+    (home / "Documents").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_DOCUMENTS_DIR", str(home / "Documents"))
+    monkeypatch.chdir(tmp_path)
+    _compare(qtbot, window)
+    offered = []
+
+    def save_as(parent, title, start, filters):
+        offered.append(start)
+        return str(home / "mine.csv"), filters
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", save_as)
+    window.menus.export_action.trigger()
+    assert offered and offered[0].startswith(str(home)) and (home / "mine.csv").is_file()

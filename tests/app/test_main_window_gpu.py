@@ -33,7 +33,7 @@ def test_compare_on_the_gpu_marks_greedy_runs_identical(qtbot, gpu_window, error
     assert speculative.summary.new_tokens > 0
     assert speculative.summary.text == plain.summary.text
     assert gpu_window.session_model.identical is True
-    assert "greedy outputs identical" in gpu_window.plain_view.note.text()
+    assert "greedy outputs identical" in gpu_window.verdict.text()
 
 
 def test_running_out_of_gpu_memory_leaves_the_window_usable(qtbot, gpu_window, errors, cuda, monkeypatch):

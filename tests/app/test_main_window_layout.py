@@ -37,10 +37,10 @@ def test_settings_panel_collapses_and_comes_back(qtbot, window):
     """View > Settings panel hides the left column (the views take its room) and shows it again."""
     window.resize(1366, 768)
     before = window.tabs.width()
-    window.settings_action.trigger()
+    window.menus.settings_action.trigger()
     qtbot.waitUntil(lambda: window.tabs.width() > before, timeout=2000)
     assert not window.settings_panel.isVisible()
-    window.settings_action.trigger()
+    window.menus.settings_action.trigger()
     assert window.settings_panel.isVisible() and window.run_button.isVisible()
 
 

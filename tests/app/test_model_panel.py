@@ -73,7 +73,8 @@ def test_built_in_pair_on_llama_cpp_compares_and_names_its_backend(qtbot, window
     speculative, plain = window.session_model.records
     assert speculative.summary.text == plain.summary.text
     assert window.charts.figures["backend"].text() == "llama.cpp Q4_1"
-    note = window.plain_view.note.text()
+    note = window.verdict.text()
     assert "llama.cpp Q4_1" in note and f"{plain.summary.tokens_per_s:.1f}" in note and "identical" in note
     meta = json.loads(window.export_csv(tmp_path / "session.csv")[1].read_text(encoding="utf-8"))
     assert meta["backend"] == "llama.cpp Q4_1" and meta["versions"]["llama-cpp-python"]
+    assert meta["dtype"] == "Q4_1"  # the file's own blocks, not torch's float32

@@ -1,5 +1,7 @@
 """The prompt presets are where a newcomer starts: each drafts on the default pair, exactly."""
 
+import pytest
+
 from specdeck.app.panels import load_presets
 from specdeck.engine import DecodeConfig, TokenEvent
 from specdeck.engine.events import SummaryEvent
@@ -34,3 +36,27 @@ def test_code_in_a_preset_keeps_its_lines(tmp_path, monkeypatch):
     assert panels.load_presets()["fix"] == (
         "Fix this function.\n\n```python\ndef f(x):\n    return x\n```\nThen explain it.\n\n    indented = 1"
     )
+
+
+# a combo box's popup asks for the keyboard and to be raised, which the offscreen platform cannot do
+@pytest.mark.qt_log_ignore("grabbing the keyboard", "does not support raise", "propagateSizeHints")
+def test_picking_the_chosen_preset_again_puts_its_prompt_back(qtbot):
+    """An edited prompt goes back to the preset's text when the preset already chosen is picked
+    again in its list."""
+    from PySide6.QtCore import Qt
+
+    from specdeck.app.panels import DecodingPanel
+
+    panel = DecodingPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    qtbot.waitExposed(panel)
+    name = list(panel.presets)[1]
+    panel.choose_preset(name)
+    panel.prompt.setPlainText("my own edit")
+    panel.preset.showPopup()
+    view = panel.preset.view()
+    qtbot.wait(200)
+    row = view.visualRect(view.model().index(panel.preset.currentIndex(), 0))
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=row.center())
+    qtbot.waitUntil(lambda: panel.prompt_text() == panel.presets[name], timeout=2000)

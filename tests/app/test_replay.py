@@ -53,6 +53,20 @@ def test_lanes_follow_the_recorded_times(qtbot):
     assert not dialog._timer.isActive()
 
 
+def test_a_short_race_is_slowed_to_be_watched_at_one_pace_for_both_sides(qtbot):
+    """By default a race of 0.6 s plays over 10 s, both sides at the same pace, so the faster side
+    still finishes first by as much; the measured pace and slower ones are offered too."""
+    from specdeck.app.replay import SPEEDS, WATCHABLE_S
+
+    dialog = ReplayDialog(_record("speculative", 0.10, 3, 4), _record("plain", 0.05, 1, 12))
+    qtbot.addWidget(dialog)
+    assert abs(dialog.pace - 0.6 / WATCHABLE_S) < 1e-9
+    assert min(speed for speed in SPEEDS.values() if speed) <= 0.02
+    dialog.speed.setCurrentText("1x (measured pace)")
+    assert dialog.pace == 1.0
+    dialog._timer.stop()
+
+
 def test_timeline_is_the_rounds_in_order_with_their_tokens():
     """Each step is one round: its tokens, then its round event, at the round's recorded end."""
     record = _record("speculative", 0.1, 2, 3)
@@ -63,11 +77,11 @@ def test_timeline_is_the_rounds_in_order_with_their_tokens():
 
 def test_compare_offers_the_replay(qtbot, window):
     """After a Compare the replay is offered (Ctrl+R) and plays both recorded sessions' texts to the end."""
-    assert not window.replay_action.isEnabled()
+    assert not window.menus.replay_action.isEnabled()
     window.compare_button.click()
     qtbot.waitUntil(lambda: window.idle, timeout=60_000)
-    assert window.replay_action.isEnabled() and window.replay_button.isVisible()
-    window.replay_action.trigger()
+    assert window.menus.replay_action.isEnabled() and window.replay_button.isVisible()
+    window.menus.replay_action.trigger()
     dialog = window.replay
     dialog._timer.stop()
     dialog.advance_to(max(lane.end_s for lane in dialog.lanes))

@@ -67,7 +67,7 @@ def test_tab_leaves_the_prompt_and_ctrl_tab_types_a_tab(qtbot, window):
 
 def test_help_lists_the_shortcuts(qtbot, window):
     """Help > Keyboard shortcuts names each action's keys."""
-    rows = dict((what, keys) for keys, what in window.shortcut_list())
+    rows = dict((what, keys) for keys, what in window.menus.shortcut_list())
     for what in ("Run", "Compare", "Stop", "Export CSV", "Focus the prompt", "Settings panel"):
         assert rows.get(what), what
     assert "Esc" in rows["Stop"] and "Ctrl+E" in rows["Export CSV"]

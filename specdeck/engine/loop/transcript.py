@@ -153,6 +153,7 @@ class Transcript:
             network_ms=server.network_ms if server else None,
             server_ms=server.server_ms if server else None,
             server_cache_hit=server.cache_hit if server else None,
+            recomputed_tokens=server.recomputed_tokens if server else None,
         )
         out: list[Event] = [*events, round_event]
         for event in out:

@@ -48,9 +48,10 @@ class Expect:
     start: int = 0
     entries: int = 0
     lead: bool = False  # the prompt opens with a BOS token (llama-cpp-python leaves its entry out)
+    generated: int = 0  # the tokens a continuation asked the server to write (`remote_continuation`)
 
 
-def _expect(info: ValidationInfo) -> Expect:
+def expect_of(info: ValidationInfo) -> Expect:
     return info.context["expect"] if info.context else Expect()
 
 
@@ -64,7 +65,7 @@ def _log_probability(value: float) -> float:
 
 
 def _in_vocabulary(token: int, info: ValidationInfo) -> int:
-    vocab = _expect(info).vocab
+    vocab = expect_of(info).vocab
     if token < 0 or vocab and token >= vocab:
         raise ValueError(
             f"token id {token} is outside SpecDeck's tokenizer (ids 0 to {vocab - 1}): "
@@ -79,16 +80,16 @@ Count = Annotated[int, Strict(), Field(ge=0)]
 Milliseconds = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 
 
-def _token_key(key: str, info: ValidationInfo, prefix: str = "") -> int:
+def token_key(key: str, info: ValidationInfo, prefix: str = "") -> int:
     """A token id written as a JSON object's key (`prefix` and digits)."""
     if not re.fullmatch(re.escape(prefix) + r"\d{1,12}", key):
         raise ValueError(f"names a token {key!r}, not {prefix}<id>")
     return _in_vocabulary(int(key.removeprefix(prefix)), info)
 
 
-def _listed(row: dict, info: ValidationInfo, what: str) -> None:
+def check_listed(row: dict, info: ValidationInfo, what: str) -> None:
     """A position's listed tokens: at least one, at most the top asked and the position's own token."""
-    top = _expect(info).top
+    top = expect_of(info).top
     if not row or top and len(row) > top + 1:
         raise ValueError(f"{what} lists {len(row)} tokens where 1 to {top + 1} were asked")
 
@@ -106,6 +107,7 @@ class Timings(BaseModel):
     prompt_ms: Milliseconds | None = None
     predicted_ms: Milliseconds | None = None
     cache_n: Count | None = None
+    prompt_n: Count | None = None  # the prompt tokens it computed, the cached ones left out
 
 
 class PromptDetails(BaseModel):
@@ -113,6 +115,7 @@ class PromptDetails(BaseModel):
 
 
 class Usage(BaseModel):
+    prompt_tokens: Count | None = None
     completion_tokens: Count | None = None
     prompt_tokens_details: PromptDetails | None = None
 
@@ -121,6 +124,7 @@ class MetaInfo(BaseModel):
     """SGLang's account of a request."""
 
     e2e_latency: Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)] | None = None
+    prompt_tokens: Count | None = None
     cached_tokens: Count | None = None
 
 
@@ -200,7 +204,7 @@ class VllmCompletion(Timed):
 
     @model_validator(mode="after")
     def _lined_up(self, info: ValidationInfo) -> VllmCompletion:
-        prompt, choice = _expect(info).prompt, self.choices[0]
+        prompt, choice = expect_of(info).prompt, self.choices[0]
         given = choice.prompt_logprobs
         if len(given) != len(prompt):
             raise ValueError(f"{len(given)} prompt_logprobs entries for a prompt of {len(prompt)} tokens")
@@ -214,14 +218,14 @@ class VllmCompletion(Timed):
                 raise ValueError(
                     f"prompt_logprobs[{j}] does not name prompt token {prompt[j]}: it is not at its position"
                 )
-            _listed(entry, info, f"prompt_logprobs[{j}]")
+            check_listed(entry, info, f"prompt_logprobs[{j}]")
             for key in entry:
-                _token_key(key, info)
+                token_key(key, info)
         if len(choice.logprobs.top_logprobs) != 1:
             raise ValueError(f"{len(choice.logprobs.top_logprobs)} top_logprobs for the 1 token asked")
-        _listed(choice.logprobs.top_logprobs[0], info, "top_logprobs[0]")
+        check_listed(choice.logprobs.top_logprobs[0], info, "top_logprobs[0]")
         for key in choice.logprobs.top_logprobs[0]:
-            _token_key(key, info, "token_id:")
+            token_key(key, info, "token_id:")
         return self
 
     def rows(self, start: int) -> list[Row]:
@@ -262,7 +266,7 @@ class SglangGenerate(Timed):
 
     @model_validator(mode="after")
     def _lined_up(self, info: ValidationInfo) -> SglangGenerate:
-        expect, meta = _expect(info), self.meta_info
+        expect, meta = expect_of(info), self.meta_info
         count = len(expect.prompt) - expect.start
         if len(meta.input_top_logprobs) != count:
             raise ValueError(
@@ -279,7 +283,7 @@ class SglangGenerate(Timed):
                 if expect.start + i > 0:  # only the input's first token has nothing that predicted it
                     raise ValueError(f"input_top_logprobs[{i}] is empty")
                 continue
-            _listed({token: lp for lp, token, _ in entry}, info, f"input_top_logprobs[{i}]")
+            check_listed({token: lp for lp, token, _ in entry}, info, f"input_top_logprobs[{i}]")
         return self
 
     def rows(self, kept: int, start: int) -> list[Row]:
@@ -313,7 +317,7 @@ class EchoCompletion(Timed):
 
     @model_validator(mode="after")
     def _lined_up(self, info: ValidationInfo) -> EchoCompletion:
-        expect = _expect(info)
+        expect = expect_of(info)
         given = self.choices[0].logprobs.top_logprobs
         generated = self.usage.completion_tokens if self.usage else None
         ended = expect.lead and not generated and len(given) == expect.entries - 1
@@ -321,7 +325,7 @@ class EchoCompletion(Timed):
             raise ValueError(f"{len(given)} log-probability entries for {expect.entries} tokens")
         for i, entry in enumerate(given):
             if entry is not None:
-                _listed(entry, info, f"entry {i}")
+                check_listed(entry, info, f"entry {i}")
         return self
 
     def entries(self, count: int) -> list[dict[str, float] | None]:

@@ -105,15 +105,22 @@ class Endpoint:
         return self.request(path, None, schema, None, root)[0]
 
     def post(
-        self, path: str, body: dict, schema: type[A], expect: Expect | None = None, root: bool = False
+        self,
+        path: str,
+        body: dict,
+        schema: type[A],
+        expect: Expect | None = None,
+        root: bool = False,
+        events: bool = False,
     ) -> tuple[A, float]:
         """The server's answer to `body` at `path`, validated against `schema` and what was sent
         (`expect`), and the milliseconds from sending to the whole answer read (the round trip,
-        the server's own time included)."""
-        return self.request(path, body, schema, expect, root)
+        the server's own time included). With `events`, the answer is a stream of server-sent
+        events, read to its end and validated as {"chunks": [each event's JSON]}."""
+        return self.request(path, body, schema, expect, root, events)
 
     def request(
-        self, path: str, body: dict | None, schema: type[A], expect: Expect | None, root: bool
+        self, path: str, body: dict | None, schema: type[A], expect: Expect | None, root: bool, events: bool = False
     ) -> tuple[A, float]:
         """Every answer comes through here, and through its schema: nothing of one is read before
         it has been checked against what was sent (`remote_answers`)."""
@@ -156,7 +163,7 @@ class Endpoint:
                 raise
         elapsed_ms = (time.perf_counter() - started) * 1e3
         try:
-            answer = json.loads(raw)
+            answer = _events(raw) if events else json.loads(raw)
         except ValueError as error:
             raise ServerFault(
                 f"The server at {self.base} answered {path} with something that is not JSON "
@@ -326,6 +333,19 @@ def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
 
 class _HTTPSHandler(_Watching, urllib.request.HTTPSHandler):
     pass
+
+
+def _events(raw: bytes) -> dict:
+    """A stream of server-sent events as {"chunks": [...]}: the JSON of each `data:` line, up to
+    the `[DONE]` that OpenAI-compatible servers close it with."""
+    chunks = []
+    for line in raw.decode("utf-8").splitlines():
+        data = line.removeprefix("data:").strip() if line.startswith("data:") else None
+        if data == "[DONE]":
+            break
+        if data:
+            chunks.append(json.loads(data))
+    return {"chunks": chunks}
 
 
 def _error_text(error: urllib.error.HTTPError) -> str:

@@ -36,12 +36,15 @@ from specdeck.engine.remote.remote_http import Endpoint
 @dataclass(frozen=True)
 class ServerTime:
     """Where a round's request went: the whole round trip, of it the server's own time where the
-    server reports it, and the prompt tokens it reports reusing from its prefix cache (None: not
-    reported). The network's share is the round trip less the server's time."""
+    server reports it, the prompt tokens it reports reusing from its prefix cache, and the prompt
+    tokens it reports computing (None: not reported). The network's share is the round trip less
+    the server's time. `recomputed_tokens` is what tells a round that costs its new tokens (about
+    K + 1) from one that recomputes the whole context's prefill."""
 
     round_trip_ms: float
     server_ms: float | None = None
     cached_tokens: int | None = None
+    recomputed_tokens: int | None = None
 
     @property
     def network_ms(self) -> float:
@@ -69,7 +72,20 @@ class ServerTime:
             meta.cached_tokens if meta else None,
         )
         cached = next((n for n in counts if n is not None), None)
-        return cls(round_trip_ms, server_ms, cached)
+        return cls(round_trip_ms, server_ms, cached, _recomputed(answer, cached))
+
+
+def _recomputed(answer: Timed, cached: int | None) -> int | None:
+    """The prompt tokens the server reports computing for a request: llama.cpp's `prompt_n`, else
+    the prompt's tokens less the cached ones (OpenAI's `usage`, SGLang's `meta_info`)."""
+    if answer.timings and answer.timings.prompt_n is not None:
+        return answer.timings.prompt_n
+    prompt = next(
+        (x.prompt_tokens for x in (answer.usage, answer.meta_info) if x and x.prompt_tokens is not None), None
+    )
+    if prompt is None or cached is None:
+        return None
+    return max(prompt - cached, 0)
 
 
 class Scoring(Protocol):

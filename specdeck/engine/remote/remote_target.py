@@ -10,18 +10,25 @@ probability the server did not list, so that p is exact for the listed tokens an
 server's. Sampling would need the whole distribution, which these servers return only as top-k:
 a remote target decodes greedily, and refuses sampling saying so.
 
-How each server is asked (`owned_by` in its `/v1/models` answer says which one it is):
-- vLLM: `/v1/completions` with the prompt as token ids and `prompt_logprobs` (its extension).
-- SGLang: `/generate` with `input_ids`, `return_logprob`, `logprob_start_len`, `top_logprobs_num`.
-- otherwise, llama-cpp-python's server: `/v1/completions` with `echo` and `logprobs`. It takes
-  text only, so the text is first sent to its `/extras/tokenize` to check that the server reads
-  back the very ids SpecDeck holds; drafts it would read otherwise are cut off before the round.
-  Its answer names tokens by their text; a text several tokens share is resolved to the draft at
-  that position where it is one of them, else to the end-of-text token for the empty text, else to
-  the token SpecDeck's tokenizer writes for that text.
+How each server is asked (`owned_by` in its `/v1/models` answer says which one it is), with
+`RemoteSettings.verify` "score" (the drafts scored as prompt) or "continue" (the server's own
+greedy continuation compared with the drafts, `remote_continuation`); "auto" scores while the
+context is short (`SCORE_BELOW` tokens: one batched forward beats K + 1 decode steps there) and
+from there on takes the way whose round does not recompute the whole context on that server:
+- SGLang (auto: score): `/generate` with `input_ids`, `return_logprob`, `logprob_start_len`,
+  `top_logprobs_num`, which scores the new positions after its radix cache's prefix.
+- vLLM (auto: score, then continue): `/v1/completions` with the prompt as token ids, and `prompt_logprobs`
+  (its extension) to score, which skips its prefix cache.
+- otherwise, llama-cpp-python's server (auto: score, then continue): `/v1/completions`, with `echo` and
+  `logprobs` to score, which turns every prompt position into log-probabilities in Python. It
+  takes text only, so the text is first sent to its `/extras/tokenize` to check that the server
+  reads back the very ids SpecDeck holds; drafts it would read otherwise are cut off before the
+  round. Its answer names tokens by their text; a text several tokens share is resolved to the
+  draft at that position where it is one of them, else to the end-of-text token for the empty
+  text, else to the token SpecDeck's tokenizer writes for that text.
 llama-cpp-python's server and vLLM are tested against real servers here
-(tests/engine/remote/test_remote_target.py, tests/engine/remote/test_remote_target_vllm.py); the SGLang requests follow its
-documented API (docs/remote.md).
+(tests/engine/remote/test_remote_target.py, tests/engine/remote/test_remote_target_vllm.py); SGLang
+against a fake server that answers as its documented API does (docs/remote.md).
 """
 
 from __future__ import annotations
@@ -33,11 +40,15 @@ import torch
 
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.remote.remote_answers import ModelList
+from specdeck.engine.remote.remote_answers import ModelList, Row
+from specdeck.engine.remote.remote_continuation import EchoContinuing, VllmContinuing
 from specdeck.engine.remote.remote_http import Endpoint, ServerFault, redact
 from specdeck.engine.remote.remote_scoring import EchoScoring, Scoring, ServerTime, SglangScoring, VllmScoring
 
 TOP_LOGPROBS = 5  # log-probabilities asked per position: the argmax and a few to show p by
+# "auto" scores drafts as prompt below this many tokens of context: recomputing a short context
+# costs less than the K + 1 decode steps of a continuation
+SCORE_BELOW = 256
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,7 @@ class RemoteSettings:
     url: str
     model: str
     timeout_s: float
+    verify: str = "auto"  # "score", "continue" or "auto" (module docstring)
 
 
 class RemoteTarget:
@@ -70,6 +82,7 @@ class RemoteTarget:
         self.scoring = scoring
         self.server = server  # which API the requests follow: "vllm", "sglang" or "llama-cpp-python"
         self.vocab_width = len(tokenizer)
+        self.note = getattr(scoring, "note", "")  # what to say before a session: how a round is verified
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -162,8 +175,43 @@ def connect(settings: RemoteSettings, tokenizer) -> RemoteTarget:
             + "pass one of those as --target-model."
         )
     owner = (models[names.index(settings.model)].owned_by or "").lower()
-    if owner == "vllm":
-        return RemoteTarget(settings, tokenizer, endpoint, VllmScoring(TOP_LOGPROBS, len(tokenizer)), "vllm")
-    if owner == "sglang":
-        return RemoteTarget(settings, tokenizer, endpoint, SglangScoring(TOP_LOGPROBS, len(tokenizer)), "sglang")
-    return RemoteTarget(settings, tokenizer, endpoint, EchoScoring(tokenizer, TOP_LOGPROBS), "llama-cpp-python")
+    server = owner if owner in ("vllm", "sglang") else "llama-cpp-python"
+    return RemoteTarget(settings, tokenizer, endpoint, _scoring(server, settings.verify, tokenizer), server)
+
+
+def _scoring(server: str, verify: str, tokenizer) -> Scoring:
+    """How a round is verified on `server` (module docstring)."""
+    if verify not in ("auto", "score", "continue"):
+        raise SpecDeckError(f"A remote round verifies by 'auto', 'score' or 'continue', not {verify!r}.")
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    if server == "sglang":
+        if verify == "continue":
+            raise SpecDeckError("SGLang scores drafts after its cached prefix: verify by 'score' or 'auto' there.")
+        return SglangScoring(TOP_LOGPROBS, vocab)
+    if server == "vllm":
+        scoring: Scoring = VllmScoring(TOP_LOGPROBS, vocab)
+        continuing: Scoring = VllmContinuing(TOP_LOGPROBS, vocab, eos)
+    else:
+        scoring, continuing = EchoScoring(tokenizer, TOP_LOGPROBS), EchoContinuing(tokenizer, TOP_LOGPROBS)
+    if verify == "auto":
+        return ByContext(scoring, continuing, SCORE_BELOW)
+    return scoring if verify == "score" else continuing
+
+
+class ByContext:
+    """`short` for a round whose context is under `below` tokens, `long` from there on: both ways
+    give the server's own greedy text, so a session may change ways between rounds."""
+
+    def __init__(self, short: Scoring, long: Scoring, below: int) -> None:
+        self.short, self.long, self.below = short, long, below
+        said = getattr(long, "note", "")
+        self.note = said and f"From {below} tokens of context on: {said[0].lower()}{said[1:]}"
+
+    def _way(self, ids: list[int]) -> Scoring:
+        return self.short if len(ids) < self.below else self.long
+
+    def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
+        return self._way(ids).admit(endpoint, ids, drafts)
+
+    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
+        return self._way(ids).score(endpoint, model, ids, drafts)

@@ -467,13 +467,14 @@ def _fake_vllm(vocab: int, shift: int = 0):
 
 
 def test_speculative_text_against_a_vllm_is_its_greedy_text_and_a_shifted_answer_stops(served, tokenizer):
-    """Against a served model answering as vLLM does, speculative greedy text is the model's own
+    """Against a served model answering as vLLM does to drafts scored as prompt, speculative greedy
+    text is the model's own
     greedy text; the same model answering one entry late stops the session, saying so, instead of
     writing other text."""
     answer, greedy = _fake_vllm(len(tokenizer))
     served.answer = answer
     prompt = [200, 300, 400, 200, 300]
-    target = connect(RemoteSettings(served.url, "target", 5.0), tokenizer)
+    target = connect(RemoteSettings(served.url, "target", 5.0, "score"), tokenizer)
     events = list(generate(target, prompt, DecodeConfig(k=3, max_new_tokens=12), PromptLookupDrafter()))
     written, plain = [e.token_id for e in events if isinstance(e, TokenEvent)], list(prompt)
     for _ in written:
@@ -481,7 +482,7 @@ def test_speculative_text_against_a_vllm_is_its_greedy_text_and_a_shifted_answer
     assert written == plain[len(prompt) :] and events[-1].accepted > 0
 
     served.answer = _fake_vllm(len(tokenizer), shift=1)[0]
-    target = connect(RemoteSettings(served.url, "target", 5.0), tokenizer)
+    target = connect(RemoteSettings(served.url, "target", 5.0, "score"), tokenizer)
     seen = []
     with pytest.raises(ServerFault, match=r"\(vLLM API\) answered /completions .*prompt_logprobs\[1\] is empty"):
         seen.extend(generate(target, prompt, DecodeConfig(k=3, max_new_tokens=12), PromptLookupDrafter()))

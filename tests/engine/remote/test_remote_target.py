@@ -4,11 +4,13 @@ many-token forwards give the same logits); its faults against a small stub serve
 
 import importlib.util
 import json
+import re
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -49,7 +51,13 @@ main()
 
 
 @pytest.fixture(scope="module")
-def server():
+def server_log(tmp_path_factory):
+    """Where the server writes its log, which names the prompt tokens each request computed."""
+    return tmp_path_factory.mktemp("llama-cpp-server") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def server(server_log):
     """The base URL of a llama-cpp-python server on the built-in GGUF, model name "target"."""
     if not SERVED:
         pytest.skip('llama_cpp or its server extra is not installed (pip install "llama-cpp-python[server]==0.3.36")')
@@ -76,8 +84,11 @@ def server():
         "8",
         "--type_v",
         "8",
+        "--verbose",
+        "true",
     ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(server_log, "wb") as log:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         wait_until_serving(process, url, "llama-cpp-python's server", 60)
@@ -129,6 +140,27 @@ def test_remote_chat_prompt_matches_too(server):
     config = DecodeConfig(k=4, schedule="constant", max_new_tokens=6)  # a long prompt: each request scores it all
     summary = list(generate(pair.target, ids, config, pair.make_drafter()))[-1]
     assert summary.text == server_greedy(server, pair.target.tokenizer.decode(ids), 6)
+
+
+LONG_PROMPT = " ".join(f"Item {n}: the parcel for house {n} goes to the blue door." for n in range(1, 21))
+COMPUTED = re.compile(rb"prompt eval time = .* / +(\d+) tokens")  # one a request, in the server's log
+
+
+@needs_server
+def test_a_long_context_costs_the_new_tokens_a_round(server, server_log):
+    """After a prompt of some 300 tokens each round makes the server compute only the tokens kept
+    since the last (as its log reports), not the whole context again, and the text is its own."""
+    pair = load_pair(PairSpec(server, None, DrafterKind.PROMPT_LOOKUP, device="cpu", target_model="target"))
+    ids = encode_prompt(pair.target.tokenizer, LONG_PROMPT, chat=False)
+    config = DecodeConfig(k=4, schedule="constant", max_new_tokens=12)
+    logged = server_log.stat().st_size
+    summary = list(generate(pair.target, ids, config, pair.make_drafter()))[-1]
+    with open(server_log, "rb") as log:
+        log.seek(logged)
+        computed = [int(n) for n in COMPUTED.findall(log.read())]
+    assert len(ids) > 250 and len(computed) == summary.rounds and computed[0] > 250  # the first computes the prompt
+    assert max(computed[1:]) <= config.k + 1  # the kept tokens since the last round, not the context
+    assert summary.text == server_greedy(server, LONG_PROMPT, config.max_new_tokens)
 
 
 @needs_server
@@ -208,13 +240,15 @@ class Stub:
                     return self._answer(404, {"detail": "no upstream"})
                 path = self.path.removeprefix("/v1")
                 target = upstream + path if path.startswith("/completions") else upstream.removesuffix("/v1") + path
-                self._answer(200, post(target, json.loads(body)))
+                request = urllib.request.Request(target, body, {"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=300) as response:  # as it came: JSON or events
+                    self._answer(200, response.read(), response.headers.get("Content-Type", ""))
                 return None
 
-            def _answer(self, code: int, answer: dict) -> None:
-                data = json.dumps(answer).encode()
+            def _answer(self, code: int, answer: dict | bytes, kind: str = "application/json") -> None:
+                data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

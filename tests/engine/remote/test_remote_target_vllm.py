@@ -18,12 +18,13 @@ from serving import free_port, post, wait_until_serving
 
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.events import TokenEvent
+from specdeck.engine.events import RoundEvent, TokenEvent
 from specdeck.engine.loading.gguf_conversion import convert_gguf
 from specdeck.engine.loading.models import encode_prompt
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.remote.remote_target import RemoteSettings, connect
 from specdeck.engine.session import load_pair, run_session
 
 PYTHON = os.environ.get("SPECDECK_VLLM_PYTHON", "")
@@ -41,6 +42,7 @@ def _serve(folder: Path):
     command = [
         PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
         "--port", str(port), "--served-model-name", "target", "--max-model-len", "2048", "--dtype", "float32",
+        "--enable-prompt-tokens-details",
     ]  # fmt: skip
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -93,6 +95,28 @@ def test_vllm_serves_the_converted_target_as_specdeck_decodes_it(served, monkeyp
             e.token_id for e in run_session(local, prompt, GREEDY, chat=False, plain=True) if isinstance(e, TokenEvent)
         ]
         assert local.target.tokenizer.decode(plain) == _vllm_greedy(served, prompt, GREEDY.max_new_tokens), prompt
+
+
+LONG_PROMPT = " ".join(f"Item {n}: the parcel for house {n} goes to the blue door." for n in range(1, 90))
+BLOCK = 128  # the tokens of one KV-cache block on vLLM's CPU build: it reports cached tokens in whole blocks
+
+
+def test_a_round_after_a_long_prompt_computes_its_new_tokens_on_vllm(served):
+    """After a prompt of about 1,500 tokens each round makes vLLM compute its new tokens (at most a
+    cache block's worth, as vLLM reports them) rather than the prompt again, and the text is vLLM's
+    own; the drafts scored as prompt (`prompt_logprobs`) make it recompute the whole prompt."""
+    pair = load_pair(PairSpec(served, None, DrafterKind.PROMPT_LOOKUP, device="cpu", target_model="target"))
+    ids = encode_prompt(pair.target.tokenizer, LONG_PROMPT, chat=False)
+    config = DecodeConfig(k=4, schedule="constant", max_new_tokens=12)
+    events = list(generate(pair.target, ids, config, pair.make_drafter()))
+    computed = [e.recomputed_tokens for e in events if isinstance(e, RoundEvent)]
+    assert len(ids) > 1400 and computed[0] >= len(ids) - BLOCK
+    assert max(computed[1:]) <= BLOCK + config.k + 1
+    assert events[-1].text == _vllm_greedy(served, LONG_PROMPT, config.max_new_tokens)
+
+    scored = connect(RemoteSettings(served, "target", 120.0, "score"), pair.target.tokenizer)
+    events = list(generate(scored, ids, DecodeConfig(k=2, schedule="constant", max_new_tokens=2), pair.make_drafter()))
+    assert all(e.recomputed_tokens >= len(ids) for e in events if isinstance(e, RoundEvent))
 
 
 def test_wrong_model_name_on_vllm_lists_the_served_one(served):
