@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from specdeck.engine.drafting.drafters import Drafter, PromptLookupDrafter
     from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
     from specdeck.engine.drafting.proposals import Proposal
-    from specdeck.engine.drafting.suffix_drafting import HybridDrafter, SuffixDrafter
+    from specdeck.engine.drafting.suffix_drafting import SuffixDrafter
     from specdeck.engine.errors import SpecDeckError
     from specdeck.engine.events import (
         Event,
@@ -42,7 +42,6 @@ _HOMES = {  # each name's module, imported at first use (importing the engine's 
     "DrafterKind": "specdeck.engine.pair",
     "Event": "specdeck.engine.events",
     "FeatureHeadDrafter": "specdeck.engine.drafting.head_drafter",
-    "HybridDrafter": "specdeck.engine.drafting.suffix_drafting",
     "LoadOptions": "specdeck.engine.loading.models",
     "LoadedModel": "specdeck.engine.loading.models",
     "ModelPair": "specdeck.engine.pair",
@@ -83,7 +82,6 @@ __all__ = [
     "DrafterKind",
     "Event",
     "FeatureHeadDrafter",
-    "HybridDrafter",
     "LoadOptions",
     "LoadedModel",
     "ModelPair",

@@ -21,7 +21,7 @@ from specdeck.engine.drafting.heads import LoadedHead, names_head
 from specdeck.engine.drafting.layer_skip import LayerChoice, LayerSkipDrafter, refusal, refuse_backend
 from specdeck.engine.drafting.past_sessions import PastSessions
 from specdeck.engine.drafting.suffix import SuffixIndex
-from specdeck.engine.drafting.suffix_drafting import HYBRID_MIN_SCORE, HybridDrafter, SuffixDrafter
+from specdeck.engine.drafting.suffix_drafting import HYBRID_MIN_SCORE, SuffixDrafter
 from specdeck.engine.drafting.vocabulary import VocabularyMatch
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.loading.backends import gguf_file
@@ -146,7 +146,7 @@ class DrafterKind(str, Enum):
             if self is DrafterKind.SUFFIX:  # it drafts with no model: none is made (a head's takes ~15 ms)
                 return suffix
         model: Drafter | None = None  # the pair's draft model or feature head, whichever it loaded
-        draft, vocabulary = pair.draft, pair.vocabulary
+        draft, vocabulary = pair.draft_model, pair.vocabulary
         if draft is not None and vocabulary is not None and not vocabulary.same:
             model = CrossVocabularyDrafter(draft.model, vocabulary, name=draft.name, output_ids=draft.output_ids)
         elif draft is not None:
@@ -157,7 +157,7 @@ class DrafterKind(str, Enum):
             )
         if model is None:
             raise SpecDeckError(f"The {self.label} drafter needs a draft model or a feature head, and none is loaded.")
-        return HybridDrafter(model, suffix) if suffix is not None else model
+        return model.copying_first(suffix) if suffix is not None else model
 
 
 DEFAULT_DRAFTER = DrafterKind.PROMPT_LOOKUP  # for targets without a built-in draft
@@ -334,7 +334,7 @@ class ModelPair:
     """A loaded (or served) target and its drafter's model, if the drafter has one."""
 
     target: LoadedModel | RemoteTarget
-    draft: LoadedModel | None = None
+    draft_model: LoadedModel | None = None  # the loaded draft model (`PairSpec.draft` names it)
     drafter_kind: DrafterKind | None = None  # None: plain decoding only
     head: LoadedHead | None = None
     # the texts of this pair's earlier sessions, which a suffix drafter also drafts from (token ids
@@ -387,13 +387,13 @@ class ModelPair:
         no model Hugging Face can run."""
         if not self.drafter_kind or not self.drafter_kind.hugging_face_runs or self.remote:
             return False
-        if self.draft is None:
+        if self.draft_model is None:
             return True
-        if self.draft.backend != "torch":
+        if self.draft_model.backend != "torch":
             return False
         if not self.cross_vocabulary:
             return True
-        return self.draft.model.config.vocab_size != self.local_target.model.config.vocab_size
+        return self.draft_model.model.config.vocab_size != self.local_target.model.config.vocab_size
 
     def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
         """A drafter for one session (`DrafterKind.make_drafter`), or None for plain decoding."""
@@ -411,7 +411,7 @@ class ModelPair:
     @property
     def drafter_model(self) -> str | None:
         """The name of the drafter's draft model or feature head, if it has one."""
-        return self.draft.name if self.draft else self.head.name if self.head else None
+        return self.draft_model.name if self.draft_model else self.head.name if self.head else None
 
     @property
     def drafter_description(self) -> str:

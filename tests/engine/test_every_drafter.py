@@ -75,7 +75,7 @@ def test_every_drafter_writes_plain_text_on_every_path(pairs, kind, schedule, mo
     """Greedy, the drafter's text is plain decoding's on the same path; with a fixed K its drafts
     were verified, a model drafter's own among them (not only prompt lookup's copies)."""
     monkeypatch.setattr(
-        "specdeck.engine.loop.decoding.cost_curve",
+        "specdeck.engine.loop.schedule.cost_curve",
         lambda model, cache_dir=None: CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)),
     )
     loaded, (plain, _) = pairs

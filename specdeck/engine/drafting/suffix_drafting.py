@@ -15,10 +15,11 @@ text already written, and the hybrid that copies them before a model drafter.
   come along as branches, which a tree round verifies beside the path for little more than a plain
   step costs. q is one-hot on each draft, so the rejection rule accepts a draft with probability
   p(draft) and sampling stays exact.
-- `HybridDrafter` is a model drafter (feature head or draft model) whose copier is a suffix
-  drafter that drafts only when its path's score (the tokens its frequencies expect to be right)
-  reaches `min_score`; the paper's hybrid with EAGLE. The decoding loop tries the copier first
-  and asks the model where it has nothing, as it does with prompt lookup before other drafters.
+- The hybrid is a model drafter (feature head or draft model) whose copier
+  (`Drafter.copying_first`) is a suffix drafter that drafts only when its path's score (the tokens
+  its frequencies expect to be right) reaches `min_score` (`HYBRID_MIN_SCORE`); the paper's hybrid
+  with EAGLE. The decoding loop tries the copier first and asks the model where it has nothing, as
+  it does with prompt lookup before other drafters (`specdeck.engine.loop.drafting_step`).
 
 `python -m specdeck.bench.suffix_round` times a round of it with 100,000 tokens of earlier texts.
 """
@@ -31,6 +32,7 @@ from specdeck.engine.drafting.drafters import Drafter
 from specdeck.engine.drafting.past_sessions import PastSessions
 from specdeck.engine.drafting.proposals import Proposal, one_hot
 from specdeck.engine.drafting.suffix import ROOT, Match, SuffixIndex
+from specdeck.engine.planner.round_shape import ProposalShape
 
 HYBRID_MIN_SCORE = 2.0  # a copy the text's frequencies expect to keep at least two tokens of
 
@@ -82,7 +84,8 @@ class SuffixDrafter(Drafter):
         # earlier texts do not change during a request, so their matches stream along with the kept tokens
         self._earlier = [(source, index, index.stream(prompt_ids)) for source, index in earlier]
 
-    def propose(self, ids: list[int], k: int) -> Proposal:
+    def propose(self, ids: list[int], shape: ProposalShape) -> Proposal:
+        k = shape.k
         kept = ids[self._own.tokens :]
         self._own.extend(kept)
         self._count(kept)
@@ -164,41 +167,3 @@ class SuffixDrafter(Drafter):
             self.history.separate()
         if self.config.suffix_scope == "all" and self.past is not None:
             self.past.save(ids)
-
-
-class HybridDrafter(Drafter):
-    """A model drafter with a suffix drafter as its copier: per round, the suffix draft where its
-    score is high enough, else the model's (the decoding loop chooses, as with any copier)."""
-
-    copies_text = False  # it copies through its copier, which the loop runs first
-
-    def __init__(self, model: Drafter, suffix: SuffixDrafter) -> None:
-        self.model = model
-        self.suffix = suffix
-        # what the loop and the planner ask of a drafter's model is the model's: the states it reads
-        # (a head on lower layers takes their residual streams too, shaped by `feature_layers`)
-        self.name = model.name
-        self.needs_states = model.needs_states
-        self.feature_layers = model.feature_layers
-        self.module = model.module
-        self.context_length = model.context_length
-
-    def copier(self, device: torch.device) -> Drafter:
-        return self.suffix
-
-    def begin(self, prompt_ids, config, vocab_width, generator) -> None:
-        super().begin(prompt_ids, config, vocab_width, generator)
-        self.model.begin(prompt_ids, config, vocab_width, generator)
-
-    def propose(self, ids: list[int], k: int) -> Proposal:
-        self.model.floors, self.model.width = self.floors, self.width  # the round's, for the model's chain
-        return self.model.propose(ids, k)
-
-    def observe(self, states: torch.Tensor) -> None:
-        self.model.observe(states)
-
-    def skip(self, count: int) -> None:
-        self.model.skip(count)
-
-    def end(self, ids: list[int]) -> None:
-        self.model.end(ids)
