@@ -30,6 +30,7 @@ from specdeck.engine.loading.models import encode_prompt
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.planner.costs import CostCurve, cost_curve
+from specdeck.engine.planner.round_shape import ProposalShape
 from specdeck.engine.session import load_pair
 
 LONGEST = 15  # drafts a copy may propose
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         drafter.begin(ids, config, pair.target.vocab_width, torch.Generator())
         accepted = []
         for t in range(len(text)):
-            proposal = drafter.propose(ids + text[:t], LONGEST)
+            proposal = drafter.propose(ids + text[:t], ProposalShape(LONGEST))
             passed = 0
             while (
                 passed < len(proposal.tokens) and t + passed < len(text) and proposal.tokens[passed] == text[t + passed]

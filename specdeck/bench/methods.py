@@ -184,13 +184,13 @@ def _hf_generate(
     target = pair.local_target
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     kwargs: dict[str, object] = {}
-    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL and pair.draft is not None:
-        assistant = pair.draft.model
+    if method == "hf-assisted" and pair.drafter_kind is DrafterKind.DRAFT_MODEL and pair.draft_model is not None:
+        assistant = pair.draft_model.model
         if pair.cross_vocabulary:
             if assistant not in _ASSISTANT_COPIES:
                 _ASSISTANT_COPIES[assistant] = copy.deepcopy(assistant)
             assistant = _ASSISTANT_COPIES[assistant]
-            kwargs.update(tokenizer=target.tokenizer, assistant_tokenizer=pair.draft.tokenizer)
+            kwargs.update(tokenizer=target.tokenizer, assistant_tokenizer=pair.draft_model.tokenizer)
         assistant.generation_config.num_assistant_tokens = config.k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         assistant.generation_config.assistant_confidence_threshold = 0.0

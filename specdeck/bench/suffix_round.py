@@ -18,6 +18,7 @@ from specdeck.engine.config import DecodeConfig
 from specdeck.engine.cores import pin_threads
 from specdeck.engine.drafting.suffix import SuffixIndex, repetitive_text
 from specdeck.engine.drafting.suffix_drafting import SuffixDrafter
+from specdeck.engine.planner.round_shape import ProposalShape
 
 
 def _bench(tokens: int, rounds: int, k: int, vocab: int, seed: int) -> None:
@@ -36,7 +37,7 @@ def _bench(tokens: int, rounds: int, k: int, vocab: int, seed: int) -> None:
     wall, cpu, drafted = [], [], 0
     for _ in range(rounds):
         started, started_cpu = time.perf_counter(), time.thread_time()
-        proposal = drafter.propose(ids, k)
+        proposal = drafter.propose(ids, ProposalShape(k))
         wall.append((time.perf_counter() - started) * 1e3)
         cpu.append((time.thread_time() - started_cpu) * 1e3)
         drafted += len(proposal.tokens)

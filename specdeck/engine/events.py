@@ -72,7 +72,8 @@ class TokenEvent:
     tokenizer; a draft with a tokenizer of its own (`specdeck.engine.drafting.cross_vocab`) also gives, for each of its
     drafts, the tokens it wrote for it in its own tokenizer (`draft_tokens`, as text) and its q for
     each (`draft_q`). `chance`: for a sampled tree's alternative that was judged, the chance the rule
-    gave it against the residual (`specdeck.engine.loop.decoding.verify`), which `acceptance_probability` reports.
+    gave it against the residual (`specdeck.engine.loop.verification.verify`), which `acceptance_probability`
+    reports.
     """
 
     state: TokenState

@@ -215,7 +215,7 @@ class ModelPair:
     """A loaded (or served) target and its drafter's model, if the drafter has one."""
 
     target: LoadedModel | RemoteTarget
-    draft: LoadedModel | None = None
+    draft_model: LoadedModel | None = None  # the loaded draft model (`PairSpec.draft` names it)
     drafter_kind: DrafterKind | None = None  # None: plain decoding only
     head: LoadedHead | None = None
     # the texts of this pair's earlier sessions, which a suffix drafter also drafts from (token ids
@@ -268,13 +268,13 @@ class ModelPair:
         no model Hugging Face can run."""
         if not self.drafter_kind or not self.drafter_kind.hugging_face_runs or self.remote:
             return False
-        if self.draft is None:
+        if self.draft_model is None:
             return True
-        if self.draft.backend != "torch":
+        if self.draft_model.backend != "torch":
             return False
         if not self.cross_vocabulary:
             return True
-        return self.draft.model.config.vocab_size != self.local_target.model.config.vocab_size
+        return self.draft_model.model.config.vocab_size != self.local_target.model.config.vocab_size
 
     def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
         """A drafter for one session (`DrafterRecord.make`), or None for plain decoding."""
@@ -292,7 +292,7 @@ class ModelPair:
     @property
     def drafter_model(self) -> str | None:
         """The name of the drafter's draft model or feature head, if it has one."""
-        return self.draft.name if self.draft else self.head.name if self.head else None
+        return self.draft_model.name if self.draft_model else self.head.name if self.head else None
 
     @property
     def drafter_description(self) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from specdeck.engine.drafting.heads import LoadedHead
-from specdeck.engine.forward.hf_parts import input_embedding, output_projection
+from specdeck.engine.forward.lean_weights import embedding_weight, output_weight
 from specdeck.engine.loading.models import LoadedModel
 from specdeck.train.head_objective import copyable_pairs, unrolled
 from specdeck.train.stream import batch_states
@@ -65,10 +65,10 @@ def head_tally(target: LoadedModel, loaded: LoadedHead, ids: torch.Tensor, first
     states, padded = batch_states(target, [ids], tuple(head.feature_layers))
     dtype = next(head.parameters()).dtype
     states = states.to(dtype)
-    embeds = input_embedding(model).weight.detach()[padded[:, 1:]].to(dtype)
+    embeds = embedding_weight(model)[padded[:, 1:]].to(dtype)
     predicted = unrolled(head, head.fuse(states[:, :-1]), embeds, 1)[0][0]
     final = states[0, :, -1] if states.dim() == 4 else states[0]
-    weight = output_projection(model).weight.detach().to(dtype)
+    weight = output_weight(model).to(dtype)
     answer = slice(first, len(ids) - 1)  # pairs whose drafted token is in the answer
     truth = (final[1:][answer] @ weight.T).argmax(-1)
     allowed = loaded.output_ids if loaded.output_ids is not None else torch.arange(weight.shape[0])

@@ -31,7 +31,8 @@ from specdeck.engine.atomic import write_with
 from specdeck.engine.cores import pin_threads
 from specdeck.engine.drafting.heads import FeatureHead, fingerprint, head_config, save_head
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.forward.hf_parts import input_embedding, output_projection
+from specdeck.engine.forward.hf_parts import output_projection
+from specdeck.engine.forward.lean_weights import embedding_weight, output_weight
 from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
 from specdeck.train.corpus import SOURCES
 from specdeck.train.forcing import Store, load_store
@@ -264,14 +265,14 @@ def train_head(
         held, training = split_rows(len(shards.ids))
         source = HeadText(shards, features, training, {"held out": held[: config.eval_sequences]}, None, SOURCES)
     target.torch_model.float()
-    embedding = input_embedding(target.torch_model).weight.detach()
+    embedding = embedding_weight(target.torch_model)
     vocab = output_projection(target.torch_model).weight.shape[0]
     text_ids, training = source.data, source.training
     count = len(text_ids.ids)
     output_ids = None
     if 0 < config.output_vocab < vocab:
         output_ids = frequent_tokens(text_ids, training, config.output_vocab, vocab, set(target.eos_ids))
-    full_weight = output_projection(target.torch_model).weight.detach()
+    full_weight = output_weight(target.torch_model)
     weight = full_weight[output_ids] if output_ids is not None else full_weight
     head = build_head(target, config)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))

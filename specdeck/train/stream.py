@@ -42,7 +42,7 @@ from specdeck.engine.atomic import write_with
 from specdeck.engine.cores import pin_threads
 from specdeck.engine.drafting.heads import FeatureHead, fingerprint, save_head
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.forward.hf_parts import input_embedding, output_projection
+from specdeck.engine.forward.lean_weights import embedding_weight, output_weight
 from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
 from specdeck.train.forcing import HELD_OUT_EVERY, ForcingConfig, plan_text
 from specdeck.train.head import HeadConfig, build_head, frequent_tokens, grouped_batches
@@ -324,8 +324,8 @@ def train_streaming(
         )
     device = target.device
     model = target.torch_model
-    embedding = input_embedding(model).weight.detach().float()
-    full_weight = output_projection(model).weight.detach()
+    embedding = embedding_weight(model).float()
+    full_weight = output_weight(model)
     vocab = full_weight.shape[0]
     output_ids = None
     if 0 < head_config.output_vocab < vocab:

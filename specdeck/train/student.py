@@ -15,6 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdeck.engine.forward.hf_parts import input_embedding
+from specdeck.engine.forward.lean_weights import embedding_weight
 from specdeck.engine.loading.models import LoadedModel
 
 
@@ -37,7 +38,7 @@ def pca_embedding(target_embedding: torch.Tensor, width: int) -> torch.Tensor:
 def build_draft(target: LoadedModel, shape: DraftShape, seed: int) -> LlamaForCausalLM:
     """A seeded draft for `target`: same vocabulary size, special ids and RoPE settings."""
     source = target.model.config
-    embedding = input_embedding(target.torch_model).weight
+    embedding = embedding_weight(target.torch_model)
     hidden = min(shape.hidden, embedding.shape[1])
     head_dim = min(shape.head_dim, hidden)
     heads = hidden // head_dim

@@ -130,11 +130,11 @@ def test_default_pair_is_the_builtin_target_with_its_head(tiny_llama):
     if library() is not None:
         assert load_pair(PairSpec(backend="llama.cpp")).drafter_kind == "suffix"
         assert load_pair(PairSpec(backend="llama.cpp", drafter="feature-head")).head.name == LAST_STATE_HEAD
-    assert load_pair(PairSpec(drafter="draft-model", device="cpu")).draft.name == DEFAULT_DRAFT
+    assert load_pair(PairSpec(drafter="draft-model", device="cpu")).draft_model.name == DEFAULT_DRAFT
     assert load_pair(PairSpec(draft=DEFAULT_HEAD, device="cpu")).drafter_kind == "feature-head"
-    assert load_pair(PairSpec(drafter="prompt-lookup", device="cpu")).draft is None
+    assert load_pair(PairSpec(drafter="prompt-lookup", device="cpu")).draft_model is None
     own = load_pair(PairSpec(tiny_llama[0].name, device="cpu"))
-    assert own.drafter_kind == "prompt-lookup" and own.draft is None
+    assert own.drafter_kind == "prompt-lookup" and own.draft_model is None
 
 
 def test_lean_forward_keeps_hf_logits_and_greedy_text(monkeypatch):

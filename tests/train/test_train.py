@@ -77,7 +77,7 @@ def test_trained_draft_proposes_only_its_output_tokens(tiny_run):
     """A draft trained with a reduced output vocabulary ships the list, and proposes nothing else."""
     target, out = tiny_run
     pair = load_pair(PairSpec(str(target), str(out / "draft"), "draft-model", device="cpu"))
-    allowed = set(pair.draft.output_ids.tolist())
+    allowed = set(pair.draft_model.output_ids.tolist())
     assert 0 < len(allowed) < pair.target.vocab_width
     events = list(
         run_session(

@@ -34,6 +34,7 @@ from specdeck.engine.drafting.drafters import Drafter
 from specdeck.engine.drafting.proposals import DraftPiece, Proposal
 from specdeck.engine.drafting.vocabulary import TokenText, VocabularyMatch
 from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.planner.round_shape import ProposalShape
 from specdeck.engine.sampling import logits_to_probs, sample
 
 if TYPE_CHECKING:
@@ -94,7 +95,8 @@ class CrossVocabularyDrafter(Drafter):
                 self._lm.forward(feed[:-1], last_only=True)
                 self._cached += len(feed) - 1
 
-    def propose(self, ids: list[int], k: int) -> Proposal:
+    def propose(self, ids: list[int], shape: ProposalShape) -> Proposal:
+        k = shape.k
         feed = self._sync(ids)
         steps = 2 * k + 2 if self.config.greedy else k  # greedy: a target token may take several of the draft's
         if not feed or not self._fits(steps):

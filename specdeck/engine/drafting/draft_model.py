@@ -13,12 +13,13 @@ import torch
 
 from specdeck.engine.context import context_length
 from specdeck.engine.drafting.drafters import Drafter
-from specdeck.engine.drafting.proposals import DraftChain, Proposal
+from specdeck.engine.drafting.proposals import DrawnChain, Proposal
 from specdeck.engine.forward.hf_parts import input_embedding
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.forward.lean_weights import output_weight
 from specdeck.engine.forward.linear import Linear, make_linear
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel, matrices_of
+from specdeck.engine.planner.round_shape import ProposalShape
 from specdeck.engine.sampling import logits_to_probs
 
 if TYPE_CHECKING:
@@ -102,10 +103,10 @@ class DraftModelDrafter(Drafter):
         pad = logits.new_full((*logits.shape[:-1], self.vocab_width - width), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def propose(self, ids: list[int], k: int) -> Proposal:
+    def propose(self, ids: list[int], shape: ProposalShape) -> Proposal:
         feed = self._sync(ids)
-        chain = DraftChain(self.config, self.generator, self.floors, self.width)
-        for _ in range(k):
+        chain = DrawnChain(self.config, self.generator, shape)
+        for _ in range(shape.k):
             logits = self._next_logits(feed)
             self._cached.extend(feed)
             token = chain.draw(logits_to_probs(logits, self.config))

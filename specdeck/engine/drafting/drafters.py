@@ -1,23 +1,23 @@
 """Drafters: whatever proposes the tokens the target verifies.
 
-A drafter sees every kept token and proposes up to k more, with the distribution q each was
-drawn from. The decoding loop needs nothing else, so new drafters (a trained head, an early exit)
-slot in by implementing `Drafter` (what they hand the loop: `specdeck.engine.drafting.proposals`).
+A drafter sees every kept token and proposes up to k more (`propose(ids, shape)`: the round's
+`ProposalShape` carries all it is asked), with the distribution q each was drawn from. The decoding
+loop needs nothing else, so new drafters (a trained head, an early exit) slot in by implementing
+`Drafter` (what they hand the loop: `specdeck.engine.drafting.proposals`).
 - `specdeck.engine.drafting.draft_model.DraftModelDrafter`: a smaller model of the same vocabulary, with
   its own KV cache.
-- `specdeck.engine.drafting.head_drafter.FeatureHeadDrafter`: a head of a decoder layer or two on the target's own
-  last hidden state (EAGLE, `specdeck.engine.drafting.heads`); the decoding loop hands it the target's states for
-  every kept token.
+- `specdeck.engine.drafting.head_drafter.FeatureHeadDrafter`: a head of a decoder layer or two on the
+  target's own last hidden state (EAGLE, `specdeck.engine.drafting.heads`); the decoding loop hands it the
+  target's states for every kept token.
 - `PromptLookupDrafter`: n-gram matching over the prompt and the text so far (Saxena 2023,
   transformers' `prompt_lookup_num_tokens`); no model, and q is one-hot on each proposed token.
-- `SuffixDrafter` (`specdeck.engine.drafting.suffix_drafting`): the most frequent continuation
-  after the longest earlier match, in this request's text and in earlier ones (SuffixDecoding,
-  Oliaro et al. 2024); no model either. The hybrid is a model drafter with a suffix drafter as its
-  copier (`Drafter.with_copier`).
+- `SuffixDrafter` (`specdeck.engine.drafting.suffix_drafting`): the most frequent continuation after the
+  longest earlier match, in this request's text and in earlier ones (SuffixDecoding, Oliaro et al.
+  2024); no model either, or, in the hybrid, copies before a model drafter (`copying_first`).
 - `specdeck.engine.drafting.cross_vocab.CrossVocabularyDrafter`: a draft model with a tokenizer of its own.
 
 Prompt lookup lives here beside the interface: it is what copies from the text before any
-other drafter (`Drafter.copier`).
+other drafter (`Drafter.copier`) unless the drafter was given another (`Drafter.copying_first`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from specdeck.engine.config import DecodeConfig
 from specdeck.engine.drafting.proposals import Proposal, one_hot
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 from specdeck.engine.planner.acceptance import MATCH_CAP
+from specdeck.engine.planner.round_shape import ProposalShape
 
 
 class Drafter(ABC):
@@ -40,11 +41,7 @@ class Drafter(ABC):
     module: torch.nn.Module | LlamaCppModel | None = None  # the model that drafts (what its measured cost is cached by)
     context_length: int | None = None  # positions a model drafter was trained on (`specdeck.engine.context`)
     copies_text = False  # True: it drafts by copying from the text, so nothing copies before it
-    # this round's reach floors (`Shape.floors`): a model drafter's chain stops before depth d + 1
-    # where the product of its top probabilities so far falls below floors[d]
-    floors: tuple[float, ...] = ()
-    width = 1  # this round's candidates for the first token (a tree), which floors[0] weighs together
-    _copier: Drafter | None = None  # what copies before it, given at construction (`with_copier`)
+    copy_first: Drafter | None = None  # what copies before it in prompt lookup's place (`copying_first`)
 
     def begin(
         self, prompt_ids: list[int], config: DecodeConfig, vocab_width: int, generator: torch.Generator | None
@@ -55,8 +52,9 @@ class Drafter(ABC):
         self.generator = generator
 
     @abstractmethod
-    def propose(self, ids: list[int], k: int) -> Proposal:
-        """Up to k tokens to follow `ids` (every kept token, prompt included)."""
+    def propose(self, ids: list[int], shape: ProposalShape) -> Proposal:
+        """Up to shape.k tokens to follow `ids` (every kept token, prompt included), as `shape` asks
+        (a model drafter's chain also stops at its floors, and offers shape.width - 1 alternatives)."""
 
     def observe(self, states: torch.Tensor) -> None:  # noqa: B027 (a hook: most drafters need no states)
         """The target's last hidden states (n, hidden) for the next n kept tokens, in order, each
@@ -74,14 +72,14 @@ class Drafter(ABC):
 
     def copier(self, device: torch.device) -> Drafter:
         """What copies from the text before this drafter, where the text repeats (`DecodeConfig.lookup`):
-        the copier it was built `with_copier`, else prompt lookup from two repeated tokens on."""
-        return self._copier or PromptLookupDrafter(device=device, min_ngram=2)
+        `copy_first` where it was given one, else prompt lookup from two repeated tokens on."""
+        return self.copy_first if self.copy_first is not None else PromptLookupDrafter(device=device, min_ngram=2)
 
-    def with_copier(self, copier: Drafter) -> Drafter:
-        """This drafter, with `copier` in prompt lookup's place (the hybrid: a suffix drafter before a
-        model drafter). The loop drives the two as it drives any drafter and its copier, so what it
-        reads of a drafter (its states, its cost) is the model's own, never a wrapper's copy."""
-        self._copier = copier
+    def copying_first(self, copier: Drafter) -> Drafter:
+        """This drafter, with `copier` copying from the text before it in prompt lookup's place (the
+        hybrid: a suffix drafter before a model drafter). The loop runs the copier first
+        (`specdeck.engine.loop.drafting_step`), as it runs prompt lookup before any other drafter."""
+        self.copy_first = copier
         return self
 
     def _empty(self, device: torch.device) -> Proposal:
@@ -136,8 +134,8 @@ class PromptLookupDrafter(Drafter):
                 return ids[start : start + k], start
         return [], 0
 
-    def propose(self, ids: list[int], k: int) -> Proposal:
-        tokens, start = self._match(ids, k)
+    def propose(self, ids: list[int], shape: ProposalShape) -> Proposal:
+        tokens, start = self._match(ids, shape.k)
         if not tokens:
             return self._empty(self.device)
         match = 0  # how far the occurrence matches the text's end, past the n-gram that found it

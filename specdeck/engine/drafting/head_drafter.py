@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdeck.engine.drafting.drafters import Drafter
-from specdeck.engine.drafting.proposals import DraftChain, Proposal
+from specdeck.engine.drafting.proposals import DrawnChain, Proposal
 from specdeck.engine.forward import gguf_blocks
 from specdeck.engine.forward.hf_parts import input_embedding
 from specdeck.engine.forward.kvcache import backend_for
@@ -21,6 +21,7 @@ from specdeck.engine.forward.llama_families import supports
 from specdeck.engine.forward.llama_forward import LlamaForward, output_layer
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel, matrices_of
 from specdeck.engine.forward.row_kernel import QuantizedLinear
+from specdeck.engine.planner.round_shape import ProposalShape
 from specdeck.engine.sampling import logits_to_probs
 
 if TYPE_CHECKING:
@@ -161,17 +162,17 @@ class FeatureHeadDrafter(Drafter):
             )
 
     @torch.inference_mode()
-    def propose(self, ids: list[int], k: int) -> Proposal:
+    def propose(self, ids: list[int], shape: ProposalShape) -> Proposal:
         self._catch_up(ids)
         predicted = self._next
         if predicted is None:
             return self._empty(self.device)
-        chain = DraftChain(self.config, self.generator, self.floors, self.width)
-        for step in range(k):
+        chain = DrawnChain(self.config, self.generator, shape)
+        for step in range(shape.k):
             # with output ids, q over the head's output tokens alone (0 elsewhere): a sixth of the vocabulary
             q = logits_to_probs(self._output(predicted).float(), self.config)
             token = chain.draw(q, self._output_ids, self.vocab_width)
-            if token is None or not chain.open or step == k - 1:
+            if token is None or not chain.open or step == shape.k - 1:
                 break
             predicted = self._pair(predicted[None], torch.tensor([token], device=self.device))[-1]
         return chain.proposal(self.vocab_width, self.device)

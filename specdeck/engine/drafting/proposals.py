@@ -3,8 +3,8 @@
 The loop judges each draft by q (a greedy round by a few of its values, a sampled one by the rule
 min(1, p/q), Leviathan et al. 2023), so a `Proposal` carries it, made only where it is read: a
 copy from text has no model behind it and its q is one-hot (`one_hot`); a cut output layer's q
-stays over its own ids. A model drafter draws its drafts through a `DraftChain`, which stops where
-one more draft is unlikely to pay for itself.
+stays over its own ids. A model drafter draws its drafts through a `DrawnChain`, which stops where
+one more draft is unlikely to pay for itself (`DrawnChain`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from specdeck.engine.config import DecodeConfig
+from specdeck.engine.planner.round_shape import ProposalShape
 from specdeck.engine.sampling import sample
 
 
@@ -33,7 +34,7 @@ class Proposal:
     tokens: list[int]
     # (len(tokens), vocab_width): the distribution each token was drawn from (`q`); None for drafts
     # copied from text, one-hot on each, which `q` makes when first read (a copy is judged first,
-    # and many are left unverified: `specdeck.engine.loop.rounds.Drafts`). With `columns`, (len(tokens),
+    # and many are left unverified: `specdeck.engine.loop.drafting_step`). With `columns`, (len(tokens),
     # len(columns)): q over those ids alone, 0 elsewhere
     dists: torch.Tensor | None
     # drafts copied from text: where from ("prompt": this request's text; "session": an earlier
@@ -118,7 +119,7 @@ class Proposal:
             self.branches = self.branches()
         return self.branches
 
-    def head(self, n: int) -> Proposal:
+    def first(self, n: int) -> Proposal:
         """The first n drafts of this proposal (a copy verified only as far as it pays)."""
         if n >= len(self.tokens):
             return self
@@ -144,8 +145,9 @@ class Proposal:
         return cls([], torch.zeros(0, vocab_width, device=device))
 
 
-class DraftChain:
-    """A model drafter's tokens, drawn one after another, each with the q it was drawn from.
+class DrawnChain:
+    """A model drafter's tokens, drawn one after another, each with the q it was drawn from, as far
+    as the round's `ProposalShape` asks.
 
     Past the first draft the chain stops where the drafter is unsure: its top probability below
     `DecodeConfig.confidence_threshold` (the token is drawn before that check: the generator
@@ -153,20 +155,18 @@ class DraftChain:
     nothing. Under the auto schedule the chain also stops drafting (`open` turns False) once the
     chance that the next draft passes with all before it, estimated as the product of the top
     probabilities so far times the last one again (a feature head's top probability is close to
-    its acceptance), falls below the round's floor for that depth (`Drafter.floors`: what one more
-    draft costs in drafting and verifying, over what a kept token is worth). The first draft is
+    its acceptance), falls below the round's floor for that depth (`ProposalShape.floors`: what one
+    more draft costs in drafting and verifying, over what a kept token is worth). The first draft is
     dropped, and the round becomes a plain step, where its probability (with a tree's alternatives,
     the top `width` probabilities together) is below floors[0]: the share of a step that its wider
     verify adds, what its tokens must be expected to make up for. These rules read the drafter's
     side only, so sampled output keeps the target's distribution."""
 
-    def __init__(
-        self, config: DecodeConfig, generator: torch.Generator | None, floors: tuple[float, ...] = (), width: int = 1
-    ) -> None:
+    def __init__(self, config: DecodeConfig, generator: torch.Generator | None, shape: ProposalShape) -> None:
         self.config = config
         self.generator = generator
-        self.floors = floors
-        self.width = width
+        self.floors = shape.floors
+        self.width = shape.width
         self.reach = 1.0
         self.open = True  # whether one more draft is worth its cost (see `floors`)
         self.tokens: list[int] = []

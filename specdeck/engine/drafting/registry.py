@@ -153,7 +153,7 @@ def _copies(pair: ModelPair, history: SuffixIndex | None, min_score: float = 0.0
 def _model_drafter(pair: ModelPair, history: SuffixIndex | None = None) -> Drafter:
     """A drafter on the pair's draft model (across vocabularies where its own differs) or feature
     head, whichever the pair loaded."""
-    draft, vocabulary = pair.draft, pair.vocabulary
+    draft, vocabulary = pair.draft_model, pair.vocabulary
     if draft is not None and vocabulary is not None and not vocabulary.same:
         return CrossVocabularyDrafter(draft.model, vocabulary, name=draft.name, output_ids=draft.output_ids)
     if draft is not None:
@@ -166,7 +166,7 @@ def _model_drafter(pair: ModelPair, history: SuffixIndex | None = None) -> Draft
 
 
 def _hybrid(pair: ModelPair, history: SuffixIndex | None = None) -> Drafter:
-    return _model_drafter(pair, history).with_copier(_copies(pair, history, HYBRID_MIN_SCORE))
+    return _model_drafter(pair, history).copying_first(_copies(pair, history, HYBRID_MIN_SCORE))
 
 
 def _layer_skip(pair: ModelPair, history: SuffixIndex | None = None) -> Drafter:

@@ -15,11 +15,11 @@ text already written, which the hybrid copies before a model drafter.
   come along as branches, which a tree round verifies beside the path for little more than a plain
   step costs. q is one-hot on each draft, so the rejection rule accepts a draft with probability
   p(draft) and sampling stays exact.
-- The hybrid is a model drafter (feature head or draft model) whose copier (`Drafter.with_copier`)
-  is a suffix drafter that drafts only when its path's score (the tokens its frequencies expect to
-  be right) reaches `HYBRID_MIN_SCORE`; the paper's hybrid with EAGLE. The decoding loop tries the
-  copier first and asks the model where it has nothing, as it does with prompt lookup before
-  other drafters.
+- The hybrid is a model drafter (feature head or draft model) whose copier
+  (`Drafter.copying_first`) is a suffix drafter that drafts only when its path's score (the tokens
+  its frequencies expect to be right) reaches `min_score` (`HYBRID_MIN_SCORE`); the paper's hybrid
+  with EAGLE. The decoding loop tries the copier first and asks the model where it has nothing, as
+  it does with prompt lookup before other drafters (`specdeck.engine.loop.drafting_step`).
 
 `python -m specdeck.bench.suffix_round` times a round of it with 100,000 tokens of earlier texts.
 """
@@ -32,6 +32,7 @@ from specdeck.engine.drafting.drafters import Drafter
 from specdeck.engine.drafting.past_sessions import PastSessions
 from specdeck.engine.drafting.proposals import Proposal, one_hot
 from specdeck.engine.drafting.suffix import ROOT, Match, SuffixIndex
+from specdeck.engine.planner.round_shape import ProposalShape
 
 HYBRID_MIN_SCORE = 2.0  # a copy the text's frequencies expect to keep at least two tokens of
 
@@ -83,7 +84,8 @@ class SuffixDrafter(Drafter):
         # earlier texts do not change during a request, so their matches stream along with the kept tokens
         self._earlier = [(source, index, index.stream(prompt_ids)) for source, index in earlier]
 
-    def propose(self, ids: list[int], k: int) -> Proposal:
+    def propose(self, ids: list[int], shape: ProposalShape) -> Proposal:
+        k = shape.k
         kept = ids[self._own.tokens :]
         self._own.extend(kept)
         self._count(kept)

@@ -283,13 +283,19 @@ class FileMatrices:
                 return np.concatenate(
                     [block_codes.as_q8_0(np.asarray(t.data)[rows], t.tensor_type.name) for t, rows in pieces]
                 )
+            (tensor, rows), *others = pieces
+            if not others and np.array_equal(rows, np.arange(len(rows))):
+                return np.asarray(tensor.data)  # the mapped blocks themselves, read where they lie
             return np.concatenate([np.asarray(t.data)[rows] for t, rows in pieces])
 
         def dense(pieces=pieces, width=width) -> torch.Tensor:
-            return torch.cat([torch.from_numpy(_dequantized(t, width)[rows]) for t, rows in pieces])
+            return torch.cat([torch.from_numpy(_in_order(_dequantized(t, width), rows)) for t, rows in pieces])
 
         kind = widened or pieces[0][0].tensor_type.name
-        return QuantizedLinear(blocks(), kind, width, dense, bias, source=blocks, activations=self.activations)
+        product = QuantizedLinear(blocks(), kind, width, dense, bias, source=blocks, activations=self.activations)
+        for tensor, _ in pieces:  # laid out for the kernel: the file's pages need not stay resident too
+            row_kernel.release_pages(tensor.data)
+        return product
 
     def summary(self, total: int) -> str:
         """For the products' report: how many run on the file's blocks, in which types."""
@@ -306,10 +312,27 @@ def _read_matches(path: Path) -> dict:
         return {}
 
 
+def _in_order(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`values`' rows `rows`: the array itself where they are all of them in order (no copy)."""
+    return values if np.array_equal(rows, np.arange(len(values))) else values[rows]
+
+
+DEQUANTIZED_ROWS = 1024  # rows gguf-py dequantizes at once: its scratch is several float32 copies of them
+
+
 def _dequantized(tensor, width: int) -> np.ndarray:
+    """The tensor's rows dequantized (float32), a chunk of rows at a time into one array: gguf-py works
+    block by block, so the values are the whole tensor's at once, without its scratch for all of it
+    (gigabytes for a 1.7B model's embedding); the file's pages read are dropped after."""
     from gguf import dequantize
 
-    return dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(-1, width)
+    data = np.asarray(tensor.data)
+    out = np.empty((data.shape[0], width), np.float32)
+    for start in range(0, data.shape[0], DEQUANTIZED_ROWS):
+        chunk = data[start : start + DEQUANTIZED_ROWS]
+        out[start : start + len(chunk)] = dequantize(chunk, tensor.tensor_type).reshape(-1, width)
+    row_kernel.release_pages(data)
+    return out
 
 
 def _matching_rows(tensor, weight: np.ndarray) -> np.ndarray | None:

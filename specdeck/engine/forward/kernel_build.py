@@ -164,6 +164,11 @@ def build(arch: str = "native", progress: Callable[[str], None] | None = None) -
     library.row_kernel_quantized.argtypes = [ctypes.c_int, *library.row_kernel_product.argtypes]
     library.row_kernel_quantized.restype = None
     library.row_kernel_int8.restype = ctypes.c_int
+    if library.row_kernel_int8():  # the 8-bit-row layouts exist where their products do
+        library.row_kernel_laid_bytes.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_long]
+        library.row_kernel_laid_bytes.restype = ctypes.c_long
+        library.row_kernel_lay_out.argtypes = [ctypes.c_int, ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
+        library.row_kernel_lay_out.restype = None
     pointer, count = ctypes.c_void_p, ctypes.c_long
     library.row_kernel_layers.argtypes = [
         *(pointer, count, count, count, pointer, ctypes.c_float),  # x, m, hidden, layers, norms, eps

@@ -14,8 +14,10 @@ beside the model's own would hold those weights twice (1.5x the model's bytes: 2
   dtype and device on a one-element placeholder. They come back, bit for bit (the product's `dense`),
   the first time anything runs one of the released modules (Hugging Face's forward, the
   benchmark's `generate()` baseline) or asks for its state dict; from then on the model holds both.
-  The input embedding is never released (token lookup reads it), so a model whose output layer
-  is its embedding (tied) keeps the plain table beside the packed one.
+  The input embedding is not released (token lookup reads it), so a model whose output layer is
+  its embedding (tied) keeps the plain table beside the packed one; but a GGUF model read in place,
+  whose lookups read the file's blocks (`specdeck.engine.forward.token_rows`): its table is a placeholder, brought
+  back with the rest.
 
 `output_weight` gives the output matrix's values whichever state the model is in.
 """
@@ -24,14 +26,16 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdeck.engine.forward import gguf_blocks
-from specdeck.engine.forward.hf_parts import output_projection
+from specdeck.engine.forward.hf_parts import input_embedding, output_projection
 from specdeck.engine.forward.linear import PACKED, Linear, PathChoice, choose_path, make_linear
+from specdeck.engine.forward.token_rows import BlockEmbedding, TokenRows
 from specdeck.engine.memory import trim_heap
 
 
@@ -55,6 +59,11 @@ class LeanWeights:
     inv_freq: torch.Tensor
     rope_scaling: float  # the rotary "attention factor" (1 except for yarn)
     products: PathChoice  # the path every product of the model runs on, and why (`choose_path`)
+    token_rows: TokenRows | None = None  # lookups on a GGUF file's blocks; `embed` is then a placeholder
+
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings of `ids` (..., hidden)."""
+        return F.embedding(ids, self.embed) if self.token_rows is None else self.token_rows(ids)
 
     @property
     def output(self) -> Linear:
@@ -72,11 +81,16 @@ class LeanWeights:
         return self.products.path in PACKED
 
 
+class _Dense(Protocol):
+    def dense(self) -> torch.Tensor: ...
+
+
 @dataclass
 class _Released:
-    """A model's parameters whose values live only in packed products, and the hooks that bring them back."""
+    """A model's parameters whose values live only in packed products (or a file's blocks), and the
+    hooks that bring them back."""
 
-    parts: list[tuple[torch.Tensor, Linear, int, int]]  # parameter, product, its rows [a, b)
+    parts: list[tuple[torch.Tensor, _Dense, int, int]]  # parameter, what holds its values, its rows [a, b)
     hooks: list = field(default_factory=list)
 
 
@@ -134,7 +148,9 @@ def _read(model: PreTrainedModel) -> LeanWeights:
     weighed = matrices + ([head.weight] if head is not None else [])
     on_file = gguf_blocks.blocks_of(model)  # its index read first, while a kernel build may still run
     choice = gguf_blocks.prefer_kernel(model, lambda: choose_path(weighed))
-    keep = {id(base.embed_tokens.weight)}  # token lookup reads the embedding's plain table
+    embedding = base.embed_tokens
+    token_rows = embedding.rows if isinstance(embedding, BlockEmbedding) else None
+    keep = set() if token_rows is not None else {id(embedding.weight)}  # lookups read the plain table
     if model not in _WEIGHTS and next(model.parameters()).device.type == "cpu":
         _own_storage(model, groups, head, keep if choice.path in PACKED else None)
     released = _Released([])
@@ -187,6 +203,9 @@ def _read(model: PreTrainedModel) -> LeanWeights:
             )
         )
     output = product([head], blocks.output_names() if blocks else []) if head is not None else None
+    if token_rows is not None and not any(param is embedding.weight for param, *_ in released.parts):
+        released.parts.append((embedding.weight, embedding, 0, embedding.num_embeddings))  # untied: its own
+        released.hooks.append(embedding.register_state_dict_pre_hook(bring_back))
     if isinstance(blocks, gguf_blocks.FileMatrices):
         blocks.remember()
     if blocks and blocks.used:
@@ -205,6 +224,7 @@ def _read(model: PreTrainedModel) -> LeanWeights:
         rotary.inv_freq.float(),
         float(rotary.attention_scaling),
         choice,
+        token_rows,
     )
 
 
@@ -229,8 +249,14 @@ def _own_storage(model: torch.nn.Module, groups: list, head: torch.nn.Module | N
         moved |= {id(head.weight)} if head is not None else set()
         moved -= packed_keep
     for param in model.parameters():  # each shared (tied) parameter once
-        if id(param) not in moved:
+        if id(param) not in moved and not _placeholder(param):
             param.data = param.detach().clone()
+
+
+def _placeholder(param: torch.Tensor) -> bool:
+    """Whether `param` is a stand-in of its shape on one element (its values kept elsewhere): a copy
+    would only fill memory with its zeros."""
+    return param.numel() > 1 and all(stride == 0 for stride in param.stride())
 
 
 def _stack(params: list[torch.Tensor]) -> torch.Tensor:
@@ -270,6 +296,14 @@ def restore(model: PreTrainedModel) -> None:
             param.data = plain[id(linear)][a:b].to(param.device, param.dtype)
     if current and cached is not None:  # the values the products were packed from: the lean weights stay valid
         _WEIGHTS[model] = (_key(model), cached[1])
+
+
+def embedding_weight(model: PreTrainedModel) -> torch.Tensor:
+    """The model's token embedding table (vocab, hidden) with its values: the parameter, or, where
+    the embedding is read from a GGUF file's blocks (its parameter a placeholder), the table
+    dequantized (for the caller to drop)."""
+    embedding = input_embedding(model)
+    return embedding.dense() if isinstance(embedding, BlockEmbedding) else embedding.weight.detach()
 
 
 def output_weight(model: PreTrainedModel) -> torch.Tensor:

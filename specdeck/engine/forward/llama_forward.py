@@ -60,12 +60,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
+FIRST_CAPACITY = 256  # positions a KV cache holds at first
+FIRST_CACHE_BYTES = 32 << 20  # on the CPU, at most this much of it at first
+
+
+def first_capacity(shape: LlamaShape, dtype: torch.dtype, device: torch.device) -> int:
+    """Positions a new KV cache holds: `FIRST_CAPACITY`, or on the CPU fewer (a power of two, at least
+    16) where those would take more than `FIRST_CACHE_BYTES`: a 1.7B model's 256 positions are 100
+    MB, a tenth of its Q4_K_M file, resident before a short prompt needs them; the cache doubles as
+    a session needs more."""
+    if device.type != "cpu":
+        return FIRST_CAPACITY  # the fixed-shape steps attend over the whole capacity: grown seldom
+    per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype.itemsize
+    capacity = FIRST_CAPACITY
+    while capacity > 16 and capacity * per_position > FIRST_CACHE_BYTES:
+        capacity //= 2
+    return capacity
+
+
 class LlamaForward:
     """A Llama-family model's forward plus its KV cache: the interface of the backends of
     `specdeck.engine.forward.kvcache.CachedModel` (`logits`, `hidden`, `crop`, `reset`, `len`)."""
 
-    def __init__(self, model: PreTrainedModel, capacity: int = 256, fixed_shape: bool | None = None) -> None:
-        """`fixed_shape`: run steps and verifies at one fixed shape (`specdeck.engine.forward.graphed_steps`), replayed
+    def __init__(self, model: PreTrainedModel, capacity: int | None = None, fixed_shape: bool | None = None) -> None:
+        """`capacity`: positions the KV cache holds at first (it doubles when full; by default
+        `first_capacity`). `fixed_shape`: run steps and verifies at one fixed shape
+        (`specdeck.engine.forward.graphed_steps`), replayed
         as CUDA graphs on a GPU. Default: on `FIXED_SHAPE_DEVICES` (CUDA), unless the environment sets
         SPECDECK_CUDA_GRAPHS=0 (each kernel launched from Python, and a verify's bits may then differ
         from a plain step's)."""
@@ -76,7 +96,8 @@ class LlamaForward:
         self.windows = windows
         self.weights = weights_of(model)
         self.row_exact = self.weights.row_exact
-        self.cache = KVCache(self.shape, self.weights.embed.dtype, self.weights.embed.device, capacity)
+        device, dtype = self.weights.embed.device, self.weights.embed.dtype
+        self.cache = KVCache(self.shape, dtype, device, capacity or first_capacity(self.shape, dtype, device))
         # Feature taps (for heads that fuse lower layers, `specdeck.engine.drafting.heads`): after each forward,
         # `tapped` holds (n, len(taps), hidden), the residual stream after each of `taps` layers.
         self.taps: tuple[int, ...] = ()
@@ -122,14 +143,14 @@ class LlamaForward:
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """The final norm's output (n, hidden) for token ids (n,) appended after the cached ones."""
-        return self.hidden_from_inputs(F.embedding(ids, self.weights.embed))
+        return self.hidden_from_inputs(self.weights.embedding(ids))
 
     def hidden_tree(self, ids: torch.Tensor, parents: list[int]) -> torch.Tensor:
         """`hidden` for a token tree: node i's parent is node parents[i] of this chunk, or the last
         cached token where it is -1. Each node sits at the position after its parent's and attends to
         the cached tokens and its own ancestors only; every node's keys and values are cached in
         chunk order (`compact` keeps one path)."""
-        return self.hidden_from_inputs(F.embedding(ids, self.weights.embed), parents)
+        return self.hidden_from_inputs(self.weights.embedding(ids), parents)
 
     def compact(self, path: list[int]) -> None:
         """Keep the nodes `path` (chunk indices, root first) of the last tree forward as the cached

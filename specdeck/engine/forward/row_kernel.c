@@ -24,6 +24,7 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Sums of a vector's lanes, always in the same order. */
 static inline float hsum4(__m128 s4) {
@@ -671,23 +672,34 @@ static const ikernel_fn I_KERNELS[2][RI + 1] = {{0, i4_1, i4_2, i4_3, i4_4}, {0,
  *   Q4_0  w = d (q - 8)                T = sum(q a) - 8 sum(a)
  *   Q5_0  w = d (q - 16)               T = sum(q a) - 16 sum(a)
  *   Q5_1  w = d q + m                  T = sum(q a)
- *   Q4_K, Q5_K  w = (d sc) q - dmin mn T = sum(q a); d sc and -dmin mn per group as float32 (each
- *                                      the exact product of a float16 and a 6-bit integer)
+ *   Q4_K, Q5_K  w = (d sc) q - dmin mn T = sum(q a); d sc and -dmin mn per group in float32, each
+ *                                      the exact product of a float16 and a 6-bit integer
  *   Q6_K  w = d sc_h (q - 32)          T = sum over the halves h of 16: sc_h (sum_h(q a) - 32 sum_h(a)),
  *                                      sc_h the half's signed 8-bit scale: integers to the end.
  *
  * Packed per vector of LANES columns, group by group of 32 k-steps, each field LANES columns wide:
- *   Q4_0: d (float16)                  Q4_K: d sc, -dmin mn (float32)
- *   Q5_0: d (float16), H               Q5_K: d sc, -dmin mn (float32), H
- *   Q5_1: d, m (float16), H            Q6_K: d (float16), sc_lo, sc_hi (twice each, int16), H0, H1
+ *   Q4_0: d (float16)                  Q4_K: sc, mn (unsigned bytes)
+ *   Q5_0: d (float16), H               Q5_K: sc, mn (unsigned bytes), H
+ *   Q5_1: d, m (float16), H            Q6_K: sc_lo, sc_hi (signed bytes), H0, H1
  * then the quants' low 4 bits in four runs as Q4_1's above (run u: k = 4u + b in the low nibbles of a
  * column's 4 bytes, 16 + 4u + b in the high). H, a column's 4 bytes: bit u of byte b is q's 5th bit
  * at k = 4u + b, bit 4 + u at k = 16 + 4u + b. H0 and H1: bits 2u and 2u + 1 of byte b are q's 5th
- * and 6th bits at k = 4u + b (H0) and at k = 16 + 4u + b (H1). Q4_0, Q5_0 and Q5_1 keep the file's
- * bytes; Q4_K, Q5_K and Q6_K take about 1.3 times theirs. */
+ * and 6th bits at k = 4u + b (H0) and at k = 16 + 4u + b (H1). The K-quants' 8 groups of a block of
+ * 256 come after its header: d and -dmin (Q6_K: d), float16, as the file stores them (dmin's sign
+ * flipped, exact), so d sc and -dmin mn are formed in the kernel, each one exact multiply: the same
+ * float32 values as formed ahead, in the file's bytes. Every type takes the file's bytes, or (Q4_K,
+ * Q5_K) 4 more a block of 256: a step streams no more than the file holds. */
 enum { X_Q4_0, X_Q5_0, X_Q5_1, X_Q4_K, X_Q5_K, X_Q6_K, X_TYPES };
 #define X_FIRST 12 /* the kind number of X_Q4_0 */
-static const int X_BYTES[X_TYPES] = {18, 22, 24, 24, 28, 34}; /* a column's bytes a group of 32 */
+static const int X_BYTES[X_TYPES] = {18, 22, 24, 18, 22, 26}; /* a column's bytes a group of 32 */
+static const int X_HEADER[X_TYPES] = {0, 0, 0, 4, 4, 2};    /* a column's bytes ahead of 8 groups (K-quants) */
+/* Bytes of one vector of columns of a weight k / 32 = `groups` groups deep (kind 2 Q4_1, 3 Q8_0,
+ * 12 to 17 `X_TYPES`). */
+static inline long vector_bytes(int kind, long groups) {
+    if (kind < X_FIRST) return groups * LANES * (kind == 2 ? 20 : 34);
+    int type = kind - X_FIRST;
+    return (groups * X_BYTES[type] + groups / 8 * X_HEADER[type]) * LANES;
+}
 
 #if LANES == 16
 #define X_VNNI 1
@@ -701,8 +713,6 @@ static const int X_BYTES[X_TYPES] = {18, 22, 24, 24, 28, 34}; /* a column's byte
 #define XSRLI(v, n) _mm512_srli_epi32(v, n)
 #define XMADD(a, b) _mm512_madd_epi16(a, b)
 #define XMUL(a, b) _mm512_mullo_epi32(a, b)
-#define XSCALE(pair) _mm512_srai_epi32(pair, 16) /* a lane's (sc, sc) int16 pair as one int32 sc */
-#define XPAIRS(lo, hi) _mm512_mask_blend_epi16(0xAAAAAAAAu, lo, hi) /* lanes (sc_lo, sc_hi) */
 #define XDOT(acc, q, p) _mm512_dpbusd_epi32(acc, q, XBCAST(p))
 #else
 #define XBCAST(p) _mm256_set1_epi32(*(const int32_t *)(p))
@@ -715,8 +725,6 @@ static const int X_BYTES[X_TYPES] = {18, 22, 24, 24, 28, 34}; /* a column's byte
 #define XSRLI(v, n) _mm256_srli_epi32(v, n)
 #define XMADD(a, b) _mm256_madd_epi16(a, b)
 #define XMUL(a, b) _mm256_mullo_epi32(a, b)
-#define XSCALE(pair) _mm256_srai_epi32(pair, 16)
-#define XPAIRS(lo, hi) _mm256_blend_epi16(lo, hi, 0xAA)
 #if defined(__AVXVNNI__)
 #define X_VNNI 1
 #define XDOT(acc, q, p) _mm256_dpbusd_avx_epi32(acc, q, XBCAST(p))
@@ -724,10 +732,12 @@ static const int X_BYTES[X_TYPES] = {18, 22, 24, 24, 28, 34}; /* a column's byte
 #define X_VNNI 0
 #endif
 #endif
+/* Lanes of int16 pairs (lo, hi) from lanes of int32 lo and hi, each within int16. */
+#define XPAIRS(lo, hi) XOR(XAND(lo, XSET(0xFFFF)), XSLLI(hi, 16))
 
 /* T before its offset: q (8 runs of 4 k-steps, k = 4i .. 4i + 3 in q[i]) times a row's group a.
  * With VNNI, dpbusd sums 4 byte products into 32 bits; Q6_K's halves are summed apart and scaled by
- * their sc (lo, hi: (sc, sc) int16 pairs). Without it, maddubs sums pairs of products into 16 bits,
+ * their sc (lo, hi: int32). Without it, maddubs sums pairs of products into 16 bits,
  * and `span` runs add up there while they cannot pass 2^15 (|a| <= 127: 8 runs of 4-bit quants, 4 of
  * 5-bit, 2 of 6-bit) before madd widens them, multiplying the pairs by 1 or by Q6_K's sc. The same
  * integers either way. */
@@ -739,7 +749,7 @@ static inline __attribute__((always_inline)) ivec x_dot(const int type, const iv
         ivec first = IZERO(), second = IZERO();
         for (int i = 0; i < 4; i++) first = XDOT(first, q[i], a + 4 * i);
         for (int i = 4; i < 8; i++) second = XDOT(second, q[i], a + 4 * i);
-        return XADD(XMUL(first, XSCALE(lo)), XMUL(second, XSCALE(hi)));
+        return XADD(XMUL(first, lo), XMUL(second, hi));
     }
     for (int i = 0; i < 8; i++) t = XDOT(t, q[i], a + 4 * i);
 #else
@@ -748,7 +758,7 @@ static inline __attribute__((always_inline)) ivec x_dot(const int type, const iv
         ivec pairs = _mm256_maddubs_epi16(q[i], XBCAST(a + 4 * i));
         for (int j = i + 1; j < i + span; j++)
             pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(q[j], XBCAST(a + 4 * j)));
-        t = XADD(t, XMADD(pairs, type != X_Q6_K ? _mm256_set1_epi16(1) : i < 4 ? lo : hi));
+        t = XADD(t, XMADD(pairs, type != X_Q6_K ? _mm256_set1_epi16(1) : i < 4 ? XPAIRS(lo, lo) : XPAIRS(hi, hi)));
     }
 #endif
     return t;
@@ -761,13 +771,18 @@ static inline __attribute__((always_inline)) void x_kernel(const int type, const
                                                            const float *s, const float *sm, const int32_t *sums,
                                                            const int32_t *halves, long k, const uint8_t *wb,
                                                            float *y, long n, long j0) {
-    const long groups = k / QK, size = (long)X_BYTES[type] * LANES;
-    const int halved = type == X_Q4_0 || type == X_Q5_0 || type == X_Q5_1 || type == X_Q6_K; /* d in float16 */
+    const long groups = k / QK, size = (long)X_BYTES[type] * LANES, header = (long)X_HEADER[type] * LANES;
+    const int super = type == X_Q4_K || type == X_Q5_K || type == X_Q6_K; /* blocks of 256 with a header */
     const int fifth = type == X_Q5_0 || type == X_Q5_1 || type == X_Q5_K;
     const int minimum = type == X_Q5_1 || type == X_Q4_K || type == X_Q5_K;
-    vec acc[RI];
+    vec acc[RI], block_d = VZERO(), block_min = VZERO();
     for (int r = 0; r < R; r++) acc[r] = VZERO();
     for (long g = 0; g < groups; g++, wb += size) {
+        if (super && g % 8 == 0) { /* a block of 256's d and -dmin, for its 8 groups */
+            block_d = VHALF(wb);
+            if (minimum) block_min = VHALF(wb + LANES * 2);
+            wb += header;
+        }
         PREFETCH_GROUP(wb + IAHEAD * size, size);
         const uint8_t *low = wb + size - 16 * LANES;
         ivec q[8], lo = IZERO(), hi = IZERO();
@@ -783,15 +798,21 @@ static inline __attribute__((always_inline)) void x_kernel(const int type, const
             }
         }
         if (type == X_Q6_K) { /* bits 2u, 2u + 1 of byte b to bits 4, 5 of q[u]'s (H0) and q[u + 4]'s (H1) */
-            ivec h0 = ILOAD(wb + LANES * 10), h1 = ILOAD(wb + LANES * 14), bits = XSET(0x30303030);
+            ivec h0 = ILOAD(wb + LANES * 2), h1 = ILOAD(wb + LANES * 6), bits = XSET(0x30303030);
             for (int u = 0; u < 4; u++) {
                 q[u] = XOR(q[u], XAND(u < 3 ? XSLLI(h0, 4 - 2 * u) : XSRLI(h0, 2), bits));
                 q[u + 4] = XOR(q[u + 4], XAND(u < 3 ? XSLLI(h1, 4 - 2 * u) : XSRLI(h1, 2), bits));
             }
-            lo = ILOAD(wb + LANES * 2), hi = ILOAD(wb + LANES * 6);
+            lo = QS8(wb), hi = QS8(wb + LANES);
         }
-        vec d = halved ? VHALF(wb) : VLOAD((const float *)wb), mins = VZERO();
-        if (minimum) mins = halved ? VHALF(wb + LANES * 2) : VLOAD((const float *)(wb + LANES * 4));
+        vec d, mins = VZERO();
+        if (type == X_Q6_K)
+            d = block_d;
+        else if (super) /* d sc and -dmin mn: float16 times a 6-bit integer, exact in float32 */
+            d = VMUL(block_d, QFLOAT(QU8(wb))), mins = VMUL(block_min, QFLOAT(QU8(wb + LANES)));
+        else
+            d = VHALF(wb);
+        if (minimum && !super) mins = VHALF(wb + LANES * 2);
         _Pragma("GCC unroll 8") /* every row's accumulator kept in a register */
         for (int r = 0; r < R; r++) {
             long at = r * groups + g;
@@ -825,6 +846,87 @@ typedef void (*xkernel_fn)(const int8_t *, const float *, const float *, const i
 X_KERNELS(X_Q4_0) X_KERNELS(X_Q5_0) X_KERNELS(X_Q5_1) X_KERNELS(X_Q4_K) X_KERNELS(X_Q5_K) X_KERNELS(X_Q6_K)
 static const xkernel_fn X_KERNEL_TABLE[X_TYPES][RI + 1] = {X_NAMES(X_Q4_0), X_NAMES(X_Q5_0), X_NAMES(X_Q5_1),
                                                           X_NAMES(X_Q4_K), X_NAMES(X_Q5_K), X_NAMES(X_Q6_K)};
+/* One column's group g (of 32 weights) of a row of `type` blocks at `row`: its quants q (0 to 63)
+ * and its scale fields (`fields`, 1 or 2 of `field` bytes each: d (and m) float16, or the K-quants'
+ * sc and mn, Q6_K's sc_lo and sc_hi, a byte each), as `block_groups.groups_of` reads them. */
+static void x_group(int type, const uint8_t *row, long g, uint8_t *q, uint8_t fields[2][2]) {
+    static const int size[X_TYPES] = {18, 22, 24, 144, 176, 210};
+    if (type <= X_Q5_1) {
+        const uint8_t *b = row + g * size[type];
+        const uint8_t *qs = b + (type == X_Q4_0 ? 2 : type == X_Q5_0 ? 6 : 8);
+        uint32_t qh = 0;
+        if (type != X_Q4_0) memcpy(&qh, b + (type == X_Q5_0 ? 2 : 4), 4);
+        for (int i = 0; i < 32; i++) q[i] = (uint8_t)(((i < 16 ? qs[i] : qs[i - 16] >> 4) & 15) | ((qh >> i) & 1) << 4);
+        memcpy(fields[0], b, 2);
+        if (type == X_Q5_1) memcpy(fields[1], b + 2, 2);
+        return;
+    }
+    const uint8_t *b = row + g / 8 * size[type];
+    long j = g % 8;
+    if (type == X_Q6_K) {
+        for (int i = 0; i < 32; i++) {
+            long f = j * 32 + i, h = f / 128;
+            uint8_t low = (uint8_t)(b[h * 64 + f % 64] >> (4 * (f % 128 / 64)) & 15);
+            uint8_t high = (uint8_t)(b[128 + h * 32 + f % 32] >> (2 * (f % 128 / 32)) & 3);
+            q[i] = (uint8_t)(low | high << 4);
+        }
+        fields[0][0] = b[192 + 2 * j], fields[1][0] = b[193 + 2 * j];
+        return;
+    }
+    const uint8_t *scales = b + 4, *qs = b + (type == X_Q4_K ? 16 : 48);
+    for (int i = 0; i < 32; i++) {
+        q[i] = (uint8_t)(qs[j / 2 * 32 + i] >> (4 * (j % 2)) & 15);
+        if (type == X_Q5_K) q[i] |= (uint8_t)((b[16 + i] >> j & 1) << 4);
+    }
+    /* llama.cpp's get_scale_min_k4 */
+    fields[0][0] = (uint8_t)(j < 4 ? scales[j] & 63 : (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4);
+    fields[1][0] = (uint8_t)(j < 4 ? scales[j + 4] & 63 : (scales[j + 4] >> 4) | (scales[j] >> 6) << 4);
+}
+
+/* Bytes `row_kernel_lay_out` writes for `vectors` vectors of columns `groups` groups of 32 deep. */
+long row_kernel_laid_bytes(int kind, long vectors, long groups) { return vectors * vector_bytes(kind, groups); }
+
+/* Rows of GGUF blocks of kind 12 to 17 (`vectors` LANES rows each, `groups` groups of 32 deep, each
+ * row `row_bytes` long) into the layout above, at out: `block_groups.layout`'s bytes, without its
+ * scratch of a byte a weight. */
+void row_kernel_lay_out(int kind, const uint8_t *rows, long vectors, long groups, long row_bytes, uint8_t *out) {
+    const int type = kind - X_FIRST, super = type >= X_Q4_K;
+    const int count = type == X_Q5_1 || super ? 2 : 1, width = super ? 1 : 2;
+    const int high = type == X_Q5_0 || type == X_Q5_1 || type == X_Q5_K ? 1 : type == X_Q6_K ? 2 : 0;
+    static const int header[X_TYPES] = {0, 0, 0, 2, 2, 1}; /* float16 fields ahead of a K-quant block */
+    for (long v = 0; v < vectors; v++) {
+        const uint8_t *first = rows + v * LANES * row_bytes;
+        for (long g = 0; g < groups; g++) {
+            if (super && g % 8 == 0)
+                for (int f = 0; f < header[type]; f++)
+                    for (int lane = 0; lane < LANES; lane++, out += 2) {
+                        const uint8_t *b = first + lane * row_bytes + g / 8 * (type == X_Q6_K ? 210 : type == X_Q4_K ? 144 : 176);
+                        memcpy(out, type == X_Q6_K ? b + 208 : b + 2 * f, 2);
+                        if (f == 1) out[1] ^= 0x80; /* -dmin: the sign bit flipped */
+                    }
+            uint8_t q[LANES][32], fields[LANES][2][2];
+            for (int lane = 0; lane < LANES; lane++) x_group(type, first + lane * row_bytes, g, q[lane], fields[lane]);
+            for (int f = 0; f < count; f++)
+                for (int lane = 0; lane < LANES; lane++, out += width) memcpy(out, fields[lane][f], width);
+            for (int word = 0; word < high; word++) /* H (Q5), or H0 then H1 (Q6_K) */
+                for (int lane = 0; lane < LANES; lane++)
+                    for (int byte = 0; byte < 4; byte++, out++) {
+                        uint8_t h = 0;
+                        for (int u = 0; u < 4; u++) {
+                            if (high == 1)
+                                h |= (uint8_t)((q[lane][4 * u + byte] >> 4) << u | (q[lane][16 + 4 * u + byte] >> 4) << (u + 4));
+                            else
+                                h |= (uint8_t)((q[lane][16 * word + 4 * u + byte] >> 4) << (2 * u));
+                        }
+                        *out = h;
+                    }
+            for (int u = 0; u < 4; u++) /* the low 4 bits: run u, each column's bytes 4u .. 4u + 3 */
+                for (int lane = 0; lane < LANES; lane++)
+                    for (int byte = 0; byte < 4; byte++, out++)
+                        *out = (uint8_t)((q[lane][4 * u + byte] & 15) | (q[lane][16 + 4 * u + byte] & 15) << 4);
+        }
+    }
+}
 /* ---- end of the 8-bit-row products for Q4_0 .. Q6_K ---- */
 
 /* A thread's own copy of the rows in 8 bits (every thread quantizes all rows: a few thousand
@@ -848,9 +950,9 @@ static void own_rows(const float *x, long m, long k) {
 /* Vectors of columns [first, last) of y (m, n) = x (m, k) w^T for w packed as above (kind 2: Q4_1,
  * 3: Q8_0, 12 to 17: Q4_0 to Q6_K), from this thread's rows in 8 bits (`own_rows`). */
 static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, float *y, long first, long last) {
-    long groups = k / QK, size = kind == 2 ? 20 : kind == 3 ? 34 : X_BYTES[kind - X_FIRST];
+    long groups = k / QK, bytes = vector_bytes(kind, groups);
     for (long v = first; v < last; v++) {
-        const uint8_t *wb = w + v * groups * LANES * size;
+        const uint8_t *wb = w + v * bytes;
         for (long r = 0; r < m; r += RI) {
             int rows = m - r < RI ? (int)(m - r) : RI;
             const int8_t *a = own_a + r * k;

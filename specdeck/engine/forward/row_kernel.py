@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
+import mmap
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from specdeck.engine.forward import block_codes, block_groups
 from specdeck.engine.forward.kernel_build import library
+
+log = logging.getLogger(__name__)
 
 
 def unavailable(weight: torch.Tensor) -> str | None:
@@ -109,7 +114,10 @@ def block_shape(kind: str) -> tuple[int, int]:
     return GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
 
 
-ACTIVATIONS = ("float32", "int8")  # how a product on GGUF blocks takes its rows (`QuantizedLinear`)
+ACTIVATIONS = ("float32", "int8")
+PACK_WEIGHTS = (
+    1 << 22
+)  # weights laid out for the 8-bit-row products at once, at most  # how a product on GGUF blocks takes its rows (`QuantizedLinear`)
 INT8_MISSING = "the row kernel has no 8-bit products for AVX-512 without VNNI"
 
 
@@ -169,10 +177,23 @@ class QuantizedLinear:
         self.out_features, self.in_features = blocks.shape[0], in_features
         self._width = -(-self.out_features // lanes) * lanes
         groups = in_features // weights
-        cut = np.zeros((self._width, groups, size), np.uint8)  # padded rows: d = m = q = 0, w = 0
-        cut[: self.out_features] = blocks.reshape(self.out_features, groups, size)
+        if self._width == self.out_features:
+            cut = blocks.reshape(self.out_features, groups, size)
+        else:
+            cut = np.zeros((self._width, groups, size), np.uint8)  # padded rows: d = m = q = 0, w = 0
+            cut[: self.out_features] = blocks.reshape(self.out_features, groups, size)
         if activations == "int8":
-            self._packed = torch.from_numpy(_pack_int8(cut.reshape(-1, lanes, groups, size), kind))
+            vectors = cut.reshape(-1, lanes, groups, size)
+            # a few vectors at a time: the layout's scratch (a byte a weight, several times) stays small
+            step = max(1, PACK_WEIGHTS // (lanes * in_features))
+            first = _pack_int8(vectors[:step], kind, built)
+            per_vector = len(first) // min(step, len(vectors))
+            packed = np.empty(per_vector * len(vectors), np.uint8)
+            for at in range(0, len(vectors), step):
+                laid = first if at == 0 else _pack_int8(vectors[at : at + step], kind, built)
+                packed[per_vector * at : per_vector * at + len(laid)] = laid
+                release_pages(vectors[at : at + step])
+            self._packed = torch.from_numpy(packed)
             return
         whole = self._width // block * block
         parts = [_pack(cut[:whole].reshape(-1, block, groups, size), kind)]
@@ -232,6 +253,27 @@ class QuantizedParts:
         return torch.cat([part.dense() for part in self.parts])
 
 
+def release_pages(blocks: np.ndarray) -> None:
+    """Drop the pages of `blocks` that this process has read, where they are a view of a file's
+    mapping (gguf-py's and `specdeck.engine.forward.gguf_index`'s are): once laid out for the kernel, they would
+    otherwise stay resident beside their copy (a 1.7B file's gigabyte twice). The mapping is of the
+    file, read-only, so nothing is lost: a later read takes the pages again from the page cache or
+    the disk; pages shared with neighbouring bytes go too, for the same reason. Anything else (an
+    array of its own) is left alone."""
+    root: Any = blocks
+    while not isinstance(root, mmap.mmap) and getattr(root, "base", None) is not None:
+        root = root.base
+    if not isinstance(root, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or not blocks.size:
+        return
+    start = blocks.ctypes.data - np.frombuffer(root, dtype=np.uint8).ctypes.data
+    first = start // mmap.PAGESIZE * mmap.PAGESIZE
+    end = min(start + blocks.nbytes, len(root))
+    try:
+        root.madvise(mmap.MADV_DONTNEED, first, end - first)
+    except (OSError, ValueError) as error:  # only costs memory
+        log.info("mapped pages were kept: %s", error)
+
+
 def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:
     """Column blocks (count, columns, groups, bytes) of GGUF blocks in the kernel's layout
     (`row_kernel.c`): per column block, per group of 32, the scales (and minimums) of its columns,
@@ -254,13 +296,20 @@ def _pack(blocks: np.ndarray, kind: str) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(-1)
 
 
-def _pack_int8(vectors: np.ndarray, kind: str) -> np.ndarray:
+def _pack_int8(vectors: np.ndarray, kind: str, built: ctypes.CDLL) -> np.ndarray:
     """Vectors of columns (count, lanes, groups, bytes) of GGUF blocks in the layout of the kernel's
     8-bit-activation products (`row_kernel.c`): per vector, per group of 32, the columns' scales
     (and minimums), then runs of 4 quant bytes a column (Q8_0's offset by 128, unsigned); the
-    other types as `specdeck.engine.forward.block_groups.layout` lays them out."""
+    other types as `specdeck.engine.forward.block_groups.layout` lays them out, by the kernel's own
+    `row_kernel_lay_out` (the same bytes in a fraction of the time: numpy's takes a byte of scratch
+    a weight, several times over, and most of a 1.7B model's load)."""
     if kind in block_groups.TYPES:
-        return block_groups.layout(vectors, kind)
+        count, lanes, blocks, size = vectors.shape
+        groups = blocks * block_shape(kind)[0] // 32
+        rows = np.ascontiguousarray(vectors)
+        out = np.empty(built.row_kernel_laid_bytes(INT8_KINDS[kind], count, groups), np.uint8)
+        built.row_kernel_lay_out(INT8_KINDS[kind], rows.ctypes.data, count, groups, blocks * size, out.ctypes.data)
+        return out
     count, lanes, groups, _ = vectors.shape
     fields = vectors.transpose(0, 2, 1, 3)  # (count, groups, lanes, bytes)
     scales = [fields[..., 0:2], fields[..., 2:4]] if kind == "Q4_1" else [fields[..., 0:2]]

@@ -5,12 +5,12 @@ Where the row kernel reads every large matrix of a file
 (`specdeck.engine.forward.gguf_blocks`), so dequantizing the file into a float32 folder first
 (`specdeck.engine.loading.gguf_conversion`: 540 MB and about 20 s for the built-in 135M model, 6.8
 GB for a 1.7B one) only costs time and disk. Here the model is built from the file's metadata
-(transformers reads a GGUF file's config), its small tensors (norms, biases) and its token embedding
-are dequantized as transformers' GGUF loader dequantizes them, and each large matrix is left a
-placeholder of its shape whose product the lean forward takes straight from the memory-mapped
-blocks. The embedding is converted, not kept in blocks: token lookup (the lean forward's and Hugging
-Face's) reads rows of a float32 table, and it is one matrix of the model's (113 MB for the built-in
-one, whose tied output layer still multiplies on the file's Q8_0 blocks).
+(transformers reads a GGUF file's config), its small tensors (norms, biases) are dequantized as
+transformers' GGUF loader dequantizes them, and each large matrix is left a placeholder of its
+shape whose product the lean forward takes straight from the memory-mapped blocks. The token
+embedding stays in the file's blocks too (`specdeck.engine.forward.token_rows`): a lookup
+dequantizes the rows it reads (a float32 table would be 400 MB for a 1.7B model), and a tied output
+layer multiplies on those blocks.
 
 llama.cpp's converter reorders the query and key rows of Llama models for its rotary; transformers'
 loader puts them back (its `TensorProcessor`). The same processor, run on row numbers instead of
@@ -36,12 +36,16 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks, kernel_build
 from specdeck.engine.forward.gguf_index import config_path, tensors_of
 from specdeck.engine.forward.row_kernel import QuantizedLinear, QuantizedParts
+from specdeck.engine.forward.token_rows import BlockEmbedding, TokenRows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
+
+
+EMBEDDING = "token_embd.weight"  # the token embedding's name in a GGUF file
 
 
 class InPlaceRefused(Exception):
@@ -100,19 +104,25 @@ def load_in_place(path: Path, progress: Progress | None = None) -> PreTrainedMod
     matrices = gguf_blocks.matrix_kinds(path)
     state: dict[str, torch.Tensor] = {}
     rows: dict[str, np.ndarray] = {}
+    embedding: TokenRows | None = None
     for name, tensor in tensors_of(path).items():
         if name not in hf_names:
             continue  # as transformers' loader skips it
-        if name in matrices:
+        if name in matrices or name == EMBEDDING:
             count, width = tensor.shape[::-1]  # gguf lists dimensions innermost first
             # the converter's row order undone on row numbers: row i of the model is the file's rows[name][i]
             order = processor.process(weights=np.arange(count).reshape(count, 1), name=name).weights
             rows[name] = np.asarray(order, dtype=np.int64).reshape(count)
             state[hf_names[name]] = torch.zeros((), dtype=torch.float32).expand(count, width)
+            if name == EMBEDDING:
+                same = np.array_equal(rows[name], np.arange(count))
+                embedding = TokenRows(tensor, None if same else rows[name])
         else:
             weights = processor.process(weights=dequantize(np.asarray(tensor.data), tensor.tensor_type), name=name)
             state[hf_names[name]] = torch.from_numpy(np.copy(weights.weights)).to(torch.float32)
     model.load_state_dict(state, strict=False, assign=True)
+    if embedding is not None:  # lookups on the file's blocks; a tied output layer takes its weight
+        model.set_input_embeddings(BlockEmbedding(embedding))
     model.tie_weights()
     missing = [name for name, param in model.named_parameters() if param.is_meta]
     if missing:

@@ -28,6 +28,7 @@ from specdeck.engine.forward import gguf_blocks, graphed_steps, kernel_build, li
 from specdeck.engine.forward.hf_parts import input_embedding
 from specdeck.engine.forward.kvcache import CachedModel, synchronize
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
+from specdeck.engine.planner.round_shape import ProposalShape
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -180,7 +181,7 @@ def measure_draft_ms(
             taps = (len(drafter.feature_layers) + 1,) if drafter.feature_layers else ()
             drafter.observe(torch.zeros(pending, *taps, hidden_size, device=weight.device, dtype=weight.dtype))
         started = time.perf_counter()
-        proposal = drafter.propose(seen, k)
+        proposal = drafter.propose(seen, ProposalShape(k))
         elapsed = (time.perf_counter() - started) * 1e3
         if pass_no and proposal.tokens:
             best = min(best, elapsed / len(proposal.tokens))

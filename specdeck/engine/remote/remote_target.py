@@ -1,7 +1,7 @@
 """A target served over an OpenAI-compatible HTTP API (vLLM, SGLang, llama-cpp-python's server): the
 local drafter proposes, and one request per round asks the server for the target's
 log-probabilities at every drafted position and after the last, which is all that greedy
-verification needs (`specdeck.engine.loop.decoding.verify`; Leviathan et al. 2023 with temperature 0).
+verification needs (`specdeck.engine.loop.verification.verify`; Leviathan et al. 2023 with temperature 0).
 
 Round i of a session sends the kept tokens x_1..x_t and the drafts d_1..d_K; the answer gives, for
 rows r = 0..K, the server's top log-probabilities after x_1..x_t, d_1..d_r. Each row becomes a logit

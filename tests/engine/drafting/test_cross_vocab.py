@@ -149,8 +149,8 @@ def misplaced_q(match):
     carrying it over to their twins in the target's vocabulary: wrong on purpose."""
 
     class MisplacedQDrafter(CrossVocabularyDrafter):
-        def propose(self, ids, k):
-            proposal = super().propose(ids, k)
+        def propose(self, ids, shape):
+            proposal = super().propose(ids, shape)
             own = (match.twins >= 0).nonzero().flatten()
             own = own[own < self.vocab_width]
             q = torch.zeros_like(proposal.q)

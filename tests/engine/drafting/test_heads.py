@@ -17,6 +17,7 @@ from specdeck.engine.events import SummaryEvent, TokenEvent, TokenState
 from specdeck.engine.loading.models import encode_prompt, load_model
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import PairSpec
+from specdeck.engine.planner.round_shape import ProposalShape
 from specdeck.engine.session import load_pair, run_session
 from specdeck.train.head import HeadConfig, build_head, extract_features
 from specdeck.train.head_objective import collate_pairs, unrolled
@@ -262,11 +263,11 @@ def test_drafts_step_by_step_equal_the_head_over_the_whole_sequence(tiny_llama, 
     ids = encode_prompt(target.tokenizer, "Once upon a time there", chat=False)
     drafter.begin(ids, config, target.vocab_width, torch.Generator().manual_seed(0))
     drafter.observe(real_states(ids)[:-1])
-    first = drafter.propose(ids, 3)
+    first = drafter.propose(ids, ProposalShape(3))
     torch.testing.assert_close(first.q, expected_q(ids, first.tokens), rtol=1e-4, atol=1e-6)
     kept = ids + [first.tokens[0], (first.tokens[1] + 1) % target.vocab_width]  # one draft kept, then another token
     drafter.observe(real_states(kept)[len(ids) - 1 : len(ids) + 1])
-    second = drafter.propose(kept, 3)
+    second = drafter.propose(kept, ProposalShape(3))
     torch.testing.assert_close(second.q, expected_q(kept, second.tokens), rtol=1e-4, atol=1e-6)
 
 
@@ -307,7 +308,7 @@ def test_fused_head_reads_the_targets_lower_layers_and_keeps_greedy_exact(tiny_l
         hidden = target.model.model(torch.tensor([ids]), output_hidden_states=True).hidden_states
         observed = torch.stack([hidden[1][0], hidden[-1][0]], dim=1)[:-1]
         drafter.observe(observed)
-        first = drafter.propose(ids, 1)
+        first = drafter.propose(ids, ProposalShape(1))
         embed = target.model.get_input_embeddings()(torch.tensor(ids[1:]))
         predicted = head(head.fuse(observed)[None], embed[None])[0, -1]
         expected = torch.softmax(target.model.get_output_embeddings().weight @ predicted, dim=-1)
@@ -388,7 +389,7 @@ def test_states_of_several_plain_steps_reach_the_head_in_one_forward(tiny_llama,
         monkeypatch.setattr(drafter._body, "hidden_from_inputs", lambda x: forwards.append(len(x)) or original(x))
         for part in parts[1:]:
             drafter.observe(part)
-        proposal = drafter.propose(ids, 1)
+        proposal = drafter.propose(ids, ProposalShape(1))
         return proposal.tokens, len(forwards)
 
     at_once, one_forward = propose([states[:3], states[3 : len(ids) - 1]])
@@ -417,7 +418,7 @@ def test_a_long_prompt_reaches_the_head_whole_at_prefill(tiny_llama, monkeypatch
         monkeypatch.setattr(drafter._body, "hidden_from_inputs", lambda x: forwards.append(len(x)) or original(x))
         drafter.observe(states[: len(ids) - 1])  # the prompt's: paired now, at prefill
         paired_at_prefill = list(forwards)
-        proposal = drafter.propose(ids, 3)
+        proposal = drafter.propose(ids, ProposalShape(3))
         assert forwards[len(paired_at_prefill) :] == [1] * (len(forwards) - len(paired_at_prefill))  # drafting
         return proposal.tokens, paired_at_prefill
 
@@ -449,6 +450,6 @@ def test_a_long_run_after_the_prompt_reaches_the_head_as_its_latest_few(tiny_lla
     monkeypatch.setattr(drafter._body, "hidden_from_inputs", lambda x: forwards.append(len(x)) or original(x))
     for i in range(2, len(ids) - 1):  # plain steps, one token's states each
         drafter.observe(states[i : i + 1])
-    tokens = drafter.propose(ids, 1).tokens
+    tokens = drafter.propose(ids, ProposalShape(1)).tokens
     assert forwards == [4]
     assert drafter._cached == 2 + 4 and len(tokens) == 1

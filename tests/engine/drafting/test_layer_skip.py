@@ -94,8 +94,8 @@ class MisreportedLayerSkip(LayerSkipDrafter):
     """Proposes the partial model's likeliest tokens but reports the distribution it samples from as
     their q: wrong on purpose."""
 
-    def propose(self, ids, k):
-        proposal = super().propose(ids, k)
+    def propose(self, ids, shape):
+        proposal = super().propose(ids, shape)
         return Proposal(proposal.q.argmax(-1).tolist(), proposal.q)
 
 

@@ -35,9 +35,9 @@ def _counting(drafter):
     drafter.asked = 0
     propose = drafter.propose
 
-    def counted(ids, k):
+    def counted(ids, shape):
         drafter.asked += 1
-        return propose(ids, k)
+        return propose(ids, shape)
 
     drafter.propose = counted
     return drafter

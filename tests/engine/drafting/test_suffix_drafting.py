@@ -8,6 +8,7 @@ from specdeck.bench.runner import BenchSettings, Method, run_bench
 from specdeck.engine import DecodeConfig, SuffixDrafter, TokenEvent, encode_prompt, generate
 from specdeck.engine.drafting.suffix import SuffixIndex
 from specdeck.engine.pair import DrafterKind, ModelPair
+from specdeck.engine.planner.round_shape import ProposalShape
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 
@@ -91,7 +92,7 @@ def proposed(prompt: list[int], k: int, min_score: float = 0.0):
     """What a suffix drafter with no earlier texts proposes after `prompt`."""
     drafter = SuffixDrafter(min_score=min_score)
     drafter.begin(prompt, DecodeConfig(suffix_scope="prompt"), 16, None)
-    return drafter.propose(prompt, k)
+    return drafter.propose(prompt, ProposalShape(k))
 
 
 def test_own_text_drafts_what_followed_the_latest_occurrence():

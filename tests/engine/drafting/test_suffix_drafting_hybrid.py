@@ -19,7 +19,7 @@ from specdeck.engine import (
 from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
 from specdeck.engine.drafting.heads import FeatureHead, head_config
 from specdeck.engine.drafting.suffix import SuffixIndex
-from specdeck.engine.loop.rounds import Clock
+from specdeck.engine.loop.clock import Clock
 from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.planner.autotune import RoundPlanner
 from specdeck.engine.planner.costs import CostCurve
@@ -47,10 +47,10 @@ def test_greedy_hybrid_equals_plain(tiny_llama, kind, schedule, monkeypatch):
     drafting pays (a flat verify, cheap drafts, a round clock that ticks), not with what the tiny
     models cost on a busy machine."""
     monkeypatch.setattr(
-        "specdeck.engine.loop.decoding.cost_curve",
+        "specdeck.engine.loop.schedule.cost_curve",
         lambda model, cache_dir=None: CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)),
     )
-    monkeypatch.setattr("specdeck.engine.loop.decoding.draft_cost", lambda *args, **kwargs: 0.1)
+    monkeypatch.setattr("specdeck.engine.loop.schedule.draft_cost", lambda *args, **kwargs: 0.1)
     # every first draft verified: the tiny random models' likeliest token is rarely likely enough to
     # pass a floor, and a planner that learns its drafts are refused stops asking for them
     monkeypatch.setattr(RoundPlanner, "first_floor", lambda self, width: 0.0)
@@ -63,7 +63,7 @@ def test_greedy_hybrid_equals_plain(tiny_llama, kind, schedule, monkeypatch):
         ids = encode_prompt(target.tokenizer, prompt, chat=False)
         config = DecodeConfig(k=3, schedule=schedule, max_new_tokens=32)
         plain = kept_ids(generate(target, ids, config))
-        hybrid = model_drafter(kind, target, draft).with_copier(SuffixDrafter(history, min_score=2.0))
+        hybrid = model_drafter(kind, target, draft).copying_first(SuffixDrafter(history, min_score=2.0))
         events = list(generate(target, ids, config, hybrid))
         assert kept_ids(events) == plain, prompt
         drafts = [e for e in events if isinstance(e, TokenEvent) and e.depth]
@@ -85,7 +85,7 @@ def test_hybrid_sampling_follows_target(tiny_llama):
     history.separate()
 
     def make():
-        return DraftModelDrafter(draft.model).with_copier(SuffixDrafter(history, records=False, min_score=2.0))
+        return DraftModelDrafter(draft.model).copying_first(SuffixDrafter(history, records=False, min_score=2.0))
 
     n = 1000
     counts, rejections = sample_two_tokens(target, ids, base, make, n)

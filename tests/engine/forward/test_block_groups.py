@@ -138,12 +138,28 @@ def test_a_product_is_the_8_bit_rows_times_the_decoded_blocks(kind, build):
 
 @pytest.mark.parametrize("kind", block_groups.TYPES)
 def test_packed_blocks_take_about_the_files_bytes(kind):
-    """A matrix's packed blocks take at most 1.4 times the file's bytes for it (Q4_0, Q5_0 and Q5_1
-    their very bytes; the K-quants' per-group scales in float32 the rest)."""
+    """A matrix's packed blocks take at most 1.03 times the file's bytes for it (Q4_0, Q5_0, Q5_1
+    and Q6_K their very bytes; Q4_K and Q5_K 4 more a block of 256): a step streams no more than
+    the file holds, and a model read in place takes about its file's memory."""
     blocks = _blocks(kind, 256, 1024)
     product = QuantizedLinear(blocks, kind, 1024, lambda: None, activations="int8")
     assert product._kind == row_kernel.INT8_KINDS[kind]
-    assert blocks.nbytes <= product._packed.numel() <= 1.4 * blocks.nbytes
+    assert blocks.nbytes <= product._packed.numel() <= 1.03 * blocks.nbytes
+
+
+@pytest.mark.parametrize("build", ["this CPU's", "AVX2"])
+@pytest.mark.parametrize("kind", block_groups.TYPES)
+def test_the_kernels_layout_is_the_one_numpy_states(kind, build):
+    """The kernel lays blocks out (`row_kernel_lay_out`) byte for byte as
+    `specdeck.engine.forward.block_groups.layout` states the layout, padded rows and the quants'
+    extremes included."""
+    built = _built(build)
+    lanes = built.row_kernel_lanes()
+    blocks = _blocks(kind, 5 * lanes, 768)
+    blocks[-3:] = 0  # rows padded to whole vectors
+    vectors = blocks.reshape(5, lanes, -1, block_shape(kind)[1])
+    product = QuantizedLinear(blocks, kind, 768, None, built=built, activations="int8")
+    assert np.array_equal(product._packed.numpy(), block_groups.layout(vectors, kind))
 
 
 # The AVX-VNNI build with its one VNNI instruction done exactly by AVX2 ones, so that its code runs

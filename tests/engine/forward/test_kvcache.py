@@ -4,6 +4,7 @@ import torch
 
 from specdeck.engine import DecodeConfig, DraftModelDrafter, TokenEvent, encode_prompt, generate
 from specdeck.engine.forward.kvcache import CachedModel
+from specdeck.engine.planner.round_shape import ProposalShape
 
 
 def fresh_logits(model, ids: list[int]) -> torch.Tensor:
@@ -33,6 +34,6 @@ def test_draft_cache_after_session_matches_fresh_forward(tiny_pair):
     events = list(generate(target, ids, DecodeConfig(k=3, schedule="constant", max_new_tokens=30), drafter))
     assert any(isinstance(e, TokenEvent) and e.state.value == "rejected" for e in events)
     kept = ids + [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
-    proposal = drafter.propose(kept, 1)
+    proposal = drafter.propose(kept, ProposalShape(1))
     expected = torch.softmax(fresh_logits(draft.model, kept).float(), dim=-1)
     torch.testing.assert_close(proposal.q[0], expected, atol=1e-5, rtol=1e-4)

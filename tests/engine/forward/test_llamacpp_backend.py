@@ -23,8 +23,8 @@ from specdeck.engine.forward.kernel_build import cpu_flags
 from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel, default_params, library
 from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, LAST_STATE_HEAD
-from specdeck.engine.loop.rounds import Schedule
-from specdeck.engine.planner.round_shape import Shape
+from specdeck.engine.loop.schedule import Schedule
+from specdeck.engine.planner.round_shape import ProposalShape, Shape
 from specdeck.engine.sampling import logits_to_probs
 
 pytestmark = pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")
@@ -190,7 +190,7 @@ def test_head_fills_a_gap_from_its_own_predictions(target):
             cut = end - 1 - gap
             drafter.observe(states[len(ids) - 1 : cut])
             drafter.skip(end - 1 - cut)
-            proposal = drafter.propose(text[:end], 1)
+            proposal = drafter.propose(text[:end], ProposalShape(1))
             assert len(proposal.tokens) == 1
             hits[gap] += proposal.tokens[0] == text[end]
     assert hits[0] >= 15 and min(hits[4], hits[12]) >= hits[0] / 3, hits

@@ -12,7 +12,7 @@ from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.forward.linear import PackedLinear, layout_for, packed_available
 from specdeck.engine.forward.row_kernel import KernelLinear
 from specdeck.engine.loading.models import load_model
-from specdeck.engine.loop import rounds
+from specdeck.engine.loop import target_forward
 
 needs_packed = pytest.mark.skipif(not PACKED_PATHS, reason="no product path here keeps a row's bits")
 
@@ -311,7 +311,7 @@ def test_a_fall_back_to_f_linear_is_said_once(tmp_path, monkeypatch, caplog):
     part from plain text at a near-tie, with the reason; a plain session, with nothing to part
     from, says nothing."""
     monkeypatch.setenv("SPECDECK_LINEAR", "dense")
-    monkeypatch.setattr(rounds, "_TOLD", set())
+    monkeypatch.setattr(target_forward, "_TOLD", set())
     target_dir, draft_dir = build_pair(tmp_path, "llama")
     target, draft = load_model(str(target_dir), ON_CPU), load_model(str(draft_dir), ON_CPU)
     ids = encode_prompt(target.tokenizer, "one two three", chat=False)

@@ -22,7 +22,8 @@ from specdeck.engine import (
 from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
 from specdeck.engine.drafting.heads import FeatureHead, head_config
 from specdeck.engine.drafting.suffix import SuffixIndex
-from specdeck.engine.loop.decoding import verify
+from specdeck.engine.loop.draft_tree import DraftTree
+from specdeck.engine.loop.verification import verify
 from specdeck.engine.sampling import logits_to_probs
 
 
@@ -37,8 +38,7 @@ def test_rejection_rule_reproduces_target_distribution():
     counts: dict = {}
     for _ in range(n):
         draft = int(torch.multinomial(q, 1, generator=gen))
-        m, token, _ = verify(Proposal([draft], q[None]), logits, config, gen)
-        first = draft if m == 1 else token
+        first = verify(DraftTree(Proposal([draft], q[None])), logits, config, gen).kept[0]
         counts[first] = counts.get(first, 0) + 1
     stat, df = chi_square(counts, dict(enumerate(p.tolist())), n)
     assert stat < chi_square_quantile(df)
@@ -76,8 +76,8 @@ def test_speculative_sampling_follows_target(tiny_llama, drafter):
 class MisreportedSuffixDrafter(SuffixDrafter):
     """The suffix drafter's drafts with q claimed uniform instead of one-hot: wrong on purpose."""
 
-    def propose(self, ids, k):
-        proposal = super().propose(ids, k)
+    def propose(self, ids, shape):
+        proposal = super().propose(ids, shape)
         return Proposal(proposal.tokens, torch.full_like(proposal.q, 1 / proposal.q.shape[-1]))
 
 
@@ -127,9 +127,9 @@ def test_auto_schedule_sampling_follows_target(tiny_llama, monkeypatch):
     from specdeck.engine.planner.costs import CostCurve
 
     monkeypatch.setattr(
-        "specdeck.engine.loop.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
+        "specdeck.engine.loop.schedule.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
     )
-    monkeypatch.setattr("specdeck.engine.loop.decoding.draft_cost", lambda *args, **kwargs: 0.1)
+    monkeypatch.setattr("specdeck.engine.loop.schedule.draft_cost", lambda *args, **kwargs: 0.1)
     target, draft = tiny_llama
     ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
     base = DecodeConfig(temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=2)

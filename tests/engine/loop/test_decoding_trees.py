@@ -1,5 +1,5 @@
 """Sampling with token trees stays exact: where the first draft is refused, its alternatives are
-tried in turn against the residual (`specdeck.engine.loop.decoding.verify`), and the kept tokens follow the
+tried in turn against the residual (`specdeck.engine.loop.verification.verify`), and the kept tokens follow the
 target's distribution. Chi-square as in `test_decoding_sampling`, with a wrong rule as the control."""
 
 import json
@@ -14,8 +14,9 @@ from specdeck.engine.drafting.drafters import Drafter
 from specdeck.engine.drafting.proposals import Proposal
 from specdeck.engine.events import TokenState, event_to_dict
 from specdeck.engine.export import SessionRecord
-from specdeck.engine.loop.decoding import verify
-from specdeck.engine.loop.rounds import Schedule
+from specdeck.engine.loop.draft_tree import DraftTree
+from specdeck.engine.loop.schedule import Schedule
+from specdeck.engine.loop.verification import verify
 from specdeck.engine.planner.costs import CostCurve
 from specdeck.engine.planner.round_shape import Shape
 from specdeck.engine.sampling import logits_to_probs, sample
@@ -46,10 +47,10 @@ class DecoyDrafter(Drafter):
         self.model = model
 
     @torch.inference_mode()
-    def propose(self, ids, k):
+    def propose(self, ids, shape):
         tokens: list[int] = []
         dists = []
-        for _ in range(k):
+        for _ in range(shape.k):
             logits = self.model(input_ids=torch.tensor([ids + tokens])).logits[0, -1]
             q = 0.1 * logits_to_probs(logits, self.config)
             q[int(logits.argmin())] += 0.9
@@ -77,7 +78,7 @@ def test_alternatives_tried_against_the_residual_give_p():
     refused ones zeroed: the first token follows p over 6000 draws; never zeroing them does not."""
     p = torch.tensor([0.30, 0.25, 0.20, 0.10, 0.08, 0.07])
     q = torch.tensor([0.05, 0.10, 0.05, 0.40, 0.30, 0.10])
-    logits = torch.log(torch.stack([p, p]))
+    logits = torch.log(torch.stack([p] * 5))  # the first draft's row, the bonus row, the alternatives' rows
     config = DecodeConfig(temperature=1.0)
     n = 6000
     for wrong in (False, True):
@@ -86,14 +87,13 @@ def test_alternatives_tried_against_the_residual_give_p():
         taken = 0
         with pytest.MonkeyPatch.context() as patch:
             if wrong:
-                patch.setattr("specdeck.engine.loop.decoding.alternative_chances", unzeroed_chances)
+                patch.setattr("specdeck.engine.loop.verification.alternative_chances", unzeroed_chances)
             for _ in range(n):
                 first = int(torch.multinomial(q, 1, generator=gen))
                 alternatives = [t for t in (0, 1, 2, 5) if t != first][:3]
-                m, token, _ = verify(Proposal([first], q[None]), logits, config, gen, alternatives)
-                out = first if m == 1 else token
-                taken += m == 0 and token in alternatives
-                counts[out] = counts.get(out, 0) + 1
+                verdict = verify(DraftTree(Proposal([first], q[None]), alternatives=alternatives), logits, config, gen)
+                taken += verdict.kept[0] in alternatives
+                counts[verdict.kept[0]] = counts.get(verdict.kept[0], 0) + 1
         stat, df = chi_square(counts, dict(enumerate(p.tolist())), n)
         assert taken > 0.2 * n  # the alternatives decide the token often
         assert (stat > chi_square_quantile(df)) == wrong
@@ -122,7 +122,7 @@ def test_sampled_tree_follows_target(tiny_llama, monkeypatch, rule):
     target, _ = tiny_llama
     monkeypatch.setattr(Schedule, "plan", lambda self: Shape(0, 1, 4))
     if rule != "residual":
-        monkeypatch.setattr("specdeck.engine.loop.decoding.alternative_chances", unzeroed_chances)
+        monkeypatch.setattr("specdeck.engine.loop.verification.alternative_chances", unzeroed_chances)
     ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
     config = replace(SAMPLED, max_new_tokens=2)
     exact = exact_two_token_distribution(target, ids, config)
@@ -191,9 +191,9 @@ def test_sampled_sessions_plan_trees_that_keep_alternatives_and_repeat_for_a_see
     """Under the auto schedule with a verify that costs the same for any size, sampled sessions verify
     trees, keep an alternative to the first draft in some rounds, and give the same text for a seed."""
     monkeypatch.setattr(
-        "specdeck.engine.loop.decoding.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
+        "specdeck.engine.loop.schedule.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
     )
-    monkeypatch.setattr("specdeck.engine.loop.decoding.draft_cost", lambda *args, **kwargs: 0.1)
+    monkeypatch.setattr("specdeck.engine.loop.schedule.draft_cost", lambda *args, **kwargs: 0.1)
     target, _ = tiny_llama
     ids = encode_prompt(target.tokenizer, "Once upon a time", chat=False)
     config = DecodeConfig(temperature=1.0, max_new_tokens=48, lookup=0)

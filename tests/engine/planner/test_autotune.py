@@ -13,13 +13,15 @@ from specdeck.engine.drafting.proposals import Proposal
 from specdeck.engine.drafting.suffix_drafting import SuffixDrafter
 from specdeck.engine.forward import graphed_steps, kernel_build
 from specdeck.engine.forward.kvcache import CachedModel
-from specdeck.engine.loop.rounds import Clock
+from specdeck.engine.loop.clock import Clock
+from specdeck.engine.loop.drafting_step import DraftingStep
+from specdeck.engine.loop.schedule import Schedule
 from specdeck.engine.planner import autotune, costs
 from specdeck.engine.planner.acceptance import CopyAcceptance, DepthAcceptance
 from specdeck.engine.planner.autotune import RoundPlanner
 from specdeck.engine.planner.costs import CostCurve
 from specdeck.engine.planner.description import describe_planner
-from specdeck.engine.planner.round_shape import Shape
+from specdeck.engine.planner.round_shape import ProposalShape, Shape
 
 FLAT = CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0))
 STEEP = CostCurve((1, 2, 4, 8, 16), (10.0, 20.0, 40.0, 80.0, 160.0))
@@ -238,8 +240,8 @@ def _forcing_drafts(monkeypatch, curve: CostCurve = FLAT, draft_ms: float = 0.1)
     number of tokens, the rest of a round: 1 ms each) does not depend on what else runs."""
     ticks = itertools.count()
     monkeypatch.setattr(Clock, "read", staticmethod(lambda: next(ticks) * 1e-3))
-    monkeypatch.setattr("specdeck.engine.loop.decoding.cost_curve", lambda model, cache_dir=None: curve)
-    monkeypatch.setattr("specdeck.engine.loop.decoding.draft_cost", lambda drafter, *args, **kwargs: draft_ms)
+    monkeypatch.setattr("specdeck.engine.loop.schedule.cost_curve", lambda model, cache_dir=None: curve)
+    monkeypatch.setattr("specdeck.engine.loop.schedule.draft_cost", lambda drafter, *args, **kwargs: draft_ms)
     # the tiny models' drafts are all unlikely (their top probabilities are a few percent): verify them anyway
     monkeypatch.setattr(RoundPlanner, "first_floor", lambda self, width: 0.0)
 
@@ -272,7 +274,8 @@ class _Wrong(Drafter):
     def __init__(self, token: int) -> None:
         self.token = token
 
-    def propose(self, ids, k):
+    def propose(self, ids, shape):
+        k = shape.k
         q = torch.zeros(k, self.vocab_width)
         q[:, self.token] = 1.0
         return Proposal([self.token] * k, q)
@@ -364,18 +367,23 @@ def test_a_tree_is_planned_at_what_trees_cost(tree_cost):
 @pytest.mark.parametrize("hybrid", [False, True])
 def test_a_chain_stops_where_its_drafts_are_unlikely_to_pass(tiny_pair, hybrid):
     """A round's floors cut a model drafter's chain where the product of its top probabilities
-    falls below them: no floors, all K drafts; a floor of 1 after the first, one draft; also a
-    model drafter with a suffix copier (the hybrid)."""
+    falls below them: no floors, all K drafts; a floor of 1 after the first, one draft. The round's
+    floors reach the model drafter past its copier (prompt lookup, or a hybrid's suffix drafter)
+    where the copier finds nothing to copy."""
     target, draft = tiny_pair
     drafter: Drafter = DraftModelDrafter(draft.model)
     if hybrid:
-        drafter = drafter.with_copier(SuffixDrafter(min_score=2.0))
+        drafter = drafter.copying_first(SuffixDrafter(min_score=2.0))
+    config = DecodeConfig(k=4)
     ids = encode_prompt(target.tokenizer, "The quick brown fox", chat=False)
     lengths = []
     for floors in [(), (0.0, 1.0, 1.0, 1.0)]:
-        drafter.begin(ids, DecodeConfig(k=4), target.vocab_width, None)
-        drafter.floors = floors
-        lengths.append(len(drafter.propose(ids, 4).tokens))
+        drafting = DraftingStep(drafter, config, target.vocab_width, target.device)
+        drafting.begin(ids, torch.Generator())
+        shape = Shape(config.lookup, 4, 1, floors)
+        round_drafts = drafting.propose(ids, shape, room=16, schedule=Schedule(config, config.lookup, None))
+        assert not round_drafts.copied
+        lengths.append(len(round_drafts.tokens))
     assert lengths == [4, 1]
 
 
@@ -392,8 +400,7 @@ def test_an_unlikely_first_draft_is_left_for_a_plain_step(tiny_pair):
     drafted = []
     for floor, width in [(top * 1.01, 1), (top * 0.99, 1), (top * 1.01, 3), (top3 * 1.01, 3)]:
         drafter.begin(ids, DecodeConfig(k=1), target.vocab_width, None)
-        drafter.floors, drafter.width = (floor,), width
-        drafted.append(len(drafter.propose(ids, 1).tokens))
+        drafted.append(len(drafter.propose(ids, ProposalShape(1, width, (floor,))).tokens))
     assert drafted == [0, 1, 1, 0]
 
 
