@@ -161,7 +161,7 @@ class ModelPanel(QGroupBox):
         draft_row.addWidget(self._layers_label)
         draft_row.addWidget(self.draft_layers)
         form.addRow("Draft", draft_row)
-        self._show_layers(self.drafter_kind is DrafterKind.LAYER_SKIP)
+        self._show_layers(self.drafter_kind.takes_layers)
         row = QHBoxLayout()
         row.addWidget(self.device, 1)
         row.addWidget(QLabel("dtype"))
@@ -236,13 +236,13 @@ class ModelPanel(QGroupBox):
     def _on_drafter_changed(self, index: int) -> None:
         kind = DRAFTER_KINDS[index]
         self.draft.setEnabled(kind.needs_model)
-        self._show_layers(kind is DrafterKind.LAYER_SKIP)
+        self._show_layers(kind.takes_layers)
         if kind.needs_model and self.draft.value in BUILTIN_DRAFTS:
             self.draft.set_value(kind.builtin_model(DEFAULT_TARGET))  # the built-in one that goes with the kind
 
     def _show_layers(self, shown: bool) -> None:
-        """The layer count beside the draft field only for layer skip, which reads no draft model:
-        for the others the field keeps its width for a model's name."""
+        """The layer count beside the draft field only for a kind that takes one (layer skip), which
+        reads no draft model: for the others the field keeps its width for a model's name."""
         self.draft_layers.setEnabled(shown)
         self.draft_layers.setVisible(shown)
         self._layers_label.setVisible(shown)
@@ -274,7 +274,7 @@ class ModelPanel(QGroupBox):
             self.trust_remote_code.isChecked(),
             backend=self.backend.currentText(),
             target_model=self.served_model.text(),
-            draft_layers=(self.draft_layers.value() or None) if kind is DrafterKind.LAYER_SKIP else None,
+            draft_layers=(self.draft_layers.value() or None) if kind is not None and kind.takes_layers else None,
         )
 
     def show_spec(self, spec: PairSpec) -> None:
@@ -289,7 +289,7 @@ class ModelPanel(QGroupBox):
         self.trust_remote_code.setChecked(spec.trust_remote_code)
         self.draft.setEnabled(spec.drafter.needs_model)
         self.draft_layers.setValue(spec.draft_layers or 0)
-        self._show_layers(spec.drafter is DrafterKind.LAYER_SKIP)
+        self._show_layers(spec.drafter.takes_layers)
 
     def remember(self, *names: str | None) -> None:
         for name in names:

@@ -39,7 +39,7 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.forward.lean_weights import rows_in_8_bits
 from specdeck.engine.loading.models import encode_conversation, encode_prompt
-from specdeck.engine.pair import DrafterKind, ModelPair
+from specdeck.engine.pair import ModelPair
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, what runs now)
 AUTO_K = 0  # a speculative method's K when the auto schedule chooses it each round
@@ -131,7 +131,7 @@ class BenchSettings:
         reads_history = {pair.drafter_description: pair.reads_history for pair in pairs}
         for pair in pairs:
             lookups = (0,) if pair.copies_text else self.lookups
-            copier = "suffix" if pair.drafter_kind is DrafterKind.HYBRID else "prompt lookup"
+            copier = pair.drafter_kind.record.copier if pair.drafter_kind else "prompt lookup"
             methods += [
                 Method("speculative", k, pair.drafter_description, lookup, copier)
                 for k in self.ks

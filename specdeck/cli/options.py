@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from specdeck.engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
+from specdeck.engine.drafting.registry import kinds_reading
 from specdeck.engine.loading.backends import BACKENDS
 from specdeck.engine.pair import DrafterKind, PairSpec
 from specdeck.engine.remote.remote_http import API_KEY_VARIABLE
@@ -56,8 +57,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=defaults.draft_layers,
         metavar="N",
-        help="the layer-skip drafter drafts with the target's first N layers (default: the count with "
-        "the best measured agreement and cost, cached per model)",
+        help=f"the target's first N layers draft ({kinds_reading('--draft-layers')}; default: the count "
+        "with the best measured agreement and cost, cached per model)",
     )
     parser.add_argument("--device", default=defaults.device, help="auto, cpu, cuda, mps")
     parser.add_argument("--dtype", default=defaults.dtype, help="auto, float32, bfloat16, float16")
@@ -121,7 +122,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
         "--suffix-scope",
         choices=SUFFIX_SCOPES,
         default=defaults.suffix_scope,
-        help="what the suffix and hybrid drafters copy from: prompt (this request's text), session "
+        help=f"what the drafters that copy from earlier texts ({kinds_reading('--suffix-scope')}) copy "
+        "from: prompt (this request's text), session "
         "(also earlier answers since SpecDeck started and the target's own texts, made by specdeck "
         "suffix-texts) or all (also past sessions', kept in "
         "the cache folder; specdeck cache --clear forgets them) (default %(default)s)",

@@ -1,5 +1,5 @@
-"""A target/drafter pair: the kinds of drafter (`DrafterKind`), what to load (`PairSpec`) and the
-loaded pair (`ModelPair`).
+"""A target/drafter pair: what to load (`PairSpec`) and the loaded pair (`ModelPair`); what each
+kind of drafter is, `DrafterKind`, is registered in `specdeck.engine.drafting.registry`.
 
 `PairSpec` is the one description of a pair that the command line, the window's model panel and
 the Benchmark tab all build; its defaults are the defaults of all three. It writes itself as the
@@ -10,154 +10,24 @@ http://HOST:PORT/v1`) is a remote target (`specdeck.engine.remote.remote_target`
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from pathlib import Path
 
-from specdeck.engine.drafting.cross_vocab import CrossVocabularyDrafter
-from specdeck.engine.drafting.draft_model import DraftModelDrafter
-from specdeck.engine.drafting.drafters import Drafter, PromptLookupDrafter
-from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+from specdeck.engine.drafting.drafters import Drafter
 from specdeck.engine.drafting.heads import LoadedHead, names_head
-from specdeck.engine.drafting.layer_skip import LayerChoice, LayerSkipDrafter, refusal, refuse_backend
+from specdeck.engine.drafting.layer_skip import LayerChoice
 from specdeck.engine.drafting.past_sessions import PastSessions
+from specdeck.engine.drafting.registry import DrafterKind, TargetPath
 from specdeck.engine.drafting.suffix import SuffixIndex
-from specdeck.engine.drafting.suffix_drafting import HYBRID_MIN_SCORE, SuffixDrafter
 from specdeck.engine.drafting.vocabulary import VocabularyMatch
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.identity import builtin_difference
 from specdeck.engine.loading.models import LoadedModel, LoadOptions
-from specdeck.engine.loading.registry import DEFAULT_DRAFT, DEFAULT_HEAD, DEFAULT_TARGET, LAST_STATE_HEAD
+from specdeck.engine.loading.registry import DEFAULT_HEAD, DEFAULT_TARGET, LAST_STATE_HEAD
 from specdeck.engine.remote.remote_http import DEFAULT_TIMEOUT_S, is_url
 from specdeck.engine.remote.remote_target import RemoteSettings, RemoteTarget
 
-
-class DrafterKind(str, Enum):
-    """What proposes the draft tokens; the value is the kind's command-line name."""
-
-    DRAFT_MODEL = "draft-model"
-    FEATURE_HEAD = "feature-head"
-    PROMPT_LOOKUP = "prompt-lookup"
-    SUFFIX = "suffix"
-    HYBRID = "hybrid"
-    LAYER_SKIP = "layer-skip"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def named(cls, name: str, where: str = "--drafter") -> DrafterKind:
-        """The kind with command-line name `name`, or a `SpecDeckError` listing the kinds."""
-        try:
-            return cls(name.strip())
-        except ValueError:
-            raise SpecDeckError(
-                f"Unknown drafter {name!r} in {where}: choose from {', '.join(kind.value for kind in cls)}."
-            ) from None
-
-    @property
-    def label(self) -> str:
-        """The kind as the window and the reports name it: 'draft model', 'prompt lookup'."""
-        return self.value.replace("-", " ")
-
-    @property
-    def description(self) -> str:
-        return {
-            DrafterKind.DRAFT_MODEL: "a smaller model, of the target's vocabulary or with a tokenizer of its own",
-            DrafterKind.FEATURE_HEAD: "a head on the target's own hidden state (EAGLE), trained for that target",
-            DrafterKind.PROMPT_LOOKUP: "copies what followed an earlier occurrence of the text's last tokens",
-            DrafterKind.SUFFIX: "copies the most frequent continuation from this and earlier texts (--suffix-scope)",
-            DrafterKind.HYBRID: "the suffix drafter's copy where it scores high, else the feature head or the draft "
-            "model --draft names",
-            DrafterKind.LAYER_SKIP: "the target's own first layers and output layer (early exit; --draft-layers)",
-        }[self]
-
-    @property
-    def needs_model(self) -> bool:
-        """Whether the kind loads a model of its own (a draft or a feature head)."""
-        return self in (DrafterKind.DRAFT_MODEL, DrafterKind.FEATURE_HEAD, DrafterKind.HYBRID)
-
-    @property
-    def reads_head(self) -> bool:
-        """Whether the kind drafts with a feature head when its draft names one."""
-        return self in (DrafterKind.FEATURE_HEAD, DrafterKind.HYBRID)
-
-    @property
-    def reads_history(self) -> bool:
-        """Whether the kind drafts from earlier texts (`DecodeConfig.suffix_scope`)."""
-        return self in (DrafterKind.SUFFIX, DrafterKind.HYBRID)
-
-    @property
-    def copies_text(self) -> bool:
-        """Whether the kind copies from the text: prompt lookup never runs before such a drafter."""
-        return self in (DrafterKind.PROMPT_LOOKUP, DrafterKind.SUFFIX)
-
-    @property
-    def hugging_face_runs(self) -> bool:
-        """Whether Hugging Face's assisted generation has this drafter (`assistant_model=`,
-        `prompt_lookup_num_tokens=` or `assistant_early_exit=`); it has none that reads the target's
-        hidden state, nor a suffix one."""
-        return self in (DrafterKind.DRAFT_MODEL, DrafterKind.PROMPT_LOOKUP, DrafterKind.LAYER_SKIP)
-
-    def builtin_model(self, target: str) -> str | None:
-        """The bundled draft or head of this kind for `target`, if SpecDeck ships one: for the
-        built-in target, or a file of the same model (`specdeck.engine.loading.identity`)."""
-        builtin = {
-            DrafterKind.DRAFT_MODEL: DEFAULT_DRAFT,
-            DrafterKind.FEATURE_HEAD: DEFAULT_HEAD,
-            DrafterKind.HYBRID: DEFAULT_HEAD,
-        }.get(self)
-        return builtin if builtin and builtin_difference(target) is None else None
-
-    def describe(self, model: str | None) -> str:
-        """The drafter as reports name it: 'draft NAME', 'feature head NAME', 'prompt lookup'."""
-        if self is DrafterKind.DRAFT_MODEL:
-            return f"draft {model}"
-        if self is DrafterKind.FEATURE_HEAD:
-            return f"feature head {model}"
-        if self is DrafterKind.HYBRID:
-            return "hybrid " + (DrafterKind.FEATURE_HEAD if names_head(model) else DrafterKind.DRAFT_MODEL).describe(
-                model
-            )
-        return self.label
-
-    def make_drafter(self, pair: ModelPair, history: SuffixIndex | None = None) -> Drafter:
-        """A drafter of this kind on `pair` for one session. A suffix drafter (also the hybrid's) reads
-        the pair's history, past sessions and the target's own texts; given `history`, it reads that
-        and the target's texts, and leaves it as it is."""
-        if self is DrafterKind.PROMPT_LOOKUP:
-            return PromptLookupDrafter(device=pair.target.device)
-        if self is DrafterKind.LAYER_SKIP:
-            refuse_backend(pair.target)
-            if pair.layer_choice is None:
-                raise SpecDeckError("The layer-skip drafter's layers were not chosen: load the pair with load_pair.")
-            return LayerSkipDrafter(pair.local_target.torch_model, pair.layer_choice)
-        suffix = None
-        if self in (DrafterKind.SUFFIX, DrafterKind.HYBRID):
-            mine = history is None
-            suffix = SuffixDrafter(
-                pair.history if mine else history,
-                pair.past if mine else None,
-                records=mine,
-                texts=pair.past.target_texts() if pair.past is not None else None,
-                min_score=HYBRID_MIN_SCORE if self is DrafterKind.HYBRID else 0.0,
-                device=pair.target.device,
-            )
-            if self is DrafterKind.SUFFIX:  # it drafts with no model: none is made (a head's takes ~15 ms)
-                return suffix
-        model: Drafter | None = None  # the pair's draft model or feature head, whichever it loaded
-        draft, vocabulary = pair.draft_model, pair.vocabulary
-        if draft is not None and vocabulary is not None and not vocabulary.same:
-            model = CrossVocabularyDrafter(draft.model, vocabulary, name=draft.name, output_ids=draft.output_ids)
-        elif draft is not None:
-            model = DraftModelDrafter(draft.model, name=draft.name, output_ids=draft.output_ids)
-        elif pair.head is not None:
-            model = FeatureHeadDrafter(
-                pair.head.head, pair.local_target.model, name=pair.head.name, output_ids=pair.head.output_ids
-            )
-        if model is None:
-            raise SpecDeckError(f"The {self.label} drafter needs a draft model or a feature head, and none is loaded.")
-        return model.copying_first(suffix) if suffix is not None else model
+__all__ = ["DrafterKind", "ModelPair", "PairSpec", "default_drafter"]
 
 
 DEFAULT_DRAFTER = DrafterKind.PROMPT_LOOKUP  # for targets without a built-in draft
@@ -232,8 +102,9 @@ class PairSpec:
         )
 
     def with_drafter(self, drafter: DrafterKind | None, draft: str | None) -> PairSpec:
-        """The same target and options with another drafter (the layer count only for layer skip)."""
-        layers = self.draft_layers if drafter is DrafterKind.LAYER_SKIP else None
+        """The same target and options with another drafter (the layer count only for a kind that
+        takes one)."""
+        layers = self.draft_layers if drafter is not None and drafter.takes_layers else None
         return replace(self, drafter=drafter, draft=draft, draft_layers=layers)
 
     def resolved(self, backend: str | None = None) -> PairSpec:
@@ -246,16 +117,16 @@ class PairSpec:
         named, is the one on the last state alone: the default head also reads lower layers, which
         llama.cpp does not hand out."""
         drafter, draft = self.drafter, self.draft
-        if drafter is DrafterKind.LAYER_SKIP:
-            if self.remote or backend == "llama.cpp":
-                raise refusal("on a server" if self.remote else "on llama.cpp")
+        if drafter is not None:
+            drafter.refuse(self.path_before_load(backend), draft)
+        if drafter is not None and drafter.takes_layers:
             if draft and not draft.isdigit():  # bench's layer-skip:N names the layers
                 raise SpecDeckError(
-                    f"The layer-skip drafter drafts with the target's own layers, not {draft!r}: give it "
-                    "a number of layers (--draft-layers N, in bench --drafters layer-skip:N) or nothing."
+                    f"The {drafter.label} drafter drafts with the target's own layers, not {draft!r}: give "
+                    f"it a number of layers (--draft-layers N, in bench --drafters {drafter}:N) or nothing."
                 )
             return replace(self, draft=None, draft_layers=int(draft) if draft else self.draft_layers)
-        if drafter is not None and drafter.copies_text and draft:
+        if drafter is not None and not drafter.needs_model and draft:
             raise SpecDeckError(
                 f"The {drafter.label} drafter needs no draft model: drop --draft or choose --drafter draft-model."
             )
@@ -275,7 +146,17 @@ class PairSpec:
             raise SpecDeckError(
                 f"The {drafter} drafter needs a model{why}: pass --draft (in bench --drafters: {drafter}:MODEL)."
             )
+        drafter.refuse(self.path_before_load(backend), draft)
         return replace(self, drafter=drafter, draft=draft)
+
+    def path_before_load(self, backend: str | None = None) -> TargetPath | None:
+        """The path the target runs on where it is known before a torch target loads: a server's
+        address, or llama.cpp (`backend`, what runs the loaded target, or `--backend llama.cpp`)."""
+        if self.remote:
+            return TargetPath.SERVED
+        if backend == "llama.cpp" or (backend is None and self.backend == "llama.cpp"):
+            return TargetPath.LLAMA_CPP
+        return None
 
     def default_note(self, backend: str | None = None) -> str | None:
         """Where no drafter is chosen and SpecDeck's own drafters do not attach to the target, the
@@ -396,7 +277,7 @@ class ModelPair:
         return self.draft_model.model.config.vocab_size != self.local_target.model.config.vocab_size
 
     def make_drafter(self, history: SuffixIndex | None = None) -> Drafter | None:
-        """A drafter for one session (`DrafterKind.make_drafter`), or None for plain decoding."""
+        """A drafter for one session (`DrafterRecord.make`), or None for plain decoding."""
         return self.drafter_kind.make_drafter(self, history) if self.drafter_kind else None
 
     @property
@@ -417,8 +298,8 @@ class ModelPair:
     def drafter_description(self) -> str:
         if not self.drafter_kind:
             return ""
-        if self.drafter_kind is DrafterKind.LAYER_SKIP and self.layer_choice is not None:
-            return f"layer skip ({self.layer_choice.describe()})"
+        if self.layer_choice is not None:
+            return f"{self.drafter_kind.label} ({self.layer_choice.describe()})"
         return self.drafter_kind.describe(self.drafter_model) + (
             " (its own tokenizer)" if self.cross_vocabulary else ""
         )

@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.drafting.heads import load_feature_head, names_head
-from specdeck.engine.drafting.layer_skip import choose_layers, refuse_backend
-from specdeck.engine.drafting.vocabulary import match_vocabularies
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event
 from specdeck.engine.forward.lean_weights import weights_of
 from specdeck.engine.forward.llama_families import supports
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
-from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer
 from specdeck.engine.loop.decoding import generate
-from specdeck.engine.pair import DrafterKind, ModelPair, PairSpec
+from specdeck.engine.pair import ModelPair, PairSpec
 from specdeck.engine.remote.remote_http import redact_url
 from specdeck.engine.remote.remote_target import RemoteTarget, connect
 
@@ -111,39 +106,20 @@ def _resolve_all(specs: Sequence[PairSpec], backend: str | None = None) -> list[
 
 
 def _attach_drafter(target_model: LoadedModel | RemoteTarget, spec: PairSpec, progress: Progress | None) -> ModelPair:
-    """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), loading
-    its draft or head."""
-    draft_model = head = vocabulary = None
-    if spec.drafter is DrafterKind.LAYER_SKIP:
-        refuse_backend(target_model)
-        assert isinstance(target_model, LoadedModel)  # refuse_backend refuses a served one
-        return ModelPair(
-            target_model,
-            drafter_kind=spec.drafter,
-            layer_choice=choose_layers(target_model, spec.draft_layers, progress),
-        )
-    if spec.drafter is None or not spec.drafter.needs_model:
-        return ModelPair(target_model, None, spec.drafter, None)
-    if not spec.draft:  # `PairSpec.resolved` names one for every kind that needs it
-        raise SpecDeckError(f"The {spec.drafter.label} drafter needs a model: name one with --draft.")
-    if spec.drafter is DrafterKind.DRAFT_MODEL and names_head(spec.draft):
-        raise SpecDeckError(f"{spec.draft} is a feature head, not a draft model: choose the feature-head drafter.")
-    if spec.drafter is DrafterKind.FEATURE_HEAD or (spec.drafter is DrafterKind.HYBRID and names_head(spec.draft)):
-        if isinstance(target_model, RemoteTarget):
-            raise SpecDeckError(
-                "A feature head drafts from the target's hidden states, which a server does not "
-                "return: choose the draft-model, prompt-lookup or suffix drafter for a remote target."
-            )
-        head = load_feature_head(spec.draft, target_model, progress)
-    else:
-        options = spec.load_options
-        if gguf_file(spec.draft) is None:  # a draft that is no GGUF file runs on torch, whatever runs the target
-            options = replace(options, backend="torch")
-        draft_model = load_model(spec.draft, options, progress)
-        vocabulary = match_vocabularies(target_model, draft_model)
-        if progress and not vocabulary.same:
-            progress(f"{draft_model.name} and {target_model.name}: {vocabulary.describe()}")
-    return ModelPair(target_model, draft_model, spec.drafter, head, vocabulary=vocabulary)
+    """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), with
+    what its kind drafts with loaded beside the target (`DrafterKind.load`), or refused where the
+    kind does not run on the target's path."""
+    if spec.drafter is None:
+        return ModelPair(target_model)
+    models = spec.drafter.load(target_model, spec.draft, spec.draft_layers, spec.load_options, progress)
+    return ModelPair(
+        target_model,
+        models.draft,
+        spec.drafter,
+        models.head,
+        vocabulary=models.vocabulary,
+        layer_choice=models.layer_choice,
+    )
 
 
 def run_session(

@@ -89,21 +89,15 @@ def candidates(total: int) -> list[int]:
     return sorted({min(total - 1, max(1, round(total * share))) for share in SHARES if total > 1})
 
 
-def refusal(where: str) -> SpecDeckError:
-    """Why a target `where` ("on llama.cpp", "on a server") takes no layer-skip drafter, and what does run there."""
-    return SpecDeckError(
-        f"The layer-skip drafter drafts with the target's own first layers, which a target {where} does "
-        "not expose: load it with --backend torch, or choose the prompt-lookup or suffix drafter (or "
-        "draft-model, with a draft model) there."
-    )
-
-
 def refuse_backend(target: LoadedModel | object) -> None:
-    """`refusal` where the target runs outside torch in this process (llama.cpp, a server)."""
-    if not isinstance(target, LoadedModel):
-        raise refusal("on a server")
-    if isinstance(target.model, LlamaCppModel):
-        raise refusal("on llama.cpp")
+    """Refuse a target run outside torch in this process (llama.cpp, a server), whose layers the
+    partial model cannot share (the session refuses them first, `specdeck.engine.drafting.registry`)."""
+    where = "on a server" if not isinstance(target, LoadedModel) else "on llama.cpp"
+    if not isinstance(target, LoadedModel) or isinstance(target.model, LlamaCppModel):
+        raise SpecDeckError(
+            f"The layer-skip drafter drafts with the target's own first layers, which a target {where} "
+            "does not expose: load it with --backend torch."
+        )
 
 
 def partial_model(model: PreTrainedModel, layers: int) -> PreTrainedModel:

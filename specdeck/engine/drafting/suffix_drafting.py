@@ -1,5 +1,5 @@
 """Suffix drafting (SuffixDecoding, Oliaro et al. 2024; vLLM's `suffix` method): drafts copied from
-text already written, and the hybrid that copies them before a model drafter.
+text already written, which the hybrid copies before a model drafter.
 
 - `SuffixDrafter` finds the longest suffix of the kept tokens that occurred earlier, in this
   request's own text (prompt and answer so far) and in the earlier texts its scope allows

@@ -171,7 +171,7 @@ def test_expected_speedup_weighs_agreement_against_cost():
 )
 def test_target_elsewhere_is_refused_with_what_runs_there(spec, backend, where):
     """A served target or one on llama.cpp gets one message naming the drafters that work there."""
-    with pytest.raises(SpecDeckError, match=f"a target {where} does not expose.*prompt-lookup or suffix"):
+    with pytest.raises(SpecDeckError, match=f"does not run {where}: .*does not expose.*prompt-lookup, suffix"):
         spec.resolved(backend)
 
 

@@ -2,19 +2,16 @@
 127.0.0.1 with the built-in GGUF (flash attention and a q8_0 KV cache, so that its one-token and
 many-token forwards give the same logits); its faults against a small stub server."""
 
-import importlib.util
 import json
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from serving import free_port, post, wait_until_serving
+from serving import NOT_SERVED, SERVED, free_port, llama_cpp_server, post
 
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
@@ -30,24 +27,8 @@ from specdeck.engine.remote.remote_target import RemoteSettings, RemoteTarget, c
 from specdeck.engine.session import load_pair
 from specdeck.engine.stats import expected_tokens_per_round, remote_tokens_per_s
 
-SERVED = importlib.util.find_spec("llama_cpp") is not None and all(
-    importlib.util.find_spec(name) is not None for name in ("fastapi", "uvicorn", "sse_starlette", "pydantic_settings")
-)
-needs_server = pytest.mark.skipif(
-    not SERVED, reason='llama_cpp or its server extra is not installed (pip install "llama-cpp-python[server]==0.3.36")'
-)
+needs_server = pytest.mark.skipif(not SERVED, reason=NOT_SERVED)
 GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=16)
-
-
-# `python -m llama_cpp.server`, with the weights kept out of ggml's AMX buffers where the CPU has AMX
-# (their product crashes the server at its first request there; `specdeck.engine.forward.llamacpp_backend.model_params`)
-SERVER_WITHOUT_AMX_BUFFERS = """
-import llama_cpp
-from llama_cpp.server.__main__ import main
-from specdeck.engine.forward.llamacpp_backend import model_params
-llama_cpp.llama_cpp.llama_model_default_params = lambda: model_params(llama_cpp)
-main()
-"""
 
 
 @pytest.fixture(scope="module")
@@ -59,43 +40,8 @@ def server_log(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(server_log):
     """The base URL of a llama-cpp-python server on the built-in GGUF, model name "target"."""
-    if not SERVED:
-        pytest.skip('llama_cpp or its server extra is not installed (pip install "llama-cpp-python[server]==0.3.36")')
-    port = free_port()
-    command = [
-        sys.executable,
-        "-c",
-        SERVER_WITHOUT_AMX_BUFFERS,
-        "--model",
-        str(BUILTIN_MODELS[DEFAULT_TARGET].path()),
-        "--model_alias",
-        "target",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_threads",
-        "1",
-        "--logits_all",
-        "true",
-        "--flash_attn",
-        "true",
-        "--type_k",
-        "8",
-        "--type_v",
-        "8",
-        "--verbose",
-        "true",
-    ]
-    with open(server_log, "wb") as log:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        wait_until_serving(process, url, "llama-cpp-python's server", 60)
+    with llama_cpp_server(BUILTIN_MODELS[DEFAULT_TARGET].path(), log=server_log) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def server_greedy(url: str, prompt_text: str, n: int) -> str:
