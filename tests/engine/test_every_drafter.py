@@ -111,10 +111,6 @@ def pairs(request):
             else:
                 patch.setenv(name, value)
         if path.path is TargetPath.SERVED:
-            # every round verified by the server's own continuation: scoring the drafts as prompt
-            # recomputes the whole text's log-probabilities at each request, seconds each on a busy CPU
-            # (both give the server's greedy text, `specdeck.engine.remote.remote_target`)
-            patch.setattr("specdeck.engine.remote.remote_target.SCORE_BELOW", 0)
             with llama_cpp_server(BUILTIN_MODELS[DEFAULT_TARGET].path()) as url:
                 yield _load(PairSpec(url, target_model="target"), path)
         else:

@@ -12,14 +12,14 @@ a remote target decodes greedily, and refuses sampling saying so.
 
 How each server is asked (`owned_by` in its `/v1/models` answer says which one it is), with
 `RemoteSettings.verify` "score" (the drafts scored as prompt) or "continue" (the server's own
-greedy continuation compared with the drafts, `remote_continuation`); "auto" scores while the
-context is short (`SCORE_BELOW` tokens: one batched forward beats K + 1 decode steps there) and
-from there on takes the way whose round does not recompute the whole context on that server:
+greedy continuation compared with the drafts, `remote_continuation`); "auto" takes the way whose
+round does not recompute the whole context on that server, and on vLLM scores while the context
+is short (`SCORE_BELOW` tokens: one batched forward beats K + 1 decode steps there):
 - SGLang (auto: score): `/generate` with `input_ids`, `return_logprob`, `logprob_start_len`,
   `top_logprobs_num`, which scores the new positions after its radix cache's prefix.
 - vLLM (auto: score, then continue): `/v1/completions` with the prompt as token ids, and `prompt_logprobs`
   (its extension) to score, which skips its prefix cache.
-- otherwise, llama-cpp-python's server (auto: score, then continue): `/v1/completions`, with `echo` and
+- otherwise, llama-cpp-python's server (auto: continue): `/v1/completions`, with `echo` and
   `logprobs` to score, which turns every prompt position into log-probabilities in Python. It
   takes text only, so the text is first sent to its `/extras/tokenize` to check that the server
   reads back the very ids SpecDeck holds; drafts it would read otherwise are cut off before the
@@ -191,10 +191,10 @@ def _scoring(server: str, verify: str, tokenizer) -> Scoring:
     if server == "vllm":
         scoring: Scoring = VllmScoring(TOP_LOGPROBS, vocab)
         continuing: Scoring = VllmContinuing(TOP_LOGPROBS, vocab, eos)
-    else:
+        if verify == "auto":
+            return ByContext(scoring, continuing, SCORE_BELOW)
+    else:  # llama-cpp-python's echo is slow at any context: auto continues there
         scoring, continuing = EchoScoring(tokenizer, TOP_LOGPROBS), EchoContinuing(tokenizer, TOP_LOGPROBS)
-    if verify == "auto":
-        return ByContext(scoring, continuing, SCORE_BELOW)
     return scoring if verify == "score" else continuing
 
 
