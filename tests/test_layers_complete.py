@@ -23,10 +23,10 @@ ROOMS = [f"engine/{room}" for room in ("loop", "drafting", "planner", "loading",
 PACKAGE = ROOT / "specdeck"
 
 
-@pytest.mark.parametrize("folder", ["engine", "app", "bench", "train", *ROOMS])
+@pytest.mark.parametrize("folder", ["engine", "app", "cli", "bench", "train", *ROOMS])
 def test_every_module_is_in_a_layer(folder):
-    """Each module (and each sub-package, as one) of engine/, its rooms, app/, bench/ and train/ is
-    named in its folder's layers contract."""
+    """Each module (and each sub-package, as one) of engine/, its rooms, app/, cli/, bench/ and
+    train/ is named in its folder's layers contract."""
     modules = {p.stem for p in (PACKAGE / folder).glob("*.py") if p.stem != "__init__"}
     modules |= {p.name for p in (PACKAGE / folder).iterdir() if (p / "__init__.py").is_file()}
     missing = sorted(modules - _layered("specdeck." + folder.replace("/", ".")))
