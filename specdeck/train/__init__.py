@@ -17,5 +17,5 @@ RUN_STATE = (
     "head",
     "draft",
 )
-# What `specdeck head-data` grows in its folder: the store's manifest and its shards
-STORE_STATE = ("manifest.json", "shard-*.pt")
+# What `specdeck head-data` grows in its folder: the store's manifest, its plan and its shards
+STORE_STATE = ("manifest.json", "plan.pt", "shard-*.pt")
