@@ -1,6 +1,6 @@
 """Helpers for tests that start a real OpenAI-compatible server on 127.0.0.1 (llama-cpp-python's,
 vLLM's): a free port, a JSON request, waiting for the server to answer, and llama-cpp-python's
-server on a GGUF file."""
+server on a GGUF file; and a fake server's plumbing (`FakeServer`, `QuietHandler`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,40 @@ def llama_cpp_server(model: Path, name: str = "target", log: Path | None = None)
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A fake server's request handler: silent, reading JSON bodies, replying with whole bodies."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def body(self) -> dict:
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+
+    def reply(self, answer: dict | bytes, kind: str = "application/json") -> None:
+        data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class FakeServer:
+    """A fake server on a free port of 127.0.0.1, answering with `handler`, serving inside `with`;
+    `url` is its API's base address."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()

@@ -7,17 +7,15 @@ field) are refused with a message naming the server and what was wrong. A script
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import random
-import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from serving import FakeServer, QuietHandler
 
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.drafting.drafters import PromptLookupDrafter
@@ -39,35 +37,22 @@ PROFILE = settings(
 )
 
 
-class Scripted:
+class Scripted(FakeServer):
     """A server on a free port of 127.0.0.1 that answers each request with `answer(path, body)`."""
 
     def __init__(self) -> None:
         scripted = self
         self.answer = lambda path, body: {}
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
-                self._reply(scripted.answer(self.path, None))
+                self.reply(scripted.answer(self.path, None))
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                self._reply(scripted.answer(self.path, body))
+                body = self.body()
+                self.reply(scripted.answer(self.path, body))
 
-            def _reply(self, answer: dict) -> None:
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        super().__init__(Handler)
 
     def serve(self, answer: dict) -> Endpoint:
         """An endpoint on this server, which now gives `answer` to every request."""
@@ -77,11 +62,8 @@ class Scripted:
 
 @pytest.fixture(scope="module")
 def served():
-    scripted = Scripted()
-    scripted.thread.start()
-    yield scripted
-    scripted.server.shutdown()
-    scripted.server.server_close()
+    with Scripted() as scripted:
+        yield scripted
 
 
 @pytest.fixture(scope="module")

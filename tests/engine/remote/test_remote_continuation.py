@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import random
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from serving import FakeServer, QuietHandler
 
 from specdeck.cli.run import format_summary
 from specdeck.engine.config import DecodeConfig
@@ -45,7 +44,7 @@ def row(prefix: list[int], vocab: int) -> dict[int, float]:
     return {best: -0.05, **{t: -4.0 - i for i, t in enumerate(rest) if t != best}}
 
 
-class CachingServer:
+class CachingServer(FakeServer):
     """A fake server of `kind` ("vllm", "sglang") that keeps the token ids it computed and reports,
     per request, the prompt tokens it read from that cache; `extra_rows` rows more than asked make
     its continuation answers faulty."""
@@ -55,37 +54,15 @@ class CachingServer:
         self.cached: list[int] = []
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
-                self._reply({"object": "list", "data": [{"id": "target", "owned_by": fake.kind}]})
+                self.reply({"object": "list", "data": [{"id": "target", "owned_by": fake.kind}]})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                self._reply(fake.sglang(body) if self.path == "/generate" else fake.vllm(body))
+                body = self.body()
+                self.reply(fake.sglang(body) if self.path == "/generate" else fake.vllm(body))
 
-            def _reply(self, answer: dict) -> None:
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> CachingServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+        super().__init__(Handler)
 
     def _reuse(self, prompt: list[int], usable: bool, block: int) -> int:
         """The prompt tokens read from the cache (whole blocks of `block`), which then holds `prompt`."""
@@ -219,7 +196,7 @@ def test_an_unknown_way_to_verify_is_refused(tokenizer):
             connect(RemoteSettings(server.url, "target", 10.0, "fast"), tokenizer)
 
 
-class StreamingServer:
+class StreamingServer(FakeServer):
     """A fake llama-cpp-python server: `/extras/tokenize` with the real tokenizer, and a streamed
     continuation that writes `written` (token ids) and then the end-of-text token, which it leaves
     out of the stream as llama-cpp-python does; each chunk names tokens by their text."""
@@ -228,17 +205,14 @@ class StreamingServer:
         fake = self
         self.requests: list[dict] = []
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
-                self._reply(json.dumps({"object": "list", "data": [{"id": "target"}]}).encode())
+                self.reply({"object": "list", "data": [{"id": "target"}]})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                body = self.body()
                 if self.path == "/extras/tokenize":
-                    return self._reply(json.dumps({"tokens": tokenizer.encode(body["input"])}).encode())
+                    return self.reply({"tokens": tokenizer.encode(body["input"])})
                 fake.requests.append(body)
                 chunks = []
                 for token in written[: body["max_tokens"]]:
@@ -248,27 +222,9 @@ class StreamingServer:
                 finish = "stop" if body["max_tokens"] > len(written) else "length"
                 chunks.append({"choices": [{"text": "", "logprobs": None, "finish_reason": finish}]})
                 events = "".join(f"data: {json.dumps(c)}\r\n\r\n" for c in chunks) + "data: [DONE]\r\n\r\n"
-                return self._reply(events.encode(), "text/event-stream")
+                return self.reply(events.encode(), "text/event-stream")
 
-            def _reply(self, data: bytes, kind: str = "application/json") -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> StreamingServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+        super().__init__(Handler)
 
 
 def test_a_streamed_continuation_that_ends_the_text_ends_the_session(tokenizer):
