@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from specdeck.engine.forward import gguf_blocks
+from specdeck.engine.forward import gguf_blocks, weight_arena
 from specdeck.engine.forward.hf_parts import input_embedding, output_projection
 from specdeck.engine.forward.linear import PACKED, Linear, PathChoice, choose_path, make_linear
 from specdeck.engine.forward.token_rows import BlockEmbedding, TokenRows
@@ -211,6 +211,10 @@ def _read(model: PreTrainedModel) -> LeanWeights:
     if blocks and blocks.used:
         count = len(layers) * 4 + (output is not None)
         choice = replace(choice, reason=f"{choice.reason}; {blocks.summary(count)}")
+    if choice.path == "kernel":  # a step streams them from memory: one run on huge pages (`weight_arena`)
+        weight_arena.gather(
+            [p for layer in layers for p in (layer.qkv, layer.out, layer.gate_up, layer.down)] + [output]
+        )
     for param, *_ in released.parts:  # the packed products hold these now
         param.data = torch.zeros((), dtype=param.dtype, device=param.device).expand(param.shape)
     if released.parts:
