@@ -3,7 +3,7 @@
 A decode step on the row kernel streams every weight once from memory, so the step runs at the
 pace memory delivers. Each product packed on its own sits in a buffer of a few hundred kilobytes to
 a few megabytes in ordinary 4 KiB pages: streaming SmolLM2-135M's 145 MB (Q8_0) crosses 35,000
-pages, a translation missed at each. `gather` copies the products' packed weights, one after
+pages, each an address translation of its own. `gather` copies the products' packed weights, one after
 another in a step's order, into one private anonymous mapping advised to use transparent huge
 pages (`madvise(MADV_HUGEPAGE)`, 2 MiB each on x86-64, where the system's
 /sys/kernel/mm/transparent_hugepage/enabled is "madvise" or "always"), and points each product at
@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20  # x86-64's transparent huge page: a mapping of whole ones starts on one (Linux 6.7 on)
 ALIGN = 64  # each part starts on a cache line
+# Less than this is left where it is: weights that fit a large L3 cache hardly stream from memory,
+# and the mapping's rounding to whole huge pages would add up to a sixteenth to them.
+SMALLEST = 16 * HUGE_PAGE
 
 
 def packed_parts(products: list) -> list[KernelLinear | QuantizedLinear]:
@@ -38,16 +41,16 @@ def packed_parts(products: list) -> list[KernelLinear | QuantizedLinear]:
     return parts
 
 
-def gather(products: list) -> mmap.mmap | None:
+def gather(products: list, smallest: int = SMALLEST) -> mmap.mmap | None:
     """Move the packed weights of `products` (in the order a step multiplies them) into one mapping
     on huge pages, each product's `_packed` a view of its part; the mapping, or None where nothing
-    moved. A product's own buffer is freed as soon as its part is filled, so the move holds one
-    product's bytes twice at most. Call it before anything keeps a pointer into the buffers (the
-    fused layers' `FusedLayers` does)."""
+    moved (under `smallest` bytes, or no such advice here). A product's own buffer is freed as soon
+    as its part is filled, so the move holds one product's bytes twice at most. Call it before
+    anything keeps a pointer into the buffers (the fused layers' `FusedLayers` does)."""
     parts = packed_parts(products)
-    if not parts or not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(mmap, "MAP_PRIVATE"):
-        return None
     sizes = [-(-part._packed.nbytes // ALIGN) * ALIGN for part in parts]
+    if sum(sizes) < max(smallest, 1) or not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(mmap, "MAP_PRIVATE"):
+        return None
     # whole huge pages: the kernel then starts the mapping on one
     length = -(-sum(sizes) // HUGE_PAGE) * HUGE_PAGE
     try:
