@@ -119,7 +119,9 @@ class RoundEvent:
     not); `server_cache_hit`, whether the server reported reusing a cached prefix (None: not
     reported); `recomputed_tokens`, the prompt tokens the server reported computing for the round
     (about K + 1 where its prefix cache held the context, the whole context where it recomputed
-    it; None: not reported). All four are None for a local target."""
+    it; None: not reported). All four are None for a local target. `continued`: the tokens kept
+    after the target's own token, where a served target answered with its continuation and the round
+    kept all of it (`specdeck.engine.remote.remote_continuation`); 0 otherwise."""
 
     round: int
     drafted: int
@@ -139,6 +141,7 @@ class RoundEvent:
     server_ms: float | None = None
     server_cache_hit: bool | None = None
     recomputed_tokens: int | None = None
+    continued: int = 0
 
 
 @dataclass(frozen=True, slots=True)
