@@ -23,7 +23,8 @@ class TokenState(str, enum.Enum):
     # tree's alternative left untried when the first draft or an earlier alternative passed): not kept
     RESAMPLED = "resampled"  # the target's replacement for the first rejected draft token: kept
     BONUS = "bonus"  # every draft token passed; the target's next token comes free: kept
-    PLAIN = "plain"  # plain decoding, one target forward per token: kept
+    PLAIN = "plain"  # the target's own token, no draft judged (plain decoding; a served target's
+    # continuation after the round's own token): kept
 
     @property
     def kept(self) -> bool:
