@@ -168,9 +168,9 @@ def _continued(verdict: Verdict, logits: torch.Tensor) -> Verdict:
     """`verdict` with the rest of a served target's greedy continuation kept after its own token:
     row r's argmax follows the continuation's first r tokens, which the verdict's kept tokens are."""
     start = len(verdict.kept)
-    rest = argmaxes(logits[start:]) if logits.shape[0] > start else []
-    if not rest:
+    if logits.shape[0] == start:
         return verdict
+    rest = argmaxes(logits[start:])
     p_rest = torch.softmax(logits[start:].float(), dim=-1)[torch.arange(len(rest)), torch.tensor(rest)].tolist()
     pieces = verdict.pieces + [None] * len(rest) if verdict.pieces is not None else None
     return replace(
