@@ -35,8 +35,7 @@ pytestmark = pytest.mark.skipif(
 )
 PROMPTS = ["def fibonacci(n):", "The cat sat on the mat. The cat", "Once upon a time,"]
 # the tokens of one KV-cache block, as docs/remote.md recommends: vLLM caches and reports cached tokens
-# in whole blocks, so a round recomputes up to a block (its CPU build's default, 128, cost rounds
-# at 1,500 tokens 2.7x those at 8; 32, 1.4x: docs/journal/2026-11-29-served-pace.md)
+# in whole blocks, so a round recomputes up to a block (docs/journal/2026-11-29-served-pace.md)
 BLOCK = 32
 GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=24)
 
