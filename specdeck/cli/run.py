@@ -44,7 +44,7 @@ def add_run_command(commands) -> None:
 
 def _prompt(args: argparse.Namespace) -> str:
     from specdeck.bench.prompts import read_prompt_text
-    from specdeck.engine.loading.models import check_prompt
+    from specdeck.engine.config import check_prompt
     from specdeck.engine.session import DEFAULT_PROMPT
 
     if args.prompt_file:

@@ -36,16 +36,8 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.hf_parts import output_projection
 from specdeck.engine.forward.lean_weights import output_weight
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel, matrices_of
-from specdeck.engine.loading.models import (
-    HEAD_KEY,
-    OUTPUT_TOKENS_FILE,
-    LoadedModel,
-    Progress,
-    is_head_folder,
-    locate,
-    read_output_tokens,
-)
-from specdeck.engine.loading.registry import BUILTIN_MODELS, BundledModel
+from specdeck.engine.loading.models import OUTPUT_TOKENS_FILE, LoadedModel, Progress, locate, read_output_tokens
+from specdeck.engine.loading.registry import HEAD_KEY, is_head_folder
 
 
 class FeatureHead(torch.nn.Module):
@@ -233,16 +225,6 @@ class LoadedHead:
     name: str
     head: FeatureHead
     output_ids: torch.Tensor | None
-
-
-def names_head(name: str | None) -> bool:
-    """Whether `name` is a feature head we can tell without downloading: a built-in alias or a folder."""
-    if not name:
-        return False
-    if name in BUILTIN_MODELS:
-        entry = BUILTIN_MODELS[name]
-        return isinstance(entry, BundledModel) and is_head_folder(entry.path())
-    return is_head_folder(Path(name).expanduser())
 
 
 def load_feature_head(name: str, target: LoadedModel, progress: Progress | None = None) -> LoadedHead:

@@ -29,6 +29,7 @@ import torch
 from specdeck.engine.atomic import building_folder
 from specdeck.engine.bounded import TooSlow, read_json, within_seconds
 from specdeck.engine.cache import TOKENIZER_SUFFIX
+from specdeck.engine.config import check_prompt
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks
 from specdeck.engine.forward.hf_parts import output_projection
@@ -41,9 +42,7 @@ from specdeck.engine.loading.gguf_checks import check_gguf
 from specdeck.engine.loading.gguf_conversion import conversion_folder, convert_gguf, converted_weights, pending_damage
 from specdeck.engine.loading.hub import hub_message, hub_source
 from specdeck.engine.loading.preflight import check_model_folder
-from specdeck.engine.loading.registry import (
-    BUILTIN_MODELS,
-)
+from specdeck.engine.loading.registry import BUILTIN_MODELS, is_head_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -310,14 +309,6 @@ def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
 
 OUTPUT_TOKENS_FILE = "output_tokens.json"
 TOKENIZER_REFERENCE_FILE = "tokenizer_reference.json"
-HEAD_KEY = "specdeck_head"  # in a feature head's config.json (`specdeck.engine.drafting.heads`)
-
-
-def is_head_folder(path: Path) -> bool:
-    try:
-        return HEAD_KEY in read_json(path / "config.json", "The config")
-    except (SpecDeckError, ValueError, TypeError):
-        return False
 
 
 def tokenizer_source(source: str, progress: Progress | None = None) -> str:
@@ -371,14 +362,6 @@ def _pickle_message(name: str, error: pickle.UnpicklingError) -> str:
 
 
 _CONTENT_MARK = "\ue000specdeck-prompt\ue000"  # private-use characters: no prompt or template holds them
-
-
-def check_prompt(text: str) -> str:
-    """`text`, or a `SpecDeckError` if there is nothing in it to continue or answer (front ends ask
-    before loading models; `encode_prompt` asks again)."""
-    if not text.strip():
-        raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
-    return text
 
 
 MAX_TEMPLATE_CHARS = 256 * 1024  # a chat format takes a few kB; the longest known, tens
