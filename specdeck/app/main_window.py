@@ -5,6 +5,10 @@ The window lays out the views, reads the panels when a button is pressed and han
 the `SessionController`; the views follow the `SessionModel`. It opens the dialogs; its menus and
 shortcuts are the `WindowMenus` it owns (`window_menus`, as `menus`), what it remembers between
 launches `WindowSettings` (`window_settings`).
+
+The window imports only Qt, pyqtgraph and the engine's plain-Python modules; once shown it has the
+model thread import the engine (torch, transformers), with "Starting the engine" and the busy bar
+in the status bar meanwhile (`ModelHost.start_engine`). Run pressed before that waits for it.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from specdeck.app import dialogs
 from specdeck.app.bench_tab import BenchmarkTab
 from specdeck.app.charts import SessionCharts
 from specdeck.app.controller import SessionController
-from specdeck.app.model_host import ModelHost
+from specdeck.app.model_host import STARTING, ModelHost
 from specdeck.app.model_panel import ModelPanel
 from specdeck.app.panels import DecodingPanel
 from specdeck.app.replay import ReplayDialog
@@ -47,6 +51,7 @@ from specdeck.engine.export import SessionRecord
 MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
 CLOSE_WAIT_MS = 1000  # the longest a close waits for the model thread: the app ends within 2 s
 WAITING_WIDTH = 120  # px of the status bar's busy indicator
+READY = "Load a model pair, then Run or Compare."  # the status bar's line once the engine is there
 PROGRESS_WIDTH = 520  # px of the loading dialog: room for a stage's name in two lines
 
 
@@ -103,6 +108,7 @@ class MainWindow(WindowSettings, QMainWindow):
         self.bench_tab.run_button.clicked.connect(self._on_bench_clicked)
         self.bench_tab.cancel_button.clicked.connect(self.controller.cancel_benchmark)
         self.host.load_progress.connect(self._on_load_progress)
+        self.host.engine_started.connect(self._on_engine_started)
         self.host.bench_progress.connect(self.bench_tab.show_progress)
         self.bench_tab.options_changed.connect(self._on_bench_options_changed)
         model.activity_changed.connect(self._on_activity_changed)
@@ -198,7 +204,7 @@ class MainWindow(WindowSettings, QMainWindow):
         self.main_splitter.setStretchFactor(1, 1)
         self.main_splitter.setSizes([self.settings_panel.minimumWidth(), 1000])
         self.setCentralWidget(self.main_splitter)
-        self.statusBar().showMessage("Load a model pair, then Run or Compare.")
+        self.statusBar().showMessage(READY if self.host.engine_ready else STARTING)
 
     # what the buttons start -------------------------------------------------------------------------
 
@@ -209,7 +215,7 @@ class MainWindow(WindowSettings, QMainWindow):
     async def run(self, compare: bool = False) -> None:
         """Run (or compare) with the panels' settings; raises SpecDeckError if they are invalid."""
         config = self.decoding_panel.config()
-        versions = {k: v for k, v in dialogs.versions(None).items() if k in ("Qt", "PySide6", "pyqtgraph")}
+        versions = dialogs.qt_versions()
         await self.controller.run(
             self.model_panel.spec(),
             self.decoding_panel.prompt_text(),
@@ -305,13 +311,27 @@ class MainWindow(WindowSettings, QMainWindow):
         self.replay = ReplayDialog(*records, parent=self)
         self.replay.show()
 
+    def showEvent(self, event) -> None:
+        """The first show starts the engine's import in the model thread, so it runs while the
+        window paints."""
+        super().showEvent(event)
+        self.host.start_engine()
+        self._on_activity_changed(self.session_model.activity)  # the busy bar while it imports
+
+    def _on_engine_started(self, failure: str) -> None:
+        self._on_activity_changed(self.session_model.activity)
+        if failure:
+            self.statusBar().showMessage(failure)
+        elif not self.session_model.activity.busy:
+            self.statusBar().showMessage(READY)
+
     def _on_events_arrived(self, record, batch: tuple) -> None:
         if self.waiting.isVisible() and record.tokens:
             self.waiting.hide()
 
     def _on_activity_changed(self, activity: Activity) -> None:
         busy = activity.busy
-        self.waiting.setVisible(activity.loading or activity.running)
+        self.waiting.setVisible(activity.loading or activity.running or self.host.engine_starting)
         for widget in (
             self.run_button,
             self.compare_button,
