@@ -188,6 +188,9 @@ def import_engine() -> Engine:
     try:
         from specdeck.bench import service
         from specdeck.engine import memory, session
+        from specdeck.engine.quiet import silence_libraries
+
+        silence_libraries()  # SpecDeck reports its own progress; the libraries keep quiet
     finally:
         gc.freeze()
         gc.enable()

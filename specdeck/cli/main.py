@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--demo", action="store_true", help="load the default pair and run a compare session")
     gui.add_argument("--screenshot", default=None, help="with --demo: save a PNG of the window and exit")
     gui.add_argument("--export-csv", default=None, help="with --demo: save the session's CSV")
-    gui.add_argument("--preset", default=None, help="with --demo: the prompt preset to run (default chat)")
+    gui.add_argument("--preset", default=None, help="the prompt preset to open (with --demo: to run; default chat)")
     gui.set_defaults(handler=_cmd_gui)
 
     cache = commands.add_parser(
@@ -137,11 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    silence_libraries()  # SpecDeck reports its own progress; the libraries keep quiet
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["gui"])
+    if args.command != "gui":  # the window's model thread does it as it imports the engine, after the first paint
+        silence_libraries()  # SpecDeck reports its own progress; the libraries keep quiet
     stdout = sys.stdout
     if stdout is not None and not isinstance(stdout, _Output):
         sys.stdout = _Output(stdout)  # type: ignore[assignment]
