@@ -6,8 +6,8 @@ the `SessionController`; the views follow the `SessionModel`. It opens the dialo
 shortcuts are the `WindowMenus` it owns (`window_menus`, as `menus`), what it remembers between
 launches `WindowSettings` (`window_settings`).
 
-The window imports only Qt, pyqtgraph and the engine's plain-Python modules; once shown it has the
-model thread import the engine (torch, transformers), with "Starting the engine" and the busy bar
+The window imports only Qt, pyqtgraph and the engine's plain-Python modules; once painted it has
+the model thread import the engine (torch, transformers), with "Starting the engine" and the busy bar
 in the status bar meanwhile (`ModelHost.start_engine`). Run pressed before that waits for it.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -311,12 +311,13 @@ class MainWindow(WindowSettings, QMainWindow):
         self.replay = ReplayDialog(*records, parent=self)
         self.replay.show()
 
-    def showEvent(self, event) -> None:
-        """The first show starts the engine's import in the model thread, so it runs while the
-        window paints."""
-        super().showEvent(event)
-        self.host.start_engine()
-        self._on_activity_changed(self.session_model.activity)  # the busy bar while it imports
+    def paintEvent(self, event) -> None:
+        """The first paint starts the engine's import in the model thread, on the event loop's next
+        turn: the import holds the interpreter much of the time, and the window is on screen by then
+        rather than black while the two share it."""
+        super().paintEvent(event)
+        if self.host.engine_pending and not self.host.engine_starting:
+            QTimer.singleShot(0, self.host.start_engine)
 
     def _on_engine_started(self, failure: str) -> None:
         self._on_activity_changed(self.session_model.activity)
@@ -331,7 +332,7 @@ class MainWindow(WindowSettings, QMainWindow):
 
     def _on_activity_changed(self, activity: Activity) -> None:
         busy = activity.busy
-        self.waiting.setVisible(activity.loading or activity.running or self.host.engine_starting)
+        self.waiting.setVisible(activity.loading or activity.running or self.host.engine_pending)
         for widget in (
             self.run_button,
             self.compare_button,

@@ -67,10 +67,16 @@ class ModelHost(QObject):
         self.pair: PairInfo | None = None
         self.engine_starting = False  # the model thread was asked to import the engine and has not yet
         self.engine_ready = False
+        self.engine_failed = ""  # why the engine could not be imported, if it could not
+
+    @property
+    def engine_pending(self) -> bool:
+        """Whether the engine is not there yet, and has not failed: starting, or yet to start."""
+        return not (self.engine_ready or self.engine_failed)
 
     def start_engine(self) -> None:
         """Have the model thread import the engine now (once), while the GUI thread goes on."""
-        if not (self.engine_starting or self.engine_ready):
+        if self.engine_pending and not self.engine_starting:
             self.engine_starting = True
             self._start_engine.emit()
 
@@ -166,7 +172,7 @@ class ModelHost(QObject):
     @Slot(str)
     def _on_engine_started(self, failure: str) -> None:
         self.engine_starting = False
-        self.engine_ready = not failure
+        self.engine_ready, self.engine_failed = not failure, failure
         self.engine_started.emit(failure)
 
     @Slot(int, object)

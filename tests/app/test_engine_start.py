@@ -64,6 +64,7 @@ def test_run_before_the_engine_started_waits_visibly_then_runs(qtbot, loop, sett
     window.decoding_panel.chat.setChecked(False)
     window.decoding_panel.max_new_tokens.setValue(20)
     window.show()
+    qtbot.waitUntil(lambda: window.host.engine_starting, timeout=5000)  # after the first paint
     assert window.statusBar().currentMessage() == STARTING and window.waiting.isVisible()
 
     window.run_button.click()
