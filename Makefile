@@ -33,10 +33,11 @@ validators:
 
 # The window's frame test (tests/app/test_frame_fit.py) opens the window on Xvfb with openbox,
 # through Qt's X11 plugin and its libraries; without root or apt-get that test is skipped.
-X11_TEST_PACKAGES := xvfb openbox libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 \
+# packaging/first_launch.py (docs/window.md#the-screenshot) also presses keys with xdotool.
+X11_TEST_PACKAGES := xvfb openbox xdotool libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 \
 	libxcb-render-util0 libxkbcommon-x11-0
 window-frame-tools:
-	@command -v Xvfb >/dev/null && command -v openbox >/dev/null \
+	@command -v Xvfb >/dev/null && command -v openbox >/dev/null && command -v xdotool >/dev/null \
 	|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	     && apt-get install -y -qq $(X11_TEST_PACKAGES) >/dev/null; } \
 	|| echo "Xvfb or openbox missing: the window's frame test will be skipped"

@@ -32,8 +32,9 @@ def test_the_hybrid_runs_where_its_model_runs():
 
 
 def test_every_kind_has_its_record_and_its_code():
-    """Each kind is registered in both tables: what it is (`kinds.RECORDS`) and how it loads and drafts
-    (`registry.REGISTRY`), so none can be offered that no session could make."""
+    """Each kind is registered in both tables, what it is (`specdeck.engine.drafting.kinds.RECORDS`)
+    and how it loads and drafts (`specdeck.engine.drafting.registry.REGISTRY`): none is offered that
+    no session could make."""
     from specdeck.engine.drafting.kinds import RECORDS
     from specdeck.engine.drafting.registry import REGISTRY
 
