@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QEvent, QSettings, Qt, QTimer
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -130,6 +130,7 @@ class MainWindow(WindowSettings, QMainWindow):
         self._progress: QProgressDialog | None = None
         self.model_thread_ended = True  # False after a close that left a load's stage running
         self._on_activity_changed(model.activity)
+        self.installEventFilter(self)  # until the first paint, which starts the engine
         self.resize(1440, 900)
         if settings is not None:
             self._restore_settings(settings)
@@ -311,13 +312,15 @@ class MainWindow(WindowSettings, QMainWindow):
         self.replay = ReplayDialog(*records, parent=self)
         self.replay.show()
 
-    def paintEvent(self, event) -> None:
-        """The first paint starts the engine's import in the model thread, on the event loop's next
-        turn: the import holds the interpreter much of the time, and the window is on screen by then
-        rather than black while the two share it."""
-        super().paintEvent(event)
-        if self.host.engine_pending and not self.host.engine_starting:
+    def eventFilter(self, watched, event) -> bool:
+        """The window's first paint starts the engine's import in the model thread, on the event
+        loop's next turn: the import holds the interpreter much of the time, and the window is on
+        screen by then rather than black while the two share it. The filter then goes, so that no
+        later paint (the busy bar's, many a second) runs Python code in the GUI thread."""
+        if watched is self and event.type() == QEvent.Type.Paint:
+            self.removeEventFilter(self)
             QTimer.singleShot(0, self.host.start_engine)
+        return False
 
     def _on_engine_started(self, failure: str) -> None:
         self._on_activity_changed(self.session_model.activity)
