@@ -1,5 +1,5 @@
 """What a forward and a draft cost on this machine, measured once and kept: the target's cost curve
-(one forward over n new tokens, for the n of `CURVE_TOKENS`, after `CURVE_CONTEXT` cached tokens)
+(one forward over n new tokens, for the n of `CURVE_TOKENS`, after `curve_context` cached tokens)
 and a drafter's milliseconds per token, cached per model, device, machine and product path in
 SpecDeck's cache (`costs/`), measured again where the machine was busy or its pace has moved. The
 auto schedule (`specdeck.engine.planner.autotune`) plans every round with them.
@@ -34,6 +34,7 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks, graphed_steps, kernel_build, linear, row_attention, row_kernel
 from specdeck.engine.forward.hf_parts import input_embedding
 from specdeck.engine.forward.kvcache import CachedModel, synchronize
+from specdeck.engine.forward.llama_cache import LlamaShape
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 from specdeck.engine.planner.round_shape import ProposalShape
 
@@ -43,7 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CURVE_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # new tokens a cost curve is measured at
-CURVE_CONTEXT = 128  # cached tokens the curve is measured after
+CURVE_CONTEXT = 128  # cached tokens the curve is measured after (fewer on large models: `curve_context`)
+# what the keys and values of a measurement's positions may take at most: a 1.7B model's 144 positions
+# (128 cached and 16 new) are 57 MB, which a session's peak memory would carry for a short prompt
+MEASURED_CACHE_BYTES = 32 << 20
 # rounds after a prefill whose times the planner does not learn from: the first steps after it run
 # slow, as after any pause (the machine's caches and clocks after idle time), and learned from they
 # would overprice a plain step for the rest of the session
@@ -62,6 +66,7 @@ class CostCurve:
     forward_ms: tuple[float, ...]
     machine: str = ""
     spread: float = 0.0  # how far its passes disagreed: above NOISY, the machine was busy meanwhile
+    context: int = CURVE_CONTEXT  # cached tokens it was measured after
 
     @property
     def noisy_note(self) -> str:
@@ -103,7 +108,7 @@ def measure_curve(
     model: PreTrainedModel | LlamaCppModel,
     tokens: tuple[int, ...] = CURVE_TOKENS,
     passes: int = 3,
-    context: int = CURVE_CONTEXT,
+    context: int | None = None,
     lm: CachedModel | None = None,
 ) -> CostCurve:
     """Time the model's forward over each number of new tokens after `context` cached ones, on `lm`
@@ -111,11 +116,30 @@ def measure_curve(
     pass), the best of the passes kept, so a burst of other work on the machine spoils one pass,
     not one size. Two passes that agree are enough (a sampled session's first token may wait for
     them); up to `passes` run where they do not. The curve records how far the passes disagreed
-    (the largest relative spread of any size): a noisy machine at the time."""
+    (the largest relative spread of any size): a noisy machine at the time. `context`: by default
+    `curve_context`."""
+    context = curve_context(model) if context is None else context
     with _primed(model, context, max(*tokens, SETTLE + STEPS), lm) as (lm, ids):
         runs = _passes(lm, ids, tokens, context, passes)
     best = [min(r[i] for r in runs) for i in range(len(tokens))]
-    return CostCurve(tuple(tokens), tuple(round(b, 3) for b in best), _machine(lm), round(_spread(runs), 3))
+    return CostCurve(tuple(tokens), tuple(round(b, 3) for b in best), _machine(lm), round(_spread(runs), 3), context)
+
+
+def curve_context(model: torch.nn.Module | LlamaCppModel) -> int:
+    """Cached tokens the model's curve is measured after: `CURVE_CONTEXT`, halved (to 16 at least)
+    while the keys and values of those and the largest forward's tokens would take more than
+    `MEASURED_CACHE_BYTES` in the lean forward's cache, so that measuring adds no more to a
+    session's memory than its first cache takes (`llama_forward.first_capacity`)."""
+    config = getattr(model, "config", None)
+    try:
+        shape = LlamaShape.of(config)
+        per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4  # float32 at most on the CPU
+    except (AttributeError, TypeError, ZeroDivisionError):
+        return CURVE_CONTEXT
+    context = CURVE_CONTEXT
+    while context > 16 and (context + max(CURVE_TOKENS)) * per_position > MEASURED_CACHE_BYTES:
+        context //= 2
+    return context
 
 
 def _passes(lm: CachedModel, ids: list[int], tokens: tuple[int, ...], context: int, passes: int) -> list[list[float]]:
@@ -168,7 +192,7 @@ def first_estimate(model: PreTrainedModel | LlamaCppModel, lm: CachedModel | Non
             times.append(forward_ms(lm, ids[context + 1 : context + 1 + n]))
     # a larger forward measured faster than a smaller one was held up by other work: the smaller's time stands
     times = [max(times[: i + 1]) for i in range(len(times))]
-    return CostCurve(ESTIMATE_TOKENS, tuple(round(t, 3) for t in times), f"{ESTIMATED}, {_machine(lm)}")
+    return CostCurve(ESTIMATE_TOKENS, tuple(round(t, 3) for t in times), f"{ESTIMATED}, {_machine(lm)}", 0.0, context)
 
 
 def _spread(runs: list[list[float]]) -> float:
@@ -179,12 +203,13 @@ def _spread(runs: list[list[float]]) -> float:
 def pace_of(
     model: PreTrainedModel | LlamaCppModel,
     curve: CostCurve,
-    context: int = CURVE_CONTEXT,
+    context: int | None = None,
     lm: CachedModel | None = None,
 ) -> float:
     """This machine's one-token step now over `curve`'s: the best of STEPS steps in a row after
     `context` cached tokens and SETTLE steps more, as `measure_curve` times them (a few tens of ms),
-    on `lm` (emptied after)."""
+    on `lm` (emptied after); `context`: by default the curve's."""
+    context = curve.context if context is None else context
     with _primed(model, context, SETTLE + STEPS, lm) as (lm, ids):
         times = [forward_ms(lm, ids[context + j : context + j + 1]) for j in range(SETTLE + STEPS)]
     return min(times[SETTLE:]) / curve.ms(1)
@@ -292,7 +317,7 @@ def measurement_key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
         machine_name(),
         path,
         repr(CURVE_TOKENS),
-        str(CURVE_CONTEXT),
+        str(curve_context(module)),
         f"one-token steps {STEPS} in a row after {SETTLE}, more tokens the last of three",  # how `measure_curve` times: curves timed otherwise are left
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
@@ -377,7 +402,11 @@ def curve_due(model: PreTrainedModel | LlamaCppModel) -> bool:
 def _as_curve(raw) -> CostCurve:
     """The curve a saved record describes (KeyError, TypeError or ValueError where it is not one)."""
     return CostCurve(
-        tuple(raw["tokens"]), tuple(raw["forward_ms"]), raw.get("machine", ""), float(raw.get("spread", 0.0))
+        tuple(raw["tokens"]),
+        tuple(raw["forward_ms"]),
+        raw.get("machine", ""),
+        float(raw.get("spread", 0.0)),
+        int(raw.get("context", CURVE_CONTEXT)),
     )
 
 

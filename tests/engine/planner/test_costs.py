@@ -1,9 +1,11 @@
 """The target's cost curve is measured on the session's own KV cache, and a greedy session's first
 token does not wait for it."""
 
-from dataclasses import replace
+from dataclasses import asdict, replace
+from types import SimpleNamespace
 
 import pytest
+from transformers import LlamaConfig
 
 from specdeck.engine import DecodeConfig, SummaryEvent, TokenEvent, encode_prompt, generate
 from specdeck.engine.drafting.drafters import PromptLookupDrafter
@@ -97,3 +99,29 @@ def test_a_measurement_leaves_the_cache_it_used_empty(tiny_llama):
     lm.forward([1, 2, 3])
     with pytest.raises(ValueError, match="empty KV cache"):
         costs.first_estimate(target.model, lm)
+
+
+def test_a_large_model_s_curve_is_measured_after_fewer_tokens():
+    """The keys and values a measurement writes (its cached tokens and the largest forward's) take at
+    most `MEASURED_CACHE_BYTES` where the context can shrink: a 1.7B model's curve is measured after
+    64 tokens (31 MB, not 57), a small model's after 128, and a saved curve says after how many."""
+    large = SimpleNamespace(
+        config=LlamaConfig(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=24,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+        )
+    )
+    small = SimpleNamespace(
+        config=LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    )
+    assert costs.curve_context(small) == costs.CURVE_CONTEXT
+    context = costs.curve_context(large)
+    per_position = 2 * 24 * 32 * 64 * 4
+    assert context < costs.CURVE_CONTEXT
+    assert (context + max(costs.CURVE_TOKENS)) * per_position <= costs.MEASURED_CACHE_BYTES
+    assert (2 * context + max(costs.CURVE_TOKENS)) * per_position > costs.MEASURED_CACHE_BYTES
+    curve = costs.CostCurve((1, 16), (10.0, 11.0), "this machine", 0.05, context)
+    assert costs._as_curve(asdict(curve)) == curve
