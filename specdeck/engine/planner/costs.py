@@ -129,7 +129,8 @@ def curve_context(model: torch.nn.Module | LlamaCppModel) -> int:
     """Cached tokens the model's curve is measured after: `CURVE_CONTEXT`, halved (to 16 at least)
     while the keys and values of those and the largest forward's tokens would take more than
     `MEASURED_CACHE_BYTES` in the lean forward's cache, so that measuring adds no more to a
-    session's memory than its first cache takes (`llama_forward.first_capacity`)."""
+    session's memory than its first cache takes
+    (`specdeck.engine.forward.llama_forward.first_capacity`)."""
     config = getattr(model, "config", None)
     try:
         shape = LlamaShape.of(config)
