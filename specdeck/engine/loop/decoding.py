@@ -132,11 +132,12 @@ def generate(
         #    passed, it is the bonus, drawn from p after the last draft: the target's distribution
         #    given every kept token. In a tree whose first draft was refused, its alternatives are
         #    tried before the correction.
-        verdict = verify(draft, logits, config, generator)
+        #    A server that answered with its own greedy continuation has it all kept.
+        verdict = verify(draft, logits, config, generator, continuation=lm.continued)
         # 4. The cache keeps the verdict's path (the newest kept token's row, the accepted drafts'), so
         #    it again holds every kept token but the newest; what the refused drafts and the branches
         #    not taken left there is dropped.
-        lm.keep(verdict.path)
+        lm.keep(verdict.path, verdict.kept)
         clock.verified()
         events = transcript.tokens(draft, verdict, ids)
         schedule.record(shape, draft, verdict.chain_accepted, clock, verdict.kept[0])
