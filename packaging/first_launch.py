@@ -12,7 +12,9 @@ painted, and prints:
   window's right part, found on the painted window);
 - the longest still stretch: the longest time between two grabs that differ, from the window's
   mapping to the first token (the busy bar moves while anything runs, so a stretch is a freeze);
-- the run's end: once the screen has not changed for --settle seconds after the first token.
+- the run's end: the last change before the screen stood still for --settle seconds after the
+  first token (the session's end changes the status bar and the buttons), and the longest still
+  stretch between the first token and it.
 
 The last grab is saved as a PNG (--png; docs/screenshot.png is made this way, see
 docs/window.md#the-screenshot), and with --frames DIR every grab that differed from the one before.
@@ -225,6 +227,8 @@ def report(timeline: Timeline, arguments: argparse.Namespace) -> None:
     print(f"Run to first token:    {seconds(token - run if token and run else None)}")
     print(f"longest still stretch: {still:.1f} s, from {since:.1f} s (mapped to first token)")
     print(f"Run to the end:        {seconds(timeline.ended - run if timeline.ended and run else None)}")
+    still, since = timeline.longest_still(token, timeline.ended)
+    print(f"longest still stretch: {still:.1f} s, from {since:.1f} s (first token to the end)")
     if arguments.png:
         print(f"last grab:             {arguments.png}")
 
@@ -237,7 +241,7 @@ def main() -> int:
     parser.add_argument("--compare", action="store_true", help="press Compare (Ctrl+Shift+Enter) instead of Run")
     parser.add_argument("--png", default=None, help="save the last grab here")
     parser.add_argument("--frames", default=None, help="save every grab that changed into this folder")
-    parser.add_argument("--settle", type=float, default=4.0, help="seconds without change that end the run")
+    parser.add_argument("--settle", type=float, default=15.0, help="seconds without change that end the run")
     parser.add_argument("--seconds", type=float, default=120.0, help="give up after this long")
     arguments = parser.parse_args()
     missing = [tool for tool in ("Xvfb", "openbox", "xdotool") if shutil.which(tool) is None]
