@@ -345,7 +345,8 @@ def run_step(step: Step, seconds: float) -> str:
 def run_check(config: CheckConfig, progress: Callable[[str], None] = print) -> int:
     """Every step within `config.minutes`; 0 where each ended well, 1 otherwise."""
     deadline = time.monotonic() + config.minutes * 60
-    lines = [f"gpu-check on {preflight(config)}"]  # before anything is written: what is missing, at once
+    machine = preflight(config)  # before anything is written: what is missing, at once
+    lines: list[str] = []
     config.out.mkdir(parents=True, exist_ok=True)
     config.work.mkdir(parents=True, exist_ok=True)
 
@@ -356,7 +357,7 @@ def run_check(config: CheckConfig, progress: Callable[[str], None] = print) -> i
         partial.write_text("\n".join(lines) + "\n")
         os.replace(partial, config.out / "summary.txt")
 
-    say(lines.pop())
+    say(f"gpu-check on {machine}")
     _seed_distillation(config)
     failed = False
     for step in plan_steps(config, say):
