@@ -299,8 +299,10 @@ def pack(archive: Path, paths: list[Path]) -> None:
 
 
 def pack_answers(answers: Path, archive: Path) -> None:
-    """The own answers, gzipped into `archive` whenever they have grown since it was written."""
-    if not answers.exists() or (archive.exists() and archive.stat().st_mtime >= answers.stat().st_mtime):
+    """The own answers, gzipped into `archive` whenever they have grown since it was written (the
+    committed ones, dated 1970 when unpacked, never travel back)."""
+    packed = archive.stat().st_mtime if archive.exists() else 0.0
+    if not answers.exists() or packed >= answers.stat().st_mtime:
         return
     partial = archive.with_name(f".{archive.name}.partial")
     with answers.open("rb") as source, gzip.open(partial, "wb", compresslevel=6) as target:
@@ -441,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_check(config)
 
 
-__all__ = ["OUT_FILES", "CheckConfig", "main", "missing_packages", "pack", "run_check", "training_argv"]
+__all__ = ["OUT_FILES", "CheckConfig", "main", "missing_packages", "pack", "pack_answers", "run_check", "training_argv"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -166,3 +166,16 @@ def test_a_step_past_its_budget_is_stopped_and_the_next_one_runs(tmp_path):
     quick = gpu_check.Step("quick", [sys.executable, "-c", "print('done')"], 0, log)
     assert gpu_check.run_step(quick, 30) == "exit status 0"
     assert "begun" in log.read_text() and "done" in log.read_text()
+
+
+def test_only_answers_the_run_made_travel_back(tmp_path):
+    """The committed answers as unpacked are not sent back; once a batch lands, the whole file is."""
+    answers, archive = tmp_path / "answers.pt", tmp_path / "answers.pt.gz"
+    answers.write_bytes(b"committed")
+    os.utime(answers, (0, 0))  # as `_seed_distillation` unpacks them
+    gpu_check.pack_answers(answers, archive)
+    assert not archive.exists()
+    answers.write_bytes(b"committed and one batch more")
+    gpu_check.pack_answers(answers, archive)
+    with gzip.open(archive) as packed:
+        assert packed.read() == b"committed and one batch more"
