@@ -35,7 +35,13 @@ LEGEND = (  # (state, copied, label, what it means)
     ),
     (TokenState.RESAMPLED, False, "resampled", "The target's token in place of the rejected draft"),
     (TokenState.BONUS, False, "bonus", "Every draft passed: the target's next token came free from the same forward"),
-    (TokenState.PLAIN, False, "plain", "Plain decoding: one target forward per token"),
+    (
+        TokenState.PLAIN,
+        False,
+        "plain",
+        "The target's own token, no draft judged: plain decoding, or a served target's continuation after "
+        "the round's own token",
+    ),
     (
         TokenState.ACCEPTED,
         True,

@@ -5,10 +5,11 @@ other round-trip times (`specdeck.engine.stats.remote_tokens_per_s`).
 The model: a round of K drafts keeps L tokens (the measured tokens per round, which the measured
 acceptance at that K gives: (1 - a^(K+1)) / (1 - a) where acceptance does not depend on depth) and
 takes K draft steps, the request measured here (its round trip on this link and the server's
-work) and R more milliseconds of round trip; plain decoding over the same link keeps one token per
-request. So tokens/s = 1000 L / (K d + V + R) against 1000 / (V0 + R), with K the mean drafts per
-round, d the measured draft time per token, V the measured request time per round and V0 plain
-decoding's.
+work) and R more milliseconds of round trip; plain decoding over the same link keeps L0 tokens per
+request (measured: one scored token, or a chunk of the server's own continuation where the server
+continues, `specdeck.engine.remote.remote_continuation`). So tokens/s = 1000 L / (K d + V + R)
+against 1000 L0 / (V0 + R), with K the mean drafts per round, d the measured draft time per token,
+V the measured request time per round and V0 plain decoding's.
 """
 
 from __future__ import annotations
@@ -87,10 +88,10 @@ def split_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]
 
 def latency_rows(results: list[PromptResult], methods: list[Method]) -> list[dict]:
     """The latency model (module docstring) for each speculative method at each added round trip."""
-    _, plain_rounds, _, _, _, plain_verify = _sums(results, Method("plain"))
+    _, plain_rounds, _, plain_kept, _, plain_verify = _sums(results, Method("plain"))
     if not plain_rounds:
         return []
-    plain_request = plain_verify / plain_rounds
+    plain_request, plain_per_round = plain_verify / plain_rounds, plain_kept / plain_rounds
     rows = []
     for method in (m for m in methods if m.name == "speculative"):
         _, rounds, drafted, kept, draft_ms, verify_ms = _sums(results, method)
@@ -100,7 +101,7 @@ def latency_rows(results: list[PromptResult], methods: list[Method]) -> list[dic
             speculative = remote_tokens_per_s(
                 kept / rounds, drafted / rounds, added, draft_ms / drafted, verify_ms / rounds
             )
-            plain = remote_tokens_per_s(1.0, 0, added, 0.0, plain_request)
+            plain = remote_tokens_per_s(plain_per_round, 0, added, 0.0, plain_request)
             rows.append(
                 {
                     "method": method.name,

@@ -29,7 +29,6 @@ from specdeck.bench.tables import (
     shape_rows,
 )
 from specdeck.engine.cache import machine_name
-from specdeck.engine.planner.costs import CURVE_CONTEXT
 
 
 def plan_lines(results: list[PromptResult], methods: list[Method]) -> list[str]:
@@ -53,7 +52,7 @@ def cost_curve_lines(curve, products: str | None = None) -> list[str]:
     ratio = "| x one token | " + " | ".join(f"{t / curve.forward_ms[0]:.2f}" for t in curve.forward_ms) + " |"
     busy = f" It was {curve.noisy_note}." if curve.noisy_note else ""
     return [
-        f"Measured on {curve.machine}, after {CURVE_CONTEXT} cached tokens, best of 2-3 passes "
+        f"Measured on {curve.machine}, after {curve.context} cached tokens, best of 2-3 passes "
         f"(the auto schedule plans with it, scaled by what each session's verifies take).{busy}",
         *([f"Matrix products in this run: {products}."] if products else []),
         "",
@@ -92,7 +91,10 @@ def remote_lines(results: list[PromptResult], methods: list[Method]) -> list[str
         "",
         "draft: the local drafter; network: the request's round trip less the server's own time (all of it "
         "where the server reports none); server: its own time where it reports it. A round with no prefix-cache "
-        "hit made the server recompute the whole context.",
+        "hit made the server recompute the whole context. Where the server answered with its own greedy "
+        "continuation (vLLM from 256 tokens of context on and in rounds without drafts, llama-cpp-python), a "
+        "round kept all of it: the acceptance there shows how often the drafts agreed with the server's text, "
+        "and the speed is the server's own generation (docs/remote.md).",
         "",
         markdown_table(split_rows(results, methods), SPLIT_COLUMNS),
         "",
@@ -100,7 +102,7 @@ def remote_lines(results: list[PromptResult], methods: list[Method]) -> list[str
         "",
         "From the measured tokens per round, drafts per round, draft time per token and request time per "
         "round: a round keeps its tokens for K draft steps, the request measured here and the added round "
-        "trip; plain decoding keeps one token per request (`specdeck.bench.remote_report`). Speculation pays "
+        "trip; plain decoding keeps the tokens measured per request (`specdeck.bench.remote_report`). Speculation pays "
         "where speedup > 1, and pays more the longer the round trip.",
         "",
         markdown_table(latency_rows(results, methods), LATENCY_COLUMNS),

@@ -23,7 +23,8 @@ class TokenState(str, enum.Enum):
     # tree's alternative left untried when the first draft or an earlier alternative passed): not kept
     RESAMPLED = "resampled"  # the target's replacement for the first rejected draft token: kept
     BONUS = "bonus"  # every draft token passed; the target's next token comes free: kept
-    PLAIN = "plain"  # plain decoding, one target forward per token: kept
+    PLAIN = "plain"  # the target's own token, no draft judged (plain decoding; a served target's
+    # continuation after the round's own token): kept
 
     @property
     def kept(self) -> bool:
@@ -119,7 +120,9 @@ class RoundEvent:
     not); `server_cache_hit`, whether the server reported reusing a cached prefix (None: not
     reported); `recomputed_tokens`, the prompt tokens the server reported computing for the round
     (about K + 1 where its prefix cache held the context, the whole context where it recomputed
-    it; None: not reported). All four are None for a local target."""
+    it; None: not reported). All four are None for a local target. `continued`: the tokens kept
+    after the target's own token, where a served target answered with its continuation and the round
+    kept all of it (`specdeck.engine.remote.remote_continuation`); 0 otherwise."""
 
     round: int
     drafted: int
@@ -139,6 +142,7 @@ class RoundEvent:
     server_ms: float | None = None
     server_cache_hit: bool | None = None
     recomputed_tokens: int | None = None
+    continued: int = 0
 
 
 @dataclass(frozen=True, slots=True)

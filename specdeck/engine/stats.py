@@ -31,7 +31,7 @@ def remote_tokens_per_s(kept: float, k: float, round_trip_ms: float, draft_ms: f
     """Tokens/s against a served target: a round of K drafts keeps `kept` tokens (measured, or
     (1 - a^(K+1)) / (1 - a) at acceptance rate a) for K local draft steps of `draft_ms`, one round
     trip and the server's verify time. Plain decoding over the network keeps one token per round
-    trip (kept 1, K 0). Speculation pays where `kept` exceeds 1 + K draft_ms / (round_trip_ms +
+    trip (kept 1, K 0), or a chunk where the server answers with its own continuation. Speculation pays where `kept` exceeds 1 + K draft_ms / (round_trip_ms +
     server_ms): the longer the round trip, the more."""
     return 1e3 * kept / (k * draft_ms + round_trip_ms + server_ms)
 
@@ -48,12 +48,12 @@ class RoundTotals:
     verify_ms: float = 0.0
 
     def count(self, event: RoundEvent) -> None:
-        """Add one round: its drafts, the accepted ones and its kept tokens (those and the
-        target's own token), and its draft and verify time."""
+        """Add one round: its drafts, the accepted ones and its kept tokens (those, the target's
+        own token and a served target's continuation after it), and its draft and verify time."""
         self.rounds += 1
         self.drafted += event.drafted
         self.accepted += event.accepted
-        self.new_tokens += event.accepted + 1
+        self.new_tokens += event.accepted + 1 + event.continued
         self.draft_ms += event.draft_ms
         self.verify_ms += event.verify_ms
 

@@ -15,6 +15,7 @@ from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.loading.models import LoadedModel
 from specdeck.engine.loop.draft_tree import DraftTree
+from specdeck.engine.remote.remote_continuation import PLAIN_CHUNK
 from specdeck.engine.remote.remote_scoring import ServerTime
 from specdeck.engine.remote.remote_target import RemoteTarget
 
@@ -37,6 +38,7 @@ class TargetForward:
     keeps reaches the drafter as a gap (`Drafter.skip`), which changes its drafts, never the text."""
 
     server_time: ServerTime | None = None  # a local forward has no request
+    continued = False  # its rows follow the drafts, never a continuation of its own
 
     def __init__(self, model: PreTrainedModel | LlamaCppModel, drafter: Drafter | None) -> None:
         self.lm = CachedModel(model, taps=drafter.feature_layers if drafter is not None else ())
@@ -75,7 +77,7 @@ class TargetForward:
             return self.lm.forward([newest] + draft.tokens)
         return self.lm.logits(self._hidden)
 
-    def keep(self, path: list[int]) -> None:
+    def keep(self, path: list[int], kept: list[int]) -> None:
         """Keep the last forward's inputs `path` (the newest kept token's row first, then the accepted
         drafts') in the cache after the tokens cached before it; drop the rest."""
         if path[-1] == len(path) - 1:  # a prefix of the forward: crop after it
@@ -94,7 +96,9 @@ class RemoteForward:
     """The target's forwards on a server (`specdeck.engine.remote.remote_target`), with `TargetForward`'s methods:
     `held` plays the KV cache's part (every kept token but the newest), and each round sends it with
     the newest kept token and the drafts in one request. The server's own prefix cache is what keeps
-    a round near K + 1 tokens of work there (`ServerTime.cache_hit`)."""
+    a round near K + 1 tokens of work there (`ServerTime.cache_hit`). Where the server answers with
+    its own continuation (`continued`), the round asks for K + 1 tokens, or for a chunk of up to
+    `PLAIN_CHUNK` without drafts, never more than the session may still keep, and keeps them all."""
 
     supports_trees = False
     reader = None
@@ -108,10 +112,13 @@ class RemoteForward:
         self.target = target
         self.held: list[int] = []
         self.server_time: ServerTime | None = None
-        self._inputs: list[int] = []
+        self.continued = False  # whether the last round's rows are the server's continuation
+        self._left = 0  # tokens the session may still keep
+        self._newest = 0
 
     def prefill(self, prompt_ids: list[int], new_tokens: int) -> None:
         self.held = list(prompt_ids[:-1])
+        self._left = new_tokens
 
     def admit(self, newest: int, draft: DraftTree) -> DraftTree:
         """The draft cut to what the server can read back as the same tokens (`RemoteTarget.admit`)."""
@@ -123,12 +130,17 @@ class RemoteForward:
         return DraftTree(replace(proposal, tokens=tokens, dists=proposal.q[:n], pieces=pieces), copied=draft.copied)
 
     def forward(self, newest: int, draft: DraftTree) -> torch.Tensor:
-        self._inputs = [newest] + draft.tokens
-        logits, self.server_time = self.target.score(self.held + [newest], draft.tokens)
+        ids = self.held + [newest]
+        self._newest = newest
+        self.continued = self.target.continues(ids, draft.tokens)
+        length = len(draft.tokens) + 1 if draft.tokens or not self.continued else min(PLAIN_CHUNK, self._left)
+        logits, self.server_time = self.target.score(ids, draft.tokens, length)
         return logits
 
-    def keep(self, path: list[int]) -> None:
-        self.held += [self._inputs[row] for row in path]
+    def keep(self, path: list[int], kept: list[int]) -> None:
+        """Hold the newest kept token and every token the round `kept` but the last."""
+        self.held += [self._newest] + kept[:-1]
+        self._left -= len(kept)
 
 
 _TOLD: set[str] = set()  # the reasons for an inexact verify already said

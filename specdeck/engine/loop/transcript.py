@@ -9,7 +9,8 @@ A tree's alternatives to the first draft are shown before the round's first kept
 where the first draft was refused, all rejected but the one the target took; sampled, tried in turn
 after the first draft's refusal, those tried and refused rejected, the rest (after the one
 accepted, or all, where the first draft passed) discarded. A stop (an end-of-text token, a stop
-string) cuts a round short, and its counts hold the shown drafts only.
+string) cuts a round short, and its counts hold the shown drafts only. A served target's
+continuation (`Verdict`) adds kept tokens after the target's own, shown plain.
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ class Transcript:
                 events += self._refused_events(shown_here, draft, start)
             accepted = i < verdict.accepted
             final = token in self.eos or self.new_tokens + 1 == self.budget
+            # past the target's own token, a served target's continuation: its text, no draft judged
+            state = TokenState.ACCEPTED if accepted else verdict.last if i == verdict.accepted else TokenState.PLAIN
             events.append(
                 TokenEvent(
-                    TokenState.ACCEPTED if accepted else verdict.last,
+                    state,
                     token,
                     self.detok.push(token, final),
                     self.new_tokens,
@@ -136,6 +139,7 @@ class Transcript:
         accepted = sum(1 for e in events if e.state is TokenState.ACCEPTED)
         discarded = sum(1 for e in events if e.state is TokenState.DISCARDED)
         drafted = accepted + discarded + sum(1 for e in events if e.state is TokenState.REJECTED)
+        kept = sum(1 for e in events if e.state.kept)
         round_event = RoundEvent(
             self.rounds,
             drafted,
@@ -154,6 +158,7 @@ class Transcript:
             server_ms=server.server_ms if server else None,
             server_cache_hit=server.cache_hit if server else None,
             recomputed_tokens=server.recomputed_tokens if server else None,
+            continued=max(kept - accepted - 1, 0),
         )
         out: list[Event] = [*events, round_event]
         for event in out:

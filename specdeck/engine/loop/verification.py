@@ -8,11 +8,17 @@ Leviathan et al. 2023, algorithm 1; Chen et al. 2023: accept d_i with probabilit
 min(1, p_i(d_i) / q_i(d_i)) in order until one is refused; replace the refused one by a draw from
 norm(max(0, p_i - q_i)); when all pass, draw a bonus from p after the last draft. Greedy is the
 temperature-0 case. Trees: SpecInfer (Miao et al. 2024) and EAGLE (Li et al. 2024), below.
+
+A served target may answer with its own greedy continuation instead of scoring the drafts
+(`specdeck.engine.remote.remote_continuation`): row r is then the target's distribution after the
+continuation's first r tokens, and every row's argmax is the target's own greedy token after the
+ones before it, so the verdict keeps all of them, the drafts judged as usual against the rows up to
+the first that parts from the continuation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -46,7 +52,9 @@ class Verdict:
     the kept drafts, before kept token `chain_accepted`. `path`: the forward's inputs whose rows
     decided a kept token (the newest kept token's, then the accepted drafts'), which the cache keeps.
     A draft with a tokenizer of its own (`specdeck.engine.drafting.cross_vocab`) adds what it wrote for each
-    kept draft; a sampled tree's accepted alternative, the chance it had (`Refused.chance`)."""
+    kept draft; a sampled tree's accepted alternative, the chance it had (`Refused.chance`).
+    Kept tokens after the target's own (`kept[accepted + 1:]`, a served target's continuation) are
+    the target's greedy text too, no draft judged: shown plain."""
 
     kept: list[int]
     accepted: int
@@ -62,10 +70,16 @@ class Verdict:
     @property
     def token(self) -> int:
         """The target's own token: the correction, the bonus, or a plain step's token."""
-        return self.kept[-1]
+        return self.kept[self.accepted]
 
 
-def verify(draft: DraftTree, logits: torch.Tensor, config: DecodeConfig, generator: torch.Generator | None) -> Verdict:
+def verify(
+    draft: DraftTree,
+    logits: torch.Tensor,
+    config: DecodeConfig,
+    generator: torch.Generator | None,
+    continuation: bool = False,
+) -> Verdict:
     """Judge the round's drafts against the target's logits, one row per forward input
     (`DraftTree.forward_inputs`): the chain's n drafts by their rows 0..n, and where the first draft
     is refused, the tree's alternatives to it (other first tokens, none of them the first draft nor
@@ -81,6 +95,10 @@ def verify(draft: DraftTree, logits: torch.Tensor, config: DecodeConfig, generat
     r(x): the output follows r again, and by induction over the candidates so does the whole
     sequence. An accepted alternative's row then gives the bonus, a draw from p given it: the
     target's distribution after the kept tokens and a.
+
+    With `continuation` (greedy only), `logits` are a served target's rows along its own greedy
+    continuation, possibly more than the drafts + 1: the drafts are judged as above, then every row's
+    argmax is kept (module docstring), so a round keeps the whole continuation whatever the drafts did.
     """
     n = len(draft.tokens)
     chain = logits[: n + 1]
@@ -114,7 +132,8 @@ def verify(draft: DraftTree, logits: torch.Tensor, config: DecodeConfig, generat
                 taken = int(passed[0]) if passed.numel() else None
             token = alternatives[taken] if taken is not None else int(sample(left, generator, greedy=False))
     if taken is None:
-        return _chain_verdict(draft, m, token, p, config, chances)
+        verdict = _chain_verdict(draft, m, token, p, config, chances)
+        return _continued(verdict, logits) if continuation else verdict
     # a tree: an alternative to the first draft was accepted; its own row gives the bonus, the
     # target's token after it (greedy: its argmax; sampled: a draw from p there)
     row = n + 1 + taken
@@ -151,6 +170,20 @@ def _chain_verdict(
     kept_pieces = [pieces[i] if i < m else None for i in range(len(kept))] if pieces else None
     q_kept += [None] * (len(kept) - len(q_kept))
     return Verdict(kept, m, m, list(range(m + 1)), last, p_kept, q_kept, refused, kept_pieces)
+
+
+def _continued(verdict: Verdict, logits: torch.Tensor) -> Verdict:
+    """`verdict` with the rest of a served target's greedy continuation kept after its own token:
+    row r's argmax follows the continuation's first r tokens, which the verdict's kept tokens are."""
+    start = len(verdict.kept)
+    if logits.shape[0] == start:
+        return verdict
+    rest = argmaxes(logits[start:])
+    p_rest = torch.softmax(logits[start:].float(), dim=-1)[torch.arange(len(rest)), torch.tensor(rest)].tolist()
+    pieces = verdict.pieces + [None] * len(rest) if verdict.pieces is not None else None
+    return replace(
+        verdict, kept=verdict.kept + rest, p=verdict.p + p_rest, q=verdict.q + [None] * len(rest), pieces=pieces
+    )
 
 
 def _tree_verdict(

@@ -5,21 +5,22 @@ vLLM computes `prompt_logprobs` outside its prefix cache (vllm-project/vllm 2339
 llama-cpp-python's `echo` scores every prompt position in Python on every request: on both a
 round of drafts scored as prompt costs the whole context, seconds at 1,500 tokens. Both keep the
 context cached for generation, so a round asks instead for the server's greedy continuation of
-the kept tokens, K + 1 tokens long, with each written token's top log-probabilities, and compares
-the drafts with it.
+the kept tokens with each written token's top log-probabilities: K + 1 tokens after K drafts, a
+chunk of up to `PLAIN_CHUNK` in a round without drafts.
 
-Greedy verification (Leviathan et al. 2023 at temperature 0) reads row r only while drafts 1..r
-were accepted, that is while they equal the continuation's first r tokens; row r is then the
-target's distribution after the kept tokens and those drafts, as a scored prompt's would be, so
-the text is the server's own greedy text. Rows past the first draft that parts from the
-continuation follow the continuation, not the drafts: the loop judges no draft by them (the p
-shown for a draft discarded there is the continuation's). The cost: K + 1 of the server's decode
-steps a round, in sequence, where a scored prompt costs one batched forward; the acceptance is
-the drafter's own, the speed at most (tokens per round) / (K + 1) of the server's own generation
-(docs/remote.md).
+Greedy verification (Leviathan et al. 2023 at temperature 0) reads row r only while drafts
+1..r were accepted, that is while they equal the continuation's first r tokens; row r is then the
+target's distribution after the kept tokens and those drafts, as a scored prompt's would be. Past
+the first draft that parts from it, the continuation is still the target's own greedy text (row
+r is the distribution after its first r tokens, its token that row's argmax), so the round keeps
+all of it (`specdeck.engine.loop.verification.verify`, `continuation`): a round yields K + 1 tokens
+whatever the drafter did. The drafts' acceptance then shows how often they agreed with the
+server's text; the speed is the server's own generation, K + 1 decode steps a round, less a
+request's overhead and the context the server's prefix cache misses (docs/remote.md). The p shown
+for a draft discarded past the first that parted is the continuation's row.
 
-A continuation that ends at the end-of-text token before K + 1 tokens gets that token's row as
-probability 1 where the server leaves it out (llama-cpp-python does); the rows after it repeat it.
+A continuation that ends at the end-of-text token early gets that token's row as probability 1
+where the server leaves it out (llama-cpp-python does); the rows after it repeat it.
 """
 
 from __future__ import annotations
@@ -43,10 +44,13 @@ from specdeck.engine.remote.remote_scoring import EchoScoring, ServerTime
 
 CONTINUED_NOTE = (
     "The {server} server scores drafted tokens only by recomputing the whole context each round, so "
-    "SpecDeck asks it for its own greedy continuation of K + 1 tokens and compares the drafts with it: "
-    "the text is the server's, the acceptance the drafter's, and a round costs K + 1 of the server's "
-    "decode steps, so no speed-up over the server's own generation is promised (docs/remote.md)."
+    "SpecDeck asks it for its own greedy continuation, K + 1 tokens a round, and keeps all of it: the "
+    "text and the speed are the server's own generation, and the acceptance shows how often the drafts "
+    "agreed with it, so no speed-up over the server's own generation is promised (docs/remote.md)."
 )
+# a round without drafts asks a continuing server for up to this many tokens: one request's overhead
+# spread over them, while the window still shows text and a cancel still lands every few seconds
+PLAIN_CHUNK = 16
 
 
 class VllmContinuedChoice(BaseModel):
@@ -156,11 +160,16 @@ class VllmContinuing:
         self.vocab = vocab
         self.eos = eos
 
+    def continues(self, ids: list[int], drafts: list[int]) -> bool:
+        return True
+
     def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
         return drafts
 
-    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
-        asked = len(drafts) + 1
+    def score(
+        self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int], length: int
+    ) -> tuple[list[Row], ServerTime]:
+        asked = length
         body = {
             "model": model,
             "prompt": ids,
@@ -181,13 +190,18 @@ class EchoContinuing(EchoScoring):
 
     note = CONTINUED_NOTE.format(server="llama-cpp-python")
 
+    def continues(self, ids: list[int], drafts: list[int]) -> bool:
+        return True
+
     def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
         """The drafts, all of them (none is sent), once the kept tokens' text reads back as them."""
         super().admit(endpoint, ids, [])
         return drafts
 
-    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
-        asked = len(drafts) + 1
+    def score(
+        self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int], length: int
+    ) -> tuple[list[Row], ServerTime]:
+        asked = length
         body = {
             "model": model,
             "prompt": self.text(ids),

@@ -89,10 +89,16 @@ def _recomputed(answer: Timed, cached: int | None) -> int | None:
 
 
 class Scoring(Protocol):
+    """One way to ask a server for a round's rows: `continues` says whether the round after `ids`
+    with `drafts` gets the server's own greedy continuation (`remote_continuation`), whose `length`
+    rows the round keeps whole, rather than the drafts scored (len(drafts) + 1 rows, `length` then)."""
+
+    def continues(self, ids: list[int], drafts: list[int]) -> bool: ...
+
     def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]: ...
 
     def score(
-        self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]
+        self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int], length: int
     ) -> tuple[list[Row], ServerTime]: ...
 
 
@@ -103,10 +109,15 @@ class VllmScoring:
         self.top = top
         self.vocab = vocab
 
+    def continues(self, ids: list[int], drafts: list[int]) -> bool:
+        return False
+
     def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
         return drafts
 
-    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
+    def score(
+        self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int], length: int
+    ) -> tuple[list[Row], ServerTime]:
         body = {
             "model": model,
             "prompt": ids + drafts,
@@ -128,10 +139,15 @@ class SglangScoring:
         self.top = top
         self.vocab = vocab
 
+    def continues(self, ids: list[int], drafts: list[int]) -> bool:
+        return False
+
     def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
         return drafts
 
-    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
+    def score(
+        self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int], length: int
+    ) -> tuple[list[Row], ServerTime]:
         full = ids + drafts
         start = min(len(ids), len(full) - 1)  # the first draft's position (a start past the input is refused)
         body = {
@@ -156,6 +172,9 @@ class EchoScoring:
         self.bos = tokenizer.bos_token_id
         self.eos = tokenizer.eos_token_id
         self._pieces: dict[str, list[int]] | None = None
+
+    def continues(self, ids: list[int], drafts: list[int]) -> bool:
+        return False
 
     def text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -187,7 +206,9 @@ class EchoScoring:
             drafts = drafts[: differ - len(ids)] if attempt == 0 else []
         return drafts
 
-    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
+    def score(
+        self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int], length: int
+    ) -> tuple[list[Row], ServerTime]:
         full = ids + drafts
         body = {
             "model": model,

@@ -12,9 +12,10 @@ a remote target decodes greedily, and refuses sampling saying so.
 
 How each server is asked (`owned_by` in its `/v1/models` answer says which one it is), with
 `RemoteSettings.verify` "score" (the drafts scored as prompt) or "continue" (the server's own
-greedy continuation compared with the drafts, `remote_continuation`); "auto" takes the way whose
-round does not recompute the whole context on that server, and on vLLM scores while the context
-is short (`SCORE_BELOW` tokens: one batched forward beats K + 1 decode steps there):
+greedy continuation, the drafts compared with it and all of it kept, `remote_continuation`); "auto"
+takes the way whose round does not recompute the whole context on that server, and on vLLM scores
+drafts while the context is short (`SCORE_BELOW` tokens: one batched forward beats K + 1 decode
+steps there), and continues in a round without drafts at any length:
 - SGLang (auto: score): `/generate` with `input_ids`, `return_logprob`, `logprob_start_len`,
   `top_logprobs_num`, which scores the new positions after its radix cache's prefix.
 - vLLM (auto: score, then continue): `/v1/completions` with the prompt as token ids, and `prompt_logprobs`
@@ -94,14 +95,20 @@ class RemoteTarget:
         takes token ids; where it takes text, those whose text it reads back as the same ids."""
         return self.scoring.admit(self.endpoint, ids, drafts)
 
-    def score(self, ids: list[int], drafts: list[int]) -> tuple[torch.Tensor, ServerTime]:
-        """Logit rows (len(drafts) + 1, vocab) after `ids` and after each draft, from one request,
-        and where the request's time went."""
-        rows, time = self.scoring.score(self.endpoint, self.settings.model, ids, drafts)
-        if len(rows) != len(drafts) + 1:
+    def continues(self, ids: list[int], drafts: list[int]) -> bool:
+        """Whether the round after `ids` with `drafts` is answered by the server's own greedy
+        continuation (`remote_continuation`), which the round keeps whole."""
+        return self.scoring.continues(ids, drafts)
+
+    def score(self, ids: list[int], drafts: list[int], length: int) -> tuple[torch.Tensor, ServerTime]:
+        """Logit rows (length, vocab) from one request, and where the request's time went: after
+        `ids` and after each draft where the drafts are scored (`length` is then len(drafts) + 1),
+        along the server's continuation of `ids` where it `continues`."""
+        rows, time = self.scoring.score(self.endpoint, self.settings.model, ids, drafts, length)
+        if len(rows) != length:
             raise ServerFault(
                 f"The server at {self.settings.url} gave {len(rows)} rows of log-probabilities for "
-                f"{len(drafts) + 1} positions: it does not answer as the {self.server} API does."
+                f"{length} positions: it does not answer as the {self.server} API does."
             )
         for row in rows:
             self._check_sense(row)
@@ -199,19 +206,26 @@ def _scoring(server: str, verify: str, tokenizer) -> Scoring:
 
 
 class ByContext:
-    """`short` for a round whose context is under `below` tokens, `long` from there on: both ways
-    give the server's own greedy text, so a session may change ways between rounds."""
+    """`short` for a round with drafts whose context is under `below` tokens, `long` from there on
+    and for a round without drafts (`long` continues: one scored token a request would recompute
+    the context for each token): both ways give the server's own greedy text, so a session may
+    change ways between rounds."""
 
     def __init__(self, short: Scoring, long: Scoring, below: int) -> None:
         self.short, self.long, self.below = short, long, below
         said = getattr(long, "note", "")
         self.note = said and f"From {below} tokens of context on: {said[0].lower()}{said[1:]}"
 
-    def _way(self, ids: list[int]) -> Scoring:
-        return self.short if len(ids) < self.below else self.long
+    def _way(self, ids: list[int], drafts: list[int]) -> Scoring:
+        return self.short if drafts and len(ids) < self.below else self.long
+
+    def continues(self, ids: list[int], drafts: list[int]) -> bool:
+        return self._way(ids, drafts).continues(ids, drafts)
 
     def admit(self, endpoint: Endpoint, ids: list[int], drafts: list[int]) -> list[int]:
-        return self._way(ids).admit(endpoint, ids, drafts)
+        return self._way(ids, drafts).admit(endpoint, ids, drafts)
 
-    def score(self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int]) -> tuple[list[Row], ServerTime]:
-        return self._way(ids).score(endpoint, model, ids, drafts)
+    def score(
+        self, endpoint: Endpoint, model: str, ids: list[int], drafts: list[int], length: int
+    ) -> tuple[list[Row], ServerTime]:
+        return self._way(ids, drafts).score(endpoint, model, ids, drafts, length)

@@ -42,6 +42,17 @@ def test_a_chain_that_passes_whole_earns_the_bonus():
     assert verdict.last is TokenState.BONUS and not verdict.refused
 
 
+def test_a_served_continuation_is_kept_whole_past_a_refused_draft():
+    """Rows along a server's own continuation 3, 6, 1, 2, 7 against drafts 3, 4, 5: draft 3 agreed,
+    4 rejected, 5 discarded, and every token of the continuation kept, the ones past the target's own
+    with no q (no draft judged them)."""
+    draft = DraftTree(one_hot([3, 4, 5], WIDTH, torch.device("cpu")))
+    verdict = verify(draft, _logits(3, 6, 1, 2, 7), GREEDY, None, continuation=True)
+    assert verdict.kept == [3, 6, 1, 2, 7] and verdict.accepted == 1 and verdict.token == 6
+    assert verdict.last is TokenState.RESAMPLED and verdict.q[2:] == [None, None, None]
+    assert _states(verdict) == {4: TokenState.REJECTED, 5: TokenState.DISCARDED}
+
+
 def test_an_accepted_alternative_keeps_its_own_row_and_its_bonus():
     """A tree of chain 3, 4 and alternatives 5, 6 where the target takes 6: keep 6 and the target's
     token on 6's own row; the cache keeps rows 0 and 6's; the chain and alternative 5 are refused."""

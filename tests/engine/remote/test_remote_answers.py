@@ -231,7 +231,9 @@ VLLM_MUTATIONS = [
 @given(case=vllm_cases())
 def test_a_well_formed_vllm_answer_is_read_as_written(served, case):
     """Any well-formed vLLM answer gives the rows it holds: the drafts' positions, then after the prompt."""
-    rows, _ = VllmScoring(case.top, case.vocab).score(served.serve(case.answer), "target", case.ids, case.drafts)
+    rows, _ = VllmScoring(case.top, case.vocab).score(
+        served.serve(case.answer), "target", case.ids, case.drafts, len(case.drafts) + 1
+    )
     assert rows == case.rows
 
 
@@ -244,7 +246,7 @@ def test_a_vllm_answer_not_as_sent_is_refused(served, case, mutation, data):
     fault = mutation(answer, case, data)
     endpoint = served.serve(answer)
     with pytest.raises(ServerFault, match=rf"The server at {served.url} \(vLLM API\) answered /completions .*{fault}"):
-        VllmScoring(case.top, case.vocab).score(endpoint, "target", case.ids, case.drafts)
+        VllmScoring(case.top, case.vocab).score(endpoint, "target", case.ids, case.drafts, len(case.drafts) + 1)
 
 
 @st.composite
@@ -302,7 +304,9 @@ def _sglang_missing_field(answer, case, data):
 @given(case=sglang_cases())
 def test_a_well_formed_sglang_answer_is_read_as_written(served, case):
     """Any well-formed SGLang answer gives the rows it holds."""
-    rows, _ = SglangScoring(case.top, case.vocab).score(served.serve(case.answer), "target", case.ids, case.drafts)
+    rows, _ = SglangScoring(case.top, case.vocab).score(
+        served.serve(case.answer), "target", case.ids, case.drafts, len(case.drafts) + 1
+    )
     assert rows == case.rows
 
 
@@ -328,7 +332,7 @@ def test_an_sglang_answer_not_as_sent_is_refused(served, case, mutation, data):
     fault = mutation(answer, case, data)
     endpoint = served.serve(answer)
     with pytest.raises(ServerFault, match=rf"The server at {served.url} \(SGLang API\) answered /generate .*{fault}"):
-        SglangScoring(case.top, case.vocab).score(endpoint, "target", case.ids, case.drafts)
+        SglangScoring(case.top, case.vocab).score(endpoint, "target", case.ids, case.drafts, len(case.drafts) + 1)
 
 
 @pytest.fixture(scope="module")
@@ -384,13 +388,13 @@ def test_llama_cpp_answers_are_checked(served, echo):
     @given(case=echo_cases(alone), how=st.sampled_from(["extra", "missing", "nan", "type", "many"]), data=st.data())
     def check(case, how, data):
         answer = _echo_answer(case, text)
-        rows, _ = scoring.score(served.serve(answer), "target", case.ids, case.drafts)
+        rows, _ = scoring.score(served.serve(answer), "target", case.ids, case.drafts, len(case.drafts) + 1)
         assert rows == [{t: lp for t, lp in row.items()} for row in case.rows]
         fault = mutate(answer["choices"][0]["logprobs"]["top_logprobs"], how, data)
         with pytest.raises(
             ServerFault, match=rf"{served.url} \(llama-cpp-python API\) answered /completions .*{fault}"
         ):
-            scoring.score(served.serve(answer), "target", case.ids, case.drafts)
+            scoring.score(served.serve(answer), "target", case.ids, case.drafts, len(case.drafts) + 1)
 
     check()
 

@@ -10,20 +10,24 @@ prefix, so the greedy text is known. The same properties against real servers: t
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
+import torch
 from serving import FakeServer, QuietHandler
 
 from specdeck.cli.run import format_summary
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.drafting.drafters import PromptLookupDrafter
+from specdeck.engine.drafting.drafters import Drafter, PromptLookupDrafter
+from specdeck.engine.drafting.proposals import Proposal
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.events import RoundEvent
+from specdeck.engine.events import RoundEvent, TokenEvent, TokenState
 from specdeck.engine.loading.models import load_tokenizer
 from specdeck.engine.loading.registry import DEFAULT_TARGET
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.remote.remote_continuation import PLAIN_CHUNK
 from specdeck.engine.remote.remote_http import ServerFault
 from specdeck.engine.remote.remote_target import SCORE_BELOW, RemoteSettings, connect
 from specdeck.engine.session import load_pair
@@ -52,6 +56,7 @@ class CachingServer(FakeServer):
     def __init__(self, kind: str, vocab: int, extra_rows: int = 0) -> None:
         self.kind, self.vocab, self.extra_rows = kind, vocab, extra_rows
         self.cached: list[int] = []
+        self.requests: list[dict] = []
         fake = self
 
         class Handler(QuietHandler):
@@ -60,6 +65,7 @@ class CachingServer(FakeServer):
 
             def do_POST(self) -> None:
                 body = self.body()
+                fake.requests.append(body)
                 self.reply(fake.sglang(body) if self.path == "/generate" else fake.vllm(body))
 
         super().__init__(Handler)
@@ -112,12 +118,28 @@ def tokenizer():
     return load_tokenizer(DEFAULT_TARGET)
 
 
+def greedy_tokens(n: int, context: list[int] = CONTEXT) -> list[int]:
+    """The served model's own first `n` greedy tokens after `context`."""
+    plain = list(context)
+    for _ in range(n):
+        plain.append(best_after(plain))
+    return plain[len(context) :]
+
+
 def greedy_text(tokenizer) -> str:
     """The served model's own greedy text after CONTEXT."""
-    plain = list(CONTEXT)
-    for _ in range(GREEDY.max_new_tokens):
-        plain.append(best_after(plain))
-    return tokenizer.decode(plain[len(CONTEXT) :])
+    return tokenizer.decode(greedy_tokens(GREEDY.max_new_tokens))
+
+
+class FirstRightDrafter(Drafter):
+    """Drafts the served model's next token, then a token it never writes: every round's second
+    draft is refused."""
+
+    name = "first right"
+
+    def propose(self, ids, shape):
+        tokens = [best_after(ids)] + [101] * (shape.k - 1)
+        return Proposal(tokens, torch.nn.functional.one_hot(torch.tensor(tokens), self.vocab_width).float())
 
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
@@ -167,6 +189,55 @@ def test_the_default_scores_a_short_context_and_continues_a_long_one(tokenizer):
     rounds = [e for e in events if isinstance(e, RoundEvent)]
     assert all(r.recomputed_tokens <= BLOCK + GREEDY.k + 1 for r in rounds[1:])  # after the prompt's
     assert events[-1].text == greedy_text(tokenizer)
+
+
+def test_a_continued_round_keeps_all_k_plus_1_tokens_whatever_the_drafts(tokenizer):
+    """After a 1,500-token prompt on vLLM, each round keeps the server's whole continuation of K + 1
+    tokens though its second draft is refused (the acceptance counts the drafts that agreed), the
+    last round asks for no more than the budget left, and a round makes the server compute its new
+    tokens only: the context stays cached but for the partial block."""
+    config = DecodeConfig(k=4, schedule="constant", lookup=0, max_new_tokens=23)
+    with CachingServer("vllm", len(tokenizer)) as server:
+        target = connect(RemoteSettings(server.url, "target", 10.0), tokenizer)
+        events = list(generate(target, CONTEXT, config, FirstRightDrafter()))
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
+    summary = events[-1]
+    assert summary.text == tokenizer.decode(greedy_tokens(23)) and summary.new_tokens == 23
+    assert [r.accepted + 1 + r.continued for r in rounds] == [5, 5, 5, 5, 3]
+    assert [r.accepted for r in rounds] == [1] * 5 and summary.drafted == 4 * 4 + 2
+    assert [q["max_tokens"] for q in server.requests] == [5, 5, 5, 5, 3]
+    assert all(r.recomputed_tokens <= BLOCK for r in rounds[1:])  # the partial block and the newest token
+    kept = [e.state for e in events if isinstance(e, TokenEvent) and e.state.kept]
+    assert kept[:5] == [TokenState.ACCEPTED, TokenState.RESAMPLED] + [TokenState.PLAIN] * 3
+
+
+@pytest.mark.parametrize("context", [CONTEXT, CONTEXT[: SCORE_BELOW // 2]])
+def test_plain_remote_decoding_asks_for_chunks_of_continuation(tokenizer, context):
+    """Without a drafter, a session on vLLM asks for chunks of the server's continuation (never one
+    scored token a request, which would recompute the context), up to the budget exactly, at a long
+    context and a short one; the text is the model's greedy text."""
+    config = DecodeConfig(max_new_tokens=2 * PLAIN_CHUNK + 3)
+    with CachingServer("vllm", len(tokenizer)) as server:
+        target = connect(RemoteSettings(server.url, "target", 10.0), tokenizer)
+        events = list(generate(target, context, config))
+    assert events[-1].text == tokenizer.decode(greedy_tokens(config.max_new_tokens, context))
+    assert [q["max_tokens"] for q in server.requests] == [PLAIN_CHUNK, PLAIN_CHUNK, 3]
+    assert not any("prompt_logprobs" in q for q in server.requests)
+    assert events[-1].rounds == math.ceil(config.max_new_tokens / PLAIN_CHUNK)
+
+
+def test_a_stop_string_inside_a_continuation_stops_there(tokenizer):
+    """A stop string the server's continuation writes in the middle of a round ends the session at
+    the token that completes it, the rest of the continuation not kept."""
+    tokens = greedy_tokens(GREEDY.max_new_tokens)
+    stop = tokenizer.decode(tokens[6:8])
+    assert stop not in tokenizer.decode(tokens[:7])
+    config = DecodeConfig(k=4, schedule="constant", lookup=0, max_new_tokens=24, stop_strings=(stop,))
+    with CachingServer("vllm", len(tokenizer)) as server:
+        target = connect(RemoteSettings(server.url, "target", 10.0), tokenizer)
+        summary = list(generate(target, CONTEXT, config, FirstRightDrafter()))[-1]
+    assert summary.stop_reason == "stop_string" and summary.new_tokens == 8
+    assert summary.text == tokenizer.decode(tokens[:8])
 
 
 def test_the_continuation_is_said_before_the_session_and_under_the_target(tokenizer):

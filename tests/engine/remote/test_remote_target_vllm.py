@@ -24,6 +24,7 @@ from specdeck.engine.loading.models import encode_prompt
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
 from specdeck.engine.loop.decoding import generate
 from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.remote.remote_continuation import PLAIN_CHUNK
 from specdeck.engine.remote.remote_target import RemoteSettings, connect
 from specdeck.engine.session import load_pair, run_session
 
@@ -33,6 +34,9 @@ pytestmark = pytest.mark.skipif(
     reason="no vLLM to serve with: `make test-served` installs one and sets SPECDECK_VLLM_PYTHON",
 )
 PROMPTS = ["def fibonacci(n):", "The cat sat on the mat. The cat", "Once upon a time,"]
+# the tokens of one KV-cache block, as docs/remote.md recommends: vLLM caches and reports cached tokens
+# in whole blocks, so a round recomputes up to a block (docs/journal/2026-11-29-served-pace.md)
+BLOCK = 32
 GREEDY = DecodeConfig(k=4, schedule="constant", max_new_tokens=24)
 
 
@@ -42,7 +46,7 @@ def _serve(folder: Path):
     command = [
         PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
         "--port", str(port), "--served-model-name", "target", "--max-model-len", "2048", "--dtype", "float32",
-        "--enable-prompt-tokens-details",
+        "--enable-prompt-tokens-details", "--block-size", str(BLOCK),
     ]  # fmt: skip
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -98,21 +102,26 @@ def test_vllm_serves_the_converted_target_as_specdeck_decodes_it(served, monkeyp
 
 
 LONG_PROMPT = " ".join(f"Item {n}: the parcel for house {n} goes to the blue door." for n in range(1, 90))
-BLOCK = 128  # the tokens of one KV-cache block on vLLM's CPU build: it reports cached tokens in whole blocks
 
 
 def test_a_round_after_a_long_prompt_computes_its_new_tokens_on_vllm(served):
     """After a prompt of about 1,500 tokens each round makes vLLM compute its new tokens (at most a
-    cache block's worth, as vLLM reports them) rather than the prompt again, and the text is vLLM's
-    own; the drafts scored as prompt (`prompt_logprobs`) make it recompute the whole prompt."""
+    cache block's worth, as vLLM reports them) rather than the prompt again, keeps all K + 1 tokens
+    of vLLM's continuation, and the text is vLLM's own; plain decoding asks for chunks of it; the
+    drafts scored as prompt (`prompt_logprobs`) make it recompute the whole prompt."""
     pair = load_pair(PairSpec(served, None, DrafterKind.PROMPT_LOOKUP, device="cpu", target_model="target"))
     ids = encode_prompt(pair.target.tokenizer, LONG_PROMPT, chat=False)
-    config = DecodeConfig(k=4, schedule="constant", max_new_tokens=12)
+    config = DecodeConfig(k=4, schedule="constant", lookup=0, max_new_tokens=12)
     events = list(generate(pair.target, ids, config, pair.make_drafter()))
-    computed = [e.recomputed_tokens for e in events if isinstance(e, RoundEvent)]
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
+    computed = [r.recomputed_tokens for r in rounds]
     assert len(ids) > 1400 and computed[0] >= len(ids) - BLOCK
     assert max(computed[1:]) <= BLOCK + config.k + 1
+    assert [r.accepted + 1 + r.continued for r in rounds] == [5, 5, 2]
     assert events[-1].text == _vllm_greedy(served, LONG_PROMPT, config.max_new_tokens)
+
+    plain = list(generate(pair.target, ids, DecodeConfig(max_new_tokens=PLAIN_CHUNK + 4)))
+    assert plain[-1].rounds == 2 and plain[-1].text == _vllm_greedy(served, LONG_PROMPT, PLAIN_CHUNK + 4)
 
     scored = connect(RemoteSettings(served, "target", 120.0, "score"), pair.target.tokenizer)
     events = list(generate(scored, ids, DecodeConfig(k=2, schedule="constant", max_new_tokens=2), pair.make_drafter()))
