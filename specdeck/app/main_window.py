@@ -46,11 +46,13 @@ from specdeck.app.window_settings import WindowSettings
 from specdeck.app.worker import PairInfo
 from specdeck.engine.atomic import write_with
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import SummaryEvent
 from specdeck.engine.export import SessionRecord
 
 MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
 CLOSE_WAIT_MS = 1000  # the longest a close waits for the model thread: the app ends within 2 s
 WAITING_WIDTH = 120  # px of the status bar's busy indicator
+MEASURING = "Text done; measuring this machine's forward costs for the next sessions' plans…"
 READY = "Load a model pair, then Run or Compare."  # the status bar's line once the engine is there
 PROGRESS_WIDTH = 520  # px of the loading dialog: room for a stage's name in two lines
 
@@ -330,7 +332,12 @@ class MainWindow(WindowSettings, QMainWindow):
             self.statusBar().showMessage(READY)
 
     def _on_events_arrived(self, record, batch: tuple) -> None:
-        if self.waiting.isVisible() and record.tokens:
+        if any(isinstance(event, SummaryEvent) for event in batch) and self.session_model.activity.running:
+            # the text is whole; the session may still measure this machine's forward costs for the
+            # plans of the sessions after it (seconds, the first time): moving, and said
+            self.waiting.show()
+            self.statusBar().showMessage(MEASURING)
+        elif self.waiting.isVisible() and record.tokens:
             self.waiting.hide()
 
     def _on_activity_changed(self, activity: Activity) -> None:
