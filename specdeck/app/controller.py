@@ -15,13 +15,12 @@ from specdeck.app.model_host import ModelHost
 from specdeck.app.session_model import SessionModel
 from specdeck.app.worker import BenchCancelled, BenchOutcome, LoadCancelled, PairInfo, error_message
 from specdeck.bench.prompts import BenchPrompt
-from specdeck.bench.runner import BenchSettings
-from specdeck.engine.config import DecodeConfig
+from specdeck.bench.settings import BenchSettings
+from specdeck.engine.config import DecodeConfig, check_prompt
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SummaryEvent
 from specdeck.engine.export import RunInfo
-from specdeck.engine.loading.models import check_prompt
-from specdeck.engine.pair import PairSpec
+from specdeck.engine.pair_spec import PairSpec
 
 
 class SessionController:

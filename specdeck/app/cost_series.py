@@ -9,21 +9,17 @@ step. Qt-free: `specdeck.app.charts` draws from these.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from specdeck.engine.events import SessionStarted
-from specdeck.engine.planner.costs import CostCurve
 from specdeck.engine.stats import expected_tokens_per_round
+
+if TYPE_CHECKING:
+    from specdeck.engine.planner.costs import CostCurve
 
 VERIFY_TOKENS = 16  # the widest verify drawn
 MAX_K = 8  # the longest draft drawn
-
-
-def curve_of(start: SessionStarted | None) -> CostCurve | None:
-    """The cost curve a session's start event carries; None where the schedule measured none."""
-    if start is None or not start.curve_tokens:
-        return None
-    return CostCurve(tuple(start.curve_tokens), tuple(start.curve_ms))
 
 
 def verify_cost(curve: CostCurve) -> tuple[np.ndarray, np.ndarray]:

@@ -25,14 +25,17 @@ def show_error(parent: QWidget | None, title: str, message: str) -> None:
     QMessageBox.critical(parent, title, message)
 
 
-def versions(device: str | None) -> dict[str, str]:
+def qt_versions() -> dict[str, str]:
+    """The window's own libraries' versions (what a session's export adds to the engine's)."""
     import pyqtgraph
 
+    return {"Qt": qVersion(), "PySide6": pyside_version, "pyqtgraph": pyqtgraph.__version__}
+
+
+def versions(device: str | None) -> dict[str, str]:
     return {
         **library_versions(),
-        "Qt": qVersion(),
-        "PySide6": pyside_version,
-        "pyqtgraph": pyqtgraph.__version__,
+        **qt_versions(),
         "platform": platform.platform(terse=True),
         "device": device or "no models loaded",
     }

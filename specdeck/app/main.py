@@ -113,16 +113,20 @@ def application() -> QApplication:
     return app
 
 
+def choose_preset(window: MainWindow, name: str, given: bool = True) -> None:
+    """Open the prompt preset `name`; one the user `given` that does not exist is a SpecDeckError."""
+    presets = window.decoding_panel.presets
+    if name in presets:
+        window.decoding_panel.choose_preset(name)
+    elif given:
+        raise SpecDeckError(f"There is no preset {name!r}: choose one of {', '.join(presets)}.")
+
+
 async def demo(window: MainWindow, screenshot: str | None, export_csv: str | None, preset: str | None = None) -> int:
     """Load the default pair, compare speculative and plain decoding on a preset prompt, save what
     was asked for."""
     try:
-        presets = window.decoding_panel.presets
-        name = preset or DEMO_PRESET
-        if name in presets:
-            window.decoding_panel.choose_preset(name)
-        elif preset is not None:
-            raise SpecDeckError(f"There is no preset {preset!r}: choose one of {', '.join(presets)}.")
+        choose_preset(window, preset or DEMO_PRESET, given=preset is not None)
         await window.run(compare=True)
         window.charts.redraw()
         QApplication.processEvents()
@@ -152,9 +156,11 @@ def run_gui(args) -> int:
             window.show()
             freeze_long_lived_objects()
             return loop.run_until_complete(demo(window, args.screenshot, args.export_csv, args.preset))
-        if args.screenshot or args.export_csv or args.preset:
-            raise SpecDeckError("--screenshot, --export-csv and --preset go with --demo.")
+        if args.screenshot or args.export_csv:
+            raise SpecDeckError("--screenshot and --export-csv go with --demo.")
         window = MainWindow(settings=QSettings())
+        if args.preset:
+            choose_preset(window, args.preset)
         window.show()
         # the window's objects live as long as the process: out of later collections, without the
         # full collection `freeze_long_lived_objects` makes first (seconds on a busy machine, in

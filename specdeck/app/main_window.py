@@ -5,13 +5,17 @@ The window lays out the views, reads the panels when a button is pressed and han
 the `SessionController`; the views follow the `SessionModel`. It opens the dialogs; its menus and
 shortcuts are the `WindowMenus` it owns (`window_menus`, as `menus`), what it remembers between
 launches `WindowSettings` (`window_settings`).
+
+The window imports only Qt, pyqtgraph and the engine's plain-Python modules; once painted it has
+the model thread import the engine (torch, transformers), with "Starting the engine" and the busy bar
+in the status bar meanwhile (`ModelHost.start_engine`). Run pressed before that waits for it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QEvent, QSettings, Qt, QTimer
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -31,7 +35,7 @@ from specdeck.app import dialogs
 from specdeck.app.bench_tab import BenchmarkTab
 from specdeck.app.charts import SessionCharts
 from specdeck.app.controller import SessionController
-from specdeck.app.model_host import ModelHost
+from specdeck.app.model_host import STARTING, ModelHost
 from specdeck.app.model_panel import ModelPanel
 from specdeck.app.panels import DecodingPanel
 from specdeck.app.replay import ReplayDialog
@@ -42,11 +46,14 @@ from specdeck.app.window_settings import WindowSettings
 from specdeck.app.worker import PairInfo
 from specdeck.engine.atomic import write_with
 from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.events import SummaryEvent
 from specdeck.engine.export import SessionRecord
 
 MIN_TEXT_HEIGHT = 130  # px of the token views: a few lines of text beside the charts
 CLOSE_WAIT_MS = 1000  # the longest a close waits for the model thread: the app ends within 2 s
 WAITING_WIDTH = 120  # px of the status bar's busy indicator
+MEASURING = "Text done; measuring this machine's forward costs for the next sessions' plans…"
+READY = "Load a model pair, then Run or Compare."  # the status bar's line once the engine is there
 PROGRESS_WIDTH = 520  # px of the loading dialog: room for a stage's name in two lines
 
 
@@ -103,6 +110,7 @@ class MainWindow(WindowSettings, QMainWindow):
         self.bench_tab.run_button.clicked.connect(self._on_bench_clicked)
         self.bench_tab.cancel_button.clicked.connect(self.controller.cancel_benchmark)
         self.host.load_progress.connect(self._on_load_progress)
+        self.host.engine_started.connect(self._on_engine_started)
         self.host.bench_progress.connect(self.bench_tab.show_progress)
         self.bench_tab.options_changed.connect(self._on_bench_options_changed)
         model.activity_changed.connect(self._on_activity_changed)
@@ -124,6 +132,7 @@ class MainWindow(WindowSettings, QMainWindow):
         self._progress: QProgressDialog | None = None
         self.model_thread_ended = True  # False after a close that left a load's stage running
         self._on_activity_changed(model.activity)
+        self.installEventFilter(self)  # until the first paint, which starts the engine
         self.resize(1440, 900)
         if settings is not None:
             self._restore_settings(settings)
@@ -198,7 +207,7 @@ class MainWindow(WindowSettings, QMainWindow):
         self.main_splitter.setStretchFactor(1, 1)
         self.main_splitter.setSizes([self.settings_panel.minimumWidth(), 1000])
         self.setCentralWidget(self.main_splitter)
-        self.statusBar().showMessage("Load a model pair, then Run or Compare.")
+        self.statusBar().showMessage(READY if self.host.engine_ready else STARTING)
 
     # what the buttons start -------------------------------------------------------------------------
 
@@ -209,7 +218,7 @@ class MainWindow(WindowSettings, QMainWindow):
     async def run(self, compare: bool = False) -> None:
         """Run (or compare) with the panels' settings; raises SpecDeckError if they are invalid."""
         config = self.decoding_panel.config()
-        versions = {k: v for k, v in dialogs.versions(None).items() if k in ("Qt", "PySide6", "pyqtgraph")}
+        versions = dialogs.qt_versions()
         await self.controller.run(
             self.model_panel.spec(),
             self.decoding_panel.prompt_text(),
@@ -305,13 +314,35 @@ class MainWindow(WindowSettings, QMainWindow):
         self.replay = ReplayDialog(*records, parent=self)
         self.replay.show()
 
+    def eventFilter(self, watched, event) -> bool:
+        """The window's first paint starts the engine's import in the model thread, on the event
+        loop's next turn: the import holds the interpreter much of the time, and the window is on
+        screen by then rather than black while the two share it. The filter then goes, so that no
+        later paint (the busy bar's, many a second) runs Python code in the GUI thread."""
+        if watched is self and event.type() == QEvent.Type.Paint:
+            self.removeEventFilter(self)
+            QTimer.singleShot(0, self.host.start_engine)
+        return False
+
+    def _on_engine_started(self, failure: str) -> None:
+        self._on_activity_changed(self.session_model.activity)
+        if failure:
+            self.statusBar().showMessage(failure)
+        elif not self.session_model.activity.busy:
+            self.statusBar().showMessage(READY)
+
     def _on_events_arrived(self, record, batch: tuple) -> None:
-        if self.waiting.isVisible() and record.tokens:
+        if any(isinstance(event, SummaryEvent) for event in batch) and self.session_model.activity.running:
+            # the text is whole; the session may still measure this machine's forward costs for the
+            # plans of the sessions after it (seconds, the first time): moving, and said
+            self.waiting.show()
+            self.statusBar().showMessage(MEASURING)
+        elif self.waiting.isVisible() and record.tokens:
             self.waiting.hide()
 
     def _on_activity_changed(self, activity: Activity) -> None:
         busy = activity.busy
-        self.waiting.setVisible(activity.loading or activity.running)
+        self.waiting.setVisible(activity.loading or activity.running or self.host.engine_pending)
         for widget in (
             self.run_button,
             self.compare_button,

@@ -2,7 +2,9 @@
 (`worker`), sends it requests and passes on only the current request's reports.
 
 Apart from the worker because each module then holds the code of one thread: this one runs in the
-GUI thread and never touches torch; the controller awaits the futures it returns.
+GUI thread and never touches torch; the controller awaits the futures it returns. `start_engine`
+has the model thread import the engine while the window paints (`worker`); a load asked for
+before then says it waits for it.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from specdeck.app.worker import BenchRequest, LoadRequest, ModelWorker, PairInfo, Request, SessionRequest
 from specdeck.bench.prompts import BenchPrompt
-from specdeck.bench.runner import BenchSettings
+from specdeck.bench.settings import BenchSettings
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.pair import PairSpec
-from specdeck.engine.session import load_pair, run_session
+from specdeck.engine.pair_spec import PairSpec
+
+STARTING = "Starting the engine (importing torch and transformers)…"
 
 
 class ModelHost(QObject):
@@ -31,13 +34,20 @@ class ModelHost(QObject):
     """
 
     load_progress = Signal(str)  # the current load's stage
+    engine_started = Signal(str)  # "" once the model thread imported the engine, else why it could not
     events = Signal(int, tuple)  # session id, batch: only the current session's
     bench_progress = Signal(int, int, str)  # runs done, runs in all, what runs now: the current benchmark's
     _request = Signal(object)
+    _start_engine = Signal()
 
     def __init__(
-        self, parent: QObject | None = None, session_fn: Callable = run_session, load_fn: Callable = load_pair
+        self,
+        parent: QObject | None = None,
+        session_fn: Callable | None = None,
+        load_fn: Callable | None = None,
     ) -> None:
+        """`session_fn` and `load_fn` stand in for the engine's `run_session` and `load_pair`
+        (`ModelWorker`)."""
         super().__init__(parent)
         self._thread = QThread()
         self._thread.setObjectName("specdeck-models")
@@ -45,6 +55,8 @@ class ModelHost(QObject):
         self._worker.moveToThread(self._thread)
         self._thread.finished.connect(self._worker.deleteLater)
         self._request.connect(self._worker.handle)
+        self._start_engine.connect(self._worker.start_engine)
+        self._worker.engine_started.connect(self._on_engine_started)
         self._worker.progress.connect(self._on_progress)
         self._worker.events.connect(self._on_events)
         self._worker.finished.connect(self._on_finished)
@@ -53,13 +65,30 @@ class ModelHost(QObject):
         self._current: dict[type, tuple[Request, asyncio.Future]] = {}  # by request kind
         self._next_id = 0
         self.pair: PairInfo | None = None
+        self.engine_starting = False  # the model thread was asked to import the engine and has not yet
+        self.engine_ready = False
+        self.engine_failed = ""  # why the engine could not be imported, if it could not
+
+    @property
+    def engine_pending(self) -> bool:
+        """Whether the engine is not there yet, and has not failed: starting, or yet to start."""
+        return not (self.engine_ready or self.engine_failed)
+
+    def start_engine(self) -> None:
+        """Have the model thread import the engine now (once), while the GUI thread goes on."""
+        if self.engine_pending and not self.engine_starting:
+            self.engine_starting = True
+            self._start_engine.emit()
 
     # requests ---------------------------------------------------------------------------------
 
     def load(self, spec: PairSpec) -> asyncio.Future:
         """Load the pair `spec` names in the model thread; the future gives its `PairInfo` or raises
         SpecDeckError (or LoadCancelled)."""
-        return self._submit(LoadRequest(spec))[1]
+        request, future = self._submit(LoadRequest(spec))
+        if not self.engine_ready:
+            self.load_progress.emit(STARTING)  # the load waits for it in the model thread's queue
+        return future
 
     def cancel_load(self) -> None:
         """Stop waiting for the current load; the model thread drops it at its next stage."""
@@ -139,6 +168,12 @@ class ModelHost(QObject):
     def _request_of(self, request_id: int) -> Request | None:
         """The current request with this id, or None for a superseded one's late report."""
         return next((r for r, _ in self._current.values() if r.request_id == request_id), None)
+
+    @Slot(str)
+    def _on_engine_started(self, failure: str) -> None:
+        self.engine_starting = False
+        self.engine_ready, self.engine_failed = not failure, failure
+        self.engine_started.emit(failure)
 
     @Slot(int, object)
     def _on_progress(self, request_id: int, report: object) -> None:

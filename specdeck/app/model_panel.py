@@ -29,9 +29,8 @@ from PySide6.QtWidgets import (
 )
 
 from specdeck.app.session_model import SessionModel
-from specdeck.engine.loading.backends import BACKENDS
-from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET, LAST_STATE_HEAD
-from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.loading.registry import BACKENDS, BUILTIN_MODELS, DEFAULT_TARGET, LAST_STATE_HEAD
+from specdeck.engine.pair_spec import DrafterKind, PairSpec
 from specdeck.engine.remote.remote_http import API_KEY_VARIABLE
 
 DRAFTER_KINDS = tuple(DrafterKind)  # in the drafter combo's order

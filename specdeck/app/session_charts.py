@@ -36,7 +36,8 @@ from specdeck.app.chart_series import (
     speed_readout,
     thinned,
 )
-from specdeck.app.cost_series import curve_of, speedup_by_k, speedup_readout, verify_cost, verify_readout
+from specdeck.app.cost_series import speedup_by_k, speedup_readout, verify_cost, verify_readout
+from specdeck.app.verdict import curve_of
 
 SYMBOL_LIMIT = 300  # rounds: beyond this, per-round points are drawn as a line (symbols cost per point)
 

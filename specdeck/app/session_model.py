@@ -17,7 +17,7 @@ from specdeck.engine.context import prompt_cut_notice
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SessionStarted, SummaryEvent
 from specdeck.engine.export import RunInfo, SessionRecord, export_sessions
-from specdeck.engine.pair import PairSpec
+from specdeck.engine.pair_spec import PairSpec
 
 
 class Emitter:

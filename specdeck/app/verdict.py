@@ -16,13 +16,27 @@ slowdown; one below it with slow plain steps is the rounds slowing down more tha
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specdeck.engine.events import SessionStarted, SummaryEvent
-from specdeck.engine.planner.costs import CostCurve
+
+if TYPE_CHECKING:
+    from specdeck.engine.planner.costs import CostCurve
 
 OFF_BY = 0.2  # a measured speedup this far from the predicted one, relatively, gets a reason
 SHORT_RUN = 24  # rounds under which a run is too short to judge its speed
 STOPPED = "cancelled"  # `SummaryEvent.stop_reason` of a session the user stopped
+
+
+def curve_of(start: SessionStarted | None) -> CostCurve | None:
+    """The cost curve a session's start event carries; None where the schedule measured none."""
+    if start is None or not start.curve_tokens:
+        return None
+    # imported here, not with this module: the planner imports torch, which the window leaves to
+    # the model thread; a session that measured a curve ran there, so it is imported by now
+    from specdeck.engine.planner.costs import CostCurve
+
+    return CostCurve(tuple(start.curve_tokens), tuple(start.curve_ms))
 
 
 def why_off(
@@ -104,7 +118,7 @@ def verdict_of(
     measured = reason = None
     if plain is not None and plain.tokens_per_s > 0:
         measured = speculative.tokens_per_s / plain.tokens_per_s
-        curve = CostCurve(tuple(start.curve_tokens), tuple(start.curve_ms)) if start and start.curve_tokens else None
+        curve = curve_of(start)
         plain_step_ms = 1000.0 / plain.tokens_per_s  # plain decoding keeps one token a step
         reason = why_off(measured, speculative.predicted_speedup, plain_step_ms, curve, speculative.rounds)
     identical = speculative.text == plain.text if plain is not None and greedy and stopped is None else None

@@ -10,6 +10,11 @@ at the end.
 Events cross in batches: the worker collects a session's events and emits one tuple at most every
 `BATCH_INTERVAL_S` (and at the end), so the GUI thread handles ~40 signals a second however fast
 tokens come, and every event arrives exactly once, in order.
+
+The engine (torch, transformers, the benchmark harness) is imported in the model thread, by
+`ModelWorker.start_engine`, not when this module is: the window imports only Qt and the engine's
+plain-Python modules, so it paints seconds before torch has imported. Requests sent meanwhile wait
+in the model thread's queue and run once the engine is there.
 """
 
 from __future__ import annotations
@@ -22,20 +27,21 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar
 
 from PySide6.QtCore import QObject, Signal, Slot
 
 from specdeck.bench.prompts import BenchPrompt
-from specdeck.bench.runner import BenchSettings
-from specdeck.bench.service import report_context, run_and_write
+from specdeck.bench.settings import BenchSettings
 from specdeck.engine.config import DecodeConfig
-from specdeck.engine.drafting.layer_skip import LayerChoice
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import SummaryEvent
-from specdeck.engine.memory import give_back, is_out_of_memory, out_of_memory_message
-from specdeck.engine.pair import ModelPair, PairSpec
-from specdeck.engine.session import add_drafters, load_pair, run_session
+from specdeck.engine.pair_spec import PairSpec
+
+if TYPE_CHECKING:
+    from specdeck.engine.drafting.layer_skip import LayerChoice
+    from specdeck.engine.pair import ModelPair
 
 BATCH_INTERVAL_S = 0.025
 
@@ -154,35 +160,90 @@ def _layers(choice: LayerChoice | None) -> str:
 
 
 def error_message(error: BaseException) -> str:
-    """A SpecDeckError's message as-is; running out of memory as what to try instead; anything else
-    with its type, since it is a bug or a bad model."""
+    """A SpecDeckError's message as-is; anything else with its type, since it is a bug or a bad
+    model. (Running out of memory, which only the model thread's work does, is told there:
+    `ModelWorker.handle`.)"""
     if isinstance(error, SpecDeckError):
         return str(error)
-    if is_out_of_memory(error):
-        return out_of_memory_message(error)
     detail = traceback.format_exception_only(type(error), error)[-1].strip()
     return f"Unexpected error: {detail}"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The engine's modules the model thread calls, once imported there (`ModelWorker.start_engine`)."""
+
+    session: ModuleType  # specdeck.engine.session: load_pair, add_drafters, run_session
+    memory: ModuleType  # specdeck.engine.memory: give_back, out of memory in words
+    service: ModuleType  # specdeck.bench.service: the benchmark harness and its files
+
+
+def import_engine() -> Engine:
+    """Import the engine, torch and transformers (the seconds a first launch waits longest for).
+
+    Garbage collection stays off meanwhile and what they made is frozen after, as
+    `specdeck.cli.launch` does for what it imports: millions of objects that live as long as the
+    process, which collecting again and again as they are made would slow by a fifth."""
+    gc.disable()
+    try:
+        from specdeck.bench import service
+        from specdeck.engine import memory, session
+        from specdeck.engine.quiet import silence_libraries
+
+        silence_libraries()  # SpecDeck reports its own progress; the libraries keep quiet
+    finally:
+        gc.freeze()
+        gc.enable()
+    return Engine(session, memory, service)
 
 
 class ModelWorker(QObject):
     """Lives in the model thread. Owns the `ModelPair`; `handle` runs any request and reports its
     end as `finished` or `failed`, never letting an exception kill the thread."""
 
+    engine_started = Signal(str)  # "" once the engine imported, else why it could not
     progress = Signal(int, object)  # request id, what it does now (a load's stage; a benchmark's runs)
     events = Signal(int, tuple)  # request id, a session's events in order
     finished = Signal(int, object)  # request id, result (PairInfo, SummaryEvent or BenchOutcome)
     failed = Signal(int, str, bool)  # request id, message, cancelled
 
     def __init__(
-        self, session_fn: Callable = run_session, load_fn: Callable = load_pair, attach_fn: Callable = add_drafters
+        self,
+        session_fn: Callable | None = None,
+        load_fn: Callable | None = None,
+        attach_fn: Callable | None = None,
     ) -> None:
+        """`session_fn`, `load_fn` and `attach_fn` stand in for the engine's `run_session`,
+        `load_pair` and `add_drafters` (None: the engine's own, once imported)."""
         super().__init__()
         self._session_fn = session_fn
         self._load_fn = load_fn
         self._attach_fn = attach_fn
+        self._engine: Engine | None = None
+        self._engine_failed = ""  # why the engine could not be imported, once it was tried
         self._pair: ModelPair | None = None
         self._spec: PairSpec | None = None  # what the resident pair was loaded from
         self._handlers = {LoadRequest: self._load, SessionRequest: self._run, BenchRequest: self._bench}
+
+    @Slot()
+    def start_engine(self) -> None:
+        """Import the engine here, in the model thread, once; `engine_started` says how it went."""
+        if self._engine is None and not self._engine_failed:
+            try:
+                self._engine = import_engine()
+            except Exception as error:
+                self._engine_failed = (
+                    f"The engine could not start ({error_message(error)}): reinstall SpecDeck with its dependencies."
+                )
+            self.engine_started.emit(self._engine_failed)
+
+    @property
+    def engine(self) -> Engine:
+        """The imported engine (imported now if no request asked for it yet); a SpecDeckError if it failed."""
+        self.start_engine()
+        if self._engine is None:
+            raise SpecDeckError(self._engine_failed)
+        return self._engine
 
     @Slot(object)
     def handle(self, request: Request) -> None:
@@ -191,10 +252,18 @@ class ModelWorker(QObject):
         except Cancelled:
             self.failed.emit(request.request_id, request.cancelled_message, True)
         except BaseException as error:
-            give_back()  # whatever the failed request had allocated (after running out of memory, for the next)
-            self.failed.emit(request.request_id, error_message(error), False)
+            self.failed.emit(request.request_id, self._failure(error), False)
         else:
             self.finished.emit(request.request_id, result)
+
+    def _failure(self, error: BaseException) -> str:
+        """What a failed request says; whatever it had allocated is given back (after running out of
+        memory, for the next request)."""
+        memory = self._engine.memory if self._engine is not None else None
+        if memory is None:
+            return error_message(error)
+        memory.give_back()
+        return memory.out_of_memory_message(error) if memory.is_out_of_memory(error) else error_message(error)
 
     def _progress(self, request: Request, report: object) -> None:
         if request.cancel.is_set():
@@ -218,24 +287,27 @@ class ModelWorker(QObject):
             and spec.with_drafter(None, None) == resident.with_drafter(None, None)
         ):
             progress(f"Keeping {self._pair.target.name} loaded")
-            pair = self._attach_fn(self._pair, [spec], progress=progress)[0]
+            attach = self._attach_fn or self.engine.session.add_drafters
+            pair = attach(self._pair, [spec], progress=progress)[0]
         else:
-            pair = self._load_fn(spec, progress=progress)
+            load = self._load_fn or self.engine.session.load_pair
+            pair = load(spec, progress=progress)
         if request.cancel.is_set():
             raise LoadCancelled
         self._pair, self._spec = pair, spec  # the previous pair is released only once the new one loaded
         freeze_long_lived_objects()
-        give_back(collect=False)  # the previous pair's memory, now collected
+        self.engine.memory.give_back(collect=False)  # the previous pair's memory, now collected
         return describe(pair)
 
     def _run(self, request: SessionRequest) -> SummaryEvent | None:
         """Stream the session's events in batches; Stop (`cancel`) ends it at a round, not as a failure."""
         pair = self._resident_pair()
+        session = self._session_fn or self.engine.session.run_session
         batch: list = []
         summary = None
         last_emit = time.perf_counter()
         try:
-            for event in self._session_fn(
+            for event in session(
                 pair, request.prompt, request.config, chat=request.chat, plain=request.plain, cancel=request.cancel
             ):
                 batch.append(event)
@@ -264,10 +336,13 @@ class ModelWorker(QObject):
         pairs = [pair]
         if request.drafters:  # loaded for this benchmark only, on the resident target
             progress(0, 0, "Loading the other drafters…")
-            pairs += add_drafters(pair, request.drafters, progress=lambda stage: progress(0, 0, stage))
-        context = report_context(pairs, request.source, request.command)
+            pairs += self.engine.session.add_drafters(
+                pair, request.drafters, progress=lambda stage: progress(0, 0, stage)
+            )
+        service = self.engine.service
+        context = service.report_context(pairs, request.source, request.command)
         with tempfile.TemporaryDirectory(prefix="specdeck-bench-") as folder:
-            written = run_and_write(
+            written = service.run_and_write(
                 pairs, list(request.prompts), request.settings, Path(folder), context, progress=progress
             )
             files = {name: (written.folder / name).read_bytes() for name in written.files}

@@ -1,19 +1,6 @@
 """`specdeck bench`: tokens/s of SpecDeck's plain and speculative decoding against Hugging Face's
-`generate()` and its own speculative decoding, on the same prompts, in one alternating run."""
+`generate()` and its own speculative decoding, on the same prompts, in one alternating run.
 
-from specdeck.bench.methods import METHODS, Run
-from specdeck.bench.prompts import BenchPrompt, read_prompts, sample_prompts
-from specdeck.bench.runner import BenchSettings, Method, PromptResult, explain_mismatch, run_bench
-
-__all__ = [
-    "METHODS",
-    "BenchPrompt",
-    "BenchSettings",
-    "Method",
-    "PromptResult",
-    "Run",
-    "explain_mismatch",
-    "read_prompts",
-    "run_bench",
-    "sample_prompts",
-]
+Nothing is imported here: the settings and prompts (`settings`, `prompts`) stay free of torch for
+the window's Benchmark tab, and the runner (`runner`, `service`) imports the engine.
+"""

@@ -29,7 +29,6 @@ from specdeck.bench.tables import (
     shape_rows,
 )
 from specdeck.engine.cache import machine_name
-from specdeck.engine.planner.costs import CURVE_CONTEXT
 
 
 def plan_lines(results: list[PromptResult], methods: list[Method]) -> list[str]:
@@ -53,7 +52,7 @@ def cost_curve_lines(curve, products: str | None = None) -> list[str]:
     ratio = "| x one token | " + " | ".join(f"{t / curve.forward_ms[0]:.2f}" for t in curve.forward_ms) + " |"
     busy = f" It was {curve.noisy_note}." if curve.noisy_note else ""
     return [
-        f"Measured on {curve.machine}, after {CURVE_CONTEXT} cached tokens, best of 2-3 passes "
+        f"Measured on {curve.machine}, after {curve.context} cached tokens, best of 2-3 passes "
         f"(the auto schedule plans with it, scaled by what each session's verifies take).{busy}",
         *([f"Matrix products in this run: {products}."] if products else []),
         "",

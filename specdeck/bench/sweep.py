@@ -4,9 +4,9 @@ read the same text the same way; the `format_*` functions write it back."""
 
 from __future__ import annotations
 
-from specdeck.bench.runner import AUTO_K
+from specdeck.bench.settings import AUTO_K
+from specdeck.engine.drafting.kinds import DrafterKind
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.pair import DrafterKind
 
 
 def parse_ks(text: str) -> tuple[int, ...]:

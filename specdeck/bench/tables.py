@@ -15,9 +15,13 @@ et al. (2023)'s, from the measured acceptance rate, drafts per round and draft/t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from specdeck.bench.runner import BenchSettings, Method, PromptResult
+from specdeck.bench.settings import BenchSettings, Method
 from specdeck.engine.stats import RoundTotals
+
+if TYPE_CHECKING:
+    from specdeck.bench.runner import PromptResult
 
 SUMMARY_COLUMNS = (
     "method",

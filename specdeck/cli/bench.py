@@ -12,12 +12,12 @@ import shlex
 import sys
 import time
 
-from specdeck.bench.runner import BASELINES, OTHER_BASELINES, BenchSettings
+from specdeck.bench.settings import BASELINES, OTHER_BASELINES, BenchSettings
 from specdeck.bench.sweep import format_ks, format_lookups, parse_drafters, parse_ks, parse_lookups
 from specdeck.cli.options import add_model_arguments, pair_spec
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.pair_spec import DrafterKind, PairSpec
 
 
 def add_bench_command(commands) -> None:

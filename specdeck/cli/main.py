@@ -101,18 +101,24 @@ def _cmd_gui(args) -> int:
     return run_gui(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(window_only: bool = False) -> argparse.ArgumentParser:
+    """The parser of every command; `window_only`: of `gui` alone, which opens the window (the
+    training commands' options take their defaults from the training code, which imports torch,
+    and the window paints before torch has imported)."""
     parser = argparse.ArgumentParser(prog="specdeck", description="A playground for speculative decoding.")
     commands = parser.add_subparsers(dest="command")
 
-    add_run_command(commands)
+    if not window_only:
+        add_run_command(commands)
 
     gui = commands.add_parser("gui", help="open the window")
     gui.add_argument("--demo", action="store_true", help="load the default pair and run a compare session")
     gui.add_argument("--screenshot", default=None, help="with --demo: save a PNG of the window and exit")
     gui.add_argument("--export-csv", default=None, help="with --demo: save the session's CSV")
-    gui.add_argument("--preset", default=None, help="with --demo: the prompt preset to run (default chat)")
+    gui.add_argument("--preset", default=None, help="the prompt preset to open (with --demo: to run; default chat)")
     gui.set_defaults(handler=_cmd_gui)
+    if window_only:
+        return parser
 
     cache = commands.add_parser(
         "cache", help="list the converted models and compiled kernels SpecDeck keeps, and their sizes"
@@ -137,11 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    silence_libraries()  # SpecDeck reports its own progress; the libraries keep quiet
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(window_only=not words or words[0] == "gui")  # bare `specdeck` is `specdeck gui`
+    args = parser.parse_args(words)
     if args.command is None:
         args = parser.parse_args(["gui"])
+    if args.command != "gui":  # the window's model thread does it as it imports the engine, after the first paint
+        silence_libraries()  # SpecDeck reports its own progress; the libraries keep quiet
     stdout = sys.stdout
     if stdout is not None and not isinstance(stdout, _Output):
         sys.stdout = _Output(stdout)  # type: ignore[assignment]

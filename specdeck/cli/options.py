@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 
 from specdeck.engine.config import SCHEDULES, SUFFIX_SCOPES, DecodeConfig
-from specdeck.engine.drafting.registry import kinds_reading
-from specdeck.engine.loading.backends import BACKENDS
-from specdeck.engine.pair import DrafterKind, PairSpec
+from specdeck.engine.drafting.kinds import DrafterKind, kinds_reading
+from specdeck.engine.loading.registry import BACKENDS
+from specdeck.engine.pair_spec import PairSpec
 from specdeck.engine.remote.remote_http import API_KEY_VARIABLE
 
 

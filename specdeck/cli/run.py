@@ -44,7 +44,7 @@ def add_run_command(commands) -> None:
 
 def _prompt(args: argparse.Namespace) -> str:
     from specdeck.bench.prompts import read_prompt_text
-    from specdeck.engine.loading.models import check_prompt
+    from specdeck.engine.config import check_prompt
     from specdeck.engine.session import DEFAULT_PROMPT
 
     if args.prompt_file:
@@ -62,7 +62,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress = None if args.jsonl else (lambda stage: print(f"[{stage}]", file=sys.stderr, flush=True))
     pair = load_pair(pair_spec(args), plain=args.plain, progress=progress)
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    summary = None
     with cancel_on_signals(to_stderr) as cancel:  # Ctrl-C ends the session at the next round, like Stop
         for event in run_session(pair, prompt, config, chat=not args.no_chat, plain=args.plain, cancel=cancel):
             if args.jsonl:
@@ -78,11 +77,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                     continue
                 start = (_COLOURS[event.state.value] + (_UNDERLINE if event.copied else "")) if colour else ""
                 print(f"{start}{event.text}{_RESET if start else ''}", end="", flush=True)
-            if isinstance(event, SummaryEvent):
-                summary = event
-    if summary is not None and not args.jsonl:
-        print("\n")
-        print(format_summary(summary, pair.description, pair.target.runs))
+            if isinstance(event, SummaryEvent) and not args.jsonl:
+                # now: the session may go on to measure this machine's costs (`generate`)
+                print("\n")
+                print(format_summary(event, pair.description, pair.target.runs), flush=True)
     return 130 if cancel.is_set() else 0
 
 

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from specdeck.engine.drafting.draft_model import DraftModelDrafter
     from specdeck.engine.drafting.drafters import Drafter, PromptLookupDrafter
     from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+    from specdeck.engine.drafting.kinds import DrafterKind
     from specdeck.engine.drafting.proposals import Proposal
-    from specdeck.engine.drafting.registry import DrafterKind
     from specdeck.engine.drafting.suffix_drafting import SuffixDrafter
     from specdeck.engine.errors import SpecDeckError
     from specdeck.engine.events import (
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from specdeck.engine.loading.models import LoadedModel, LoadOptions, encode_prompt, load_model
     from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
     from specdeck.engine.loop.decoding import generate
-    from specdeck.engine.pair import ModelPair, PairSpec
+    from specdeck.engine.pair import ModelPair
+    from specdeck.engine.pair_spec import PairSpec
     from specdeck.engine.stats import SessionStats, expected_tokens_per_round, predicted_speedup
 
 _HOMES = {  # each name's module, imported at first use (importing the engine's parts stays cheap)
@@ -40,13 +41,13 @@ _HOMES = {  # each name's module, imported at first use (importing the engine's 
     "DecodeConfig": "specdeck.engine.config",
     "DraftModelDrafter": "specdeck.engine.drafting.draft_model",
     "Drafter": "specdeck.engine.drafting.drafters",
-    "DrafterKind": "specdeck.engine.drafting.registry",
+    "DrafterKind": "specdeck.engine.drafting.kinds",
     "Event": "specdeck.engine.events",
     "FeatureHeadDrafter": "specdeck.engine.drafting.head_drafter",
     "LoadOptions": "specdeck.engine.loading.models",
     "LoadedModel": "specdeck.engine.loading.models",
     "ModelPair": "specdeck.engine.pair",
-    "PairSpec": "specdeck.engine.pair",
+    "PairSpec": "specdeck.engine.pair_spec",
     "PromptLookupDrafter": "specdeck.engine.drafting.drafters",
     "Proposal": "specdeck.engine.drafting.proposals",
     "RoundEvent": "specdeck.engine.events",

@@ -1,4 +1,5 @@
-"""Settings of a decoding session, validated once so that the loop can trust them."""
+"""Settings of a decoding session, validated once so that the loop can trust them, and the check of
+its prompt that front ends make before anything loads."""
 
 from __future__ import annotations
 
@@ -100,3 +101,11 @@ class DecodeConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def check_prompt(text: str) -> str:
+    """`text`, or a `SpecDeckError` if there is nothing in it to continue or answer (front ends ask
+    before loading models; `encode_prompt` asks again)."""
+    if not text.strip():
+        raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
+    return text

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from specdeck.engine.errors import SpecDeckError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the window reads `prompt_cut_notice` before torch has imported
+    import torch
+
     from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 
 

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from specdeck.engine.config import DecodeConfig
+from specdeck.engine.drafting.registry import load_drafter
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import Event
 from specdeck.engine.forward.lean_weights import weights_of
@@ -14,7 +15,8 @@ from specdeck.engine.forward.llama_families import supports
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
 from specdeck.engine.loading.models import LoadedModel, Progress, encode_prompt, load_model, load_tokenizer
 from specdeck.engine.loop.decoding import generate
-from specdeck.engine.pair import ModelPair, PairSpec
+from specdeck.engine.memory import trim_heap
+from specdeck.engine.pair import ModelPair, PairSpec, load_options, remote_settings
 from specdeck.engine.remote.remote_http import redact_url
 from specdeck.engine.remote.remote_target import RemoteTarget, connect
 
@@ -65,12 +67,13 @@ def _load_target(spec: PairSpec, progress: Progress | None) -> LoadedModel | Rem
     """The target model, loaded; or, for a server's address, the served target, read with the
     tokenizer `PairSpec.remote_tokenizer` names."""
     if not spec.remote:
-        target = load_model(spec.target, spec.load_options, progress)
+        target = load_model(spec.target, load_options(spec), progress)
         _lay_out_weights(target, progress)
+        trim_heap()  # what the load freed since the layout (40 MB after a 1.7B GGUF file): a session's peak sits on it
         return target
     if progress:
         progress(f"Connecting to {redact_url(spec.target)}")
-    served = connect(spec.remote_settings, load_tokenizer(spec.remote_tokenizer, progress))
+    served = connect(remote_settings(spec), load_tokenizer(spec.remote_tokenizer, progress))
     if progress and served.note:  # how its rounds are verified, where that promises no speed-up
         progress(served.note)
     return served
@@ -107,11 +110,11 @@ def _resolve_all(specs: Sequence[PairSpec], backend: str | None = None) -> list[
 
 def _attach_drafter(target_model: LoadedModel | RemoteTarget, spec: PairSpec, progress: Progress | None) -> ModelPair:
     """The pair of the loaded target and the resolved `spec`'s drafter (None: plain only), with
-    what its kind drafts with loaded beside the target (`DrafterKind.load`), or refused where the
+    what its kind drafts with loaded beside the target (`load_drafter`), or refused where the
     kind does not run on the target's path."""
     if spec.drafter is None:
         return ModelPair(target_model)
-    models = spec.drafter.load(target_model, spec.draft, spec.draft_layers, spec.load_options, progress)
+    models = load_drafter(spec.drafter, target_model, spec.draft, spec.draft_layers, load_options(spec), progress)
     return ModelPair(
         target_model,
         models.draft,

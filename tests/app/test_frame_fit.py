@@ -19,7 +19,7 @@ from specdeck.app.main import xcb_problem
 
 # what the window process reports, once the window manager has framed it and the fit settled
 PROBE = r"""
-import json, sys
+import json, os, sys
 from PySide6.QtCore import QPoint, QSettings, QTimer
 from PySide6.QtWidgets import QApplication
 from specdeck.app.main_window import MainWindow
@@ -47,12 +47,15 @@ def report():
         + [rect(view.show_rejected) for view in (window.speculative_view,)],
         "charts_viewport": rect(charts),
         "plots": [rect(plot) for plot in window.charts.plots],
-    }))
+    }), flush=True)
+    window.close()
     app.quit()
 
 
 QTimer.singleShot(int(sys.argv[2]), report)
 app.exec()
+if not window.model_thread_ended:  # the engine still importing: ended as `specdeck gui` ends then
+    os._exit(0)
 """
 
 

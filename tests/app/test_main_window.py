@@ -372,3 +372,31 @@ def test_a_run_shows_something_moving_until_its_first_token(qtbot, window, monke
     release.set()
     qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
     assert not window.waiting.isVisible() and window.speculative_view.tokens
+
+
+def test_after_the_text_a_sessions_measuring_shows_something_moving(qtbot, window, monkeypatch):
+    """A session whose text is whole but which still measures the machine's costs (after its
+    summary) keeps the busy indicator and says what it is doing; at its end nothing moves."""
+    import threading
+
+    from specdeck.app.main_window import MEASURING
+    from specdeck.engine import session
+    from specdeck.engine.events import SummaryEvent
+
+    release = threading.Event()
+    real_generate = session.generate
+
+    def measuring_after(*args, **kwargs):
+        for event in real_generate(*args, **kwargs):
+            yield event
+            if isinstance(event, SummaryEvent):
+                release.wait(30)  # the measurement after the text
+
+    monkeypatch.setattr(session, "generate", measuring_after)
+    window.run_button.click()
+    qtbot.waitUntil(lambda: window.session_model.summary("speculative") is not None, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: window.waiting.isVisible(), timeout=TIMEOUT_MS)
+    assert window.statusBar().currentMessage() == MEASURING and not window.idle
+    release.set()
+    qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
+    assert not window.waiting.isVisible() and window.statusBar().currentMessage() != MEASURING

@@ -11,8 +11,8 @@ from tiny import build_pair, write_two_prompts
 from transformers import LlamaForCausalLM
 
 from specdeck.bench.prompts import read_prompts, sample_prompts
-from specdeck.bench.runner import AUTO_K, BenchSettings
 from specdeck.bench.service import run_and_write
+from specdeck.bench.settings import AUTO_K, BenchSettings
 from specdeck.bench.sweep import parse_drafters, parse_lookups
 from specdeck.bench.tables import PER_PROMPT_COLUMNS, SUMMARY_COLUMNS, SWEEP_COLUMNS
 from specdeck.cli.main import main

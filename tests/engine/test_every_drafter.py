@@ -146,7 +146,9 @@ def test_every_drafter_writes_plain_text_on_every_path_it_claims(pairs, kind, sc
         pytest.skip(f"the {kind} drafter does not claim this path (its refusal is tested below)")
     monkeypatch.setattr(
         "specdeck.engine.loop.schedule.cost_curve",
-        lambda model, cache_dir=None: CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)),
+        lambda model, cache_dir=None, lm=None, estimate=False: CostCurve(
+            (1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)
+        ),
     )
     kept, summary = _kept(run_session(loaded[kind], PROMPT, _config(schedule)))
     assert kept == plain

@@ -15,7 +15,7 @@ from specdeck.engine.drafting.proposals import DrawnChain, Proposal
 from specdeck.engine.forward import gguf_blocks
 from specdeck.engine.forward.hf_parts import input_embedding
 from specdeck.engine.forward.kvcache import backend_for
-from specdeck.engine.forward.lean_weights import output_weight
+from specdeck.engine.forward.lean_weights import output_rows
 from specdeck.engine.forward.linear import Linear, PathChoice, bfloat16_pays, make_linear
 from specdeck.engine.forward.llama_families import supports
 from specdeck.engine.forward.llama_forward import LlamaForward, output_layer
@@ -68,7 +68,7 @@ class FeatureHeadDrafter(Drafter):
         self.device = self._embedding.weight.device
         # in increasing order: q over them widens to the whole vocabulary in one pass through memory
         self._output_ids = None if output_ids is None else output_ids.to(self.device, torch.long).sort().values
-        rows = None if output_ids is None else output_weight(matrices)[self._output_ids].contiguous()
+        rows = None if self._output_ids is None else output_rows(matrices, self._output_ids).contiguous()
         # bfloat16 where this machine computes it faster (`bfloat16_pays`): a head with a reduced
         # output vocabulary drafts in it, on a copy (the head loaded stays as trained)
         # a GGUF target's head: its layer on Q8_0 blocks of its own weights too, where they run (then

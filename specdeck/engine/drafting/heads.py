@@ -34,18 +34,10 @@ from specdeck.engine.atomic import building_folder, record_path, recorded_damage
 from specdeck.engine.bounded import read_json
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward.hf_parts import output_projection
-from specdeck.engine.forward.lean_weights import output_weight
+from specdeck.engine.forward.lean_weights import output_rows
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel, matrices_of
-from specdeck.engine.loading.models import (
-    HEAD_KEY,
-    OUTPUT_TOKENS_FILE,
-    LoadedModel,
-    Progress,
-    is_head_folder,
-    locate,
-    read_output_tokens,
-)
-from specdeck.engine.loading.registry import BUILTIN_MODELS, BundledModel
+from specdeck.engine.loading.models import OUTPUT_TOKENS_FILE, LoadedModel, Progress, locate, read_output_tokens
+from specdeck.engine.loading.registry import HEAD_KEY, is_head_folder
 
 
 class FeatureHead(torch.nn.Module):
@@ -113,11 +105,22 @@ def head_config(
     return config
 
 
+def _fingerprint_rows(vocab: int) -> torch.Tensor:
+    return torch.linspace(0, vocab - 1, 32).long()
+
+
 def fingerprint(output_layer: torch.Tensor) -> torch.Tensor:
     """256 values of the target's output layer: enough to tell its target from another model of the
     same shape, loose enough (compared by cosine) for the same model in another dtype or quantization."""
-    rows = torch.linspace(0, output_layer.shape[0] - 1, 32).long()
+    rows = _fingerprint_rows(output_layer.shape[0])
     return output_layer.detach()[rows.to(output_layer.device), :8].float().flatten().cpu()
+
+
+def model_fingerprint(model: PreTrainedModel | LlamaCppModel) -> torch.Tensor:
+    """`fingerprint` of a loaded target's output layer, reading only the rows it takes."""
+    matrices = matrices_of(model)
+    rows = _fingerprint_rows(output_projection(matrices).weight.shape[0])
+    return output_rows(matrices, rows)[:, :8].float().flatten().cpu()
 
 
 def save_head(
@@ -177,7 +180,7 @@ def load_head(
     if same and meta.get("fingerprint"):
         same = (
             torch.nn.functional.cosine_similarity(
-                fingerprint(output_weight(matrices_of(target_model))), torch.tensor(meta["fingerprint"]), dim=0
+                model_fingerprint(target_model), torch.tensor(meta["fingerprint"]), dim=0
             )
             > 0.9
         )
@@ -233,16 +236,6 @@ class LoadedHead:
     name: str
     head: FeatureHead
     output_ids: torch.Tensor | None
-
-
-def names_head(name: str | None) -> bool:
-    """Whether `name` is a feature head we can tell without downloading: a built-in alias or a folder."""
-    if not name:
-        return False
-    if name in BUILTIN_MODELS:
-        entry = BUILTIN_MODELS[name]
-        return isinstance(entry, BundledModel) and is_head_folder(entry.path())
-    return is_head_folder(Path(name).expanduser())
 
 
 def load_feature_head(name: str, target: LoadedModel, progress: Progress | None = None) -> LoadedHead:

@@ -174,6 +174,13 @@ class CachedModel:
         if isinstance(self.backend, llama_forward.LlamaForward) and self.backend.steps is not None:
             self.backend.steps.size_for(tokens)
 
+    def reserve(self, tokens: int) -> None:
+        """Room for `tokens` positions now, on the lean forward's cache, which otherwise doubles as it
+        fills and copies what it holds each time (both copies resident at once); while the cache is
+        empty that copies nothing. Elsewhere the cache grows as it fills."""
+        if isinstance(self.backend, llama_forward.LlamaForward):
+            self.backend.cache.reserve(tokens)
+
     def __len__(self) -> int:
         return len(self.backend)
 

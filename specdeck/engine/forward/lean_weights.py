@@ -319,3 +319,14 @@ def output_weight(model: PreTrainedModel) -> torch.Tensor:
         if param is weight:
             return linear.dense()[a:b]
     return weight.detach()
+
+
+def output_rows(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of the model's output matrix, the values `output_weight(model)[ids]` has. Where that
+    matrix is a token embedding read from a GGUF file's blocks (a tied output layer), only these rows
+    are dequantized: a row's values do not depend on the others, and the whole table is seconds."""
+    embedding = input_embedding(model)
+    if isinstance(embedding, BlockEmbedding) and getattr(model.config, "tie_word_embeddings", False):
+        return embedding.rows(ids.cpu())
+    weight = output_weight(model)
+    return weight[ids.to(weight.device)]

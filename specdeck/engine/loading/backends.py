@@ -32,24 +32,13 @@ from typing import Any
 import torch
 
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.loading.registry import BUILTIN_MODELS, BuiltinModel
+from specdeck.engine.loading.registry import BACKENDS, gguf_file
 
-BACKENDS = ("auto", "torch", "llama.cpp")
 STEPS = 12  # timed one-token forwards per backend (their median counts)
 CONTEXT = 64  # cached tokens before them
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
-
-
-def gguf_file(name: str) -> Path | None:
-    """The GGUF file that `name` (a built-in alias or a path) stands for, or None."""
-    entry = BUILTIN_MODELS.get(name)
-    if isinstance(entry, BuiltinModel):
-        path = entry.path()
-        return path if path.suffix == ".gguf" else None
-    path = Path(name).expanduser()
-    return path if path.suffix == ".gguf" and path.is_file() else None
 
 
 _told_missing = False

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.gguf_header import Header, UnreadableHeader, read_gguf
-from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET, gguf_file
 
 _TOKENIZER = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges")
 

@@ -29,6 +29,7 @@ import torch
 from specdeck.engine.atomic import building_folder
 from specdeck.engine.bounded import TooSlow, read_json, within_seconds
 from specdeck.engine.cache import TOKENIZER_SUFFIX
+from specdeck.engine.config import check_prompt
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks
 from specdeck.engine.forward.hf_parts import output_projection
@@ -39,11 +40,10 @@ from specdeck.engine.loading.backends import choose_backend, gguf_file
 from specdeck.engine.loading.devices import resolve_device, resolve_dtype
 from specdeck.engine.loading.gguf_checks import check_gguf
 from specdeck.engine.loading.gguf_conversion import conversion_folder, convert_gguf, converted_weights, pending_damage
+from specdeck.engine.loading.gguf_header import UnreadableHeader, read_gguf
 from specdeck.engine.loading.hub import hub_message, hub_source
 from specdeck.engine.loading.preflight import check_model_folder
-from specdeck.engine.loading.registry import (
-    BUILTIN_MODELS,
-)
+from specdeck.engine.loading.registry import BUILTIN_MODELS, is_head_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -273,14 +273,13 @@ def gguf_tokenizer(path: Path, progress: Progress | None = None):
 
 def gguf_tokenizer_folder(path: Path, progress: Progress | None = None) -> Path:
     """The cache's folder of a GGUF file's tokenizer, built from the file the first time."""
-    from transformers import AutoTokenizer
 
     folder = conversion_folder(path).with_name(conversion_folder(path).name + TOKENIZER_SUFFIX)
     if not (folder / "tokenizer_config.json").is_file():
         if progress:
             progress(f"Reading the tokenizer of {path.name} (once)")
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            tokenizer = _read_gguf_tokenizer(path)
         except Exception as error:  # the gguf reader raises many types on a damaged file
             raise SpecDeckError(
                 f"The tokenizer in {path} cannot be read ({type(error).__name__}: {error}). "
@@ -289,6 +288,28 @@ def gguf_tokenizer_folder(path: Path, progress: Progress | None = None) -> Path:
         with building_folder(folder, replace_unmarked=True) as staging:  # an entry of the cache's own
             tokenizer.save_pretrained(staging)
     return folder
+
+
+# Architectures whose tokenizer `AutoTokenizer` builds with the generic fast class (no class of their
+# own in transformers' table): for them that class reads the file directly, the same files result
+# (tests/engine/loading/test_gguf_tokenizer.py), and the model's configuration is not parsed.
+GENERIC_TOKENIZER_ARCHITECTURES = frozenset({"llama"})
+
+
+def _read_gguf_tokenizer(path: Path):
+    """The tokenizer a GGUF file describes, as transformers builds it. `AutoTokenizer` first parses the
+    file's whole configuration with gguf-py's reader (seconds on a first launch: every string of the
+    vocabulary on its own) only to choose the tokenizer's class; where that class is the generic one,
+    it is taken at once."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        architecture = read_gguf(path).fields.get("general.architecture")
+    except UnreadableHeader:
+        architecture = None  # transformers' reader names what is wrong with the file
+    if architecture in GENERIC_TOKENIZER_ARCHITECTURES:
+        return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
@@ -310,14 +331,6 @@ def _load_tokenizer(name: str, source: str, trust_remote_code: bool):
 
 OUTPUT_TOKENS_FILE = "output_tokens.json"
 TOKENIZER_REFERENCE_FILE = "tokenizer_reference.json"
-HEAD_KEY = "specdeck_head"  # in a feature head's config.json (`specdeck.engine.drafting.heads`)
-
-
-def is_head_folder(path: Path) -> bool:
-    try:
-        return HEAD_KEY in read_json(path / "config.json", "The config")
-    except (SpecDeckError, ValueError, TypeError):
-        return False
 
 
 def tokenizer_source(source: str, progress: Progress | None = None) -> str:
@@ -371,14 +384,6 @@ def _pickle_message(name: str, error: pickle.UnpicklingError) -> str:
 
 
 _CONTENT_MARK = "\ue000specdeck-prompt\ue000"  # private-use characters: no prompt or template holds them
-
-
-def check_prompt(text: str) -> str:
-    """`text`, or a `SpecDeckError` if there is nothing in it to continue or answer (front ends ask
-    before loading models; `encode_prompt` asks again)."""
-    if not text.strip():
-        raise SpecDeckError("The prompt is empty: type something for the model to continue or answer.")
-    return text
 
 
 MAX_TEMPLATE_CHARS = 256 * 1024  # a chat format takes a few kB; the longest known, tens

@@ -1,5 +1,9 @@
 """The models SpecDeck knows by name: the built-in target (a GGUF file an installed package
-ships, so it works offline) and the draft and feature head bundled in SpecDeck's resources."""
+ships, so it works offline) and the draft and feature head bundled in SpecDeck's resources; and
+what a name stands for before anything loads (a GGUF file, a feature head's folder).
+
+Plain Python, no torch: the window's panels read this module before the engine has imported.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeck.engine.bounded import read_json
 from specdeck.engine.errors import SpecDeckError
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -14,6 +19,8 @@ DEFAULT_DRAFT = "smollm2-135m-draft"  # distilled for DEFAULT_TARGET by `specdec
 DEFAULT_HEAD = "smollm2-135m-head"  # a feature head for DEFAULT_TARGET, by `specdeck distill-head`
 # DEFAULT_TARGET's head on its last state alone, for where lower layers' states are not handed out (llama.cpp)
 LAST_STATE_HEAD = "smollm2-135m-head-last-state"
+BACKENDS = ("auto", "torch", "llama.cpp")  # what runs a .gguf model (`specdeck.engine.loading.backends`)
+HEAD_KEY = "specdeck_head"  # in a feature head's config.json (`specdeck.engine.drafting.heads`)
 
 
 @dataclass(frozen=True)
@@ -66,3 +73,30 @@ BUILTIN_MODELS: dict[str, BuiltinModel | BundledModel] = {
         "SpecDeck's earlier feature head for SmolLM2-135M-Instruct (1 layer on its last state; runs on llama.cpp)",
     ),
 }
+
+
+def gguf_file(name: str) -> Path | None:
+    """The GGUF file that `name` (a built-in alias or a path) stands for, or None."""
+    entry = BUILTIN_MODELS.get(name)
+    if isinstance(entry, BuiltinModel):
+        path = entry.path()
+        return path if path.suffix == ".gguf" else None
+    path = Path(name).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
+def is_head_folder(path: Path) -> bool:
+    try:
+        return HEAD_KEY in read_json(path / "config.json", "The config")
+    except (SpecDeckError, ValueError, TypeError):
+        return False
+
+
+def names_head(name: str | None) -> bool:
+    """Whether `name` is a feature head we can tell without downloading: a built-in alias or a folder."""
+    if not name:
+        return False
+    if name in BUILTIN_MODELS:
+        entry = BUILTIN_MODELS[name]
+        return isinstance(entry, BundledModel) and is_head_folder(entry.path())
+    return is_head_folder(Path(name).expanduser())

@@ -49,7 +49,7 @@ from specdeck.engine.loading.models import LoadedModel
 from specdeck.engine.loop.clock import Clock
 from specdeck.engine.loop.drafting_step import DraftingStep
 from specdeck.engine.loop.schedule import session_schedule
-from specdeck.engine.loop.target_forward import target_forward
+from specdeck.engine.loop.target_forward import TargetForward, target_forward
 from specdeck.engine.loop.transcript import Transcript
 from specdeck.engine.loop.verification import verify
 from specdeck.engine.remote.remote_target import RemoteTarget, require_greedy
@@ -70,6 +70,8 @@ def generate(
     A remote target's server failing (`specdeck.engine.remote.remote_http.ServerFault`, or another
     `SpecDeckError` from a round's request) ends the session with stop reason "server_error": its
     summary, with the text so far, comes out before the error is raised.
+    A greedy session that planned from a first estimate of the target's costs measures them after
+    its summary, on its own KV cache (`Schedule.settle`), as the caller asks for what follows it.
     """
     if target.model is None:
         require_greedy(config)
@@ -82,7 +84,10 @@ def generate(
     generator = torch.Generator(device=target.device).manual_seed(config.seed)
     lm = target_forward(target, drafter)
     drafting = DraftingStep(drafter, config, target.vocab_width, target.device)
-    schedule = session_schedule(target, drafter, config, drafting.name, drafting.copy_length, lm.supports_trees)
+    own_cache = lm.lm if isinstance(lm, TargetForward) else None  # the costs are measured on it, before the prompt
+    schedule = session_schedule(
+        target, drafter, config, drafting.name, drafting.copy_length, lm.supports_trees, own_cache
+    )
     planner = schedule.planner
     transcript, clock = Transcript(target, config, budget), Clock(target.device)
 
@@ -139,3 +144,5 @@ def generate(
         yield from transcript.round(events, draft, clock, lm.server_time)
     drafting.end(ids)
     yield transcript.summary(schedule.describe())
+    if not (cancel is not None and cancel.is_set()):  # after the text, where it costs no token a wait
+        schedule.settle()

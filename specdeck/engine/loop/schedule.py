@@ -1,7 +1,9 @@
 """Each round's shape (`Schedule`): how much the round drafts or copies, and how much of a copy it
 verifies. `auto` asks the planner (`specdeck.engine.planner.autotune.RoundPlanner`: the shape that keeps the
 most tokens per ms, from the costs measured on this machine and the session's acceptance);
-`constant` drafts K every round; `heuristic` moves K after each round."""
+`constant` drafts K every round; `heuristic` moves K after each round. A greedy session that finds
+no cost curve measured plans from a first estimate and measures the curve after its text, on its
+own KV cache (`Schedule.settle`)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ from specdeck.engine.cache import costs_cache
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.drafting.drafters import Drafter
 from specdeck.engine.drafting.proposals import Proposal
+from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.loading.models import LoadedModel
 from specdeck.engine.loop.clock import Clock
 from specdeck.engine.loop.draft_tree import DraftTree
 from specdeck.engine.planner.autotune import MAX_WIDTH, RoundPlanner
-from specdeck.engine.planner.costs import cost_curve, draft_cost
+from specdeck.engine.planner.costs import cost_curve, curve_due, draft_cost
 from specdeck.engine.planner.description import describe_planner
 from specdeck.engine.planner.round_shape import Shape
 from specdeck.engine.remote.remote_target import RemoteTarget
@@ -29,10 +32,28 @@ class Schedule:
     after a round whose drafts all passed, K - 1 after one with a refusal, within [1, max_k]. A round
     that copies from the text copies up to `copy_length` tokens."""
 
-    def __init__(self, config: DecodeConfig, copy_length: int, planner: RoundPlanner | None) -> None:
+    def __init__(
+        self,
+        config: DecodeConfig,
+        copy_length: int,
+        planner: RoundPlanner | None,
+        unsettled: tuple[LoadedModel, CachedModel] | None = None,
+    ) -> None:
         self.config = config
         self.planner = planner
         self.fixed = Shape(copy_length, config.k)
+        self.unsettled = unsettled  # the target and the session's cache, where its cost curve is still due
+
+    def settle(self) -> None:
+        """Measure the target's cost curve (or check a saved one against the machine's pace) where
+        this session planned without doing so: after its text, on its KV cache, emptied first (its
+        tokens are not needed any more), so that the first token did not wait for it and no second
+        cache is made for it. Later sessions plan from it."""
+        if self.unsettled is not None:
+            target, lm = self.unsettled
+            self.unsettled = None
+            lm.reset()
+            cost_curve(target.model, costs_cache(), lm)
 
     def plan(self) -> Shape:
         return self.planner.plan() if self.planner else self.fixed
@@ -90,20 +111,24 @@ def session_schedule(
     name: str,
     copy_length: int,
     trees: bool,
+    lm: CachedModel | None,
 ) -> Schedule:
     """The schedule of a session whose drafting is called `name` and copies up to `copy_length`
     tokens a round, with the auto schedule's planner (none under the others, and for plain
     decoding): each round's shape chosen from the costs measured on this machine (cached) and the
     session's acceptance, with alternatives to the first draft (a tree) where `trees` can run.
     Greedy sessions also adapt the costs to what their rounds take (their text cannot change with
-    the shape); sampled ones plan from the cached costs alone, so a seed gives the same text on
-    this machine."""
+    the shape), and where the target's cost curve is not measured yet start from a first estimate
+    (the curve is measured after the session, `Schedule.settle`); sampled ones plan from the cached
+    costs alone, measured first where they are not, so a seed gives the same text on this machine.
+    `lm`: the session's KV cache of the target, empty, which measurements use and roll back."""
     if drafter is None or config.schedule != "auto" or isinstance(target, RemoteTarget):
         return Schedule(config, copy_length, None)  # (a served target's costs are not measured here)
     costs = costs_cache()
     per_token = draft_cost(drafter, target.vocab_width, target.model.config.hidden_size, costs)
+    estimate = config.greedy and lm is not None and curve_due(target.model)
     planner = RoundPlanner(
-        cost_curve(target.model, costs),
+        cost_curve(target.model, costs, lm, estimate),
         per_token,
         config.max_k,
         copy_length,
@@ -119,4 +144,4 @@ def session_schedule(
         if earlier is not None:
             planner.carry_over(earlier)
         planners[name] = planner
-    return Schedule(config, copy_length, planner)
+    return Schedule(config, copy_length, planner, (target, lm) if estimate and lm is not None else None)

@@ -149,18 +149,26 @@ def _chain_verdict(
     the newest kept token's row and theirs."""
     n, proposal = len(draft.tokens), draft.proposal
     kept = draft.tokens[:m] + [token]
-    p_kept = p[torch.arange(m + 1, device=p.device), torch.tensor(kept, device=p.device)].tolist()
+    # p of every draft in its row, then of the target's token in row m: one read from the device a
+    # round (each read waits for the GPU), the kept drafts' and the refused ones' alike
+    index = torch.tensor([[*range(n), m], [*draft.tokens, token]], device=p.device)
+    p_read = p[index[0], index[1]].tolist()
+    p_kept = p_read[:m] + [p_read[n]]
     last = TokenState.PLAIN if not n else (TokenState.BONUS if m == n else TokenState.RESAMPLED)
-    drawn = m + (last is TokenState.RESAMPLED)  # tokens with a q: a resampled token has the refused draft's
-    q_kept: list[float | None] = [*proposal.q_of(kept[:drawn])] if drawn else []
+    q_drafts = proposal.q_of(draft.tokens)  # each draft's q in its row: the kept ones' and the refused ones'
+    # a resampled token has the refused draft's row of q
+    q_kept: list[float | None] = [
+        *q_drafts[:m],
+        *(proposal.q_of([token], row=m) if last is TokenState.RESAMPLED else []),
+    ]
     pieces = proposal.pieces
-    refused = _refused_drafts(draft.tokens[m:], p[m:n], proposal.q_of(draft.tokens)[m:] if m < n else [], m + 1, pieces)
+    refused = _refused_drafts(draft.tokens[m:], p_read[m:n], q_drafts[m:], m + 1, pieces)
     if draft.alternatives and (m == 0 or not config.greedy):
         # greedy: the argmax refused them all with the first draft; sampled: tried in turn after its
         # refusal, all refused (m = 0), or never tried (m > 0)
         refused += _refused_alternatives(draft, p[0], chances, tried=len(draft.alternatives) if m == 0 else 0)
     kept_pieces = [pieces[i] if i < m else None for i in range(len(kept))] if pieces else None
-    q_kept += [None] * (len(kept) - drawn)
+    q_kept += [None] * (len(kept) - len(q_kept))
     return Verdict(kept, m, m, list(range(m + 1)), last, p_kept, q_kept, refused, kept_pieces)
 
 
@@ -192,7 +200,8 @@ def _tree_verdict(
     place, `bonus` after it: the cache keeps the newest kept token's row and the alternative's."""
     n, proposal = len(draft.tokens), draft.proposal
     alternative = draft.alternatives[taken]
-    refused = _refused_drafts(draft.tokens, p[:n], proposal.q_of(draft.tokens), 1, proposal.pieces)
+    p_drafts = p[torch.arange(n, device=p.device), torch.tensor(draft.tokens, device=p.device)].tolist()
+    refused = _refused_drafts(draft.tokens, p_drafts, proposal.q_of(draft.tokens), 1, proposal.pieces)
     tried = len(draft.alternatives) if config.greedy else taken  # greedy: the argmax refused all the others
     refused += _refused_alternatives(draft, p[0], chances, tried, kept=alternative)
     q_kept = [proposal.q_of([alternative], row=0)[0], None]
@@ -205,16 +214,14 @@ def _tree_verdict(
 
 
 def _refused_drafts(
-    tokens: list[int], p: torch.Tensor, q: list[float], depth: int, pieces: list[DraftPiece] | None = None
+    tokens: list[int], p: list[float], q: list[float], depth: int, pieces: list[DraftPiece] | None = None
 ) -> list[Refused]:
-    """A chain's refused drafts from `depth` on, with their p (one row per draft) and q: the first
-    rejected, those after it discarded, never judged."""
+    """A chain's refused drafts from `depth` on, with their p and q: the first rejected, those
+    after it discarded, never judged."""
     if not tokens:
         return []
-    index = torch.tensor(tokens, device=p.device)
-    rows = torch.arange(len(tokens), device=p.device)
     states = [TokenState.REJECTED] + [TokenState.DISCARDED] * (len(tokens) - 1)
-    figures = zip(tokens, p[rows, index].tolist(), q, states)
+    figures = zip(tokens, p, q, states)
     return [
         Refused(t, pv, qv, depth + i, state, pieces[depth + i - 1] if pieces else None)
         for i, (t, pv, qv, state) in enumerate(figures)

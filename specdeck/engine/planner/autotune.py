@@ -11,9 +11,10 @@ and are judged once found (`RoundPlanner.copy_length`): each is verified as far 
 kept tokens per ms beat the planned round, with acceptance estimated by where it was copied from,
 how long its match is and whether the text went on otherwise after it (`CopyAcceptance`).
 
-V comes from a cost curve measured once per model, device and machine (a second or two at load,
-then cached on disk) and scaled by what the session's verifies actually take; c, the overhead
-and the acceptances are measured as the session runs, with older rounds weighing less.
+V comes from a cost curve measured once per model, device and machine (a second or two, after a
+greedy session's text or before a sampled one's first token, then cached on disk) and scaled by
+what the session's verifies actually take; c, the overhead and the acceptances are measured as
+the session runs, with older rounds weighing less.
 """
 
 from __future__ import annotations

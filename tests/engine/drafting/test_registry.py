@@ -29,3 +29,13 @@ def test_the_hybrid_runs_where_its_model_runs():
     assert PairSpec(SERVER, DEFAULT_DRAFT, DrafterKind.HYBRID, target_model="m").resolved().draft == DEFAULT_DRAFT
     with pytest.raises(SpecDeckError, match="hybrid drafter with a feature head does not run on a server: .*hidden"):
         PairSpec(SERVER, DEFAULT_HEAD, DrafterKind.HYBRID, target_model="m").resolved()
+
+
+def test_every_kind_has_its_record_and_its_code():
+    """Each kind is registered in both tables, what it is (`specdeck.engine.drafting.kinds.RECORDS`)
+    and how it loads and drafts (`specdeck.engine.drafting.registry.REGISTRY`): none is offered that
+    no session could make."""
+    from specdeck.engine.drafting.kinds import RECORDS
+    from specdeck.engine.drafting.registry import REGISTRY
+
+    assert set(RECORDS) == set(DrafterKind) == set(REGISTRY)

@@ -48,7 +48,9 @@ def test_greedy_hybrid_equals_plain(tiny_llama, kind, schedule, monkeypatch):
     models cost on a busy machine."""
     monkeypatch.setattr(
         "specdeck.engine.loop.schedule.cost_curve",
-        lambda model, cache_dir=None: CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)),
+        lambda model, cache_dir=None, lm=None, estimate=False: CostCurve(
+            (1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)
+        ),
     )
     monkeypatch.setattr("specdeck.engine.loop.schedule.draft_cost", lambda *args, **kwargs: 0.1)
     # every first draft verified: the tiny random models' likeliest token is rarely likely enough to

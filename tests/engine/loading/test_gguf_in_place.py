@@ -132,3 +132,15 @@ def test_each_backend_names_what_runs_the_builtin_target(monkeypatch):
     monkeypatch.delenv("SPECDECK_GGUF_BLOCKS")
     if library() is not None:
         assert load_model(DEFAULT_TARGET, LoadOptions(device="cpu", backend="llama.cpp")).runs == "llama.cpp Q4_1"
+
+
+@needs_kernel
+def test_a_tied_output_layers_rows_read_alone_are_the_whole_tables(tmp_path, monkeypatch):
+    """A head's rows of the output layer (and its target's fingerprint) read from the file's blocks
+    alone have the bits the whole table dequantized gives them, in the order asked."""
+    from specdeck.engine.forward.lean_weights import output_rows, output_weight
+
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    model = load_model(DEFAULT_TARGET, LoadOptions(device="cpu")).model
+    ids = torch.tensor([49151, 0, 7, 7, 30000, 1])
+    assert torch.equal(output_rows(model, ids), output_weight(model)[ids])

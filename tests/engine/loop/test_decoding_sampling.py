@@ -127,7 +127,8 @@ def test_auto_schedule_sampling_follows_target(tiny_llama, monkeypatch):
     from specdeck.engine.planner.costs import CostCurve
 
     monkeypatch.setattr(
-        "specdeck.engine.loop.schedule.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
+        "specdeck.engine.loop.schedule.cost_curve",
+        lambda model, cache_dir=None, lm=None, estimate=False: CostCurve((1, 16), (10.0, 10.0)),
     )
     monkeypatch.setattr("specdeck.engine.loop.schedule.draft_cost", lambda *args, **kwargs: 0.1)
     target, draft = tiny_llama

@@ -191,7 +191,8 @@ def test_sampled_sessions_plan_trees_that_keep_alternatives_and_repeat_for_a_see
     """Under the auto schedule with a verify that costs the same for any size, sampled sessions verify
     trees, keep an alternative to the first draft in some rounds, and give the same text for a seed."""
     monkeypatch.setattr(
-        "specdeck.engine.loop.schedule.cost_curve", lambda model, cache_dir=None: CostCurve((1, 16), (10.0, 10.0))
+        "specdeck.engine.loop.schedule.cost_curve",
+        lambda model, cache_dir=None, lm=None, estimate=False: CostCurve((1, 16), (10.0, 10.0)),
     )
     monkeypatch.setattr("specdeck.engine.loop.schedule.draft_cost", lambda *args, **kwargs: 0.1)
     target, _ = tiny_llama

@@ -110,7 +110,7 @@ def test_expected_tokens_follow_acceptance_by_depth():
 def steady_pace(monkeypatch):
     """The machine runs at the cached curves' pace (the tiny model's real steps are not what the
     curves these tests cache say)."""
-    monkeypatch.setattr(costs, "pace_of", lambda model, curve: 1.0)
+    monkeypatch.setattr(costs, "pace_of", lambda model, curve, lm=None: 1.0)
 
 
 def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch, steady_pace):
@@ -120,7 +120,7 @@ def test_cost_curve_is_cached_per_model(tiny_llama, tmp_path, monkeypatch, stead
     measured = costs.measure_curve(target.model)
     assert measured.forward_ms[0] > 0 and len(measured.forward_ms) == len(costs.CURVE_TOKENS)
     steady = CostCurve((1, 16), (10.0, 11.0), "this machine", spread=0.05)
-    monkeypatch.setattr(costs, "measure_curve", lambda model: steady)
+    monkeypatch.setattr(costs, "measure_curve", lambda model, lm=None: steady)
     assert costs.cost_curve(target.model, tmp_path) == steady
     assert len(list(tmp_path.glob("curve-*.json"))) == 1
     costs._CURVES.pop(target.model, None)  # as a new process would start
@@ -151,7 +151,7 @@ def test_a_damaged_cached_curve_is_measured_again_with_a_notice(
     target, _ = tiny_llama
     costs._CURVES.pop(target.model, None)
     steady, again = CostCurve((1, 16), (10.0, 11.0), "this machine"), CostCurve((1, 16), (12.0, 13.0), "this machine")
-    monkeypatch.setattr(costs, "measure_curve", lambda model: steady)
+    monkeypatch.setattr(costs, "measure_curve", lambda model, lm=None: steady)
     costs.cost_curve(target.model, tmp_path)
     (path,) = tmp_path.glob("curve-*.json")
     changed = damage(path.read_text())
@@ -159,12 +159,12 @@ def test_a_damaged_cached_curve_is_measured_again_with_a_notice(
     if "NaN" in changed:
         record_path(path).write_text(f"{path.stat().st_size} {hashlib.sha256(path.read_bytes()).hexdigest()}\n")
     costs._CURVES.pop(target.model, None)  # as a new process would start
-    monkeypatch.setattr(costs, "measure_curve", lambda model: again)
+    monkeypatch.setattr(costs, "measure_curve", lambda model, lm=None: again)
     with caplog.at_level("WARNING"):
         assert costs.cost_curve(target.model, tmp_path) == again
     assert "measuring it again" in caplog.text
     costs._CURVES.pop(target.model, None)
-    monkeypatch.setattr(costs, "measure_curve", lambda model: steady)
+    monkeypatch.setattr(costs, "measure_curve", lambda model, lm=None: steady)
     assert costs.cost_curve(target.model, tmp_path) == again, "the new measurement was not kept"
 
 
@@ -176,7 +176,7 @@ def test_curves_with_and_without_cuda_graphs_are_cached_apart(tiny_llama, tmp_pa
     for graphs, curve in (("1", CostCurve((1, 16), (4.0, 4.0))), ("0", CostCurve((1, 16), (20.0, 30.0)))):
         monkeypatch.setenv("SPECDECK_CUDA_GRAPHS", graphs)
         costs._CURVES.pop(target.model, None)
-        monkeypatch.setattr(costs, "measure_curve", lambda model, curve=curve: curve)
+        monkeypatch.setattr(costs, "measure_curve", lambda model, lm=None, curve=curve: curve)
         assert costs.cost_curve(target.model, tmp_path) == curve
     assert len(list(tmp_path.glob("curve-*.json"))) == 2
 
@@ -191,7 +191,7 @@ def test_a_curve_is_measured_again_for_another_build_of_the_row_kernel(tiny_llam
     for build, curve in (("a.so", CostCurve((1, 16), (4.0, 5.0))), ("b.so", CostCurve((1, 16), (9.0, 30.0)))):
         monkeypatch.setattr(kernel_build, "identity", lambda build=build: build)
         costs._CURVES.pop(target.model, None)
-        monkeypatch.setattr(costs, "measure_curve", lambda model, curve=curve: curve)
+        monkeypatch.setattr(costs, "measure_curve", lambda model, lm=None, curve=curve: curve)
         assert costs.cost_curve(target.model, tmp_path) == curve
     assert len(list(tmp_path.glob("curve-*.json"))) == 2
 
@@ -205,10 +205,10 @@ def test_a_curve_measured_on_a_busy_machine_is_measured_again(tiny_llama, tmp_pa
     noisier = CostCurve((1, 16), (30.0, 31.0), "this machine", spread=9.0)
     for measured, expected in ((busy, busy), (steady, steady)):
         costs._CURVES.pop(target.model, None)
-        monkeypatch.setattr(costs, "measure_curve", lambda model, curve=measured: curve)
+        monkeypatch.setattr(costs, "measure_curve", lambda model, lm=None, curve=measured: curve)
         assert costs.cost_curve(target.model, tmp_path) == expected
     costs._CURVES.pop(target.model, None)
-    monkeypatch.setattr(costs, "measure_curve", lambda model: noisier)
+    monkeypatch.setattr(costs, "measure_curve", lambda model, lm=None: noisier)
     assert costs.cost_curve(target.model, tmp_path) == steady  # read back, steady: not measured again
 
 
@@ -223,11 +223,11 @@ def test_a_cached_curve_is_measured_again_where_the_machine_s_pace_moved(tiny_ll
     assert step > 0
     cached = CostCurve((1, 16), (step / pace, 2 * step / pace), "this machine", spread=0.05)
     fresh = CostCurve((1, 16), (step, 3 * step), "this machine", spread=0.05)
-    monkeypatch.setattr(costs, "measure_curve", lambda model: cached)
+    monkeypatch.setattr(costs, "measure_curve", lambda model, lm=None: cached)
     assert costs.cost_curve(target.model, tmp_path) == cached
     costs._CURVES.pop(target.model, None)
-    monkeypatch.setattr(costs, "pace_of", lambda model, curve: step / curve.ms(1))  # steady steps here
-    monkeypatch.setattr(costs, "measure_curve", lambda model: fresh)
+    monkeypatch.setattr(costs, "pace_of", lambda model, curve, lm=None: step / curve.ms(1))  # steady steps here
+    monkeypatch.setattr(costs, "measure_curve", lambda model, lm=None: fresh)
     expected = cached if pace == 1.2 else fresh
     assert costs.cost_curve(target.model, tmp_path) == expected
     costs._CURVES.pop(target.model, None)
@@ -240,7 +240,9 @@ def _forcing_drafts(monkeypatch, curve: CostCurve = FLAT, draft_ms: float = 0.1)
     number of tokens, the rest of a round: 1 ms each) does not depend on what else runs."""
     ticks = itertools.count()
     monkeypatch.setattr(Clock, "read", staticmethod(lambda: next(ticks) * 1e-3))
-    monkeypatch.setattr("specdeck.engine.loop.schedule.cost_curve", lambda model, cache_dir=None: curve)
+    monkeypatch.setattr(
+        "specdeck.engine.loop.schedule.cost_curve", lambda model, cache_dir=None, lm=None, estimate=False: curve
+    )
     monkeypatch.setattr("specdeck.engine.loop.schedule.draft_cost", lambda drafter, *args, **kwargs: draft_ms)
     # the tiny models' drafts are all unlikely (their top probabilities are a few percent): verify them anyway
     monkeypatch.setattr(RoundPlanner, "first_floor", lambda self, width: 0.0)

@@ -1,0 +1,79 @@
+"""The window before the engine: it is built and shown without torch, the model thread imports the
+engine once it shows, and a Run pressed meanwhile waits visibly and then runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+from specdeck.app import worker
+from specdeck.app.model_host import STARTING
+
+TIMEOUT_MS = 60_000
+HEAVY = ("torch", "transformers", "specdeck.engine.session", "specdeck.bench.runner", "specdeck.engine.planner.costs")
+
+
+def test_building_the_window_imports_neither_torch_nor_transformers():
+    """A fresh process that imports the window's module and builds the MainWindow has loaded no torch,
+    no transformers and none of the engine's modules that need them (they would delay the first paint
+    by seconds)."""
+    code = (
+        "import json, sys\n"
+        "from PySide6.QtWidgets import QApplication\n"
+        "app = QApplication([])\n"
+        "from specdeck.app.main_window import MainWindow\n"
+        "window = MainWindow(settings=None)\n"
+        "loaded = sorted(sys.modules)\n"
+        "window.close()\n"
+        "print(json.dumps(loaded))\n"
+    )
+    environment = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, env=environment
+    )
+    loaded = set(json.loads(out.stdout.splitlines()[-1]))
+    assert "specdeck.app.main_window" in loaded and "specdeck.engine.pair_spec" in loaded
+    assert not loaded & set(HEAVY), f"building the window imported {sorted(loaded & set(HEAVY))}"
+
+
+def test_run_before_the_engine_started_waits_visibly_then_runs(qtbot, loop, settings, tiny_pair, errors, monkeypatch):
+    """While the model thread imports the engine the status bar says so with its busy bar; Run pressed
+    then shows that it waits for the engine, and runs once it is there."""
+    from specdeck.app.main_window import MainWindow
+
+    release = threading.Event()
+    real_import = worker.import_engine
+
+    def slow_import():
+        release.wait(30)  # the seconds torch and transformers take on a first launch
+        return real_import()
+
+    monkeypatch.setattr(worker, "import_engine", slow_import)
+    window = MainWindow(settings=settings)
+    qtbot.addWidget(window)
+    target, draft = tiny_pair
+    window.model_panel.target.set_value(str(target))
+    window.model_panel.drafter.setCurrentText("draft model")
+    window.model_panel.draft.set_value(str(draft))
+    window.model_panel.device.setCurrentText("cpu")
+    window.model_panel.dtype.setCurrentText("float32")
+    window.decoding_panel.prompt.setPlainText("The quick brown fox")
+    window.decoding_panel.chat.setChecked(False)
+    window.decoding_panel.max_new_tokens.setValue(20)
+    window.show()
+    qtbot.waitUntil(lambda: window.host.engine_starting, timeout=5000)  # after the first paint
+    assert window.statusBar().currentMessage() == STARTING and window.waiting.isVisible()
+
+    window.run_button.click()
+    qtbot.wait(300)
+    assert window.session_model.activity.loading and window.waiting.isVisible()
+    assert window._progress is not None and window._progress.labelText() == STARTING
+    assert not window.speculative_view.tokens
+    release.set()
+    qtbot.waitUntil(lambda: window.idle, timeout=TIMEOUT_MS)
+    assert errors == [] and window.speculative_view.tokens
+    assert window.session_model.records[0].summary is not None and not window.waiting.isVisible()
+    window.close()

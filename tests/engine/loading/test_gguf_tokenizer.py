@@ -1,0 +1,41 @@
+"""A GGUF file's tokenizer, read the quick way where its architecture allows, is the tokenizer
+transformers' `AutoTokenizer` makes of the file: the same saved files, the same token ids."""
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+from specdeck.engine.loading.backends import gguf_file
+from specdeck.engine.loading.models import GENERIC_TOKENIZER_ARCHITECTURES, gguf_tokenizer_folder
+from specdeck.engine.loading.registry import DEFAULT_TARGET
+
+BUILTIN = gguf_file(DEFAULT_TARGET)
+TEXTS = ["def add(a, b):\n    return a + b", "Ünïcödé  spaces\t\ttabs <|im_start|>user", " leading space", ""]
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    """The tokenizer's files (not the manifest SpecDeck keeps beside them)."""
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if not path.name.startswith(".")}
+
+
+@pytest.mark.parametrize("architecture", sorted(GENERIC_TOKENIZER_ARCHITECTURES))
+def test_the_quick_path_is_taken_only_where_auto_would_take_the_generic_class(architecture):
+    # the rule the quick path rests on: transformers gives this architecture no tokenizer class of
+    # its own, so `AutoTokenizer` ends at the generic one too (a newer transformers may add one)
+    assert TOKENIZER_MAPPING_NAMES.get(architecture) in (None, "TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def test_the_built_in_files_tokenizer_is_what_auto_tokenizer_makes(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path / "cache"))
+    ours = gguf_tokenizer_folder(BUILTIN)
+    theirs = tmp_path / "auto"
+    reference = AutoTokenizer.from_pretrained(str(BUILTIN.parent), gguf_file=BUILTIN.name)
+    reference.save_pretrained(theirs)
+    assert files_of(ours) == files_of(theirs)
+    loaded = AutoTokenizer.from_pretrained(str(ours))
+    for text in TEXTS:
+        assert loaded.encode(text) == reference.encode(text)
+    chat = [{"role": "user", "content": "Hi"}]
+    assert loaded.apply_chat_template(chat, tokenize=False) == reference.apply_chat_template(chat, tokenize=False)
