@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from specdeck.engine.forward.row_kernel import KernelLinear, QuantizedLinear, QuantizedParts
+from specdeck.engine.memory import trim_heap
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ ALIGN = 64  # each part starts on a cache line
 # Less than this is left where it is: weights that fit a large L3 cache hardly stream from memory,
 # and the mapping's rounding to whole huge pages would add up to a sixteenth to them.
 SMALLEST = 16 * HUGE_PAGE
+TRIM_EVERY = 64 << 20  # bytes of freed buffers after which the C heap gives them back to the system
 
 
 def packed_parts(products: list) -> list[KernelLinear | QuantizedLinear]:
@@ -60,11 +62,19 @@ def gather(products: list, smallest: int = SMALLEST) -> mmap.mmap | None:
         log.info("the packed weights keep their own buffers: %s", error)
         return None
     memory = torch.from_numpy(np.frombuffer(arena, dtype=np.uint8))
-    at = 0
+    at = freed = 0
     for part, size in zip(parts, sizes):
         own = part._packed
         place = memory[at : at + own.nbytes].view(own.dtype)
         place.copy_(own)
         part._packed = place
         at += size
+        freed += own.nbytes
+        del own
+        if freed >= TRIM_EVERY:
+            # the C heap keeps what was freed for its own later use; given back now, the arena's
+            # pages take the place of the buffers' instead of adding to them
+            trim_heap()
+            freed = 0
+    trim_heap()
     return arena
