@@ -13,6 +13,7 @@ more alone: its prefill, not its one-token steps.
 
 from __future__ import annotations
 
+import atexit
 import time
 from pathlib import Path
 
@@ -33,6 +34,7 @@ OTHER_ROUNDING = (
 )
 
 _OPENED: dict[tuple[Path, int], object] = {}  # the one `Llama` a benchmark times, by file and threads
+_OPENED_AT_EXIT: list[bool] = []  # whether `_close_opened` runs at the interpreter's end
 
 
 def check_baseline(pair: ModelPair) -> Path:
@@ -51,11 +53,22 @@ def check_baseline(pair: ModelPair) -> Path:
     return path
 
 
+def _close_opened() -> None:
+    """Free the opened model while llama-cpp-python is whole: left to the interpreter's end, its
+    `__del__` runs after the module's globals are gone and prints a traceback."""
+    for llm in _OPENED.values():
+        llm.close()  # type: ignore[attr-defined]
+    _OPENED.clear()
+
+
 def _opened(path: Path):
     threads = torch.get_num_threads()
     key = (path, threads)
     if key not in _OPENED:
-        _OPENED.clear()
+        _close_opened()
+        if not _OPENED_AT_EXIT:
+            atexit.register(_close_opened)
+            _OPENED_AT_EXIT.append(True)
         llama = library()
         # `Llama` has no argument for the weights' buffers: its defaults are read from the low-level
         # module, so they are swapped for `default_params`'s (no AMX buffers, which crash) while it loads.
