@@ -5,12 +5,12 @@ openbox or Qt's X11 libraries are missing (`apt-get install xvfb openbox`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -59,25 +59,22 @@ if not window.model_thread_ended:  # the engine still importing: ended as `specd
 """
 
 
-def _x_server(tmp_path: Path, size: str) -> tuple[subprocess.Popen, subprocess.Popen, str]:
-    read, write = os.pipe()
-    xvfb = subprocess.Popen(
-        ["Xvfb", "-displayfd", str(write), "-screen", "0", f"{size}x24", "-nolisten", "tcp"],
-        pass_fds=(write,),
-        stderr=subprocess.DEVNULL,
-    )
-    os.close(write)
-    with os.fdopen(read) as numbers:
-        display = ":" + numbers.readline().strip()
-    manager = subprocess.Popen(["openbox"], env={**os.environ, "DISPLAY": display}, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # openbox takes over the screen before the window maps
-    return xvfb, manager, display
+def _first_launch():
+    """`packaging/first_launch.py`, the script that times a launch on such a screen: it starts one."""
+    pytest.importorskip("PIL")  # the script grabs the screen with Pillow
+    path = Path(__file__).resolve().parents[2] / "packaging" / "first_launch.py"
+    spec = importlib.util.spec_from_file_location("first_launch", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _probe(tmp_path: Path, size: str) -> dict:
     if not (shutil.which("Xvfb") and shutil.which("openbox")):
         pytest.skip("needs Xvfb and openbox (apt-get install xvfb openbox)")
-    xvfb, manager, display = _x_server(tmp_path, size)
+    servers, display = _first_launch().x_screen(size)
     try:
         environ = {**os.environ, "DISPLAY": display, "QT_QPA_PLATFORM": "xcb", "XDG_CONFIG_HOME": str(tmp_path)}
         problem = xcb_problem(environ)
@@ -91,10 +88,9 @@ def _probe(tmp_path: Path, size: str) -> dict:
             timeout=120,
         )
     finally:
-        manager.terminate()
-        xvfb.terminate()
-        manager.wait()
-        xvfb.wait()
+        for server in reversed(servers):  # the window manager, then the X server
+            server.terminate()
+            server.wait()
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
