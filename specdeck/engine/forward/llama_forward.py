@@ -24,8 +24,10 @@ token tree's paths and the masks of its fused attention call are
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
@@ -58,6 +60,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm` of float32 rows (n, hidden) on the CPU, row by row through numpy's multiply and
+    sum, so that a row's bits never depend on the rows beside it. The fused layers' final norm runs
+    between the two products that stream a step's weights through every cache: there each library
+    call pays its code from memory again, and torch's eight operations took twice as long as these
+    few. Other rows go to `rms_norm`."""
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+        return rms_norm(x[None], weight, eps)[0]
+    rows, scale = x.detach().numpy(), weight.detach().numpy()
+    out = np.empty_like(rows)
+    for row, normed in zip(rows, out):
+        squares = float(np.multiply(row, row, out=normed).sum())
+        np.multiply(row, np.float32(1.0 / math.sqrt(squares / row.size + eps)), out=normed)
+        np.multiply(normed, scale, out=normed)
+    return torch.from_numpy(out)
 
 
 FIRST_CAPACITY = 256  # positions a KV cache holds at first
@@ -172,21 +191,23 @@ class LlamaForward:
         if self.steps is not None and self.steps.takes(n, start, tree=parents is not None):
             return self.steps.hidden(inputs)
         cache.reserve(start + n)
+        # On the fused layers, every row is computed alone up to their bound (a feature head's 32 pairs
+        # after a run of plain steps too, faster than eagerly); the rotary's rows are slices of its table.
+        if (start > 0 or self.fused_first_chunk) and n <= FUSED_LIMIT and parents is None and self.fused is not None:
+            cos, sin = self._rotary_table(start + n)
+            x, self.tapped = self.fused.run(
+                inputs, cos[start : start + n], sin[start : start + n], cache, start, self.taps
+            )
+            cache.length = start + n
+            return rms_norm_rows(x, w.norm, self.shape.rms_eps)
         x = inputs.unsqueeze(0)  # (1, n, hidden)
         paths = tree_paths(parents) if parents is not None else None
         depths = [len(path) - 1 for path in paths] if paths else list(range(n))
         cos, sin = self._rotary_rows(start, depths if paths else None, n, x.dtype)
         # After cached positions, up to ROW_BY_ROW_LIMIT queries attend row by row
         # (`specdeck.engine.forward.row_attention`), each query's bits those of a one-token step at its
-        # position; a first chunk or a longer one takes one fused call. On the fused layers, every row is
-        # computed alone up to their bound (a feature head's 32 pairs after a run of plain steps too, faster
-        # than eagerly).
+        # position; a first chunk or a longer one takes one fused call.
         rowwise = start > 0 and n <= ROW_BY_ROW_LIMIT
-        if (start > 0 or self.fused_first_chunk) and n <= FUSED_LIMIT and paths is None and self.fused is not None:
-            cache.reserve(start + n)
-            x, self.tapped = self.fused.run(inputs, cos, sin, cache, start, self.taps)
-            cache.length = start + n
-            return rms_norm(x[None], w.norm, self.shape.rms_eps)[0]
         if rowwise:
             cache.reserve(row_attention.span(start + n))
             calls = self._calls(start, n, paths, inputs.dtype, inputs.device)
@@ -242,7 +263,17 @@ class LlamaForward:
         computed once, so a position's values never depend on which others were asked with it; a
         step reads two slices instead of running eight small operations (a tenth of a feature
         head's draft)."""
-        top = start + (max(depths) + 1 if depths else n)
+        cos, sin = self._rotary_table(start + (max(depths) + 1 if depths else n))
+        if depths is None:
+            cos, sin = cos[start : start + n], sin[start : start + n]
+        else:
+            rows = torch.tensor(depths, device=cos.device) + start
+            cos, sin = cos[rows], sin[rows]
+        return cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
+
+    def _rotary_table(self, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary's cos and sin (positions, head_dim), float32, for every position up to `top` at
+        least: grown by whole new positions, each row computed once."""
         table = self._table
         have = 0 if table is None else table[0].shape[0]
         if table is None or top > have:
@@ -253,13 +284,7 @@ class LlamaForward:
             if table is not None:
                 cos, sin = torch.cat([table[0], cos]), torch.cat([table[1], sin])
             table = self._table = (cos, sin)
-        cos, sin = table
-        if depths is None:
-            cos, sin = cos[start : start + n], sin[start : start + n]
-        else:
-            rows = torch.tensor(depths, device=cos.device) + start
-            cos, sin = cos[rows], sin[rows]
-        return cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
+        return table
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (1, n, 1, head_dim) for n positions (float32). The sin carries rotate_half's

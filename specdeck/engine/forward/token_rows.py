@@ -50,12 +50,16 @@ class TokenRows:
         return torch.stack([self._kept[i] for i in flat]).reshape(*ids.shape, self.width)
 
     def _dequantized(self, ids: np.ndarray) -> torch.Tensor:
-        from gguf import dequantize
+        from gguf import GGMLQuantizationType, dequantize
 
         if ids.size and (ids.min() < 0 or ids.max() >= self.count):
             raise IndexError(f"token ids run from 0 to {self.count - 1}, not {ids.min()} to {ids.max()}")
         rows = ids if self._order is None else self._order[ids]
-        values = dequantize(np.asarray(self._tensor.data)[rows], self._tensor.tensor_type)
+        blocks = np.asarray(self._tensor.data)[rows]
+        if self._tensor.tensor_type == GGMLQuantizationType.Q8_0:
+            values = _q8_0_values(blocks)
+        else:
+            values = dequantize(blocks, self._tensor.tensor_type)
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(len(ids), self.width))
 
     def dense(self) -> torch.Tensor:
@@ -65,6 +69,16 @@ class TokenRows:
             ids = np.arange(start, min(start + CHUNK_ROWS, self.count))
             table[start : start + len(ids)] = self._dequantized(ids)
         return table
+
+
+def _q8_0_values(blocks: np.ndarray) -> np.ndarray:
+    """Q8_0 blocks (whole blocks, uint8) as float32 values d * q: gguf-py's `dequantize` to the bit
+    (one float32 product each) at a fifth of its cost. The files llama.cpp's quantizer made of
+    SmolLM2 keep their embedding in Q8_0 whatever their type (Q4_K_M, Q6_K, Q8_0), and a step that
+    reads a token not read before pays this."""
+    groups = blocks.reshape(-1, 34)  # a block: its scale d (float16), then 32 quants q (int8)
+    d = groups[:, :2].copy().view(np.float16).astype(np.float32)
+    return groups[:, 2:].view(np.int8).astype(np.float32) * d
 
 
 class BlockEmbedding(torch.nn.Embedding):

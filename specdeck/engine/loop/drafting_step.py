@@ -9,6 +9,7 @@ import torch
 
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.drafting.drafters import Drafter
+from specdeck.engine.drafting.proposals import Proposal
 from specdeck.engine.loop.draft_tree import DraftTree
 from specdeck.engine.loop.schedule import Schedule
 from specdeck.engine.planner.round_shape import Shape
@@ -29,6 +30,12 @@ class DraftingStep:
         self.config = config
         self.vocab_width = vocab_width
         self.device = device
+        # a plain step's empty q, made once: a tensor made each step costs a plain step more than its drafting
+        self._no_q = DraftTree.none(vocab_width, device).proposal.dists
+
+    def _none(self) -> DraftTree:
+        """No drafts (a plain step): a new tree on the session's one empty q."""
+        return DraftTree(Proposal([], self._no_q))
 
     def begin(self, prompt_ids: list[int], generator: torch.Generator) -> None:
         for drafter in (self.drafter, self.copier):
@@ -45,7 +52,7 @@ class DraftingStep:
         and its copy verified as far as it pays better than a plain step (at least its first draft
         in a tree round)."""
         if self.drafter is None or room <= 0:
-            return DraftTree.none(self.vocab_width, self.device)
+            return self._none()
         if self.copier is not None and shape.copy:
             copied = self.copier.propose(ids, shape.copy_part(room))
             n = schedule.copy_length(copied)
@@ -56,13 +63,13 @@ class DraftingStep:
             n = schedule.copy_length(proposal, beside_plan=False)
             n = max(n, min(1, len(proposal.tokens)) if shape.k and shape.width > 1 else 0)
             if not n:
-                return DraftTree.none(self.vocab_width, self.device)
+                return self._none()
             proposal = proposal.first(n)
             return DraftTree(proposal, alternatives=proposal.alternatives(shape.width if shape.k else 1))
         if shape.k:
             proposal = self.drafter.propose(ids, shape.model_part(room))
             return DraftTree(proposal, alternatives=proposal.alternatives(shape.width))
-        return DraftTree.none(self.vocab_width, self.device)
+        return self._none()
 
     def end(self, ids: list[int]) -> None:
         for drafter in (self.drafter, self.copier):
