@@ -53,14 +53,37 @@ def whole_text(tokenizer, ids: list[int]) -> str:
     return text
 
 
+def _backend(tokenizer):
+    """The Rust tokenizer whose `decode(ids, skip_special_tokens=True)` is `_decode` to the letter, or
+    None: a transformers `TokenizersBackend` that overrides neither `decode` nor `_decode`, which then
+    hand the ids to it as they are (cleaning up no spaces). A step decodes twice after its products
+    streamed the weights through every cache, where transformers' wrappers paid their code from
+    memory again."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    if not isinstance(tokenizer, TokenizersBackend):
+        return None
+    if (
+        type(tokenizer).decode is not TokenizersBackend.decode
+        or type(tokenizer)._decode is not TokenizersBackend._decode
+    ):
+        return None
+    return getattr(tokenizer, "_tokenizer", None)
+
+
 class Detokenizer:
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
+        self._backend = _backend(tokenizer)
         self._ids: list[int] = []
         self._emitted = 0  # self._ids[:_emitted] are in self.text
         self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=True)
         return _decode(self._tokenizer, ids)
 
     def _rest_of_whole_text(self) -> str:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from specdeck.engine.loading.models import load_tokenizer
 from specdeck.engine.loading.registry import DEFAULT_TARGET
-from specdeck.engine.loop.detok import Detokenizer
+from specdeck.engine.loop.detok import Detokenizer, whole_text
 
 EXAMPLES = settings(max_examples=60, deadline=None, database=None)
 
@@ -78,3 +78,14 @@ def test_an_emoji_cut_after_its_first_token_is_left_out(tokenizer):
     decoded = [tokenizer.decode(ids[:n]) for n in range(1, len(ids) + 1)]
     first_partial = next(n for n, text in enumerate(decoded, 1) if text.endswith("\ufffd"))
     assert _stopped_at(tokenizer, ids[:first_partial], "budget")[1] == "Hi "
+
+
+@EXAMPLES
+@given(ids=st.lists(st.integers(0, 49151), min_size=1, max_size=12), special=st.sampled_from([0, 1, 2]))
+def test_streamed_pieces_are_transformers_text_for_any_ids(tokenizer, ids, special):
+    """Any ids, special tokens among them: the pieces a session streams (through the Rust tokenizer
+    where transformers would hand it the ids as they are) add up to transformers' own text, whole."""
+    ids = [special, *ids]
+    detok = Detokenizer(tokenizer)
+    streamed = "".join(detok.push(token) for token in ids) + detok.flush()
+    assert streamed == whole_text(tokenizer, ids)
