@@ -859,6 +859,7 @@ static const xkernel_fn X_KERNEL_TABLE[X_TYPES][RI + 1] = {X_NAMES(X_Q4_0), X_NA
  * same bits (Q4_K at 4 rows: about 0.75 of `x_kernel`'s time, docs/journal/2026-11-29-verify-four.md).
  * Q6_K's two halves would need twice the 16-bit sums, more than 16 registers hold: it stays on
  * `x_kernel`. `stride`: bytes from the first vector of columns to the second. */
+#define RP 5 /* rows a pass takes: 10 16-bit sums, 4 runs of quants and a broadcast in 16 registers */
 static inline __attribute__((always_inline)) void x_pair(const int type, const int R, const int8_t *a,
                                                          const float *s, const float *sm, const int32_t *sums,
                                                          long k, const uint8_t *wb, long stride, float *y, long n,
@@ -868,7 +869,7 @@ static inline __attribute__((always_inline)) void x_pair(const int type, const i
     const int fifth = type == X_Q5_0 || type == X_Q5_1 || type == X_Q5_K;
     const int minimum = type == X_Q5_1 || type == X_Q4_K || type == X_Q5_K;
     const int runs = fifth ? 2 : 4; /* runs a 16-bit sum takes: `x_dot`'s span, two maddubs a run */
-    vec acc[RI][2], block_d[2] = {VZERO(), VZERO()}, block_min[2] = {VZERO(), VZERO()};
+    vec acc[RP][2], block_d[2] = {VZERO(), VZERO()}, block_min[2] = {VZERO(), VZERO()};
     const uint8_t *w[2] = {wb, wb + stride};
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = VZERO();
     for (long g = 0; g < groups; g++) {
@@ -880,7 +881,7 @@ static inline __attribute__((always_inline)) void x_pair(const int type, const i
             }
             PREFETCH_GROUP(w[c] + IAHEAD * size, size);
         }
-        ivec t[RI][2], p[RI][2];
+        ivec t[RP][2], p[RP][2];
         for (int r = 0; r < R; r++) t[r][0] = t[r][1] = p[r][0] = p[r][1] = IZERO();
         _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
             ivec ql[2], qh[2];
@@ -939,12 +940,12 @@ static inline __attribute__((always_inline)) void x_pair(const int type, const i
                                 long k, const uint8_t *wb, long stride, float *y, long n, long j0) {   \
         x_pair(TYPE, R, a, s, sm, sums, k, wb, stride, y, n, j0);                                      \
     }
-#define X_PAIRS(TYPE) X_PAIR(TYPE, 1) X_PAIR(TYPE, 2) X_PAIR(TYPE, 3) X_PAIR(TYPE, 4)
-#define X_PAIR_NAMES(TYPE) {0, xp_##TYPE##_1, xp_##TYPE##_2, xp_##TYPE##_3, xp_##TYPE##_4}
+#define X_PAIRS(TYPE) X_PAIR(TYPE, 1) X_PAIR(TYPE, 2) X_PAIR(TYPE, 3) X_PAIR(TYPE, 4) X_PAIR(TYPE, 5)
+#define X_PAIR_NAMES(TYPE) {0, xp_##TYPE##_1, xp_##TYPE##_2, xp_##TYPE##_3, xp_##TYPE##_4, xp_##TYPE##_5}
 typedef void (*xpair_fn)(const int8_t *, const float *, const float *, const int32_t *, long, const uint8_t *, long,
                          float *, long, long);
 X_PAIRS(X_Q4_0) X_PAIRS(X_Q5_0) X_PAIRS(X_Q5_1) X_PAIRS(X_Q4_K) X_PAIRS(X_Q5_K)
-static const xpair_fn X_PAIR_TABLE[X_Q6_K][RI + 1] = {X_PAIR_NAMES(X_Q4_0), X_PAIR_NAMES(X_Q5_0),
+static const xpair_fn X_PAIR_TABLE[X_Q6_K][RP + 1] = {X_PAIR_NAMES(X_Q4_0), X_PAIR_NAMES(X_Q5_0),
                                                      X_PAIR_NAMES(X_Q5_1), X_PAIR_NAMES(X_Q4_K),
                                                      X_PAIR_NAMES(X_Q5_K)};
 #endif
@@ -1056,8 +1057,13 @@ static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, flo
     for (long v = first; v < last; v++) {
         const uint8_t *wb = w + v * bytes;
         int pair = !X_VNNI && kind >= X_FIRST && kind - X_FIRST != X_Q6_K && v + 1 < last; /* `x_pair` */
-        for (long r = 0; r < m; r += RI) {
-            int rows = m - r < RI ? (int)(m - r) : RI;
+        long most = RI;
+#if !X_VNNI
+        if (pair) most = RP;
+#endif
+        long passes = (m + most - 1) / most;
+        for (long r = 0, pass = 0, rows; r < m; r += rows, pass++) {
+            rows = (m - r + passes - pass - 1) / (passes - pass); /* the rows left, shared evenly by the passes left */
             const int8_t *a = own_a + r * k;
             const float *s = own_s + r * groups, *sm = own_s + m * groups + r * groups;
             const int32_t *sums = own_sums + r * groups;
