@@ -1056,7 +1056,9 @@ static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, flo
     long groups = k / QK, bytes = vector_bytes(kind, groups);
     for (long v = first; v < last; v++) {
         const uint8_t *wb = w + v * bytes;
-        int pair = !X_VNNI && kind >= X_FIRST && kind - X_FIRST != X_Q6_K && v + 1 < last; /* `x_pair` */
+        /* `x_pair` where it helps: a step's one row is bound by streaming the weights from memory
+         * (x_pair took as long there), and its bits are x_kernel's anyway */
+        int pair = !X_VNNI && m > 1 && kind >= X_FIRST && kind - X_FIRST != X_Q6_K && v + 1 < last;
         long most = RI;
 #if !X_VNNI
         if (pair) most = RP;
