@@ -849,6 +849,11 @@ typedef void (*xkernel_fn)(const int8_t *, const float *, const float *, const i
 X_KERNELS(X_Q4_0) X_KERNELS(X_Q5_0) X_KERNELS(X_Q5_1) X_KERNELS(X_Q4_K) X_KERNELS(X_Q5_K) X_KERNELS(X_Q6_K)
 static const xkernel_fn X_KERNEL_TABLE[X_TYPES][RI + 1] = {X_NAMES(X_Q4_0), X_NAMES(X_Q5_0), X_NAMES(X_Q5_1),
                                                           X_NAMES(X_Q4_K), X_NAMES(X_Q5_K), X_NAMES(X_Q6_K)};
+#if X_VNNI
+#define RP RI /* `x_pair` is for builds without VNNI */
+#else
+#define RP 5 /* rows a pass of `x_pair` takes: 10 16-bit sums, 4 runs of quants and a broadcast in 16 registers */
+#endif
 #if !X_VNNI
 /* Two vectors of columns at once, for the types but Q6_K, without VNNI. There a row's broadcast of
  * 4 activation bytes and the float scaling of each group cost about as much as the maddubs, so
@@ -859,7 +864,6 @@ static const xkernel_fn X_KERNEL_TABLE[X_TYPES][RI + 1] = {X_NAMES(X_Q4_0), X_NA
  * same bits (Q4_K at 4 rows: about 0.75 of `x_kernel`'s time, docs/journal/2026-11-29-verify-four.md).
  * Q6_K's two halves would need twice the 16-bit sums, more than 16 registers hold: it stays on
  * `x_kernel`. `stride`: bytes from the first vector of columns to the second. */
-#define RP 5 /* rows a pass takes: 10 16-bit sums, 4 runs of quants and a broadcast in 16 registers */
 static inline __attribute__((always_inline)) void x_pair(const int type, const int R, const int8_t *a,
                                                          const float *s, const float *sm, const int32_t *sums,
                                                          long k, const uint8_t *wb, long stride, float *y, long n,
@@ -1054,18 +1058,21 @@ static void own_rows(const float *x, long m, long k) {
  * 3: Q8_0, 12 to 17: Q4_0 to Q6_K), from this thread's rows in 8 bits (`own_rows`). */
 static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, float *y, long first, long last) {
     long groups = k / QK, bytes = vector_bytes(kind, groups);
+    /* the rows a pass takes: at most RI (x_pair: RP), shared evenly (m = 6: 3 + 3, not 4 + 2), the
+     * first `extra[p]` passes one more than `base[p]`; worked out once here, not in the loop below,
+     * where its divisions cost a one-row product several percent */
+    long base[2], extra[2], passes[2];
+    for (int p = 0; p < 2; p++) {
+        long most = p ? RP : RI;
+        passes[p] = (m + most - 1) / most, base[p] = m / passes[p], extra[p] = m % passes[p];
+    }
     for (long v = first; v < last; v++) {
         const uint8_t *wb = w + v * bytes;
         /* `x_pair` where it helps: a step's one row is bound by streaming the weights from memory
          * (x_pair took as long there), and its bits are x_kernel's anyway */
         int pair = !X_VNNI && m > 1 && kind >= X_FIRST && kind - X_FIRST != X_Q6_K && v + 1 < last;
-        long most = RI;
-#if !X_VNNI
-        if (pair) most = RP;
-#endif
-        long passes = (m + most - 1) / most;
         for (long r = 0, pass = 0, rows; r < m; r += rows, pass++) {
-            rows = (m - r + passes - pass - 1) / (passes - pass); /* the rows left, shared evenly by the passes left */
+            rows = base[pair] + (pass < extra[pair]);
             const int8_t *a = own_a + r * k;
             const float *s = own_s + r * groups, *sm = own_s + m * groups + r * groups;
             const int32_t *sums = own_sums + r * groups;
