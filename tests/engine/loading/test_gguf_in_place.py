@@ -51,6 +51,18 @@ def test_the_builtin_target_read_in_place_writes_no_weights_and_keeps_the_conver
 
 
 @needs_kernel
+def test_reading_in_place_draws_no_weights_it_then_replaces(monkeypatch):
+    """The model read in place is built without initialising its parameters: every one is the file's,
+    assigned after, and drawing random values for them first only delays the first token."""
+    from transformers import PreTrainedModel
+
+    drawn = []
+    monkeypatch.setattr(PreTrainedModel, "_init_weights", lambda self, module: drawn.append(module))
+    model = load_model(DEFAULT_TARGET, LoadOptions(device="cpu"))
+    assert gguf_blocks.read_in_place(model.model) and drawn == []
+
+
+@needs_kernel
 def test_matrices_of_different_block_types_make_one_product_of_parts():
     """Matrices of two block types fused into one product run each on its own blocks: the product's
     outputs are each part's, bit for bit, and its matrix is theirs stacked."""
