@@ -34,7 +34,7 @@ import torch
 from specdeck.engine.atomic import write_text
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks, kernel_build
-from specdeck.engine.forward.gguf_index import config_path, tensors_of
+from specdeck.engine.forward.gguf_index import config_path, tensors_of, tensors_only_reader
 from specdeck.engine.forward.row_kernel import QuantizedLinear, QuantizedParts
 from specdeck.engine.forward.token_rows import BlockEmbedding, TokenRows
 
@@ -156,7 +156,7 @@ def _config(path: Path):
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     try:
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        config = _parsed_config(path)
     except Exception as error:  # the gguf reader raises many types on a damaged file
         raise SpecDeckError(
             f"{path} is not a readable GGUF model ({type(error).__name__}: {error}). "
@@ -170,6 +170,29 @@ def _config(path: Path):
     except Exception as error:
         log.info("the config of %s was not kept: %s", path, error)
     return config
+
+
+def _parsed_config(path: Path):
+    """transformers' config of the file, parsed with the tensor index's reader, which steps over
+    arrays (`gguf_index`: a tokenizer's 100k strings, each parsed on its own, are 4 of the 4.4 s a
+    first launch took to read the built-in model's config), or in full where the config drew on an
+    array: a field left an empty list, or a vocabulary size (counted from the tokenizer's strings
+    where the file does not state it) other than the token embedding's rows."""
+    import gguf
+    from transformers import AutoConfig
+
+    whole = gguf.GGUFReader  # transformers' reader of a Llama file's config imports it at each call
+    gguf.GGUFReader = tensors_only_reader()  # type: ignore[misc]
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    finally:
+        gguf.GGUFReader = whole  # type: ignore[misc]
+    embedding = tensors_of(path).get(EMBEDDING)
+    rows = embedding.shape[-1] if embedding is not None else None
+    drew_on_an_array = any(isinstance(value, list) and not value for value in config.to_dict().values())
+    if getattr(config, "vocab_size", None) == rows and not drew_on_an_array:
+        return config
+    return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def _names(model: PreTrainedModel) -> dict[str, str]:
