@@ -14,12 +14,19 @@ from specdeck.app import worker
 from specdeck.app.model_host import STARTING
 
 TIMEOUT_MS = 60_000
-HEAVY = ("torch", "transformers", "specdeck.engine.session", "specdeck.bench.runner", "specdeck.engine.planner.costs")
+HEAVY = (
+    "torch",
+    "transformers",
+    "pydantic",  # the served target's answer schemas: only a server's first answer needs them
+    "specdeck.engine.session",
+    "specdeck.bench.runner",
+    "specdeck.engine.planner.costs",
+)
 
 
 def test_building_the_window_imports_neither_torch_nor_transformers():
     """A fresh process that imports the window's module and builds the MainWindow has loaded no torch,
-    no transformers and none of the engine's modules that need them (they would delay the first paint
+    no transformers, no pydantic and none of the engine's modules that need them (they would delay the first paint
     by seconds)."""
     code = (
         "import json, sys\n"
