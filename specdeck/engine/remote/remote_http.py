@@ -26,13 +26,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import TypeVar
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, TypeVar
 
 from specdeck.engine.bounded import TooLarge, read_at_most
 from specdeck.engine.errors import SpecDeckError
-from specdeck.engine.remote.remote_answers import Answer, ErrorBody, Expect, context_of, problems
+
+if TYPE_CHECKING:  # pydantic and the answers' schemas load with the first answer read: a local model never needs them
+    from specdeck.engine.remote.remote_answers import Answer, Expect
 
 API_KEY_VARIABLE = "SPECDECK_API_KEY"
 DEFAULT_TIMEOUT_S = 60.0
@@ -57,7 +57,7 @@ def redact_url(url: str) -> str:
     return redact(url)
 
 
-A = TypeVar("A", bound=Answer)
+A = TypeVar("A", bound="Answer")
 
 
 class ServerFault(SpecDeckError):
@@ -174,6 +174,10 @@ class Endpoint:
                 f"The server at {self.base} answered {path} with {type(answer).__name__}, not an "
                 "object: check that --target names an OpenAI-compatible API."
             )
+        from pydantic import ValidationError
+
+        from specdeck.engine.remote.remote_answers import context_of, problems
+
         try:
             return schema.model_validate(answer, context=context_of(expect)), elapsed_ms
         except ValidationError as error:
@@ -355,6 +359,10 @@ def _error_text(error: urllib.error.HTTPError) -> str:
         raw = error.read(MOST_ERROR_BYTES)
     except (OSError, http.client.HTTPException):
         return ""
+    from pydantic import ValidationError
+
+    from specdeck.engine.remote.remote_answers import ErrorBody
+
     try:
         return ErrorBody.model_validate_json(raw).said()[:200]
     except ValidationError:  # not JSON, or not an error body of a known shape: shown as it came
