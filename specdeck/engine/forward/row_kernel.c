@@ -1360,8 +1360,10 @@ static _Thread_local long own_x_room;
  * cached ones, in one team of threads: the residual stream x (m, hidden) goes through `layers`
  * layers and is updated in place; each layer's keys and values for the positions go to its cache
  * (layer i's at keys + i layer_stride, (kv_heads, capacity, d), kv_stride floats between heads).
- * Per layer (arrays of 2 or 4 entries a layer): the norms' weights, and the products (kinds,
- * weights, widths) for qkv, out, gate_up and down; windows (0: none). cos and sin (m, d) are the
+ * Per layer (arrays of 2 or 6 entries a layer): the norms' weights, and the products (kinds,
+ * weights, widths) for query/key/value in up to 3 parts (a Q4_K_M file's Q4_K queries and keys and
+ * Q6_K values, say; width 0 where a layer has fewer: parts other than the first only with 8-bit
+ * rows, each a whole number of heads wide), out, gate_up and down; windows (0: none). cos and sin (m, d) are the
  * rotary's (sin carrying rotate_half's sign). After each layer in taps (counted from 1), the residual
  * stream goes to tapped (m, n_taps, hidden). scratch holds m (qkv width + heads d + hidden + 3
  * gate_up width / 2) floats.
@@ -1390,9 +1392,9 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
         for (long i = 0; i < m * hidden; i++) xp[i] = x[i];
         long units = heads + 2 * kv_heads, per = d / LANES, tap = 0;
         for (long layer = 0; layer < layers; layer++) {
-            const int64_t *kind = kinds + 4 * layer, *width = widths + 4 * layer;
-            const void *const *w = weights + 4 * layer;
-            long n_qkv = width[0], n_gu = width[2], inter = n_gu / 2;
+            const int64_t *kind = kinds + 6 * layer, *width = widths + 6 * layer;
+            const void *const *w = weights + 6 * layer;
+            long n_qkv = width[0] + width[1] + width[2], n_gu = width[4], inter = n_gu / 2;
             float *qkv = scratch, *att = qkv + m * n_qkv, *y = att + m * heads * d, *gu = y + m * hidden;
             float *act = gu + m * n_gu, *lk = keys + layer * layer_stride, *lv = values + layer * layer_stride;
             for (long r = 0; r < m; r++)
@@ -1402,7 +1404,11 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
             if (int8_kind(kind[0])) { /* each thread its own heads, turned and cached as soon as computed */
                 own_rows(h, m, hidden);
                 for (long u = units * t / nt; u < units * (t + 1) / nt; u++) {
-                    int8_vectors((int)kind[0], m, hidden, (const uint8_t *)w[0], n_qkv, qkv, u * per, (u + 1) * per);
+                    int part = 0; /* the part holding unit u's columns, from column `first` on */
+                    long first = 0;
+                    while (u * d >= first + width[part]) first += width[part++];
+                    int8_vectors((int)kind[part], m, hidden, (const uint8_t *)w[part], n_qkv, qkv + first,
+                                 (u * d - first) / LANES, ((u + 1) * d - first) / LANES);
                     for (long r = 0; r < m; r++) place(qkv, n_qkv, r, u, cos, sin, lk, lv, kv_stride, start, heads, kv_heads, d);
                 }
             } else
@@ -1418,29 +1424,29 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
             attention_part(t, nt, qkv, n_qkv, d, lk, lv, kv_stride, ends, m, heads, kv_heads, d, windows[layer],
                            scale, att);
 #pragma omp barrier
-            any_part(t, nt, kind[1], w[1], att, m, heads * d, hidden, y);
+            any_part(t, nt, kind[3], w[3], att, m, heads * d, hidden, y);
 #pragma omp barrier
             for (long r = 0; r < m; r++) {
                 for (long i = r * hidden; i < (r + 1) * hidden; i++) xp[i] = xp[i] + y[i];
                 rms_rows(xp + r * hidden, 1, hidden, norms[2 * layer + 1], eps, h + r * hidden);
             }
 #if INT8_ACTIVATIONS
-            if (int8_kind(kind[2]) && inter % LANES == 0) { /* each thread the gate and up of its own columns */
+            if (int8_kind(kind[4]) && inter % LANES == 0) { /* each thread the gate and up of its own columns */
                 long vectors = inter / LANES, first = vectors * t / nt, last = vectors * (t + 1) / nt;
                 own_rows(h, m, hidden);
-                int8_vectors((int)kind[2], m, hidden, (const uint8_t *)w[2], n_gu, gu, first, last);
-                int8_vectors((int)kind[2], m, hidden, (const uint8_t *)w[2], n_gu, gu, first + vectors, last + vectors);
+                int8_vectors((int)kind[4], m, hidden, (const uint8_t *)w[4], n_gu, gu, first, last);
+                int8_vectors((int)kind[4], m, hidden, (const uint8_t *)w[4], n_gu, gu, first + vectors, last + vectors);
                 silu_columns(gu, m, inter, first * LANES, last * LANES, act);
             } else
 #endif
             {
-                any_part(t, nt, kind[2], w[2], h, m, hidden, n_gu, gu);
+                any_part(t, nt, kind[4], w[4], h, m, hidden, n_gu, gu);
 #pragma omp barrier
 #pragma omp for nowait
                 for (long r = 0; r < m; r++) silu_columns(gu + r * n_gu, 1, inter, 0, inter, act + r * inter);
             }
 #pragma omp barrier
-            any_part(t, nt, kind[3], w[3], act, m, inter, hidden, y);
+            any_part(t, nt, kind[5], w[5], act, m, inter, hidden, y);
 #pragma omp barrier
             for (long i = 0; i < m * hidden; i++) xp[i] = xp[i] + y[i];
             if (tap < n_taps && taps[tap] == layer + 1) {
