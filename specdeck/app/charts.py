@@ -82,7 +82,6 @@ class SessionCharts(QWidget):
         self._timer = QTimer(self)
         self._timer.timeout.connect(self._on_redraw_timer)
         self.set_decoding(False)
-        self._timer.start()
         self.reset()
         if model is not None:
             model.run_started.connect(lambda compare: self.reset())
@@ -141,7 +140,6 @@ class SessionCharts(QWidget):
         self.speculative = SessionSeries()
         self.plain: SessionSeries | None = None
         self.identical: bool | None = None
-        self._dirty = True
         self.redraw()
 
     def start_plain(self) -> None:
@@ -152,27 +150,38 @@ class SessionCharts(QWidget):
         series = self.plain if plain else self.speculative
         for event in batch:
             series.add(event)
-        self._dirty = True
+        self._mark_dirty()
 
     def set_identical(self, identical: bool | None) -> None:
         self.identical = identical
-        self._dirty = True
+        self._mark_dirty()
 
     # drawing ----------------------------------------------------------------------------------------
+
+    def _mark_dirty(self) -> None:
+        """New data to draw: the redraw timer ticks until every chart shows it. It stops once they
+        do, so an idle window runs no Python for the charts (each tick takes the interpreter from
+        the model thread)."""
+        self._dirty = True
+        if not self._timer.isActive():
+            self._timer.start()
 
     def _on_redraw_timer(self) -> None:
         """One chart per tick, in turn, so one pass of the event loop never repaints them all."""
         if not self._dirty:
+            self._timer.stop()
             return
         self.plots[self._next_part].draw(self.speculative, self.plain)
         self._next_part = (self._next_part + 1) % len(self.plots)
         self._update_figures()
         if self._next_part == 0:
             self._dirty = False
+            self._timer.stop()
 
     def redraw(self) -> None:
         """Every chart and figure, now (the end of a session, a screenshot)."""
         self._dirty = False
+        self._timer.stop()
         self._next_part = 0
         for chart in self.plots:
             chart.draw(self.speculative, self.plain)

@@ -1,6 +1,6 @@
 """The main window's menus and keyboard (`WindowMenus`): the Session, File, View and Help menus,
 the shortcuts they carry, and the event filter that lets those shortcuts win over a focused
-field's own keys.
+field's own keys (on the focused widget alone: `_on_focus_changed`).
 
 A component the window owns (`MainWindow.menus`), apart from its layout and slots because it is
 one job: which key does what, as Help > Keyboard shortcuts lists it. Its actions call the
@@ -10,7 +10,7 @@ the palette) are here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QAction, QKeySequence
@@ -67,7 +67,14 @@ class WindowMenus(QObject):
         )
         help_menu.addActions([shortcuts, about])
         self._window_keys = {key for made in window.actions() for key in made.shortcuts()}
-        QApplication.instance().installEventFilter(self)
+        # the filter watches the focused widget, not the application: an application's filter runs
+        # Python for every event of every object (the busy bar's animation, the charts' repaints),
+        # hundreds a second, each taking the interpreter from the model thread while it imports
+        # torch or decodes; a key goes to the focused widget first, so filtering it alone suffices
+        self._filtered: QWidget | None = None
+        self._watching_focus = True
+        cast(QApplication, QApplication.instance()).focusChanged.connect(self._on_focus_changed)
+        self._on_focus_changed(None, QApplication.focusWidget())
 
     def _action(self, name: str, slot, *keys: str, checkable: bool = False) -> QAction:
         """A menu action of the window; its shortcuts work wherever the focus is in the window."""
@@ -93,6 +100,20 @@ class WindowMenus(QObject):
             ("Ctrl+Tab", "Insert a tab character in the prompt"),
         ]
 
+    def _on_focus_changed(self, old: QWidget | None, new: QWidget | None) -> None:
+        """Filter the keys of the widget that has the focus now, and only of it."""
+        if self._filtered is not None:
+            self._filtered.removeEventFilter(self)
+            self._filtered.destroyed.disconnect(self._on_filtered_destroyed)
+            self._filtered = None
+        if new is not None and new.window() is self.window:
+            new.installEventFilter(self)
+            new.destroyed.connect(self._on_filtered_destroyed)
+            self._filtered = new
+
+    def _on_filtered_destroyed(self) -> None:
+        self._filtered = None
+
     def eventFilter(self, watched, event) -> bool:
         """The window's shortcuts win over a focused field's own use of the keys (a line edit takes
         Ctrl+E to mean end of line): a field is not offered a key the window has a shortcut for."""
@@ -106,8 +127,11 @@ class WindowMenus(QObject):
         return super().eventFilter(watched, event)
 
     def detach(self) -> None:
-        """Stop filtering the application's keys (the window closes)."""
-        QApplication.instance().removeEventFilter(self)
+        """Stop filtering the focused widget's keys (the window closes; a second close does nothing)."""
+        if self._watching_focus:
+            self._watching_focus = False
+            cast(QApplication, QApplication.instance()).focusChanged.disconnect(self._on_focus_changed)
+            self._on_focus_changed(None, None)
 
     # the slots of actions only the menus carry ------------------------------------------------------
 

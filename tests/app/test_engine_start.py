@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections import Counter
 
 from specdeck.app import worker
 from specdeck.app.model_host import STARTING
@@ -84,3 +85,28 @@ def test_run_before_the_engine_started_waits_visibly_then_runs(qtbot, loop, sett
     assert errors == [] and window.speculative_view.tokens
     assert window.session_model.records[0].summary is not None and not window.waiting.isVisible()
     window.close()
+
+
+def test_an_idle_window_leaves_the_interpreter_to_the_model_thread(qtbot, window):
+    """With the window shown, its charts drawn and the busy bar moving (as while the engine imports),
+    the GUI thread runs almost no Python: every call there takes the interpreter from the model thread,
+    whose import or session then waits."""
+    window.show()
+    qtbot.waitExposed(window)
+    window.waiting.show()
+    counts = []
+    for _ in range(3):  # the quietest half second: the charts' first draw may fall in the first
+        calls: list[str] = []
+
+        def count(frame, event, arg, calls: list[str] = calls) -> None:
+            if event == "call":
+                calls.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}")
+
+        sys.setprofile(count)
+        try:
+            qtbot.wait(500)
+        finally:
+            sys.setprofile(None)
+        counts.append(Counter(calls))
+    quietest = min(counts, key=lambda counted: counted.total())
+    assert quietest.total() < 20, f"{quietest.total()} Python calls in an idle half second: {quietest.most_common(4)}"

@@ -9,8 +9,10 @@ attention with the same code as their own calls, the threads waiting for each ot
 layer. Every row's numbers are computed alone, so a verify's rows get the bits a step gives them,
 as on the eager path; the two paths round the small operations differently, so a model runs
 every step and every verify on one of them (`LlamaForward` takes this one wherever it runs and
-gives up token trees, whose side branches attend on the eager path). `SPECDECK_FUSED_LAYERS=0`
-keeps the eager path, for comparing."""
+gives up token trees, whose side branches attend on the eager path). A query/key/value product
+of parts (a Q4_K_M file's Q4_K queries and keys beside Q6_K values) runs as its parts, each
+thread its heads from the part that holds them. `SPECDECK_FUSED_LAYERS=0` keeps the eager path,
+for comparing."""
 
 from __future__ import annotations
 
@@ -20,9 +22,32 @@ import os
 import torch
 
 from specdeck.engine.forward import kernel_build, row_kernel
-from specdeck.engine.forward.row_kernel import KernelLinear, QuantizedLinear
+from specdeck.engine.forward.row_kernel import INT8_KINDS, KernelLinear, QuantizedLinear, QuantizedParts
 
 LIMIT = 64  # rows a call takes at most (the kernel's bound)
+QKV_PARTS = 3  # parts a layer's query/key/value product may have (`row_kernel_layers`)
+
+
+def _qkv_parts(product) -> list:
+    """A query/key/value product as the kernel's parts: itself, or a `QuantizedParts`' parts."""
+    return list(product.parts) if isinstance(product, QuantizedParts) else [product]
+
+
+def _parts_unavailable(product, head_dim: int) -> str | None:
+    """None where the fused layers take `product`'s parts (8-bit rows, whole heads each), else why not."""
+    if isinstance(product, QuantizedParts) and product.bias is not None:
+        return "a product has a bias or a width the kernel pads"
+    parts = _qkv_parts(product)
+    if len(parts) == 1:
+        return None
+    if len(parts) > QKV_PARTS:
+        return f"its query/key/value product has {len(parts)} parts"
+    for part in parts:
+        if not isinstance(part, QuantizedLinear) or part.activations != "int8" or part.kind not in INT8_KINDS:
+            return "a query/key/value part does not take its rows in 8 bits"
+        if part.out_features % head_dim:
+            return "a query/key/value part is not a whole number of heads wide"
+    return None
 
 
 class FusedLayers:
@@ -38,12 +63,24 @@ class FusedLayers:
         norms = [
             t for layer in layers for t in (layer.input_norm.float().contiguous(), layer.post_norm.float().contiguous())
         ]
-        products = [p for layer in layers for p in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+        # six a layer: the query/key/value parts (None where a layer has fewer), out, gate_up, down
+        products = [
+            p
+            for layer in layers
+            for p in (
+                *(_qkv_parts(layer.qkv) + [None] * QKV_PARTS)[:QKV_PARTS],
+                layer.out,
+                layer.gate_up,
+                layer.down,
+            )
+        ]
         self._arrays = (
             (ctypes.c_void_p * len(norms))(*[t.data_ptr() for t in norms]),
-            (ctypes.c_int64 * len(products))(*[-1 if isinstance(p, KernelLinear) else p._kind for p in products]),
-            (ctypes.c_void_p * len(products))(*[p._packed.data_ptr() for p in products]),
-            (ctypes.c_int64 * len(products))(*[p.out_features for p in products]),
+            (ctypes.c_int64 * len(products))(
+                *[0 if p is None else -1 if isinstance(p, KernelLinear) else p._kind for p in products]
+            ),
+            (ctypes.c_void_p * len(products))(*[None if p is None else p._packed.data_ptr() for p in products]),
+            (ctypes.c_int64 * len(products))(*[0 if p is None else p.out_features for p in products]),
             (ctypes.c_int64 * len(layers))(*[window or 0 for window in forward.windows]),
         )
         self._qkv = max(layer.qkv.out_features for layer in layers)
@@ -64,7 +101,10 @@ class FusedLayers:
         for layer in w.layers:
             if layer.qk_norm is not None:
                 return "the model normalises its query and key heads"
-            for product in (layer.qkv, layer.out, layer.gate_up, layer.down):
+            reason = _parts_unavailable(layer.qkv, s.head_dim)
+            if reason:
+                return reason
+            for product in (*_qkv_parts(layer.qkv), layer.out, layer.gate_up, layer.down):
                 if not isinstance(product, KernelLinear | QuantizedLinear):
                     return "its products are not on the row kernel"
                 if product.bias is not None or product._width != product.out_features:

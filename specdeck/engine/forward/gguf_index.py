@@ -106,7 +106,7 @@ def _cached(path: Path) -> dict | None:
     return None
 
 
-def _tensors_only_reader():
+def tensors_only_reader():
     """gguf-py's reader, except that arrays (a tokenizer's vocabulary, merges and token types: most
     of the fields of a model's file, each parsed on its own, and most of the time gguf-py takes to
     open it) are stepped over: their lengths are kept, their items are not. The tensors are read as
@@ -133,7 +133,7 @@ def _tensors_only_reader():
 
 
 def _read(path: Path) -> dict:
-    reader = _tensors_only_reader()(str(path), "r")
+    reader = tensors_only_reader()(str(path), "r")
     field = reader.fields.get("general.file_type")
     kind = int(field.parts[field.data[0]][0]) if field is not None and field.data else None
     tensors = [

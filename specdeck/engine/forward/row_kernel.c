@@ -125,6 +125,9 @@ static inline vec fold(const vec *d) {
 #error "the row kernel needs AVX-512 or AVX2 with FMA"
 #endif
 #define NB (LANES * C)
+/* v held in a register as it is now: the compiler would otherwise fold its load into each use, or
+ * put off the adds into it */
+#define KEEP(v) __asm__("" : "+v"(v))
 #ifndef AHEAD
 #define AHEAD 64 /* k-steps of the weight block prefetched (into L2) ahead of the first group's reads */
 #endif
@@ -846,6 +849,110 @@ typedef void (*xkernel_fn)(const int8_t *, const float *, const float *, const i
 X_KERNELS(X_Q4_0) X_KERNELS(X_Q5_0) X_KERNELS(X_Q5_1) X_KERNELS(X_Q4_K) X_KERNELS(X_Q5_K) X_KERNELS(X_Q6_K)
 static const xkernel_fn X_KERNEL_TABLE[X_TYPES][RI + 1] = {X_NAMES(X_Q4_0), X_NAMES(X_Q5_0), X_NAMES(X_Q5_1),
                                                           X_NAMES(X_Q4_K), X_NAMES(X_Q5_K), X_NAMES(X_Q6_K)};
+#if X_VNNI
+#define RP RI /* `x_pair` is for builds without VNNI */
+#else
+#define RP 5 /* rows a pass of `x_pair` takes: 10 16-bit sums, 4 runs of quants and a broadcast in 16 registers */
+#endif
+#if !X_VNNI
+/* Two vectors of columns at once, for the types but Q6_K, without VNNI. There a row's broadcast of
+ * 4 activation bytes and the float scaling of each group cost about as much as the maddubs, so
+ * `x_pair` shares each broadcast between 16 columns, run by run: a run of 4 k-steps is decoded for
+ * both vectors, then each row's two broadcasts (k = 4u and 16 + 4u) go into both vectors' 16-bit
+ * sums, widened (madd) after as many runs as `x_dot`'s span allows. So every group's T is
+ * `x_kernel`'s integer and the floats that follow are the same operations in the same order: the
+ * same bits (Q4_K at 4 rows: about 0.75 of `x_kernel`'s time, docs/journal/2026-11-29-verify-four.md).
+ * Q6_K's two halves would need twice the 16-bit sums, more than 16 registers hold: it stays on
+ * `x_kernel`. `stride`: bytes from the first vector of columns to the second. */
+static inline __attribute__((always_inline)) void x_pair(const int type, const int R, const int8_t *a,
+                                                         const float *s, const float *sm, const int32_t *sums,
+                                                         long k, const uint8_t *wb, long stride, float *y, long n,
+                                                         long j0) {
+    const long groups = k / QK, size = (long)X_BYTES[type] * LANES, header = (long)X_HEADER[type] * LANES;
+    const int super = type == X_Q4_K || type == X_Q5_K;
+    const int fifth = type == X_Q5_0 || type == X_Q5_1 || type == X_Q5_K;
+    const int minimum = type == X_Q5_1 || type == X_Q4_K || type == X_Q5_K;
+    const int runs = fifth ? 2 : 4; /* runs a 16-bit sum takes: `x_dot`'s span, two maddubs a run */
+    vec acc[RP][2], block_d[2] = {VZERO(), VZERO()}, block_min[2] = {VZERO(), VZERO()};
+    const uint8_t *w[2] = {wb, wb + stride};
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = VZERO();
+    for (long g = 0; g < groups; g++) {
+        for (int c = 0; c < 2; c++) {
+            if (super && g % 8 == 0) {
+                block_d[c] = VHALF(w[c]);
+                block_min[c] = VHALF(w[c] + LANES * 2);
+                w[c] += header;
+            }
+            PREFETCH_GROUP(w[c] + IAHEAD * size, size);
+        }
+        ivec t[RP][2], p[RP][2];
+        for (int r = 0; r < R; r++) t[r][0] = t[r][1] = p[r][0] = p[r][1] = IZERO();
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+            ivec ql[2], qh[2];
+            for (int c = 0; c < 2; c++) {
+                const uint8_t *low = w[c] + size - 16 * LANES;
+                ivec v = ILOAD(low + u * LANES * 4);
+                ql[c] = INIBBLE(v, 0), qh[c] = INIBBLE(v, 4);
+                if (fifth) { /* as in `x_kernel` */
+                    ivec h = ILOAD(low - LANES * 4), bit = XSET(0x10101010);
+                    ql[c] = XOR(ql[c], XAND(XSLLI(h, 4 - u), bit));
+                    qh[c] = XOR(qh[c], XAND(XSRLI(h, u), bit));
+                }
+            }
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                const int8_t *ar = a + r * k + g * QK + 4 * u;
+                ivec b0 = XBCAST(ar), b1 = XBCAST(ar + 16);
+                /* each sum added to in turn (KEEP): left to itself the compiler keeps every product
+                 * for a tree of adds at the end, more than 16 registers */
+                for (int c = 0; c < 2; c++) {
+                    p[r][c] = _mm256_add_epi16(p[r][c], _mm256_maddubs_epi16(ql[c], b0));
+                    KEEP(p[r][c]);
+                }
+                for (int c = 0; c < 2; c++) {
+                    p[r][c] = _mm256_add_epi16(p[r][c], _mm256_maddubs_epi16(qh[c], b1));
+                    KEEP(p[r][c]);
+                }
+            }
+            if ((u + 1) % runs == 0)
+                for (int r = 0; r < R; r++)
+                    for (int c = 0; c < 2; c++)
+                        t[r][c] = XADD(t[r][c], XMADD(p[r][c], _mm256_set1_epi16(1))), p[r][c] = IZERO();
+        }
+        for (int c = 0; c < 2; c++) {
+            vec d, mins = VZERO();
+            if (super) /* as in `x_kernel` */
+                d = VMUL(block_d[c], QFLOAT(QU8(w[c]))), mins = VMUL(block_min[c], QFLOAT(QU8(w[c] + LANES)));
+            else
+                d = VHALF(w[c]);
+            if (minimum && !super) mins = VHALF(w[c] + LANES * 2);
+            for (int r = 0; r < R; r++) {
+                long at = r * groups + g;
+                ivec total = t[r][c];
+                if (type == X_Q4_0 || type == X_Q5_0) total = XSUB(total, XSET((type == X_Q4_0 ? 8 : 16) * sums[at]));
+                acc[r][c] = VFMA(QFLOAT(total), VMUL(d, VSET(s[at])), acc[r][c]);
+                if (minimum) acc[r][c] = VFMA(mins, VSET(sm[at]), acc[r][c]);
+            }
+            w[c] += size;
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 2; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c]);
+}
+
+#define X_PAIR(TYPE, R)                                                                                \
+    static void xp_##TYPE##_##R(const int8_t *a, const float *s, const float *sm, const int32_t *sums, \
+                                long k, const uint8_t *wb, long stride, float *y, long n, long j0) {   \
+        x_pair(TYPE, R, a, s, sm, sums, k, wb, stride, y, n, j0);                                      \
+    }
+#define X_PAIRS(TYPE) X_PAIR(TYPE, 1) X_PAIR(TYPE, 2) X_PAIR(TYPE, 3) X_PAIR(TYPE, 4) X_PAIR(TYPE, 5)
+#define X_PAIR_NAMES(TYPE) {0, xp_##TYPE##_1, xp_##TYPE##_2, xp_##TYPE##_3, xp_##TYPE##_4, xp_##TYPE##_5}
+typedef void (*xpair_fn)(const int8_t *, const float *, const float *, const int32_t *, long, const uint8_t *, long,
+                         float *, long, long);
+X_PAIRS(X_Q4_0) X_PAIRS(X_Q5_0) X_PAIRS(X_Q5_1) X_PAIRS(X_Q4_K) X_PAIRS(X_Q5_K)
+static const xpair_fn X_PAIR_TABLE[X_Q6_K][RP + 1] = {X_PAIR_NAMES(X_Q4_0), X_PAIR_NAMES(X_Q5_0),
+                                                     X_PAIR_NAMES(X_Q5_1), X_PAIR_NAMES(X_Q4_K),
+                                                     X_PAIR_NAMES(X_Q5_K)};
+#endif
 /* One column's group g (of 32 weights) of a row of `type` blocks at `row`: its quants q (0 to 63)
  * and its scale fields (`fields`, 1 or 2 of `field` bytes each: d (and m) float16, or the K-quants'
  * sc and mn, Q6_K's sc_lo and sc_hi, a byte each), as `block_groups.groups_of` reads them. */
@@ -951,18 +1058,35 @@ static void own_rows(const float *x, long m, long k) {
  * 3: Q8_0, 12 to 17: Q4_0 to Q6_K), from this thread's rows in 8 bits (`own_rows`). */
 static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, float *y, long first, long last) {
     long groups = k / QK, bytes = vector_bytes(kind, groups);
+    /* the rows a pass takes: at most RI (x_pair: RP), shared evenly (m = 6: 3 + 3, not 4 + 2), the
+     * first `extra[p]` passes one more than `base[p]`; worked out once here, not in the loop below,
+     * where its divisions cost a one-row product several percent */
+    long base[2], extra[2], passes[2];
+    for (int p = 0; p < 2; p++) {
+        long most = p ? RP : RI;
+        passes[p] = (m + most - 1) / most, base[p] = m / passes[p], extra[p] = m % passes[p];
+    }
     for (long v = first; v < last; v++) {
         const uint8_t *wb = w + v * bytes;
-        for (long r = 0; r < m; r += RI) {
-            int rows = m - r < RI ? (int)(m - r) : RI;
+        /* `x_pair` where it helps: a step's one row is bound by streaming the weights from memory
+         * (x_pair took as long there), and its bits are x_kernel's anyway */
+        int pair = !X_VNNI && m > 1 && kind >= X_FIRST && kind - X_FIRST != X_Q6_K && v + 1 < last;
+        for (long r = 0, pass = 0, rows; r < m; r += rows, pass++) {
+            rows = base[pair] + (pass < extra[pair]);
             const int8_t *a = own_a + r * k;
             const float *s = own_s + r * groups, *sm = own_s + m * groups + r * groups;
             const int32_t *sums = own_sums + r * groups;
+#if !X_VNNI
+            if (pair)
+                X_PAIR_TABLE[kind - X_FIRST][rows](a, s, sm, sums, k, wb, bytes, y + r * n, n, v * LANES);
+            else
+#endif
             if (kind >= X_FIRST)
                 X_KERNEL_TABLE[kind - X_FIRST][rows](a, s, sm, sums, sums + m * groups, k, wb, y + r * n, n, v * LANES);
             else
                 I_KERNELS[kind - 2][rows](a, s, sm, sums, k, wb, y + r * n, n, v * LANES);
         }
+        v += pair;
     }
 }
 
@@ -994,8 +1118,6 @@ static inline vec vexp(vec x) {
     return VZERO_BELOW(VMUL(p, VPOW2(n)), x, floor);
 }
 
-/* v held in a register: the compiler would otherwise fold its load into each use */
-#define KEEP(v) __asm__("" : "+v"(v))
 #define QMAX 4 /* query heads that share a pass over their key/value head's slots */
 #define VMAXV 16 /* vectors of a head: d at most 256 */
 
@@ -1238,8 +1360,10 @@ static _Thread_local long own_x_room;
  * cached ones, in one team of threads: the residual stream x (m, hidden) goes through `layers`
  * layers and is updated in place; each layer's keys and values for the positions go to its cache
  * (layer i's at keys + i layer_stride, (kv_heads, capacity, d), kv_stride floats between heads).
- * Per layer (arrays of 2 or 4 entries a layer): the norms' weights, and the products (kinds,
- * weights, widths) for qkv, out, gate_up and down; windows (0: none). cos and sin (m, d) are the
+ * Per layer (arrays of 2 or 6 entries a layer): the norms' weights, and the products (kinds,
+ * weights, widths) for query/key/value in up to 3 parts (a Q4_K_M file's Q4_K queries and keys and
+ * Q6_K values, say; width 0 where a layer has fewer: parts other than the first only with 8-bit
+ * rows, each a whole number of heads wide), out, gate_up and down; windows (0: none). cos and sin (m, d) are the
  * rotary's (sin carrying rotate_half's sign). After each layer in taps (counted from 1), the residual
  * stream goes to tapped (m, n_taps, hidden). scratch holds m (qkv width + heads d + hidden + 3
  * gate_up width / 2) floats.
@@ -1268,9 +1392,9 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
         for (long i = 0; i < m * hidden; i++) xp[i] = x[i];
         long units = heads + 2 * kv_heads, per = d / LANES, tap = 0;
         for (long layer = 0; layer < layers; layer++) {
-            const int64_t *kind = kinds + 4 * layer, *width = widths + 4 * layer;
-            const void *const *w = weights + 4 * layer;
-            long n_qkv = width[0], n_gu = width[2], inter = n_gu / 2;
+            const int64_t *kind = kinds + 6 * layer, *width = widths + 6 * layer;
+            const void *const *w = weights + 6 * layer;
+            long n_qkv = width[0] + width[1] + width[2], n_gu = width[4], inter = n_gu / 2;
             float *qkv = scratch, *att = qkv + m * n_qkv, *y = att + m * heads * d, *gu = y + m * hidden;
             float *act = gu + m * n_gu, *lk = keys + layer * layer_stride, *lv = values + layer * layer_stride;
             for (long r = 0; r < m; r++)
@@ -1280,7 +1404,11 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
             if (int8_kind(kind[0])) { /* each thread its own heads, turned and cached as soon as computed */
                 own_rows(h, m, hidden);
                 for (long u = units * t / nt; u < units * (t + 1) / nt; u++) {
-                    int8_vectors((int)kind[0], m, hidden, (const uint8_t *)w[0], n_qkv, qkv, u * per, (u + 1) * per);
+                    int part = 0; /* the part holding unit u's columns, from column `first` on */
+                    long first = 0;
+                    while (u * d >= first + width[part]) first += width[part++];
+                    int8_vectors((int)kind[part], m, hidden, (const uint8_t *)w[part], n_qkv, qkv + first,
+                                 (u * d - first) / LANES, ((u + 1) * d - first) / LANES);
                     for (long r = 0; r < m; r++) place(qkv, n_qkv, r, u, cos, sin, lk, lv, kv_stride, start, heads, kv_heads, d);
                 }
             } else
@@ -1296,29 +1424,29 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
             attention_part(t, nt, qkv, n_qkv, d, lk, lv, kv_stride, ends, m, heads, kv_heads, d, windows[layer],
                            scale, att);
 #pragma omp barrier
-            any_part(t, nt, kind[1], w[1], att, m, heads * d, hidden, y);
+            any_part(t, nt, kind[3], w[3], att, m, heads * d, hidden, y);
 #pragma omp barrier
             for (long r = 0; r < m; r++) {
                 for (long i = r * hidden; i < (r + 1) * hidden; i++) xp[i] = xp[i] + y[i];
                 rms_rows(xp + r * hidden, 1, hidden, norms[2 * layer + 1], eps, h + r * hidden);
             }
 #if INT8_ACTIVATIONS
-            if (int8_kind(kind[2]) && inter % LANES == 0) { /* each thread the gate and up of its own columns */
+            if (int8_kind(kind[4]) && inter % LANES == 0) { /* each thread the gate and up of its own columns */
                 long vectors = inter / LANES, first = vectors * t / nt, last = vectors * (t + 1) / nt;
                 own_rows(h, m, hidden);
-                int8_vectors((int)kind[2], m, hidden, (const uint8_t *)w[2], n_gu, gu, first, last);
-                int8_vectors((int)kind[2], m, hidden, (const uint8_t *)w[2], n_gu, gu, first + vectors, last + vectors);
+                int8_vectors((int)kind[4], m, hidden, (const uint8_t *)w[4], n_gu, gu, first, last);
+                int8_vectors((int)kind[4], m, hidden, (const uint8_t *)w[4], n_gu, gu, first + vectors, last + vectors);
                 silu_columns(gu, m, inter, first * LANES, last * LANES, act);
             } else
 #endif
             {
-                any_part(t, nt, kind[2], w[2], h, m, hidden, n_gu, gu);
+                any_part(t, nt, kind[4], w[4], h, m, hidden, n_gu, gu);
 #pragma omp barrier
 #pragma omp for nowait
                 for (long r = 0; r < m; r++) silu_columns(gu + r * n_gu, 1, inter, 0, inter, act + r * inter);
             }
 #pragma omp barrier
-            any_part(t, nt, kind[3], w[3], act, m, inter, hidden, y);
+            any_part(t, nt, kind[5], w[5], act, m, inter, hidden, y);
 #pragma omp barrier
             for (long i = 0; i < m * hidden; i++) xp[i] = xp[i] + y[i];
             if (tap < n_taps && taps[tap] == layer + 1) {

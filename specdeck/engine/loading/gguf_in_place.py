@@ -34,7 +34,7 @@ import torch
 from specdeck.engine.atomic import write_text
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks, kernel_build
-from specdeck.engine.forward.gguf_index import config_path, tensors_of
+from specdeck.engine.forward.gguf_index import config_path, tensors_of, tensors_only_reader
 from specdeck.engine.forward.row_kernel import QuantizedLinear, QuantizedParts
 from specdeck.engine.forward.token_rows import BlockEmbedding, TokenRows
 
@@ -89,6 +89,7 @@ def load_in_place(path: Path, progress: Progress | None = None) -> PreTrainedMod
     from accelerate import init_empty_weights  # type: ignore[import-untyped]
     from gguf import dequantize
     from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     from specdeck.engine.forward.lean_weights import weights_of
@@ -97,7 +98,9 @@ def load_in_place(path: Path, progress: Progress | None = None) -> PreTrainedMod
     if progress:
         progress(f"Reading {path.name} in place (its blocks run on the row kernel; nothing is converted)")
     config = _config(path)
-    with init_empty_weights(include_buffers=False):  # parameters on the meta device: no memory
+    # parameters on the meta device: no memory; and no random initialisation of them (a third of a
+    # second of meta-tensor calls for the 135M model), since every one is assigned below
+    with init_empty_weights(include_buffers=False), no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     processor = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)(config=config.to_dict())
     hf_names = _names(model)
@@ -153,7 +156,7 @@ def _config(path: Path):
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     try:
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        config = _parsed_config(path)
     except Exception as error:  # the gguf reader raises many types on a damaged file
         raise SpecDeckError(
             f"{path} is not a readable GGUF model ({type(error).__name__}: {error}). "
@@ -167,6 +170,29 @@ def _config(path: Path):
     except Exception as error:
         log.info("the config of %s was not kept: %s", path, error)
     return config
+
+
+def _parsed_config(path: Path):
+    """transformers' config of the file, parsed with the tensor index's reader, which steps over
+    arrays (`gguf_index`: a tokenizer's 100k strings, each parsed on its own, are 4 of the 4.4 s a
+    first launch took to read the built-in model's config), or in full where the config drew on an
+    array: a field left an empty list, or a vocabulary size (counted from the tokenizer's strings
+    where the file does not state it) other than the token embedding's rows."""
+    import gguf
+    from transformers import AutoConfig
+
+    whole = gguf.GGUFReader  # transformers' reader of a Llama file's config imports it at each call
+    gguf.GGUFReader = tensors_only_reader()  # type: ignore[misc]
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    finally:
+        gguf.GGUFReader = whole  # type: ignore[misc]
+    embedding = tensors_of(path).get(EMBEDDING)
+    rows = embedding.shape[-1] if embedding is not None else None
+    drew_on_an_array = any(isinstance(value, list) and not value for value in config.to_dict().values())
+    if getattr(config, "vocab_size", None) == rows and not drew_on_an_array:
+        return config
+    return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def _names(model: PreTrainedModel) -> dict[str, str]:

@@ -296,7 +296,9 @@ def measurement_key(module: torch.nn.Module | LlamaCppModel, what: str) -> str:
         weights = [p.detach() for p in module.parameters()]
         runs_on = [str(weights[0].dtype), str(weights[0].device)]
         matrices = [w for w in weights if w.dim() == 2]
-        path = gguf_blocks.prefer_kernel(module, lambda: linear.choose_path(matrices)).path
+        # a part on blocks (a feature head's layer) runs on the row kernel: no float32 path is timed
+        on_blocks = next((part for part in module.modules() if gguf_blocks.blocks_key(part)), module)
+        path = gguf_blocks.prefer_kernel(on_blocks, lambda: linear.choose_path(matrices)).path
         if graphed_steps.fixed_shape_on(weights[0].device):  # CUDA graphs: another cost entirely
             path += " fixed-shape"
         else:  # curves measured before verifies attended in one call per span (`row_attention`) are left

@@ -10,13 +10,15 @@ import pytest
 import torch
 from call_shapes import verify_and_steps
 from tiny import ON_CPU, PACKED_PATHS
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdeck.engine import encode_prompt
 from specdeck.engine.forward import block_groups, kernel_build, row_kernel
+from specdeck.engine.forward.fused_layers import FusedLayers
 from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.forward.lean_weights import weights_of
 from specdeck.engine.forward.llama_forward import LlamaForward
-from specdeck.engine.forward.row_kernel import QuantizedLinear, block_shape
+from specdeck.engine.forward.row_kernel import QuantizedLinear, QuantizedParts, block_shape
 from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.models import load_model
 
@@ -243,3 +245,42 @@ def test_a_requantized_files_logits_stay_near_float32_rows(requantized, monkeypa
     fast, exact = logits
     assert not torch.equal(fast, exact)
     assert fast.argmax() == exact.argmax() and (fast - exact).abs().max() < 0.05 * exact.abs().max()
+
+
+def test_query_key_value_parts_of_two_types_run_on_the_fused_layers(monkeypatch):
+    """A layer whose queries and keys are Q4_K and values Q6_K (as in a Q4_K_M file's half of its
+    layers) runs on the fused layers as its parts: a verify gives each token a step's bits, and
+    the states are the eager path's on the same products to float32 rounding."""
+    monkeypatch.setenv("SPECDECK_LINEAR", "kernel")
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.02,
+    )
+    model = LlamaForCausalLM(config).eval()
+    fused = LlamaForward(model)
+    for layer in fused.weights.layers:  # queries and keys 384 rows, values 128: whole heads of 64
+        parts = [
+            _product(kind, shape, kernel_build.library())[0]
+            for kind, shape in (("Q4_K", (384, 256)), ("Q6_K", (128, 256)))
+        ]
+        for part in parts:
+            part.bias = None
+        layer.qkv = QuantizedParts(parts)
+    assert FusedLayers.unavailable(fused) is None
+    fused.fused = FusedLayers(fused)
+    monkeypatch.setenv("SPECDECK_FUSED_LAYERS", "0")
+    eager = LlamaForward(model)  # the same lean weights, parts included
+    assert eager.fused is None and eager.weights.layers[0].qkv is fused.weights.layers[0].qkv
+    tokens = torch.tensor([3, 4, 5, 6, 7])
+    with torch.inference_mode():
+        fused.hidden(tokens[:1]), eager.hidden(tokens[:1])
+        together = fused.hidden(tokens[1:])
+        fused.crop(1)
+        steps = torch.cat([fused.hidden(tokens[j : j + 1]) for j in range(1, 5)])
+        assert torch.equal(together, steps)
+        torch.testing.assert_close(together, eager.hidden(tokens[1:]), rtol=1e-4, atol=1e-4)

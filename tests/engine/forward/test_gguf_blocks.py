@@ -365,6 +365,31 @@ def test_a_head_that_fuses_lower_layers_drafts_on_its_own_blocks_too(monkeypatch
     assert head_session_keeps_plain_text(target, head, ids, config).accepted > 0
 
 
+@needs_int8
+def test_a_heads_draft_cost_is_keyed_without_timing_float32_paths(monkeypatch):
+    """A head whose layer drafts on its own blocks beside the GGUF target runs that layer on the row
+    kernel: the key its draft cost is saved under times no float32 product path (the session's
+    start would otherwise wait for those timings the first time in a process)."""
+    from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter
+    from specdeck.engine.drafting.heads import load_feature_head
+    from specdeck.engine.forward import linear
+    from specdeck.engine.loading.registry import DEFAULT_HEAD
+    from specdeck.engine.planner.costs import measurement_key
+
+    monkeypatch.delenv("SPECDECK_GGUF_BLOCKS", raising=False)
+    monkeypatch.delenv("SPECDECK_LINEAR", raising=False)
+    target = load_model("smollm2-135m-instruct", ON_CPU)
+    head = load_feature_head(DEFAULT_HEAD, target)
+    drafter = FeatureHeadDrafter(head.head, target.model, name=head.name, output_ids=head.output_ids)
+    assert gguf_blocks.own_blocks(head.head.body)
+
+    def timed(weights):
+        raise AssertionError("a float32 product path was timed")
+
+    monkeypatch.setattr(linear, "choose_path", timed)
+    assert measurement_key(drafter.module, type(drafter).__name__)
+
+
 def test_a_head_beside_a_target_from_elsewhere_keeps_float32_products(tiny_llama):
     """A head beside a target that is not a GGUF file drafts on its float32 products."""
     from specdeck.engine.drafting.head_drafter import FeatureHeadDrafter

@@ -51,6 +51,34 @@ def test_the_builtin_target_read_in_place_writes_no_weights_and_keeps_the_conver
 
 
 @needs_kernel
+def test_reading_in_place_draws_no_weights_it_then_replaces(monkeypatch):
+    """The model read in place is built without initialising its parameters: every one is the file's,
+    assigned after, and drawing random values for them first only delays the first token."""
+    from transformers import PreTrainedModel
+
+    drawn = []
+    monkeypatch.setattr(PreTrainedModel, "_init_weights", lambda self, module: drawn.append(module))
+    model = load_model(DEFAULT_TARGET, LoadOptions(device="cpu"))
+    assert gguf_blocks.read_in_place(model.model) and drawn == []
+
+
+def test_the_config_read_without_the_tokenizers_strings_is_the_full_reads(monkeypatch):
+    """A first launch reads the built-in file's config with the tokenizer's arrays stepped over, and
+    gets the config transformers' full read gives; where the shortcut's vocabulary size does not
+    match the token embedding, the full read is taken instead."""
+    from transformers import AutoConfig
+
+    path = gguf_file(DEFAULT_TARGET)
+    full = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
+    assert gguf_in_place._parsed_config(path).to_dict() == full
+    reads = []
+    original = AutoConfig.from_pretrained
+    monkeypatch.setattr(AutoConfig, "from_pretrained", lambda *a, **k: reads.append(1) or original(*a, **k))
+    monkeypatch.setattr(gguf_in_place, "tensors_of", lambda path: {})  # no embedding to match
+    assert gguf_in_place._parsed_config(path).to_dict() == full and len(reads) == 2
+
+
+@needs_kernel
 def test_matrices_of_different_block_types_make_one_product_of_parts():
     """Matrices of two block types fused into one product run each on its own blocks: the product's
     outputs are each part's, bit for bit, and its matrix is theirs stacked."""
