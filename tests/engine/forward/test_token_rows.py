@@ -4,6 +4,7 @@ and a model read in place holds no float32 copy of it (nor of any other matrix),
 pages it has laid out."""
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -80,3 +81,17 @@ def _resident_file_kb() -> int:
     """This process's resident pages of mapped files, in kB."""
     with open("/proc/self/status", encoding="ascii") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("RssFile:"))
+
+
+def test_q8_0_rows_have_gguf_py_s_bits():
+    """A Q8_0 table (the embedding of llama.cpp's requantized SmolLM2 files), read a few rows at a
+    time and whole, equals gguf-py's own dequantization bit for bit."""
+    q8_0 = gguf.GGMLQuantizationType.Q8_0
+    values = np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32) * 3
+    blocks = gguf.quantize(values, q8_0)
+    table = torch.from_numpy(gguf.dequantize(blocks, q8_0).copy())
+    rows = TokenRows(SimpleNamespace(data=blocks, shape=(96, 64), tensor_type=q8_0))
+    for ids in ([3], [0, 63, 3], [[5, 6], [7, 5]]):
+        ids = torch.tensor(ids, dtype=torch.long)
+        assert torch.equal(rows(ids), table[ids])
+    assert torch.equal(rows.dense(), table)
