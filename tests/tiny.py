@@ -206,3 +206,17 @@ def head_session_keeps_plain_text(target, head, prompt_ids: list[int], config):
     events = list(generate(target, prompt_ids, config, drafter))
     assert [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept] == plain
     return events[-1]
+
+
+def set_tiny_pair(win, tiny_pair, max_new_tokens: int) -> None:
+    """Set `win` to load the tiny pair with the draft-model drafter on the CPU, in float32, on a
+    short raw prompt."""
+    target, draft = tiny_pair
+    win.model_panel.target.set_value(str(target))
+    win.model_panel.drafter.setCurrentText("draft model")
+    win.model_panel.draft.set_value(str(draft))
+    win.model_panel.device.setCurrentText("cpu")  # the same test on a machine with a GPU
+    win.model_panel.dtype.setCurrentText("float32")
+    win.decoding_panel.prompt.setPlainText("The quick brown fox")
+    win.decoding_panel.chat.setChecked(False)
+    win.decoding_panel.max_new_tokens.setValue(max_new_tokens)

@@ -12,7 +12,7 @@ import pytest
 import qasync
 import torch
 from PySide6.QtCore import QSettings
-from tiny import build_pair
+from tiny import build_pair, set_tiny_pair
 
 # the tiny models run fastest on one thread, and the tests then leave the other core to the GUI
 torch.set_num_threads(1)
@@ -68,15 +68,7 @@ def window(qtbot, loop, settings, tiny_pair, errors):
 
     win = MainWindow(settings=settings)
     qtbot.addWidget(win)
-    target, draft = tiny_pair
-    win.model_panel.target.set_value(str(target))
-    win.model_panel.drafter.setCurrentText("draft model")
-    win.model_panel.draft.set_value(str(draft))
-    win.model_panel.device.setCurrentText("cpu")  # the same test on a machine with a GPU
-    win.model_panel.dtype.setCurrentText("float32")
-    win.decoding_panel.prompt.setPlainText("The quick brown fox")
-    win.decoding_panel.chat.setChecked(False)
-    win.decoding_panel.max_new_tokens.setValue(40)
+    set_tiny_pair(win, tiny_pair, max_new_tokens=40)
     # a fixed K: the tiny draft costs what its tiny target costs, so the auto schedule would mostly
     # take plain steps, and these tests are about how drafts are shown
     win.decoding_panel.schedule.setCurrentText("constant")

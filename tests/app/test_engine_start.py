@@ -10,6 +10,8 @@ import sys
 import threading
 from collections import Counter
 
+from tiny import set_tiny_pair
+
 from specdeck.app import worker
 from specdeck.app.model_host import STARTING
 
@@ -62,15 +64,7 @@ def test_run_before_the_engine_started_waits_visibly_then_runs(qtbot, loop, sett
     monkeypatch.setattr(worker, "import_engine", slow_import)
     window = MainWindow(settings=settings)
     qtbot.addWidget(window)
-    target, draft = tiny_pair
-    window.model_panel.target.set_value(str(target))
-    window.model_panel.drafter.setCurrentText("draft model")
-    window.model_panel.draft.set_value(str(draft))
-    window.model_panel.device.setCurrentText("cpu")
-    window.model_panel.dtype.setCurrentText("float32")
-    window.decoding_panel.prompt.setPlainText("The quick brown fox")
-    window.decoding_panel.chat.setChecked(False)
-    window.decoding_panel.max_new_tokens.setValue(20)
+    set_tiny_pair(window, tiny_pair, max_new_tokens=20)
     window.show()
     qtbot.waitUntil(lambda: window.host.engine_starting, timeout=5000)  # after the first paint
     assert window.statusBar().currentMessage() == STARTING and window.waiting.isVisible()
