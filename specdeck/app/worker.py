@@ -46,16 +46,18 @@ if TYPE_CHECKING:
 BATCH_INTERVAL_S = 0.025
 
 
-def freeze_long_lived_objects() -> None:
+def freeze_long_lived_objects(unfreeze: bool = True) -> None:
     """Collect garbage once, then leave every object alive now out of later collections (gc.freeze).
 
     A full collection scans every tracked object while holding the GIL. With torch, transformers,
     Qt and a loaded model that is ~400k objects and 150-400 ms in which the GUI thread cannot run,
     and a fast session's events trigger one every few seconds, whichever thread allocates. The
     objects alive after start-up or a load (modules, classes, widgets, the models) live as long as
-    the process or the pair, so they need no scanning. Unfreezing first lets the collection free a
-    replaced pair's reference cycles."""
-    gc.unfreeze()
+    the process or the pair, so they need no scanning. `unfreeze` first lets the collection free a
+    replaced pair's reference cycles; without it only what came since the last freeze is scanned
+    (after a first load: a few milliseconds, where unfreezing scans the imports again)."""
+    if unfreeze:
+        gc.unfreeze()
     gc.collect()
     gc.freeze()
 
@@ -294,8 +296,9 @@ class ModelWorker(QObject):
             pair = load(spec, progress=progress)
         if request.cancel.is_set():
             raise LoadCancelled
+        replaced = self._pair is not None
         self._pair, self._spec = pair, spec  # the previous pair is released only once the new one loaded
-        freeze_long_lived_objects()
+        freeze_long_lived_objects(unfreeze=replaced)  # the first load has no pair's cycles to free
         self.engine.memory.give_back(collect=False)  # the previous pair's memory, now collected
         return describe(pair)
 

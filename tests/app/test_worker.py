@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from specdeck.app.model_host import ModelHost
-from specdeck.app.worker import error_message
+from specdeck.app.worker import LoadRequest, ModelWorker, error_message
 from specdeck.engine.config import DecodeConfig
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.events import RoundEvent, SessionStarted, TokenEvent, TokenState
@@ -111,3 +111,29 @@ def test_cancelled_load_reports_cancelled(qtbot, loop):
     qtbot.waitUntil(second.done, timeout=10_000)
     assert second.result().description == "fake pair"
     host.shutdown()
+
+
+def test_a_first_load_leaves_what_was_frozen_before_it_alone():
+    """The collection after a first load scans only what came since the last freeze (not the
+    imports again: a third of a second before the first session); a later load frees the
+    replaced pair's reference cycles and frozen garbage with them."""
+    import gc
+    import weakref
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    garbage = Cycle()
+    frozen_garbage = weakref.ref(garbage)
+    gc.freeze()
+    del garbage
+    pairs = [_FakePair(), _FakePair()]
+    for pair in pairs:
+        pair.me = pair  # a pair's modules refer to each other
+    first = weakref.ref(pairs[0])
+    worker = ModelWorker(load_fn=lambda *args, **kwargs: pairs.pop(0))
+    worker.handle(LoadRequest(PairSpec(target="first")))
+    assert frozen_garbage() is not None and first() is not None
+    worker.handle(LoadRequest(PairSpec(target="second")))
+    assert frozen_garbage() is None and first() is None
