@@ -12,9 +12,10 @@ Events cross in batches: the worker collects a session's events and emits one tu
 tokens come, and every event arrives exactly once, in order.
 
 The engine (torch, transformers, the benchmark harness) is imported in the model thread, by
-`ModelWorker.start_engine`, not when this module is: the window imports only Qt and the engine's
-plain-Python modules, so it paints seconds before torch has imported. Requests sent meanwhile wait
-in the model thread's queue and run once the engine is there.
+`ModelWorker.start_engine` (`engine_import`; `specdeck gui` has it under way since the launch), not
+when this module is: the window imports only Qt and the engine's plain-Python modules, so it paints
+seconds before torch has imported. Requests sent meanwhile wait in the model thread's queue and run
+once the engine is there.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from specdeck.app.engine_import import Engine, import_engine
 from specdeck.bench.prompts import BenchPrompt
 from specdeck.bench.settings import BenchSettings
 from specdeck.engine.config import DecodeConfig
@@ -169,34 +170,6 @@ def error_message(error: BaseException) -> str:
         return str(error)
     detail = traceback.format_exception_only(type(error), error)[-1].strip()
     return f"Unexpected error: {detail}"
-
-
-@dataclass(frozen=True)
-class Engine:
-    """The engine's modules the model thread calls, once imported there (`ModelWorker.start_engine`)."""
-
-    session: ModuleType  # specdeck.engine.session: load_pair, add_drafters, run_session
-    memory: ModuleType  # specdeck.engine.memory: give_back, out of memory in words
-    service: ModuleType  # specdeck.bench.service: the benchmark harness and its files
-
-
-def import_engine() -> Engine:
-    """Import the engine, torch and transformers (the seconds a first launch waits longest for).
-
-    Garbage collection stays off meanwhile and what they made is frozen after, as
-    `specdeck.cli.launch` does for what it imports: millions of objects that live as long as the
-    process, which collecting again and again as they are made would slow by a fifth."""
-    gc.disable()
-    try:
-        from specdeck.bench import service
-        from specdeck.engine import memory, session
-        from specdeck.engine.quiet import silence_libraries
-
-        silence_libraries()  # SpecDeck reports its own progress; the libraries keep quiet
-    finally:
-        gc.freeze()
-        gc.enable()
-    return Engine(session, memory, service)
 
 
 class ModelWorker(QObject):

@@ -5,6 +5,12 @@ commands that load a model it starts on a thread of its own before the rest of S
 libraries are imported, so that the compiler runs while they import and the models load. Other
 commands leave it alone (`specdeck cache --clear` deletes the kernels).
 
+`specdeck gui` also starts importing the engine (torch, transformers) on a thread of its own
+before the window's modules import (`specdeck.app.engine_import`): the window's model thread, which
+loads the models, then finds it done or under way, and Run pressed at the window's first paint
+waits seconds less for its first token. The two threads share the interpreter, so the window
+paints a little later.
+
 Python's garbage collector stays off while SpecDeck and its libraries import: importing torch and
 transformers makes millions of objects that live as long as the process, and collecting among them
 again and again as they are made took a fifth of the import time. They are then frozen out of
@@ -20,16 +26,23 @@ LOADS_A_MODEL = ("run", "gui", "bench")  # bare `specdeck` is `specdeck gui`
 
 
 def main() -> int:
+    name = (sys.argv[1:2] or ["gui"])[0]
     gc.disable()
+    ahead = None
     try:
-        if (sys.argv[1:2] or ["gui"])[0] in LOADS_A_MODEL:
+        if name in LOADS_A_MODEL:
             from specdeck.engine.forward import kernel_build
 
             kernel_build.build_in_background()
+        if name == "gui":
+            from specdeck.app.engine_import import import_engine_ahead
+
+            ahead = import_engine_ahead()
         from specdeck.cli.main import main as command
     finally:
-        gc.freeze()
-        gc.enable()
+        if ahead is None:  # else its thread freezes them with its own and turns collection on as it ends
+            gc.freeze()
+            gc.enable()
     return command()
 
 

@@ -104,3 +104,81 @@ def test_an_idle_window_leaves_the_interpreter_to_the_model_thread(qtbot, window
         counts.append(Counter(calls))
     quietest = min(counts, key=lambda counted: counted.total())
     assert quietest.total() < 20, f"{quietest.total()} Python calls in an idle half second: {quietest.most_common(4)}"
+
+
+def test_the_window_command_starts_the_engine_import_and_the_kernel_at_launch(monkeypatch):
+    """`specdeck` and `specdeck gui` start importing the engine before the window's modules import
+    (and building the kernel, as every command that loads a model); `specdeck run` imports it itself."""
+    from specdeck.app import engine_import
+    from specdeck.cli import launch, main
+    from specdeck.engine.forward import kernel_build
+
+    started: list[str] = []
+    monkeypatch.setattr(kernel_build, "build_in_background", lambda: started.append("kernel"))
+    monkeypatch.setattr(engine_import, "import_engine_ahead", lambda: started.append("engine"))
+    monkeypatch.setattr(main, "main", lambda: 0)
+    for argv, expected in ((["specdeck"], ["kernel", "engine"]), (["specdeck", "gui"], ["kernel", "engine"])):
+        monkeypatch.setattr(sys, "argv", argv)
+        started.clear()
+        assert launch.main() == 0
+        assert started == expected, argv
+    monkeypatch.setattr(sys, "argv", ["specdeck", "run"])
+    started.clear()
+    assert launch.main() == 0 and started == ["kernel"]
+
+
+def test_the_window_paints_while_the_engine_imports_ahead():
+    """In a fresh process whose engine import started first (as `specdeck gui` starts it) and is
+    held inside torch's import (for a minute at most), the window imports, is built and paints
+    while it is held: nothing the window needs waits for the engine; once released, the engine is
+    there for the model thread."""
+    code = (
+        "import importlib.abc, importlib.machinery, json, sys, threading, time\n"
+        "release, timed_out = threading.Event(), threading.Event()\n"
+        "class Hold(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name != 'torch':\n"
+        "            return None\n"
+        "        spec = importlib.machinery.PathFinder.find_spec(name, path)\n"
+        "        run = spec.loader.exec_module\n"
+        "        def exec_module(module):\n"
+        "            if not release.wait(60):\n"
+        "                timed_out.set()\n"
+        "            run(module)\n"
+        "        spec.loader.exec_module = exec_module\n"
+        "        return spec\n"
+        "sys.meta_path.insert(0, Hold())\n"
+        "from specdeck.app.engine_import import import_engine, import_engine_ahead\n"
+        "ahead = import_engine_ahead()\n"
+        "from PySide6.QtCore import QEvent, QObject\n"
+        "from PySide6.QtWidgets import QApplication\n"
+        "app = QApplication([])\n"
+        "from specdeck.app.main_window import MainWindow\n"
+        "window = MainWindow(settings=None)\n"
+        "seen = {}\n"
+        "class First(QObject):\n"
+        "    def eventFilter(self, watched, event):\n"
+        "        if watched is window and event.type() == QEvent.Type.Paint and not seen:\n"
+        "            seen['importing'] = not timed_out.is_set()\n"
+        "        return False\n"
+        "first = First()\n"
+        "window.installEventFilter(first)\n"
+        "window.show()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not seen and time.monotonic() < deadline:\n"
+        "    app.processEvents()\n"
+        "    time.sleep(0.01)\n"
+        "release.set()\n"
+        "ahead.join(300)\n"
+        "engine = import_engine()\n"
+        "seen['engine'] = engine.session.__name__\n"
+        "window.removeEventFilter(first)\n"
+        "window.host.shutdown()\n"
+        "print(json.dumps(seen))\n"
+    )
+    environment = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=400, env=environment
+    )
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen == {"importing": True, "engine": "specdeck.engine.session"}

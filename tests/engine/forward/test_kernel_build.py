@@ -136,7 +136,7 @@ def test_the_command_starts_the_kernel_only_for_commands_that_load_a_model(monke
     started = []
     monkeypatch.setattr(kernel_build, "build_in_background", lambda: started.append(1))
     monkeypatch.setattr(main, "main", lambda: 0)
-    for argv, expected in ((["specdeck", "cache"], []), (["specdeck", "run"], [1]), (["specdeck"], [1, 1])):
+    for argv, expected in ((["specdeck", "cache"], []), (["specdeck", "run"], [1]), (["specdeck", "bench"], [1, 1])):
         monkeypatch.setattr(sys, "argv", argv)
         assert launch.main() == 0
         assert started == expected, argv
