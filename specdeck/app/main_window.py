@@ -7,8 +7,9 @@ shortcuts are the `WindowMenus` it owns (`window_menus`, as `menus`), what it re
 launches `WindowSettings` (`window_settings`).
 
 The window imports only Qt, pyqtgraph and the engine's plain-Python modules; once painted it has
-the model thread import the engine (torch, transformers), with "Starting the engine" and the busy bar
-in the status bar meanwhile (`ModelHost.start_engine`). Run pressed before that waits for it.
+the model thread import the engine (torch, transformers: under way since the launch, where
+`specdeck gui` started it), with "Starting the engine" and the busy bar in the status bar meanwhile
+(`ModelHost.start_engine`). Run pressed before that waits for it.
 """
 
 from __future__ import annotations
@@ -316,8 +317,8 @@ class MainWindow(WindowSettings, QMainWindow):
 
     def eventFilter(self, watched, event) -> bool:
         """The window's first paint starts the engine's import in the model thread, on the event
-        loop's next turn: the import holds the interpreter much of the time, and the window is on
-        screen by then rather than black while the two share it. The filter then goes, so that no
+        loop's next turn (it finds the import `specdeck gui` started at launch done or under way,
+        and waits for the rest): the window is on screen by then. The filter then goes, so that no
         later paint (the busy bar's, many a second) runs Python code in the GUI thread."""
         if watched is self and event.type() == QEvent.Type.Paint:
             self.removeEventFilter(self)
