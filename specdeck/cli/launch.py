@@ -35,9 +35,12 @@ def main() -> int:
 
             kernel_build.build_in_background()
         if name == "gui":
-            from specdeck.app.engine_import import import_engine_ahead
-
-            ahead = import_engine_ahead()
+            try:
+                from specdeck.app.engine_import import import_engine_ahead
+            except ImportError:  # no PySide6: `specdeck gui` says what to install, in one line
+                pass
+            else:
+                ahead = import_engine_ahead()
         from specdeck.cli.main import main as command
     finally:
         if ahead is None:  # else its thread freezes them with its own and turns collection on as it ends

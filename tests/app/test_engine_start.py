@@ -182,3 +182,21 @@ def test_the_window_paints_while_the_engine_imports_ahead():
     )
     seen = json.loads(out.stdout.splitlines()[-1])
     assert seen == {"importing": True, "engine": "specdeck.engine.session"}
+
+
+def test_the_window_command_without_qt_says_what_to_install():
+    """Where PySide6 does not import, `specdeck gui` still ends in one line saying what to
+    reinstall, not a traceback from the import it starts at launch."""
+    code = (
+        "import sys\n"
+        "sys.modules['PySide6'] = None\n"  # what Python does for a package that is not installed
+        "sys.argv = ['specdeck', 'gui']\n"
+        "from specdeck.cli import launch\n"
+        "sys.exit(launch.main())\n"
+    )
+    environment = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("specdeck: error: The window needs PySide6, pyqtgraph and qasync (")
+    assert line.endswith("reinstall SpecDeck with its dependencies.")
