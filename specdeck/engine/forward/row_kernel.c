@@ -898,15 +898,15 @@ static const xkernel_fn X_KERNEL_TABLE[X_TYPES][RI + 1] = {X_NAMES(X_Q4_0), X_NA
 #define RP 5 /* rows a pass of `x_pair` takes: 10 16-bit sums, 4 runs of quants and a broadcast in 16 registers */
 #endif
 #if !X_VNNI
-/* Two vectors of columns at once, for the types but Q6_K, without VNNI. There a row's broadcast of
+/* Two vectors of columns at once, without VNNI. There a row's broadcast of
  * 4 activation bytes and the float scaling of each group cost about as much as the maddubs, so
  * `x_pair` shares each broadcast between 16 columns, run by run: a run of 4 k-steps is decoded for
  * both vectors, then each row's two broadcasts (k = 4u and 16 + 4u) go into both vectors' 16-bit
  * sums, widened (madd, by the K-quants' sc) after as many runs as `x_dot`'s span allows. So every
  * group's (K-quants: block's) T is `x_kernel`'s integer and the floats that follow are the same
  * operations in the same order: the same bits (Q4_K at 4 rows: about 0.75 of `x_kernel`'s time, docs/journal/2026-11-29-verify-four.md).
- * Q6_K's two halves would need twice the 16-bit sums, more than 16 registers hold: it stays on
- * `x_kernel`. `stride`: bytes from the first vector of columns to the second. */
+ * Q6_K's two halves would need twice the 16-bit sums, more than 16 registers hold: `x_pair6` takes
+ * it half by half. `stride`: bytes from the first vector of columns to the second. */
 static inline __attribute__((always_inline)) void x_pair(const int type, const int R, const int8_t *a,
                                                          const float *s, const float *sm, const int32_t *sums,
                                                          long k, const uint8_t *wb, long stride, float *y, long n,
@@ -1002,19 +1002,83 @@ static inline __attribute__((always_inline)) void x_pair(const int type, const i
         for (int c = 0; c < 2; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c]);
 }
 
+/* `x_pair` for Q6_K: its two halves of 16 k-steps have scales of their own, so a group goes half by
+ * half, each half's 4 runs into 2R 16-bit sums widened (madd by the half's sc) every 2 runs: only
+ * 2R sums live, as for the other types. Each half's run u reads the low (first half) or high
+ * nibbles of run u and bits 2u, 2u + 1 of H0 or H1, as `x_kernel` decodes them; the block's integers
+ * and the float scaling are `x_kernel`'s: the same bits. */
+static inline __attribute__((always_inline)) void x_pair6(const int R, const int8_t *a, const float *s,
+                                                          const int32_t *halves, long k, const uint8_t *wb,
+                                                          long stride, float *y, long n, long j0) {
+    const long groups = k / QK, size = (long)X_BYTES[X_Q6_K] * LANES, header = (long)X_HEADER[X_Q6_K] * LANES;
+    vec acc[RP][2], block_d[2];
+    const uint8_t *w[2] = {wb, wb + stride};
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = VZERO();
+    for (long g = 0; g < groups; g += 8) {
+        for (int c = 0; c < 2; c++) block_d[c] = VHALF(w[c]), w[c] += header;
+        ivec t[RP][2];
+        for (int r = 0; r < R; r++) t[r][0] = t[r][1] = IZERO();
+        for (int j = 0; j < 8; j++) {
+            for (int c = 0; c < 2; c++) PREFETCH_GROUP(w[c] + IAHEAD * size, size);
+            _Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
+                ivec scales[2], p[RP][2];
+                for (int c = 0; c < 2; c++) {
+                    ivec sc = QS8(w[c] + half * LANES);
+                    scales[c] = XPAIRS(sc, sc);
+                }
+                for (int r = 0; r < R; r++) p[r][0] = p[r][1] = IZERO();
+                _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+                    ivec q[2];
+                    for (int c = 0; c < 2; c++) {
+                        ivec v = ILOAD(w[c] + size - 16 * LANES + u * LANES * 4);
+                        ivec h = ILOAD(w[c] + LANES * (2 + 4 * half));
+                        q[c] = XOR(INIBBLE(v, 4 * half), XAND(u < 3 ? XSLLI(h, 4 - 2 * u) : XSRLI(h, 2), XSET(0x30303030)));
+                    }
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                        ivec b = XBCAST(a + r * k + (g + j) * QK + 16 * half + 4 * u);
+                        for (int c = 0; c < 2; c++) {
+                            p[r][c] = _mm256_add_epi16(p[r][c], _mm256_maddubs_epi16(q[c], b));
+                            KEEP(p[r][c]);
+                        }
+                    }
+                    if (u % 2 == 1) /* 2 runs of 6-bit quants: at most 2 x 2 x 63 x 127 < 2^15 */
+                        for (int r = 0; r < R; r++)
+                            for (int c = 0; c < 2; c++)
+                                t[r][c] = XADD(t[r][c], XMADD(p[r][c], scales[c])), p[r][c] = IZERO();
+                }
+            }
+            for (int c = 0; c < 2; c++) { /* the offset: -32 (sc_lo sum_lo(a) + sc_hi sum_hi(a)) */
+                ivec offset = XPAIRS(QS8(w[c]), QS8(w[c] + LANES));
+                for (int r = 0; r < R; r++)
+                    t[r][c] = XSUB(t[r][c], XSLLI(XMADD(offset, XSET(halves[r * groups + g + j])), 5));
+                w[c] += size;
+            }
+        }
+        for (int c = 0; c < 2; c++)
+            for (int r = 0; r < R; r++)
+                acc[r][c] = x_block_end(0, acc[r][c], t[r][c], block_d[c], VZERO(), s[r * (groups / 8) + g / 8], 0, 0);
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 2; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c]);
+}
+
 #define X_PAIR(TYPE, R)                                                                                \
     static void xp_##TYPE##_##R(const int8_t *a, const float *s, const float *sm, const int32_t *sums, \
-                                long k, const uint8_t *wb, long stride, float *y, long n, long j0) {   \
-        x_pair(TYPE, R, a, s, sm, sums, k, wb, stride, y, n, j0);                                      \
+                                const int32_t *halves, long k, const uint8_t *wb, long stride, float *y, long n, \
+                                long j0) {                                                             \
+        if (TYPE == X_Q6_K)                                                                            \
+            x_pair6(R, a, s, halves, k, wb, stride, y, n, j0);                                         \
+        else                                                                                           \
+            x_pair(TYPE, R, a, s, sm, sums, k, wb, stride, y, n, j0);                                  \
     }
 #define X_PAIRS(TYPE) X_PAIR(TYPE, 1) X_PAIR(TYPE, 2) X_PAIR(TYPE, 3) X_PAIR(TYPE, 4) X_PAIR(TYPE, 5)
 #define X_PAIR_NAMES(TYPE) {0, xp_##TYPE##_1, xp_##TYPE##_2, xp_##TYPE##_3, xp_##TYPE##_4, xp_##TYPE##_5}
-typedef void (*xpair_fn)(const int8_t *, const float *, const float *, const int32_t *, long, const uint8_t *, long,
-                         float *, long, long);
-X_PAIRS(X_Q4_0) X_PAIRS(X_Q5_0) X_PAIRS(X_Q5_1) X_PAIRS(X_Q4_K) X_PAIRS(X_Q5_K)
-static const xpair_fn X_PAIR_TABLE[X_Q6_K][RP + 1] = {X_PAIR_NAMES(X_Q4_0), X_PAIR_NAMES(X_Q5_0),
-                                                     X_PAIR_NAMES(X_Q5_1), X_PAIR_NAMES(X_Q4_K),
-                                                     X_PAIR_NAMES(X_Q5_K)};
+typedef void (*xpair_fn)(const int8_t *, const float *, const float *, const int32_t *, const int32_t *, long,
+                         const uint8_t *, long, float *, long, long);
+X_PAIRS(X_Q4_0) X_PAIRS(X_Q5_0) X_PAIRS(X_Q5_1) X_PAIRS(X_Q4_K) X_PAIRS(X_Q5_K) X_PAIRS(X_Q6_K)
+static const xpair_fn X_PAIR_TABLE[X_TYPES][RP + 1] = {X_PAIR_NAMES(X_Q4_0), X_PAIR_NAMES(X_Q5_0),
+                                                      X_PAIR_NAMES(X_Q5_1), X_PAIR_NAMES(X_Q4_K),
+                                                      X_PAIR_NAMES(X_Q5_K), X_PAIR_NAMES(X_Q6_K)};
 #endif
 /* One column's group g (of 32 weights) of a row of `type` blocks at `row`: its quants q (0 to 63)
  * and its scale fields (`fields`, 1 or 2 of `field` bytes each: d (and m) float16, or the K-quants'
@@ -1156,7 +1220,7 @@ static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, flo
         const uint8_t *wb = w + v * bytes;
         /* `x_pair` where it helps: a step's one row is bound by streaming the weights from memory
          * (x_pair took as long there), and its bits are x_kernel's anyway */
-        int pair = !X_VNNI && m > 1 && kind >= X_FIRST && kind - X_FIRST != X_Q6_K && v + 1 < last;
+        int pair = !X_VNNI && m > 1 && kind >= X_FIRST && v + 1 < last;
         for (long r = 0, pass = 0, rows; r < m; r += rows, pass++) {
             rows = base[pair] + (pass < extra[pair]);
             const int8_t *a = rows8->a + r * k;
@@ -1165,7 +1229,7 @@ static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, flo
             const int32_t *halves = rows8->halves + r * groups;
 #if !X_VNNI
             if (pair)
-                X_PAIR_TABLE[kind - X_FIRST][rows](a, s, sm, sums, k, wb, bytes, y + r * n, n, v * LANES);
+                X_PAIR_TABLE[kind - X_FIRST][rows](a, s, sm, sums, halves, k, wb, bytes, y + r * n, n, v * LANES);
             else
 #endif
             if (kind >= X_FIRST)
