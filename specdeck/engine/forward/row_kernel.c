@@ -1227,8 +1227,8 @@ static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, flo
     }
     for (long v = first; v < last; v++) {
         const uint8_t *wb = w + v * bytes;
-        /* `x_pair` where it helps: a step's one row is bound by streaming the weights from memory
-         * (x_pair took as long there), and its bits are x_kernel's anyway */
+        /* `x_pair` for verifies: a step's one row is bound by streaming the weights from memory on
+         * two threads (x_pair gained nothing clear there, and its bits are x_kernel's anyway) */
         int pair = !X_VNNI && m > 1 && kind >= X_FIRST && v + 1 < last;
         for (long r = 0, pass = 0, rows; r < m; r += rows, pass++) {
             rows = base[pair] + (pass < extra[pair]);
