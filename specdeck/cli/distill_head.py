@@ -8,7 +8,7 @@ from specdeck.engine.errors import SpecDeckError
 
 
 def add_distill_head_command(commands) -> None:
-    from specdeck.train.stream import StreamConfig
+    from specdeck.train.stream_text import StreamConfig
 
     defaults = StreamConfig()
     head = defaults.head
@@ -96,7 +96,8 @@ def add_distill_head_command(commands) -> None:
 
 def run_distill_head(args) -> int:
     from specdeck.engine.loading.registry import DEFAULT_TARGET
-    from specdeck.train.stream import StreamConfig, train_streaming
+    from specdeck.train.stream import train_streaming
+    from specdeck.train.stream_text import StreamConfig
 
     counts = (args.batch, args.unroll, args.eval_every, args.answer_batch, args.own_repeat, args.eval_sequences)
     if min(counts) < 1:

@@ -95,7 +95,7 @@ def plan_text(target: LoadedModel, folder: Path, config: ForcingConfig, progress
     """The tokenised existing text and the requests the target answers, made once per folder: the
     requests composed from WordNet (`specdeck.train.lexicon`) shuffled in with the others, so any
     prefix asks every kind. A plan made before them gains them, shuffled in likewise (the answers
-    already made are told apart by their requests, not by their places: `specdeck.train.stream.own_answers`)."""
+    already made are told apart by their requests, not by their places: `specdeck.train.stream_text.own_answers`)."""
     path = folder / "plan.pt"
     if path.exists():
         plan = torch.load(path, weights_only=True)

@@ -18,8 +18,9 @@ from specdeck.engine.events import TokenEvent
 from specdeck.engine.loading.models import load_model
 from specdeck.engine.pair import PairSpec
 from specdeck.engine.session import load_pair, run_session
-from specdeck.train import RUN_STATE, forcing, loop, stream
-from specdeck.train.stream import StreamConfig, batch_states, held_out_own, steps_to_fill
+from specdeck.train import RUN_STATE, forcing, loop, stream, stream_text
+from specdeck.train.stream import batch_states, steps_to_fill
+from specdeck.train.stream_text import StreamConfig, held_out_own
 from specdeck.train.texts import Exchange
 
 EXCHANGES = [
@@ -147,7 +148,7 @@ def test_a_plan_with_a_passage_fewer_holds_out_the_same_other_sequences(text, tm
 
     def held_out(exchanges, folder):
         monkeypatch.setattr(forcing, "existing_exchanges", lambda seed: exchanges)
-        made = stream.stream_text(target, folder, config, lambda said: None)
+        made = stream_text.stream_text(target, folder, config, lambda said: None)
         rows = made.rows(True, False) + made.rows(True, True)
         return {tuple(made.ids[r].tolist()) for r in rows}, made
 
@@ -258,7 +259,7 @@ def test_second_turns_follow_the_targets_own_finished_answers(text, tmp_path):
     """A second turn is an own answer that ended, the chat template's next user turn asking a
     follow-up, and the target's reply, which is where its training starts; answers cut off by the
     length limit and raw code completions get none, every batch is kept, and a rerun makes no more."""
-    from specdeck.train.stream import StreamConfig, second_turns
+    from specdeck.train.stream_text import StreamConfig, second_turns
     from specdeck.train.teacher import chat_ids
     from specdeck.train.turns import FOLLOW_UPS, second_turn_suffix
 
@@ -298,7 +299,7 @@ def test_second_turns_follow_the_targets_own_finished_answers(text, tmp_path):
 def test_second_turns_follow_the_end_token_that_closes_the_turn(text):
     """Where the target counts several end tokens (a GGUF tokenizer may count its turn opening too),
     a finished answer's follow-up comes after the one that closes the assistant's turn."""
-    from specdeck.train.stream import StreamConfig, second_turns
+    from specdeck.train.stream_text import StreamConfig, second_turns
     from specdeck.train.teacher import chat_ids
 
     _, path = text
@@ -334,7 +335,7 @@ def test_answers_in_groups_alike_in_length_answer_every_request(text):
     """Requests generated a few at a time, grouped by length: each answer follows its own request,
     every request that got an answer is among those asked, and the groups do not depend on the
     order the requests came in."""
-    from specdeck.train.stream import StreamConfig, answer_in_groups
+    from specdeck.train.stream_text import StreamConfig, answer_in_groups
 
     _, path = text
     target = load_model(str(path), ON_CPU)

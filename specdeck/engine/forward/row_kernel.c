@@ -573,28 +573,29 @@ static inline int32_t ROUND_TO_BYTES(__m256 v, int8_t *out) {
 int row_kernel_int8(void) { return INT8_ACTIVATIONS; }
 
 #if INT8_ACTIVATIONS
-/* Each row's groups of 32 as 8-bit integers a (m, k), their scales s and s sum(a) (m, k / 32),
- * sum(a) and the sums of the two halves of 16 (m, k / 32; the first half's in the low 16 bits of
- * `halves`, the second's in the high): the reciprocal 127 / max |x| rounded once, each a = x times
- * it rounded to nearest (even on ties), lane by lane; a row's numbers depend on its own values only. */
-static void quantize_rows(const float *x, long m, long k, int8_t *a, float *s, float *sm, int32_t *sums,
+/* Each row's spans of `span` values (32, or a K-quant block's 256) as 8-bit integers a (m, k), one
+ * scale s a span (m, k / span), and each group of 32's sum(a) and the sums of its two halves of 16
+ * (m, k / 32; `halves`: the first half's in the low 16 bits, the second's in the high): the
+ * reciprocal 127 / max |x| rounded once, each a = x times it rounded to nearest (even on ties), lane
+ * by lane; a row's numbers depend on its own values only. */
+static void quantize_rows(const float *x, long m, long k, int span, int8_t *a, float *s, int32_t *sums,
                           int32_t *halves) {
     for (long r = 0; r < m; r++)
-        for (long g = 0; g < k / QK; g++) {
-            const float *xg = x + r * k + g * QK;
-            int8_t *ag = a + r * k + g * QK;
-            vec top = VABS(VLOAD(xg));
-            for (int i = LANES; i < QK; i += LANES) top = VMAX(top, VABS(VLOAD(xg + i)));
+        for (long b = 0; b < k / span; b++) {
+            const float *xb = x + r * k + b * span;
+            vec top = VABS(VLOAD(xb));
+            for (int i = LANES; i < span; i += LANES) top = VMAX(top, VABS(VLOAD(xb + i)));
             float most = vmax(top), inverse = most > 0.0f ? 127.0f / most : 0.0f;
-            int32_t half[2] = {0, 0};
-            for (int i = 0; i < QK; i += LANES)
-                half[i / 16] += ROUND_TO_BYTES(VMUL(VLOAD(xg + i), VSET(inverse)), ag + i);
-            int32_t sum = half[0] + half[1];
-            long at = r * (k / QK) + g;
-            s[at] = most / 127.0f;
-            sums[at] = sum;
-            halves[at] = (int32_t)(((uint32_t)half[1] << 16) | ((uint32_t)half[0] & 0xFFFFu));
-            sm[at] = s[at] * (float)sum;
+            s[r * (k / span) + b] = most / 127.0f;
+            for (int g = 0; g < span / QK; g++) {
+                int32_t half[2] = {0, 0};
+                for (int i = 0; i < QK; i += LANES)
+                    half[i / 16] += ROUND_TO_BYTES(VMUL(VLOAD(xb + g * QK + i), VSET(inverse)),
+                                                   a + r * k + b * span + g * QK + i);
+                long at = r * (k / QK) + b * (span / QK) + g;
+                sums[at] = half[0] + half[1];
+                halves[at] = (int32_t)(((uint32_t)half[1] << 16) | ((uint32_t)half[0] & 0xFFFFu));
+            }
         }
 }
 
@@ -667,18 +668,22 @@ static const ikernel_fn I_KERNELS[2][RI + 1] = {{0, i4_1, i4_2, i4_3, i4_4}, {0,
 /* ---- 8-bit-row products for Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (kinds 12 to 17) ----
  *
  * Every type is read as groups of 32 k-steps of unsigned quants q (4, 5 or 6 bits) and the group's
- * scales, and multiplies rows in 8 bits quantized per 32 values as above, the K-quants too: a scale
- * per 32 activations is finer than llama.cpp's per 256 (Q8_K), and one quantization of a row then
- * serves every kind of a layer. A group's dot product with a column is one exact integer T, then
- * y += (d s) T (+ m (s sum(a)) where the type has a minimum), in k order group by group, so a row's
+ * scales. Q4_0, Q5_0 and Q5_1 multiply rows in 8 bits quantized per 32 values as above: a group's
+ * dot product with a column is one exact integer T, then y += (d s) T (+ m (s sum(a)) where the type
+ * has a minimum), in k order group by group. The K-quants take rows quantized per block of 256, as
+ * llama.cpp's Q8_K: the 8 groups' integers, each times its 6- or 8-bit scale, add up in int32 and
+ * a block costs one float scaling a row instead of 8 (that scaling was about 30% of a Q4_K group's
+ * time at 4 rows): y += (d s) T + (-dmin s) M a block, in k order block by block. Either way a row's
  * bits do not depend on the rows beside it:
  *   Q4_0  w = d (q - 8)                T = sum(q a) - 8 sum(a)
  *   Q5_0  w = d (q - 16)               T = sum(q a) - 16 sum(a)
  *   Q5_1  w = d q + m                  T = sum(q a)
- *   Q4_K, Q5_K  w = (d sc) q - dmin mn T = sum(q a); d sc and -dmin mn per group in float32, each
- *                                      the exact product of a float16 and a 6-bit integer
- *   Q6_K  w = d sc_h (q - 32)          T = sum over the halves h of 16: sc_h (sum_h(q a) - 32 sum_h(a)),
- *                                      sc_h the half's signed 8-bit scale: integers to the end.
+ *   Q4_K, Q5_K  w = d sc q - dmin mn   T = sum over the block's groups g: sc_g sum_g(q a),
+ *                                      M = sum over g: mn_g sum_g(a) (sc, mn: 6-bit integers)
+ *   Q6_K  w = d sc_h (q - 32)          T = sum over the block's halves h of 16: sc_h (sum_h(q a) -
+ *                                      32 sum_h(a)), sc_h the half's signed 8-bit scale.
+ * A row feeding products of both kinds (a layer of a Q4_K_M file mixes Q5_0 or Q8_0 with Q4_K and
+ * Q6_K) is quantized both ways (`own_rows`): a few thousand numbers.
  *
  * Packed per vector of LANES columns, group by group of 32 k-steps, each field LANES columns wide:
  *   Q4_0: d (float16)                  Q4_K: sc, mn (unsigned bytes)
@@ -738,12 +743,13 @@ static inline long vector_bytes(int kind, long groups) {
 /* Lanes of int16 pairs (lo, hi) from lanes of int32 lo and hi, each within int16. */
 #define XPAIRS(lo, hi) XOR(XAND(lo, XSET(0xFFFF)), XSLLI(hi, 16))
 
-/* T before its offset: q (8 runs of 4 k-steps, k = 4i .. 4i + 3 in q[i]) times a row's group a.
- * With VNNI, dpbusd sums 4 byte products into 32 bits; Q6_K's halves are summed apart and scaled by
- * their sc (lo, hi: int32). Without it, maddubs sums pairs of products into 16 bits,
- * and `span` runs add up there while they cannot pass 2^15 (|a| <= 127: 8 runs of 4-bit quants, 4 of
- * 5-bit, 2 of 6-bit) before madd widens them, multiplying the pairs by 1 or by Q6_K's sc. The same
- * integers either way. */
+/* T before its offset: q (8 runs of 4 k-steps, k = 4i .. 4i + 3 in q[i]) times a row's group a,
+ * times the group's scale for the K-quants (lo: Q4_K's and Q5_K's sc, Q6_K's first half's; hi: Q6_K's
+ * second half's; int32 lanes). With VNNI, dpbusd sums 4 byte products into 32 bits, then multiplied
+ * by the scale. Without it, maddubs sums pairs of products into 16 bits, and `span` runs add up
+ * there while they cannot pass 2^15 (|a| <= 127: 8 runs of 4-bit quants, 4 of 5-bit, 2 of 6-bit)
+ * before madd widens them, multiplying the pairs by 1 or by the scale: the same instruction count
+ * either way. The same integers with or without VNNI. */
 static inline __attribute__((always_inline)) ivec x_dot(const int type, const ivec *q, const int8_t *a, ivec lo,
                                                         ivec hi) {
     ivec t = IZERO();
@@ -755,21 +761,48 @@ static inline __attribute__((always_inline)) ivec x_dot(const int type, const iv
         return XADD(XMUL(first, lo), XMUL(second, hi));
     }
     for (int i = 0; i < 8; i++) t = XDOT(t, q[i], a + 4 * i);
+    if (type == X_Q4_K || type == X_Q5_K) t = XMUL(t, lo);
 #else
     const int span = type == X_Q6_K ? 2 : type == X_Q4_0 || type == X_Q4_K ? 8 : 4;
+    const int scaled = type == X_Q4_K || type == X_Q5_K || type == X_Q6_K;
     for (int i = 0; i < 8; i += span) {
         ivec pairs = _mm256_maddubs_epi16(q[i], XBCAST(a + 4 * i));
         for (int j = i + 1; j < i + span; j++)
             pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(q[j], XBCAST(a + 4 * j)));
-        t = XADD(t, XMADD(pairs, type != X_Q6_K ? _mm256_set1_epi16(1) : i < 4 ? XPAIRS(lo, lo) : XPAIRS(hi, hi)));
+        t = XADD(t, XMADD(pairs, !scaled ? _mm256_set1_epi16(1) : i < 4 || type != X_Q6_K ? XPAIRS(lo, lo) : XPAIRS(hi, hi)));
     }
 #endif
     return t;
 }
 
+/* The 8 groups' mn of a K-quant block of 256 (from `first`, groups `size` bytes apart) as int16
+ * pairs (mn of group 2j, of 2j + 1) in int32 lanes, for madd by a row's pairs of groups' sums. */
+static inline __attribute__((always_inline)) void x_mins(const uint8_t *first, long size, ivec *pairs) {
+    for (int j = 0; j < 4; j++)
+        pairs[j] = XOR(QU8(first + 2 * j * size + LANES), XSLLI(QU8(first + (2 * j + 1) * size + LANES), 16));
+}
+
+/* A K-quant block's end for one row: y += (d s) T + (-dmin s) M, s the row's scale for the block, T
+ * the block's integers sum(sc q a) (Q6_K: with its offset) and M = sum_g mn_g sum_g(a) (Q4_K, Q5_K)
+ * from the mins' pairs (`x_mins`) and the row's pairs of groups' sums (`pairs`, 4 a block). Exact
+ * integers to here: |T| < 2^31 (Q6_K's worst: 16 halves of 128 x 16 x 32 x 127), M < 2^22. */
+static inline __attribute__((always_inline)) vec x_block_end(int minimum, vec acc, ivec t, vec d, vec mins, float s,
+                                                             const ivec *mn, const int32_t *pairs) {
+    acc = VFMA(QFLOAT(t), VMUL(d, VSET(s)), acc);
+    if (minimum) {
+        ivec m = XMADD(mn[0], XSET(pairs[0]));
+        for (int j = 1; j < 4; j++) m = XADD(m, XMADD(mn[j], XSET(pairs[j])));
+        acc = VFMA(QFLOAT(m), VMUL(mins, VSET(s)), acc);
+    }
+    return acc;
+}
+
 /* y[r][j0 ..] for R rows and one vector of columns packed as above: each group's quants decoded once
  * into 8 runs of bytes and multiplied into all R rows. The type and R are constants where it is
- * inlined (`X_KERNEL`), so the branches on them compile away. */
+ * inlined (`X_KERNEL`), so the branches on them compile away. Rows in 8 bits (`own_rows`): a (R, k),
+ * and for the types of groups of 32 their scales s and s sum(a) (sm) and sums (R, k / 32); for the
+ * K-quants s a block of 256 (R, k / 256), `sums` the pairs of groups' sums (R, k / 64) and `halves`
+ * (R, k / 32). */
 static inline __attribute__((always_inline)) void x_kernel(const int type, const int R, const int8_t *a,
                                                            const float *s, const float *sm, const int32_t *sums,
                                                            const int32_t *halves, long k, const uint8_t *wb,
@@ -779,12 +812,15 @@ static inline __attribute__((always_inline)) void x_kernel(const int type, const
     const int fifth = type == X_Q5_0 || type == X_Q5_1 || type == X_Q5_K;
     const int minimum = type == X_Q5_1 || type == X_Q4_K || type == X_Q5_K;
     vec acc[RI], block_d = VZERO(), block_min = VZERO();
-    for (int r = 0; r < R; r++) acc[r] = VZERO();
+    ivec block_t[RI];
+    const uint8_t *block = wb;
+    for (int r = 0; r < R; r++) acc[r] = VZERO(), block_t[r] = IZERO();
     for (long g = 0; g < groups; g++, wb += size) {
         if (super && g % 8 == 0) { /* a block of 256's d and -dmin, for its 8 groups */
             block_d = VHALF(wb);
             if (minimum) block_min = VHALF(wb + LANES * 2);
-            wb += header;
+            wb += header, block = wb;
+            for (int r = 0; r < R; r++) block_t[r] = IZERO();
         }
         PREFETCH_GROUP(wb + IAHEAD * size, size);
         const uint8_t *low = wb + size - 16 * LANES;
@@ -807,14 +843,10 @@ static inline __attribute__((always_inline)) void x_kernel(const int type, const
                 q[u + 4] = XOR(q[u + 4], XAND(u < 3 ? XSLLI(h1, 4 - 2 * u) : XSRLI(h1, 2), bits));
             }
             lo = QS8(wb), hi = QS8(wb + LANES);
-        }
-        vec d, mins = VZERO();
-        if (type == X_Q6_K)
-            d = block_d;
-        else if (super) /* d sc and -dmin mn: float16 times a 6-bit integer, exact in float32 */
-            d = VMUL(block_d, QFLOAT(QU8(wb))), mins = VMUL(block_min, QFLOAT(QU8(wb + LANES)));
-        else
-            d = VHALF(wb);
+        } else if (super)
+            lo = QU8(wb); /* sc */
+        vec d = VZERO(), mins = VZERO();
+        if (!super) d = VHALF(wb);
         if (minimum && !super) mins = VHALF(wb + LANES * 2);
         _Pragma("GCC unroll 8") /* every row's accumulator kept in a register */
         for (int r = 0; r < R; r++) {
@@ -822,8 +854,19 @@ static inline __attribute__((always_inline)) void x_kernel(const int type, const
             ivec t = x_dot(type, q, a + r * k + g * QK, lo, hi);
             if (type == X_Q4_0 || type == X_Q5_0) t = XSUB(t, XSET((type == X_Q4_0 ? 8 : 16) * sums[at]));
             if (type == X_Q6_K) t = XSUB(t, XSLLI(XMADD(XPAIRS(lo, hi), XSET(halves[at])), 5));
+            if (super) {
+                block_t[r] = XADD(block_t[r], t);
+                continue;
+            }
             acc[r] = VFMA(QFLOAT(t), VMUL(d, VSET(s[at])), acc[r]);
             if (minimum) acc[r] = VFMA(mins, VSET(sm[at]), acc[r]);
+        }
+        if (super && g % 8 == 7) {
+            ivec mn[4];
+            if (minimum) x_mins(block, size, mn);
+            for (int r = 0; r < R; r++)
+                acc[r] = x_block_end(minimum, acc[r], block_t[r], block_d, block_min, s[r * (groups / 8) + g / 8], mn,
+                                     sums + r * (groups / 2) + g / 2 - 3);
         }
     }
     for (int r = 0; r < R; r++) VSTORE(y + r * n + j0, acc[r]);
@@ -855,15 +898,24 @@ static const xkernel_fn X_KERNEL_TABLE[X_TYPES][RI + 1] = {X_NAMES(X_Q4_0), X_NA
 #define RP 5 /* rows a pass of `x_pair` takes: 10 16-bit sums, 4 runs of quants and a broadcast in 16 registers */
 #endif
 #if !X_VNNI
-/* Two vectors of columns at once, for the types but Q6_K, without VNNI. There a row's broadcast of
+/* Where a pass over two adjacent vectors of columns fetches ahead of w, a vector ending at `end`:
+ * past its end, the vector after the other one, whose first groups the next pass reads. Running on
+ * into the other vector, as one vector a pass does, fetched what is being read already and left the
+ * next pass's second vector cold: a Q6_K product 2048 deep and 49152 wide, 4 rows from memory, took
+ * 1.10 times as long on two vectors a pass as on one. */
+static inline const uint8_t *x_ahead(const uint8_t *w, long ahead, const uint8_t *end, long stride) {
+    return w + ahead < end ? w + ahead : w + ahead + stride;
+}
+
+/* Two vectors of columns at once, without VNNI. There a row's broadcast of
  * 4 activation bytes and the float scaling of each group cost about as much as the maddubs, so
  * `x_pair` shares each broadcast between 16 columns, run by run: a run of 4 k-steps is decoded for
  * both vectors, then each row's two broadcasts (k = 4u and 16 + 4u) go into both vectors' 16-bit
- * sums, widened (madd) after as many runs as `x_dot`'s span allows. So every group's T is
- * `x_kernel`'s integer and the floats that follow are the same operations in the same order: the
- * same bits (Q4_K at 4 rows: about 0.75 of `x_kernel`'s time, docs/journal/2026-11-29-verify-four.md).
- * Q6_K's two halves would need twice the 16-bit sums, more than 16 registers hold: it stays on
- * `x_kernel`. `stride`: bytes from the first vector of columns to the second. */
+ * sums, widened (madd, by the K-quants' sc) after as many runs as `x_dot`'s span allows. So every
+ * group's (K-quants: block's) T is `x_kernel`'s integer and the floats that follow are the same
+ * operations in the same order: the same bits (Q4_K at 4 rows: about 0.75 of `x_kernel`'s time, docs/journal/2026-11-29-verify-four.md).
+ * Q6_K's two halves would need twice the 16-bit sums, more than 16 registers hold: `x_pair6` takes
+ * it half by half. `stride`: bytes from the first vector of columns to the second. */
 static inline __attribute__((always_inline)) void x_pair(const int type, const int R, const int8_t *a,
                                                          const float *s, const float *sm, const int32_t *sums,
                                                          long k, const uint8_t *wb, long stride, float *y, long n,
@@ -875,65 +927,145 @@ static inline __attribute__((always_inline)) void x_pair(const int type, const i
     const int runs = fifth ? 2 : 4; /* runs a 16-bit sum takes: `x_dot`'s span, two maddubs a run */
     vec acc[RP][2], block_d[2] = {VZERO(), VZERO()}, block_min[2] = {VZERO(), VZERO()};
     const uint8_t *w[2] = {wb, wb + stride};
+    const int per = super ? 8 : 1; /* groups whose integers add up before the float scaling */
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = VZERO();
-    for (long g = 0; g < groups; g++) {
+    for (long g = 0; g < groups; g += per) {
+        const uint8_t *block[2];
         for (int c = 0; c < 2; c++) {
-            if (super && g % 8 == 0) {
+            if (super) {
                 block_d[c] = VHALF(w[c]);
                 block_min[c] = VHALF(w[c] + LANES * 2);
                 w[c] += header;
             }
-            PREFETCH_GROUP(w[c] + IAHEAD * size, size);
+            block[c] = w[c];
         }
-        ivec t[RP][2], p[RP][2];
-        for (int r = 0; r < R; r++) t[r][0] = t[r][1] = p[r][0] = p[r][1] = IZERO();
-        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
-            ivec ql[2], qh[2];
+        ivec t[RP][2]; /* a group's integers, or (K-quants) a block's */
+        for (int r = 0; r < R; r++) t[r][0] = t[r][1] = IZERO();
+        for (int j = 0; j < per; j++) {
+            ivec scales[2] = {_mm256_set1_epi16(1), _mm256_set1_epi16(1)};
             for (int c = 0; c < 2; c++) {
-                const uint8_t *low = w[c] + size - 16 * LANES;
-                ivec v = ILOAD(low + u * LANES * 4);
-                ql[c] = INIBBLE(v, 0), qh[c] = INIBBLE(v, 4);
-                if (fifth) { /* as in `x_kernel` */
-                    ivec h = ILOAD(low - LANES * 4), bit = XSET(0x10101010);
-                    ql[c] = XOR(ql[c], XAND(XSLLI(h, 4 - u), bit));
-                    qh[c] = XOR(qh[c], XAND(XSRLI(h, u), bit));
+                PREFETCH_GROUP(x_ahead(w[c], IAHEAD * size, wb + (c + 1) * stride, stride), size);
+                if (super) { /* the pairs summed into 16 bits times (sc, sc): sc T in the widening madd */
+                    ivec sc = QU8(w[c]);
+                    scales[c] = XPAIRS(sc, sc);
                 }
             }
-            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
-                const int8_t *ar = a + r * k + g * QK + 4 * u;
-                ivec b0 = XBCAST(ar), b1 = XBCAST(ar + 16);
-                /* each sum added to in turn (KEEP): left to itself the compiler keeps every product
-                 * for a tree of adds at the end, more than 16 registers */
+            ivec p[RP][2];
+            for (int r = 0; r < R; r++) p[r][0] = p[r][1] = IZERO();
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+                ivec ql[2], qh[2];
                 for (int c = 0; c < 2; c++) {
-                    p[r][c] = _mm256_add_epi16(p[r][c], _mm256_maddubs_epi16(ql[c], b0));
-                    KEEP(p[r][c]);
+                    const uint8_t *low = w[c] + size - 16 * LANES;
+                    ivec v = ILOAD(low + u * LANES * 4);
+                    ql[c] = INIBBLE(v, 0), qh[c] = INIBBLE(v, 4);
+                    if (fifth) { /* as in `x_kernel` */
+                        ivec h = ILOAD(low - LANES * 4), bit = XSET(0x10101010);
+                        ql[c] = XOR(ql[c], XAND(XSLLI(h, 4 - u), bit));
+                        qh[c] = XOR(qh[c], XAND(XSRLI(h, u), bit));
+                    }
                 }
-                for (int c = 0; c < 2; c++) {
-                    p[r][c] = _mm256_add_epi16(p[r][c], _mm256_maddubs_epi16(qh[c], b1));
-                    KEEP(p[r][c]);
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                    const int8_t *ar = a + r * k + (g + j) * QK + 4 * u;
+                    ivec b0 = XBCAST(ar), b1 = XBCAST(ar + 16);
+                    /* each sum added to in turn (KEEP): left to itself the compiler keeps every
+                     * product for a tree of adds at the end, more than 16 registers */
+                    for (int c = 0; c < 2; c++) {
+                        p[r][c] = _mm256_add_epi16(p[r][c], _mm256_maddubs_epi16(ql[c], b0));
+                        KEEP(p[r][c]);
+                    }
+                    for (int c = 0; c < 2; c++) {
+                        p[r][c] = _mm256_add_epi16(p[r][c], _mm256_maddubs_epi16(qh[c], b1));
+                        KEEP(p[r][c]);
+                    }
                 }
+                if ((u + 1) % runs == 0)
+                    for (int r = 0; r < R; r++)
+                        for (int c = 0; c < 2; c++)
+                            t[r][c] = XADD(t[r][c], XMADD(p[r][c], scales[c])), p[r][c] = IZERO();
             }
-            if ((u + 1) % runs == 0)
+            if (!super)
+                for (int c = 0; c < 2; c++) {
+                    vec d = VHALF(w[c]), mins = VZERO();
+                    if (minimum) mins = VHALF(w[c] + LANES * 2);
+                    for (int r = 0; r < R; r++) {
+                        long at = r * groups + g;
+                        ivec total = t[r][c];
+                        if (type == X_Q4_0 || type == X_Q5_0)
+                            total = XSUB(total, XSET((type == X_Q4_0 ? 8 : 16) * sums[at]));
+                        acc[r][c] = VFMA(QFLOAT(total), VMUL(d, VSET(s[at])), acc[r][c]);
+                        if (minimum) acc[r][c] = VFMA(mins, VSET(sm[at]), acc[r][c]);
+                    }
+                }
+            w[0] += size, w[1] += size;
+        }
+        if (super) /* as in `x_kernel` */
+            for (int c = 0; c < 2; c++) {
+                ivec mn[4];
+                x_mins(block[c], size, mn);
                 for (int r = 0; r < R; r++)
-                    for (int c = 0; c < 2; c++)
-                        t[r][c] = XADD(t[r][c], XMADD(p[r][c], _mm256_set1_epi16(1))), p[r][c] = IZERO();
-        }
-        for (int c = 0; c < 2; c++) {
-            vec d, mins = VZERO();
-            if (super) /* as in `x_kernel` */
-                d = VMUL(block_d[c], QFLOAT(QU8(w[c]))), mins = VMUL(block_min[c], QFLOAT(QU8(w[c] + LANES)));
-            else
-                d = VHALF(w[c]);
-            if (minimum && !super) mins = VHALF(w[c] + LANES * 2);
-            for (int r = 0; r < R; r++) {
-                long at = r * groups + g;
-                ivec total = t[r][c];
-                if (type == X_Q4_0 || type == X_Q5_0) total = XSUB(total, XSET((type == X_Q4_0 ? 8 : 16) * sums[at]));
-                acc[r][c] = VFMA(QFLOAT(total), VMUL(d, VSET(s[at])), acc[r][c]);
-                if (minimum) acc[r][c] = VFMA(mins, VSET(sm[at]), acc[r][c]);
+                    acc[r][c] = x_block_end(1, acc[r][c], t[r][c], block_d[c], block_min[c], s[r * (groups / 8) + g / 8],
+                                            mn, sums + r * (groups / 2) + g / 2);
             }
-            w[c] += size;
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 2; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c]);
+}
+
+/* `x_pair` for Q6_K: its two halves of 16 k-steps have scales of their own, so a group goes half by
+ * half, each half's 4 runs into 2R 16-bit sums widened (madd by the half's sc) every 2 runs: only
+ * 2R sums live, as for the other types. Each half's run u reads the low (first half) or high
+ * nibbles of run u and bits 2u, 2u + 1 of H0 or H1, as `x_kernel` decodes them; the block's integers
+ * and the float scaling are `x_kernel`'s: the same bits. */
+static inline __attribute__((always_inline)) void x_pair6(const int R, const int8_t *a, const float *s,
+                                                          const int32_t *halves, long k, const uint8_t *wb,
+                                                          long stride, float *y, long n, long j0) {
+    const long groups = k / QK, size = (long)X_BYTES[X_Q6_K] * LANES, header = (long)X_HEADER[X_Q6_K] * LANES;
+    vec acc[RP][2], block_d[2];
+    const uint8_t *w[2] = {wb, wb + stride};
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = VZERO();
+    for (long g = 0; g < groups; g += 8) {
+        for (int c = 0; c < 2; c++) block_d[c] = VHALF(w[c]), w[c] += header;
+        ivec t[RP][2];
+        for (int r = 0; r < R; r++) t[r][0] = t[r][1] = IZERO();
+        for (int j = 0; j < 8; j++) {
+            for (int c = 0; c < 2; c++) PREFETCH_GROUP(x_ahead(w[c], IAHEAD * size, wb + (c + 1) * stride, stride), size);
+            _Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
+                ivec scales[2], p[RP][2];
+                for (int c = 0; c < 2; c++) {
+                    ivec sc = QS8(w[c] + half * LANES);
+                    scales[c] = XPAIRS(sc, sc);
+                }
+                for (int r = 0; r < R; r++) p[r][0] = p[r][1] = IZERO();
+                _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+                    ivec q[2];
+                    for (int c = 0; c < 2; c++) {
+                        ivec v = ILOAD(w[c] + size - 16 * LANES + u * LANES * 4);
+                        ivec h = ILOAD(w[c] + LANES * (2 + 4 * half));
+                        q[c] = XOR(INIBBLE(v, 4 * half), XAND(u < 3 ? XSLLI(h, 4 - 2 * u) : XSRLI(h, 2), XSET(0x30303030)));
+                    }
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                        ivec b = XBCAST(a + r * k + (g + j) * QK + 16 * half + 4 * u);
+                        for (int c = 0; c < 2; c++) {
+                            p[r][c] = _mm256_add_epi16(p[r][c], _mm256_maddubs_epi16(q[c], b));
+                            KEEP(p[r][c]);
+                        }
+                    }
+                    if (u % 2 == 1) /* 2 runs of 6-bit quants: at most 2 x 2 x 63 x 127 < 2^15 */
+                        for (int r = 0; r < R; r++)
+                            for (int c = 0; c < 2; c++)
+                                t[r][c] = XADD(t[r][c], XMADD(p[r][c], scales[c])), p[r][c] = IZERO();
+                }
+            }
+            for (int c = 0; c < 2; c++) { /* the offset: -32 (sc_lo sum_lo(a) + sc_hi sum_hi(a)) */
+                ivec offset = XPAIRS(QS8(w[c]), QS8(w[c] + LANES));
+                for (int r = 0; r < R; r++)
+                    t[r][c] = XSUB(t[r][c], XSLLI(XMADD(offset, XSET(halves[r * groups + g + j])), 5));
+                w[c] += size;
+            }
         }
+        for (int c = 0; c < 2; c++)
+            for (int r = 0; r < R; r++)
+                acc[r][c] = x_block_end(0, acc[r][c], t[r][c], block_d[c], VZERO(), s[r * (groups / 8) + g / 8], 0, 0);
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 2; c++) VSTORE(y + r * n + j0 + c * LANES, acc[r][c]);
@@ -941,17 +1073,21 @@ static inline __attribute__((always_inline)) void x_pair(const int type, const i
 
 #define X_PAIR(TYPE, R)                                                                                \
     static void xp_##TYPE##_##R(const int8_t *a, const float *s, const float *sm, const int32_t *sums, \
-                                long k, const uint8_t *wb, long stride, float *y, long n, long j0) {   \
-        x_pair(TYPE, R, a, s, sm, sums, k, wb, stride, y, n, j0);                                      \
+                                const int32_t *halves, long k, const uint8_t *wb, long stride, float *y, long n, \
+                                long j0) {                                                             \
+        if (TYPE == X_Q6_K)                                                                            \
+            x_pair6(R, a, s, halves, k, wb, stride, y, n, j0);                                         \
+        else                                                                                           \
+            x_pair(TYPE, R, a, s, sm, sums, k, wb, stride, y, n, j0);                                  \
     }
 #define X_PAIRS(TYPE) X_PAIR(TYPE, 1) X_PAIR(TYPE, 2) X_PAIR(TYPE, 3) X_PAIR(TYPE, 4) X_PAIR(TYPE, 5)
 #define X_PAIR_NAMES(TYPE) {0, xp_##TYPE##_1, xp_##TYPE##_2, xp_##TYPE##_3, xp_##TYPE##_4, xp_##TYPE##_5}
-typedef void (*xpair_fn)(const int8_t *, const float *, const float *, const int32_t *, long, const uint8_t *, long,
-                         float *, long, long);
-X_PAIRS(X_Q4_0) X_PAIRS(X_Q5_0) X_PAIRS(X_Q5_1) X_PAIRS(X_Q4_K) X_PAIRS(X_Q5_K)
-static const xpair_fn X_PAIR_TABLE[X_Q6_K][RP + 1] = {X_PAIR_NAMES(X_Q4_0), X_PAIR_NAMES(X_Q5_0),
-                                                     X_PAIR_NAMES(X_Q5_1), X_PAIR_NAMES(X_Q4_K),
-                                                     X_PAIR_NAMES(X_Q5_K)};
+typedef void (*xpair_fn)(const int8_t *, const float *, const float *, const int32_t *, const int32_t *, long,
+                         const uint8_t *, long, float *, long, long);
+X_PAIRS(X_Q4_0) X_PAIRS(X_Q5_0) X_PAIRS(X_Q5_1) X_PAIRS(X_Q4_K) X_PAIRS(X_Q5_K) X_PAIRS(X_Q6_K)
+static const xpair_fn X_PAIR_TABLE[X_TYPES][RP + 1] = {X_PAIR_NAMES(X_Q4_0), X_PAIR_NAMES(X_Q5_0),
+                                                      X_PAIR_NAMES(X_Q5_1), X_PAIR_NAMES(X_Q4_K),
+                                                      X_PAIR_NAMES(X_Q5_K), X_PAIR_NAMES(X_Q6_K)};
 #endif
 /* One column's group g (of 32 weights) of a row of `type` blocks at `row`: its quants q (0 to 63)
  * and its scale fields (`fields`, 1 or 2 of `field` bytes each: d (and m) float16, or the K-quants'
@@ -1037,27 +1173,50 @@ void row_kernel_lay_out(int kind, const uint8_t *rows, long vectors, long groups
 /* ---- end of the 8-bit-row products for Q4_0 .. Q6_K ---- */
 
 /* A thread's own copy of the rows in 8 bits (every thread quantizes all rows: a few thousand
- * numbers, cheaper than a barrier), grown as needed and kept for the thread's next call. */
-static _Thread_local int8_t *own_a;
-static _Thread_local float *own_s;
-static _Thread_local int32_t *own_sums; /* the sums (m, k / 32), then the halves' (`quantize_rows`) */
-static _Thread_local long own_room;
+ * numbers, cheaper than a barrier), grown as needed and kept for the thread's next call: [0] in
+ * spans of 32 (the types of groups of 32, Q4_1, Q8_0), [1] in spans of 256 (the K-quants, as
+ * llama.cpp's Q8_K: one float scaling a block of 256 a row instead of 8). A row feeding both kinds
+ * (a layer of a Q4_K_M file mixes Q5_0 or Q8_0 with Q4_K and Q6_K) gets both. */
+struct own_rows_of {
+    int8_t *a;
+    float *s, *sm;             /* s (m, k / span); sm = s sum(a) (m, k / 32): spans of 32 only */
+    int32_t *sums, *halves;    /* (m, k / 32) each (`quantize_rows`) */
+    int32_t *pairs;            /* spans of 256: the groups' sums 2j, 2j + 1 as int16 pairs (m, k / 64) */
+    long room;
+};
+static _Thread_local struct own_rows_of own[2];
 
-/* This thread's rows x (m, k) in 8 bits, in its own copy (`own_a`, `own_s`, `own_sums`). */
-static void own_rows(const float *x, long m, long k) {
+/* 1 for the kinds whose rows go in spans of 256 (Q4_K, Q5_K, Q6_K), else 0: `own`'s index. */
+static inline int k_rows(int64_t kind) { return kind >= X_FIRST + X_Q4_K && kind <= X_FIRST + X_Q6_K; }
+
+/* This thread's rows x (m, k) in 8 bits, in its own copy (`own`): `need` bit 0 in spans of 32, bit 1
+ * in spans of 256. */
+static void own_rows(const float *x, long m, long k, int need) {
     long groups = k / QK;
-    if (own_room < m * k) {
-        free(own_a), free(own_s), free(own_sums);
-        own_a = malloc(m * k), own_s = malloc(sizeof(float) * 2 * m * groups);
-        own_sums = malloc(sizeof(int32_t) * 2 * m * groups), own_room = m * k;
+    for (int i = 0; i < 2; i++) {
+        struct own_rows_of *o = &own[i];
+        if (!(need >> i & 1)) continue;
+        if (o->room < m * k) {
+            free(o->a), free(o->s), free(o->sums);
+            o->a = malloc(m * k), o->s = malloc(sizeof(float) * 2 * m * groups);
+            o->sums = malloc(sizeof(int32_t) * 3 * m * groups), o->room = m * k;
+            o->sm = o->s + m * groups, o->halves = o->sums + m * groups, o->pairs = o->halves + m * groups;
+        }
+        quantize_rows(x, m, k, i ? 256 : QK, o->a, o->s, o->sums, o->halves);
+        if (i)
+            for (long j = 0; j < m * groups / 2; j++)
+                o->pairs[j] = (int32_t)(((uint32_t)o->sums[2 * j + 1] << 16) | ((uint32_t)o->sums[2 * j] & 0xFFFFu));
+        else
+            for (long j = 0; j < m * groups; j++) o->sm[j] = o->s[j] * (float)o->sums[j];
     }
-    quantize_rows(x, m, k, own_a, own_s, own_s + m * groups, own_sums, own_sums + m * groups);
 }
 
 /* Vectors of columns [first, last) of y (m, n) = x (m, k) w^T for w packed as above (kind 2: Q4_1,
  * 3: Q8_0, 12 to 17: Q4_0 to Q6_K), from this thread's rows in 8 bits (`own_rows`). */
 static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, float *y, long first, long last) {
     long groups = k / QK, bytes = vector_bytes(kind, groups);
+    const int kx = k_rows(kind);
+    const struct own_rows_of *rows8 = &own[kx];
     /* the rows a pass takes: at most RI (x_pair: RP), shared evenly (m = 6: 3 + 3, not 4 + 2), the
      * first `extra[p]` passes one more than `base[p]`; worked out once here, not in the loop below,
      * where its divisions cost a one-row product several percent */
@@ -1068,21 +1227,22 @@ static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, flo
     }
     for (long v = first; v < last; v++) {
         const uint8_t *wb = w + v * bytes;
-        /* `x_pair` where it helps: a step's one row is bound by streaming the weights from memory
-         * (x_pair took as long there), and its bits are x_kernel's anyway */
-        int pair = !X_VNNI && m > 1 && kind >= X_FIRST && kind - X_FIRST != X_Q6_K && v + 1 < last;
+        /* `x_pair` for verifies: a step's one row is bound by streaming the weights from memory on
+         * two threads (x_pair gained nothing clear there, and its bits are x_kernel's anyway) */
+        int pair = !X_VNNI && m > 1 && kind >= X_FIRST && v + 1 < last;
         for (long r = 0, pass = 0, rows; r < m; r += rows, pass++) {
             rows = base[pair] + (pass < extra[pair]);
-            const int8_t *a = own_a + r * k;
-            const float *s = own_s + r * groups, *sm = own_s + m * groups + r * groups;
-            const int32_t *sums = own_sums + r * groups;
+            const int8_t *a = rows8->a + r * k;
+            const float *s = rows8->s + r * (kx ? groups / 8 : groups), *sm = rows8->sm + r * groups;
+            const int32_t *sums = kx ? rows8->pairs + r * (groups / 2) : rows8->sums + r * groups;
+            const int32_t *halves = rows8->halves + r * groups;
 #if !X_VNNI
             if (pair)
-                X_PAIR_TABLE[kind - X_FIRST][rows](a, s, sm, sums, k, wb, bytes, y + r * n, n, v * LANES);
+                X_PAIR_TABLE[kind - X_FIRST][rows](a, s, sm, sums, halves, k, wb, bytes, y + r * n, n, v * LANES);
             else
 #endif
             if (kind >= X_FIRST)
-                X_KERNEL_TABLE[kind - X_FIRST][rows](a, s, sm, sums, sums + m * groups, k, wb, y + r * n, n, v * LANES);
+                X_KERNEL_TABLE[kind - X_FIRST][rows](a, s, sm, sums, halves, k, wb, y + r * n, n, v * LANES);
             else
                 I_KERNELS[kind - 2][rows](a, s, sm, sums, k, wb, y + r * n, n, v * LANES);
         }
@@ -1094,7 +1254,7 @@ static void int8_vectors(int kind, long m, long k, const uint8_t *w, long n, flo
  * contiguous runs. */
 static void int8_part(int t, int nt, int kind, const float *x, long m, long k, const uint8_t *w, long n, float *y) {
     long vectors = n / LANES;
-    own_rows(x, m, k);
+    own_rows(x, m, k, 1 << k_rows(kind));
     int8_vectors(kind, m, k, w, n, y, vectors * t / nt, vectors * (t + 1) / nt);
 }
 #endif
@@ -1402,7 +1562,10 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
             /* queries, keys and values; the rotary; keys and values into the cache (`place`) */
 #if INT8_ACTIVATIONS
             if (int8_kind(kind[0])) { /* each thread its own heads, turned and cached as soon as computed */
-                own_rows(h, m, hidden);
+                int need = 0;
+                for (int part = 0; part < 3; part++)
+                    if (width[part]) need |= 1 << k_rows(kind[part]);
+                own_rows(h, m, hidden, need);
                 for (long u = units * t / nt; u < units * (t + 1) / nt; u++) {
                     int part = 0; /* the part holding unit u's columns, from column `first` on */
                     long first = 0;
@@ -1433,7 +1596,7 @@ void row_kernel_layers(float *x, long m, long hidden, long layers, const float *
 #if INT8_ACTIVATIONS
             if (int8_kind(kind[4]) && inter % LANES == 0) { /* each thread the gate and up of its own columns */
                 long vectors = inter / LANES, first = vectors * t / nt, last = vectors * (t + 1) / nt;
-                own_rows(h, m, hidden);
+                own_rows(h, m, hidden, 1 << k_rows(kind[4]));
                 int8_vectors((int)kind[4], m, hidden, (const uint8_t *)w[4], n_gu, gu, first, last);
                 int8_vectors((int)kind[4], m, hidden, (const uint8_t *)w[4], n_gu, gu, first + vectors, last + vectors);
                 silu_columns(gu, m, inter, first * LANES, last * LANES, act);

@@ -154,8 +154,9 @@ class QuantizedLinear:
         exact: bool = True,
     ) -> None:
         """`activations`: "float32" (the float32 product's bits on the decoded weights) or "int8"
-        (each row's groups of 32 in 8 bits, as llama.cpp multiplies: `int8_available`). `exact`:
-        `dense` gives the model's matrix back bit for bit (False: blocks quantized from it)."""
+        (each row's groups of 32 in 8 bits, for the K-quants its blocks of 256, as llama.cpp
+        multiplies: `int8_available`). `exact`: `dense` gives the model's matrix back bit for bit
+        (False: blocks quantized from it)."""
         built = library() if built is None else built
         if isinstance(built, str):
             raise RuntimeError(built)

@@ -18,8 +18,9 @@ from specdeck.engine.loading.models import LoadedModel
 from specdeck.engine.loop.clock import Clock
 from specdeck.engine.loop.draft_tree import DraftTree
 from specdeck.engine.planner.autotune import MAX_WIDTH, RoundPlanner
-from specdeck.engine.planner.costs import cost_curve, curve_due, draft_cost
+from specdeck.engine.planner.costs import cost_curve, curve_due
 from specdeck.engine.planner.description import describe_planner
+from specdeck.engine.planner.draft_costs import draft_cost
 from specdeck.engine.planner.round_shape import Shape
 from specdeck.engine.remote.remote_target import RemoteTarget
 

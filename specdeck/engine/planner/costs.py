@@ -1,8 +1,9 @@
-"""What a forward and a draft cost on this machine, measured once and kept: the target's cost curve
-(one forward over n new tokens, for the n of `CURVE_TOKENS`, after `curve_context` cached tokens)
-and a drafter's milliseconds per token, cached per model, device, machine and product path in
-SpecDeck's cache (`costs/`), measured again where the machine was busy or its pace has moved. The
-auto schedule (`specdeck.engine.planner.autotune`) plans every round with them.
+"""What a forward costs on this machine, measured once and kept: the target's cost curve (one
+forward over n new tokens, for the n of `CURVE_TOKENS`, after `curve_context` cached tokens),
+cached per model, device, machine and product path in SpecDeck's cache (`costs/`, under
+`measurement_key`), measured again where the machine was busy or its pace has moved. The auto
+schedule (`specdeck.engine.planner.autotune`) plans every round with it and with a drafter's cost
+per token (`specdeck.engine.planner.draft_costs`).
 
 Every measurement runs on the KV cache it is given, a session's own, and rolls back what it wrote
 there: no second cache beside the session's. A greedy session that finds no curve measured plans
@@ -36,7 +37,6 @@ from specdeck.engine.forward.hf_parts import input_embedding
 from specdeck.engine.forward.kvcache import CachedModel, synchronize
 from specdeck.engine.forward.llama_cache import LlamaShape
 from specdeck.engine.forward.llamacpp_backend import LlamaCppModel
-from specdeck.engine.planner.round_shape import ProposalShape
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -249,36 +249,7 @@ def forward_ms(lm: CachedModel, ids: list[int]) -> float:
     return (time.perf_counter() - started) * 1e3
 
 
-def measure_draft_ms(
-    drafter, vocab_width: int, hidden_size: int, k: int = 4, passes: int = 3, context: int = 64
-) -> float:
-    """Milliseconds per drafted token: the best of `passes` proposals of up to k tokens after a
-    `context`-token prompt (a warm-up first). Feature heads get zero vectors for the target's states:
-    their cost does not depend on the values."""
-    from specdeck.engine.config import DecodeConfig
-
-    ids = [(7 * i + 3) % vocab_width for i in range(context + passes + 1)]
-    seen = ids[:context]
-    drafter.begin(seen, DecodeConfig(k=k, schedule="constant", lookup=0), vocab_width, None)
-    pending = len(seen) - 1
-    best = float("inf")
-    for pass_no in range(passes + 1):
-        if drafter.needs_states:
-            weight = next(drafter.module.parameters())
-            taps = (len(drafter.feature_layers) + 1,) if drafter.feature_layers else ()
-            drafter.observe(torch.zeros(pending, *taps, hidden_size, device=weight.device, dtype=weight.dtype))
-        started = time.perf_counter()
-        proposal = drafter.propose(seen, ProposalShape(k))
-        elapsed = (time.perf_counter() - started) * 1e3
-        if pass_no and proposal.tokens:
-            best = min(best, elapsed / len(proposal.tokens))
-        seen = ids[: len(seen) + 1]
-        pending = 1
-    return round(best, 4) if best < float("inf") else 0.0
-
-
 _CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_DRAFT_MS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _head_dim(module: torch.nn.Module) -> int:
@@ -422,17 +393,3 @@ def _read_curve(path: Path | None) -> CostCurve | None:
         return _as_curve(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, KeyError, TypeError, ValueError):
         return None
-
-
-def draft_cost(drafter, vocab_width: int, hidden_size: int, cache_dir: Path | None = None) -> float:
-    """The drafter's milliseconds per token on this machine, measured once per model (and cached)."""
-    module = drafter.module
-    if module is None:
-        return measure_draft_ms(drafter, vocab_width, hidden_size)
-    if module not in _DRAFT_MS:
-        path = cache_dir / f"draft-{measurement_key(module, type(drafter).__name__)}.json" if cache_dir else None
-        value = cached_measurement(path, lambda: measure_draft_ms(drafter, vocab_width, hidden_size), "draft cost")
-        _DRAFT_MS[module] = (
-            float(value) if isinstance(value, (int, float)) else measure_draft_ms(drafter, vocab_width, hidden_size)
-        )
-    return _DRAFT_MS[module]

@@ -93,10 +93,10 @@ def _rows(count: int, width: int) -> torch.Tensor:
     return x
 
 
-def _scheme(x: torch.Tensor) -> np.ndarray:
-    """The rows as the kernel takes them, in float64: each group of 32 scaled by 127 / max |x|,
-    rounded, and scaled back."""
-    groups = x.numpy().reshape(x.shape[0], -1, 32)
+def _scheme(x: torch.Tensor, kind: str) -> np.ndarray:
+    """The rows as the kernel takes them for `kind`, in float64: each span (32 values, or a K-quant
+    block's 256 as llama.cpp's Q8_K) scaled by 127 / max |x|, rounded, and scaled back."""
+    groups = x.numpy().reshape(x.shape[0], -1, 256 if kind.endswith("_K") else 32)
     top = np.abs(groups).max(-1, keepdims=True)
     inverse = np.where(top > 0, np.float32(127) / np.maximum(top, 1e-30), 0).astype(np.float32)
     rounded = np.rint(groups * inverse) * (top / np.float32(127)).astype(np.float32)
@@ -121,16 +121,17 @@ def test_a_rows_product_has_the_same_bits_at_any_row_count(shape, kind, build):
 @pytest.mark.parametrize("build", ["this CPU's", "AVX2 with AVX-VNNI", "AVX2"])
 @pytest.mark.parametrize("kind", block_groups.TYPES)
 def test_a_product_is_the_8_bit_rows_times_the_decoded_blocks(kind, build):
-    """Each output is x_q @ dequantized(W)^T + b, x_q the rows rounded to 8 bits per 32 values, to
-    within 1e-5 of its terms' magnitudes: a group's integer sum is exact and its scaling rounds a
-    few times in float32 (2^-24 each), while a quant off by one misses by about 1e-3 of them. It is
+    """Each output is x_q @ dequantized(W)^T + b, x_q the rows rounded to 8 bits per 32 values (the
+    K-quants: per 256), to within 1e-5 of its terms' magnitudes: a group's (K-quants: a block's)
+    integer sum is exact and its scaling rounds a few times in float32 (2^-24 each), while a quant
+    off by one misses by about 1e-3 of them. It is
     also the float32 product of the decoded weights to within the rows' rounding (under 2%, and
     not closer than 1e-4: a product that skipped the rounding would be)."""
     built = _built(build)
     product, decoded = _product(kind, (200, 1024), built)
     x = _rows(9, 1024)
     out = product(x).double().numpy()
-    rows, w, b = _scheme(x), decoded.double().numpy(), product.bias.double().numpy()
+    rows, w, b = _scheme(x, kind), decoded.double().numpy(), product.bias.double().numpy()
     magnitude = np.abs(rows) @ np.abs(w).T + np.abs(b)
     assert np.all(np.abs(out - (rows @ w.T + b)) <= 1e-5 * magnitude)
     exact = x.double().numpy() @ w.T + b
