@@ -599,7 +599,10 @@ static void quantize_rows(const float *x, long m, long k, int span, int8_t *a, f
         }
 }
 
-#define IAHEAD 16 /* groups ahead that the 8-bit-row kernels fetch */
+#define IAHEAD 16 /* groups ahead that the 8-bit-row kernels of the other block types fetch */
+/* Q4_1's and Q8_0's fetch half as far: a step streams them from memory, and fetching further ahead
+ * made it slower on the machines measured (docs/journal/2026-11-29-prefetch-distance.md). */
+#define I8AHEAD 8
 #define I4_KERNEL(R)                                                                                   \
     static void i4_##R(const int8_t *a, const float *s, const float *sm, const int32_t *sums, long k,  \
                        const uint8_t *wb, float *y, long n, long j0) {                                 \
@@ -608,7 +611,7 @@ static void quantize_rows(const float *x, long m, long k, int span, int8_t *a, f
         (void)sums;                                                                                    \
         for (int r = 0; r < R; r++) acc[r] = VZERO();                                                  \
         for (long g = 0; g < groups; g++, wb += LANES * 20) {                                          \
-            PREFETCH_GROUP(wb + IAHEAD * LANES * 20, LANES * 20);                                        \
+            PREFETCH_GROUP(wb + I8AHEAD * LANES * 20, LANES * 20);                                     \
             ivec dot[R];                                                                               \
             for (int r = 0; r < R; r++) dot[r] = IZERO();                                              \
             for (int u = 0; u < 4; u++) {                                                              \
@@ -635,7 +638,7 @@ static void quantize_rows(const float *x, long m, long k, int span, int8_t *a, f
         (void)sm;                                                                                      \
         for (int r = 0; r < R; r++) acc[r] = VZERO();                                                  \
         for (long g = 0; g < groups; g++, wb += LANES * 34) {                                          \
-            PREFETCH_GROUP(wb + IAHEAD * LANES * 34, LANES * 34);                                        \
+            PREFETCH_GROUP(wb + I8AHEAD * LANES * 34, LANES * 34);                                     \
             ivec dot[R];                                                                               \
             for (int r = 0; r < R; r++) dot[r] = IZERO();                                              \
             for (int u = 0; u < 8; u++) {                                                              \
