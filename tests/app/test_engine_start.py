@@ -26,6 +26,16 @@ HEAVY = (
 )
 
 
+def _last_json_line(code: str, timeout: int):
+    """What the last line of `code`'s output says in JSON, run by a fresh Python on Qt's offscreen
+    platform (a process of its own: what it imports is its own)."""
+    environment = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=timeout, env=environment
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def test_building_the_window_imports_neither_torch_nor_transformers():
     """A fresh process that imports the window's module and builds the MainWindow has loaded no torch,
     no transformers, no pydantic and none of the engine's modules that need them (they would delay the first paint
@@ -40,11 +50,7 @@ def test_building_the_window_imports_neither_torch_nor_transformers():
         "window.close()\n"
         "print(json.dumps(loaded))\n"
     )
-    environment = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, env=environment
-    )
-    loaded = set(json.loads(out.stdout.splitlines()[-1]))
+    loaded = set(_last_json_line(code, timeout=120))
     assert "specdeck.app.main_window" in loaded and "specdeck.engine.pair_spec" in loaded
     assert not loaded & set(HEAVY), f"building the window imported {sorted(loaded & set(HEAVY))}"
 
@@ -176,11 +182,7 @@ def test_the_window_paints_while_the_engine_imports_ahead():
         "window.host.shutdown()\n"
         "print(json.dumps(seen))\n"
     )
-    environment = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=400, env=environment
-    )
-    seen = json.loads(out.stdout.splitlines()[-1])
+    seen = _last_json_line(code, timeout=400)
     assert seen == {"importing": True, "engine": "specdeck.engine.session"}
 
 
