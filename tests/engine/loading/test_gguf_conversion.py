@@ -1,7 +1,9 @@
 """Model files that are damaged or unsafe get a message saying what is wrong and what to do."""
 
 import os
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,9 +37,34 @@ def test_pickled_weights_that_carry_code_are_refused_plainly(tmp_path):
     assert "safetensors" in message and "weights_only" not in message
 
 
-def test_damaged_gguf_cache_is_detected_and_rebuilt(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def converted_cache(tmp_path_factory) -> Path:
+    """A cache holding the built-in file's float32 conversion, made once for the tests that damage
+    a copy of it (a conversion takes most of such a test's time)."""
+    cache = tmp_path_factory.mktemp("converted")
+    before = os.environ.get("SPECDECK_CACHE")
+    os.environ["SPECDECK_CACHE"] = str(cache)
+    try:
+        convert_gguf(BUILTIN_MODELS[DEFAULT_TARGET].path())
+    finally:
+        if before is None:
+            del os.environ["SPECDECK_CACHE"]
+        else:
+            os.environ["SPECDECK_CACHE"] = before
+    return cache
+
+
+def _copy_of(converted_cache: Path, tmp_path: Path, monkeypatch) -> Path:
+    """A cache of this test's own holding the conversion, set as SpecDeck's cache."""
+    cache = tmp_path / "cache"
+    shutil.copytree(converted_cache, cache)
+    monkeypatch.setenv("SPECDECK_CACHE", str(cache))
+    return cache
+
+
+def test_damaged_gguf_cache_is_detected_and_rebuilt(converted_cache, tmp_path, monkeypatch):
     """Truncated cached weights are noticed at the next start, converted again with a notice, and load."""
-    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    _copy_of(converted_cache, tmp_path, monkeypatch)
     gguf = BUILTIN_MODELS[DEFAULT_TARGET].path()
     folder = convert_gguf(gguf)
     assert (folder / WEIGHTS_RECORD_FILE).is_file()
@@ -51,11 +78,11 @@ def test_damaged_gguf_cache_is_detected_and_rebuilt(tmp_path, monkeypatch):
     assert weights.stat().st_size == size
 
 
-def test_a_changed_byte_in_the_cached_weights_is_caught_while_they_load(tmp_path, monkeypatch):
+def test_a_changed_byte_in_the_cached_weights_is_caught_while_they_load(converted_cache, tmp_path, monkeypatch):
     """The checksum runs beside the load rather than before it: a byte changed in place (same size)
     is still caught before the model is used, converted again with a notice, and the model loads
     with the file's own weights."""
-    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    _copy_of(converted_cache, tmp_path, monkeypatch)
     gguf = BUILTIN_MODELS[DEFAULT_TARGET].path()
     whole = load_model(DEFAULT_TARGET, CONVERTED).model.get_input_embeddings().weight.detach().clone()
     weights = convert_gguf(gguf) / "model.safetensors"
