@@ -14,6 +14,7 @@ import torch
 from tiny import ON_CPU, build_cross_pair, build_pair
 
 from specdeck.engine.loading.models import LoadedModel, load_model
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
 
 # Tiny test models gain nothing from intra-op threads, and several test processes may share the
 # cores: one thread each avoids oversubscription.
@@ -74,3 +75,19 @@ def cross_pair(tiny_root) -> tuple[LoadedModel, LoadedModel]:
     both trained on the same text (either drafts for the other)."""
     llama, gpt2 = build_cross_pair(tiny_root / "cross")
     return load_model(str(llama), ON_CPU), load_model(str(gpt2), ON_CPU)
+
+
+@pytest.fixture(scope="session")
+def builtin_conversion(tmp_path_factory) -> Path:
+    """SpecDeck's cache for this test run, holding the built-in target's float32 conversion (in
+    `gguf/`): made once for all test processes (the first to ask converts, the others wait for it),
+    where each test that compares with it or copies it would otherwise take 20 s to convert it again."""
+    from filelock import FileLock
+
+    from specdeck.engine.cache import cache_root
+    from specdeck.engine.loading.gguf_conversion import convert_gguf
+
+    shared = tmp_path_factory.getbasetemp().parent  # one folder for every process of `pytest -n`
+    with FileLock(shared / "builtin-conversion.lock"):
+        convert_gguf(BUILTIN_MODELS[DEFAULT_TARGET].path())
+    return cache_root()

@@ -89,13 +89,17 @@ def ladder_file(shape: LadderShape, file_type: str, progress: Progress = print) 
         f16.unlink(missing_ok=True)
 
 
-def write_random_gguf(shape: LadderShape, path: Path, source: Path | None = None, seed: int = 0) -> None:
+def write_random_gguf(
+    shape: LadderShape, path: Path, source: Path | None = None, seed: int = 0, vocab: int | None = None
+) -> None:
     """A float16 GGUF file of `shape` at `path`, written whole or not at all: the metadata of
-    `source` (the built-in file) with the sizes replaced, random matrices (std 0.02), norms of ones."""
+    `source` (the built-in file) with the sizes replaced, random matrices (std 0.02), norms of ones.
+    `vocab` keeps the tokenizer's first `vocab` tokens and the merges that make them (a byte-level
+    BPE lists its merges in the order of the tokens they make): a file that opens in a blink."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     reader = GGUFReader(source or BUILTIN_MODELS[DEFAULT_TARGET].path())
-    sizes = {
+    sizes: dict[str, object] = {
         "llama.block_count": shape.layers,
         "llama.embedding_length": shape.hidden,
         "llama.feed_forward_length": shape.intermediate,
@@ -104,8 +108,15 @@ def write_random_gguf(shape: LadderShape, path: Path, source: Path | None = None
         "llama.rope.dimension_count": shape.head_dim,
         "general.file_type": 1,  # LLAMA_FTYPE_MOSTLY_F16
     }
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
-    tensors = shape.matrices(vocab)
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    if vocab is not None:
+        kept = set(tokens[:vocab])
+        merges = reader.fields["tokenizer.ggml.merges"].contents()
+        sizes["tokenizer.ggml.tokens"] = tokens[:vocab]
+        sizes["tokenizer.ggml.token_type"] = reader.fields["tokenizer.ggml.token_type"].contents()[:vocab]
+        sizes["tokenizer.ggml.merges"] = [m for m in merges if m.replace(" ", "", 1) in kept]
+        sizes["llama.vocab_size"] = vocab  # where the file states it
+    tensors = shape.matrices(vocab or len(tokens))
     noise = np.random.default_rng(seed)
 
     def save(partial: Path) -> None:

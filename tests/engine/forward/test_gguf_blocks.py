@@ -230,7 +230,7 @@ def test_a_match_is_decided_once_per_file_and_weights(tmp_path, monkeypatch):
 
 
 @needs_kernel
-def test_verdicts_on_converted_weights_are_kept_with_them(tmp_path, monkeypatch):
+def test_verdicts_on_converted_weights_are_kept_with_them(builtin_conversion, tmp_path, monkeypatch):
     """The verdicts on the built-in target's converted weights are kept in their folder, under the
     weights' recorded digest: a cache emptied of all but the converted model (as a first run finds
     it after a cache is cleared but a conversion kept) lays the weights out on the file's blocks
@@ -240,12 +240,14 @@ def test_verdicts_on_converted_weights_are_kept_with_them(tmp_path, monkeypatch)
     from specdeck.engine.loading.gguf_conversion import conversion_folder
 
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
+    folder = conversion_folder(gguf_file("smollm2-135m-instruct"))
+    unjudged = shutil.ignore_patterns(gguf_blocks.ROW_MATCHES_FILE)  # the conversion as it was first written
+    shutil.copytree(builtin_conversion / "gguf" / folder.name, folder, ignore=unjudged)
     compared = []
     real = gguf_blocks._matching_rows
     monkeypatch.setattr(gguf_blocks, "_matching_rows", lambda t, w: compared.append(1) or real(t, w))
     converted = replace(ON_CPU, read_in_place=False)  # a model read in place has no converted weights
     weights_of(load_model("smollm2-135m-instruct", converted).model)
-    folder = conversion_folder(gguf_file("smollm2-135m-instruct"))
     assert compared and (folder / gguf_blocks.ROW_MATCHES_FILE).is_file()
     for entry in tmp_path.iterdir():
         if entry.name != "gguf":
@@ -260,7 +262,7 @@ def test_verdicts_on_converted_weights_are_kept_with_them(tmp_path, monkeypatch)
 
 
 @needs_kernel
-def test_the_builtin_target_runs_on_its_file_blocks_with_the_float32_bits(monkeypatch):
+def test_the_builtin_target_runs_on_its_file_blocks_with_the_float32_bits(builtin_conversion, monkeypatch):
     """The built-in Q4_1 target's products all read the file's blocks (the report says so), and its
     logits after a prefill, a step and a verify are those of the float32 products, bit for bit."""
     monkeypatch.setenv("SPECDECK_LINEAR", "kernel")
@@ -270,6 +272,7 @@ def test_the_builtin_target_runs_on_its_file_blocks_with_the_float32_bits(monkey
         weights_of(on_blocks.model).products.reason  # the weights are read (and packed) here
     )
     monkeypatch.setenv("SPECDECK_GGUF_BLOCKS", "off")
+    monkeypatch.setenv("SPECDECK_CACHE", str(builtin_conversion))
     on_floats = load_model("smollm2-135m-instruct", ON_CPU)
     assert "own blocks" not in weights_of(on_floats.model).products.reason
     ids = encode_prompt(on_blocks.tokenizer, "Name three rivers of Europe.")

@@ -2,6 +2,7 @@
 calls, a crop forgets rejected tokens, and greedy speculative text equals plain text through it for
 every drafter; sampling through it follows the target's distribution."""
 
+import contextlib
 import itertools
 import shutil
 from dataclasses import replace
@@ -37,16 +38,25 @@ LONG_PROMPT = "Summarize this log in three sentences.\n" + "\n".join(
 )
 
 
+@contextlib.contextmanager
+def _on_two_threads():
+    before = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDECK_THREADS", "2")
+        torch.set_num_threads(2)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+
 @pytest.fixture
-def two_threads(monkeypatch):
+def two_threads():
     """Two threads, as on the machines SpecDeck runs on: llama.cpp's kernels may split work between
     them (and do, for one-token attention over 512 cached positions or more). Tests that use it are
     `serial`: two threads beside another test process would wait on each other's busy core."""
-    before = torch.get_num_threads()
-    monkeypatch.setenv("SPECDECK_THREADS", "2")
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+    with _on_two_threads():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +122,22 @@ def _kept(events) -> list[int]:
     return [e.token_id for e in events if isinstance(e, TokenEvent) and e.state.kept]
 
 
+@pytest.fixture(scope="module")
+def plain_after_the_long_prompt(target) -> list[int]:
+    """Plain greedy decoding's 48 tokens after LONG_PROMPT on two threads, decoded once for every
+    drafter and schedule below (a plain step takes neither)."""
+    ids = encode_prompt(target.tokenizer, LONG_PROMPT)
+    with _on_two_threads():
+        return _kept(generate(target, ids, DecodeConfig(max_new_tokens=48, k=3, lookup=0)))
+
+
 @pytest.mark.serial
 @pytest.mark.usefixtures("two_threads")
 @pytest.mark.parametrize("schedule", ["auto", "constant"])
 @pytest.mark.parametrize("drafter", ["feature-head", "draft-on-torch", "draft-on-llama.cpp", "prompt-lookup"])
-def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, schedule, tmp_path, monkeypatch):
+def test_speculative_greedy_equals_plain_greedy(
+    target, noisy_draft, plain_after_the_long_prompt, drafter, schedule, tmp_path, monkeypatch
+):
     """Greedy speculative decoding keeps plain greedy decoding's 48 tokens through llama.cpp after a
     prompt of over 512 tokens, with the built-in feature head (fed llama.cpp's final-norm states), a
     draft on either backend and prompt lookup, under the auto schedule and at a fixed K; the drafts
@@ -135,9 +156,8 @@ def test_speculative_greedy_equals_plain_greedy(target, noisy_draft, drafter, sc
     ids = encode_prompt(target.tokenizer, LONG_PROMPT)
     assert len(ids) > 512
     config = DecodeConfig(max_new_tokens=48, k=3, schedule=schedule, lookup=0)
-    plain = _kept(generate(target, ids, config))
     events = list(generate(target, ids, config, make()))
-    assert _kept(events) == plain
+    assert _kept(events) == plain_after_the_long_prompt
     summary = events[-1]
     if schedule == "constant":
         assert 0 < summary.accepted < summary.drafted

@@ -9,12 +9,13 @@ import pytest
 import torch
 from tiny import ON_CPU, build_pair
 
+from specdeck.bench.ladder_files import LadderShape, write_random_gguf
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.loading.gguf_conversion import WEIGHTS_RECORD_FILE, convert_gguf
 from specdeck.engine.loading.models import load_model
-from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
+from specdeck.engine.loading.registry import DEFAULT_TARGET
 
-CONVERTED = replace(ON_CPU, read_in_place=False)  # the built-in file through its float32 conversion
+CONVERTED = replace(ON_CPU, read_in_place=False)  # a GGUF file through its float32 conversion
 
 
 class RunsAShellCommand:
@@ -38,14 +39,23 @@ def test_pickled_weights_that_carry_code_are_refused_plainly(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def converted_cache(tmp_path_factory) -> Path:
-    """A cache holding the built-in file's float32 conversion, made once for the tests that damage
-    a copy of it (a conversion takes most of such a test's time)."""
+def small_gguf(tmp_path_factory) -> Path:
+    """A GGUF file of the built-in model's kind, shrunk to 2 layers of 64 and a 512-token vocabulary:
+    it converts in seconds (the built-in file takes 20) through the same steps."""
+    path = tmp_path_factory.mktemp("small") / "small.gguf"
+    write_random_gguf(LadderShape("small", 64, 128, 2, 4, 2), path, vocab=512)
+    return path
+
+
+@pytest.fixture(scope="module")
+def converted_cache(small_gguf, tmp_path_factory) -> Path:
+    """A cache holding the small file's float32 conversion, made once for the tests that damage a
+    copy of it."""
     cache = tmp_path_factory.mktemp("converted")
     before = os.environ.get("SPECDECK_CACHE")
     os.environ["SPECDECK_CACHE"] = str(cache)
     try:
-        convert_gguf(BUILTIN_MODELS[DEFAULT_TARGET].path())
+        convert_gguf(small_gguf)
     finally:
         if before is None:
             del os.environ["SPECDECK_CACHE"]
@@ -62,10 +72,10 @@ def _copy_of(converted_cache: Path, tmp_path: Path, monkeypatch) -> Path:
     return cache
 
 
-def test_damaged_gguf_cache_is_detected_and_rebuilt(converted_cache, tmp_path, monkeypatch):
+def test_damaged_gguf_cache_is_detected_and_rebuilt(small_gguf, converted_cache, tmp_path, monkeypatch):
     """Truncated cached weights are noticed at the next start, converted again with a notice, and load."""
     _copy_of(converted_cache, tmp_path, monkeypatch)
-    gguf = BUILTIN_MODELS[DEFAULT_TARGET].path()
+    gguf = small_gguf
     folder = convert_gguf(gguf)
     assert (folder / WEIGHTS_RECORD_FILE).is_file()
     weights = folder / "model.safetensors"
@@ -73,18 +83,20 @@ def test_damaged_gguf_cache_is_detected_and_rebuilt(converted_cache, tmp_path, m
     with weights.open("r+b") as file:
         file.truncate(size // 2)
     notices: list[str] = []
-    assert load_model(DEFAULT_TARGET, CONVERTED, progress=notices.append).vocab_width > 0
+    assert load_model(str(gguf), CONVERTED, progress=notices.append).vocab_width > 0
     assert any("is damaged" in n and f"{size // 2} bytes, {size} were written" in n for n in notices)
     assert weights.stat().st_size == size
 
 
-def test_a_changed_byte_in_the_cached_weights_is_caught_while_they_load(converted_cache, tmp_path, monkeypatch):
+def test_a_changed_byte_in_the_cached_weights_is_caught_while_they_load(
+    small_gguf, converted_cache, tmp_path, monkeypatch
+):
     """The checksum runs beside the load rather than before it: a byte changed in place (same size)
     is still caught before the model is used, converted again with a notice, and the model loads
     with the file's own weights."""
     _copy_of(converted_cache, tmp_path, monkeypatch)
-    gguf = BUILTIN_MODELS[DEFAULT_TARGET].path()
-    whole = load_model(DEFAULT_TARGET, CONVERTED).model.get_input_embeddings().weight.detach().clone()
+    gguf = small_gguf
+    whole = load_model(str(gguf), CONVERTED).model.get_input_embeddings().weight.detach().clone()
     weights = convert_gguf(gguf) / "model.safetensors"
     with weights.open("r+b") as file:  # a byte of the last tensor's data, far from the header
         file.seek(-5, 2)
@@ -92,20 +104,21 @@ def test_a_changed_byte_in_the_cached_weights_is_caught_while_they_load(converte
         file.seek(-5, 2)
         file.write(bytes([byte[0] ^ 0x40]))
     notices: list[str] = []
-    loaded = load_model(DEFAULT_TARGET, CONVERTED, progress=notices.append)
+    loaded = load_model(str(gguf), CONVERTED, progress=notices.append)
     assert any("is damaged" in n and "checksum" in n for n in notices), notices
     assert torch.equal(loaded.model.get_input_embeddings().weight, whole)
 
 
-def test_a_converted_gguf_is_a_folder_other_tools_load():
-    """The built-in GGUF converts into a standard Hugging Face folder: its tied output layer saved
+def test_a_converted_gguf_is_a_folder_other_tools_load(small_gguf, converted_cache, monkeypatch):
+    """A GGUF file of the built-in model's kind converts into a standard Hugging Face folder: its tied output layer saved
     once under the embedding's name (a vLLM server reads that name; one stored only as
     lm_head.weight served uniform log-probabilities), loading with transformers alone into a model
     whose output layer is its embedding."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    folder = convert_gguf(BUILTIN_MODELS[DEFAULT_TARGET].path())
+    monkeypatch.setenv("SPECDECK_CACHE", str(converted_cache))
+    folder = convert_gguf(small_gguf)
     with safe_open(str(folder / "model.safetensors"), "pt") as weights:
         names = set(weights.keys())
         embedding = weights.get_tensor("model.embed_tokens.weight")
@@ -136,10 +149,10 @@ def test_cache_damage_names_a_changed_byte_and_records_older_caches(tmp_path):
     assert "cannot be read" in cache_damage(tmp_path)
 
 
-def test_a_conversion_without_room_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
-    """A cache disk without room for the converted weights is named before any work (the size it
-    needs, what it has); one that fills up while they are written gives one line, no traceback,
-    and no half-written folder."""
+def test_a_conversion_without_room_is_refused_and_leaves_nothing(small_gguf, tmp_path, monkeypatch):
+    """A cache disk without room for the built-in file's converted weights is named before any work
+    (the size it needs, what it has); one that fills up while they are written gives one line, no
+    traceback, and no half-written folder."""
     import collections
 
     import safetensors.torch
@@ -148,7 +161,6 @@ def test_a_conversion_without_room_is_refused_and_leaves_nothing(tmp_path, monke
     from specdeck.engine.loading import gguf_conversion
 
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path))
-    gguf = BUILTIN_MODELS[DEFAULT_TARGET].path()
     usage = collections.namedtuple("usage", "total used free")
     with monkeypatch.context() as small:
         small.setattr(gguf_conversion.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 10 << 20))
@@ -160,6 +172,6 @@ def test_a_conversion_without_room_is_refused_and_leaves_nothing(tmp_path, monke
 
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     with pytest.raises(SpecDeckError, match="Cannot write the converted weights .* No space left"):
-        load_model(DEFAULT_TARGET, CONVERTED)
-    folder = gguf_conversion.conversion_folder(gguf)
+        load_model(str(small_gguf), CONVERTED)
+    folder = gguf_conversion.conversion_folder(small_gguf)
     assert not folder.exists() and not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
