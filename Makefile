@@ -44,7 +44,7 @@ window-frame-tools:
 
 # Two test processes on one thread each, then the `serial` tests alone (they need both cores).
 test: $(BIN)/specdeck validators window-frame-tools
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -n 2 -m "not serial and not rehearsal"
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -n 2 --dist loadscope -m "not serial and not rehearsal"
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "serial and not rehearsal"
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .

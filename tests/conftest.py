@@ -91,3 +91,14 @@ def builtin_conversion(tmp_path_factory) -> Path:
     with FileLock(shared / "builtin-conversion.lock"):
         convert_gguf(BUILTIN_MODELS[DEFAULT_TARGET].path())
     return cache_root()
+
+
+@pytest.fixture
+def set_cost_curve(monkeypatch) -> None:
+    """The auto schedule plans with a set cost curve of its target, one where drafts pay (a verify of
+    16 tokens costs 1.2 steps), rather than one measured (seconds a target): for tests of what the
+    schedule's choices keep, not of the choices."""
+    from specdeck.engine.planner.costs import CostCurve
+
+    curve = CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0))
+    monkeypatch.setattr("specdeck.engine.loop.schedule.cost_curve", lambda model, *args, **kwargs: curve)

@@ -20,7 +20,6 @@ from specdeck.engine.forward import row_kernel
 from specdeck.engine.forward.llamacpp_backend import library
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
 from specdeck.engine.pair import PairSpec
-from specdeck.engine.planner.costs import CostCurve
 from specdeck.engine.session import load_pair, load_pairs, run_session
 
 # a list to repeat: prompt lookup and the suffix drafter find copies, the model drafters their own drafts
@@ -138,18 +137,13 @@ def _kept(events) -> tuple[list[int], SummaryEvent]:
 
 @pytest.mark.parametrize("schedule", ["constant", "auto"])
 @pytest.mark.parametrize("kind", list(DrafterKind), ids=str)
-def test_every_drafter_writes_plain_text_on_every_path_it_claims(pairs, kind, schedule, monkeypatch):
+@pytest.mark.usefixtures("set_cost_curve")
+def test_every_drafter_writes_plain_text_on_every_path_it_claims(pairs, kind, schedule):
     """Greedy, the drafter's text is plain decoding's on the same path; with a fixed K its drafts
     were verified, a model drafter's own among them (not only its copier's)."""
     loaded, plain = pairs
     if kind not in loaded:
         pytest.skip(f"the {kind} drafter does not claim this path (its refusal is tested below)")
-    monkeypatch.setattr(
-        "specdeck.engine.loop.schedule.cost_curve",
-        lambda model, cache_dir=None, lm=None, estimate=False: CostCurve(
-            (1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0)
-        ),
-    )
     kept, summary = _kept(run_session(loaded[kind], PROMPT, _config(schedule)))
     assert kept == plain
     if schedule == "constant":

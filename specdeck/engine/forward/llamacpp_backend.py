@@ -178,9 +178,9 @@ class LlamaCppModel:
 
     @functools.cached_property
     def _embeddings(self) -> tuple[FileMatrix, FileMatrix]:
-        from gguf import GGUFReader
+        from specdeck.engine.forward.gguf_index import tensors_of
 
-        tensors = {t.name: t for t in GGUFReader(self.path).tensors if t.name in ("token_embd.weight", "output.weight")}
+        tensors = tensors_of(Path(self.path))  # the file's tensor index: gguf-py's reader would parse every string
         if "token_embd.weight" not in tensors:
             raise SpecDeckError(f"{self.path} has no token embedding (token_embd.weight) that SpecDeck can read.")
         embedding = FileMatrix(tensors["token_embd.weight"])

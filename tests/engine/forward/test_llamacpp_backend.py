@@ -132,7 +132,7 @@ def plain_after_the_long_prompt(target) -> list[int]:
 
 
 @pytest.mark.serial
-@pytest.mark.usefixtures("two_threads")
+@pytest.mark.usefixtures("two_threads", "set_cost_curve")
 @pytest.mark.parametrize("schedule", ["auto", "constant"])
 @pytest.mark.parametrize("drafter", ["feature-head", "draft-on-torch", "draft-on-llama.cpp", "prompt-lookup"])
 def test_speculative_greedy_equals_plain_greedy(
@@ -140,8 +140,8 @@ def test_speculative_greedy_equals_plain_greedy(
 ):
     """Greedy speculative decoding keeps plain greedy decoding's 48 tokens through llama.cpp after a
     prompt of over 512 tokens, with the built-in feature head (fed llama.cpp's final-norm states), a
-    draft on either backend and prompt lookup, under the auto schedule and at a fixed K; the drafts
-    are both accepted and rejected."""
+    draft on either backend and prompt lookup, under the auto schedule (planning with a set cost
+    curve) and at a fixed K; the drafts are both accepted and rejected."""
     if drafter == "feature-head":
         head = load_feature_head(LAST_STATE_HEAD, target)
         make = lambda: FeatureHeadDrafter(head.head, target.model, output_ids=head.output_ids)  # noqa: E731
