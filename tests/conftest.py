@@ -102,3 +102,29 @@ def set_cost_curve(monkeypatch) -> None:
 
     curve = CostCurve((1, 2, 4, 8, 16), (10.0, 10.2, 10.5, 11.0, 12.0))
     monkeypatch.setattr("specdeck.engine.loop.schedule.cost_curve", lambda model, *args, **kwargs: curve)
+
+
+@pytest.fixture(scope="session")
+def requantized_builtin(tmp_path_factory):
+    """The built-in file requantized by llama.cpp's own quantizer to a file type ("Q4_K_M", "Q6_K",
+    ...; "Q4_1" is the file itself): each made once for all test processes, as `builtin_conversion`;
+    skipped without llama-cpp-python."""
+    from filelock import FileLock
+
+    from specdeck.engine.forward.llamacpp_backend import library
+    from specdeck.engine.forward.llamacpp_quantize import quantize
+
+    if library() is None:
+        pytest.skip("llama-cpp-python is not installed (`make` builds it)")
+    source = BUILTIN_MODELS[DEFAULT_TARGET].path()
+    shared = tmp_path_factory.getbasetemp().parent / "requantized"
+    shared.mkdir(exist_ok=True)
+
+    def file(file_type: str) -> Path:
+        if file_type == "Q4_1":
+            return source
+        path = shared / f"SmolLM2-135M-Instruct.{file_type}.gguf"
+        with FileLock(shared / f"{file_type}.lock"):
+            return path if path.is_file() else quantize(source, path, file_type)
+
+    return file

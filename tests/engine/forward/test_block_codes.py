@@ -110,23 +110,11 @@ def test_the_packed_weight_stays_near_the_files_bytes(kind):
 
 
 @pytest.fixture(scope="module")
-def requantized(tmp_path_factory) -> list:
+def requantized(requantized_builtin) -> list:
     """The built-in SmolLM2-135M file requantized by llama.cpp's own quantizer to Q4_K_M and Q5_K_M
     (which hold Q4_K, Q5_K and Q6_K blocks, and Q5_0 and Q5_1 where rows are not whole super-blocks),
     read by gguf-py; skipped without llama-cpp-python."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from specdeck.engine.loading.backends import gguf_file
-
-    source, folder = gguf_file("smollm2-135m-instruct"), tmp_path_factory.mktemp("requantized")
-    assert source is not None
-    readers = []
-    for ftype in ("Q4_K_M", "Q5_K_M"):
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.allow_requantize = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"), True
-        target = folder / f"{ftype}.gguf"
-        assert llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) == 0
-        readers.append(gguf.GGUFReader(str(target)))
-    return readers
+    return [gguf.GGUFReader(str(requantized_builtin(file_type))) for file_type in ("Q4_K_M", "Q5_K_M")]
 
 
 def test_a_requantized_files_blocks_have_the_bits_of_the_float32_product(requantized):

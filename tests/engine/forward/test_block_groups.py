@@ -3,8 +3,6 @@
 rows beside it, and a product is the 8-bit scheme's (each row's groups of 32 rounded to 8 bits)
 times gguf-py's dequantization of the blocks."""
 
-import ctypes
-
 import numpy as np
 import pytest
 import torch
@@ -19,7 +17,6 @@ from specdeck.engine.forward.kvcache import CachedModel
 from specdeck.engine.forward.lean_weights import weights_of
 from specdeck.engine.forward.llama_forward import LlamaForward
 from specdeck.engine.forward.row_kernel import QuantizedLinear, QuantizedParts, block_shape
-from specdeck.engine.loading.backends import gguf_file
 from specdeck.engine.loading.models import load_model
 
 gguf = pytest.importorskip("gguf")
@@ -196,18 +193,11 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(kind, tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def requantized(tmp_path_factory):
+def requantized(requantized_builtin, tmp_path_factory):
     """The built-in SmolLM2-135M file requantized by llama.cpp to Q4_K_M, with a cache of its own for
     its conversion: its rows of 576 are not whole blocks of 256, so its matrices are Q5_0 (attention,
     gate and up), Q4_K and Q6_K (down) and Q8_0."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    folder = tmp_path_factory.mktemp("requantized")
-    path = folder / "SmolLM2-135M-Instruct.Q4_K_M.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, True, 1
-    source = gguf_file("smollm2-135m-instruct")
-    assert llama_cpp.llama_model_quantize(str(source).encode(), str(path).encode(), ctypes.byref(params)) == 0
-    return path, folder / "cache"
+    return requantized_builtin("Q4_K_M"), tmp_path_factory.mktemp("cache")
 
 
 def _load(requantized, monkeypatch, blocks: str | None):

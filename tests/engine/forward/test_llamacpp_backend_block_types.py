@@ -4,17 +4,14 @@ equals plain text: the built-in Q4_1 file and its requantizations to Q8_0, Q6_K 
 hold Q5_0, Q4_K, Q6_K and Q8_0 matrices between them; `specdeck.engine.forward.llamacpp_backend` says which kernels
 llama.cpp picks by call shape)."""
 
-from pathlib import Path
-
 import pytest
 import torch
 from call_shapes import logits_in_calls
 
 from specdeck.engine import DecodeConfig, PromptLookupDrafter, TokenEvent, encode_prompt, generate
 from specdeck.engine.forward.llamacpp_backend import LlamaCppForward, LlamaCppModel, library
-from specdeck.engine.forward.llamacpp_quantize import quantize
 from specdeck.engine.loading.models import LoadedModel, LoadOptions, load_model
-from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
+from specdeck.engine.loading.registry import DEFAULT_TARGET
 
 pytestmark = pytest.mark.skipif(library() is None, reason="llama-cpp-python is not installed (`make` builds it)")
 
@@ -31,21 +28,6 @@ def merge_counts(left, right):
 ```"""
 
 
-@pytest.fixture(scope="session")
-def block_type_file(tmp_path_factory):
-    """The built-in file requantized to a file type by llama.cpp's quantizer, made once a session."""
-    source = BUILTIN_MODELS[DEFAULT_TARGET].path()
-    folder = tmp_path_factory.mktemp("block-types")
-    made: dict[str, Path] = {"Q4_1": source}
-
-    def file(file_type: str) -> Path:
-        if file_type not in made:
-            made[file_type] = quantize(source, folder / f"smollm2-135m-{file_type}.gguf", file_type)
-        return made[file_type]
-
-    return file
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return load_model(DEFAULT_TARGET, LoadOptions(backend="llama.cpp")).tokenizer
@@ -53,11 +35,11 @@ def tokenizer():
 
 @pytest.mark.parametrize("context", [12, 300])
 @pytest.mark.parametrize("file_type", FILE_TYPES)
-def test_a_position_gets_the_same_logits_in_every_call_shape(block_type_file, file_type, context):
+def test_a_position_gets_the_same_logits_in_every_call_shape(requantized_builtin, file_type, context):
     """After 12 or 300 cached tokens, the logits of 24 tokens fed one a call are the same bits as in
     calls of 2 to 16 tokens (4 and more take llama.cpp's repacked and tiled kernels where allowed)
     and with the final-norm states asked for too."""
-    forward = LlamaCppForward(LlamaCppModel(block_type_file(file_type)))
+    forward = LlamaCppForward(LlamaCppModel(requantized_builtin(file_type)))
     forward.logits(torch.tensor([(7 * i + 3) % 40000 for i in range(context)]), last_only=True)
     tokens = list(range(2000, 2024))
     one_at_a_time = logits_in_calls(forward, tokens, [1] * 24, states=False)
@@ -71,10 +53,10 @@ def _kept(events) -> list[int]:
 
 
 @pytest.mark.parametrize("file_type", FILE_TYPES)
-def test_greedy_speculative_text_equals_plain_text(block_type_file, tokenizer, file_type):
+def test_greedy_speculative_text_equals_plain_text(requantized_builtin, tokenizer, file_type):
     """Prompt lookup drafting up to 8 tokens a round on a code prompt keeps plain greedy decoding's 64
     tokens on every block type, with drafts both accepted and refused."""
-    model = LlamaCppModel(block_type_file(file_type))
+    model = LlamaCppModel(requantized_builtin(file_type))
     target = LoadedModel(file_type, model, tokenizer, model.device, torch.float32)
     ids = encode_prompt(tokenizer, CODE_PROMPT)
     config = DecodeConfig(max_new_tokens=64, k=8, schedule="constant", lookup=0)
