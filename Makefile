@@ -43,16 +43,14 @@ window-frame-tools:
 	|| echo "Xvfb or openbox missing: the window's frame test will be skipped"
 
 # Two test processes on one thread each, a test module to a process (its module fixtures are made
-# once), with mypy beside them (one core for half a minute); then the `serial` tests alone (they
-# need both cores), and the other checks.
+# once), then the `serial` tests alone (they need both cores).
 test: $(BIN)/specdeck validators window-frame-tools
-	typed=$$(mktemp); $(BIN)/mypy >"$$typed" 2>&1 & mypy=$$!; \
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -n 2 --dist loadscope -m "not serial and not rehearsal"; \
-	tests=$$?; wait $$mypy; checked=$$?; cat "$$typed"; rm -f "$$typed"; [ $$tests = 0 ] && [ $$checked = 0 ]
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -n 2 --dist loadscope -m "not serial and not rehearsal"
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "serial and not rehearsal"
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Before a release, and after a change to the engine's arithmetic: the same, with the property
 # tests drawing 300 new random examples each (SPECDECK_HYPOTHESIS=long).

@@ -1,3 +1,4 @@
+import gc
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -15,6 +16,13 @@ from tiny import ON_CPU, build_cross_pair, build_pair
 
 from specdeck.engine.loading.models import LoadedModel, load_model
 from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
+
+
+def pytest_unconfigure(config) -> None:
+    """The interpreter's exit then skips collecting among what the tests made (seconds a test process,
+    after torch and transformers), as the `specdeck` command's does (`specdeck.cli.launch`)."""
+    gc.freeze()
+
 
 # Tiny test models gain nothing from intra-op threads, and several test processes may share the
 # cores: one thread each avoids oversubscription.

@@ -14,7 +14,8 @@ paints a little later.
 Python's garbage collector stays off while SpecDeck and its libraries import: importing torch and
 transformers makes millions of objects that live as long as the process, and collecting among them
 again and again as they are made took a fifth of the import time. They are then frozen out of
-later collections.
+later collections, and all the command made is frozen as it ends, so that the interpreter's exit
+does not collect among them either.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def main() -> int:
         if ahead is None:  # else its thread freezes them with its own and turns collection on as it ends
             gc.freeze()
             gc.enable()
-    return command()
+    try:
+        return command()
+    finally:
+        gc.freeze()  # the exit's collections then skip all the command made: a second, after torch's import
 
 
 if __name__ == "__main__":

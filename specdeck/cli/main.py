@@ -8,6 +8,7 @@ a traceback.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -239,4 +240,6 @@ def _silence_stdout() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # as `specdeck.cli.launch` does: the exit's collections then skip all the command made
+    sys.exit(code)
