@@ -238,7 +238,7 @@ class LlamaCppCrashed(SpecDeckError):
 # The child that times llama.cpp: the file and the thread count in, the milliseconds out (last line),
 # a SpecDeckError's message on stderr with exit status 2.
 _CHILD = """
-import sys, torch
+import gc, sys, torch
 from specdeck.engine.loading.backends import llama_cpp_step_ms_here
 from specdeck.engine.errors import SpecDeckError
 torch.set_num_threads(int(sys.argv[2]))
@@ -246,6 +246,8 @@ try:
     print(llama_cpp_step_ms_here(sys.argv[1]))
 except SpecDeckError as error:
     sys.exit(f"SpecDeckError: {error}")
+finally:
+    gc.freeze()  # the exit then skips collecting among torch's objects, a second the load would wait
 """
 _SAID = "SpecDeckError: "
 
