@@ -10,12 +10,18 @@ os.environ.setdefault("SPECDECK_THREADS", "1")
 
 from pathlib import Path
 
-import pytest
-import torch
-from tiny import ON_CPU, build_cross_pair, build_pair
+from specdeck.engine.forward import kernel_build
 
-from specdeck.engine.loading.models import LoadedModel, load_model
-from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET
+# a fresh cache's first build of the row kernel (a compiler, seconds on one core) runs while torch
+# and the test modules import, as the `specdeck` command starts it (`specdeck.cli.launch`)
+kernel_build.build_in_background()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tiny import ON_CPU, build_cross_pair, build_pair  # noqa: E402
+
+from specdeck.engine.loading.models import LoadedModel, load_model  # noqa: E402
+from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET  # noqa: E402
 
 
 def pytest_unconfigure(config) -> None:
