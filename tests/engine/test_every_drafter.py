@@ -97,9 +97,9 @@ def _missing(needs: str | None) -> str | None:
 @pytest.fixture(
     scope="module", params=[pytest.param(name, marks=pytest.mark.cuda) if name == "gpu" else name for name in PATHS]
 )
-def pairs(request):
+def pairs(request, builtin_conversion):
     """The built-in target loaded on one path, with a pair for every drafter kind that claims it,
-    and plain decoding's kept tokens there."""
+    and plain decoding's kept tokens there (the float32 paths load the run's one conversion)."""
     path = PATHS[request.param]
     if why := _missing(path.needs):
         pytest.skip(why)

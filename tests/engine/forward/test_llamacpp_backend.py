@@ -34,7 +34,7 @@ ON_LLAMA_CPP = LoadOptions(backend="llama.cpp")
 PROMPT = "Write a Python function that checks whether the given string s reads the same backwards."
 # over 512 cached positions, where llama.cpp's one-token attention would split the cache between threads
 LONG_PROMPT = "Summarize this log in three sentences.\n" + "\n".join(
-    f"step {i}: the worker read batch {i * 7 % 50} and wrote {i * 13 % 90} rows to table {i % 4}" for i in range(26)
+    f"step {i}: the worker read batch {i * 7 % 50} and wrote {i * 13 % 90} rows to table {i % 4}" for i in range(22)
 )
 
 
@@ -231,7 +231,7 @@ def test_feature_head_drafts_as_well_from_llama_cpp_states_as_from_torch(target)
 
 
 def test_speculative_sampling_follows_target(target, noisy_draft):
-    """Over 400 seeds (one thread: a short prompt gets the same logits on any), the first two tokens
+    """Over 300 seeds (one thread: a short prompt gets the same logits on any), the first two tokens
     sampled with the llama.cpp draft follow the llama.cpp target's distribution exactly; the same
     counts fail against the target at a hotter temperature (the control: the test tells a near miss)."""
     ids = encode_prompt(target.tokenizer, "The quick brown", chat=False)
@@ -245,7 +245,7 @@ def test_speculative_sampling_follows_target(target, noisy_draft):
         p2 = logits_to_probs(forward.logits(torch.tensor([t1]), last_only=True)[-1], config)
         exact.update({(t1, t2): float(p1[t1] * p2[t2]) for t2 in p2.nonzero().flatten().tolist()})
     del forward
-    n = 400
+    n = 300
     counts, rejections = sample_two_tokens(target, ids, config, lambda: DraftModelDrafter(noisy_draft.model), n)
     assert 0.05 * n < rejections < 0.95 * n  # both branches of the rule were taken often
     stat, df = chi_square(counts, exact, n)
