@@ -26,9 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdeck.engine.atomic import building_folder
 from specdeck.engine.bounded import TooSlow, read_json, within_seconds
-from specdeck.engine.cache import TOKENIZER_SUFFIX
 from specdeck.engine.config import check_prompt
 from specdeck.engine.errors import SpecDeckError
 from specdeck.engine.forward import gguf_blocks
@@ -39,8 +37,8 @@ from specdeck.engine.loading import gguf_in_place
 from specdeck.engine.loading.backends import choose_backend, gguf_file
 from specdeck.engine.loading.devices import resolve_device, resolve_dtype
 from specdeck.engine.loading.gguf_checks import check_gguf
-from specdeck.engine.loading.gguf_conversion import conversion_folder, convert_gguf, converted_weights, pending_damage
-from specdeck.engine.loading.gguf_header import UnreadableHeader, read_gguf
+from specdeck.engine.loading.gguf_conversion import convert_gguf, converted_weights, pending_damage
+from specdeck.engine.loading.gguf_tokenizer import gguf_tokenizer, gguf_tokenizer_folder
 from specdeck.engine.loading.hub import hub_message, hub_source
 from specdeck.engine.loading.preflight import check_model_folder
 from specdeck.engine.loading.registry import BUILTIN_MODELS, is_head_folder
@@ -262,54 +260,6 @@ def _load_on_llama_cpp(name: str, progress: Progress | None) -> LoadedModel:
         progress(f"Loading {name} on llama.cpp")
     model = LlamaCppModel(path)  # first: a damaged file is named by llama.cpp's reason
     return LoadedModel(name, model, gguf_tokenizer(path, progress), model.device, torch.float32)
-
-
-def gguf_tokenizer(path: Path, progress: Progress | None = None):
-    """The tokenizer of a GGUF file, built from it once and then read from the cache."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(gguf_tokenizer_folder(path, progress)))
-
-
-def gguf_tokenizer_folder(path: Path, progress: Progress | None = None) -> Path:
-    """The cache's folder of a GGUF file's tokenizer, built from the file the first time."""
-
-    folder = conversion_folder(path).with_name(conversion_folder(path).name + TOKENIZER_SUFFIX)
-    if not (folder / "tokenizer_config.json").is_file():
-        if progress:
-            progress(f"Reading the tokenizer of {path.name} (once)")
-        try:
-            tokenizer = _read_gguf_tokenizer(path)
-        except Exception as error:  # the gguf reader raises many types on a damaged file
-            raise SpecDeckError(
-                f"The tokenizer in {path} cannot be read ({type(error).__name__}: {error}). "
-                "Check that the download finished, or pick another file."
-            ) from error
-        with building_folder(folder, replace_unmarked=True) as staging:  # an entry of the cache's own
-            tokenizer.save_pretrained(staging)
-    return folder
-
-
-# Architectures whose tokenizer `AutoTokenizer` builds with the generic fast class (no class of their
-# own in transformers' table): for them that class reads the file directly, the same files result
-# (tests/engine/loading/test_gguf_tokenizer.py), and the model's configuration is not parsed.
-GENERIC_TOKENIZER_ARCHITECTURES = frozenset({"llama"})
-
-
-def _read_gguf_tokenizer(path: Path):
-    """The tokenizer a GGUF file describes, as transformers builds it. `AutoTokenizer` first parses the
-    file's whole configuration with gguf-py's reader (seconds on a first launch: every string of the
-    vocabulary on its own) only to choose the tokenizer's class; where that class is the generic one,
-    it is taken at once."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    try:
-        architecture = read_gguf(path).fields.get("general.architecture")
-    except UnreadableHeader:
-        architecture = None  # transformers' reader names what is wrong with the file
-    if architecture in GENERIC_TOKENIZER_ARCHITECTURES:
-        return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def _load_tokenizer(name: str, source: str, trust_remote_code: bool):

@@ -1,6 +1,8 @@
 """A GGUF file's tokenizer, read the quick way where its architecture allows, is the tokenizer
-transformers' `AutoTokenizer` makes of the file: the same saved files, the same token ids."""
+transformers' `AutoTokenizer` makes of the file: the same saved files (the config listing the added
+tokens too), the same token ids."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -8,7 +10,7 @@ from transformers import AutoTokenizer
 from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
 from specdeck.engine.loading.backends import gguf_file
-from specdeck.engine.loading.models import GENERIC_TOKENIZER_ARCHITECTURES, gguf_tokenizer_folder
+from specdeck.engine.loading.gguf_tokenizer import GENERIC_TOKENIZER_ARCHITECTURES, gguf_tokenizer_folder
 from specdeck.engine.loading.registry import DEFAULT_TARGET
 
 BUILTIN = gguf_file(DEFAULT_TARGET)
@@ -33,8 +35,19 @@ def test_the_built_in_files_tokenizer_is_what_auto_tokenizer_makes(tmp_path, mon
     theirs = tmp_path / "auto"
     reference = AutoTokenizer.from_pretrained(str(BUILTIN.parent), gguf_file=BUILTIN.name)
     reference.save_pretrained(theirs)
-    assert files_of(ours) == files_of(theirs)
+    ours_files, their_files = files_of(ours), files_of(theirs)
+    # the same files, but that ours list the added tokens in the config too (a load then need not
+    # parse tokenizer.json in Python to find them)
+    config, their_config = (json.loads(files.pop("tokenizer_config.json")) for files in (ours_files, their_files))
+    assert ours_files == their_files
+    listed = config.pop("added_tokens_decoder")
+    assert config == their_config
+    assert {int(i): t["content"] for i, t in listed.items()} == {
+        i: t.content for i, t in reference.added_tokens_decoder.items()
+    }
     loaded = AutoTokenizer.from_pretrained(str(ours))
+    assert loaded.added_tokens_decoder == reference.added_tokens_decoder
+    assert loaded.all_special_tokens == reference.all_special_tokens
     for text in TEXTS:
         assert loaded.encode(text) == reference.encode(text)
     chat = [{"role": "user", "content": "Hi"}]
