@@ -25,8 +25,8 @@ from specdeck.engine.loading.registry import BUILTIN_MODELS, DEFAULT_TARGET  # n
 
 
 def pytest_unconfigure(config) -> None:
-    """The interpreter's exit then skips collecting among what the tests made (seconds a test process,
-    after torch and transformers), as the `specdeck` command's does (`specdeck.cli.launch`)."""
+    """The interpreter's exit then skips collecting among what the tests made (millions of objects
+    with torch and transformers), as the `specdeck` command's does (`specdeck.cli.launch`)."""
     gc.freeze()
 
 
@@ -95,7 +95,7 @@ def cross_pair(tiny_root) -> tuple[LoadedModel, LoadedModel]:
 def builtin_conversion(tmp_path_factory) -> Path:
     """SpecDeck's cache for this test run, holding the built-in target's float32 conversion (in
     `gguf/`): made once for all test processes (the first to ask converts, the others wait for it),
-    where each test that compares with it or copies it would otherwise take 20 s to convert it again."""
+    where each test that compares with it or copies it would otherwise convert it again."""
     from filelock import FileLock
 
     from specdeck.engine.cache import cache_root

@@ -50,7 +50,7 @@ def main() -> int:
     try:
         return command()
     finally:
-        gc.freeze()  # the exit's collections then skip all the command made: a second, after torch's import
+        gc.freeze()  # the exit's collections then skip all the command made, millions of objects with torch
 
 
 if __name__ == "__main__":

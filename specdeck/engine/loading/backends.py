@@ -247,7 +247,7 @@ try:
 except SpecDeckError as error:
     sys.exit(f"SpecDeckError: {error}")
 finally:
-    gc.freeze()  # the exit then skips collecting among torch's objects, a second the load would wait
+    gc.freeze()  # the exit then skips collecting among torch's objects, which the load would wait for
 """
 _SAID = "SpecDeckError: "
 

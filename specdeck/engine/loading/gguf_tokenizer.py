@@ -47,7 +47,7 @@ def _list_added_tokens(folder: Path) -> None:
     """Write `tokenizer.json`'s added tokens (the control tokens) into `tokenizer_config.json` as
     `added_tokens_decoder`, the form transformers saves for its slow tokenizers: a load then takes
     them from there, where it would otherwise parse the whole `tokenizer.json` in Python to find them
-    before the Rust tokenizer parses it again (a fifth of a second at every launch)."""
+    before the Rust tokenizer parses it again, at every launch."""
     config_file = folder / "tokenizer_config.json"
     config = json.loads(config_file.read_text(encoding="utf-8"))
     added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens", [])
