@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError, unreadable_gguf
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -124,10 +124,7 @@ class LlamaCppModel:
         handle = llama.llama_model_load_from_file(str(path).encode(), model_params(llama))
         if not handle:
             reason = "; ".join(_ERRORS) or "llama.cpp could not read it"
-            raise SpecDeckError(
-                f"{path} is not a readable GGUF model ({reason}). "
-                "Check that the download finished, or pick another file."
-            )
+            raise unreadable_gguf(path, reason)
         self.handle = handle
         self._idle: list[_Context] = []  # contexts no forward uses now, kept for the next (opening one takes 0.1 s)
         weakref.finalize(self, _free_model, llama, handle, self._idle)

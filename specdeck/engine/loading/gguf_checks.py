@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError, unreadable_gguf
 from specdeck.engine.loading.gguf_header import BOUNDS, Header, UnreadableHeader, read_gguf
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # whose tensors the metadata implies exactly, here
@@ -48,9 +48,7 @@ def check_gguf(path: Path) -> None:
     try:
         header = read_gguf(path)
     except UnreadableHeader as reason:
-        raise SpecDeckError(
-            f"{path} is not a readable GGUF model ({reason}). Check that the download finished, or pick another file."
-        ) from None
+        raise unreadable_gguf(path, reason) from None
     try:
         _check_metadata(header)
     except _Refused as refusal:

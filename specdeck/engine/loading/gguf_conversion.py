@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specdeck.engine.atomic import building_folder
 from specdeck.engine.cache import gguf_cache, heal
-from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError, unreadable_gguf
 from specdeck.engine.loading.gguf_checks import check_gguf
 
 Progress = Callable[[str], None]
@@ -65,10 +65,7 @@ def convert_gguf(path: Path, progress: Progress | None = None, beside_load: bool
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as error:  # the gguf reader raises many types on a damaged file
-        raise SpecDeckError(
-            f"{path} is not a readable GGUF model ({type(error).__name__}: {error}). "
-            "Check that the download finished, or pick another file."
-        ) from error
+        raise unreadable_gguf(path, error) from error
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the weights are dequantized now
     # as transformers saves a model, so that other tools (a vLLM server) load the folder too: a tied

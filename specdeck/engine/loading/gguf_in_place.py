@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from specdeck.engine.atomic import write_text
-from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.errors import unreadable_gguf
 from specdeck.engine.forward import gguf_blocks, kernel_build
 from specdeck.engine.forward.gguf_index import config_path, tensors_of, tensors_only_reader
 from specdeck.engine.forward.row_kernel import QuantizedLinear, QuantizedParts
@@ -158,10 +158,7 @@ def _config(path: Path):
     try:
         config = _parsed_config(path)
     except Exception as error:  # the gguf reader raises many types on a damaged file
-        raise SpecDeckError(
-            f"{path} is not a readable GGUF model ({type(error).__name__}: {error}). "
-            "Check that the download finished, or pick another file."
-        ) from error
+        raise unreadable_gguf(path, error) from error
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # what runs is said by the products, not by a quantizer
     try:  # a cache that cannot be written only costs the next load the parse
