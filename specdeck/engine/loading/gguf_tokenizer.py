@@ -4,16 +4,18 @@ SpecDeck's cache beside the file's conversion folder (`TOKENIZER_SUFFIX`), which
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from specdeck.engine.atomic import building_folder
+from specdeck.engine.atomic import building_folder, write_text
 from specdeck.engine.cache import TOKENIZER_SUFFIX
-from specdeck.engine.errors import SpecDeckError
+from specdeck.engine.errors import SpecDeckError, unreadable_gguf
 from specdeck.engine.loading.gguf_conversion import conversion_folder
 from specdeck.engine.loading.gguf_header import UnreadableHeader, read_gguf
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 def gguf_tokenizer(path: Path, progress: Progress | None = None):
@@ -24,8 +26,8 @@ def gguf_tokenizer(path: Path, progress: Progress | None = None):
 
 
 def gguf_tokenizer_folder(path: Path, progress: Progress | None = None) -> Path:
-    """The cache's folder of a GGUF file's tokenizer, built from the file the first time."""
-
+    """The cache's folder of a GGUF file's tokenizer, built from the file the first time (one an
+    earlier SpecDeck built gets its added tokens listed now)."""
     folder = conversion_folder(path).with_name(conversion_folder(path).name + TOKENIZER_SUFFIX)
     if not (folder / "tokenizer_config.json").is_file():
         if progress:
@@ -33,13 +35,15 @@ def gguf_tokenizer_folder(path: Path, progress: Progress | None = None) -> Path:
         try:
             tokenizer = _read_gguf_tokenizer(path)
         except Exception as error:  # the gguf reader raises many types on a damaged file
-            raise SpecDeckError(
-                f"The tokenizer in {path} cannot be read ({type(error).__name__}: {error}). "
-                "Check that the download finished, or pick another file."
-            ) from error
+            raise unreadable_gguf(path, error, part="tokenizer") from error
         with building_folder(folder, replace_unmarked=True) as staging:  # an entry of the cache's own
             tokenizer.save_pretrained(staging)
             _list_added_tokens(staging)
+    else:
+        try:
+            _list_added_tokens(folder)
+        except (OSError, ValueError, KeyError, SpecDeckError) as error:  # a read-only cache, say: loads as it is
+            log.info("the added tokens of %s were not listed in its config: %s", folder, error)
     return folder
 
 
@@ -50,9 +54,11 @@ def _list_added_tokens(folder: Path) -> None:
     before the Rust tokenizer parses it again, at every launch."""
     config_file = folder / "tokenizer_config.json"
     config = json.loads(config_file.read_text(encoding="utf-8"))
+    if "added_tokens_decoder" in config:
+        return
     added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens", [])
     config["added_tokens_decoder"] = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
-    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text(config_file, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 # Architectures whose tokenizer `AutoTokenizer` builds with the generic fast class (no class of their

@@ -52,3 +52,20 @@ def test_the_built_in_files_tokenizer_is_what_auto_tokenizer_makes(tmp_path, mon
         assert loaded.encode(text) == reference.encode(text)
     chat = [{"role": "user", "content": "Hi"}]
     assert loaded.apply_chat_template(chat, tokenize=False) == reference.apply_chat_template(chat, tokenize=False)
+
+
+def test_a_tokenizer_an_earlier_version_cached_gets_its_added_tokens_listed(tmp_path, monkeypatch):
+    """A cached tokenizer whose config lists no added tokens (as SpecDeck wrote them before) has them
+    listed at its next load, and tokenizes as before."""
+    monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path / "cache"))
+    folder = gguf_tokenizer_folder(BUILTIN)
+    config_file = folder / "tokenizer_config.json"
+    listed = json.loads(config_file.read_text(encoding="utf-8"))
+    earlier = {key: value for key, value in listed.items() if key != "added_tokens_decoder"}
+    config_file.write_text(json.dumps(earlier), encoding="utf-8")
+    before = AutoTokenizer.from_pretrained(str(folder))
+    assert gguf_tokenizer_folder(BUILTIN) == folder
+    assert json.loads(config_file.read_text(encoding="utf-8")) == listed
+    after = AutoTokenizer.from_pretrained(str(folder))
+    assert after.added_tokens_decoder == before.added_tokens_decoder
+    assert [after.encode(text) for text in TEXTS] == [before.encode(text) for text in TEXTS]
